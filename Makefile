@@ -1,0 +1,53 @@
+# smg build, test and code generation. `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+BIN := $(CURDIR)/.bin
+PLUGINS := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-grpc-gateway $(BIN)/protoc-gen-openapiv2
+TEST_FLAGS ?= -race -timeout 10m
+BENCH ?= .
+BENCHTIME ?= 1s
+
+.PHONY: help tools generate check-generate build test lint bench run clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+$(PLUGINS): tools/go.mod tools/go.sum
+	cd tools && GOBIN=$(BIN) $(GO) install \
+		github.com/bufbuild/buf/cmd/buf \
+		google.golang.org/protobuf/cmd/protoc-gen-go \
+		google.golang.org/grpc/cmd/protoc-gen-go-grpc \
+		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway \
+		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2
+	@touch $(PLUGINS)
+
+tools: $(PLUGINS) ## install the pinned code generators into .bin/
+
+generate: $(PLUGINS) ## lint the protos and regenerate gen/
+	$(BIN)/buf lint
+	$(BIN)/buf generate
+
+check-generate: generate ## fail when gen/ is stale
+	@if [ -n "$$(git status --porcelain -- gen)" ]; then \
+		echo "gen/ is stale: run 'make generate' and commit the result"; git status --porcelain -- gen; exit 1; fi
+
+build: ## build bin/smg
+	$(GO) build -o bin/smg ./cmd/smg
+
+test: ## run every test with the race detector
+	$(GO) test $(TEST_FLAGS) ./...
+
+lint: $(PLUGINS) ## buf lint, go vet, gofmt
+	$(BIN)/buf lint
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+bench: ## run the benchmarks
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./...
+
+run: build ## smg launch on :30000 against 3 simulated engines on :8001-8003 (Ctrl-C stops)
+	@bin/smg sim --count 3 --port 8001 & sim=$$!; trap "kill $$sim 2>/dev/null" EXIT INT TERM; \
+	bin/smg launch --port 30000 --worker-urls http://127.0.0.1:8001 http://127.0.0.1:8002 http://127.0.0.1:8003
+
+clean: ## remove build outputs
+	rm -rf bin .bin
