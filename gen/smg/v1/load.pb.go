@@ -82,12 +82,12 @@ func (Veto) EnumDescriptor() ([]byte, []int) {
 type RankLoad struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
 	DpRank             int32                  `protobuf:"varint,1,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
-	WaitingRequests    int64                  `protobuf:"varint,2,opt,name=waiting_requests,json=waitingRequests,proto3" json:"waiting_requests,omitempty"`
-	RunningRequests    int64                  `protobuf:"varint,3,opt,name=running_requests,json=runningRequests,proto3" json:"running_requests,omitempty"`
+	WaitingRequests    int32                  `protobuf:"varint,2,opt,name=waiting_requests,json=waitingRequests,proto3" json:"waiting_requests,omitempty"`
+	RunningRequests    int32                  `protobuf:"varint,3,opt,name=running_requests,json=runningRequests,proto3" json:"running_requests,omitempty"`
 	TokenUsage         float64                `protobuf:"fixed64,4,opt,name=token_usage,json=tokenUsage,proto3" json:"token_usage,omitempty"`
 	GenThroughput      float64                `protobuf:"fixed64,5,opt,name=gen_throughput,json=genThroughput,proto3" json:"gen_throughput,omitempty"`
 	CacheHitRate       float64                `protobuf:"fixed64,6,opt,name=cache_hit_rate,json=cacheHitRate,proto3" json:"cache_hit_rate,omitempty"`
-	MaxRunningRequests int64                  `protobuf:"varint,7,opt,name=max_running_requests,json=maxRunningRequests,proto3" json:"max_running_requests,omitempty"`
+	MaxRunningRequests int32                  `protobuf:"varint,7,opt,name=max_running_requests,json=maxRunningRequests,proto3" json:"max_running_requests,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
 }
@@ -129,14 +129,14 @@ func (x *RankLoad) GetDpRank() int32 {
 	return 0
 }
 
-func (x *RankLoad) GetWaitingRequests() int64 {
+func (x *RankLoad) GetWaitingRequests() int32 {
 	if x != nil {
 		return x.WaitingRequests
 	}
 	return 0
 }
 
-func (x *RankLoad) GetRunningRequests() int64 {
+func (x *RankLoad) GetRunningRequests() int32 {
 	if x != nil {
 		return x.RunningRequests
 	}
@@ -164,7 +164,7 @@ func (x *RankLoad) GetCacheHitRate() float64 {
 	return 0
 }
 
-func (x *RankLoad) GetMaxRunningRequests() int64 {
+func (x *RankLoad) GetMaxRunningRequests() int32 {
 	if x != nil {
 		return x.MaxRunningRequests
 	}
@@ -178,12 +178,12 @@ type EngineLoad struct {
 	Source string      `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
 	Ranks  []*RankLoad `protobuf:"bytes,2,rep,name=ranks,proto3" json:"ranks,omitempty"`
 	// Waiting requests summed over ranks (the queue signal).
-	WaitingRequests int64 `protobuf:"varint,3,opt,name=waiting_requests,json=waitingRequests,proto3" json:"waiting_requests,omitempty"`
-	RunningRequests int64 `protobuf:"varint,4,opt,name=running_requests,json=runningRequests,proto3" json:"running_requests,omitempty"`
+	WaitingRequests int32 `protobuf:"varint,3,opt,name=waiting_requests,json=waitingRequests,proto3" json:"waiting_requests,omitempty"`
+	RunningRequests int32 `protobuf:"varint,4,opt,name=running_requests,json=runningRequests,proto3" json:"running_requests,omitempty"`
 	// Mean KV token usage over ranks (the token usage signal).
 	TokenUsage float64 `protobuf:"fixed64,5,opt,name=token_usage,json=tokenUsage,proto3" json:"token_usage,omitempty"`
 	// Running window (0: not reported).
-	MaxRunningRequests int64                  `protobuf:"varint,6,opt,name=max_running_requests,json=maxRunningRequests,proto3" json:"max_running_requests,omitempty"`
+	MaxRunningRequests int32                  `protobuf:"varint,6,opt,name=max_running_requests,json=maxRunningRequests,proto3" json:"max_running_requests,omitempty"`
 	ReportedAt         *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=reported_at,json=reportedAt,proto3" json:"reported_at,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
@@ -233,14 +233,14 @@ func (x *EngineLoad) GetRanks() []*RankLoad {
 	return nil
 }
 
-func (x *EngineLoad) GetWaitingRequests() int64 {
+func (x *EngineLoad) GetWaitingRequests() int32 {
 	if x != nil {
 		return x.WaitingRequests
 	}
 	return 0
 }
 
-func (x *EngineLoad) GetRunningRequests() int64 {
+func (x *EngineLoad) GetRunningRequests() int32 {
 	if x != nil {
 		return x.RunningRequests
 	}
@@ -254,7 +254,7 @@ func (x *EngineLoad) GetTokenUsage() float64 {
 	return 0
 }
 
-func (x *EngineLoad) GetMaxRunningRequests() int64 {
+func (x *EngineLoad) GetMaxRunningRequests() int32 {
 	if x != nil {
 		return x.MaxRunningRequests
 	}
@@ -275,22 +275,22 @@ const file_smg_v1_load_proto_rawDesc = "" +
 	"\x11smg/v1/load.proto\x12\x06smg.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x02\n" +
 	"\bRankLoad\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\x05R\x06dpRank\x12)\n" +
-	"\x10waiting_requests\x18\x02 \x01(\x03R\x0fwaitingRequests\x12)\n" +
-	"\x10running_requests\x18\x03 \x01(\x03R\x0frunningRequests\x12\x1f\n" +
+	"\x10waiting_requests\x18\x02 \x01(\x05R\x0fwaitingRequests\x12)\n" +
+	"\x10running_requests\x18\x03 \x01(\x05R\x0frunningRequests\x12\x1f\n" +
 	"\vtoken_usage\x18\x04 \x01(\x01R\n" +
 	"tokenUsage\x12%\n" +
 	"\x0egen_throughput\x18\x05 \x01(\x01R\rgenThroughput\x12$\n" +
 	"\x0ecache_hit_rate\x18\x06 \x01(\x01R\fcacheHitRate\x120\n" +
-	"\x14max_running_requests\x18\a \x01(\x03R\x12maxRunningRequests\"\xb2\x02\n" +
+	"\x14max_running_requests\x18\a \x01(\x05R\x12maxRunningRequests\"\xb2\x02\n" +
 	"\n" +
 	"EngineLoad\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12&\n" +
 	"\x05ranks\x18\x02 \x03(\v2\x10.smg.v1.RankLoadR\x05ranks\x12)\n" +
-	"\x10waiting_requests\x18\x03 \x01(\x03R\x0fwaitingRequests\x12)\n" +
-	"\x10running_requests\x18\x04 \x01(\x03R\x0frunningRequests\x12\x1f\n" +
+	"\x10waiting_requests\x18\x03 \x01(\x05R\x0fwaitingRequests\x12)\n" +
+	"\x10running_requests\x18\x04 \x01(\x05R\x0frunningRequests\x12\x1f\n" +
 	"\vtoken_usage\x18\x05 \x01(\x01R\n" +
 	"tokenUsage\x120\n" +
-	"\x14max_running_requests\x18\x06 \x01(\x03R\x12maxRunningRequests\x12;\n" +
+	"\x14max_running_requests\x18\x06 \x01(\x05R\x12maxRunningRequests\x12;\n" +
 	"\vreported_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt*V\n" +
 	"\x04Veto\x12\x14\n" +

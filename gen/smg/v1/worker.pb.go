@@ -27,7 +27,7 @@ const (
 type OverloadBlock struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Waiting requests summed over DP ranks; integer >= 1.
-	WaitingRequests *int64 `protobuf:"varint,1,opt,name=waiting_requests,json=waitingRequests,proto3,oneof" json:"waiting_requests,omitempty"`
+	WaitingRequests *int32 `protobuf:"varint,1,opt,name=waiting_requests,json=waitingRequests,proto3,oneof" json:"waiting_requests,omitempty"`
 	// Mean KV token usage over DP ranks; number in (0, 1].
 	TokenUsage    *float64 `protobuf:"fixed64,2,opt,name=token_usage,json=tokenUsage,proto3,oneof" json:"token_usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -64,7 +64,7 @@ func (*OverloadBlock) Descriptor() ([]byte, []int) {
 	return file_smg_v1_worker_proto_rawDescGZIP(), []int{0}
 }
 
-func (x *OverloadBlock) GetWaitingRequests() int64 {
+func (x *OverloadBlock) GetWaitingRequests() int32 {
 	if x != nil && x.WaitingRequests != nil {
 		return *x.WaitingRequests
 	}
@@ -110,7 +110,7 @@ type WorkerSpec struct {
 	// Node whose agent covers this worker (empty: polled by the control plane).
 	Node string `protobuf:"bytes,15,opt,name=node,proto3" json:"node,omitempty"`
 	// Running window of a decode worker whose engine reports none.
-	MaxRunningRequests *int64 `protobuf:"varint,16,opt,name=max_running_requests,json=maxRunningRequests,proto3,oneof" json:"max_running_requests,omitempty"`
+	MaxRunningRequests *int32 `protobuf:"varint,16,opt,name=max_running_requests,json=maxRunningRequests,proto3,oneof" json:"max_running_requests,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
 }
@@ -250,7 +250,7 @@ func (x *WorkerSpec) GetNode() string {
 	return ""
 }
 
-func (x *WorkerSpec) GetMaxRunningRequests() int64 {
+func (x *WorkerSpec) GetMaxRunningRequests() int32 {
 	if x != nil && x.MaxRunningRequests != nil {
 		return *x.MaxRunningRequests
 	}
@@ -261,7 +261,7 @@ func (x *WorkerSpec) GetMaxRunningRequests() int64 {
 // signal has no threshold.
 type Thresholds struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
-	WaitingRequests int64                  `protobuf:"varint,1,opt,name=waiting_requests,json=waitingRequests,proto3" json:"waiting_requests,omitempty"`
+	WaitingRequests int32                  `protobuf:"varint,1,opt,name=waiting_requests,json=waitingRequests,proto3" json:"waiting_requests,omitempty"`
 	TokenUsage      float64                `protobuf:"fixed64,2,opt,name=token_usage,json=tokenUsage,proto3" json:"token_usage,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
@@ -297,7 +297,7 @@ func (*Thresholds) Descriptor() ([]byte, []int) {
 	return file_smg_v1_worker_proto_rawDescGZIP(), []int{2}
 }
 
-func (x *Thresholds) GetWaitingRequests() int64 {
+func (x *Thresholds) GetWaitingRequests() int32 {
 	if x != nil {
 		return x.WaitingRequests
 	}
@@ -481,7 +481,9 @@ type Worker struct {
 	Verdict    *Verdict    `protobuf:"bytes,7,opt,name=verdict,proto3" json:"verdict,omitempty"`
 	JobStatus  *JobStatus  `protobuf:"bytes,8,opt,name=job_status,json=jobStatus,proto3" json:"job_status,omitempty"`
 	// Node of the agent currently feeding this worker's load, if any.
-	AgentNode     string `protobuf:"bytes,9,opt,name=agent_node,json=agentNode,proto3" json:"agent_node,omitempty"`
+	AgentNode string `protobuf:"bytes,9,opt,name=agent_node,json=agentNode,proto3" json:"agent_node,omitempty"`
+	// Model served (from the spec, or discovered from the engine).
+	Model         string `protobuf:"bytes,10,opt,name=model,proto3" json:"model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -575,6 +577,13 @@ func (x *Worker) GetJobStatus() *JobStatus {
 func (x *Worker) GetAgentNode() string {
 	if x != nil {
 		return x.AgentNode
+	}
+	return ""
+}
+
+func (x *Worker) GetModel() string {
+	if x != nil {
+		return x.Model
 	}
 	return ""
 }
@@ -1021,7 +1030,7 @@ type WorkerUpdate struct {
 	Labels                  map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	ApiKey                  *string                `protobuf:"bytes,4,opt,name=api_key,json=apiKey,proto3,oneof" json:"api_key,omitempty"`
 	LoadMonitorIntervalSecs *int32                 `protobuf:"varint,5,opt,name=load_monitor_interval_secs,json=loadMonitorIntervalSecs,proto3,oneof" json:"load_monitor_interval_secs,omitempty"`
-	MaxRunningRequests      *int64                 `protobuf:"varint,6,opt,name=max_running_requests,json=maxRunningRequests,proto3,oneof" json:"max_running_requests,omitempty"`
+	MaxRunningRequests      *int32                 `protobuf:"varint,6,opt,name=max_running_requests,json=maxRunningRequests,proto3,oneof" json:"max_running_requests,omitempty"`
 	Overload                *OverloadBlock         `protobuf:"bytes,7,opt,name=overload,proto3" json:"overload,omitempty"`
 	Node                    *string                `protobuf:"bytes,8,opt,name=node,proto3,oneof" json:"node,omitempty"`
 	unknownFields           protoimpl.UnknownFields
@@ -1093,7 +1102,7 @@ func (x *WorkerUpdate) GetLoadMonitorIntervalSecs() int32 {
 	return 0
 }
 
-func (x *WorkerUpdate) GetMaxRunningRequests() int64 {
+func (x *WorkerUpdate) GetMaxRunningRequests() int32 {
 	if x != nil && x.MaxRunningRequests != nil {
 		return *x.MaxRunningRequests
 	}
@@ -1857,7 +1866,7 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\n" +
 	"\x13smg/v1/worker.proto\x12\x06smg.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11smg/v1/load.proto\"\x8a\x01\n" +
 	"\rOverloadBlock\x12.\n" +
-	"\x10waiting_requests\x18\x01 \x01(\x03H\x00R\x0fwaitingRequests\x88\x01\x01\x12$\n" +
+	"\x10waiting_requests\x18\x01 \x01(\x05H\x00R\x0fwaitingRequests\x88\x01\x01\x12$\n" +
 	"\vtoken_usage\x18\x02 \x01(\x01H\x01R\n" +
 	"tokenUsage\x88\x01\x01B\x13\n" +
 	"\x11_waiting_requestsB\x0e\n" +
@@ -1881,7 +1890,7 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\x1aload_monitor_interval_secs\x18\r \x01(\x05H\x04R\x17loadMonitorIntervalSecs\x88\x01\x01\x121\n" +
 	"\boverload\x18\x0e \x01(\v2\x15.smg.v1.OverloadBlockR\boverload\x12\x12\n" +
 	"\x04node\x18\x0f \x01(\tR\x04node\x125\n" +
-	"\x14max_running_requests\x18\x10 \x01(\x03H\x05R\x12maxRunningRequests\x88\x01\x01\x1a9\n" +
+	"\x14max_running_requests\x18\x10 \x01(\x05H\x05R\x12maxRunningRequests\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\v\n" +
@@ -1894,7 +1903,7 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\x15_max_running_requests\"X\n" +
 	"\n" +
 	"Thresholds\x12)\n" +
-	"\x10waiting_requests\x18\x01 \x01(\x03R\x0fwaitingRequests\x12\x1f\n" +
+	"\x10waiting_requests\x18\x01 \x01(\x05R\x0fwaitingRequests\x12\x1f\n" +
 	"\vtoken_usage\x18\x02 \x01(\x01R\n" +
 	"tokenUsage\"v\n" +
 	"\tJobStatus\x12\x14\n" +
@@ -1911,7 +1920,7 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"overloaded\x12'\n" +
 	"\x0foverload_reason\x18\x05 \x01(\tR\x0eoverloadReason\x12\x1a\n" +
 	"\bliveness\x18\x06 \x01(\tR\bliveness\x12'\n" +
-	"\x0fliveness_reason\x18\a \x01(\tR\x0elivenessReason\"\xe0\x02\n" +
+	"\x0fliveness_reason\x18\a \x01(\tR\x0elivenessReason\"\xf6\x02\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12&\n" +
 	"\x04spec\x18\x02 \x01(\v2\x12.smg.v1.WorkerSpecR\x04spec\x122\n" +
@@ -1926,7 +1935,9 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\n" +
 	"job_status\x18\b \x01(\v2\x11.smg.v1.JobStatusR\tjobStatus\x12\x1d\n" +
 	"\n" +
-	"agent_node\x18\t \x01(\tR\tagentNode\"=\n" +
+	"agent_node\x18\t \x01(\tR\tagentNode\x12\x14\n" +
+	"\x05model\x18\n" +
+	" \x01(\tR\x05model\"=\n" +
 	"\x13CreateWorkerRequest\x12&\n" +
 	"\x04spec\x18\x01 \x01(\v2\x12.smg.v1.WorkerSpecR\x04spec\"\x93\x01\n" +
 	"\x14CreateWorkerResponse\x12\x16\n" +
@@ -1959,7 +1970,7 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\x06labels\x18\x03 \x03(\v2 .smg.v1.WorkerUpdate.LabelsEntryR\x06labels\x12\x1c\n" +
 	"\aapi_key\x18\x04 \x01(\tH\x02R\x06apiKey\x88\x01\x01\x12@\n" +
 	"\x1aload_monitor_interval_secs\x18\x05 \x01(\x05H\x03R\x17loadMonitorIntervalSecs\x88\x01\x01\x125\n" +
-	"\x14max_running_requests\x18\x06 \x01(\x03H\x04R\x12maxRunningRequests\x88\x01\x01\x121\n" +
+	"\x14max_running_requests\x18\x06 \x01(\x05H\x04R\x12maxRunningRequests\x88\x01\x01\x121\n" +
 	"\boverload\x18\a \x01(\v2\x15.smg.v1.OverloadBlockR\boverload\x12\x17\n" +
 	"\x04node\x18\b \x01(\tH\x05R\x04node\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +

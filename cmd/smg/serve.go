@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+)
+
+// common flags of the serving subcommands.
+type common struct {
+	host     string
+	port     int
+	logLevel string
+}
+
+func (c *common) addFlags(fs *flag.FlagSet, port int) {
+	c.port = port
+	fs.StringVar(&c.host, "host", "127.0.0.1", "address to listen on")
+	fs.IntVar(&c.port, "port", c.port, "HTTP port")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+func (c *common) logger(w io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level: %v", err)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+func listen(host string, port int) (net.Listener, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, fmt.Sprint(port)))
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s:%d: %w", host, port, err)
+	}
+	return ln, nil
+}
+
+// serveHTTP serves h on ln until ctx ends, then shuts down within grace.
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = srv.Close()
+	}
+	return err
+}
+
+// newGRPCServer returns a server whose long-lived streams notice a dead peer
+// within seconds.
+func newGRPCServer() *grpc.Server {
+	return grpc.NewServer(
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 5 * time.Second, Timeout: 3 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
+	)
+}
+
+// serveGRPC serves s on ln until ctx ends, then stops gracefully (bounded).
+func serveGRPC(ctx context.Context, ln net.Listener, s *grpc.Server, grace time.Duration) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	done := make(chan struct{})
+	go func() { s.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		s.Stop()
+	}
+	return nil
+}
+
+func addrOf(ln net.Listener) string {
+	a := ln.Addr().String()
+	return strings.Replace(a, "[::]", "127.0.0.1", 1)
+}

@@ -1,0 +1,154 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// startRegistration runs a job in the background: resolve the overload
+// block, reach the engine (discovering its model), then add or replace the
+// worker. A failure leaves the registry as it was and the job failed.
+func (s *Service) startRegistration(job *registry.Job) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.setJob(job, "processing", "contacting the engine")
+		if err := s.register(job); err != nil {
+			s.log.Warn("Worker registration failed", "worker_id", job.WorkerID, "url", job.URL, "reason", err.Error())
+			s.setJob(job, "failed", err.Error())
+			return
+		}
+		s.setJob(job, "done", "registered")
+	}()
+}
+
+func (s *Service) setJob(job *registry.Job, state, msg string) {
+	_, _ = s.reg.Update(func(t *registry.Txn) error {
+		cur := t.Job(job.WorkerID)
+		if cur == nil || cur.Spec != job.Spec {
+			return nil // superseded (the worker was deleted or re-registered)
+		}
+		c := *cur
+		c.State, c.Message, c.UpdatedAt = state, msg, s.now()
+		return t.PutJob(&c)
+	})
+}
+
+func (s *Service) register(job *registry.Job) error {
+	spec := job.Spec
+	th, err := s.resolve(spec.GetOverload())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.RegistrationTimeout)
+	defer cancel()
+	model, err := s.reachEngine(ctx, spec)
+	if err != nil {
+		return err
+	}
+	var old *registry.Worker
+	_, err = s.reg.Update(func(t *registry.Txn) error {
+		if cur := t.Job(job.WorkerID); cur == nil || cur.Spec != spec {
+			return errors.New("registration superseded")
+		}
+		if other := t.GetByURL(spec.GetUrl()); other != nil && other.ID != job.WorkerID {
+			return fmt.Errorf("a worker with url %q already exists", spec.GetUrl())
+		}
+		w := &registry.Worker{ID: job.WorkerID, Health: registry.HealthPending}
+		if old = t.Get(job.WorkerID); old != nil {
+			if job.Kind != "replace" {
+				return fmt.Errorf("worker %s already exists", job.WorkerID)
+			}
+			w = old.Clone()
+			if old.Spec.GetUrl() != spec.GetUrl() {
+				w.Health, w.Load, w.AgentNode = registry.HealthPending, nil, ""
+			}
+			clearOverload(w) // a replaced worker starts with no overload veto
+		} else if job.Kind == "replace" {
+			return fmt.Errorf("worker %s was removed", job.WorkerID)
+		}
+		w.Spec, w.Model, w.Type, w.Thresholds = spec, model, workerType(spec), th
+		return t.Insert(w)
+	})
+	if err != nil {
+		return err
+	}
+	s.removed(old) // the replaced record's series and state go
+	s.log.Info("Worker registered", "worker_id", job.WorkerID, "url", spec.GetUrl(), "model", model, "kind", job.Kind)
+	return nil
+}
+
+func workerType(spec *smgv1.WorkerSpec) string {
+	if t := spec.GetWorkerType(); t != "" {
+		return t
+	}
+	return "regular"
+}
+
+// reachEngine asks the engine for its models until it answers or ctx ends.
+// A model id given in the spec needs only an answer; otherwise the first
+// model the engine lists is the worker's.
+func (s *Service) reachEngine(ctx context.Context, spec *smgv1.WorkerSpec) (string, error) {
+	if spec.GetConnectionMode() == "grpc" || strings.HasPrefix(spec.GetUrl(), "grpc") {
+		return "", errors.New("gRPC workers are not supported yet: register the engine's HTTP URL")
+	}
+	var lastErr error
+	for {
+		model, err := DiscoverModel(ctx, s.client, spec.GetUrl(), spec.GetApiKey())
+		if err == nil || (spec.GetModelId() != "" && errors.Is(err, errNoModel)) {
+			if spec.GetModelId() != "" {
+				return spec.GetModelId(), nil
+			}
+			return model, nil
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("engine %s not reachable within %s: %v", spec.GetUrl(), s.opts.RegistrationTimeout, lastErr)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+var errNoModel = errors.New("the engine answered /v1/models without a model")
+
+// DiscoverModel returns the first model id the engine lists at /v1/models.
+func DiscoverModel(ctx context.Context, client *http.Client, baseURL, apiKey string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(baseURL, "/")+"/v1/models", nil)
+	if err != nil {
+		return "", err
+	}
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%w: status %d", errNoModel, resp.StatusCode)
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil || len(list.Data) == 0 || list.Data[0].ID == "" {
+		return "", errNoModel
+	}
+	return list.Data[0].ID, nil
+}

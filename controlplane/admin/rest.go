@@ -1,0 +1,123 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// MaxBodyBytes bounds an admin request body.
+const MaxBodyBytes = 1 << 20
+
+// RESTHandler serves the admin routes of smg_http.yaml with the spec's
+// snake_case JSON, in requests and responses.
+func RESTHandler(svc smgv1.WorkerServiceServer) (http.Handler, error) {
+	mux := runtime.NewServeMux(
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
+			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
+			UnmarshalOptions: protojson.UnmarshalOptions{},
+		}),
+		runtime.WithForwardResponseOption(setStatus),
+		runtime.WithOutgoingHeaderMatcher(func(key string) (string, bool) {
+			if key == "location" {
+				return "Location", true
+			}
+			return "", false
+		}),
+		runtime.WithErrorHandler(writeError),
+		runtime.WithRoutingErrorHandler(routingError),
+	)
+	if err := smgv1.RegisterWorkerServiceHandlerServer(context.Background(), mux, svc); err != nil {
+		return nil, err
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes)
+		mux.ServeHTTP(w, r)
+	}), nil
+}
+
+// setStatus applies the status a method asked for (202 for changes).
+func setStatus(ctx context.Context, w http.ResponseWriter, _ proto.Message) error {
+	md, ok := runtime.ServerMetadataFromContext(ctx)
+	if !ok {
+		return nil
+	}
+	if v := md.HeaderMD.Get("x-http-code"); len(v) > 0 {
+		code, err := strconv.Atoi(v[0])
+		if err != nil {
+			return err
+		}
+		delete(md.HeaderMD, "x-http-code")
+		w.WriteHeader(code)
+	}
+	return nil
+}
+
+// ErrorBody is the JSON error answer of every smg HTTP route.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the OpenAI-style error object.
+type ErrorDetail struct {
+	Type    string  `json:"type"`
+	Code    string  `json:"code"`
+	Message string  `json:"message"`
+	Param   *string `json:"param"`
+}
+
+// WriteJSONError writes an error answer.
+func WriteJSONError(w http.ResponseWriter, httpCode int, typ, code, msg string, param *string) {
+	body, _ := json.Marshal(ErrorBody{Error: ErrorDetail{Type: typ, Code: code, Message: msg, Param: param}})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(httpCode)
+	_, _ = w.Write(body)
+}
+
+// writeError maps a gRPC status to the admin API's HTTP answer. An invalid
+// argument this service did not raise comes from decoding the body: 422 with
+// the parser's message.
+func writeError(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	st := status.Convert(err)
+	info := errorInfo(st)
+	var param *string
+	if f := info.GetMetadata()["field"]; f != "" {
+		param = &f
+	}
+	code := runtime.HTTPStatusFromCode(st.Code())
+	reason := info.GetReason()
+	typ := "invalid_request_error"
+	switch {
+	case st.Code() == codes.InvalidArgument && info == nil && strings.Contains(st.Message(), "request body too large"):
+		code, reason = http.StatusRequestEntityTooLarge, "REQUEST_TOO_LARGE"
+	case st.Code() == codes.InvalidArgument && info == nil:
+		code, reason = http.StatusUnprocessableEntity, "UNPROCESSABLE_ENTITY"
+	case st.Code() == codes.Aborted, st.Code() == codes.AlreadyExists:
+		code = http.StatusConflict
+	case st.Code() == codes.Unauthenticated:
+		typ = "authentication_error"
+	case reason == "":
+		reason = st.Code().String()
+		typ = "server_error"
+	}
+	WriteJSONError(w, code, typ, reason, st.Message(), param)
+}
+
+func routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+	switch httpStatus {
+	case http.StatusMethodNotAllowed:
+		WriteJSONError(w, httpStatus, "invalid_request_error", "METHOD_NOT_ALLOWED", r.Method+" is not allowed on "+r.URL.Path, nil)
+	default:
+		WriteJSONError(w, http.StatusNotFound, "invalid_request_error", "NOT_FOUND", "no route "+r.Method+" "+r.URL.Path, nil)
+	}
+}

@@ -1,0 +1,420 @@
+// Package admin serves WorkerService, the control plane's admin API, over gRPC
+// and (through grpc-gateway) over REST at the spec's paths.
+package admin
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/smg-project/smg/controlplane/judge"
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// ThresholdResolver resolves a worker's overload block against the gateway
+// thresholds; an error names the out-of-range field.
+type ThresholdResolver func(block *smgv1.OverloadBlock) (judge.Thresholds, error)
+
+// RouterLister lists the routers watching the control plane.
+type RouterLister interface {
+	Routers() []*smgv1.RouterInfo
+}
+
+// Options configure the admin service.
+type Options struct {
+	// APIKey, when set, guards every route but /loads.
+	APIKey string
+	// RegistrationTimeout bounds how long registration tries to reach an engine.
+	RegistrationTimeout time.Duration
+	// JobRetention is how long a finished registration job stays visible.
+	JobRetention time.Duration
+}
+
+// Service implements smgv1.WorkerServiceServer.
+type Service struct {
+	smgv1.UnimplementedWorkerServiceServer
+
+	reg      *registry.Registry
+	opts     Options
+	resolve  ThresholdResolver
+	client   *http.Client
+	log      *slog.Logger
+	now      func() time.Time
+	routers  RouterLister
+	ctx      context.Context // cancels background registrations at shutdown
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	onRemove func(old *registry.Worker) // a worker was removed or replaced
+}
+
+// New returns the service. client reaches the engines during registration.
+func New(reg *registry.Registry, opts Options, resolve ThresholdResolver, client *http.Client, log *slog.Logger) *Service {
+	ctx, cancel := context.WithCancel(context.Background())
+	if opts.RegistrationTimeout <= 0 {
+		opts.RegistrationTimeout = 30 * time.Second
+	}
+	if opts.JobRetention <= 0 {
+		opts.JobRetention = 10 * time.Minute
+	}
+	return &Service{reg: reg, opts: opts, resolve: resolve, client: client, log: log, now: time.Now, ctx: ctx, cancel: cancel}
+}
+
+// SetRouterLister plugs in the watch server's router list.
+func (s *Service) SetRouterLister(l RouterLister) { s.routers = l }
+
+// OnRemove registers a hook run with the old record after a worker is
+// removed or replaced (its metric series, its per-worker state).
+func (s *Service) OnRemove(fn func(old *registry.Worker)) { s.onRemove = fn }
+
+// Close stops background registrations and waits for them.
+func (s *Service) Close() {
+	s.cancel()
+	s.wg.Wait()
+}
+
+// WorkerID derives a worker's id from its URL, so that ids are stable across
+// restarts and a re-registration of the same engine gets the same id.
+func WorkerID(url string) string {
+	sum := sha256.Sum256([]byte(url))
+	return "w-" + hex.EncodeToString(sum[:6])
+}
+
+// publicMethods need no admin key.
+var publicMethods = map[string]bool{"/smg.v1.WorkerService/GetLoads": true}
+
+// authorize checks the bearer key in the incoming metadata (gRPC, or REST
+// through the gateway) in constant time.
+func (s *Service) authorize(ctx context.Context) error {
+	if s.opts.APIKey == "" {
+		return nil
+	}
+	if m, ok := grpc.Method(ctx); ok && publicMethods[m] {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("authorization") {
+		token, ok := strings.CutPrefix(v, "Bearer ")
+		if ok && subtle.ConstantTimeCompare([]byte(token), []byte(s.opts.APIKey)) == 1 {
+			return nil
+		}
+	}
+	return errUnauthorized()
+}
+
+// accepted sets the REST status and Location of a change.
+func accepted(ctx context.Context, location string) {
+	md := metadata.Pairs("x-http-code", "202")
+	if location != "" {
+		md.Append("location", location)
+	}
+	_ = grpc.SetHeader(ctx, md)
+}
+
+func (s *Service) CreateWorker(ctx context.Context, req *smgv1.CreateWorkerRequest) (*smgv1.CreateWorkerResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	id, err := s.Submit(req.GetSpec())
+	if err != nil {
+		return nil, err
+	}
+	loc := "/workers/" + id
+	accepted(ctx, loc)
+	return &smgv1.CreateWorkerResponse{Status: "accepted", WorkerId: id, Url: req.GetSpec().GetUrl(), Location: loc,
+		Message: "registration of worker " + id + " started; follow it at " + loc}, nil
+}
+
+// Submit validates a spec and starts its registration in the background; it
+// is what POST /workers and the static --worker-urls both run.
+func (s *Service) Submit(spec *smgv1.WorkerSpec) (string, error) {
+	if err := validateSpec(spec); err != nil {
+		return "", err
+	}
+	spec = proto.Clone(spec).(*smgv1.WorkerSpec)
+	id := WorkerID(spec.GetUrl())
+	job := &registry.Job{WorkerID: id, URL: spec.GetUrl(), Kind: "create", State: "pending", UpdatedAt: s.now(), Spec: spec}
+	_, err := s.reg.Update(func(t *registry.Txn) error {
+		if t.GetByURL(spec.GetUrl()) != nil || t.Get(id) != nil {
+			return errExists(spec.GetUrl())
+		}
+		if j := t.Job(id); j != nil && (j.State == "pending" || j.State == "processing") {
+			return errExists(spec.GetUrl())
+		}
+		return t.PutJob(job)
+	})
+	if err != nil {
+		return "", err
+	}
+	s.startRegistration(job)
+	return id, nil
+}
+
+func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerRequest) (*smgv1.ReplaceWorkerResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	spec := req.GetSpec()
+	if err := validateSpec(spec); err != nil {
+		return nil, err
+	}
+	spec = proto.Clone(spec).(*smgv1.WorkerSpec)
+	id := req.GetWorkerId()
+	job := &registry.Job{WorkerID: id, URL: spec.GetUrl(), Kind: "replace", State: "pending", UpdatedAt: s.now(), Spec: spec}
+	_, err := s.reg.Update(func(t *registry.Txn) error {
+		if t.Get(id) == nil {
+			return errNotFound(id)
+		}
+		if other := t.GetByURL(spec.GetUrl()); other != nil && other.ID != id {
+			return errExists(spec.GetUrl())
+		}
+		if j := t.Job(id); j != nil && (j.State == "pending" || j.State == "processing") {
+			return errInProgress(id)
+		}
+		return t.PutJob(job)
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.startRegistration(job)
+	loc := "/workers/" + id
+	accepted(ctx, loc)
+	return &smgv1.ReplaceWorkerResponse{Status: "accepted", WorkerId: id, Url: spec.GetUrl(), Location: loc,
+		Message: "replacement of worker " + id + " started; follow it at " + loc}, nil
+}
+
+func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerRequest) (*smgv1.UpdateWorkerResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	u := req.GetUpdate()
+	if u == nil {
+		u = &smgv1.WorkerUpdate{}
+	}
+	if err := validateUpdate(u); err != nil {
+		return nil, err
+	}
+	id := req.GetWorkerId()
+	var url string
+	_, err := s.reg.Update(func(t *registry.Txn) error {
+		w := t.Get(id)
+		if w == nil {
+			return errNotFound(id)
+		}
+		c := w.Clone()
+		spec := proto.Clone(w.Spec).(*smgv1.WorkerSpec)
+		if u.Priority != nil {
+			spec.Priority = u.Priority
+		}
+		if u.Cost != nil {
+			spec.Cost = u.Cost
+		}
+		if u.Labels != nil {
+			spec.Labels = u.Labels
+		}
+		if u.ApiKey != nil {
+			spec.ApiKey = u.GetApiKey()
+		}
+		if u.LoadMonitorIntervalSecs != nil {
+			spec.LoadMonitorIntervalSecs = u.LoadMonitorIntervalSecs
+		}
+		if u.MaxRunningRequests != nil {
+			spec.MaxRunningRequests = u.MaxRunningRequests
+		}
+		if u.Node != nil {
+			spec.Node = u.GetNode()
+		}
+		c.Spec = spec
+		clearOverload(c) // the spec: PATCH replaces the worker, which clears its overload veto
+		url = spec.GetUrl()
+		return t.Insert(c)
+	})
+	if err != nil {
+		return nil, err
+	}
+	loc := "/workers/" + id
+	accepted(ctx, loc)
+	return &smgv1.UpdateWorkerResponse{Status: "accepted", WorkerId: id, Url: url, Location: loc, Message: "worker " + id + " updated"}, nil
+}
+
+func (s *Service) DeleteWorker(ctx context.Context, req *smgv1.DeleteWorkerRequest) (*smgv1.DeleteWorkerResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	id := req.GetWorkerId()
+	var old *registry.Worker
+	_, err := s.reg.Update(func(t *registry.Txn) error {
+		old = t.Get(id)
+		if old == nil {
+			return errNotFound(id)
+		}
+		if err := t.DeleteJob(id); err != nil {
+			return err
+		}
+		return t.Delete(id)
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.removed(old)
+	url := old.Spec.GetUrl()
+	s.log.Info("Worker removed", "worker_id", id, "url", url)
+	accepted(ctx, "")
+	return &smgv1.DeleteWorkerResponse{Status: "accepted", WorkerId: id, Url: url, Message: "worker " + id + " removed"}, nil
+}
+
+func (s *Service) removed(old *registry.Worker) {
+	if s.onRemove != nil && old != nil {
+		s.onRemove(old)
+	}
+}
+
+func (s *Service) GetWorker(ctx context.Context, req *smgv1.GetWorkerRequest) (*smgv1.GetWorkerResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	snap := s.reg.Snapshot()
+	id := req.GetWorkerId()
+	job := snap.Job(id)
+	if w := snap.Get(id); w != nil {
+		return &smgv1.GetWorkerResponse{Worker: WorkerView(w, job)}, nil
+	}
+	if job != nil && s.jobVisible(job) {
+		if job.State == "failed" {
+			return nil, errNotFoundFailed(id, job.Message)
+		}
+		// Registration still running: show its progress on the worker-to-be.
+		return &smgv1.GetWorkerResponse{Worker: &smgv1.Worker{WorkerId: id, Spec: job.Spec, Health: string(registry.HealthPending), JobStatus: jobStatus(job)}}, nil
+	}
+	return nil, errNotFound(id)
+}
+
+func (s *Service) ListWorkers(ctx context.Context, req *smgv1.ListWorkersRequest) (*smgv1.ListWorkersResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	snap := s.reg.Snapshot()
+	resp := &smgv1.ListWorkersResponse{}
+	for _, w := range snap.Workers() {
+		if m := req.GetModel(); m != "" && !servesModel(w, m) {
+			continue
+		}
+		resp.Workers = append(resp.Workers, WorkerView(w, snap.Job(w.ID)))
+	}
+	resp.Total = int32(len(resp.Workers))
+	return resp, nil
+}
+
+func servesModel(w *registry.Worker, model string) bool {
+	if w.Model == model {
+		return true
+	}
+	for _, m := range w.Spec.GetModels() {
+		if m == model {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Service) GetLoads(ctx context.Context, _ *smgv1.GetLoadsRequest) (*smgv1.GetLoadsResponse, error) {
+	snap := s.reg.Snapshot()
+	resp := &smgv1.GetLoadsResponse{}
+	for _, w := range snap.Workers() {
+		veto, _ := w.Veto()
+		resp.Workers = append(resp.Workers, &smgv1.WorkerLoad{
+			WorkerId: w.ID, Url: w.Spec.GetUrl(), Model: w.Model, WorkerType: w.Type,
+			EngineLoad: w.Load, Overloaded: w.Overloaded, Vetoed: veto != smgv1.Veto_VETO_UNSPECIFIED,
+		})
+	}
+	return resp, nil
+}
+
+func (s *Service) ListJobs(ctx context.Context, _ *smgv1.ListJobsRequest) (*smgv1.ListJobsResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	resp := &smgv1.ListJobsResponse{}
+	for _, j := range s.reg.Snapshot().Jobs() {
+		if !s.jobVisible(j) {
+			continue
+		}
+		resp.Jobs = append(resp.Jobs, &smgv1.Job{WorkerId: j.WorkerID, Url: j.URL, Kind: j.Kind, Status: jobStatus(j)})
+	}
+	sort.Slice(resp.Jobs, func(a, b int) bool {
+		return resp.Jobs[a].GetStatus().GetUpdatedAt().AsTime().After(resp.Jobs[b].GetStatus().GetUpdatedAt().AsTime())
+	})
+	return resp, nil
+}
+
+func (s *Service) ListRouters(ctx context.Context, _ *smgv1.ListRoutersRequest) (*smgv1.ListRoutersResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	resp := &smgv1.ListRoutersResponse{Revision: s.reg.Revision()}
+	if s.routers != nil {
+		resp.Routers = s.routers.Routers()
+	}
+	return resp, nil
+}
+
+// jobVisible hides finished jobs once their retention has passed.
+func (s *Service) jobVisible(j *registry.Job) bool {
+	if j.State == "pending" || j.State == "processing" {
+		return true
+	}
+	return s.now().Sub(j.UpdatedAt) < s.opts.JobRetention
+}
+
+func jobStatus(j *registry.Job) *smgv1.JobStatus {
+	if j == nil {
+		return nil
+	}
+	return &smgv1.JobStatus{State: j.State, Message: j.Message, UpdatedAt: timestamppb.New(j.UpdatedAt)}
+}
+
+// WorkerView renders a registry record for the admin API.
+func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
+	veto, reason := w.Veto()
+	liveness := ""
+	switch w.Liveness {
+	case smgv1.Veto_VETO_UNREACHABLE:
+		liveness = "unreachable"
+	case smgv1.Veto_VETO_WEDGED:
+		liveness = "wedged"
+	}
+	return &smgv1.Worker{
+		WorkerId:   w.ID,
+		Spec:       w.Spec,
+		Thresholds: &smgv1.Thresholds{WaitingRequests: int32(w.Thresholds.WaitingRequests), TokenUsage: w.Thresholds.TokenUsage},
+		Health:     string(w.Health),
+		Ready:      w.Ready(),
+		EngineLoad: w.Load,
+		Model:      w.Model,
+		Verdict: &smgv1.Verdict{
+			Vetoed: veto != smgv1.Veto_VETO_UNSPECIFIED, Veto: veto, Reason: reason,
+			Overloaded: w.Overloaded, OverloadReason: w.OverloadReason,
+			Liveness: liveness, LivenessReason: w.LivenessReason,
+		},
+		JobStatus: jobStatus(job),
+		AgentNode: w.AgentNode,
+	}
+}
+
+// clearOverload drops the overload veto of a replaced worker (fail open).
+// Liveness vetoes end only on their own rule's evidence.
+func clearOverload(w *registry.Worker) {
+	w.Overloaded, w.OverloadReason = false, ""
+}

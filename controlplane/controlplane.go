@@ -1,0 +1,210 @@
+// Package controlplane wires the control plane: the registry, the admin API
+// (gRPC and REST), the health checker, the load monitor with its overload
+// verdicts, and the watch stream to routers.
+package controlplane
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"github.com/smg-project/smg/controlplane/admin"
+	"github.com/smg-project/smg/controlplane/health"
+	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/judge"
+	"github.com/smg-project/smg/controlplane/monitor"
+	"github.com/smg-project/smg/controlplane/registry"
+	"github.com/smg-project/smg/controlplane/watch"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/cli"
+)
+
+// Options configure the control plane; AddFlags binds them to flags.
+type Options struct {
+	WorkerURLs          cli.List
+	LoadMonitorInterval int // seconds, > 0
+	Thresholds          judge.GatewayThresholds
+	Health              health.Options
+	AdminAPIKey         string
+	WatchToken          string
+	RegistrationTimeout time.Duration
+}
+
+// DefaultOptions returns the spec's defaults.
+func DefaultOptions() Options {
+	return Options{
+		LoadMonitorInterval: 10,
+		Thresholds:          judge.DefaultGatewayThresholds(),
+		Health:              health.DefaultOptions(),
+		RegistrationTimeout: 30 * time.Second,
+	}
+}
+
+// AddFlags registers the control plane's flags on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.Var(&o.WorkerURLs, "worker-urls", "engine URLs to register at start, space-separated after one flag or repeated (model discovered from /v1/models)")
+	fs.IntVar(&o.LoadMonitorInterval, "load-monitor-interval", o.LoadMonitorInterval, "seconds between load polls of each worker group (> 0); also the Retry-After of a shed")
+	o.Thresholds.AddFlags(fs)
+	o.Health.AddFlags(fs)
+	fs.StringVar(&o.AdminAPIKey, "admin-api-key", o.AdminAPIKey, "when set, every admin route but /loads needs 'Authorization: Bearer <key>' (REST and gRPC)")
+	fs.StringVar(&o.WatchToken, "watch-token", o.WatchToken, "when set, routers must present it ('authorization: Bearer <token>') to watch")
+	fs.DurationVar(&o.RegistrationTimeout, "registration-timeout", o.RegistrationTimeout, "how long registration tries to reach a new engine before the registration fails")
+}
+
+// Validate reports the first invalid option with a clear message.
+func (o Options) Validate() error {
+	if o.LoadMonitorInterval <= 0 {
+		return fmt.Errorf("--load-monitor-interval must be greater than zero (seconds), got %d", o.LoadMonitorInterval)
+	}
+	if err := o.Thresholds.Validate(); err != nil {
+		return err
+	}
+	if err := o.Health.Validate(); err != nil {
+		return err
+	}
+	if o.RegistrationTimeout <= 0 {
+		return fmt.Errorf("--registration-timeout must be positive, got %s", o.RegistrationTimeout)
+	}
+	return nil
+}
+
+// ControlPlane is a running control plane's components.
+type ControlPlane struct {
+	opts     Options
+	log      *slog.Logger
+	Registry *registry.Registry
+	Admin    *admin.Service
+	Ingest   *ingest.Ingester
+	Monitor  *monitor.Monitor
+	Health   *health.Checker
+	Watch    *watch.Server
+	metrics  *prometheus.Registry
+
+	rest http.Handler
+}
+
+// New builds the control plane; metrics register on reg.
+func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlane, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	cp := &ControlPlane{opts: opts, log: log, metrics: reg}
+	cp.Registry = registry.New(newEpoch(), registry.DefaultHistory)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}
+	cp.Ingest = ingest.New(cp.Registry, log)
+	collector := ingest.NewCollector(cp.Registry)
+	if err := reg.Register(collector); err != nil {
+		return nil, err
+	}
+	cp.Admin = admin.New(cp.Registry, admin.Options{APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout},
+		resolver(opts.Thresholds), client, log)
+	cp.Admin.OnRemove(collector.Removed)
+	cp.Monitor = monitor.New(cp.Registry, cp.Ingest, client, time.Duration(opts.LoadMonitorInterval)*time.Second, log)
+	cp.Health = health.New(cp.Registry, opts.Health, client, log)
+	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken}, log, reg)
+	cp.Admin.SetRouterLister(cp.Watch)
+	rest, err := admin.RESTHandler(cp.Admin)
+	if err != nil {
+		return nil, err
+	}
+	cp.rest = rest
+	return cp, nil
+}
+
+// resolver validates a worker's overload block and resolves its thresholds.
+func resolver(g judge.GatewayThresholds) admin.ThresholdResolver {
+	return func(b *smgv1.OverloadBlock) (judge.Thresholds, error) {
+		if b == nil {
+			return g.Resolve(nil), nil
+		}
+		blk := &judge.Block{TokenUsage: b.TokenUsage}
+		if b.WaitingRequests != nil {
+			w := int64(b.GetWaitingRequests())
+			blk.WaitingRequests = &w
+		}
+		if err := blk.Validate(); err != nil {
+			return judge.Thresholds{}, err
+		}
+		return g.Resolve(blk), nil
+	}
+}
+
+func newEpoch() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// RegisterGRPC adds the control plane's services to s.
+func (cp *ControlPlane) RegisterGRPC(s *grpc.Server) {
+	smgv1.RegisterWorkerServiceServer(s, cp.Admin)
+	smgv1.RegisterWatchServiceServer(s, cp.Watch)
+}
+
+// AdminRoutes mounts the REST admin routes and /loads on mux.
+func (cp *ControlPlane) AdminRoutes(mux *http.ServeMux) {
+	for _, p := range []string{"/workers", "/workers/", "/loads", "/jobs", "/routers"} {
+		mux.Handle(p, cp.rest)
+	}
+}
+
+// HTTPHandler is the control plane's own HTTP port: admin REST, /loads,
+// /metrics and /health.
+func (cp *ControlPlane) HTTPHandler() http.Handler {
+	mux := http.NewServeMux()
+	cp.AdminRoutes(mux)
+	mux.Handle("/metrics", promhttp.HandlerFor(cp.metrics, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	return mux
+}
+
+// SubmitStatic starts the registration of every --worker-urls engine; an
+// invalid or duplicate URL is an error at startup.
+func (cp *ControlPlane) SubmitStatic() error {
+	var errs []error
+	for _, u := range cp.opts.WorkerURLs {
+		if _, err := cp.Admin.Submit(&smgv1.WorkerSpec{Url: u}); err != nil {
+			errs = append(errs, fmt.Errorf("--worker-urls %s: %s", u, status.Convert(err).Message()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Run runs the background loops until ctx ends, then says goodbye to the
+// watching routers and stops.
+func (cp *ControlPlane) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); cp.Monitor.Run(ctx) }()
+	go func() { defer wg.Done(); cp.Health.Run(ctx) }()
+	<-ctx.Done()
+	cp.Watch.Close()
+	cp.Admin.Close()
+	wg.Wait()
+}
+
+// NewMetricsRegistry returns a fresh registry with the Go and process collectors.
+func NewMetricsRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Listen is a helper for subcommands: it listens on host:port.
+func Listen(host string, port int) (net.Listener, error) {
+	return net.Listen("tcp", net.JoinHostPort(host, fmt.Sprint(port)))
+}

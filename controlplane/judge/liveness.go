@@ -1,0 +1,512 @@
+package judge
+
+import (
+	"flag"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+)
+
+// Flag names of the liveness rules, as the spec writes them.
+const (
+	FlagStallSecs = "worker-stall-secs"
+	FlagWedgeSecs = "worker-wedge-secs"
+	FlagStaleSecs = "worker-stale-secs"
+)
+
+// Liveness constants of the reference implementation.
+const (
+	DefaultStallSecs = 2
+	DefaultWedgeSecs = 3
+	DefaultStaleSecs = 15
+	// SweepInterval is how often the caller should run Sweep, so that a
+	// veto lands at its threshold rather than at the next event.
+	SweepInterval = 250 * time.Millisecond
+	// DeepPile is the pile of streaming requests that is evidence on its own.
+	DeepPile = 4
+	// BoundCap caps how far prefill in flight stretches the wedge bound.
+	BoundCap = 120 * time.Second
+)
+
+// LivenessConfig holds the liveness flags in whole seconds, as the spec's
+// flags are.
+type LivenessConfig struct {
+	StallSecs int // --worker-stall-secs; 0 removes the silence requirement
+	WedgeSecs int // --worker-wedge-secs; 0 disables the wedge rule
+	StaleSecs int // --worker-stale-secs; 0 disables the stale rule
+}
+
+// DefaultLivenessConfig returns stall 2 s, wedge 3 s, stale 15 s.
+func DefaultLivenessConfig() LivenessConfig {
+	return LivenessConfig{StallSecs: DefaultStallSecs, WedgeSecs: DefaultWedgeSecs, StaleSecs: DefaultStaleSecs}
+}
+
+// AddFlags registers the three liveness flags on fs, defaulting to c's values.
+func (c *LivenessConfig) AddFlags(fs *flag.FlagSet) {
+	fs.IntVar(&c.StallSecs, FlagStallSecs, c.StallSecs,
+		"exclude a worker as unreachable when a connection to it fails and nothing has been heard from it for this many seconds; 0 excludes on the first connection failure")
+	fs.IntVar(&c.WedgeSecs, FlagWedgeSecs, c.WedgeSecs,
+		"exclude a worker as wedged when it holds streaming work yet produces no token for this many seconds (longer while prompts are still in prefill, up to 120); 0 disables the rule")
+	fs.IntVar(&c.StaleSecs, FlagStaleSecs, c.StaleSecs,
+		"exclude a worker that has pushed load records as unreachable when nothing arrives from it on any channel for this many seconds; keep above --load-monitor-interval; 0 disables the rule")
+}
+
+// Validate reports the first negative flag, naming it.
+func (c LivenessConfig) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{FlagStallSecs, c.StallSecs}, {FlagWedgeSecs, c.WedgeSecs}, {FlagStaleSecs, c.StaleSecs}} {
+		if f.v < 0 {
+			return fmt.Errorf("--%s must be an integer >= 0, got %d", f.name, f.v)
+		}
+	}
+	return nil
+}
+
+// Warnings returns advice worth logging at startup: the stale bound should sit
+// above the load monitor interval, or a worker whose event stream stopped
+// while its poll still answers is excluded between polls.
+func (c LivenessConfig) Warnings(loadMonitorIntervalSecs int) []string {
+	if c.StaleSecs > 0 && c.StaleSecs <= loadMonitorIntervalSecs {
+		return []string{fmt.Sprintf("--%s %d is not above --load-monitor-interval %d: workers fed only by polls between pushes may be excluded as unreachable",
+			FlagStaleSecs, c.StaleSecs, loadMonitorIntervalSecs)}
+	}
+	return nil
+}
+
+// Rules returns the durations the liveness rules compare against.
+func (c LivenessConfig) Rules() Rules {
+	return Rules{
+		Stall:    time.Duration(c.StallSecs) * time.Second,
+		Wedge:    time.Duration(c.WedgeSecs) * time.Second,
+		Stale:    time.Duration(c.StaleSecs) * time.Second,
+		DeepPile: DeepPile,
+		BoundCap: BoundCap,
+	}
+}
+
+// Rules are the liveness thresholds; build them with LivenessConfig.Rules.
+type Rules struct {
+	Stall    time.Duration // silence after a connection failure; 0: none needed
+	Wedge    time.Duration // wedge bound floor; 0 disables the wedge rule
+	Stale    time.Duration // total silence of a pushing worker; 0 disables
+	DeepPile int64         // streams in flight that are evidence without growth
+	BoundCap time.Duration // cap on the prefill-stretched bound
+}
+
+// Verdict is the liveness opinion of one worker. Its String is the reason
+// label of smg_worker_stalled.
+type Verdict uint8
+
+// Verdicts, in increasing precedence: unreachable overrides wedged.
+const (
+	Live Verdict = iota
+	Wedged
+	Unreachable
+)
+
+// String returns "none", "wedged" or "unreachable".
+func (v Verdict) String() string {
+	switch v {
+	case Wedged:
+		return "wedged"
+	case Unreachable:
+		return "unreachable"
+	}
+	return "none"
+}
+
+// FailureKind classifies a failure seen on one of the worker's channels.
+// Only ConnectionFailure arms the unreachable veto; the others are accepted
+// so the caller can pass every failure it sees and the rule stays here.
+type FailureKind uint8
+
+const (
+	// ConnectionFailure is a connection-level failure (reset, refused,
+	// keepalive timeout, broken stream) of an agent poll, a KV event or
+	// load stream, or a router's upstream connection to a gRPC worker.
+	ConnectionFailure FailureKind = iota
+	// DeadlineExceeded: the worker is slow, not gone.
+	DeadlineExceeded
+	// EngineError: the engine answered with an error; it is wrong, not gone.
+	EngineError
+	// HealthProbeFailed is left to the health checker.
+	HealthProbeFailed
+	// HTTPPollFailed: HTTP workers are watched by health checks and the
+	// circuit breaker instead.
+	HTTPPollFailed
+)
+
+// Record is what one load report says to the liveness rules.
+type Record struct {
+	// Pushed is true for a record an agent pushed; from then on the worker is
+	// held to the push cadence (the stale rule). False for an answered poll.
+	Pushed bool
+	// Waiting is the waiting queue, summed over DP ranks.
+	Waiting int64
+	// Silence is how long the engine has produced nothing for the streaming
+	// requests it holds; 0 when it reports none (older servicers, answered
+	// polls, or a generation reported only at its end, which counts no
+	// silence). Each record replaces the previous one's figure.
+	Silence time.Duration
+	// PrefillInHand is the prompt tokens the servicer holds still in prefill.
+	PrefillInHand int64
+	// StepWire is true when the wire reports every scheduler step (vLLM with
+	// stats logging); false for token batches only (SGLang, TokenSpeed, vLLM
+	// with --disable-log-stats), where a long prefill is silent too.
+	StepWire bool
+}
+
+// RouterObservation is what the routers see of one worker, summed across
+// routers by the caller. Times are on the caller's clock.
+type RouterObservation struct {
+	// Streams is the pile: streaming gRPC generations in flight. HTTP
+	// workers, PD legs and non-streaming generations never count.
+	Streams int64
+	// LastProgress is the latest token or completion (including a
+	// non-streaming generation's answer) any router saw; zero if none yet.
+	LastProgress time.Time
+	// PrefillTokens is the prompt tokens of in-flight requests that have not
+	// produced a first token yet.
+	PrefillTokens int64
+}
+
+// CauseKind names the rule behind a verdict or a re-admission.
+type CauseKind uint8
+
+const (
+	CauseNone CauseKind = iota
+	// Vetoes.
+	CauseTransport     // connection failure, then silence for the stall bound
+	CauseStale         // a pushing worker silent on every channel
+	CauseWaitingQueue  // waiting queue with streams in flight, no progress
+	CausePile          // pile that grew or stands DeepPile deep, no progress
+	CauseEngineSilence // the engine's own silence past its allowance
+	// Re-admissions.
+	CauseContact       // unreachable cleared by contact
+	CauseProgress      // wedged cleared by a token or completion
+	CausePileEmpty     // wedged cleared: nothing left in flight
+	CauseEngineResumed // wedged cleared: the record no longer reports silence
+)
+
+// Cause explains a verdict with the figures behind it; plain data so sweeps
+// do not allocate. String formats it for the log.
+type Cause struct {
+	Kind    CauseKind
+	Silence time.Duration // nothing heard / no progress / engine silent for
+	Bound   time.Duration // the threshold passed
+	Streams int64         // the pile
+	PileLow int64         // the pile grew from this
+	Waiting int64         // the waiting queue
+	Never   bool          // CauseTransport: nothing ever heard
+}
+
+// String is the human cause for "Worker vetoed by liveness" and
+// "Worker re-admitted by liveness" log lines.
+func (c Cause) String() string {
+	switch c.Kind {
+	case CauseTransport:
+		if c.Never {
+			return "connection failed and nothing has been heard from the worker"
+		}
+		return "connection failed and nothing heard for " + c.Silence.String() + " (stall " + c.Bound.String() + ")"
+	case CauseStale:
+		return "nothing heard on any channel for " + c.Silence.String() + " after pushed load records (stale " + c.Bound.String() + ")"
+	case CauseWaitingQueue:
+		return "waiting queue of " + itoa(c.Waiting) + " with " + itoa(c.Streams) + " streaming requests in flight and no progress for " +
+			c.Silence.String() + " (bound " + c.Bound.String() + ")"
+	case CausePile:
+		shape := "deep"
+		if c.Streams < DeepPile || c.Streams > c.PileLow {
+			shape = "grew from " + itoa(c.PileLow)
+		}
+		return itoa(c.Streams) + " streaming requests in flight (" + shape + ") and no progress for " +
+			c.Silence.String() + " (bound " + c.Bound.String() + ")"
+	case CauseEngineSilence:
+		return "engine reports no output for " + c.Silence.String() + " while holding streaming requests (bound " + c.Bound.String() + ")"
+	case CauseContact:
+		return "contact"
+	case CauseProgress:
+		return "progress"
+	case CausePileEmpty:
+		return "nothing left in flight"
+	case CauseEngineResumed:
+		return "engine producing again"
+	}
+	return ""
+}
+
+func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+// Change is the result of every Liveness method: the verdict now, the one
+// before, and the cause of the newer one (a re-admission's cause when Verdict
+// is Live).
+type Change struct {
+	Verdict  Verdict
+	Previous Verdict
+	Cause    Cause
+}
+
+// Changed reports whether the verdict moved, i.e. whether to log, count and
+// commit.
+func (c Change) Changed() bool { return c.Verdict != c.Previous }
+
+// Liveness is one worker's liveness evidence and verdict. It is plain data:
+// the zero value is a worker heard from never, and copies are independent.
+// The caller holds one per Ready worker, serializes calls on it, passes
+// non-decreasing now values, and drops it when the worker leaves Ready, is
+// removed or replaced. Every method re-judges and returns the Change, so a
+// contact re-admits and a failure excludes at once; Sweep catches the rules
+// whose threshold is reached by time passing alone.
+type Liveness struct {
+	lastContact time.Time
+	failedAt    time.Time // latest connection failure not yet followed by contact
+	pushed      bool
+
+	waiting       int64
+	recordAt      time.Time
+	engineSilent  time.Time // when the engine's reported silence began; zero: none
+	enginePrefill int64
+	stepWire      bool
+
+	streams       int64
+	pileSince     time.Time // when the pile last went from empty to non-empty
+	pileLow       int64     // smallest pile since the last progress or pile start
+	lastProgress  time.Time
+	prefillTokens int64
+	prefillRate   float64 // tokens/s; 0 until measured
+
+	verdict        Verdict
+	cause          Cause
+	progressAtVeto time.Time // lastProgress when the wedge veto was set
+}
+
+// Status returns the current verdict and its cause.
+func (l *Liveness) Status() (Verdict, Cause) { return l.verdict, l.cause }
+
+// Pushed reports whether the worker has pushed a load record (and so is judged
+// by the stale rule).
+func (l *Liveness) Pushed() bool { return l.pushed }
+
+// Contact records a successful contact at now that carries no load: a
+// passing health probe, or any answer. It clears unreachable at once; it does
+// not clear wedged, which needs progress.
+func (l *Liveness) Contact(now time.Time, r *Rules) Change {
+	l.contact(now)
+	return l.judge(now, r)
+}
+
+// Failure records a failure at now. Only ConnectionFailure arms unreachable:
+// immediately when nothing has been heard for r.Stall (always when r.Stall is
+// 0), otherwise Sweep vetoes once r.Stall passes without further contact.
+func (l *Liveness) Failure(now time.Time, kind FailureKind, r *Rules) Change {
+	if kind == ConnectionFailure && now.After(l.failedAt) {
+		l.failedAt = now
+	}
+	return l.judge(now, r)
+}
+
+// Record ingests a load report received at now (a pushed record or an
+// answered poll). It is contact; a pushed one subjects the worker to the stale
+// rule from then on.
+func (l *Liveness) Record(now time.Time, rec Record, r *Rules) Change {
+	l.contact(now)
+	l.pushed = l.pushed || rec.Pushed
+	l.waiting = rec.Waiting
+	l.recordAt = now
+	l.engineSilent = time.Time{}
+	if rec.Silence > 0 {
+		l.engineSilent = now.Add(-rec.Silence)
+	}
+	l.enginePrefill = rec.PrefillInHand
+	l.stepWire = rec.StepWire
+	return l.judge(now, r)
+}
+
+// Routers ingests the routers' summed view of the worker at now. A newer
+// LastProgress is progress and contact (a worker still streaming is never
+// stale nor wedged).
+func (l *Liveness) Routers(now time.Time, o RouterObservation, r *Rules) Change {
+	if o.LastProgress.After(l.lastProgress) {
+		p := o.LastProgress
+		if p.After(now) {
+			p = now
+		}
+		l.lastProgress = p
+		l.contact(p)
+		l.pileLow = o.Streams
+	}
+	switch {
+	case o.Streams <= 0:
+		l.streams, l.pileLow, l.pileSince = 0, 0, time.Time{}
+	case l.streams <= 0:
+		l.streams, l.pileLow, l.pileSince = o.Streams, o.Streams, now
+	default:
+		l.streams = o.Streams
+		l.pileLow = min(l.pileLow, o.Streams)
+	}
+	l.prefillTokens = max(o.PrefillTokens, 0)
+	return l.judge(now, r)
+}
+
+// SetPrefillRate records the prefill rate measured on the worker, in prompt
+// tokens per second; non-positive or non-finite values are ignored. Until a
+// rate is known, a token-batch wire's silence passes no verdict.
+func (l *Liveness) SetPrefillRate(tokensPerSecond float64) {
+	if tokensPerSecond > 0 && !math.IsInf(tokensPerSecond, 1) {
+		l.prefillRate = tokensPerSecond
+	}
+}
+
+// Sweep re-judges the worker at now; the caller runs it every SweepInterval.
+func (l *Liveness) Sweep(now time.Time, r *Rules) Change { return l.judge(now, r) }
+
+// contact notes contact at t; it answers a connection failure not after t.
+func (l *Liveness) contact(t time.Time) {
+	if t.After(l.lastContact) {
+		l.lastContact = t
+	}
+	if !l.failedAt.IsZero() && !t.Before(l.failedAt) {
+		l.failedAt = time.Time{}
+	}
+}
+
+// judge sets the verdict from the evidence at now. Unreachable takes
+// precedence and drops a wedge veto (its streams are gone with the
+// connection); a wedge veto is entered on evidence and held until progress,
+// an empty pile, or an engine record no longer reporting silence.
+func (l *Liveness) judge(now time.Time, r *Rules) Change {
+	prev := l.verdict
+	if c, ok := l.unreachable(now, r); ok {
+		l.verdict, l.cause = Unreachable, c
+		return Change{Verdict: Unreachable, Previous: prev, Cause: c}
+	}
+	if r.Wedge > 0 {
+		if prev == Wedged {
+			if c, ok := l.stillWedged(now, r); !ok {
+				l.verdict, l.cause = Live, c
+				return Change{Verdict: Live, Previous: prev, Cause: c}
+			}
+			return Change{Verdict: Wedged, Previous: prev, Cause: l.cause}
+		}
+		if c, ok := l.wedged(now, r); ok {
+			l.verdict, l.cause, l.progressAtVeto = Wedged, c, l.lastProgress
+			return Change{Verdict: Wedged, Previous: prev, Cause: c}
+		}
+	}
+	l.verdict = Live
+	if prev != Live {
+		l.cause = Cause{Kind: CauseContact} // out of unreachable (or a wedge with the rule off)
+	}
+	return Change{Verdict: Live, Previous: prev, Cause: l.cause}
+}
+
+// unreachable applies the transport rule, then the stale rule.
+func (l *Liveness) unreachable(now time.Time, r *Rules) (Cause, bool) {
+	silence := now.Sub(l.lastContact)
+	if !l.failedAt.IsZero() {
+		// Once set, only contact at or after the failure lifts it: a token
+		// reported late, from before the failure, does not.
+		if l.verdict == Unreachable && l.cause.Kind == CauseTransport {
+			return l.cause, true
+		}
+		if l.lastContact.IsZero() || silence >= r.Stall {
+			return Cause{Kind: CauseTransport, Silence: silence, Bound: r.Stall, Never: l.lastContact.IsZero()}, true
+		}
+	}
+	if l.pushed && r.Stale > 0 && silence >= r.Stale {
+		return Cause{Kind: CauseStale, Silence: silence, Bound: r.Stale}, true
+	}
+	return Cause{}, false
+}
+
+// wedged looks for any of the three kinds of evidence.
+func (l *Liveness) wedged(now time.Time, r *Rules) (Cause, bool) {
+	if l.streams > 0 {
+		silence := now.Sub(laterOf(l.lastProgress, l.pileSince))
+		bound := r.pileBound(max(l.prefillTokens, l.enginePrefill), l.prefillRate)
+		if silence >= bound {
+			c := Cause{Silence: silence, Bound: bound, Streams: l.streams, PileLow: l.pileLow, Waiting: l.waiting}
+			switch {
+			case l.waiting > 0: // a queue that grew since the last report is > 0 too
+				c.Kind = CauseWaitingQueue
+				return c, true
+			case l.streams >= r.DeepPile || l.streams > l.pileLow:
+				c.Kind = CausePile
+				return c, true
+			}
+		}
+	}
+	return l.engineSilence(now, r)
+}
+
+// stillWedged holds a wedge veto while its evidence stands and returns the
+// re-admission cause when it does not.
+func (l *Liveness) stillWedged(now time.Time, r *Rules) (Cause, bool) {
+	if l.lastProgress.After(l.progressAtVeto) {
+		return Cause{Kind: CauseProgress}, false
+	}
+	if l.streams > 0 { // a silent pile of our own
+		return Cause{}, true
+	}
+	if _, ok := l.engineSilence(now, r); ok {
+		return Cause{}, true
+	}
+	if l.cause.Kind == CauseEngineSilence {
+		return Cause{Kind: CauseEngineResumed}, false
+	}
+	return Cause{Kind: CausePileEmpty}, false
+}
+
+// engineSilence applies the engine's own silence, extrapolated from its last
+// record: the engine has produced nothing since engineSilent. Progress seen
+// after that record refutes it until the next record.
+func (l *Liveness) engineSilence(now time.Time, r *Rules) (Cause, bool) {
+	if l.engineSilent.IsZero() || l.lastProgress.After(l.recordAt) {
+		return Cause{}, false
+	}
+	bound := r.Wedge
+	if !l.stepWire {
+		if l.prefillRate <= 0 {
+			return Cause{}, false // token-batch wire: no verdict before a rate is measured
+		}
+		bound = max(bound, r.prefillTime(2*float64(l.enginePrefill), l.prefillRate))
+	}
+	silence := now.Sub(l.engineSilent)
+	if silence < bound {
+		return Cause{}, false
+	}
+	return Cause{Kind: CauseEngineSilence, Silence: silence, Bound: bound, Streams: l.streams}, true
+}
+
+// pileBound is the wedge bound for the pile and queue evidence: Wedge or,
+// when longer, the time the prompts in flight still need to prefill, capped.
+// With prompts in flight and no measured rate, that time is unknown and the
+// cap applies, so a first long prefill is not judged wedged.
+func (r *Rules) pileBound(prefillTokens int64, rate float64) time.Duration {
+	if prefillTokens <= 0 {
+		return r.Wedge
+	}
+	if rate <= 0 {
+		return max(r.Wedge, r.BoundCap)
+	}
+	return max(r.Wedge, r.prefillTime(float64(prefillTokens), rate))
+}
+
+// prefillTime is tokens/rate, capped at BoundCap.
+func (r *Rules) prefillTime(tokens, rate float64) time.Duration {
+	secs := tokens / rate
+	if !(secs < r.BoundCap.Seconds()) { // also catches NaN
+		return r.BoundCap
+	}
+	return time.Duration(secs * float64(time.Second))
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,265 @@
+// Package monitor is the control plane's load monitor (the spec's "Polling"):
+// workers are polled in groups of the same model, worker type and connection
+// mode, every --load-monitor-interval seconds or at the smallest
+// load_monitor_interval_secs override among the group's workers (floored to
+// 1 s). Only Ready workers are polled; each answer, or the lack of one, is
+// handed to the ingester, which runs the overload check.
+package monitor
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/smg-project/smg/agent/engine"
+	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/registry"
+	"github.com/smg-project/smg/internal/loadpb"
+)
+
+// Observer hears of every poll outcome (the liveness tracker listens).
+type Observer interface {
+	// PollAnswered: the engine answered (with or without a usable report).
+	PollAnswered(workerID string, now time.Time)
+	// PollTransportFailure: the poll's connection failed.
+	PollTransportFailure(workerID string, err error, now time.Time)
+}
+
+// Skipper tells whether a worker's pushed records made this tick's poll
+// unnecessary (an agent delivered within the interval).
+type Skipper interface {
+	RecentlyPushed(workerID string, within time.Duration, now time.Time) bool
+}
+
+// Monitor polls worker groups.
+type Monitor struct {
+	reg      *registry.Registry
+	ingest   *ingest.Ingester
+	client   *http.Client
+	log      *slog.Logger
+	interval time.Duration
+	observer Observer
+	skipper  Skipper
+	now      func() time.Time
+
+	mu      sync.Mutex
+	readers map[string]*reader
+}
+
+type reader struct {
+	url      string
+	r        *engine.Reader
+	inFlight bool
+}
+
+// GroupKey identifies a polling group.
+type GroupKey struct{ Model, Type, Mode string }
+
+// New returns a monitor polling every interval unless a spec overrides it.
+func New(reg *registry.Registry, in *ingest.Ingester, client *http.Client, interval time.Duration, log *slog.Logger) *Monitor {
+	return &Monitor{reg: reg, ingest: in, client: client, log: log, interval: interval, now: time.Now, readers: map[string]*reader{}}
+}
+
+// SetObserver plugs in the liveness tracker.
+func (m *Monitor) SetObserver(o Observer) { m.observer = o }
+
+// SetSkipper plugs in the agent-record tracker.
+func (m *Monitor) SetSkipper(s Skipper) { m.skipper = s }
+
+func groupOf(w *registry.Worker) GroupKey {
+	mode := w.Spec.GetConnectionMode()
+	if mode == "" {
+		mode = "http"
+	}
+	return GroupKey{Model: w.Model, Type: w.Type, Mode: mode}
+}
+
+// Groups returns the polling interval of each group in snap.
+func (m *Monitor) Groups(workers []*registry.Worker) map[GroupKey]time.Duration {
+	out := map[GroupKey]time.Duration{}
+	for _, w := range workers {
+		k := groupOf(w)
+		iv, seen := out[k]
+		if !seen {
+			iv = 0
+		}
+		if w.Spec.LoadMonitorIntervalSecs != nil {
+			o := max(time.Duration(w.Spec.GetLoadMonitorIntervalSecs())*time.Second, time.Second)
+			if iv == 0 || o < iv {
+				iv = o
+			}
+		}
+		out[k] = iv
+	}
+	for k, iv := range out {
+		if iv == 0 {
+			out[k] = m.interval
+		}
+	}
+	return out
+}
+
+// Run polls until ctx ends, reconciling groups whenever the registry changes.
+func (m *Monitor) Run(ctx context.Context) {
+	type runner struct {
+		interval time.Duration
+		cancel   context.CancelFunc
+		kick     chan struct{}
+	}
+	runners := map[GroupKey]*runner{}
+	var wg sync.WaitGroup
+	defer func() {
+		for _, r := range runners {
+			r.cancel()
+		}
+		wg.Wait()
+	}()
+	for {
+		changed := m.reg.Changed()
+		workers := m.reg.Snapshot().Workers()
+		m.pruneReaders(workers)
+		groups := m.Groups(workers)
+		for k, r := range runners {
+			if iv, ok := groups[k]; !ok || iv != r.interval {
+				r.cancel()
+				delete(runners, k)
+			}
+		}
+		for k, iv := range groups {
+			r, ok := runners[k]
+			if !ok {
+				rctx, cancel := context.WithCancel(ctx)
+				r = &runner{interval: iv, cancel: cancel, kick: make(chan struct{}, 1)}
+				runners[k] = r
+				wg.Add(1)
+				go func(k GroupKey) {
+					defer wg.Done()
+					m.runGroup(rctx, k, iv, r.kick)
+				}(k)
+			}
+			select { // a change may have made a worker Ready: poll it now
+			case r.kick <- struct{}{}:
+			default:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+	}
+}
+
+// runGroup polls the group's Ready workers every interval, and at once any
+// Ready worker it has not polled yet.
+func (m *Monitor) runGroup(ctx context.Context, k GroupKey, interval time.Duration, kick <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	polled := map[string]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.pollGroup(ctx, k, interval, polled, false)
+		case <-kick:
+			m.pollGroup(ctx, k, interval, polled, true)
+		}
+	}
+}
+
+func (m *Monitor) pollGroup(ctx context.Context, k GroupKey, interval time.Duration, polled map[string]bool, newOnly bool) {
+	now := m.now()
+	ready := map[string]bool{}
+	for _, w := range m.reg.Snapshot().Workers() {
+		if groupOf(w) != k || !w.Ready() {
+			continue
+		}
+		ready[w.ID] = true
+		if newOnly && polled[w.ID] {
+			continue
+		}
+		if m.skipper != nil && m.skipper.RecentlyPushed(w.ID, interval, now) {
+			continue
+		}
+		polled[w.ID] = true
+		m.pollAsync(ctx, w)
+	}
+	for id := range polled {
+		if !ready[id] {
+			delete(polled, id) // left Ready: poll at once when it comes back
+		}
+	}
+}
+
+// pollAsync polls one worker unless its previous poll is still running.
+func (m *Monitor) pollAsync(ctx context.Context, w *registry.Worker) {
+	m.mu.Lock()
+	rd := m.readers[w.ID]
+	if rd == nil || rd.url != w.Spec.GetUrl() {
+		rd = &reader{url: w.Spec.GetUrl(), r: engine.NewReader(m.client, w.Spec.GetUrl())}
+		m.readers[w.ID] = rd
+	}
+	if rd.inFlight {
+		m.mu.Unlock()
+		return
+	}
+	rd.inFlight = true
+	m.mu.Unlock()
+	go func() {
+		defer func() {
+			m.mu.Lock()
+			rd.inFlight = false
+			m.mu.Unlock()
+		}()
+		m.PollOnce(ctx, w.ID, rd.r)
+	}()
+}
+
+// PollOnce reads one worker and ingests the outcome.
+func (m *Monitor) PollOnce(ctx context.Context, workerID string, r *engine.Reader) {
+	rep, err := r.Read(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	now := m.now()
+	if err != nil {
+		if m.observer != nil && engine.IsTransportFailure(err) {
+			m.observer.PollTransportFailure(workerID, err, now)
+		} else if m.observer != nil && engineAnswered(err) {
+			m.observer.PollAnswered(workerID, now)
+		}
+		m.log.Debug("Load poll produced no report", "worker_id", workerID, "error", err)
+		_ = m.ingest.NoReport(workerID)
+		return
+	}
+	if m.observer != nil {
+		m.observer.PollAnswered(workerID, now)
+	}
+	_ = m.ingest.Report(workerID, loadpb.FromReport(rep, now))
+}
+
+// engineAnswered tells an answer without a usable report (which is still
+// contact) from a timeout or a transport failure.
+func engineAnswered(err error) bool {
+	var se *engine.StatusError
+	return errors.Is(err, engine.ErrNoReport) || errors.As(err, &se)
+}
+
+// pruneReaders forgets readers of removed workers.
+func (m *Monitor) pruneReaders(workers []*registry.Worker) {
+	ids := make(map[string]bool, len(workers))
+	for _, w := range workers {
+		ids[w.ID] = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id := range m.readers {
+		if !ids[id] {
+			delete(m.readers, id)
+		}
+	}
+}

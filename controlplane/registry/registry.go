@@ -1,0 +1,378 @@
+// Package registry is the control plane's state store: workers, their resolved
+// thresholds, latest load report and verdicts, in go-memdb. Every write
+// transaction tracks its changes and commits them under one new revision, kept
+// in a bounded history so that watchers can ask for the changes since a
+// revision they hold.
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	memdb "github.com/hashicorp/go-memdb"
+
+	"github.com/smg-project/smg/controlplane/judge"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// Health of a worker as the health checker sees it.
+type Health string
+
+const (
+	HealthPending   Health = "pending"
+	HealthHealthy   Health = "healthy"
+	HealthUnhealthy Health = "unhealthy"
+)
+
+// Worker is one registered worker. Records are immutable once stored: writers
+// copy, change and insert (Clone).
+type Worker struct {
+	ID         string
+	Spec       *smgv1.WorkerSpec // as registered, never mutated
+	Model      string            // resolved model id
+	Type       string            // regular, prefill or decode
+	Thresholds judge.Thresholds
+	Health     Health
+
+	Load         *smgv1.EngineLoad // latest report; nil: none
+	LoadRevision uint64            // bumps with every ingested report
+
+	Overloaded     bool
+	OverloadReason string
+	Liveness       smgv1.Veto // VETO_UNSPECIFIED, VETO_UNREACHABLE or VETO_WEDGED
+	LivenessReason string
+	ContactSeq     uint64 // bumps when contact ends a failure spell (routers close breakers)
+
+	AgentNode   string // agent feeding this worker's load, if any
+	WindowShare map[string]int64
+
+	Revision uint64 // revision of the last change to this record
+}
+
+// Ready reports whether the health checker has admitted the worker.
+func (w *Worker) Ready() bool { return w.Health == HealthHealthy }
+
+// Veto is the routing veto: a liveness veto outranks overload, because steering
+// takes overloaded workers before those liveness doubts.
+func (w *Worker) Veto() (smgv1.Veto, string) {
+	if w.Liveness != smgv1.Veto_VETO_UNSPECIFIED {
+		return w.Liveness, w.LivenessReason
+	}
+	if w.Overloaded {
+		return smgv1.Veto_VETO_OVERLOAD, w.OverloadReason
+	}
+	return smgv1.Veto_VETO_UNSPECIFIED, ""
+}
+
+// Clone returns a shallow copy to modify before Insert.
+func (w *Worker) Clone() *Worker {
+	c := *w
+	return &c
+}
+
+// Job is a registration attempt (create or replace).
+type Job struct {
+	WorkerID  string
+	URL       string
+	Kind      string // create, replace
+	State     string // pending, processing, done, failed
+	Message   string
+	UpdatedAt time.Time
+	Spec      *smgv1.WorkerSpec
+}
+
+const (
+	tableWorkers = "workers"
+	tableJobs    = "jobs"
+)
+
+func schema() *memdb.DBSchema {
+	return &memdb.DBSchema{Tables: map[string]*memdb.TableSchema{
+		tableWorkers: {
+			Name: tableWorkers,
+			Indexes: map[string]*memdb.IndexSchema{
+				"id":  {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
+				"url": {Name: "url", Unique: true, Indexer: &urlIndexer{}},
+			},
+		},
+		tableJobs: {
+			Name: tableJobs,
+			Indexes: map[string]*memdb.IndexSchema{
+				"id": {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "WorkerID"}},
+			},
+		},
+	}}
+}
+
+// urlIndexer indexes workers by their spec URL.
+type urlIndexer struct{}
+
+func (urlIndexer) FromObject(obj any) (bool, []byte, error) {
+	w, ok := obj.(*Worker)
+	if !ok {
+		return false, nil, fmt.Errorf("unexpected %T", obj)
+	}
+	return true, append([]byte(w.Spec.GetUrl()), 0), nil
+}
+
+func (urlIndexer) FromArgs(args ...any) ([]byte, error) {
+	if len(args) != 1 {
+		return nil, errors.New("one argument expected")
+	}
+	s, ok := args[0].(string)
+	if !ok {
+		return nil, fmt.Errorf("string expected, got %T", args[0])
+	}
+	return append([]byte(s), 0), nil
+}
+
+// Change is one committed change to a worker.
+type Change struct {
+	Revision uint64
+	WorkerID string
+	Deleted  bool
+}
+
+// DefaultHistory is how many revisions of changes are retained for resumes.
+const DefaultHistory = 4096
+
+// Registry is the state store.
+type Registry struct {
+	db *memdb.MemDB
+
+	mu       sync.Mutex // serializes writers and guards the fields below
+	epoch    string
+	revision uint64
+	history  []Change // ring buffer of the latest changes
+	histHead int      // index of the oldest change
+	histLen  int
+	evicted  uint64        // highest revision with a change no longer retained
+	notify   chan struct{} // closed at the next commit
+}
+
+// New returns an empty registry under the given epoch (chosen at start, so that
+// watchers can tell a restart from a resume).
+func New(epoch string, historyCap int) *Registry {
+	db, err := memdb.NewMemDB(schema())
+	if err != nil {
+		panic(err) // the schema is static: an error is a programming bug
+	}
+	if historyCap <= 0 {
+		historyCap = DefaultHistory
+	}
+	return &Registry{db: db, epoch: epoch, history: make([]Change, historyCap), notify: make(chan struct{})}
+}
+
+// Epoch identifies this registry's lifetime.
+func (r *Registry) Epoch() string { return r.epoch }
+
+// Revision is the revision of the last commit.
+func (r *Registry) Revision() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.revision
+}
+
+// Changed returns a channel closed at the next commit.
+func (r *Registry) Changed() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.notify
+}
+
+// Txn is a write transaction. Insert and Delete record the workers changed.
+type Txn struct {
+	txn     *memdb.Txn
+	changed map[string]bool // worker id → deleted
+	rev     uint64          // the revision this transaction commits as
+}
+
+// Get returns a worker by id, or nil.
+func (t *Txn) Get(id string) *Worker { return getWorker(t.txn, id) }
+
+// GetByURL returns a worker by URL, or nil.
+func (t *Txn) GetByURL(url string) *Worker { return getWorkerByURL(t.txn, url) }
+
+// Workers returns every worker.
+func (t *Txn) Workers() []*Worker { return listWorkers(t.txn) }
+
+// Insert stores w (a fresh or cloned record) as changed in this revision.
+func (t *Txn) Insert(w *Worker) error {
+	w.Revision = t.rev
+	if err := t.txn.Insert(tableWorkers, w); err != nil {
+		return err
+	}
+	t.mark(w.ID, false)
+	return nil
+}
+
+// Delete removes the worker with id.
+func (t *Txn) Delete(id string) error {
+	if _, err := t.txn.DeleteAll(tableWorkers, "id", id); err != nil {
+		return err
+	}
+	t.mark(id, true)
+	return nil
+}
+
+// PutJob stores a registration job (jobs are not part of the watched state).
+func (t *Txn) PutJob(j *Job) error { return t.txn.Insert(tableJobs, j) }
+
+// DeleteJob removes a worker's job.
+func (t *Txn) DeleteJob(id string) error {
+	_, err := t.txn.DeleteAll(tableJobs, "id", id)
+	return err
+}
+
+// Job returns a worker's job, or nil.
+func (t *Txn) Job(id string) *Job { return getJob(t.txn, id) }
+
+func (t *Txn) mark(id string, deleted bool) {
+	if t.changed == nil {
+		t.changed = make(map[string]bool, 1)
+	}
+	t.changed[id] = deleted
+}
+
+// Update runs fn in a write transaction. When fn returns nil and changed any
+// worker, the transaction commits under a new revision; otherwise it aborts.
+func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := &Txn{txn: r.db.Txn(true), rev: r.revision + 1}
+	if err := fn(t); err != nil {
+		t.txn.Abort()
+		return r.revision, err
+	}
+	t.txn.Commit()
+	if len(t.changed) == 0 {
+		return r.revision, nil
+	}
+	r.revision = t.rev
+	for id, deleted := range t.changed {
+		r.record(Change{Revision: t.rev, WorkerID: id, Deleted: deleted})
+	}
+	close(r.notify)
+	r.notify = make(chan struct{})
+	return r.revision, nil
+}
+
+func (r *Registry) record(c Change) {
+	if r.histLen == len(r.history) {
+		r.evicted = max(r.evicted, r.history[r.histHead].Revision)
+		r.history[r.histHead] = c
+		r.histHead = (r.histHead + 1) % len(r.history)
+		return
+	}
+	r.history[(r.histHead+r.histLen)%len(r.history)] = c
+	r.histLen++
+}
+
+// change returns the i-th retained change, oldest first.
+func (r *Registry) change(i int) Change { return r.history[(r.histHead+i)%len(r.history)] }
+
+// Snapshot is a consistent read view at one revision.
+type Snapshot struct {
+	Revision uint64
+	txn      *memdb.Txn
+}
+
+// Snapshot returns a read view of the current state.
+func (r *Registry) Snapshot() *Snapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return &Snapshot{Revision: r.revision, txn: r.db.Txn(false)}
+}
+
+// Get returns a worker by id, or nil.
+func (s *Snapshot) Get(id string) *Worker { return getWorker(s.txn, id) }
+
+// GetByURL returns a worker by URL, or nil.
+func (s *Snapshot) GetByURL(url string) *Worker { return getWorkerByURL(s.txn, url) }
+
+// Workers returns every worker, ordered by id.
+func (s *Snapshot) Workers() []*Worker { return listWorkers(s.txn) }
+
+// Job returns a worker's registration job, or nil.
+func (s *Snapshot) Job(id string) *Job { return getJob(s.txn, id) }
+
+// Jobs returns every retained job.
+func (s *Snapshot) Jobs() []*Job {
+	it, err := s.txn.Get(tableJobs, "id")
+	if err != nil {
+		return nil
+	}
+	var out []*Job
+	for o := it.Next(); o != nil; o = it.Next() {
+		out = append(out, o.(*Job))
+	}
+	return out
+}
+
+// ChangesSince returns the ids changed after rev (each once, latest state
+// wins), or ok=false when rev is older than the retained history.
+func (r *Registry) ChangesSince(rev uint64) (changes []Change, current uint64, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rev > r.revision {
+		return nil, r.revision, false
+	}
+	if rev == r.revision {
+		return nil, r.revision, true
+	}
+	if rev < r.evicted {
+		return nil, r.revision, false
+	}
+	seen := make(map[string]int)
+	for i := 0; i < r.histLen; i++ {
+		c := r.change(i)
+		if c.Revision <= rev {
+			continue
+		}
+		if i, dup := seen[c.WorkerID]; dup {
+			changes[i] = c
+			continue
+		}
+		seen[c.WorkerID] = len(changes)
+		changes = append(changes, c)
+	}
+	return changes, r.revision, true
+}
+
+func getWorker(txn *memdb.Txn, id string) *Worker {
+	o, err := txn.First(tableWorkers, "id", id)
+	if err != nil || o == nil {
+		return nil
+	}
+	return o.(*Worker)
+}
+
+func getWorkerByURL(txn *memdb.Txn, url string) *Worker {
+	o, err := txn.First(tableWorkers, "url", url)
+	if err != nil || o == nil {
+		return nil
+	}
+	return o.(*Worker)
+}
+
+func getJob(txn *memdb.Txn, id string) *Job {
+	o, err := txn.First(tableJobs, "id", id)
+	if err != nil || o == nil {
+		return nil
+	}
+	return o.(*Job)
+}
+
+func listWorkers(txn *memdb.Txn) []*Worker {
+	it, err := txn.Get(tableWorkers, "id")
+	if err != nil {
+		return nil
+	}
+	var out []*Worker
+	for o := it.Next(); o != nil; o = it.Next() {
+		out = append(out, o.(*Worker))
+	}
+	return out
+}
