@@ -26,6 +26,7 @@ import (
 	"github.com/smg-project/smg/controlplane/health"
 	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/judge"
+	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/monitor"
 	"github.com/smg-project/smg/controlplane/registry"
 	"github.com/smg-project/smg/controlplane/watch"
@@ -39,6 +40,7 @@ type Options struct {
 	LoadMonitorInterval int // seconds, > 0
 	Thresholds          judge.GatewayThresholds
 	Health              health.Options
+	Liveness            judge.LivenessConfig
 	AdminAPIKey         string
 	WatchToken          string
 	RegistrationTimeout time.Duration
@@ -50,6 +52,7 @@ func DefaultOptions() Options {
 		LoadMonitorInterval: 10,
 		Thresholds:          judge.DefaultGatewayThresholds(),
 		Health:              health.DefaultOptions(),
+		Liveness:            judge.DefaultLivenessConfig(),
 		RegistrationTimeout: 30 * time.Second,
 	}
 }
@@ -60,6 +63,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.LoadMonitorInterval, "load-monitor-interval", o.LoadMonitorInterval, "seconds between load polls of each worker group (> 0); also the Retry-After of a shed")
 	o.Thresholds.AddFlags(fs)
 	o.Health.AddFlags(fs)
+	o.Liveness.AddFlags(fs)
 	fs.StringVar(&o.AdminAPIKey, "admin-api-key", o.AdminAPIKey, "when set, every admin route but /loads needs 'Authorization: Bearer <key>' (REST and gRPC)")
 	fs.StringVar(&o.WatchToken, "watch-token", o.WatchToken, "when set, routers must present it ('authorization: Bearer <token>') to watch")
 	fs.DurationVar(&o.RegistrationTimeout, "registration-timeout", o.RegistrationTimeout, "how long registration tries to reach a new engine before the registration fails")
@@ -74,6 +78,9 @@ func (o Options) Validate() error {
 		return err
 	}
 	if err := o.Health.Validate(); err != nil {
+		return err
+	}
+	if err := o.Liveness.Validate(); err != nil {
 		return err
 	}
 	if o.RegistrationTimeout <= 0 {
@@ -92,6 +99,7 @@ type ControlPlane struct {
 	Monitor  *monitor.Monitor
 	Health   *health.Checker
 	Watch    *watch.Server
+	Liveness *liveness.Tracker
 	metrics  *prometheus.Registry
 
 	rest http.Handler
@@ -101,6 +109,9 @@ type ControlPlane struct {
 func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlane, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
+	}
+	for _, w := range opts.Liveness.Warnings(opts.LoadMonitorInterval) {
+		log.Warn(w)
 	}
 	cp := &ControlPlane{opts: opts, log: log, metrics: reg}
 	cp.Registry = registry.New(newEpoch(), registry.DefaultHistory)
@@ -115,7 +126,11 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp.Admin.OnRemove(collector.Removed)
 	cp.Monitor = monitor.New(cp.Registry, cp.Ingest, client, time.Duration(opts.LoadMonitorInterval)*time.Second, log)
 	cp.Health = health.New(cp.Registry, opts.Health, client, log)
-	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken}, log, reg)
+	cp.Liveness = liveness.New(cp.Registry, opts.Liveness, log, reg)
+	cp.Monitor.SetObserver(cp.Liveness)
+	cp.Monitor.SetSkipper(cp.Liveness)
+	cp.Health.SetContactSink(cp.Liveness)
+	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness}, log, reg)
 	cp.Admin.SetRouterLister(cp.Watch)
 	rest, err := admin.RESTHandler(cp.Admin)
 	if err != nil {
@@ -188,9 +203,10 @@ func (cp *ControlPlane) SubmitStatic() error {
 // watching routers and stops.
 func (cp *ControlPlane) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); cp.Monitor.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Health.Run(ctx) }()
+	go func() { defer wg.Done(); cp.Liveness.Run(ctx) }()
 	<-ctx.Done()
 	cp.Watch.Close()
 	cp.Admin.Close()

@@ -22,8 +22,10 @@ import (
 
 // Observer hears of every poll outcome (the liveness tracker listens).
 type Observer interface {
-	// PollAnswered: the engine answered (with or without a usable report).
+	// PollAnswered: the engine answered without a usable report.
 	PollAnswered(workerID string, now time.Time)
+	// PollReport: the engine answered with a report showing waiting requests.
+	PollReport(workerID string, waiting int64, now time.Time)
 	// PollTransportFailure: the poll's connection failed.
 	PollTransportFailure(workerID string, err error, now time.Time)
 }
@@ -237,7 +239,7 @@ func (m *Monitor) PollOnce(ctx context.Context, workerID string, r *engine.Reade
 		return
 	}
 	if m.observer != nil {
-		m.observer.PollAnswered(workerID, now)
+		m.observer.PollReport(workerID, rep.Waiting(), now)
 	}
 	_ = m.ingest.Report(workerID, loadpb.FromReport(rep, now))
 }

@@ -293,8 +293,12 @@ type WorkerObservation struct {
 	// Connection-level failures since the previous report.
 	ConnectionFailures int32                  `protobuf:"varint,5,opt,name=connection_failures,json=connectionFailures,proto3" json:"connection_failures,omitempty"`
 	LastFailure        *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_failure,json=lastFailure,proto3" json:"last_failure,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Prefill rate measured from prompt tokens over time to first token (0: none yet).
+	PrefillTokensPerSec float64 `protobuf:"fixed64,7,opt,name=prefill_tokens_per_sec,json=prefillTokensPerSec,proto3" json:"prefill_tokens_per_sec,omitempty"`
+	// A response or token arrived since the previous report (contact).
+	Contact       bool `protobuf:"varint,8,opt,name=contact,proto3" json:"contact,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerObservation) Reset() {
@@ -367,6 +371,20 @@ func (x *WorkerObservation) GetLastFailure() *timestamppb.Timestamp {
 		return x.LastFailure
 	}
 	return nil
+}
+
+func (x *WorkerObservation) GetPrefillTokensPerSec() float64 {
+	if x != nil {
+		return x.PrefillTokensPerSec
+	}
+	return 0
+}
+
+func (x *WorkerObservation) GetContact() bool {
+	if x != nil {
+		return x.Contact
+	}
+	return false
 }
 
 // DecodeDemand is a router's waiting demand for a decode worker's window.
@@ -895,14 +913,16 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\"q\n" +
 	"\fRouterReport\x123\n" +
 	"\aworkers\x18\x01 \x03(\v2\x19.smg.v1.WorkerObservationR\aworkers\x12,\n" +
-	"\x06demand\x18\x02 \x03(\v2\x14.smg.v1.DecodeDemandR\x06demand\"\xc4\x02\n" +
+	"\x06demand\x18\x02 \x03(\v2\x14.smg.v1.DecodeDemandR\x06demand\"\x93\x03\n" +
 	"\x11WorkerObservation\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12*\n" +
 	"\x11streams_in_flight\x18\x02 \x01(\x05R\x0fstreamsInFlight\x12?\n" +
 	"\rlast_progress\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\flastProgress\x125\n" +
 	"\x17prompt_tokens_in_flight\x18\x04 \x01(\x03R\x14promptTokensInFlight\x12/\n" +
 	"\x13connection_failures\x18\x05 \x01(\x05R\x12connectionFailures\x12=\n" +
-	"\flast_failure\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vlastFailure\"b\n" +
+	"\flast_failure\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vlastFailure\x123\n" +
+	"\x16prefill_tokens_per_sec\x18\a \x01(\x01R\x13prefillTokensPerSec\x12\x18\n" +
+	"\acontact\x18\b \x01(\bR\acontact\"b\n" +
 	"\fDecodeDemand\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tin_flight\x18\x02 \x01(\x03R\binFlight\x12\x18\n" +
