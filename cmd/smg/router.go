@@ -2,14 +2,158 @@ package main
 
 import (
 	"context"
-	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"net/http"
+	"os"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/smg-project/smg/controlplane"
+	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/router"
+	"github.com/smg-project/smg/router/watchclient"
 )
 
+// routerFlags are the router's own flags beyond router.Options.
+type routerFlags struct {
+	id         string
+	watchToken string
+}
+
+func (f *routerFlags) addFlags(fs *flag.FlagSet) {
+	host, _ := os.Hostname()
+	f.id = fmt.Sprintf("%s-%d", host, os.Getpid())
+	fs.StringVar(&f.id, "router-id", f.id, "name of this router on the control plane (default host-pid)")
+	if fs.Lookup("watch-token") == nil {
+		fs.StringVar(&f.watchToken, "watch-token", "", "token presented to the control plane's watch stream")
+	}
+}
+
 func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("not built yet")
+	fs := cli.NewFlagSet("router", "A stateless OpenAI-compatible router. It routes on the fleet snapshot the control\nplane pushes over the watch stream, skips vetoed workers, and steers or sheds.", stdout)
+	var c common
+	c.addFlags(fs, 30000)
+	cpAddr := fs.String("controlplane", "127.0.0.1:30002", "control plane gRPC address HOST:PORT")
+	var rf routerFlags
+	rf.addFlags(fs)
+	ropts := router.DefaultOptions()
+	ropts.AddFlags(fs)
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	log, err := c.logger(stderr)
+	if err != nil {
+		return err
+	}
+	metrics := controlplane.NewMetricsRegistry()
+	r, err := router.New(ropts, log, metrics)
+	if err != nil {
+		return err
+	}
+	ln, err := listen(c.host, c.port)
+	if err != nil {
+		return err
+	}
+	conn, err := dialControlPlane(*cpAddr)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer conn.Close()
+	wc := watchclient.New(conn, r, watchOptions(rf, ropts), log)
+	log.Info("Router serving", "http", addrOf(ln), "controlplane", *cpAddr, "policy", ropts.Policy)
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ignoreCanceled(wc.Run(ctx)) })
+	g.Go(func() error { return serveHTTP(ctx, ln, r.Handler(), 30*time.Second) })
+	return g.Wait()
+}
+
+func watchOptions(rf routerFlags, ropts router.Options) watchclient.Options {
+	return watchclient.Options{RouterID: rf.id, Token: rf.watchToken, StaleAfter: time.Duration(ropts.WorkerStaleSecs) * time.Second}
+}
+
+func dialControlPlane(addr string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}),
+	)
+}
+
+func ignoreCanceled(err error) error {
+	if err == context.Canceled {
+		return nil
+	}
+	return err
 }
 
 func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("not built yet")
+	fs := cli.NewFlagSet("launch", "Control plane, router and load monitor in one process: the first thing to run.\nThe router's OpenAI API, the admin API, /loads and /metrics share --port.", stdout)
+	var c common
+	c.addFlags(fs, 30000)
+	grpcPort := fs.Int("grpc-port", 30002, "control plane gRPC port, for agents and extra routers (0: any free port)")
+	cpOpts := controlplane.DefaultOptions()
+	cpOpts.AddFlags(fs)
+	var rf routerFlags
+	rf.addFlags(fs)
+	ropts := router.DefaultOptions()
+	ropts.AddFlags(fs)
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	rf.watchToken = cpOpts.WatchToken
+	log, err := c.logger(stderr)
+	if err != nil {
+		return err
+	}
+	metrics := controlplane.NewMetricsRegistry()
+	cp, err := controlplane.New(cpOpts, log, metrics)
+	if err != nil {
+		return err
+	}
+	r, err := router.New(ropts, log, metrics)
+	if err != nil {
+		return err
+	}
+	httpLn, err := listen(c.host, c.port)
+	if err != nil {
+		return err
+	}
+	grpcLn, err := listen(c.host, *grpcPort)
+	if err != nil {
+		httpLn.Close()
+		return err
+	}
+	gs := newGRPCServer()
+	cp.RegisterGRPC(gs)
+	conn, err := dialControlPlane(addrOf(grpcLn))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := cp.SubmitStatic(); err != nil {
+		return err
+	}
+	wc := watchclient.New(conn, r, watchOptions(rf, ropts), log)
+	log.Info("smg launch serving", "http", addrOf(httpLn), "grpc", addrOf(grpcLn), "policy", ropts.Policy)
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { cp.Run(ctx); return nil })
+	g.Go(func() error { return serveGRPC(ctx, grpcLn, gs, 5*time.Second) })
+	g.Go(func() error { return ignoreCanceled(wc.Run(ctx)) })
+	g.Go(func() error { return serveHTTP(ctx, httpLn, launchHandler(cp, r), 30*time.Second) })
+	return g.Wait()
+}
+
+// launchHandler serves the admin routes of the control plane and everything
+// else from the router, on one port.
+func launchHandler(cp *controlplane.ControlPlane, r *router.Router) http.Handler {
+	mux := http.NewServeMux()
+	cp.AdminRoutes(mux)
+	mux.Handle("/", r.Handler())
+	return mux
 }
