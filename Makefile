@@ -7,7 +7,7 @@ TEST_FLAGS ?= -race -timeout 10m
 BENCH ?= .
 BENCHTIME ?= 1s
 
-.PHONY: help tools generate check-generate build test lint bench run clean
+.PHONY: help tools generate check-generate build test lint bench run clean docs
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ bench: ## run the benchmarks
 run: build ## smg launch on :30000 against 3 simulated engines on :8001-8003 (Ctrl-C stops)
 	@bin/smg sim --count 3 --port 8001 & sim=$$!; trap "kill $$sim 2>/dev/null" EXIT INT TERM; \
 	bin/smg launch --port 30000 --worker-urls http://127.0.0.1:8001 http://127.0.0.1:8002 http://127.0.0.1:8003
+
+docs: ## rewrite docs/cli/*.md from each subcommand's --help
+	$(GO) test ./cmd/smg -run TestCLIDocsListEveryFlag -update
 
 clean: ## remove build outputs
 	rm -rf bin .bin

@@ -8,7 +8,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // List is a flag.Value holding every value given to a list flag.
@@ -35,9 +37,44 @@ func NewFlagSet(name, summary string, out io.Writer) *flag.FlagSet {
 	fs.SetOutput(out)
 	fs.Usage = func() {
 		fmt.Fprintf(out, "Usage: smg %s [flags]\n\n%s\n\nFlags:\n", name, summary)
-		fs.PrintDefaults()
+		PrintFlags(out, fs)
 	}
 	return fs
+}
+
+// PrintFlags lists every flag of fs as the spec writes them (--name), with
+// its type and default.
+func PrintFlags(out io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, usage := flag.UnquoteUsage(f)
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			typ = ""
+		} else if typ == "value" {
+			typ = guessType(f.DefValue)
+		}
+		line := "  --" + f.Name
+		if typ != "" {
+			line += " " + typ
+		}
+		fmt.Fprintln(out, line)
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "[]" {
+			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(out, "        %s\n", strings.ReplaceAll(usage, "\n", "\n        "))
+	})
+}
+
+func guessType(def string) string {
+	if _, err := strconv.ParseInt(def, 10, 64); err == nil {
+		return "int"
+	}
+	if _, err := strconv.ParseFloat(def, 64); err == nil {
+		return "float"
+	}
+	if _, err := time.ParseDuration(def); err == nil {
+		return "duration"
+	}
+	return "string"
 }
 
 // Parse parses args into fs. After a list flag (a *List value), every following
