@@ -20,6 +20,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
 	"github.com/smg-project/smg/controlplane/admin"
@@ -102,7 +105,8 @@ type ControlPlane struct {
 	Liveness *liveness.Tracker
 	metrics  *prometheus.Registry
 
-	rest http.Handler
+	rest       http.Handler
+	grpcHealth *grpchealth.Server
 }
 
 // New builds the control plane; metrics register on reg.
@@ -164,10 +168,15 @@ func newEpoch() string {
 	return hex.EncodeToString(b[:])
 }
 
-// RegisterGRPC adds the control plane's services to s.
+// RegisterGRPC adds the control plane's services to s, with the standard
+// health service and server reflection so stock tools (grpcurl,
+// grpc-health-probe, buf curl) work against it.
 func (cp *ControlPlane) RegisterGRPC(s *grpc.Server) {
 	smgv1.RegisterWorkerServiceServer(s, cp.Admin)
 	smgv1.RegisterWatchServiceServer(s, cp.Watch)
+	cp.grpcHealth = grpchealth.NewServer()
+	healthpb.RegisterHealthServer(s, cp.grpcHealth)
+	reflection.Register(s)
 }
 
 // AdminRoutes mounts the REST admin routes and /loads on mux.
@@ -208,6 +217,9 @@ func (cp *ControlPlane) Run(ctx context.Context) {
 	go func() { defer wg.Done(); cp.Health.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Liveness.Run(ctx) }()
 	<-ctx.Done()
+	if cp.grpcHealth != nil {
+		cp.grpcHealth.Shutdown() // NOT_SERVING: probes and clients move on
+	}
 	cp.Watch.Close()
 	cp.Admin.Close()
 	wg.Wait()

@@ -1,0 +1,110 @@
+package router
+
+import (
+	"net/http"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Error codes the router answers with. Each goes in the body's "code" and in
+// the X-SMG-Error-Code header.
+const (
+	CodeShed                  = "worker_overload_protection_shed"
+	CodeNoAvailableWorkers    = "no_available_workers"
+	CodeModelNotFound         = "model_not_found"
+	CodeInvalidJSON           = "invalid_json"
+	CodePayloadTooLarge       = "payload_too_large"
+	CodeAdmissionQueueFull    = "admission_queue_full"
+	CodeAdmissionQueueTimeout = "admission_queue_timeout"
+	CodeUpstreamError         = "upstream_error"
+	CodeNotFound              = "not_found"
+)
+
+// ErrorCodeHeader marks an answer decided by this router. It is written in the
+// spec's spelling (not Go's canonical form) and stripped from worker answers.
+const ErrorCodeHeader = "X-SMG-Error-Code"
+
+var canonicalErrorCodeHeader = http.CanonicalHeaderKey(ErrorCodeHeader)
+
+// writeError answers with the spec's error shape:
+// {"error":{"type":…,"code":…,"message":…,"param":null}}. retryAfter <= 0
+// leaves Retry-After out.
+func writeError(w http.ResponseWriter, status int, code, message string, retryAfter int) {
+	errType := "invalid_request_error"
+	switch {
+	case status >= 500:
+		errType = "server_error"
+	case status == http.StatusTooManyRequests:
+		errType = "rate_limit_error"
+	}
+	body := make([]byte, 0, 96+len(code)+len(message))
+	body = append(body, `{"error":{"type":"`...)
+	body = append(body, errType...)
+	body = append(body, `","code":`...)
+	body = appendJSONString(body, code)
+	body = append(body, `,"message":`...)
+	body = appendJSONString(body, message)
+	body = append(body, `,"param":null}}`...)
+
+	h := w.Header()
+	h.Del(canonicalErrorCodeHeader)
+	h["Content-Type"] = []string{"application/json"}
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	h[ErrorCodeHeader] = []string{code}
+	if retryAfter > 0 {
+		h["Retry-After"] = []string{strconv.Itoa(retryAfter)}
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// appendJSONString appends s as a JSON string, escaping only what JSON
+// requires so that model names come out byte for byte.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c == '\n':
+				b = append(b, '\\', 'n')
+			case c == '\r':
+				b = append(b, '\\', 'r')
+			case c == '\t':
+				b = append(b, '\\', 't')
+			case c < 0x20:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}
+
+// writeStreamError ends an SSE stream already under way with an error event
+// of the same shape, so the client reads an explicit failure.
+func writeStreamError(w http.ResponseWriter, code, message string) {
+	body := make([]byte, 0, 96+len(code)+len(message))
+	body = append(body, `data: {"error":{"type":"server_error","code":`...)
+	body = appendJSONString(body, code)
+	body = append(body, `,"message":`...)
+	body = appendJSONString(body, message)
+	body = append(body, `,"param":null}}`+"\n\n"...)
+	_, _ = w.Write(body)
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+}

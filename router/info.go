@@ -1,0 +1,95 @@
+package router
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+type modelEntry struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// serveModels lists the models of the current snapshot, OpenAI style.
+func (r *Router) serveModels(w http.ResponseWriter, _ *http.Request) {
+	out := struct {
+		Object string       `json:"object"`
+		Data   []modelEntry `json:"data"`
+	}{Object: "list", Data: []modelEntry{}}
+	if v := r.view.Load(); v != nil {
+		for _, m := range v.models {
+			if m != "" {
+				out.Data = append(out.Data, modelEntry{ID: m, Object: "model", OwnedBy: "smg"})
+			}
+		}
+	}
+	writeJSON(w, out)
+}
+
+// WorkerLoad is one worker's entry in GET /loads.
+type WorkerLoad struct {
+	WorkerID   string  `json:"worker_id"`
+	URL        string  `json:"url"`
+	Model      string  `json:"model"`
+	WorkerType string  `json:"worker_type"`
+	Healthy    bool    `json:"healthy"`
+	Veto       string  `json:"veto,omitempty"` // overload | unreachable | wedged
+	VetoReason string  `json:"veto_reason,omitempty"`
+	Waiting    int64   `json:"waiting"`
+	Running    int64   `json:"running"`
+	TokenUsage float64 `json:"token_usage"`
+	MaxRunning int64   `json:"max_running,omitempty"`
+	// Dispatched is this router's dispatches since the last load report;
+	// Load = Waiting + Running + Dispatched, what load-aware policies compare.
+	Dispatched      int64 `json:"dispatched_since_report"`
+	Load            int64 `json:"load"`
+	StreamsInFlight int64 `json:"streams_in_flight"`
+}
+
+// LoadsResponse is the body of GET /loads.
+type LoadsResponse struct {
+	Revision uint64       `json:"revision"`
+	Epoch    string       `json:"epoch,omitempty"`
+	FailOpen bool         `json:"fail_open"` // vetoes dropped: control plane lost
+	Workers  []WorkerLoad `json:"workers"`
+}
+
+func (r *Router) serveLoads(w http.ResponseWriter, _ *http.Request) {
+	out := LoadsResponse{Workers: []WorkerLoad{}}
+	if v := r.view.Load(); v != nil {
+		out.Revision, out.Epoch, out.FailOpen = v.snap.Revision, v.snap.Epoch, v.failOpen
+		for i := range v.workers {
+			wk, st := &v.workers[i], v.states[i]
+			typ := wk.Type
+			if typ == "" {
+				typ = TypeRegular
+			}
+			d := st.dispatched.Load()
+			out.Workers = append(out.Workers, WorkerLoad{
+				WorkerID: wk.ID, URL: wk.URL, Model: wk.Model, WorkerType: typ, Healthy: wk.Healthy,
+				Veto: wk.Veto.String(), VetoReason: wk.VetoReason,
+				Waiting: wk.Waiting, Running: wk.Running, TokenUsage: wk.TokenUsage, MaxRunning: wk.MaxRunning,
+				Dispatched: d, Load: wk.Waiting + wk.Running + d, StreamsInFlight: st.streams.Load(),
+			})
+		}
+	}
+	writeJSON(w, out)
+}
+
+func (r *Router) metricsHandler() http.Handler {
+	if r.gatherer == nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			writeError(w, http.StatusNotFound, CodeNotFound, "Metrics are served by the embedding process", 0)
+		})
+	}
+	return promhttp.HandlerFor(r.gatherer, promhttp.HandlerOpts{})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}

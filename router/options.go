@@ -1,0 +1,246 @@
+package router
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Policy names accepted by --policy.
+const (
+	PolicyCacheAware        = "cache_aware"
+	PolicyRoundRobin        = "round_robin"
+	PolicyRandom            = "random"
+	PolicyPowerOfTwo        = "power_of_two"
+	PolicyLeastLoad         = "least_load"
+	PolicyConsistentHashing = "consistent_hashing"
+	PolicyPrefixHash        = "prefix_hash"
+	PolicyManual            = "manual"
+)
+
+// Policies lists every accepted policy name.
+var Policies = []string{PolicyCacheAware, PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo,
+	PolicyLeastLoad, PolicyConsistentHashing, PolicyPrefixHash, PolicyManual}
+
+// Options configures a Router. Field defaults come from DefaultOptions.
+type Options struct {
+	Policy string
+
+	// WorkerOverloadShed rejects a request whose every candidate is overloaded
+	// with 503 worker_overload_protection_shed instead of steering it.
+	WorkerOverloadShed bool
+	// LoadMonitorInterval (seconds) is the shed answer's Retry-After.
+	LoadMonitorInterval int
+	// WorkerStaleSecs bounds how long the watch client keeps the control
+	// plane's vetoes once its stream is down (then it calls FailOpen). 0: never drop.
+	WorkerStaleSecs int
+
+	DisableCircuitBreaker    bool
+	CBFailureThreshold       int
+	CBSuccessThreshold       int
+	CBTimeoutDurationSecs    int
+	DisableRetries           bool
+	RetryMaxRetries          int
+	RetryInitialBackoffMs    int
+	RetryMaxBackoffMs        int
+	RetryBackoffMultiplier   float64
+	RetryJitterFactor        float64
+	MaxConcurrentRequests    int // -1: no admission limit
+	QueueSize                int
+	QueueTimeoutSecs         int
+	MaxPayloadSize           int64 // bytes
+	RequestTimeoutSecs       int
+	CacheThreshold           float64 // cache_aware: prefix match ratio that keeps affinity
+	BalanceAbsThreshold      int64   // cache_aware: load spread that switches to least load ...
+	BalanceRelThreshold      float64 // ... when max load also exceeds min load times this
+	DispatchKeyHeader        string  // header carrying the sticky routing key
+	PrefixHashLoadFactor     float64 // prefix_hash: skip a ring worker loaded above mean times this
+	CacheAwareHotTokenUsage  float64 // cache_aware: KV usage at which affinity is dropped
+	UpstreamDialTimeout      time.Duration
+	MaxIdleConnsPerWorker    int
+	PromptBytesPerTokenGuess int // estimate of prompt tokens in flight from body bytes
+}
+
+// DefaultOptions returns the spec's defaults.
+func DefaultOptions() Options {
+	return Options{
+		Policy:                   PolicyCacheAware,
+		LoadMonitorInterval:      10,
+		WorkerStaleSecs:          15,
+		CBFailureThreshold:       10,
+		CBSuccessThreshold:       3,
+		CBTimeoutDurationSecs:    60,
+		RetryMaxRetries:          5,
+		RetryInitialBackoffMs:    50,
+		RetryMaxBackoffMs:        30000,
+		RetryBackoffMultiplier:   1.5,
+		RetryJitterFactor:        0.2,
+		MaxConcurrentRequests:    -1,
+		QueueSize:                100,
+		QueueTimeoutSecs:         60,
+		MaxPayloadSize:           512 << 20,
+		RequestTimeoutSecs:       1800,
+		CacheThreshold:           0.3,
+		BalanceAbsThreshold:      64,
+		BalanceRelThreshold:      1.5,
+		DispatchKeyHeader:        "x-smg-routing-key",
+		PrefixHashLoadFactor:     1.25,
+		CacheAwareHotTokenUsage:  0.95,
+		UpstreamDialTimeout:      5 * time.Second,
+		MaxIdleConnsPerWorker:    256,
+		PromptBytesPerTokenGuess: 4,
+	}
+}
+
+// AddFlags registers the router's flags on fs, bound to o. A flag that another
+// component already defined on fs (smg launch shares --load-monitor-interval
+// and --worker-stale-secs with the control plane) is not redefined: its value
+// is fed to both owners.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	str := func(p *string, name, usage string) { define(fs, (*stringValue)(p), name, usage) }
+	boolean := func(p *bool, name, usage string) { define(fs, (*boolValue)(p), name, usage) }
+	integer := func(p *int, name, usage string) { define(fs, (*intValue)(p), name, usage) }
+	float := func(p *float64, name, usage string) { define(fs, (*floatValue)(p), name, usage) }
+
+	str(&o.Policy, "policy", "routing policy: "+strings.Join(Policies, ", "))
+	boolean(&o.WorkerOverloadShed, "worker-overload-shed",
+		"reject with 503 worker_overload_protection_shed when every candidate is overloaded, instead of steering to the least loaded")
+	integer(&o.LoadMonitorInterval, "load-monitor-interval",
+		"load monitor interval in seconds; also the Retry-After of a shed answer (must be > 0)")
+	integer(&o.WorkerStaleSecs, "worker-stale-secs",
+		"seconds without the control plane after which the router drops its vetoes and routes on (0 keeps them)")
+	boolean(&o.DisableCircuitBreaker, "disable-circuit-breaker", "turn off the per-worker circuit breaker")
+	integer(&o.CBFailureThreshold, "cb-failure-threshold", "consecutive failures that open a worker's circuit breaker")
+	integer(&o.CBSuccessThreshold, "cb-success-threshold", "consecutive successes in half-open that close the breaker")
+	integer(&o.CBTimeoutDurationSecs, "cb-timeout-duration-secs", "seconds an open breaker waits before letting a request through (half-open)")
+	boolean(&o.DisableRetries, "disable-retries", "never retry a failed upstream attempt")
+	integer(&o.RetryMaxRetries, "retry-max-retries", "retries after the first attempt, only before the first byte reaches the client")
+	integer(&o.RetryInitialBackoffMs, "retry-initial-backoff-ms", "backoff before the first retry, in milliseconds")
+	integer(&o.RetryMaxBackoffMs, "retry-max-backoff-ms", "upper bound of the retry backoff, in milliseconds")
+	float(&o.RetryBackoffMultiplier, "retry-backoff-multiplier", "growth of the backoff between retries")
+	float(&o.RetryJitterFactor, "retry-jitter-factor", "random spread of each backoff, as a fraction (0 to 1)")
+	integer(&o.MaxConcurrentRequests, "max-concurrent-requests", "requests proxied at once; more wait in the admission queue (-1: no limit)")
+	integer(&o.QueueSize, "queue-size", "requests that may wait for admission; beyond it the answer is 429 admission_queue_full")
+	integer(&o.QueueTimeoutSecs, "queue-timeout-secs", "seconds a request may wait for admission before 503 admission_queue_timeout")
+	define(fs, (*int64Value)(&o.MaxPayloadSize), "max-payload-size", "largest request body accepted, in bytes (larger: 413)")
+	integer(&o.RequestTimeoutSecs, "request-timeout-secs", "upper bound on one proxied request, in seconds")
+	float(&o.CacheThreshold, "cache-threshold", "cache_aware: prefix match ratio (0 to 1) that keeps a request on its cached worker")
+	define(fs, (*int64Value)(&o.BalanceAbsThreshold), "balance-abs-threshold",
+		"cache_aware: load spread (max - min) above which affinity gives way to least load")
+	float(&o.BalanceRelThreshold, "balance-rel-threshold", "cache_aware: ... when the max load also exceeds the min load times this")
+}
+
+// Validate rejects option values the router cannot run with.
+func (o Options) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	known := false
+	for _, p := range Policies {
+		known = known || p == o.Policy
+	}
+	if !known {
+		bad("--policy %q: must be one of %s", o.Policy, strings.Join(Policies, ", "))
+	}
+	if o.LoadMonitorInterval <= 0 {
+		bad("--load-monitor-interval must be greater than 0, got %d", o.LoadMonitorInterval)
+	}
+	if o.WorkerStaleSecs < 0 {
+		bad("--worker-stale-secs must be >= 0, got %d", o.WorkerStaleSecs)
+	}
+	if o.CBFailureThreshold < 1 || o.CBSuccessThreshold < 1 || o.CBTimeoutDurationSecs < 1 {
+		bad("--cb-failure-threshold, --cb-success-threshold and --cb-timeout-duration-secs must be >= 1")
+	}
+	if o.RetryMaxRetries < 0 || o.RetryInitialBackoffMs < 0 || o.RetryMaxBackoffMs < o.RetryInitialBackoffMs {
+		bad("--retry-max-retries and --retry-initial-backoff-ms must be >= 0 and --retry-max-backoff-ms >= the initial backoff")
+	}
+	if o.RetryBackoffMultiplier < 1 {
+		bad("--retry-backoff-multiplier must be >= 1, got %v", o.RetryBackoffMultiplier)
+	}
+	if o.RetryJitterFactor < 0 || o.RetryJitterFactor > 1 {
+		bad("--retry-jitter-factor must be within [0, 1], got %v", o.RetryJitterFactor)
+	}
+	if o.MaxConcurrentRequests == 0 || o.MaxConcurrentRequests < -1 {
+		bad("--max-concurrent-requests must be -1 (no limit) or >= 1, got %d", o.MaxConcurrentRequests)
+	}
+	if o.QueueSize < 0 || o.QueueTimeoutSecs < 1 {
+		bad("--queue-size must be >= 0 and --queue-timeout-secs >= 1")
+	}
+	if o.MaxPayloadSize < 1 || o.RequestTimeoutSecs < 1 {
+		bad("--max-payload-size and --request-timeout-secs must be >= 1")
+	}
+	if o.CacheThreshold < 0 || o.CacheThreshold > 1 {
+		bad("--cache-threshold must be within [0, 1], got %v", o.CacheThreshold)
+	}
+	if o.BalanceAbsThreshold < 0 || o.BalanceRelThreshold < 1 {
+		bad("--balance-abs-threshold must be >= 0 and --balance-rel-threshold >= 1")
+	}
+	if o.DispatchKeyHeader == "" || o.PrefixHashLoadFactor < 1 || o.PromptBytesPerTokenGuess < 1 ||
+		o.UpstreamDialTimeout <= 0 || o.MaxIdleConnsPerWorker < 1 {
+		bad("internal router options out of range")
+	}
+	return errors.Join(errs...)
+}
+
+// define registers v under name, or feeds an existing flag of that name to v as well.
+func define(fs *flag.FlagSet, v flag.Value, name, usage string) {
+	if f := fs.Lookup(name); f != nil {
+		_ = v.Set(f.Value.String()) // start from the other owner's default
+		f.Value = teeValue{f.Value, v}
+		return
+	}
+	fs.Var(v, name, usage)
+}
+
+// teeValue sets two flag values from one command-line flag.
+type teeValue struct{ first, second flag.Value }
+
+func (t teeValue) String() string { return t.first.String() }
+func (t teeValue) Set(s string) error {
+	if err := t.first.Set(s); err != nil {
+		return err
+	}
+	return t.second.Set(s)
+}
+func (t teeValue) IsBoolFlag() bool {
+	b, ok := t.first.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+type (
+	stringValue string
+	boolValue   bool
+	intValue    int
+	int64Value  int64
+	floatValue  float64
+)
+
+func (v *stringValue) Set(s string) error { *v = stringValue(s); return nil }
+func (v *stringValue) String() string     { return string(*v) }
+func (v *boolValue) Set(s string) error {
+	b, err := strconv.ParseBool(s)
+	*v = boolValue(b)
+	return err
+}
+func (v *boolValue) String() string   { return strconv.FormatBool(bool(*v)) }
+func (v *boolValue) IsBoolFlag() bool { return true }
+func (v *intValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	*v = intValue(n)
+	return err
+}
+func (v *intValue) String() string { return strconv.Itoa(int(*v)) }
+func (v *int64Value) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 64)
+	*v = int64Value(n)
+	return err
+}
+func (v *int64Value) String() string { return strconv.FormatInt(int64(*v), 10) }
+func (v *floatValue) Set(s string) error {
+	f, err := strconv.ParseFloat(s, 64)
+	*v = floatValue(f)
+	return err
+}
+func (v *floatValue) String() string { return strconv.FormatFloat(float64(*v), 'g', -1, 64) }

@@ -1,0 +1,429 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// statusClientClosed is recorded (never sent) when the client left first.
+const statusClientClosed = 499
+
+// rawRef is a json.RawMessage that aliases the request body instead of
+// copying it: the body outlives every use within the request.
+type rawRef []byte
+
+func (r *rawRef) UnmarshalJSON(b []byte) error { *r = b; return nil }
+
+// requestFields are the few body fields the router reads. Unmarshal still
+// validates the whole body, which gives bad JSON its clear 400.
+type requestFields struct {
+	Model    string `json:"model"`
+	Stream   bool   `json:"stream"`
+	Messages rawRef `json:"messages"`  // chat
+	Prompt   rawRef `json:"prompt"`    // completions
+	Input    rawRef `json:"input"`     // embeddings
+	Text     rawRef `json:"text"`      // /generate
+	InputIDs rawRef `json:"input_ids"` // /generate
+}
+
+// prompt is the raw JSON the hash and affinity policies key on.
+func (f *requestFields) prompt() []byte {
+	for _, p := range [...]rawRef{f.Messages, f.Prompt, f.Input, f.Text, f.InputIDs} {
+		if len(p) > 0 && string(p) != "null" {
+			return p
+		}
+	}
+	return nil
+}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (r *Router) proxyHandler(route int) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		began := time.Now()
+		status := statusClientClosed
+		defer func() {
+			r.metrics.requests[route][statusClass(status)].Inc()
+			r.metrics.duration[route].Observe(time.Since(began).Seconds())
+		}()
+		status = r.serveProxy(w, req)
+	})
+}
+
+// serveProxy admits, parses, selects, dispatches (with retries) and streams
+// the answer back. It returns the status sent, for metrics.
+func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
+	if r.adm != nil {
+		switch r.adm.acquire(req.Context()) {
+		case admitQueueFull:
+			writeError(w, http.StatusTooManyRequests, CodeAdmissionQueueFull,
+				"Too many requests: the admission queue is full", admissionRetryAfter)
+			return http.StatusTooManyRequests
+		case admitTimeout:
+			writeError(w, http.StatusServiceUnavailable, CodeAdmissionQueueTimeout,
+				"Timed out waiting in the admission queue", admissionRetryAfter)
+			return http.StatusServiceUnavailable
+		case admitCanceled:
+			return statusClientClosed
+		}
+		defer r.adm.release()
+	}
+
+	body, err := readBody(w, req, r.opts.MaxPayloadSize)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, CodePayloadTooLarge,
+				"Request body exceeds the limit of "+strconv.FormatInt(r.opts.MaxPayloadSize, 10)+" bytes", 0)
+			return http.StatusRequestEntityTooLarge
+		}
+		return statusClientClosed
+	}
+	var f requestFields
+	if err := json.Unmarshal(body, &f); err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "Invalid JSON body: "+err.Error(), 0)
+		return http.StatusBadRequest
+	}
+
+	ctx, cancel := r.requestContext(req.Context())
+	defer cancel()
+	q := request{model: f.Model, key: req.Header.Get(r.opts.DispatchKeyHeader), prompt: f.prompt()}
+	streaming := f.Stream
+	promptTokens := int64(len(q.prompt) / r.opts.PromptBytesPerTokenGuess)
+
+	maxRetries := r.opts.RetryMaxRetries
+	if r.opts.DisableRetries {
+		maxRetries = 0
+	}
+	backoff := time.Duration(r.opts.RetryInitialBackoffMs) * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		v := r.view.Load()
+		if v == nil {
+			writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers,
+				"No fleet snapshot from the control plane yet", 0)
+			return http.StatusServiceUnavailable
+		}
+		p := v.all
+		if f.Model != "" {
+			var ok bool
+			if p, ok = v.pools[f.Model]; !ok {
+				writeError(w, http.StatusNotFound, CodeModelNotFound, "The model '"+f.Model+"' does not exist", 0)
+				return http.StatusNotFound
+			}
+		}
+		q.now = r.now()
+		i, out := r.sel.choose(v, p, &q, r.opts.WorkerOverloadShed)
+		switch out {
+		case shedAll:
+			r.metrics.shed.WithLabelValues(StageSelection).Inc()
+			writeError(w, http.StatusServiceUnavailable, CodeShed,
+				"All workers for model '"+f.Model+"' are overloaded", r.opts.LoadMonitorInterval)
+			return http.StatusServiceUnavailable
+		case noneAvailable:
+			writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers,
+				"No available workers for model '"+f.Model+"'", 0)
+			return http.StatusServiceUnavailable
+		case overloadFallback:
+			r.metrics.overloadFallback.WithLabelValues(StageSelection).Inc()
+		case livenessFallback:
+			r.metrics.livenessFallback.WithLabelValues(StageSelection).Inc()
+		}
+		wk, st := &v.workers[i], v.states[i]
+
+		if r.beforeDispatch != nil {
+			r.beforeDispatch()
+		}
+		if r.opts.WorkerOverloadShed && r.overloadedSince(v, st) {
+			// Shed rather than re-select: the flag only changes when a
+			// report arrives, so this window is rare.
+			r.metrics.shed.WithLabelValues(StageDispatch).Inc()
+			writeError(w, http.StatusServiceUnavailable, CodeShed,
+				"Worker '"+wk.URL+"' for model '"+f.Model+"' became overloaded before dispatch", r.opts.LoadMonitorInterval)
+			return http.StatusServiceUnavailable
+		}
+
+		res := r.dispatch(ctx, w, req, wk, st, body, streaming, promptTokens, attempt < maxRetries)
+		if !res.retry {
+			return res.status
+		}
+		r.metrics.retries.Inc()
+		q.avoid = st
+		if !sleepCtx(ctx, r.jitter(backoff)) {
+			return statusClientClosed
+		}
+		backoff = min(time.Duration(float64(backoff)*r.opts.RetryBackoffMultiplier),
+			time.Duration(r.opts.RetryMaxBackoffMs)*time.Millisecond)
+	}
+}
+
+// overloadedSince reports whether the chosen worker's entry in a snapshot
+// published after selection carries the overload flag.
+func (r *Router) overloadedSince(selected *view, st *workerState) bool {
+	cur := r.view.Load()
+	if cur == selected || cur == nil {
+		return false
+	}
+	j := cur.indexOfSlot(st.slot)
+	return j >= 0 && cur.states[j] == st && cur.workers[j].Veto == VetoOverload
+}
+
+type dispatchResult struct {
+	status int
+	retry  bool // nothing reached the client and another attempt may follow
+}
+
+// dispatch sends one attempt to wk and, unless it is to be retried, streams
+// the answer to the client.
+func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.Request, wk *Worker, st *workerState,
+	body []byte, streaming bool, promptTokens int64, mayRetry bool) dispatchResult {
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, upstreamURL(wk.URL, in), bytes.NewReader(body))
+	if err != nil {
+		writeError(w, http.StatusBadGateway, CodeUpstreamError, "Invalid worker URL '"+wk.URL+"'", 0)
+		return dispatchResult{status: http.StatusBadGateway}
+	}
+	copyRequestHeaders(out.Header, in.Header)
+
+	st.dispatched.Add(1)
+	st.promptTokens.Add(promptTokens)
+	prefilling := true // until the first byte: the prompt is still in hand
+	defer func() {
+		if prefilling {
+			st.promptTokens.Add(-promptTokens)
+		}
+	}()
+	sent := r.clock()
+	if streaming {
+		st.streams.Add(1)
+		defer st.streams.Add(-1)
+	}
+
+	resp, err := r.client.Do(out)
+	if err != nil {
+		if in.Context().Err() != nil {
+			return dispatchResult{status: statusClientClosed} // the client left: not the worker's fault
+		}
+		kind := r.recordUpstreamError(st, err)
+		r.recordFailure(wk, st)
+		if mayRetry && kind != "timeout" {
+			return dispatchResult{retry: true}
+		}
+		status := http.StatusBadGateway
+		if kind == "timeout" {
+			status = http.StatusGatewayTimeout
+		}
+		writeError(w, status, CodeUpstreamError, "Worker '"+wk.URL+"' failed: "+err.Error(), 0)
+		return dispatchResult{status: status}
+	}
+	defer resp.Body.Close()
+	st.contacts.Add(1)
+
+	if resp.StatusCode >= 500 {
+		r.metrics.upstream.WithLabelValues("status_5xx").Inc()
+		r.recordFailure(wk, st)
+	} else {
+		r.recordSuccess(wk, st)
+	}
+	// A worker's (or a nested gateway's) shed is never retried internally.
+	wasShed := resp.Header.Get(canonicalErrorCodeHeader) == CodeShed
+	if mayRetry && retryableStatus(resp.StatusCode) && !wasShed {
+		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10) // lets a small answer reuse its connection
+		return dispatchResult{retry: true}
+	}
+
+	h := w.Header()
+	copyResponseHeaders(h, resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	firstByte := func() {
+		if prefilling {
+			prefilling = false
+			st.promptTokens.Add(-promptTokens)
+			if resp.StatusCode == http.StatusOK {
+				st.notePrefill(promptTokens, r.clock().Sub(sent))
+			}
+		}
+	}
+	if err := r.copyBody(w, resp.Body, st, streaming || sse, firstByte); err != nil {
+		if in.Context().Err() == nil {
+			r.recordUpstreamError(st, err)
+			r.recordFailure(wk, st)
+			if sse {
+				// The client reads an explicit error event before the cut.
+				writeStreamError(w, CodeUpstreamError, "Worker '"+wk.URL+"' broke off the stream: "+err.Error())
+			}
+			// Cut the connection: the client never sees a clean end.
+			panic(http.ErrAbortHandler)
+		}
+		return dispatchResult{status: statusClientClosed}
+	}
+	st.lastProgress.Store(r.clock().UnixNano()) // completion counts as progress
+	return dispatchResult{status: resp.StatusCode}
+}
+
+// copyBody forwards the answer, flushing after every read when streaming so
+// each SSE event reaches the client as it arrives. Every chunk is progress.
+func (r *Router) copyBody(w http.ResponseWriter, body io.Reader, st *workerState, flush bool, firstByte func()) error {
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
+	flusher, _ := w.(http.Flusher)
+	if !flush {
+		flusher = nil
+	}
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			firstByte()
+			st.lastProgress.Store(r.clock().UnixNano())
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (r *Router) recordFailure(wk *Worker, st *workerState) {
+	if st.breaker.failure(&r.cb, r.now()) {
+		r.metrics.breakers.WithLabelValues("open").Inc()
+		r.log.Warn("Circuit breaker opened", "worker_id", wk.ID, "url", wk.URL)
+	}
+}
+
+func (r *Router) recordSuccess(wk *Worker, st *workerState) {
+	if st.breaker.success(&r.cb, r.now()) {
+		r.metrics.breakers.WithLabelValues("closed").Inc()
+		r.log.Info("Circuit breaker closed", "worker_id", wk.ID, "url", wk.URL)
+	}
+}
+
+// recordUpstreamError counts a failed attempt by kind; connection-level
+// failures are also kept for the control plane's unreachable rule.
+func (r *Router) recordUpstreamError(st *workerState, err error) string {
+	kind := classifyUpstreamError(err)
+	r.metrics.upstream.WithLabelValues(kind).Inc()
+	if kind == "connection" {
+		st.connFailures.Add(1)
+	}
+	return kind
+}
+
+// classifyUpstreamError separates "the worker is gone" (refused, reset, EOF,
+// dial failures) from "the worker is slow or wrong" (deadlines), since only
+// the former may arm the unreachable veto.
+func classifyUpstreamError(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection"
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return "connection"
+	}
+	return "other"
+}
+
+// retryableStatus: answers that say "try elsewhere or later".
+func retryableStatus(code int) bool {
+	switch code {
+	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusInternalServerError,
+		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// jitter spreads d by ±RetryJitterFactor.
+func (r *Router) jitter(d time.Duration) time.Duration {
+	j := r.opts.RetryJitterFactor
+	if j == 0 || d <= 0 {
+		return d
+	}
+	return time.Duration(float64(d) * (1 + j*(2*rand.Float64()-1)))
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, error) {
+	if req.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	rd := http.MaxBytesReader(w, req.Body, limit)
+	var buf bytes.Buffer
+	if req.ContentLength > 0 {
+		buf.Grow(int(req.ContentLength) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(rd)
+	return buf.Bytes(), err
+}
+
+func upstreamURL(base string, in *http.Request) string {
+	u := strings.TrimSuffix(base, "/") + in.URL.Path
+	if in.URL.RawQuery != "" {
+		u += "?" + in.URL.RawQuery
+	}
+	return u
+}
+
+// Hop-by-hop headers (RFC 9110 7.6.1) are not forwarded in either direction.
+var hopHeaders = map[string]bool{
+	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+}
+
+func copyRequestHeaders(dst, src http.Header) {
+	for k, vv := range src {
+		if hopHeaders[k] || k == "Content-Length" || k == "Host" {
+			continue
+		}
+		dst[k] = vv
+	}
+}
+
+// copyResponseHeaders forwards a worker's headers, minus hop-by-hop ones and
+// X-SMG-Error-Code: that header marks only this router's own decisions.
+func copyResponseHeaders(dst, src http.Header) {
+	for k, vv := range src {
+		if hopHeaders[k] || k == canonicalErrorCodeHeader || strings.EqualFold(k, ErrorCodeHeader) {
+			continue
+		}
+		dst[k] = vv
+	}
+}

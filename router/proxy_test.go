@@ -1,0 +1,483 @@
+package router
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// safety bounds a wait that only fails a broken test; nothing sleeps on it.
+const safety = 10 * time.Second
+
+func waitFor(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(safety):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// SSE passes through event by event: the client reads each event before the
+// engine writes the next one.
+func TestSSEPassesThroughEventByEvent(t *testing.T) {
+	h := newHarness(t, nil)
+	next := make(chan struct{})
+	e := newEngine(t, "sse", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 3 {
+			fmt.Fprintf(w, "data: {\"token\":%d}\n\n", i)
+			w.(http.Flusher).Flush()
+			select {
+			case <-next:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	h.apply(e.worker())
+	req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"`+testModel+`","stream":true,"messages":[]}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content type %q", ct)
+	}
+	rd := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("data: {\"token\":%d}\n", i); line != want {
+			t.Fatalf("event %d: %q, want %q", i, line, want)
+		}
+		if _, err := rd.ReadString('\n'); err != nil { // blank line closing the event
+			t.Fatal(err)
+		}
+		if obs := streamsOf(h.r, "sse"); obs != 1 {
+			t.Fatalf("pile = %d while streaming, want 1", obs)
+		}
+		next <- struct{}{} // the engine writes the next event only now
+	}
+	rest, _ := io.ReadAll(rd)
+	if string(rest) != "data: [DONE]\n\n" {
+		t.Fatalf("tail %q", rest)
+	}
+	if obs := streamsOf(h.r, "sse"); obs != 0 {
+		t.Fatalf("pile = %d after the stream, want 0", obs)
+	}
+}
+
+func streamsOf(r *Router, id string) int64 {
+	for _, w := range r.Observations().Workers {
+		if w.WorkerID == id {
+			return w.StreamsInFlight
+		}
+	}
+	return -1
+}
+
+// A client that disconnects cancels the upstream request.
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	h := newHarness(t, nil)
+	canceled := make(chan struct{})
+	e := newEngine(t, "slow", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		close(canceled)
+	})
+	h.apply(e.worker())
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/completions",
+		strings.NewReader(`{"model":"`+testModel+`","stream":true,"prompt":"hi"}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+	if line != "data: first\n" {
+		t.Fatalf("first event %q", line)
+	}
+	cancel()
+	resp.Body.Close()
+	waitFor(t, canceled, "the upstream request to be canceled")
+	if e.hits.Load() != 1 {
+		t.Fatalf("engine hit %d times, want 1 (no retry after a client left)", e.hits.Load())
+	}
+}
+
+// Retries happen only before the first byte reaches the client.
+func TestRetriesOnlyBeforeFirstByte(t *testing.T) {
+	t.Run("5xx before any byte is retried elsewhere", func(t *testing.T) {
+		h := newHarness(t, func(o *Options) { o.Policy = PolicyRoundRobin })
+		bad := newEngine(t, "bad", func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusBadGateway)
+		})
+		good := newEngine(t, "good", nil)
+		h.apply(bad.worker(), good.worker())
+		for range 4 {
+			if a := h.post(testModel, "", "x"); a.status != http.StatusOK || a.servedBy() != "good" {
+				t.Fatalf("got %d from %q", a.status, a.servedBy())
+			}
+		}
+		if testutil.ToFloat64(h.r.metrics.retries) != float64(bad.hits.Load()) || bad.hits.Load() == 0 {
+			t.Fatalf("retries %v, bad hits %d", testutil.ToFloat64(h.r.metrics.retries), bad.hits.Load())
+		}
+	})
+	t.Run("connection refused is retried and reported", func(t *testing.T) {
+		h := newHarness(t, func(o *Options) { o.Policy = PolicyRoundRobin })
+		dead := newEngine(t, "dead", nil)
+		dead.srv.Close()
+		good := newEngine(t, "good", nil)
+		h.apply(dead.worker(), good.worker())
+		for range 4 {
+			if a := h.post(testModel, "", "x"); a.status != http.StatusOK || a.servedBy() != "good" {
+				t.Fatalf("got %d from %q", a.status, a.servedBy())
+			}
+		}
+		obs := observation(h.r, "dead")
+		if obs.ConnectionFailures == 0 {
+			t.Fatal("refused connections not reported as connection failures")
+		}
+		if observation(h.r, "dead").ConnectionFailures != 0 {
+			t.Fatal("connection failures not reset by Observations")
+		}
+	})
+	t.Run("a stream broken after its first byte is not retried", func(t *testing.T) {
+		h := newHarness(t, nil)
+		e := newEngine(t, "breaks", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: one\n\n")
+			w.(http.Flusher).Flush()
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close() // reset mid-stream
+			}
+		})
+		h.apply(e.worker())
+		req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions",
+			strings.NewReader(`{"model":"`+testModel+`","stream":true,"messages":[]}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil {
+			t.Fatalf("a broken upstream stream ended cleanly for the client: %q", body)
+		}
+		if !strings.HasPrefix(string(body), "data: one\n\n") || !strings.Contains(string(body), `data: {"error":{"type":"server_error","code":"upstream_error"`) {
+			t.Fatalf("client got %q, want the first event then an explicit error event", body)
+		}
+		if e.hits.Load() != 1 || testutil.ToFloat64(h.r.metrics.retries) != 0 {
+			t.Fatalf("hits %d retries %v: retried after the first byte", e.hits.Load(), testutil.ToFloat64(h.r.metrics.retries))
+		}
+		if observation(h.r, "breaks").ConnectionFailures != 1 {
+			t.Fatal("a mid-stream reset is a connection failure")
+		}
+	})
+	t.Run("--disable-retries forwards the first failure", func(t *testing.T) {
+		h := newHarness(t, func(o *Options) { o.DisableRetries = true; o.Policy = PolicyRoundRobin })
+		bad := newEngine(t, "bad", func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})
+		good := newEngine(t, "good", nil)
+		h.apply(bad.worker(), good.worker())
+		statuses := map[int]int{}
+		for range 4 {
+			statuses[h.post(testModel, "", "x").status]++
+		}
+		if statuses[http.StatusServiceUnavailable] != 2 || statuses[http.StatusOK] != 2 {
+			t.Fatalf("statuses %v, want 2 x 503 and 2 x 200", statuses)
+		}
+	})
+}
+
+func observation(r *Router, id string) WorkerObservation {
+	for _, w := range r.Observations().Workers {
+		if w.WorkerID == id {
+			return w
+		}
+	}
+	return WorkerObservation{}
+}
+
+// Deadlines and 5xx answers are not connection failures: they never arm the
+// unreachable veto.
+func TestUpstreamErrorClassification(t *testing.T) {
+	cases := map[string]error{
+		"connection": &net.OpError{Op: "dial", Err: fmt.Errorf("x")},
+		"timeout":    context.DeadlineExceeded,
+	}
+	for want, err := range cases {
+		if got := classifyUpstreamError(err); got != want {
+			t.Errorf("%v: %s, want %s", err, got, want)
+		}
+	}
+	if got := classifyUpstreamError(io.ErrUnexpectedEOF); got != "connection" {
+		t.Errorf("unexpected EOF: %s", got)
+	}
+
+	h := newHarness(t, func(o *Options) { o.RequestTimeoutSecs = 1; o.DisableRetries = true })
+	fail := newEngine(t, "fail", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })
+	h.apply(fail.worker())
+	h.post(testModel, "", "x")
+	if obs := observation(h.r, "fail"); obs.ConnectionFailures != 0 {
+		t.Fatal("a 5xx answer counted as a connection failure")
+	}
+}
+
+// Circuit breaker: opens after --cb-failure-threshold failures, half-opens
+// after its timeout, closes after --cb-success-threshold successes, and any
+// contact the control plane reports closes it at once.
+func TestCircuitBreaker(t *testing.T) {
+	var failing atomic.Bool
+	failing.Store(true)
+	h := newHarness(t, func(o *Options) {
+		o.DisableRetries = true
+		o.CBFailureThreshold = 3
+		o.CBSuccessThreshold = 2
+		o.CBTimeoutDurationSecs = 30
+	})
+	now := time.Unix(1000, 0)
+	h.r.clock = func() time.Time { return now }
+	h.r.start = now
+	e := newEngine(t, "flaky", func(w http.ResponseWriter, _ *http.Request) {
+		if failing.Load() {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	h.apply(e.worker())
+	for range 3 {
+		if a := h.post(testModel, "", "x"); a.status != http.StatusInternalServerError {
+			t.Fatalf("got %d", a.status)
+		}
+	}
+	if a := h.post(testModel, "", "x"); a.errorCode() != CodeNoAvailableWorkers {
+		t.Fatalf("open breaker: got %d %s, want no_available_workers", a.status, a.body)
+	}
+	if e.hits.Load() != 3 {
+		t.Fatalf("open breaker let a request through (%d hits)", e.hits.Load())
+	}
+
+	// Control plane contact closes it at once.
+	h.r.ContactSeen("flaky")
+	failing.Store(false)
+	if a := h.post(testModel, "", "x"); a.status != http.StatusOK {
+		t.Fatalf("after ContactSeen got %d %s", a.status, a.body)
+	}
+
+	// Trip again, then let the timeout pass: half-open lets requests through.
+	failing.Store(true)
+	for range 3 {
+		h.post(testModel, "", "x")
+	}
+	if a := h.post(testModel, "", "x"); a.errorCode() != CodeNoAvailableWorkers {
+		t.Fatal("breaker did not reopen")
+	}
+	now = now.Add(29 * time.Second)
+	if a := h.post(testModel, "", "x"); a.errorCode() != CodeNoAvailableWorkers {
+		t.Fatal("breaker half-opened before its timeout")
+	}
+	now = now.Add(time.Second)
+	failing.Store(false)
+	for range 2 {
+		if a := h.post(testModel, "", "x"); a.status != http.StatusOK {
+			t.Fatalf("half-open: got %d", a.status)
+		}
+	}
+	v := h.r.view.Load()
+	if st := v.states[v.byID["flaky"]].breaker.state.Load(); st != breakerClosed {
+		t.Fatalf("breaker state %d after the success threshold, want closed", st)
+	}
+	if testutil.ToFloat64(h.r.metrics.breakers.WithLabelValues("open")) != 2 {
+		t.Fatal("want two open transitions counted")
+	}
+}
+
+// A failure while half-open reopens the breaker for another timeout.
+func TestBreakerHalfOpenFailureReopens(t *testing.T) {
+	cfg := &breakerConfig{failureThreshold: 2, successThreshold: 2, timeout: 10}
+	var b breaker
+	b.failure(cfg, 0)
+	if !b.failure(cfg, 1) || b.allow(cfg, 5) {
+		t.Fatal("want open after two failures")
+	}
+	if !b.allow(cfg, 11) {
+		t.Fatal("want half-open after the timeout")
+	}
+	if !b.failure(cfg, 12) || b.allow(cfg, 15) {
+		t.Fatal("a half-open failure must reopen")
+	}
+	if b.success(cfg, 23) || !b.success(cfg, 24) {
+		t.Fatal("two successes after the timeout must close it")
+	}
+}
+
+// Admission: a full queue answers 429 admission_queue_full with Retry-After.
+func TestAdmissionQueueFull(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.MaxConcurrentRequests = 1; o.QueueSize = 0 })
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	e := newEngine(t, "w", func(w http.ResponseWriter, _ *http.Request) {
+		entered <- struct{}{}
+		<-release
+	})
+	h.apply(e.worker())
+	done := make(chan answer)
+	go func() { done <- h.post(testModel, "", "first") }()
+	waitFor(t, entered, "the first request to hold the only slot")
+	a := h.post(testModel, "", "second")
+	close(release)
+	<-done
+	if a.status != http.StatusTooManyRequests || a.errorCode() != CodeAdmissionQueueFull ||
+		a.header.Get("Retry-After") == "" || a.header.Get(ErrorCodeHeader) != CodeAdmissionQueueFull {
+		t.Fatalf("got %d %v %s", a.status, a.header, a.body)
+	}
+}
+
+// Request errors: bad JSON, oversized body, unknown model, unknown route.
+func TestRequestErrors(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.MaxPayloadSize = 64 })
+	e := newEngine(t, "w", nil)
+	h.apply(e.worker())
+	cases := []struct {
+		name, path, body string
+		status           int
+		code             string
+	}{
+		{"bad json", "/v1/chat/completions", `{"model":`, 400, CodeInvalidJSON},
+		{"not an object", "/v1/completions", `[1,2]`, 400, CodeInvalidJSON},
+		{"too large", "/v1/completions", `{"prompt":"` + strings.Repeat("x", 100) + `"}`, 413, CodePayloadTooLarge},
+		{"unknown model", "/v1/embeddings", `{"model":"nope","input":"x"}`, 404, CodeModelNotFound},
+	}
+	for _, c := range cases {
+		a := h.send(c.path, c.body, "")
+		if a.status != c.status || a.errorCode() != c.code || a.header.Get(ErrorCodeHeader) != c.code {
+			t.Errorf("%s: got %d %s, want %d %s", c.name, a.status, a.body, c.status, c.code)
+		}
+	}
+	if a := h.get("/v1/nothing"); a.status != 404 || a.errorCode() != CodeNotFound {
+		t.Errorf("unknown route: %d %s", a.status, a.body)
+	}
+	if e.hits.Load() != 0 {
+		t.Fatal("a rejected request reached the worker")
+	}
+}
+
+// Every proxied route reaches the worker at the same path; a body without a
+// model goes to any worker.
+func TestRoutesForwardPathAndBody(t *testing.T) {
+	h := newHarness(t, nil)
+	var gotPath, gotBody atomic.Value
+	e := newEngine(t, "w", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		gotPath.Store(r.URL.Path)
+		gotBody.Store(string(b))
+	})
+	h.apply(e.worker())
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/generate"} {
+		body := `{"text":"hello","sampling_params":{"max_new_tokens":4}}`
+		if a := h.send(path, body, ""); a.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", path, a.status, a.body)
+		}
+		if gotPath.Load() != path || gotBody.Load() != body {
+			t.Fatalf("%s forwarded as %v with %v", path, gotPath.Load(), gotBody.Load())
+		}
+	}
+}
+
+// /readyz turns ready with the first snapshot; /health always answers.
+func TestReadyzAndHealth(t *testing.T) {
+	h := newHarness(t, nil)
+	if a := h.get("/readyz"); a.status != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz before Apply: %d", a.status)
+	}
+	if a := h.get("/health"); a.status != http.StatusOK {
+		t.Fatalf("/health: %d", a.status)
+	}
+	if a := h.post(testModel, "", "x"); a.status != http.StatusServiceUnavailable || a.errorCode() != CodeNoAvailableWorkers {
+		t.Fatalf("request before any snapshot: %d %s", a.status, a.body)
+	}
+	h.apply()
+	if a := h.get("/readyz"); a.status != http.StatusOK {
+		t.Fatalf("/readyz after Apply: %d", a.status)
+	}
+}
+
+// /v1/models and /loads come from the snapshot; /metrics shows the spec's
+// counters with every stage pre-created at 0.
+func TestModelsLoadsMetrics(t *testing.T) {
+	h := newHarness(t, nil)
+	a, b := newEngine(t, "a", nil), newEngine(t, "b", nil)
+	wb := b.worker(vetoed(VetoWedged), waiting(4))
+	wb.Model = "other-model"
+	wb.VetoReason = "no progress for 3s"
+	h.apply(a.worker(), wb)
+	models := h.get("/v1/models").body
+	for _, m := range []string{testModel, "other-model"} {
+		if !strings.Contains(models, `"id":"`+m+`"`) {
+			t.Fatalf("/v1/models lacks %s: %s", m, models)
+		}
+	}
+	loads := h.get("/loads").body
+	for _, s := range []string{`"worker_id":"b"`, `"veto":"wedged"`, `"waiting":4`, `"veto_reason":"no progress for 3s"`} {
+		if !strings.Contains(loads, s) {
+			t.Fatalf("/loads lacks %s: %s", s, loads)
+		}
+	}
+	metrics := h.get("/metrics").body
+	for _, name := range []string{"smg_worker_overload_fallback_total", "smg_worker_liveness_fallback_total",
+		"smg_worker_overload_shed_total"} {
+		for _, stage := range stages {
+			if line := fmt.Sprintf("%s{stage=%q} 0", name, stage); !strings.Contains(metrics, line) {
+				t.Fatalf("/metrics lacks %s", line)
+			}
+		}
+	}
+}
+
+// Load-aware policies add this router's dispatches since the last report to
+// the reported load; a new report resets that count.
+func TestLoadAwareCountsDispatchesSinceReport(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Policy = PolicyLeastLoad })
+	a, b := newEngine(t, "a", nil), newEngine(t, "b", nil)
+	h.apply(a.worker(waiting(3)), b.worker())
+	for i := range 3 {
+		if got := h.post(testModel, "", "x").servedBy(); got != "b" {
+			t.Fatalf("request %d went to %s, want b until its dispatches reach a's reported load", i, got)
+		}
+	}
+	// b now counts 3 dispatches; a new report for b (0 waiting) resets them.
+	wb := b.worker()
+	wb.LoadRevision = 1
+	wa := a.worker(waiting(1))
+	h.apply(wa, wb)
+	if got := h.post(testModel, "", "x").servedBy(); got != "b" {
+		t.Fatalf("after b's new report the request went to %s, want b", got)
+	}
+	// Same report revision: the count carries across snapshots.
+	h.apply(wa, wb)
+	v := h.r.view.Load()
+	if d := v.states[v.byID["b"]].dispatched.Load(); d != 1 {
+		t.Fatalf("dispatches since report = %d, want 1", d)
+	}
+}

@@ -1,0 +1,310 @@
+// Package router is smg's OpenAI-compatible reverse proxy. It routes on a
+// local snapshot of the fleet that the control plane pushes (Apply): selection
+// reads an atomically swapped immutable view, so the veto check costs no lock,
+// no allocation and no I/O per request. The router never judges a worker; it
+// reads the verdict (Worker.Veto) and applies the spec's steer / shed rules.
+package router
+
+import (
+	"math"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Router proxies requests to the workers of its current snapshot.
+type Router struct {
+	opts     Options
+	log      *slog.Logger
+	metrics  *metrics
+	gatherer prometheus.Gatherer // nil when the Registerer cannot gather
+	cb       breakerConfig
+	sel      selector
+	client   *http.Client
+	adm      *admission
+
+	view atomic.Pointer[view]
+
+	applyMu   sync.Mutex // serialises Apply / FailOpen; guards the fields below
+	states    map[string]*workerState
+	freeSlots []uint32
+	nextSlot  uint32
+
+	clock func() time.Time // injectable for tests
+	start time.Time
+
+	// beforeDispatch, when set (tests only), runs between selection and the
+	// dispatch-time re-check.
+	beforeDispatch func()
+}
+
+// New builds a Router. Metrics go to reg; if reg is also a prometheus.Gatherer
+// (a *prometheus.Registry is), /metrics serves it.
+func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("router metrics: %w", err)
+	}
+	r := &Router{
+		opts:    opts,
+		log:     log,
+		metrics: m,
+		states:  make(map[string]*workerState),
+		clock:   time.Now,
+		cb: breakerConfig{
+			disabled:         opts.DisableCircuitBreaker,
+			failureThreshold: int32(opts.CBFailureThreshold),
+			successThreshold: int32(opts.CBSuccessThreshold),
+			timeout:          int64(time.Duration(opts.CBTimeoutDurationSecs) * time.Second),
+		},
+	}
+	r.start = r.clock()
+	if g, ok := reg.(prometheus.Gatherer); ok {
+		r.gatherer = g
+	}
+	r.sel = selector{
+		policy:          opts.Policy,
+		cb:              &r.cb,
+		cacheThreshold:  opts.CacheThreshold,
+		balanceAbs:      opts.BalanceAbsThreshold,
+		balanceRel:      opts.BalanceRelThreshold,
+		hotTokenUsage:   opts.CacheAwareHotTokenUsage,
+		prefixLoadLimit: opts.PrefixHashLoadFactor,
+	}
+	switch opts.Policy {
+	case PolicyCacheAware:
+		r.sel.affinity = newAffinityTable(18)
+	case PolicyManual:
+		r.sel.sticky = newAffinityTable(18)
+	}
+	if opts.MaxConcurrentRequests > 0 {
+		r.adm = newAdmission(opts.MaxConcurrentRequests, opts.QueueSize,
+			time.Duration(opts.QueueTimeoutSecs)*time.Second, m)
+	}
+	dialer := &net.Dialer{Timeout: opts.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
+	r.client = &http.Client{
+		Transport: &http.Transport{
+			DialContext:         dialer.DialContext,
+			MaxIdleConns:        0, // no global cap; bounded per worker
+			MaxIdleConnsPerHost: opts.MaxIdleConnsPerWorker,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true, // pass bodies through as the engine sent them
+			ForceAttemptHTTP2:   false,
+		},
+		// Redirects are the client's business, as with any reverse proxy.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return r, nil
+}
+
+// now is monotonic nanoseconds since the router started.
+func (r *Router) now() int64 { return int64(r.clock().Sub(r.start)) }
+
+// Apply atomically replaces the fleet snapshot. Readiness turns on with the
+// first call. The router owns s from now on.
+func (r *Router) Apply(s *Snapshot) {
+	r.applyMu.Lock()
+	defer r.applyMu.Unlock()
+	r.install(s, s.Workers, false)
+	r.metrics.revision.Set(float64(s.Revision))
+}
+
+// FailOpen drops every veto of the current snapshot and keeps routing on it:
+// the watch client calls it once the control plane has been lost for longer
+// than --worker-stale-secs. The next Apply brings verdicts back.
+func (r *Router) FailOpen() {
+	r.applyMu.Lock()
+	defer r.applyMu.Unlock()
+	cur := r.view.Load()
+	if cur == nil || cur.failOpen {
+		return
+	}
+	workers := make([]Worker, len(cur.workers))
+	copy(workers, cur.workers)
+	dropped := 0
+	for i := range workers {
+		if workers[i].Veto != VetoNone {
+			dropped++
+		}
+		workers[i].Veto, workers[i].VetoReason = VetoNone, ""
+	}
+	r.install(cur.snap, workers, true)
+	r.metrics.failOpen.Inc()
+	r.log.Warn("Control plane lost past the stale bound: dropped its vetoes, routing on the last snapshot",
+		"revision", cur.snap.Revision, "vetoes_dropped", dropped)
+}
+
+// install compiles and publishes a view. Caller holds applyMu.
+func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
+	prev := r.view.Load()
+	states := make([]*workerState, 0, len(workers))
+	seen := make(map[string]bool, len(workers))
+	kept := workers[:0:0]
+	for i := range workers {
+		w := &workers[i]
+		if seen[w.ID] {
+			r.log.Warn("Snapshot lists a worker twice; keeping the first entry", "worker_id", w.ID)
+			continue
+		}
+		seen[w.ID] = true
+		st, ok := r.states[w.ID]
+		if !ok {
+			st = &workerState{id: w.ID, slot: r.allocSlot(), loadRevision: w.LoadRevision}
+			r.states[w.ID] = st
+		}
+		if st.loadRevision != w.LoadRevision {
+			st.loadRevision = w.LoadRevision
+			st.dispatched.Store(0) // the new report already counts those dispatches
+		}
+		states = append(states, st)
+		kept = append(kept, *w)
+	}
+	if len(kept) == len(workers) {
+		kept = workers // no duplicates: no copy
+	}
+	for id, st := range r.states {
+		if !seen[id] {
+			delete(r.states, id)
+			r.freeSlots = append(r.freeSlots, st.slot)
+		}
+	}
+	v := buildView(s, kept, states, prev, r.nextSlot)
+	v.failOpen = failOpen
+	r.view.Store(v)
+}
+
+func (r *Router) allocSlot() uint32 {
+	if n := len(r.freeSlots); n > 0 {
+		slot := r.freeSlots[n-1]
+		r.freeSlots = r.freeSlots[:n-1]
+		return slot
+	}
+	r.nextSlot++
+	return r.nextSlot - 1
+}
+
+// Ready reports whether a snapshot is held.
+func (r *Router) Ready() bool { return r.view.Load() != nil }
+
+// ContactSeen tells the router the control plane heard from the worker: its
+// circuit breaker closes at once, so re-admission is not held up by the
+// breaker's timeout.
+func (r *Router) ContactSeen(workerID string) {
+	v := r.view.Load()
+	if v == nil {
+		return
+	}
+	i, ok := v.byID[workerID]
+	if !ok {
+		return
+	}
+	st := v.states[i]
+	if st.breaker.state.Load() != breakerClosed {
+		st.breaker.reset()
+		r.metrics.breakers.WithLabelValues("closed").Inc()
+		r.log.Info("Circuit breaker closed by control plane contact", "worker_id", workerID)
+	}
+}
+
+// Observations is what the router reports back to the control plane: what
+// only it can see about the workers it sends to.
+type Observations struct {
+	Workers []WorkerObservation
+}
+
+// WorkerObservation is one worker's share of Observations.
+type WorkerObservation struct {
+	WorkerID string
+	// StreamsInFlight is this router's streaming requests in flight on the
+	// worker (the pile).
+	StreamsInFlight int64
+	// LastProgress is when the last chunk or completion arrived from the
+	// worker; zero if never.
+	LastProgress time.Time
+	// PromptTokensInFlight estimates the prompt tokens of this router's
+	// requests in flight on the worker (body bytes / 4).
+	PromptTokensInFlight int64
+	// ConnectionFailures counts connection-level upstream failures (refused,
+	// reset, EOF) since the previous call; deadlines and 5xx are not counted.
+	ConnectionFailures uint64
+	// Contact: an answer arrived from the worker since the previous call.
+	Contact bool
+	// PrefillTokensPerSec is the prefill rate measured from prompt tokens
+	// over the time to the first byte (0: not measured yet).
+	PrefillTokensPerSec float64
+}
+
+// Observations returns per-worker observations for the current snapshot and
+// resets the connection failure counts.
+func (r *Router) Observations() Observations {
+	v := r.view.Load()
+	if v == nil {
+		return Observations{}
+	}
+	out := Observations{Workers: make([]WorkerObservation, len(v.states))}
+	for i, st := range v.states {
+		o := WorkerObservation{
+			WorkerID:             st.id,
+			StreamsInFlight:      st.streams.Load(),
+			PromptTokensInFlight: st.promptTokens.Load(),
+			ConnectionFailures:   st.connFailures.Swap(0),
+			Contact:              st.contacts.Swap(0) > 0,
+			PrefillTokensPerSec:  math.Float64frombits(st.prefillRate.Load()),
+		}
+		if ns := st.lastProgress.Load(); ns != 0 {
+			o.LastProgress = time.Unix(0, ns)
+		}
+		out.Workers[i] = o
+	}
+	return out
+}
+
+// Handler serves every route: the OpenAI-compatible API, /generate,
+// /v1/models, /health, /readyz, /metrics and /loads.
+func (r *Router) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/chat/completions", r.proxyHandler(routeChat))
+	mux.Handle("POST /v1/completions", r.proxyHandler(routeCompletions))
+	mux.Handle("POST /v1/embeddings", r.proxyHandler(routeEmbeddings))
+	mux.Handle("POST /generate", r.proxyHandler(routeGenerate))
+	mux.HandleFunc("GET /v1/models", r.serveModels)
+	mux.HandleFunc("GET /loads", r.serveLoads)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok"}`))
+	})
+	mux.HandleFunc("GET /readyz", r.serveReadyz)
+	mux.Handle("GET /metrics", r.metricsHandler())
+	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		writeError(w, http.StatusNotFound, CodeNotFound, "No route for "+req.Method+" "+req.URL.Path, 0)
+	})
+	return mux
+}
+
+func (r *Router) serveReadyz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	if !r.Ready() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"ready":false,"reason":"no fleet snapshot from the control plane yet"}`))
+		return
+	}
+	_, _ = w.Write([]byte(`{"ready":true}`))
+}
+
+// requestContext bounds one proxied request by --request-timeout-secs.
+func (r *Router) requestContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(parent, time.Duration(r.opts.RequestTimeoutSecs)*time.Second)
+}

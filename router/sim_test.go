@@ -1,0 +1,79 @@
+package router
+
+import (
+	"bufio"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/smg-project/smg/sim"
+)
+
+func startSim(t *testing.T, mutate func(*sim.Options)) *sim.Server {
+	t.Helper()
+	o := sim.DefaultOptions()
+	o.Model = testModel
+	o.ITL = time.Millisecond
+	o.Seed = 1
+	if mutate != nil {
+		mutate(&o)
+	}
+	s, err := sim.Start("127.0.0.1:0", o, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// A streaming chat completion through the router to the simulator arrives as
+// the engine's SSE events, ends with [DONE], and records progress.
+func TestStreamingThroughRouterToSimulator(t *testing.T) {
+	h := newHarness(t, nil)
+	s := startSim(t, nil)
+	h.apply(Worker{ID: "sim", URL: s.URL(), Model: testModel, Healthy: true})
+	req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(
+		`{"model":"`+testModel+`","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hello"}]}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	events, done := 0, false
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "data: [DONE]" {
+			done = true
+		} else if strings.HasPrefix(line, "data: ") {
+			events++
+		}
+	}
+	if resp.StatusCode != http.StatusOK || !done || events < 2 {
+		t.Fatalf("status %d, %d events, done=%v", resp.StatusCode, events, done)
+	}
+	if obs := observation(h.r, "sim"); obs.LastProgress.IsZero() || obs.StreamsInFlight != 0 {
+		t.Fatalf("observation after the stream: %+v", obs)
+	}
+}
+
+// An engine that resets connections is reported as connection failures and
+// the request is retried on another worker before any byte reached the client.
+func TestResettingEngineIsRetriedAndReported(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Policy = PolicyRoundRobin })
+	bad := startSim(t, func(o *sim.Options) { o.Fault.Reset = true })
+	good := startSim(t, nil)
+	h.apply(Worker{ID: "bad", URL: bad.URL(), Model: testModel, Healthy: true},
+		Worker{ID: "good", URL: good.URL(), Model: testModel, Healthy: true})
+	for range 4 {
+		a := h.send("/v1/completions", `{"model":"`+testModel+`","max_tokens":2,"prompt":"hi"}`, "")
+		if a.status != http.StatusOK {
+			t.Fatalf("got %d %s", a.status, a.body)
+		}
+	}
+	if obs := observation(h.r, "bad"); obs.ConnectionFailures == 0 {
+		t.Fatal("resets not reported as connection failures")
+	}
+}

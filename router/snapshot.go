@@ -1,0 +1,178 @@
+package router
+
+import (
+	"slices"
+	"sync/atomic"
+)
+
+// Veto says why the control plane took a worker out of routing. The router
+// never computes one; it only reads the value from its snapshot.
+type Veto uint8
+
+const (
+	VetoNone        Veto = iota // routable
+	VetoOverload                // at or above a load ceiling
+	VetoUnreachable             // transport failure plus silence, or stale
+	VetoWedged                  // evidence of work but no progress
+)
+
+// String returns the spec's reason label ("overload", "unreachable", "wedged") or "".
+func (v Veto) String() string {
+	switch v {
+	case VetoOverload:
+		return "overload"
+	case VetoUnreachable:
+		return "unreachable"
+	case VetoWedged:
+		return "wedged"
+	}
+	return ""
+}
+
+// liveness reports whether the veto comes from the liveness tracker.
+func (v Veto) liveness() bool { return v == VetoUnreachable || v == VetoWedged }
+
+// Worker types.
+const (
+	TypeRegular = "regular"
+	TypePrefill = "prefill"
+	TypeDecode  = "decode"
+)
+
+// Worker is one entry of a snapshot. It is immutable once published: the
+// router's own per-worker counters (dispatches, breaker, pile) live in a
+// separate state that survives snapshot swaps.
+type Worker struct {
+	ID, URL, Model, Type string // Type: "regular" (or ""), "prefill", "decode"
+	Priority             int32
+	Cost                 float64
+	Healthy              bool
+	Veto                 Veto
+	VetoReason           string
+	// Load summary from the last report.
+	Waiting, Running int64
+	TokenUsage       float64
+	MaxRunning       int64
+	// LoadRevision changes whenever a new report arrived; it resets this
+	// router's count of dispatches since the last report.
+	LoadRevision  uint64
+	BootstrapPort int32 // PD prefill
+}
+
+// Snapshot is the fleet as the control plane last described it. The router
+// takes ownership on Apply: the caller must not modify it afterwards.
+type Snapshot struct {
+	Epoch    string
+	Revision uint64
+	Workers  []Worker
+}
+
+// view is a snapshot compiled for selection: pools per model, rings, and the
+// per-worker states aligned with Workers. Immutable once stored.
+type view struct {
+	snap     *Snapshot
+	workers  []Worker       // snap.Workers, or a veto-free copy after FailOpen
+	states   []*workerState // aligned with workers
+	hot      []hotWorker    // aligned with workers: what a pool scan touches
+	byID     map[string]int32
+	bySlot   []int32 // state slot -> index into workers, -1 when absent
+	pools    map[string]*pool
+	all      *pool    // every regular worker, for requests that name no model
+	models   []string // sorted, for /v1/models
+	failOpen bool
+}
+
+// hotWorker packs the fields selection reads per candidate next to each
+// other, so scanning a 1,000-worker pool stays in cache.
+type hotWorker struct {
+	st       *workerState
+	reported int64 // Waiting + Running from the last report
+	eligible bool  // Healthy and not vetoed (the breaker is checked live)
+	healthy  bool
+	veto     Veto
+}
+
+// pool is the set of candidates a request for one model draws from.
+type pool struct {
+	model string
+	idx   []int32 // indexes into view.workers
+	ring  *ring   // shared with the previous view while membership is unchanged
+	rr    *atomic.Uint64
+}
+
+// indexOfSlot returns the worker index of a state slot in this view, or -1.
+func (v *view) indexOfSlot(slot uint32) int32 {
+	if int(slot) >= len(v.bySlot) {
+		return -1
+	}
+	return v.bySlot[slot]
+}
+
+// buildView compiles s. prev (may be nil) donates rings and round-robin
+// counters of pools whose membership did not change. states maps each worker
+// ID to its long-lived state.
+func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view, maxSlot uint32) *view {
+	v := &view{
+		snap:    s,
+		workers: workers,
+		states:  states,
+		hot:     make([]hotWorker, len(workers)),
+		byID:    make(map[string]int32, len(workers)),
+		bySlot:  make([]int32, maxSlot),
+		pools:   make(map[string]*pool),
+	}
+	for i := range v.bySlot {
+		v.bySlot[i] = -1
+	}
+	members := make(map[string][]int32)
+	var all []int32
+	for i := range workers {
+		w := &workers[i]
+		v.hot[i] = hotWorker{st: states[i], reported: w.Waiting + w.Running, eligible: w.Healthy && w.Veto == VetoNone,
+			healthy: w.Healthy, veto: w.Veto}
+		v.byID[w.ID] = int32(i)
+		v.bySlot[states[i].slot] = int32(i)
+		if w.Type != "" && w.Type != TypeRegular {
+			continue // PD legs are not regular candidates
+		}
+		members[w.Model] = append(members[w.Model], int32(i))
+		all = append(all, int32(i))
+	}
+	for model, idx := range members {
+		v.pools[model] = v.newPool(model, idx, prevPool(prev, model, false))
+		v.models = append(v.models, model)
+	}
+	slices.Sort(v.models)
+	v.all = v.newPool("", all, prevPool(prev, "", true))
+	return v
+}
+
+func prevPool(prev *view, model string, all bool) *pool {
+	if prev == nil {
+		return nil
+	}
+	if all {
+		return prev.all
+	}
+	return prev.pools[model]
+}
+
+func (v *view) newPool(model string, idx []int32, old *pool) *pool {
+	p := &pool{model: model, idx: idx}
+	slots := make([]uint32, len(idx))
+	for i, wi := range idx {
+		slots[i] = v.states[wi].slot
+	}
+	if old != nil {
+		p.rr = old.rr
+		if old.ring != nil && slices.Equal(old.ring.members, slots) {
+			p.ring = old.ring
+		}
+	} else {
+		p.rr = new(atomic.Uint64)
+	}
+	if p.ring == nil {
+		p.ring = newRing(slots, v.workers, idx)
+	}
+	return p
+}

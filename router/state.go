@@ -1,0 +1,49 @@
+package router
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// workerState holds what this router alone knows about a worker. It is keyed
+// by worker ID and survives snapshot swaps; the snapshot entry stays immutable.
+type workerState struct {
+	id   string
+	slot uint32 // small stable number used by the affinity tables
+
+	// loadRevision is the report the dispatch count is relative to; written
+	// only under Router.applyMu.
+	loadRevision uint64
+	dispatched   atomic.Int64 // dispatches since the last load report
+
+	breaker breaker
+
+	// Observations for the control plane.
+	streams      atomic.Int64  // streaming requests in flight (the pile)
+	promptTokens atomic.Int64  // estimated prompt tokens of requests in flight
+	lastProgress atomic.Int64  // unix nanoseconds of the last chunk or completion
+	connFailures atomic.Uint64 // connection-level upstream failures since the last Observations
+	contacts     atomic.Uint64 // answers received since the last Observations (contact)
+	prefillRate  atomic.Uint64 // float64 bits: prompt tokens/s measured to the first byte (EWMA)
+}
+
+// notePrefill folds one measurement (tokens prefilled before the first byte,
+// over that time) into the worker's prefill rate.
+func (st *workerState) notePrefill(tokens int64, d time.Duration) {
+	if tokens <= 0 || d <= 0 {
+		return
+	}
+	sample := float64(tokens) / d.Seconds()
+	for {
+		old := st.prefillRate.Load()
+		prev := math.Float64frombits(old)
+		next := sample
+		if prev > 0 {
+			next = 0.8*prev + 0.2*sample
+		}
+		if st.prefillRate.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
