@@ -6,10 +6,10 @@
 package router
 
 import (
-	"math"
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"sync"
