@@ -18,6 +18,7 @@ const (
 	CodeAdmissionQueueTimeout = "admission_queue_timeout"
 	CodeUpstreamError         = "upstream_error"
 	CodeNotFound              = "not_found"
+	CodeShuttingDown          = "router_shutting_down"
 )
 
 // ErrorCodeHeader marks an answer decided by this router. It is written in the

@@ -64,6 +64,10 @@ func (r *Router) proxyHandler(route int) http.Handler {
 // serveProxy admits, parses, selects, dispatches (with retries) and streams
 // the answer back. It returns the status sent, for metrics.
 func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
+	if r.draining.Load() {
+		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
+		return http.StatusServiceUnavailable
+	}
 	if r.adm != nil {
 		switch r.adm.acquire(req.Context()) {
 		case admitQueueFull:
@@ -210,6 +214,10 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 
 	resp, err := r.client.Do(out)
 	if err != nil {
+		if r.stopping() {
+			writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
+			return dispatchResult{status: http.StatusServiceUnavailable}
+		}
 		if in.Context().Err() != nil {
 			return dispatchResult{status: statusClientClosed} // the client left: not the worker's fault
 		}
@@ -255,6 +263,12 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 		}
 	}
 	if err := r.copyBody(w, resp.Body, st, streaming || sse, firstByte); err != nil {
+		if r.stopping() && in.Context().Err() == nil {
+			if sse {
+				writeStreamError(w, CodeShuttingDown, "The router is shutting down: the stream was cut after the shutdown grace")
+			}
+			panic(http.ErrAbortHandler)
+		}
 		if in.Context().Err() == nil {
 			r.recordUpstreamError(st, err)
 			r.recordFailure(wk, st)

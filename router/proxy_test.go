@@ -481,3 +481,53 @@ func TestLoadAwareCountsDispatchesSinceReport(t *testing.T) {
 		t.Fatalf("dispatches since report = %d, want 1", d)
 	}
 }
+
+func TestDrainAndStopEndEveryRequestExplicitly(t *testing.T) {
+	h := newHarness(t, nil)
+	release := make(chan struct{})
+	e := newEngine(t, "slow", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: one\n\n")
+		w.(http.Flusher).Flush()
+		<-release // a stream that outlives the shutdown grace
+	})
+	t.Cleanup(func() { close(release) })
+	h.apply(e.worker())
+
+	req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"`+testModel+`","stream":true,"messages":[]}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, len("data: one\n\n"))
+	if _, err := io.ReadFull(resp.Body, first); err != nil {
+		t.Fatal(err)
+	}
+
+	h.r.Drain()
+	ready, err := http.Get(h.srv.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready.Body.Close()
+	if ready.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz while draining = %d, want 503", ready.StatusCode)
+	}
+	fresh, err := http.Post(h.srv.URL+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"`+testModel+`","messages":[]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh.Body.Close()
+	if fresh.StatusCode != http.StatusServiceUnavailable || fresh.Header.Get(ErrorCodeHeader) != CodeShuttingDown {
+		t.Fatalf("new request while draining: %d %q", fresh.StatusCode, fresh.Header.Get(ErrorCodeHeader))
+	}
+
+	h.r.Stop() // the grace is over: the stream in flight ends with an error event
+	rest, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(rest), `"code":"router_shutting_down"`) {
+		t.Fatalf("stream cut at shutdown without an explicit error: %q", rest)
+	}
+}

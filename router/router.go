@@ -43,6 +43,10 @@ type Router struct {
 	// beforeDispatch, when set (tests only), runs between selection and the
 	// dispatch-time re-check.
 	beforeDispatch func()
+
+	draining atomic.Bool        // Drain: /readyz fails, new requests are refused
+	stopped  context.Context    // cancelled by Stop: requests in flight end
+	stop     context.CancelFunc //
 }
 
 // New builds a Router. Metrics go to reg; if reg is also a prometheus.Gatherer
@@ -58,7 +62,10 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	if err != nil {
 		return nil, fmt.Errorf("router metrics: %w", err)
 	}
+	stopped, stop := context.WithCancel(context.Background())
 	r := &Router{
+		stopped: stopped,
+		stop:    stop,
 		opts:    opts,
 		log:     log,
 		metrics: m,
@@ -296,6 +303,11 @@ func (r *Router) Handler() http.Handler {
 
 func (r *Router) serveReadyz(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
+	if r.draining.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"ready":false,"reason":"draining: the router is shutting down"}`))
+		return
+	}
 	if !r.Ready() {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = w.Write([]byte(`{"ready":false,"reason":"no fleet snapshot from the control plane yet"}`))
@@ -306,5 +318,19 @@ func (r *Router) serveReadyz(w http.ResponseWriter, _ *http.Request) {
 
 // requestContext bounds one proxied request by --request-timeout-secs.
 func (r *Router) requestContext(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(parent, time.Duration(r.opts.RequestTimeoutSecs)*time.Second)
+	ctx, cancel := context.WithTimeout(parent, time.Duration(r.opts.RequestTimeoutSecs)*time.Second)
+	unhook := context.AfterFunc(r.stopped, cancel)
+	return ctx, func() { unhook(); cancel() }
 }
+
+// Drain starts a graceful shutdown: /readyz fails so load balancers move
+// on, and new requests are refused with 503 router_shutting_down, while
+// requests in flight go on.
+func (r *Router) Drain() { r.draining.Store(true) }
+
+// Stop ends the requests still in flight (after the shutdown grace): each
+// gets an explicit router_shutting_down error, streams as an error event.
+func (r *Router) Stop() { r.stop() }
+
+// stopping reports whether Stop ended the request.
+func (r *Router) stopping() bool { return r.stopped.Err() != nil }

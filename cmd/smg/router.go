@@ -24,12 +24,14 @@ import (
 type routerFlags struct {
 	id         string
 	watchToken string
+	grace      int
 }
 
 func (f *routerFlags) addFlags(fs *flag.FlagSet) {
 	host, _ := os.Hostname()
 	f.id = fmt.Sprintf("%s-%d", host, os.Getpid())
 	fs.StringVar(&f.id, "router-id", f.id, "name of this router on the control plane (default host-pid)")
+	fs.IntVar(&f.grace, "shutdown-grace-secs", 30, "on SIGTERM, seconds requests in flight may take to finish before they are ended with an error")
 	if fs.Lookup("watch-token") == nil {
 		fs.StringVar(&f.watchToken, "watch-token", "", "token presented to the control plane's watch stream")
 	}
@@ -70,7 +72,7 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	log.Info("Router serving", "http", addrOf(ln), "controlplane", *cpAddr, "policy", ropts.Policy)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreCanceled(wc.Run(ctx)) })
-	g.Go(func() error { return serveHTTP(ctx, ln, r.Handler(), 30*time.Second) })
+	g.Go(func() error { return serveDraining(ctx, ln, r.Handler(), r, time.Duration(rf.grace)*time.Second, log) })
 	return g.Wait()
 }
 
@@ -145,7 +147,9 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	g.Go(func() error { cp.Run(ctx); return nil })
 	g.Go(func() error { return serveGRPC(ctx, grpcLn, gs, 5*time.Second) })
 	g.Go(func() error { return ignoreCanceled(wc.Run(ctx)) })
-	g.Go(func() error { return serveHTTP(ctx, httpLn, launchHandler(cp, r), 30*time.Second) })
+	g.Go(func() error {
+		return serveDraining(ctx, httpLn, launchHandler(cp, r), r, time.Duration(rf.grace)*time.Second, log)
+	})
 	return g.Wait()
 }
 

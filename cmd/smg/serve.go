@@ -65,6 +65,41 @@ func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, grace time.
 	return err
 }
 
+// drainable is a handler whose requests can be drained (the router).
+type drainable interface {
+	Drain()
+	Stop()
+}
+
+// serveDraining serves h on ln until ctx ends, then drains: d.Drain() fails
+// readiness and refuses new requests, requests in flight get grace to finish,
+// then d.Stop() ends the rest with an explicit error.
+func serveDraining(ctx context.Context, ln net.Listener, h http.Handler, d drainable, grace time.Duration, log *slog.Logger) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("Draining: readiness fails, requests in flight may finish", "grace", grace)
+	d.Drain()
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err == nil {
+		return nil
+	}
+	log.Warn("Shutdown grace over: ending the requests still in flight with an error")
+	d.Stop()
+	fctx, fcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer fcancel()
+	if err := srv.Shutdown(fctx); err != nil {
+		return srv.Close()
+	}
+	return nil
+}
+
 // newGRPCServer returns a server whose long-lived streams notice a dead peer
 // within seconds.
 func newGRPCServer() *grpc.Server {
