@@ -1,0 +1,378 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// RequestTimeout bounds one Read (every HTTP request it makes) when the
+// caller's context has no earlier deadline: the spec's "HTTP load requests
+// time out after 5 seconds".
+const RequestTimeout = 5 * time.Second
+
+const (
+	pathMetrics       = "/metrics"
+	pathSGLangLoads   = "/v1/loads?include=core" // core fields only: a smaller answer to decode
+	pathSGLangGetLoad = "/get_load"
+	pathTGIInfo       = "/info"
+
+	// OpenMetrics fed to the text parser mis-types counters: ask for text 0.0.4.
+	acceptText = "text/plain; version=0.0.4"
+	acceptJSON = "application/json"
+)
+
+// StatusError is an engine answering with a status other than 200 OK.
+type StatusError struct {
+	Path string
+	Code int
+}
+
+func (e *StatusError) Error() string {
+	return "GET " + e.Path + ": HTTP " + strconv.Itoa(e.Code)
+}
+
+// Option configures a Reader.
+type Option func(*Reader)
+
+// WithClock sets the clock used to turn counters into rates (default time.Now).
+func WithClock(now func() time.Time) Option { return func(r *Reader) { r.now = now } }
+
+// Reader reads one worker's load. It detects the worker's wire on the first
+// usable answer and remembers it; when the remembered wire stops giving a
+// usable report (an error status, an undecodable or empty answer) it is
+// forgotten and detection runs again. Transport failures and timeouts keep the
+// remembered wire: the engine is unreachable or slow, not replaced.
+// A Reader is safe for concurrent use.
+type Reader struct {
+	client *http.Client
+	base   string
+	now    func() time.Time
+
+	mu        sync.Mutex
+	source    Source
+	tgiWindow int64 // TGI's /info max_concurrent_requests, read at detection
+
+	// Counters of the previous report, for rates over the poll interval.
+	prev       []rankSample
+	prevAt     time.Time
+	prevSource Source
+}
+
+// NewReader returns a Reader for the engine at baseURL (scheme, host and
+// port, e.g. "http://10.0.0.7:8000"). A nil client uses a plain http.Client.
+func NewReader(client *http.Client, baseURL string, opts ...Option) *Reader {
+	if client == nil {
+		client = &http.Client{}
+	}
+	r := &Reader{client: client, base: strings.TrimRight(baseURL, "/"), now: time.Now}
+	for _, o := range opts {
+		o(r)
+	}
+	return r
+}
+
+// Source is the remembered wire, or "" before detection succeeds.
+func (r *Reader) Source() Source {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.source
+}
+
+// Read returns the engine's current load. Any error means "no report", and
+// the Report is then empty; IsTransportFailure tells a dead connection apart.
+func (r *Reader) Read(ctx context.Context) (Report, error) {
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > RequestTimeout {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, RequestTimeout)
+		defer cancel()
+	}
+	r.mu.Lock()
+	src, window := r.source, r.tgiWindow
+	r.mu.Unlock()
+
+	if src != "" {
+		rep, err := r.readSource(ctx, src, window)
+		if err == nil {
+			return r.withRates(rep), nil
+		}
+		if stops(ctx, err) {
+			return Report{}, err
+		}
+		r.mu.Lock()
+		if r.source == src {
+			r.source, r.tgiWindow = "", 0
+		}
+		r.mu.Unlock()
+	}
+
+	rep, window, err := r.detect(ctx)
+	if err != nil {
+		return Report{}, err
+	}
+	r.mu.Lock()
+	r.source, r.tgiWindow = rep.Source, window
+	r.mu.Unlock()
+	return r.withRates(rep), nil
+}
+
+// stops reports whether err ends a Read at once: the connection failed, the
+// deadline passed or the caller gave up. Asking other endpoints cannot help.
+func stops(ctx context.Context, err error) bool {
+	return ctx.Err() != nil || IsTransportFailure(err) || isTimeout(err)
+}
+
+// readSource polls a remembered wire.
+func (r *Reader) readSource(ctx context.Context, src Source, window int64) (Report, error) {
+	switch src {
+	case SourceSGLangLoads:
+		body, err := r.get(ctx, pathSGLangLoads, acceptJSON)
+		if err != nil {
+			return Report{}, err
+		}
+		return ParseSGLangLoads(body)
+	case SourceSGLangGetLoad:
+		body, err := r.get(ctx, pathSGLangGetLoad, acceptJSON)
+		if err != nil {
+			return Report{}, err
+		}
+		return ParseSGLangGetLoad(body)
+	}
+	body, err := r.get(ctx, pathMetrics, acceptText)
+	if err != nil {
+		return Report{}, err
+	}
+	fs, err := parseFamilies(body)
+	if err != nil {
+		return Report{}, err
+	}
+	switch src {
+	case SourceVLLM:
+		return fromVLLM(fs)
+	case SourceSGLangMetrics:
+		return fromSGLangMetrics(fs)
+	case SourceTokenSpeed:
+		return fromTokenSpeed(fs)
+	case SourceTRTLLM:
+		return fromTRTLLM(fs)
+	case SourceTGI:
+		return fromTGI(fs, window)
+	case SourceLlamaCpp:
+		return fromLlamaCpp(fs)
+	}
+	return Report{}, fmt.Errorf("engine: unknown source %q", src)
+}
+
+// detect tries every wire in order: vLLM /metrics, SGLang /v1/loads, then
+// /get_load, then the remaining /metrics wires. /metrics is fetched once and
+// offered to every metrics parser.
+func (r *Reader) detect(ctx context.Context) (Report, int64, error) {
+	var why []string
+	var causes []error
+	note := func(err error) {
+		var nr *noReportError
+		if errors.As(err, &nr) {
+			why = append(why, nr.why)
+		} else {
+			why = append(why, err.Error())
+			causes = append(causes, err)
+		}
+	}
+
+	var fs families
+	body, err := r.get(ctx, pathMetrics, acceptText)
+	if err == nil {
+		fs, err = parseFamilies(body)
+	}
+	if err != nil {
+		if stops(ctx, err) {
+			return Report{}, 0, err
+		}
+		note(err)
+	}
+	if fs != nil {
+		rep, err := fromVLLM(fs)
+		if err == nil {
+			return rep, 0, nil
+		}
+		note(err)
+	}
+
+	for _, ep := range []struct {
+		path  string
+		parse func([]byte) (Report, error)
+	}{
+		{pathSGLangLoads, ParseSGLangLoads},
+		{pathSGLangGetLoad, ParseSGLangGetLoad},
+	} {
+		body, err := r.get(ctx, ep.path, acceptJSON)
+		if err == nil {
+			var rep Report
+			if rep, err = ep.parse(body); err == nil {
+				return rep, 0, nil
+			}
+		}
+		if stops(ctx, err) {
+			return Report{}, 0, err
+		}
+		note(err)
+	}
+
+	if fs != nil {
+		for _, from := range []func(families) (Report, error){fromSGLangMetrics, fromTokenSpeed, fromTRTLLM} {
+			rep, err := from(fs)
+			if err == nil {
+				return rep, 0, nil
+			}
+			note(err)
+		}
+		var window int64
+		if fs.hasPrefix("tgi_") {
+			var err error
+			if window, err = r.tgiInfo(ctx); err != nil {
+				if stops(ctx, err) {
+					return Report{}, 0, err
+				}
+				note(err) // no window, still a report
+			}
+		}
+		rep, err := fromTGI(fs, window)
+		if err == nil {
+			return rep, window, nil
+		}
+		note(err)
+		if rep, err = fromLlamaCpp(fs); err == nil {
+			return rep, 0, nil
+		}
+		note(err)
+	}
+	return Report{}, 0, &noReportError{why: strings.Join(why, "; "), causes: causes}
+}
+
+func (r *Reader) tgiInfo(ctx context.Context) (int64, error) {
+	body, err := r.get(ctx, pathTGIInfo, acceptJSON)
+	if err != nil {
+		return 0, err
+	}
+	return parseTGIInfo(body)
+}
+
+// get fetches one path and returns the body of a 200 answer.
+func (r *Reader) get(ctx context.Context, path, accept string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.base+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", accept)
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		// Drain a little so the connection can be reused.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		return nil, &StatusError{Path: path, Code: resp.StatusCode}
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: read body: %w", path, err)
+	}
+	if len(body) > maxBody {
+		return nil, &ParseError{Wire: path, Err: fmt.Errorf("answer larger than %d bytes", maxBody)}
+	}
+	return body, nil
+}
+
+// withRates turns cumulative counters into rates over the interval since the
+// previous report from the same wire, for wires that export no rate gauge.
+// A counter that went backwards (an engine restart) gives no rate this time.
+func (r *Reader) withRates(rep Report) Report {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	dt := now.Sub(r.prevAt).Seconds()
+	usable := r.prevSource == rep.Source && !r.prevAt.IsZero() && dt > 0
+	for i := range rep.Ranks {
+		rk := &rep.Ranks[i]
+		c, p := sampleOf(rep.counters, rk.DPRank), sampleOf(r.prev, rk.DPRank)
+		if !usable || c == nil || p == nil {
+			continue
+		}
+		if c.hasGen && p.hasGen && c.genTokens >= p.genTokens {
+			rk.GenThroughput = rate((c.genTokens - p.genTokens) / dt)
+		}
+		if c.hasHitRate && p.hasHitRate {
+			dq, dh := c.queries-p.queries, c.hits-p.hits
+			if dq > 0 && dh >= 0 {
+				rk.CacheHitRate = fraction(dh / dq)
+			}
+		}
+	}
+	r.prev = append(r.prev[:0], rep.counters...)
+	r.prevAt, r.prevSource = now, rep.Source
+	return rep
+}
+
+func sampleOf(samples []rankSample, dp int) *rankCounters {
+	for i := range samples {
+		if samples[i].dp == dp {
+			return &samples[i].c
+		}
+	}
+	return nil
+}
+
+// IsTransportFailure reports whether err is a connection-level failure: the
+// connection was refused, reset or broken, it ended before or inside the
+// answer, the host or network is unreachable, or the name did not resolve.
+// Deadlines and timeouts, cancellation, HTTP error statuses and undecodable
+// answers are not: the engine is slow or wrong, not gone.
+func IsTransportFailure(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.Canceled) || isTimeout(err) {
+		return false
+	}
+	var se *StatusError
+	var pe *ParseError
+	if errors.As(err, &se) || errors.As(err, &pe) || errors.Is(err, ErrNoReport) {
+		return false
+	}
+	for _, errno := range []syscall.Errno{
+		syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE,
+		syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.EHOSTDOWN, syscall.ENETDOWN,
+	} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return true
+	}
+	var opErr *net.OpError
+	return errors.As(err, &opErr) && opErr.Op == "dial"
+}
+
+// isTimeout reports a deadline or timeout anywhere in err.
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
