@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/smg-project/smg/controlplane/admin"
+	"github.com/smg-project/smg/controlplane/agentsvc"
 	"github.com/smg-project/smg/controlplane/health"
 	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/judge"
@@ -33,6 +35,7 @@ import (
 	"github.com/smg-project/smg/controlplane/monitor"
 	"github.com/smg-project/smg/controlplane/registry"
 	"github.com/smg-project/smg/controlplane/watch"
+	"github.com/smg-project/smg/controlplane/windows"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/cli"
 )
@@ -40,12 +43,15 @@ import (
 // Options configure the control plane; AddFlags binds them to flags.
 type Options struct {
 	WorkerURLs          cli.List
-	LoadMonitorInterval int // seconds, > 0
+	PrefillURLs         cli.List // PD prefill engines: URL [BOOTSTRAP_PORT] ...
+	DecodeURLs          cli.List // PD decode engines
+	LoadMonitorInterval int      // seconds, > 0
 	Thresholds          judge.GatewayThresholds
 	Health              health.Options
 	Liveness            judge.LivenessConfig
 	AdminAPIKey         string
 	WatchToken          string
+	AgentToken          string
 	RegistrationTimeout time.Duration
 }
 
@@ -63,12 +69,15 @@ func DefaultOptions() Options {
 // AddFlags registers the control plane's flags on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Var(&o.WorkerURLs, "worker-urls", "engine URLs to register at start, space-separated after one flag or repeated (model discovered from /v1/models)")
+	fs.Var(&o.PrefillURLs, "prefill", "PD prefill engine to register at start: URL [BOOTSTRAP_PORT], repeatable (no port: the engine's default)")
+	fs.Var(&o.DecodeURLs, "decode", "PD decode engine to register at start: URL, repeatable")
 	fs.IntVar(&o.LoadMonitorInterval, "load-monitor-interval", o.LoadMonitorInterval, "seconds between load polls of each worker group (> 0); also the Retry-After of a shed")
 	o.Thresholds.AddFlags(fs)
 	o.Health.AddFlags(fs)
 	o.Liveness.AddFlags(fs)
 	fs.StringVar(&o.AdminAPIKey, "admin-api-key", o.AdminAPIKey, "when set, every admin route but /loads needs 'Authorization: Bearer <key>' (REST and gRPC)")
 	fs.StringVar(&o.WatchToken, "watch-token", o.WatchToken, "when set, routers must present it ('authorization: Bearer <token>') to watch")
+	fs.StringVar(&o.AgentToken, "agent-token", o.AgentToken, "when set, agents must present it ('authorization: Bearer <token>') to push records")
 	fs.DurationVar(&o.RegistrationTimeout, "registration-timeout", o.RegistrationTimeout, "how long registration tries to reach a new engine before the registration fails")
 }
 
@@ -103,6 +112,8 @@ type ControlPlane struct {
 	Health   *health.Checker
 	Watch    *watch.Server
 	Liveness *liveness.Tracker
+	Windows  *windows.Allocator
+	Agents   *agentsvc.Server
 	metrics  *prometheus.Registry
 
 	rest       http.Handler
@@ -134,8 +145,18 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp.Monitor.SetObserver(cp.Liveness)
 	cp.Monitor.SetSkipper(cp.Liveness)
 	cp.Health.SetContactSink(cp.Liveness)
-	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness}, log, reg)
+	cp.Windows = windows.New(cp.Registry, windows.Options{StaleAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second}, log, reg)
+	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness, Demand: cp.Windows}, log, reg)
 	cp.Admin.SetRouterLister(cp.Watch)
+	cp.Agents = agentsvc.New(cp.Registry, cp.Ingest, cp.Liveness, cp.Admin.Submit, agentsvc.Options{
+		Token: opts.AgentToken,
+		StreamEnded: func(ids []string) {
+			for _, id := range ids {
+				cp.Liveness.StopPushed(id)
+			}
+			cp.Monitor.PollNow(ids...)
+		},
+	}, log)
 	rest, err := admin.RESTHandler(cp.Admin)
 	if err != nil {
 		return nil, err
@@ -174,6 +195,7 @@ func newEpoch() string {
 func (cp *ControlPlane) RegisterGRPC(s *grpc.Server) {
 	smgv1.RegisterWorkerServiceServer(s, cp.Admin)
 	smgv1.RegisterWatchServiceServer(s, cp.Watch)
+	smgv1.RegisterAgentServiceServer(s, cp.Agents)
 	cp.grpcHealth = grpchealth.NewServer()
 	healthpb.RegisterHealthServer(s, cp.grpcHealth)
 	reflection.Register(s)
@@ -205,14 +227,45 @@ func (cp *ControlPlane) SubmitStatic() error {
 			errs = append(errs, fmt.Errorf("--worker-urls %s: %s", u, status.Convert(err).Message()))
 		}
 	}
+	specs, err := PDSpecs(cp.opts.PrefillURLs, cp.opts.DecodeURLs)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, spec := range specs {
+		if _, err := cp.Admin.Submit(spec); err != nil {
+			errs = append(errs, fmt.Errorf("--%s %s: %s", spec.GetWorkerType(), spec.GetUrl(), status.Convert(err).Message()))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// PDSpecs turns --prefill URL [BOOTSTRAP_PORT] ... and --decode URL ... into
+// worker specs: a number after a prefill URL is that engine's bootstrap port.
+func PDSpecs(prefill, decode []string) ([]*smgv1.WorkerSpec, error) {
+	var specs []*smgv1.WorkerSpec
+	for _, v := range prefill {
+		if port, err := strconv.ParseInt(v, 10, 32); err == nil {
+			if len(specs) == 0 || specs[len(specs)-1].BootstrapPort != nil {
+				return nil, fmt.Errorf("--prefill: bootstrap port %s must follow a prefill URL", v)
+			}
+			p := int32(port)
+			specs[len(specs)-1].BootstrapPort = &p
+			continue
+		}
+		specs = append(specs, &smgv1.WorkerSpec{Url: v, WorkerType: "prefill"})
+	}
+	for _, v := range decode {
+		specs = append(specs, &smgv1.WorkerSpec{Url: v, WorkerType: "decode"})
+	}
+	return specs, nil
 }
 
 // Run runs the background loops until ctx ends, then says goodbye to the
 // watching routers and stops.
 func (cp *ControlPlane) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
+	go func() { defer wg.Done(); cp.Windows.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Monitor.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Health.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Liveness.Run(ctx) }()
@@ -221,6 +274,7 @@ func (cp *ControlPlane) Run(ctx context.Context) {
 		cp.grpcHealth.Shutdown() // NOT_SERVING: probes and clients move on
 	}
 	cp.Watch.Close()
+	cp.Agents.Close()
 	cp.Admin.Close()
 	wg.Wait()
 }

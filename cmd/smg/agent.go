@@ -2,10 +2,57 @@ package main
 
 import (
 	"context"
-	"errors"
 	"io"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/smg-project/smg/agent"
+	"github.com/smg-project/smg/internal/cli"
 )
 
 func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("not built yet (issue 5)")
+	fs := cli.NewFlagSet("agent", "A per-node agent: polls the engines on its node over loopback and pushes their load,\n"+
+		"contact, transport failures and engine silence to the control plane on one stream.\n"+
+		"The stream is plaintext gRPC: run the control plane on loopback or a private network.", stdout)
+	var c common
+	c.addFlags(fs, 30003)
+	opts := agent.DefaultOptions()
+	host, _ := os.Hostname()
+	var engines cli.List
+	fs.StringVar(&opts.ControlPlane, "controlplane", opts.ControlPlane, "HOST:PORT of the control plane's gRPC port")
+	fs.StringVar(&opts.Node, "node", host, "name of this node; the control plane assigns it the workers registered with this node")
+	fs.Var(&engines, "engine-urls", "engines on this node, space-separated after one flag or repeated (e.g. http://127.0.0.1:8000)")
+	fs.BoolVar(&opts.Register, "register", false, "register the --engine-urls engines with the control plane under this node's name")
+	fs.DurationVar(&opts.PollInterval, "poll-interval", opts.PollInterval, "how often each engine is polled (Go duration; sub-second allowed, e.g. 250ms)")
+	fs.DurationVar(&opts.HeartbeatInterval, "heartbeat-interval", opts.HeartbeatInterval,
+		"longest quiet spell on the stream before a heartbeat (Go duration); keep well inside the control plane's --worker-stale-secs")
+	fs.StringVar(&opts.Token, "token", "", "bearer token the control plane requires of agents, if any")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	opts.EngineURLs = engines
+	log, err := c.logger(stderr)
+	if err != nil {
+		return err
+	}
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a, err := agent.New(opts, log, metrics)
+	if err != nil {
+		return err
+	}
+	ln, err := listen(c.host, c.port)
+	if err != nil {
+		return err
+	}
+	log.Info("Agent starting", "node", opts.Node, "controlplane", opts.ControlPlane, "engines", len(opts.EngineURLs),
+		"poll_interval", opts.PollInterval, "http", addrOf(ln))
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.Run(ctx) })
+	g.Go(func() error { return serveHTTP(ctx, ln, agent.Handler(metrics), 5*time.Second) })
+	return g.Wait()
 }

@@ -166,6 +166,16 @@ func (t *Tracker) RecentlyPushed(workerID string, within time.Duration, now time
 	return e != nil && !e.pushedAt.IsZero() && now.Sub(e.pushedAt) < within
 }
 
+// StopPushed forgets when the worker's agent last pushed (its stream ended),
+// so the poller takes over at once.
+func (t *Tracker) StopPushed(workerID string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.workers[workerID]; e != nil {
+		e.pushedAt = time.Time{}
+	}
+}
+
 // PollAnswered implements monitor.Observer.
 func (t *Tracker) PollAnswered(workerID string, now time.Time) { t.Contact(workerID, now) }
 

@@ -49,6 +49,7 @@ type Monitor struct {
 
 	mu      sync.Mutex
 	readers map[string]*reader
+	runCtx  context.Context // set by Run; PollNow polls under it
 }
 
 type reader struct {
@@ -111,6 +112,9 @@ func (m *Monitor) Run(ctx context.Context) {
 		cancel   context.CancelFunc
 		kick     chan struct{}
 	}
+	m.mu.Lock()
+	m.runCtx = ctx
+	m.mu.Unlock()
 	runners := map[GroupKey]*runner{}
 	var wg sync.WaitGroup
 	defer func() {
@@ -193,6 +197,23 @@ func (m *Monitor) pollGroup(ctx context.Context, k GroupKey, interval time.Durat
 	for id := range polled {
 		if !ready[id] {
 			delete(polled, id) // left Ready: poll at once when it comes back
+		}
+	}
+}
+
+// PollNow polls the given Ready workers at once (their agent went away: the
+// poll takes over without waiting for the next tick).
+func (m *Monitor) PollNow(workerIDs ...string) {
+	m.mu.Lock()
+	ctx := m.runCtx
+	m.mu.Unlock()
+	if ctx == nil {
+		return
+	}
+	snap := m.reg.Snapshot()
+	for _, id := range workerIDs {
+		if w := snap.Get(id); w != nil && w.Ready() {
+			m.pollAsync(ctx, w)
 		}
 	}
 }

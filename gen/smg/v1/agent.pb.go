@@ -33,6 +33,9 @@ const (
 	EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE EngineEventKind = 2
 	// A poll that answered without a usable report.
 	EngineEventKind_ENGINE_EVENT_KIND_NO_REPORT EngineEventKind = 3
+	// A poll that timed out: no report (the overload veto fails open), and no
+	// contact either (the engine is slow, not gone).
+	EngineEventKind_ENGINE_EVENT_KIND_TIMEOUT EngineEventKind = 4
 )
 
 // Enum value maps for EngineEventKind.
@@ -42,12 +45,14 @@ var (
 		1: "ENGINE_EVENT_KIND_CONTACT",
 		2: "ENGINE_EVENT_KIND_TRANSPORT_FAILURE",
 		3: "ENGINE_EVENT_KIND_NO_REPORT",
+		4: "ENGINE_EVENT_KIND_TIMEOUT",
 	}
 	EngineEventKind_value = map[string]int32{
 		"ENGINE_EVENT_KIND_UNSPECIFIED":       0,
 		"ENGINE_EVENT_KIND_CONTACT":           1,
 		"ENGINE_EVENT_KIND_TRANSPORT_FAILURE": 2,
 		"ENGINE_EVENT_KIND_NO_REPORT":         3,
+		"ENGINE_EVENT_KIND_TIMEOUT":           4,
 	}
 )
 
@@ -680,12 +685,13 @@ const file_smg_v1_agent_proto_rawDesc = "" +
 	"\vengine_urls\x18\x01 \x03(\tR\n" +
 	"engineUrls\"!\n" +
 	"\aGoodbye\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason*\x9d\x01\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason*\xbc\x01\n" +
 	"\x0fEngineEventKind\x12!\n" +
 	"\x1dENGINE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19ENGINE_EVENT_KIND_CONTACT\x10\x01\x12'\n" +
 	"#ENGINE_EVENT_KIND_TRANSPORT_FAILURE\x10\x02\x12\x1f\n" +
-	"\x1bENGINE_EVENT_KIND_NO_REPORT\x10\x032K\n" +
+	"\x1bENGINE_EVENT_KIND_NO_REPORT\x10\x03\x12\x1d\n" +
+	"\x19ENGINE_EVENT_KIND_TIMEOUT\x10\x042K\n" +
 	"\fAgentService\x12;\n" +
 	"\x06Report\x12\x15.smg.v1.ReportRequest\x1a\x16.smg.v1.ReportResponse(\x010\x01B-Z+github.com/smg-project/smg/gen/smg/v1;smgv1b\x06proto3"
 

@@ -1,0 +1,120 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+)
+
+// Defaults of Options.
+const (
+	DefaultControlPlane      = "127.0.0.1:30002"
+	DefaultPollInterval      = time.Second
+	DefaultHeartbeatInterval = 2 * time.Second
+	DefaultMinBackoff        = 100 * time.Millisecond
+	DefaultMaxBackoff        = 5 * time.Second
+
+	// MaxHeartbeatInterval keeps heartbeats well inside the control plane's
+	// default --worker-stale-secs (15): several may be lost before a
+	// pushing worker is judged silent.
+	MaxHeartbeatInterval = 5 * time.Second
+)
+
+// Options configure an Agent.
+type Options struct {
+	// ControlPlane is HOST:PORT of the control plane's gRPC port.
+	ControlPlane string
+	// Node names this agent's node; workers whose spec names it are assigned.
+	Node string
+	// EngineURLs are the engines given on the command line.
+	EngineURLs []string
+	// Register asks the control plane to register EngineURLs with Node.
+	Register bool
+	// PollInterval is how often each engine is read (sub-second allowed).
+	PollInterval time.Duration
+	// HeartbeatInterval is the longest quiet spell on the stream before a
+	// heartbeat vouches for every answering engine.
+	HeartbeatInterval time.Duration
+	// Token is sent as "authorization: Bearer <token>" on the stream.
+	Token string
+	// TransportCredentials secure the stream (mTLS). Nil means plaintext,
+	// meant for a control plane on loopback or a private network only.
+	TransportCredentials credentials.TransportCredentials
+	// HTTPClient reads the engines (nil: a client with small idle pools).
+	HTTPClient *http.Client
+	// MinBackoff and MaxBackoff bound the jittered reconnect backoff.
+	MinBackoff, MaxBackoff time.Duration
+	// Now is the clock of engine silence and observation times (nil: time.Now).
+	Now func() time.Time
+}
+
+// DefaultOptions returns the defaults; Node is left for the caller (the
+// command line defaults it to the host name).
+func DefaultOptions() Options {
+	return Options{
+		ControlPlane:      DefaultControlPlane,
+		PollInterval:      DefaultPollInterval,
+		HeartbeatInterval: DefaultHeartbeatInterval,
+		MinBackoff:        DefaultMinBackoff,
+		MaxBackoff:        DefaultMaxBackoff,
+	}
+}
+
+// withDefaults fills the zero fields.
+func (o Options) withDefaults() Options {
+	d := DefaultOptions()
+	if o.ControlPlane == "" {
+		o.ControlPlane = d.ControlPlane
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = d.PollInterval
+	}
+	if o.HeartbeatInterval == 0 {
+		o.HeartbeatInterval = d.HeartbeatInterval
+	}
+	if o.MinBackoff == 0 {
+		o.MinBackoff = d.MinBackoff
+	}
+	if o.MaxBackoff == 0 {
+		o.MaxBackoff = d.MaxBackoff
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// Validate reports every invalid option, naming its flag.
+func (o Options) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(o.ControlPlane); err != nil {
+		errs = append(errs, fmt.Errorf("--controlplane %q: want HOST:PORT of the control plane's gRPC port", o.ControlPlane))
+	}
+	if o.Node == "" {
+		errs = append(errs, errors.New("--node must not be empty"))
+	}
+	for _, u := range o.EngineURLs {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			errs = append(errs, fmt.Errorf("--engine-urls %q: want an http:// or https:// URL", u))
+		}
+	}
+	if o.Register && len(o.EngineURLs) == 0 {
+		errs = append(errs, errors.New("--register needs --engine-urls"))
+	}
+	if o.PollInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--poll-interval must be positive, got %s", o.PollInterval))
+	}
+	if o.HeartbeatInterval <= 0 || o.HeartbeatInterval > MaxHeartbeatInterval {
+		errs = append(errs, fmt.Errorf("--heartbeat-interval must be in (0, %s] to stay well inside --worker-stale-secs, got %s",
+			MaxHeartbeatInterval, o.HeartbeatInterval))
+	}
+	if o.MinBackoff <= 0 || o.MaxBackoff < o.MinBackoff {
+		errs = append(errs, fmt.Errorf("backoff must satisfy 0 < min <= max, got %s and %s", o.MinBackoff, o.MaxBackoff))
+	}
+	return errors.Join(errs...)
+}

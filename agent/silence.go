@@ -1,0 +1,73 @@
+package agent
+
+import (
+	"slices"
+	"time"
+
+	"github.com/smg-project/smg/agent/engine"
+)
+
+// silenceMeter measures an engine's own silence from its step counter: how
+// long it has held running requests without taking a scheduler step.
+// Only wires whose counter moves on every step give a figure; a counter that
+// moves once per request, or every so many tokens, is quiet while healthy.
+type silenceMeter struct {
+	seen    bool
+	count   float64
+	running bool
+	movedAt time.Time // last step, or when running requests appeared
+}
+
+// observe returns the silence at now and whether the wire gives one.
+func (m *silenceMeter) observe(rep engine.Report, now time.Time) (time.Duration, bool) {
+	if !rep.StepWire {
+		*m = silenceMeter{}
+		return 0, false
+	}
+	running := rep.Running() > 0
+	moved := !m.seen || rep.StepCount != m.count
+	// Silence counts only while requests are held, from the first poll that
+	// saw them: an idle hour must not read as an hour of silence for the
+	// request that ends it.
+	if moved || !running || !m.running {
+		m.movedAt = now
+	}
+	m.seen, m.count, m.running = true, rep.StepCount, running
+	if !running || !now.After(m.movedAt) {
+		return 0, true
+	}
+	return now.Sub(m.movedAt), true
+}
+
+// summary is what decides whether a report is a new record: the load the
+// control plane judges and routes by, and whether the engine is silent.
+// Generation throughput and cache hit rate are left out: they are rates that
+// move on every poll of a busy engine and would turn every poll into a record.
+type summary struct {
+	source     engine.Source
+	stepWire   bool
+	silent     bool
+	maxRunning int64
+	ranks      []rankSummary
+}
+
+type rankSummary struct {
+	dp               int
+	waiting, running int64
+	tokenUsage       float64
+	maxRunning       int64
+}
+
+func summarize(rep engine.Report, silent bool) summary {
+	s := summary{source: rep.Source, stepWire: rep.StepWire, silent: silent, maxRunning: rep.MaxRunning(),
+		ranks: make([]rankSummary, len(rep.Ranks))}
+	for i, r := range rep.Ranks {
+		s.ranks[i] = rankSummary{dp: r.DPRank, waiting: r.Waiting, running: r.Running, tokenUsage: r.TokenUsage, maxRunning: r.MaxRunning}
+	}
+	return s
+}
+
+func (s summary) equal(o summary) bool {
+	return s.source == o.source && s.stepWire == o.stepWire && s.silent == o.silent &&
+		s.maxRunning == o.maxRunning && slices.Equal(s.ranks, o.ranks)
+}

@@ -1,0 +1,218 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// closeGrace bounds how long a shutting-down agent waits for the control
+// plane to acknowledge the end of its stream.
+const closeGrace = 2 * time.Second
+
+// connect keeps a stream to the control plane up until ctx ends, reconnecting
+// with jittered exponential backoff (at once after a goodbye).
+func (a *Agent) connect(ctx context.Context) error {
+	creds := a.opts.TransportCredentials
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(a.opts.ControlPlane,
+		grpc.WithTransportCredentials(creds),
+		// Notice a dead control plane, or a dead link, within seconds.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		return fmt.Errorf("--controlplane %s: %w", a.opts.ControlPlane, err)
+	}
+	defer conn.Close()
+	client := smgv1.NewAgentServiceClient(conn)
+	backoff := a.opts.MinBackoff
+	failing := false // warned already; further failed attempts log at debug
+	for {
+		res := a.session(ctx, client)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if status.Code(res.err) == codes.Unauthenticated {
+			return fmt.Errorf("the control plane at %s refused the agent: %s", a.opts.ControlPlane, status.Convert(res.err).Message())
+		}
+		if res.established {
+			backoff, failing = a.opts.MinBackoff, false
+		}
+		if res.goodbye {
+			a.log.Info("Control plane said goodbye; reconnecting", "controlplane", a.opts.ControlPlane)
+			continue
+		}
+		wait := jitter(backoff)
+		if res.established || !failing {
+			a.log.Warn("Stream to the control plane lost; keeping the latest record per engine and reconnecting",
+				"controlplane", a.opts.ControlPlane, "error", res.err, "retry_in", wait)
+		} else {
+			a.log.Debug("Control plane still unreachable", "controlplane", a.opts.ControlPlane, "error", res.err, "retry_in", wait)
+		}
+		failing = true
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(backoff*2, a.opts.MaxBackoff)
+	}
+}
+
+// jitter spreads reconnects of many agents over [d/2, d).
+func jitter(d time.Duration) time.Duration {
+	half := d / 2
+	return half + rand.N(half+1)
+}
+
+type sessionResult struct {
+	established bool // the control plane answered the hello
+	goodbye     bool
+	err         error
+}
+
+// session runs one stream: hello, then every engine's latest state, then
+// whatever the pollers post, with heartbeats through quiet spells. When ctx
+// ends it flushes and closes the stream cleanly.
+func (a *Agent) session(ctx context.Context, client smgv1.AgentServiceClient) sessionResult {
+	// The stream outlives ctx long enough to flush: it is closed by us.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if a.opts.Token != "" {
+		sctx = metadata.AppendToOutgoingContext(sctx, "authorization", "Bearer "+a.opts.Token)
+	}
+	stream, err := client.Report(sctx)
+	if err != nil {
+		cancel()
+		return sessionResult{err: err}
+	}
+	a.m.connects.Inc()
+
+	var established, goodbye atomic.Bool
+	done := make(chan error, 1) // the receiver's end: nil after a goodbye or a clean close
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		for {
+			msg, err := stream.Recv()
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					err = nil
+				}
+				done <- err
+				return
+			}
+			switch m := msg.Msg.(type) {
+			case *smgv1.ReportResponse_Assignment:
+				if !established.Swap(true) {
+					a.m.connected.WithLabelValues(a.opts.ControlPlane).Set(1)
+					a.log.Info("Connected to the control plane", "controlplane", a.opts.ControlPlane, "node", a.opts.Node)
+				}
+				a.assign(m.Assignment.GetEngineUrls())
+			case *smgv1.ReportResponse_Goodbye:
+				goodbye.Store(true)
+				done <- nil
+				return
+			}
+		}
+	}()
+	defer func() {
+		cancel()
+		<-exited
+		a.m.connected.WithLabelValues(a.opts.ControlPlane).Set(0)
+	}()
+	result := func(err error) sessionResult {
+		return sessionResult{established: established.Load(), goodbye: goodbye.Load(), err: err}
+	}
+	// A failed Send reports io.EOF; the stream's real status comes from Recv.
+	broken := func() sessionResult {
+		cancel()
+		return result(<-done)
+	}
+
+	hello := &smgv1.AgentHello{Node: a.opts.Node, EngineUrls: a.opts.EngineURLs, Register: a.opts.Register}
+	if err := stream.Send(&smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Hello{Hello: hello}}); err != nil {
+		return broken()
+	}
+	a.m.sent.WithLabelValues("hello").Inc()
+
+	beat := time.NewTimer(a.opts.HeartbeatInterval)
+	defer beat.Stop()
+	all := true // the first send after a hello: every engine's latest state
+	for {
+		msgs := a.pending(all, a.opts.Now())
+		all = false
+		if err := a.send(stream, msgs); err != nil {
+			return broken()
+		}
+		if len(msgs) > 0 {
+			beat.Reset(a.opts.HeartbeatInterval)
+		}
+		select {
+		case <-a.wake:
+		case <-beat.C:
+			hb := &smgv1.AgentHeartbeat{WorkerUrls: a.answering()}
+			if err := stream.Send(&smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Heartbeat{Heartbeat: hb}}); err != nil {
+				return broken()
+			}
+			a.m.sent.WithLabelValues("heartbeat").Inc()
+			beat.Reset(a.opts.HeartbeatInterval)
+		case err := <-done:
+			return result(err)
+		case <-ctx.Done():
+			a.closeStream(stream, done)
+			return result(nil)
+		}
+	}
+}
+
+// send delivers msgs in order.
+func (a *Agent) send(stream grpc.BidiStreamingClient[smgv1.ReportRequest, smgv1.ReportResponse], msgs []*smgv1.ReportRequest) error {
+	for _, m := range msgs {
+		if err := stream.Send(m); err != nil {
+			return err
+		}
+		kind := "event"
+		if m.GetRecord() != nil {
+			kind = "record"
+		}
+		a.m.sent.WithLabelValues(kind).Inc()
+	}
+	return nil
+}
+
+// closeStream flushes what the pollers last posted, closes our side and waits
+// (bounded) for the control plane to end the stream: a clean end, which the
+// control plane does not count as a failure of the engines.
+func (a *Agent) closeStream(stream grpc.BidiStreamingClient[smgv1.ReportRequest, smgv1.ReportResponse], done <-chan error) {
+	if err := a.send(stream, a.pending(false, a.opts.Now())); err != nil {
+		return
+	}
+	if err := stream.CloseSend(); err != nil {
+		return
+	}
+	t := time.NewTimer(closeGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+		a.log.Info("Stream to the control plane closed", "controlplane", a.opts.ControlPlane)
+	case <-t.C:
+		a.log.Warn("Control plane did not acknowledge the end of the stream", "controlplane", a.opts.ControlPlane)
+	}
+}

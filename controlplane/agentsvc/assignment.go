@@ -1,0 +1,57 @@
+package agentsvc
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/smg-project/smg/controlplane/registry"
+)
+
+// assignment follows the engines one node's agent must cover: those its
+// hello named plus registered workers whose spec names the node. It reads
+// only the workers changed since its last update, so a busy registry (every
+// load record is a commit) costs each stream the changes, not the fleet.
+type assignment struct {
+	node   string
+	own    []string
+	rev    uint64
+	primed bool
+	byID   map[string]string // worker id → url of workers whose spec names the node
+}
+
+func newAssignment(node string, own []string) *assignment {
+	return &assignment{node: node, own: own, byID: map[string]string{}}
+}
+
+// update brings the set up to the registry's current state and returns the
+// engine URLs, sorted and without duplicates.
+func (a *assignment) update(reg *registry.Registry) []string {
+	snap := reg.Snapshot() // first: changes after it are read again next time
+	var changes []registry.Change
+	ok := false
+	if a.primed {
+		changes, _, ok = reg.ChangesSince(a.rev)
+	}
+	if ok {
+		for _, c := range changes {
+			a.apply(c.WorkerID, snap.Get(c.WorkerID))
+		}
+	} else {
+		clear(a.byID)
+		for _, w := range snap.Workers() {
+			a.apply(w.ID, w)
+		}
+	}
+	a.rev, a.primed = snap.Revision, true
+	urls := slices.Concat(a.own, slices.Collect(maps.Values(a.byID)))
+	slices.Sort(urls)
+	return slices.Compact(urls)
+}
+
+func (a *assignment) apply(id string, w *registry.Worker) {
+	if w != nil && w.Spec.GetNode() == a.node {
+		a.byID[id] = w.Spec.GetUrl()
+	} else {
+		delete(a.byID, id)
+	}
+}
