@@ -27,6 +27,7 @@ func commands() []command {
 		{"router", "a stateless OpenAI-compatible router fed by the control plane's watch stream", runRouter},
 		{"agent", "a per-node agent pushing its engines' load to the control plane", runAgent},
 		{"sim", "simulated vLLM/SGLang engines for tests, demos and benchmarks", runSim},
+		{"bench", "an open-loop load generator for OpenAI streaming endpoints", runBench},
 	}
 }
 

@@ -1,0 +1,117 @@
+package watch
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/router"
+	"github.com/smg-project/smg/router/watchclient"
+)
+
+// fanout counts routers that have applied the revision being waited for.
+type fanout struct {
+	want    atomic.Uint64
+	pending atomic.Int64
+	done    chan struct{}
+}
+
+// benchTarget is a router that only records the revision it applied.
+type benchTarget struct {
+	f    *fanout
+	last atomic.Uint64
+}
+
+func (t *benchTarget) Apply(s *router.Snapshot) {
+	old := t.last.Swap(s.Revision)
+	if w := t.f.want.Load(); old < w && s.Revision >= w && t.f.pending.Add(-1) == 0 {
+		t.f.done <- struct{}{}
+	}
+}
+func (t *benchTarget) FailOpen()                         {}
+func (t *benchTarget) ContactSeen(string)                {}
+func (t *benchTarget) Observations() router.Observations { return router.Observations{} }
+
+// BenchmarkVerdictFanout100 measures, per verdict change committed to the
+// registry, the time until all 100 routers watching over loopback gRPC (one
+// connection each, the real watch client) have applied it.
+func BenchmarkVerdictFanout100(b *testing.B) {
+	const routers, workers = 100, 100
+	reg := registry.New("bench", 0)
+	var ws []*registry.Worker
+	for i := range workers {
+		ws = append(ws, newWorker(fmt.Sprintf("w%03d", i)))
+	}
+	put(b, reg, ws...)
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := NewServer(reg, Options{}, nil, nil)
+	gs := grpc.NewServer()
+	smgv1.RegisterWatchServiceServer(gs, srv)
+	go gs.Serve(lis)
+	defer gs.Stop()
+	defer srv.Close()
+
+	f := &fanout{done: make(chan struct{}, 1)}
+	f.want.Store(reg.Revision())
+	f.pending.Store(routers)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i := range routers {
+		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close()
+		c := watchclient.New(conn, &benchTarget{f: f}, watchclient.Options{RouterID: fmt.Sprint("r", i)}, nil)
+		wg.Go(func() { c.Run(ctx) })
+	}
+	<-f.done // every router holds the initial snapshot
+
+	var lat []time.Duration
+	cpu0 := cpuTime()
+	for i := 0; b.Loop(); i++ {
+		f.want.Store(reg.Revision() + 1) // this goroutine is the only writer
+		f.pending.Store(routers)
+		start := time.Now()
+		setOverloaded(b, reg, ws[i%workers].ID, (i/workers)%2 == 0)
+		<-f.done
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	// CPU per change (control plane and all 100 routers, this process):
+	// the figure that does not depend on what else the machine runs.
+	b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Millisecond)/float64(len(lat)), "cpu-ms/change")
+	slices.Sort(lat)
+	pct := func(p float64) float64 {
+		return float64(lat[int(p*float64(len(lat)-1))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+	b.ReportMetric(float64(lat[len(lat)-1])/float64(time.Millisecond), "max-ms")
+}
+
+// cpuTime is the process's user plus system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

@@ -1,0 +1,59 @@
+package watch
+
+import (
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// Spec defaults for a worker registered without them.
+const (
+	DefaultPriority = 50
+	DefaultCost     = 1.0
+)
+
+// RoutingWorker is the part of w that routing needs, as the router routerID
+// sees it (its own share of a decode worker's window). Every worker is sent,
+// ready or not: Healthy carries the health checker's admission and the router
+// decides.
+func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
+	spec := w.Spec
+	veto, reason := w.Veto()
+	rw := &smgv1.RoutingWorker{
+		WorkerId:      w.ID,
+		Url:           spec.GetUrl(),
+		Model:         w.Model,
+		WorkerType:    w.Type,
+		Priority:      DefaultPriority,
+		Cost:          DefaultCost,
+		Healthy:       w.Ready(),
+		Veto:          veto,
+		VetoReason:    reason,
+		LoadRevision:  w.LoadRevision,
+		BootstrapPort: spec.GetBootstrapPort(),
+		ContactSeq:    w.ContactSeq,
+		ApiKey:        spec.GetApiKey(),
+		WindowShare:   w.WindowShare[routerID],
+	}
+	if spec != nil && spec.Priority != nil {
+		rw.Priority = *spec.Priority
+	}
+	if spec != nil && spec.Cost != nil {
+		rw.Cost = *spec.Cost
+	}
+	if l := w.Load; l != nil {
+		rw.WaitingRequests = int64(l.GetWaitingRequests())
+		rw.RunningRequests = int64(l.GetRunningRequests())
+		rw.TokenUsage = l.GetTokenUsage()
+		rw.MaxRunningRequests = int64(l.GetMaxRunningRequests())
+	}
+	if rw.MaxRunningRequests == 0 {
+		// The engine reports no running window: fall back to the registered one.
+		rw.MaxRunningRequests = int64(spec.GetMaxRunningRequests())
+	}
+	if w.Type == "decode" && rw.MaxRunningRequests > 0 && rw.WindowShare == 0 {
+		// No share granted to this router (yet): -1 tells it to hold no room,
+		// where 0 would let it count against the whole window alone.
+		rw.WindowShare = -1
+	}
+	return rw
+}

@@ -1,0 +1,45 @@
+package watch
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics of the watch server. Router lag is computed at scrape time from the
+// router records, so it is always measured against the current revision.
+type metrics struct {
+	streams prometheus.Gauge
+	sent    *prometheus.CounterVec
+}
+
+func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "smg_watch_streams",
+			Help: "Watch streams open from routers.",
+		}),
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "smg_watch_messages_sent_total",
+			Help: "Watch messages sent to routers, by kind (snapshot, delta, heartbeat, goodbye).",
+		}, []string{"kind"}),
+	}
+	for _, kind := range []string{"snapshot", "delta", "heartbeat", "goodbye"} {
+		m.sent.WithLabelValues(kind)
+	}
+	if reg != nil {
+		reg.MustRegister(m.streams, m.sent, lagCollector{s})
+	}
+	return m
+}
+
+var lagDesc = prometheus.NewDesc("smg_router_watch_lag",
+	"Revisions a watching router is behind the control plane (current revision minus the revision it acknowledged).",
+	[]string{"router"}, nil)
+
+// lagCollector reports smg_router_watch_lag for every router watching.
+type lagCollector struct{ s *Server }
+
+func (c lagCollector) Describe(ch chan<- *prometheus.Desc) { ch <- lagDesc }
+
+func (c lagCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range c.s.Routers() {
+		ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(r.Lag), r.RouterId)
+	}
+}

@@ -1,0 +1,405 @@
+// Package watch serves WatchService: it pushes the routing view of the fleet
+// to routers (a full snapshot, then deltas and heartbeats, each under the
+// registry's epoch and revision) and takes back what only routers see.
+//
+// Each stream runs its own loop, Consul style: read the registry, send, wait
+// for the next commit or heartbeat tick. The registry never waits on a stream:
+// a slow router simply wakes up later and is sent every worker changed since
+// the revision it was last sent, each once in its latest state, or a snapshot
+// when that would be more than MaxPending workers or the history no longer
+// reaches back that far. Nothing is queued per stream.
+package watch
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// Defaults for Options.
+const (
+	DefaultHeartbeatInterval = time.Second
+	DefaultMaxPending        = 1024
+)
+
+// ObservationSink takes what routers report. Calls come from stream
+// goroutines, concurrently; implementations must not block for long.
+type ObservationSink interface {
+	// RouterObservations hands over one report from routerID, received at now.
+	RouterObservations(routerID string, report *smgv1.RouterReport, now time.Time)
+	// RouterGone says routerID's stream ended; its piles no longer count.
+	RouterGone(routerID string)
+}
+
+// DemandSink takes what routers report about their use of decode windows,
+// with the revision each router had applied when it reported: the window
+// allocator re-grants capacity a router gave up only once it has applied the
+// lower share. Calls come from stream goroutines, concurrently.
+type DemandSink interface {
+	// RouterDemand hands over one report's demand (possibly empty: the
+	// router is connected and holds no rooms).
+	RouterDemand(routerID string, applied uint64, demand []*smgv1.DecodeDemand, now time.Time)
+	// RouterDisconnected says routerID's stream ended at now.
+	RouterDisconnected(routerID string, now time.Time)
+}
+
+// Options configure a Server.
+type Options struct {
+	// Token, when set, is required as gRPC metadata "authorization: Bearer <token>"
+	// (--watch-token). mTLS, when used instead, is configured on the grpc.Server.
+	Token string
+	// HeartbeatInterval is how long a stream may stay quiet before a
+	// heartbeat carrying the revision is sent (default 1s).
+	HeartbeatInterval time.Duration
+	// MaxPending is how many changed workers one stream may be sent as a
+	// delta; beyond it the stream gets a snapshot instead (default 1024).
+	MaxPending int
+	// Sink receives router observations (nil: dropped).
+	Sink ObservationSink
+	// Demand receives routers' decode window demand (nil: dropped).
+	Demand DemandSink
+	// Now is the clock for router records (nil: time.Now).
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.HeartbeatInterval <= 0 {
+		o.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if o.MaxPending <= 0 {
+		o.MaxPending = DefaultMaxPending
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+var _ smgv1.WatchServiceServer = (*Server)(nil)
+
+// Server implements smgv1.WatchServiceServer.
+type Server struct {
+	smgv1.UnimplementedWatchServiceServer
+
+	reg     *registry.Registry
+	opts    Options
+	log     *slog.Logger
+	metrics *metrics
+
+	closeOnce sync.Once
+	closing   chan struct{} // closed by Close: every stream says goodbye
+
+	mu      sync.Mutex
+	routers map[string]*routerRecord // by router id: the latest stream of each
+}
+
+// routerRecord is one connected router; fields after mu are guarded by Server.mu.
+type routerRecord struct {
+	id          string
+	peer        string
+	connectedAt time.Time
+	applied     uint64
+	lastSeen    time.Time
+}
+
+// NewServer returns a WatchService over reg. metrics may be nil.
+func NewServer(reg *registry.Registry, opts Options, log *slog.Logger, metrics prometheus.Registerer) *Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		reg:     reg,
+		opts:    opts.withDefaults(),
+		log:     log,
+		closing: make(chan struct{}),
+		routers: make(map[string]*routerRecord),
+	}
+	s.metrics = newMetrics(s, metrics)
+	return s
+}
+
+// Close tells every stream, and any that opens later, goodbye (routers
+// reconnect at once, to another replica or to this one restarted) and ends
+// them. It does not wait: grpc.Server.GracefulStop waits for the handlers.
+func (s *Server) Close() {
+	s.closeOnce.Do(func() { close(s.closing) })
+}
+
+// Routers lists the routers watching, by id, with their lag behind the
+// current revision.
+func (s *Server) Routers() []*smgv1.RouterInfo {
+	current := s.reg.Revision()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*smgv1.RouterInfo, 0, len(s.routers))
+	for _, r := range s.routers {
+		out = append(out, &smgv1.RouterInfo{
+			RouterId:        r.id,
+			Peer:            r.peer,
+			AppliedRevision: r.applied,
+			Lag:             lag(current, r.applied),
+			ConnectedAt:     timestamppb.New(r.connectedAt),
+			LastSeen:        timestamppb.New(r.lastSeen),
+		})
+	}
+	slices.SortFunc(out, func(a, b *smgv1.RouterInfo) int { return strings.Compare(a.RouterId, b.RouterId) })
+	return out
+}
+
+func lag(current, applied uint64) uint64 {
+	if applied >= current {
+		return 0
+	}
+	return current - applied
+}
+
+// Watch serves one router's stream.
+func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1.WatchResponse]) error {
+	ctx := stream.Context()
+	if err := s.authorize(ctx); err != nil {
+		return err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return status.Error(codes.InvalidArgument, "watch: the first message must be a hello")
+	}
+	select {
+	case <-s.closing: // shutting down: no snapshot, just the goodbye
+		return stream.Send(s.goodbye(hello.GetRevision()))
+	default:
+	}
+	rec := s.addRouter(ctx, hello.GetRouterId())
+	defer s.removeRouter(rec)
+	s.metrics.streams.Inc()
+	defer s.metrics.streams.Dec()
+	s.log.Info("router watching", "router", rec.id, "peer", rec.peer,
+		"epoch", hello.GetEpoch(), "revision", hello.GetRevision())
+
+	recvErr := make(chan error, 1) // buffered: the receiver never waits on us
+	go s.receive(stream, rec, recvErr)
+
+	err = s.serve(ctx, stream, rec.id, hello, recvErr)
+	s.log.Info("router stream ended", "router", rec.id, "err", err)
+	return err
+}
+
+// serve is the stream's loop: read → send → wait.
+func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID string, hello *smgv1.WatchHello, recvErr <-chan error) error {
+	epoch := s.reg.Epoch()
+	// A router holding this epoch resumes from its revision; ChangesSince
+	// tells whether the history still reaches back that far.
+	needSnapshot := hello.GetEpoch() != epoch
+	var last uint64 // revision the router holds after our last send
+	if !needSnapshot {
+		last = hello.GetRevision()
+	}
+	beat := time.NewTimer(s.opts.HeartbeatInterval)
+	defer beat.Stop()
+	confirmed := false // the router has heard from us on this stream
+	for {
+		changed := s.reg.Changed() // before reading, so no commit slips between
+		snap := s.reg.Snapshot()
+		var msg *smgv1.WatchResponse
+		if !needSnapshot && snap.Revision != last {
+			changes, _, ok := s.reg.ChangesSince(last)
+			if ok && len(changes) <= s.opts.MaxPending {
+				msg = s.delta(snap, changes, routerID)
+			} else {
+				needSnapshot = true
+			}
+		}
+		switch {
+		case needSnapshot:
+			msg = s.snapshot(snap, routerID)
+		case msg == nil && !confirmed:
+			// Resumed with nothing new: confirm the revision it holds.
+			msg = s.heartbeat(last)
+		}
+		if msg != nil {
+			msg.Epoch = epoch
+			if err := stream.SendMsg(msg); err != nil {
+				return err
+			}
+			last, needSnapshot, confirmed = msg.Revision, false, true
+			beat.Reset(s.opts.HeartbeatInterval)
+		}
+
+		select {
+		case <-changed:
+		case <-beat.C:
+			hb := s.heartbeat(last)
+			hb.Epoch = epoch
+			if err := stream.SendMsg(hb); err != nil {
+				return err
+			}
+			beat.Reset(s.opts.HeartbeatInterval)
+		case <-s.closing:
+			return stream.SendMsg(s.goodbye(last))
+		case err := <-recvErr:
+			return err
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+func (s *Server) snapshot(snap *registry.Snapshot, routerID string) *smgv1.WatchResponse {
+	s.metrics.sent.WithLabelValues("snapshot").Inc()
+	workers := snap.Workers()
+	out := make([]*smgv1.RoutingWorker, len(workers))
+	for i, w := range workers {
+		out[i] = RoutingWorker(w, routerID)
+	}
+	return &smgv1.WatchResponse{
+		Revision: snap.Revision,
+		Msg:      &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: out}},
+	}
+}
+
+// delta reads every changed worker from snap, so the message is exactly the
+// state at snap.Revision: a worker changed again after it is listed but read
+// as of snap (the next wake-up sends its newer state), and one created after
+// it reads as absent (a removal of an id the router does not hold: harmless).
+func (s *Server) delta(snap *registry.Snapshot, changes []registry.Change, routerID string) *smgv1.WatchResponse {
+	s.metrics.sent.WithLabelValues("delta").Inc()
+	d := &smgv1.WatchDelta{}
+	for _, c := range changes {
+		if w := snap.Get(c.WorkerID); w != nil {
+			d.Upserts = append(d.Upserts, RoutingWorker(w, routerID))
+		} else {
+			d.Removed = append(d.Removed, c.WorkerID)
+		}
+	}
+	return &smgv1.WatchResponse{Revision: snap.Revision, Msg: &smgv1.WatchResponse_Delta{Delta: d}}
+}
+
+func (s *Server) goodbye(rev uint64) *smgv1.WatchResponse {
+	s.metrics.sent.WithLabelValues("goodbye").Inc()
+	return &smgv1.WatchResponse{
+		Epoch: s.reg.Epoch(), Revision: rev,
+		Msg: &smgv1.WatchResponse_Goodbye{Goodbye: &smgv1.Goodbye{Reason: "control plane shutting down"}},
+	}
+}
+
+func (s *Server) heartbeat(rev uint64) *smgv1.WatchResponse {
+	s.metrics.sent.WithLabelValues("heartbeat").Inc()
+	return &smgv1.WatchResponse{Revision: rev, Msg: &smgv1.WatchResponse_Heartbeat{Heartbeat: &smgv1.WatchHeartbeat{}}}
+}
+
+// receive reads acks and reports until the stream ends.
+func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1.WatchResponse], rec *routerRecord, done chan<- error) {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = nil // the router closed its side: end the stream cleanly
+			}
+			done <- err
+			return
+		}
+		now := s.opts.Now()
+		switch m := req.Msg.(type) {
+		case *smgv1.WatchRequest_Ack:
+			s.touch(rec, now, m.Ack.GetRevision())
+		case *smgv1.WatchRequest_Report:
+			s.touch(rec, now, 0)
+			if s.opts.Sink != nil {
+				s.opts.Sink.RouterObservations(rec.id, m.Report, now)
+			}
+			if s.opts.Demand != nil {
+				s.opts.Demand.RouterDemand(rec.id, s.applied(rec), m.Report.GetDemand(), now)
+			}
+		case *smgv1.WatchRequest_Hello:
+			s.log.Warn("router sent a second hello; ignored", "router", rec.id)
+		}
+	}
+}
+
+func (s *Server) touch(rec *routerRecord, now time.Time, applied uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec.lastSeen = now
+	if applied != 0 {
+		rec.applied = applied
+	}
+}
+
+func (s *Server) addRouter(ctx context.Context, id string) *routerRecord {
+	addr := ""
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		addr = p.Addr.String()
+	}
+	if id == "" {
+		id = addr // an anonymous router is known by its address
+	}
+	now := s.opts.Now()
+	rec := &routerRecord{id: id, peer: addr, connectedAt: now, lastSeen: now}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.routers[id] = rec // a reconnect replaces the stream the server has not seen end yet
+	return rec
+}
+
+func (s *Server) removeRouter(rec *routerRecord) {
+	s.mu.Lock()
+	current := s.routers[rec.id] == rec
+	if current {
+		delete(s.routers, rec.id)
+	}
+	s.mu.Unlock()
+	if current && s.opts.Sink != nil {
+		s.opts.Sink.RouterGone(rec.id)
+	}
+	if current && s.opts.Demand != nil {
+		s.opts.Demand.RouterDisconnected(rec.id, s.opts.Now())
+	}
+}
+
+// applied is the revision rec last acked.
+func (s *Server) applied(rec *routerRecord) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return rec.applied
+}
+
+// authorize checks the bearer token when one is configured.
+func (s *Server) authorize(ctx context.Context) error {
+	if s.opts.Token == "" {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get("authorization")
+	if len(vals) == 0 {
+		return status.Error(codes.Unauthenticated,
+			`watch: missing token: send metadata "authorization: Bearer <token>" with the control plane's --watch-token`)
+	}
+	got, ok := strings.CutPrefix(vals[0], "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.opts.Token)) != 1 {
+		return status.Error(codes.Unauthenticated, "watch: invalid token: it does not match the control plane's --watch-token")
+	}
+	return nil
+}

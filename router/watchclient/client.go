@@ -1,0 +1,458 @@
+// Package watchclient keeps a router's snapshot of the fleet in step with the
+// control plane over WatchService, and reports back what the router sees.
+//
+// It holds the workers it was sent in a map, applies each snapshot or delta to
+// it, and publishes an immutable router.Snapshot (workers sorted by id). When
+// the stream breaks it reconnects with backoff and resumes from the (epoch,
+// revision) it holds; while the control plane stays silent longer than
+// StaleAfter it tells the router to drop the vetoes (fail open) and keeps the
+// last snapshot.
+package watchclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/router"
+)
+
+// Target is the router the client feeds.
+type Target interface {
+	// Apply publishes a new snapshot; the router owns it from then on.
+	Apply(*router.Snapshot)
+	// FailOpen drops the control plane's vetoes, keeping the last snapshot.
+	FailOpen()
+	// ContactSeen says the control plane heard from a worker after a failure.
+	ContactSeen(workerID string)
+	// Observations returns what the router saw since the previous call.
+	Observations() router.Observations
+}
+
+// Defaults for Options.
+const (
+	DefaultReportInterval = 250 * time.Millisecond
+	DefaultInitialBackoff = 100 * time.Millisecond
+	DefaultMaxBackoff     = 5 * time.Second
+	DefaultJitter         = 0.2
+)
+
+// Options configure a Client.
+type Options struct {
+	// RouterID names this router to the control plane.
+	RouterID string
+	// Token is sent as "authorization: Bearer <token>" (--watch-token).
+	Token string
+	// StaleAfter is how long the control plane may stay silent before the
+	// router drops its vetoes (--worker-stale-secs); 0 never fails open.
+	StaleAfter time.Duration
+	// ReportInterval is how often observations are sent (default 250ms).
+	ReportInterval time.Duration
+	// InitialBackoff and MaxBackoff bound the wait between reconnects
+	// (defaults 100ms and 5s); each wait doubles, with ±Jitter (default 0.2).
+	InitialBackoff time.Duration
+	MaxBackoff     time.Duration
+	Jitter         float64
+}
+
+func (o Options) withDefaults() Options {
+	if o.ReportInterval <= 0 {
+		o.ReportInterval = DefaultReportInterval
+	}
+	if o.InitialBackoff <= 0 {
+		o.InitialBackoff = DefaultInitialBackoff
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = DefaultMaxBackoff
+	}
+	o.MaxBackoff = max(o.MaxBackoff, o.InitialBackoff)
+	if o.Jitter <= 0 || o.Jitter >= 1 {
+		o.Jitter = DefaultJitter
+	}
+	return o
+}
+
+// Client watches the control plane for one router.
+type Client struct {
+	stub   smgv1.WatchServiceClient
+	target Target
+	opts   Options
+	log    *slog.Logger
+
+	connected atomic.Bool
+
+	mu       sync.Mutex // guards epoch and revision
+	epoch    string
+	revision uint64
+
+	// Owned by the applying side, under applyMu: the stream goroutine and
+	// the stale timer both reach the target.
+	applyMu    sync.Mutex
+	workers    map[string]heldWorker
+	order      []string  // ids sorted; nil when membership changed
+	held       bool      // a snapshot has been published
+	lastHeard  time.Time // last message from the control plane
+	failedOpen bool
+	stale      *time.Timer
+
+	ackSignal chan struct{} // buffered 1: the sender acks the latest revision
+}
+
+// heldWorker is a worker as last sent, converted once for the router.
+type heldWorker struct {
+	w          router.Worker
+	contactSeq uint64
+}
+
+// New returns a client that watches over conn and feeds target.
+func New(conn grpc.ClientConnInterface, target Target, opts Options, log *slog.Logger) *Client {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Client{
+		stub:      smgv1.NewWatchServiceClient(conn),
+		target:    target,
+		opts:      opts.withDefaults(),
+		log:       log,
+		workers:   make(map[string]heldWorker),
+		ackSignal: make(chan struct{}, 1),
+	}
+}
+
+// Revision returns the epoch and revision held.
+func (c *Client) Revision() (epoch string, rev uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epoch, c.revision
+}
+
+// Connected reports whether a stream is up and has delivered a message.
+func (c *Client) Connected() bool { return c.connected.Load() }
+
+// errGoodbye ends a session the control plane closed on purpose.
+var errGoodbye = errors.New("control plane said goodbye")
+
+// Run watches until ctx ends, reconnecting as needed. It returns ctx's error.
+func (c *Client) Run(ctx context.Context) error {
+	defer c.stopStale()
+	backoff := c.opts.InitialBackoff
+	for {
+		heard, err := c.session(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if heard {
+			backoff = c.opts.InitialBackoff // the link worked: start over
+			if errors.Is(err, errGoodbye) {
+				// A deliberate shutdown: reconnect at once (a replica or the
+				// restarted control plane answers). A goodbye with nothing
+				// before it is a control plane still closing: back off.
+				c.log.Info("Control plane said goodbye; reconnecting now")
+				continue
+			}
+		}
+		wait := c.jitter(backoff)
+		c.log.Warn("Watch stream lost; reconnecting", "err", err, "in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(backoff*2, c.opts.MaxBackoff)
+	}
+}
+
+func (c *Client) jitter(d time.Duration) time.Duration {
+	f := 1 + c.opts.Jitter*(2*rand.Float64()-1)
+	return time.Duration(float64(d) * f)
+}
+
+// session runs one stream. heard says whether the control plane sent
+// anything besides a goodbye.
+func (c *Client) session(ctx context.Context) (heard bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer c.connected.Store(false)
+	if c.opts.Token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.opts.Token)
+	}
+	stream, err := c.stub.Watch(ctx)
+	if err != nil {
+		return false, err
+	}
+	epoch, rev := c.Revision()
+	hello := &smgv1.WatchHello{RouterId: c.opts.RouterID, Epoch: epoch, Revision: rev}
+	if err := stream.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Hello{Hello: hello}}); err != nil {
+		if errors.Is(err, io.EOF) {
+			_, err = stream.Recv() // the stream ended; Recv tells why (a refused token, say)
+		}
+		return false, err
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { c.send(ctx, stream) })
+	defer wg.Wait()
+	defer cancel() // runs before wg.Wait: stops the sender
+
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return heard, err
+		}
+		if resp.GetGoodbye() != nil {
+			return heard, errGoodbye
+		}
+		heard = true
+		if err := c.handle(resp); err != nil {
+			return heard, err
+		}
+	}
+}
+
+// send acks applied revisions and sends observations every ReportInterval.
+// It is the stream's only sender after the hello. Acks feed the control
+// plane's lag display, not correctness (a resume names its revision), so at
+// most one goes out per ReportInterval on its own; the rest ride with the
+// next report.
+func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[smgv1.WatchRequest, smgv1.WatchResponse]) {
+	tick := time.NewTicker(c.opts.ReportInterval)
+	defer tick.Stop()
+	var acked uint64
+	var lastAck time.Time
+	ack := func() error {
+		_, rev := c.Revision()
+		if rev == acked && !lastAck.IsZero() {
+			return nil
+		}
+		acked, lastAck = rev, time.Now()
+		return stream.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Ack{Ack: &smgv1.WatchAck{Revision: rev}}})
+	}
+	pending := false
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.ackSignal:
+			if !lastAck.IsZero() && time.Since(lastAck) < c.opts.ReportInterval {
+				pending = true
+				continue
+			}
+			err = ack()
+		case <-tick.C:
+			if pending {
+				pending = false
+				err = ack()
+			}
+			if err != nil {
+				return
+			}
+			err = stream.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Report{Report: report(c.target.Observations())}})
+		}
+		if err != nil {
+			return // Recv sees the same failure and ends the session
+		}
+	}
+}
+
+// handle applies one message from the control plane.
+func (c *Client) handle(resp *smgv1.WatchResponse) error {
+	c.applyMu.Lock()
+	defer c.applyMu.Unlock()
+	c.lastHeard = time.Now()
+	c.armStale()
+	c.connected.Store(true)
+
+	epoch, _ := c.Revision()
+	var contacts []string
+	switch m := resp.Msg.(type) {
+	case *smgv1.WatchResponse_Snapshot:
+		next := make(map[string]heldWorker, len(m.Snapshot.GetWorkers()))
+		for _, w := range m.Snapshot.GetWorkers() {
+			contacts = c.noteContact(contacts, w)
+			next[w.GetWorkerId()] = heldWorker{routerWorker(w), w.GetContactSeq()}
+		}
+		c.workers, c.order = next, nil
+	case *smgv1.WatchResponse_Delta:
+		if resp.Epoch != epoch {
+			c.setRevision("", 0) // ask for a snapshot on reconnect
+			return fmt.Errorf("delta under epoch %q while holding %q", resp.Epoch, epoch)
+		}
+		for _, w := range m.Delta.GetUpserts() {
+			contacts = c.noteContact(contacts, w)
+			if _, ok := c.workers[w.GetWorkerId()]; !ok {
+				c.order = nil
+			}
+			c.workers[w.GetWorkerId()] = heldWorker{routerWorker(w), w.GetContactSeq()}
+		}
+		for _, id := range m.Delta.GetRemoved() {
+			if _, ok := c.workers[id]; ok {
+				delete(c.workers, id)
+				c.order = nil
+			}
+		}
+	case *smgv1.WatchResponse_Heartbeat:
+		if c.failedOpen {
+			c.publish(epoch, c.heldRevision()) // the control plane is back: verdicts return
+		}
+		c.signalAck()
+		return nil
+	default:
+		return nil
+	}
+	// Publish before recording the revision: an ack then always names a
+	// revision the router has applied (window shares rely on it).
+	c.publish(resp.Epoch, resp.Revision)
+	c.setRevision(resp.Epoch, resp.Revision)
+	for _, id := range contacts {
+		c.target.ContactSeen(id)
+	}
+	c.signalAck()
+	return nil
+}
+
+func (c *Client) heldRevision() uint64 {
+	_, rev := c.Revision()
+	return rev
+}
+
+// noteContact lists w when its contact sequence moved past the one held:
+// the control plane heard from it after a failure.
+func (c *Client) noteContact(ids []string, w *smgv1.RoutingWorker) []string {
+	if old, ok := c.workers[w.GetWorkerId()]; ok && w.GetContactSeq() > old.contactSeq {
+		ids = append(ids, w.GetWorkerId())
+	}
+	return ids
+}
+
+func (c *Client) setRevision(epoch string, rev uint64) {
+	c.mu.Lock()
+	c.epoch, c.revision = epoch, rev
+	c.mu.Unlock()
+}
+
+func (c *Client) signalAck() {
+	select {
+	case c.ackSignal <- struct{}{}:
+	default: // an ack is already due; it reads the latest revision
+	}
+}
+
+// publish hands the router an immutable snapshot of the map. Caller holds applyMu.
+func (c *Client) publish(epoch string, rev uint64) {
+	if c.order == nil {
+		c.order = make([]string, 0, len(c.workers))
+		for id := range c.workers {
+			c.order = append(c.order, id)
+		}
+		slices.Sort(c.order)
+	}
+	s := &router.Snapshot{Epoch: epoch, Revision: rev, Workers: make([]router.Worker, len(c.order))}
+	for i, id := range c.order {
+		s.Workers[i] = c.workers[id].w
+	}
+	c.target.Apply(s)
+	c.held, c.failedOpen = true, false
+}
+
+// armStale (re)starts the stale timer from now. Caller holds applyMu.
+func (c *Client) armStale() {
+	if c.opts.StaleAfter <= 0 {
+		return
+	}
+	if c.stale == nil {
+		c.stale = time.AfterFunc(c.opts.StaleAfter, c.staleFired)
+		return
+	}
+	c.stale.Reset(c.opts.StaleAfter)
+}
+
+func (c *Client) stopStale() {
+	c.applyMu.Lock()
+	defer c.applyMu.Unlock()
+	if c.stale != nil {
+		c.stale.Stop()
+	}
+}
+
+// staleFired fails open once per silence, unless a message arrived meanwhile.
+func (c *Client) staleFired() {
+	c.applyMu.Lock()
+	defer c.applyMu.Unlock()
+	if !c.held || c.failedOpen || time.Since(c.lastHeard) < c.opts.StaleAfter {
+		return
+	}
+	c.failedOpen = true
+	c.log.Warn("Control plane silent past the stale bound; dropping its vetoes", "silent_for", time.Since(c.lastHeard))
+	c.target.FailOpen()
+}
+
+func routerWorker(w *smgv1.RoutingWorker) router.Worker {
+	return router.Worker{
+		ID:            w.GetWorkerId(),
+		URL:           w.GetUrl(),
+		Model:         w.GetModel(),
+		Type:          w.GetWorkerType(),
+		Priority:      w.GetPriority(),
+		Cost:          w.GetCost(),
+		Healthy:       w.GetHealthy(),
+		Veto:          routerVeto(w.GetVeto()),
+		VetoReason:    w.GetVetoReason(),
+		Waiting:       w.GetWaitingRequests(),
+		Running:       w.GetRunningRequests(),
+		TokenUsage:    w.GetTokenUsage(),
+		MaxRunning:    w.GetMaxRunningRequests(),
+		LoadRevision:  w.GetLoadRevision(),
+		BootstrapPort: w.GetBootstrapPort(),
+		WindowShare:   w.GetWindowShare(),
+	}
+}
+
+func routerVeto(v smgv1.Veto) router.Veto {
+	switch v {
+	case smgv1.Veto_VETO_OVERLOAD:
+		return router.VetoOverload
+	case smgv1.Veto_VETO_UNREACHABLE:
+		return router.VetoUnreachable
+	case smgv1.Veto_VETO_WEDGED:
+		return router.VetoWedged
+	}
+	return router.VetoNone
+}
+
+// report converts the router's observations.
+func report(obs router.Observations) *smgv1.RouterReport {
+	r := &smgv1.RouterReport{Workers: make([]*smgv1.WorkerObservation, len(obs.Workers))}
+	for i, o := range obs.Workers {
+		wo := &smgv1.WorkerObservation{
+			WorkerId:             o.WorkerID,
+			StreamsInFlight:      int32(min(o.StreamsInFlight, math.MaxInt32)),
+			PromptTokensInFlight: o.PromptTokensInFlight,
+			ConnectionFailures:   int32(min(o.ConnectionFailures, math.MaxInt32)),
+			PrefillTokensPerSec:  o.PrefillTokensPerSec,
+			Contact:              o.Contact,
+		}
+		if !o.LastProgress.IsZero() {
+			wo.LastProgress = timestamppb.New(o.LastProgress)
+		}
+		r.Workers[i] = wo
+	}
+	for _, d := range obs.Demand {
+		r.Demand = append(r.Demand, &smgv1.DecodeDemand{WorkerId: d.WorkerID, InFlight: d.InFlight, Waiting: d.Waiting})
+	}
+	return r
+}
