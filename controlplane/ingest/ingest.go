@@ -6,7 +6,9 @@ package ingest
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"math"
 
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
@@ -27,69 +29,156 @@ func New(reg *registry.Registry, log *slog.Logger) *Ingester {
 	return &Ingester{reg: reg, log: log}
 }
 
-// Report ingests one load report for a worker. A nil or empty report is "no
-// report": the veto clears (fail open) and the last load stays visible.
+// Report ingests one load report for a worker and takes ownership of load. A
+// nil or empty report is "no report": the veto clears (fail open) and the last
+// load stays visible. The signals are computed from the ranks (waiting summed,
+// token usage averaged), whatever aggregates the sender filled in. A worker
+// that is not Ready gets no veto: leaving Ready clears it, and a report racing
+// that transition must not set it again.
 func (in *Ingester) Report(workerID string, load *smgv1.EngineLoad) error {
 	if load == nil || len(load.GetRanks()) == 0 {
 		return in.NoReport(workerID)
 	}
-	var flipped, over bool
-	var reason judge.OverloadReason
-	var model string
+	var f flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
-		w := t.Get(workerID)
-		if w == nil {
-			return ErrUnknownWorker
-		}
-		over, reason = judge.Check(int64(load.GetWaitingRequests()), load.GetTokenUsage(), w.Thresholds)
-		c := w.Clone()
-		c.Load = load
-		c.LoadRevision++
-		if over != w.Overloaded {
-			flipped = true
-			c.Overloaded = over
-			c.OverloadReason = ""
-			if over {
-				c.OverloadReason = reason.String()
-			}
-		} else if over && (reason.Waiting != int64(w.Load.GetWaitingRequests()) || reason.TokenUsage != w.Load.GetTokenUsage()) {
-			c.OverloadReason = reason.String()
-		}
-		model = w.Model
-		return t.Insert(c)
+		var err error
+		f, err = apply(t, workerID, load)
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	if flipped {
-		if over {
-			in.log.Info("Worker overloaded: excluded from routing", "worker_id", workerID, "model", model, "reason", reason.String())
-		} else {
-			in.log.Info("Worker under every threshold: back in routing", "worker_id", workerID, "model", model, "reason", reason.String())
-		}
-	}
+	in.logFlip(f)
 	return nil
+}
+
+// WorkerLoad is one worker's report in a batch.
+type WorkerLoad struct {
+	WorkerID string
+	Load     *smgv1.EngineLoad // nil or empty: no report
+}
+
+// ReportAll ingests several reports in one transaction: one revision, and the
+// radix nodes the reports share are copied once. Each report is judged as
+// Report judges it; an unknown worker is skipped and named in the error.
+func (in *Ingester) ReportAll(batch []WorkerLoad) error {
+	flips := make([]flip, 0, 4)
+	var errs []error
+	_, err := in.reg.Update(func(t *registry.Txn) error {
+		flips, errs = flips[:0], errs[:0]
+		for _, r := range batch {
+			var f flip
+			var err error
+			if r.Load == nil || len(r.Load.GetRanks()) == 0 {
+				f, err = clearVeto(t, r.WorkerID)
+			} else {
+				f, err = apply(t, r.WorkerID, r.Load)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("worker %s: %w", r.WorkerID, err))
+				continue
+			}
+			if f.flipped {
+				flips = append(flips, f)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, f := range flips {
+		in.logFlip(f)
+	}
+	return errors.Join(errs...)
+}
+
+// flip is a verdict change to log after the commit.
+type flip struct {
+	flipped  bool
+	over     bool
+	noReport bool
+	workerID string
+	model    string
+	reason   judge.OverloadReason
+}
+
+// apply stores one report and its verdict in t.
+func apply(t *registry.Txn, workerID string, load *smgv1.EngineLoad) (flip, error) {
+	w := t.Get(workerID)
+	if w == nil {
+		return flip{}, ErrUnknownWorker
+	}
+	waiting, usage := Signals(load.GetRanks())
+	load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
+	over, reason := judge.Check(waiting, usage, w.Thresholds)
+	over = over && w.Ready()
+	c := w.Clone()
+	c.Load = load
+	c.LoadRevision++
+	f := flip{over: over, workerID: workerID, model: w.Model, reason: reason}
+	if over != w.Overloaded {
+		f.flipped = true
+		c.Overloaded = over
+		c.OverloadReason = ""
+		if over {
+			c.OverloadReason = reason.String()
+		}
+	} else if over && (reason.Waiting != int64(w.Load.GetWaitingRequests()) || reason.TokenUsage != w.Load.GetTokenUsage()) {
+		c.OverloadReason = reason.String()
+	}
+	return f, t.Insert(c)
+}
+
+// clearVeto is "no report" in t: the overload veto clears.
+func clearVeto(t *registry.Txn, workerID string) (flip, error) {
+	w := t.Get(workerID)
+	if w == nil {
+		return flip{}, ErrUnknownWorker
+	}
+	if !w.Overloaded {
+		return flip{}, nil
+	}
+	c := w.Clone()
+	c.Overloaded, c.OverloadReason = false, ""
+	return flip{flipped: true, noReport: true, workerID: workerID, model: w.Model}, t.Insert(c)
+}
+
+func (in *Ingester) logFlip(f flip) {
+	switch {
+	case !f.flipped:
+	case f.noReport:
+		in.log.Info("Worker sent no load report: overload veto cleared (fail open)", "worker_id", f.workerID, "model", f.model)
+	case f.over:
+		in.log.Info("Worker overloaded: excluded from routing", "worker_id", f.workerID, "model", f.model, "reason", f.reason.String())
+	default:
+		in.log.Info("Worker under every threshold: back in routing", "worker_id", f.workerID, "model", f.model, "reason", f.reason.String())
+	}
+}
+
+// Signals computes a report's two signals: waiting requests summed over the
+// ranks and KV token usage averaged over them. A field a rank leaves out
+// reads 0.
+func Signals(ranks []*smgv1.RankLoad) (waiting int64, tokenUsage float64) {
+	if len(ranks) == 0 {
+		return 0, 0
+	}
+	for _, r := range ranks {
+		waiting += int64(max(r.GetWaitingRequests(), 0))
+		tokenUsage += r.GetTokenUsage()
+	}
+	return waiting, tokenUsage / float64(len(ranks))
 }
 
 // NoReport records a poll that produced no report: the overload veto clears.
 func (in *Ingester) NoReport(workerID string) error {
-	cleared := false
+	var f flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
-		w := t.Get(workerID)
-		if w == nil {
-			return ErrUnknownWorker
-		}
-		if !w.Overloaded {
-			return nil
-		}
-		c := w.Clone()
-		c.Overloaded, c.OverloadReason = false, ""
-		cleared = true
-		return t.Insert(c)
+		var err error
+		f, err = clearVeto(t, workerID)
+		return err
 	})
-	if cleared {
-		in.log.Info("Worker sent no load report: overload veto cleared (fail open)", "worker_id", workerID)
-	}
+	in.logFlip(f)
 	return err
 }
 

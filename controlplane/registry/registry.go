@@ -85,16 +85,25 @@ type Job struct {
 
 const (
 	tableWorkers = "workers"
+	tableURLs    = "urls"
 	tableJobs    = "jobs"
 )
 
+// The workers table has one index, so that a load report (the hot path)
+// rewrites one radix tree; the URL lookup lives in its own table, written only
+// when a worker's URL appears, changes or goes.
 func schema() *memdb.DBSchema {
 	return &memdb.DBSchema{Tables: map[string]*memdb.TableSchema{
 		tableWorkers: {
 			Name: tableWorkers,
 			Indexes: map[string]*memdb.IndexSchema{
-				"id":  {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
-				"url": {Name: "url", Unique: true, Indexer: &urlIndexer{}},
+				"id": {Name: "id", Unique: true, Indexer: workerIDIndexer{}},
+			},
+		},
+		tableURLs: {
+			Name: tableURLs,
+			Indexes: map[string]*memdb.IndexSchema{
+				"id": {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "URL"}},
 			},
 		},
 		tableJobs: {
@@ -106,18 +115,24 @@ func schema() *memdb.DBSchema {
 	}}
 }
 
-// urlIndexer indexes workers by their spec URL.
-type urlIndexer struct{}
+// urlEntry maps a worker URL to its worker.
+type urlEntry struct {
+	URL      string
+	WorkerID string
+}
 
-func (urlIndexer) FromObject(obj any) (bool, []byte, error) {
+// workerIDIndexer indexes workers by ID without reflection.
+type workerIDIndexer struct{}
+
+func (workerIDIndexer) FromObject(obj any) (bool, []byte, error) {
 	w, ok := obj.(*Worker)
 	if !ok {
 		return false, nil, fmt.Errorf("unexpected %T", obj)
 	}
-	return true, append([]byte(w.Spec.GetUrl()), 0), nil
+	return true, stringKey(w.ID), nil
 }
 
-func (urlIndexer) FromArgs(args ...any) ([]byte, error) {
+func (workerIDIndexer) FromArgs(args ...any) ([]byte, error) {
 	if len(args) != 1 {
 		return nil, errors.New("one argument expected")
 	}
@@ -125,7 +140,14 @@ func (urlIndexer) FromArgs(args ...any) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("string expected, got %T", args[0])
 	}
-	return append([]byte(s), 0), nil
+	return stringKey(s), nil
+}
+
+// stringKey is memdb's string key: the bytes and a NUL terminator.
+func stringKey(s string) []byte {
+	b := make([]byte, len(s)+1)
+	copy(b, s)
+	return b
 }
 
 // Change is one committed change to a worker.
@@ -150,6 +172,8 @@ type Registry struct {
 	histLen  int
 	evicted  uint64        // highest revision with a change no longer retained
 	notify   chan struct{} // closed at the next commit
+	// notifyTaken: Changed handed out notify since the last commit.
+	notifyTaken bool
 }
 
 // New returns an empty registry under the given epoch (chosen at start, so that
@@ -179,18 +203,31 @@ func (r *Registry) Revision() uint64 {
 func (r *Registry) Changed() <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.notifyTaken = true
 	return r.notify
 }
 
 // Txn is a write transaction. Insert and Delete record the workers changed.
 type Txn struct {
 	txn     *memdb.Txn
-	changed map[string]bool // worker id → deleted
-	rev     uint64          // the revision this transaction commits as
+	changed []Change // one entry per worker id, latest wins
+	rev     uint64   // the revision this transaction commits as
+	// last is the stored record Get or Insert saw last, so that the usual
+	// Get, Clone, Insert sequence looks the worker up once.
+	last *Worker
 }
 
 // Get returns a worker by id, or nil.
-func (t *Txn) Get(id string) *Worker { return getWorker(t.txn, id) }
+func (t *Txn) Get(id string) *Worker {
+	if t.last != nil && t.last.ID == id {
+		return t.last
+	}
+	w := getWorker(t.txn, id)
+	if w != nil {
+		t.last = w
+	}
+	return w
+}
 
 // GetByURL returns a worker by URL, or nil.
 func (t *Txn) GetByURL(url string) *Worker { return getWorkerByURL(t.txn, url) }
@@ -200,21 +237,49 @@ func (t *Txn) Workers() []*Worker { return listWorkers(t.txn) }
 
 // Insert stores w (a fresh or cloned record) as changed in this revision.
 func (t *Txn) Insert(w *Worker) error {
+	old := t.Get(w.ID)
+	if old == nil || old.Spec.GetUrl() != w.Spec.GetUrl() {
+		if old != nil {
+			if err := t.deleteURL(old); err != nil {
+				return err
+			}
+		}
+		if err := t.txn.Insert(tableURLs, &urlEntry{URL: w.Spec.GetUrl(), WorkerID: w.ID}); err != nil {
+			return err
+		}
+	}
 	w.Revision = t.rev
+	t.last = nil
 	if err := t.txn.Insert(tableWorkers, w); err != nil {
 		return err
 	}
+	t.last = w
 	t.mark(w.ID, false)
 	return nil
 }
 
 // Delete removes the worker with id.
 func (t *Txn) Delete(id string) error {
+	if old := t.Get(id); old != nil {
+		if err := t.deleteURL(old); err != nil {
+			return err
+		}
+	}
+	t.last = nil
 	if _, err := t.txn.DeleteAll(tableWorkers, "id", id); err != nil {
 		return err
 	}
 	t.mark(id, true)
 	return nil
+}
+
+// deleteURL drops w's URL entry if it still points at w.
+func (t *Txn) deleteURL(w *Worker) error {
+	o, err := t.txn.First(tableURLs, "id", w.Spec.GetUrl())
+	if err != nil || o == nil || o.(*urlEntry).WorkerID != w.ID {
+		return err
+	}
+	return t.txn.Delete(tableURLs, o)
 }
 
 // PutJob stores a registration job (jobs are not part of the watched state).
@@ -229,11 +294,16 @@ func (t *Txn) DeleteJob(id string) error {
 // Job returns a worker's job, or nil.
 func (t *Txn) Job(id string) *Job { return getJob(t.txn, id) }
 
+// mark records a changed worker. A slice, not a map: most transactions change
+// one worker, and a bulk one is rare enough for the linear search.
 func (t *Txn) mark(id string, deleted bool) {
-	if t.changed == nil {
-		t.changed = make(map[string]bool, 1)
+	for i := range t.changed {
+		if t.changed[i].WorkerID == id {
+			t.changed[i].Deleted = deleted
+			return
+		}
 	}
-	t.changed[id] = deleted
+	t.changed = append(t.changed, Change{Revision: t.rev, WorkerID: id, Deleted: deleted})
 }
 
 // Update runs fn in a write transaction. When fn returns nil and changed any
@@ -251,11 +321,14 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 		return r.revision, nil
 	}
 	r.revision = t.rev
-	for id, deleted := range t.changed {
-		r.record(Change{Revision: t.rev, WorkerID: id, Deleted: deleted})
+	for _, c := range t.changed {
+		r.record(c)
 	}
-	close(r.notify)
-	r.notify = make(chan struct{})
+	if r.notifyTaken { // nobody holds the channel: no need for a new one
+		close(r.notify)
+		r.notify = make(chan struct{})
+		r.notifyTaken = false
+	}
 	return r.revision, nil
 }
 
@@ -350,11 +423,11 @@ func getWorker(txn *memdb.Txn, id string) *Worker {
 }
 
 func getWorkerByURL(txn *memdb.Txn, url string) *Worker {
-	o, err := txn.First(tableWorkers, "url", url)
+	o, err := txn.First(tableURLs, "id", url)
 	if err != nil || o == nil {
 		return nil
 	}
-	return o.(*Worker)
+	return getWorker(txn, o.(*urlEntry).WorkerID)
 }
 
 func getJob(txn *memdb.Txn, id string) *Job {

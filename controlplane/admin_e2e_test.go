@@ -1,0 +1,381 @@
+package controlplane_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/smg-project/smg/controlplane/admin"
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// The spec's curl body, with the engine's URL.
+func specBody(url string) string {
+	return fmt.Sprintf(`{
+    "url": %q,
+    "overload": {
+      "waiting_requests": 4,
+      "token_usage": 0.7
+    }
+  }`, url)
+}
+
+func TestRESTWorkerLifecycle(t *testing.T) {
+	h := startCP(t, fastOptions())
+	engine := startSim(t, nil)
+
+	// POST: 202, Location, the reference body.
+	r := h.do(t, http.MethodPost, "/workers", specBody(engine.URL()))
+	if r.status != http.StatusAccepted {
+		t.Fatalf("POST /workers = %d %s", r.status, r.body)
+	}
+	id := admin.WorkerID(engine.URL())
+	body := r.json(t)
+	if body["status"] != "accepted" || body["worker_id"] != id || body["url"] != engine.URL() ||
+		body["location"] != "/workers/"+id || body["message"] == "" {
+		t.Fatalf("POST body = %s", r.body)
+	}
+	if loc := r.header.Get("Location"); loc != "/workers/"+id {
+		t.Fatalf("Location = %q", loc)
+	}
+
+	h.waitFor(t, "Ready with a load report", func(s *registry.Snapshot) bool {
+		w := s.Get(id)
+		return w != nil && w.Ready() && w.Load != nil
+	})
+	if job := h.waitJob(t, id); job.State != "done" {
+		t.Fatalf("job = %+v", job)
+	}
+
+	// GET /workers: spec with the overload block, engine_load, verdict, health, job status, snake_case.
+	r = h.do(t, http.MethodGet, "/workers", "")
+	if r.status != http.StatusOK {
+		t.Fatalf("GET /workers = %d %s", r.status, r.body)
+	}
+	for _, field := range []string{`"worker_id"`, `"engine_load"`, `"waiting_requests":`, `"token_usage":`, `"job_status"`,
+		`"verdict"`, `"health":"healthy"`, `"overload":{"waiting_requests":4,"token_usage":0.7}`, `"model":"sim-model"`, `"total":1`} {
+		if !strings.Contains(string(compact(r.body)), field) {
+			t.Fatalf("GET /workers lacks %s:\n%s", field, r.body)
+		}
+	}
+	if strings.Contains(string(r.body), "waitingRequests") || strings.Contains(string(r.body), "workerId") {
+		t.Fatalf("responses use the spec's snake_case names:\n%s", r.body)
+	}
+	if r = h.do(t, http.MethodGet, "/workers?model=sim-model", ""); !strings.Contains(string(r.body), id) {
+		t.Fatalf("?model=sim-model misses the worker: %s", r.body)
+	}
+	if r = h.do(t, http.MethodGet, "/workers?model=other", ""); strings.Contains(string(r.body), id) {
+		t.Fatalf("?model=other lists the worker: %s", r.body)
+	}
+
+	// GET one.
+	r = h.do(t, http.MethodGet, "/workers/"+id, "")
+	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"ready": true`) && !strings.Contains(string(compact(r.body)), `"ready":true`) {
+		t.Fatalf("GET /workers/{id} = %d %s", r.status, r.body)
+	}
+
+	// PATCH labels, priority, cost: 202, stored, overload block untouched.
+	r = h.do(t, http.MethodPatch, "/workers/"+id, `{"labels":{"gpu":"a10"},"priority":70,"cost":2.5}`)
+	if r.status != http.StatusAccepted || r.header.Get("Location") != "/workers/"+id {
+		t.Fatalf("PATCH = %d %s", r.status, r.body)
+	}
+	w := h.reg.Snapshot().Get(id)
+	if w.Spec.GetLabels()["gpu"] != "a10" || w.Spec.GetPriority() != 70 || w.Spec.GetCost() != 2.5 {
+		t.Fatalf("PATCH not applied: %v", w.Spec)
+	}
+	if w.Spec.GetOverload().GetWaitingRequests() != 4 || w.Thresholds.WaitingRequests != 4 {
+		t.Fatal("PATCH changed the overload block")
+	}
+
+	// PATCH carrying an overload block: 400 naming PUT, block unchanged.
+	r = h.do(t, http.MethodPatch, "/workers/"+id, `{"priority":10,"overload":{"waiting_requests":100}}`)
+	if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), "PUT") || r.errorField(t, "param") != "overload" {
+		t.Fatalf("PATCH with overload = %d %s", r.status, r.body)
+	}
+	w = h.reg.Snapshot().Get(id)
+	if w.Spec.GetOverload().GetWaitingRequests() != 4 || w.Thresholds.WaitingRequests != 4 || w.Spec.GetPriority() != 70 {
+		t.Fatal("a refused PATCH changed the worker")
+	}
+
+	// PUT: complete spec, registration re-runs, new thresholds.
+	r = h.do(t, http.MethodPut, "/workers/"+id, fmt.Sprintf(`{"url":%q,"overload":{"waiting_requests":6}}`, engine.URL()))
+	if r.status != http.StatusAccepted || r.header.Get("Location") != "/workers/"+id {
+		t.Fatalf("PUT = %d %s", r.status, r.body)
+	}
+	h.waitFor(t, "new thresholds", func(s *registry.Snapshot) bool {
+		w := s.Get(id)
+		return w != nil && w.Thresholds.WaitingRequests == 6
+	})
+	if w := h.reg.Snapshot().Get(id); w.Thresholds.TokenUsage != 0.8 {
+		t.Fatalf("an omitted block field falls back to the gateway value: %+v", w.Thresholds)
+	}
+
+	// DELETE: 202, then 404.
+	r = h.do(t, http.MethodDelete, "/workers/"+id, "")
+	if r.status != http.StatusAccepted || r.json(t)["worker_id"] != id {
+		t.Fatalf("DELETE = %d %s", r.status, r.body)
+	}
+	r = h.do(t, http.MethodGet, "/workers/"+id, "")
+	if r.status != http.StatusNotFound || r.errorCode(t) != "WORKER_NOT_FOUND" {
+		t.Fatalf("GET after DELETE = %d %s", r.status, r.body)
+	}
+	if v, ok := h.gauge(t, "smg_engine_waiting_requests", map[string]string{"worker": engine.URL()}); !ok || v != -1 {
+		t.Fatalf("removed worker's smg_engine_waiting_requests = %v (present %v), want -1", v, ok)
+	}
+}
+
+func compact(b []byte) []byte {
+	return []byte(strings.NewReplacer(" ", "", "\n", "").Replace(string(b)))
+}
+
+func TestRegistrationFailures(t *testing.T) {
+	opts := fastOptions()
+	opts.RegistrationTimeout = 500 * 1e6 // 500 ms
+	h := startCP(t, opts)
+	engine := startSim(t, nil)
+
+	cases := []struct {
+		name, body, url, reason string
+	}{
+		{"out-of-range waiting", fmt.Sprintf(`{"url":%q,"overload":{"waiting_requests":0}}`, engine.URL()), engine.URL(), "overload.waiting_requests"},
+		{"out-of-range token usage", fmt.Sprintf(`{"url":%q,"overload":{"token_usage":1.5}}`, engine.URL()), engine.URL(), "overload.token_usage"},
+		{"unreachable engine", `{"url":"http://127.0.0.1:1"}`, "http://127.0.0.1:1", "not reachable"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := h.do(t, http.MethodPost, "/workers", tc.body)
+			if r.status != http.StatusAccepted {
+				t.Fatalf("POST = %d %s; the spec answers 202 and fails the registration", r.status, r.body)
+			}
+			id := admin.WorkerID(tc.url)
+			job := h.waitJob(t, id)
+			if job.State != "failed" || !strings.Contains(job.Message, tc.reason) {
+				t.Fatalf("job = %+v, want failed naming %q", job, tc.reason)
+			}
+			if h.reg.Snapshot().Get(id) != nil {
+				t.Fatal("a failed registration added the worker")
+			}
+			r = h.do(t, http.MethodGet, "/workers/"+id, "")
+			if r.status != http.StatusNotFound || r.errorCode(t) != "WORKER_NOT_FOUND" || !strings.Contains(string(r.body), tc.reason) {
+				t.Fatalf("GET failed worker = %d %s", r.status, r.body)
+			}
+			r = h.do(t, http.MethodGet, "/jobs", "")
+			if !strings.Contains(string(r.body), `"failed"`) || !strings.Contains(string(r.body), id) {
+				t.Fatalf("/jobs does not show the failed job: %s", r.body)
+			}
+			if !strings.Contains(h.logs.String(), "Worker registration failed") {
+				t.Fatal("the failure is logged")
+			}
+			// A failed job does not block a corrected retry.
+			if tc.url == engine.URL() {
+				if r := h.do(t, http.MethodPost, "/workers", specBody(engine.URL())); r.status != http.StatusAccepted {
+					t.Fatalf("retry = %d %s", r.status, r.body)
+				}
+				if job := h.waitJob(t, id); job.State != "done" {
+					t.Fatalf("retry job = %+v", job)
+				}
+				if r := h.do(t, http.MethodDelete, "/workers/"+id, ""); r.status != http.StatusAccepted {
+					t.Fatalf("cleanup DELETE = %d", r.status)
+				}
+			}
+		})
+	}
+
+	// A PUT with an out-of-range block fails and leaves the worker as it was.
+	id := h.register(t, specBody(engine.URL()))
+	r := h.do(t, http.MethodPut, "/workers/"+id, fmt.Sprintf(`{"url":%q,"overload":{"waiting_requests":-3}}`, engine.URL()))
+	if r.status != http.StatusAccepted {
+		t.Fatalf("PUT = %d %s", r.status, r.body)
+	}
+	if job := h.waitJob(t, id); job.State != "failed" {
+		t.Fatalf("job = %+v", job)
+	}
+	if w := h.reg.Snapshot().Get(id); w == nil || w.Thresholds.WaitingRequests != 4 {
+		t.Fatal("a failed replacement changed or removed the worker")
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	h := startCP(t, fastOptions())
+	engine := startSim(t, nil)
+	id := h.register(t, fmt.Sprintf(`{"url":%q}`, engine.URL()))
+	before := h.reg.Revision()
+
+	cases := []struct {
+		name, method, path, body string
+		status                   int
+		code, param              string
+	}{
+		{"malformed JSON", "POST", "/workers", `{"url": "http://x:1",`, 422, "", ""},
+		{"wrong type", "POST", "/workers", `{"url": 5}`, 422, "", ""},
+		{"malformed PATCH", "PATCH", "/workers/" + id, `{"priority": "high"}`, 422, "", ""},
+		{"missing url", "POST", "/workers", `{}`, 400, "BAD_REQUEST", "url"},
+		{"invalid url", "POST", "/workers", `{"url":"not a url"}`, 400, "BAD_REQUEST", "url"},
+		{"url without host", "POST", "/workers", `{"url":"http://"}`, 400, "BAD_REQUEST", "url"},
+		{"negative interval", "POST", "/workers", `{"url":"http://x:1","load_monitor_interval_secs":-1}`, 400, "BAD_REQUEST", "load_monitor_interval_secs"},
+		{"bad worker type", "POST", "/workers", `{"url":"http://x:1","worker_type":"boss"}`, 400, "BAD_REQUEST", "worker_type"},
+		{"negative priority", "PATCH", "/workers/" + id, `{"priority":-1}`, 400, "BAD_REQUEST", "priority"},
+		{"negative interval patch", "PATCH", "/workers/" + id, `{"load_monitor_interval_secs":-5}`, 400, "BAD_REQUEST", "load_monitor_interval_secs"},
+		{"duplicate url", "POST", "/workers", fmt.Sprintf(`{"url":%q}`, engine.URL()), 409, "WORKER_ALREADY_EXISTS", "url"},
+		{"unknown worker GET", "GET", "/workers/w-nope", "", 404, "WORKER_NOT_FOUND", ""},
+		{"unknown worker PATCH", "PATCH", "/workers/w-nope", `{"priority":1}`, 404, "WORKER_NOT_FOUND", ""},
+		{"unknown worker PUT", "PUT", "/workers/w-nope", `{"url":"http://x:1"}`, 404, "WORKER_NOT_FOUND", ""},
+		{"unknown worker DELETE", "DELETE", "/workers/w-nope", "", 404, "WORKER_NOT_FOUND", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := h.do(t, tc.method, tc.path, tc.body)
+			if r.status != tc.status {
+				t.Fatalf("%s %s = %d %s, want %d", tc.method, tc.path, r.status, r.body, tc.status)
+			}
+			if ct := r.header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+				t.Fatalf("Content-Type = %q", ct)
+			}
+			msg, _ := r.errorField(t, "message").(string)
+			if msg == "" {
+				t.Fatalf("error without a message: %s", r.body)
+			}
+			if tc.code != "" && r.errorCode(t) != tc.code {
+				t.Fatalf("code = %q, want %q: %s", r.errorCode(t), tc.code, r.body)
+			}
+			if tc.param != "" && r.errorField(t, "param") != tc.param {
+				t.Fatalf("param = %v, want %q: %s", r.errorField(t, "param"), tc.param, r.body)
+			}
+			if tc.status == 422 && !strings.Contains(msg, "proto") && !strings.Contains(msg, "syntax") && !strings.Contains(msg, "invalid") && !strings.Contains(msg, "unexpected") {
+				t.Fatalf("422 carries the parser's message, got %q", msg)
+			}
+		})
+	}
+	if h.reg.Revision() != before {
+		t.Fatal("refused requests changed the registry")
+	}
+	if n := len(h.reg.Snapshot().Workers()); n != 1 {
+		t.Fatalf("%d workers, want the one registered: nothing half-registered remains", n)
+	}
+	for _, j := range h.reg.Snapshot().Jobs() {
+		if j.WorkerID != id {
+			t.Fatalf("a refused request left a job: %+v", j)
+		}
+	}
+}
+
+func TestAdminAPIKey(t *testing.T) {
+	opts := fastOptions()
+	opts.AdminAPIKey = "s3cret"
+	h := startCP(t, opts)
+	engine := startSim(t, nil)
+
+	for _, key := range []string{"", "wrong", "s3cret2", "s3cre"} {
+		for _, route := range []struct{ method, path, body string }{
+			{"GET", "/workers", ""}, {"GET", "/workers/w-1", ""}, {"POST", "/workers", specBody(engine.URL())},
+			{"PUT", "/workers/w-1", specBody(engine.URL())}, {"PATCH", "/workers/w-1", `{"priority":1}`},
+			{"DELETE", "/workers/w-1", ""}, {"GET", "/jobs", ""},
+		} {
+			r := h.doKey(t, route.method, route.path, route.body, key)
+			if r.status != http.StatusUnauthorized {
+				t.Fatalf("%s %s with key %q = %d %s, want 401", route.method, route.path, key, r.status, r.body)
+			}
+		}
+	}
+	// Raw header forms that are not "Bearer <key>".
+	req, _ := http.NewRequest(http.MethodGet, h.http.URL+"/workers", nil)
+	req.Header.Set("Authorization", "s3cret")
+	if resp, err := h.http.Client().Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("bare key without Bearer: %v %v", resp.StatusCode, err)
+	}
+	if h.reg.Snapshot().Jobs() != nil {
+		t.Fatal("an unauthorized POST started a registration")
+	}
+	if r := h.doKey(t, "GET", "/loads", "", ""); r.status != http.StatusOK {
+		t.Fatalf("/loads is public: %d %s", r.status, r.body)
+	}
+	if r := h.doKey(t, "GET", "/workers", "", "s3cret"); r.status != http.StatusOK {
+		t.Fatalf("right key: %d %s", r.status, r.body)
+	}
+	id := h.register(t, specBody(engine.URL()))
+
+	// gRPC: the same key in metadata.
+	ctx := context.Background()
+	if _, err := h.grpc.ListWorkers(ctx, &smgv1.ListWorkersRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("gRPC without key: %v", err)
+	}
+	bad := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer nope")
+	if _, err := h.grpc.GetWorker(bad, &smgv1.GetWorkerRequest{WorkerId: id}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("gRPC with a wrong key: %v", err)
+	}
+	good := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer s3cret")
+	resp, err := h.grpc.GetWorker(good, &smgv1.GetWorkerRequest{WorkerId: id})
+	if err != nil || resp.GetWorker().GetWorkerId() != id {
+		t.Fatalf("gRPC with the key: %v %v", resp, err)
+	}
+	if _, err := h.grpc.GetLoads(ctx, &smgv1.GetLoadsRequest{}); err != nil {
+		t.Fatalf("gRPC GetLoads is public: %v", err)
+	}
+}
+
+func TestGRPCWorkerService(t *testing.T) {
+	h := startCP(t, fastOptions())
+	engine := startSim(t, nil)
+	ctx := context.Background()
+
+	created, err := h.grpc.CreateWorker(ctx, &smgv1.CreateWorkerRequest{Spec: &smgv1.WorkerSpec{Url: engine.URL(), Labels: map[string]string{"zone": "a"}}})
+	if err != nil || created.GetStatus() != "accepted" {
+		t.Fatalf("CreateWorker: %v %v", created, err)
+	}
+	id := created.GetWorkerId()
+	h.waitFor(t, "Ready with a load report", func(s *registry.Snapshot) bool {
+		w := s.Get(id)
+		return w != nil && w.Ready() && w.Load != nil
+	})
+
+	if _, err := h.grpc.CreateWorker(ctx, &smgv1.CreateWorkerRequest{Spec: &smgv1.WorkerSpec{Url: engine.URL()}}); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("duplicate: %v", err)
+	}
+	if _, err := h.grpc.CreateWorker(ctx, &smgv1.CreateWorkerRequest{Spec: &smgv1.WorkerSpec{Url: "ftp://x"}}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("bad url: %v", err)
+	}
+	if _, err := h.grpc.GetWorker(ctx, &smgv1.GetWorkerRequest{WorkerId: "w-none"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown: %v", err)
+	}
+	_, err = h.grpc.UpdateWorker(ctx, &smgv1.UpdateWorkerRequest{WorkerId: id, Update: &smgv1.WorkerUpdate{Overload: &smgv1.OverloadBlock{}}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "PUT") {
+		t.Fatalf("PATCH overload over gRPC: %v", err)
+	}
+	list, err := h.grpc.ListWorkers(ctx, &smgv1.ListWorkersRequest{Model: "sim-model"})
+	if err != nil || list.GetTotal() != 1 || list.GetWorkers()[0].GetSpec().GetLabels()["zone"] != "a" {
+		t.Fatalf("ListWorkers: %v %v", list, err)
+	}
+	loads, err := h.grpc.GetLoads(ctx, &smgv1.GetLoadsRequest{})
+	if err != nil || len(loads.GetWorkers()) != 1 || loads.GetWorkers()[0].GetEngineLoad() == nil {
+		t.Fatalf("GetLoads: %v %v", loads, err)
+	}
+	if _, err := h.grpc.DeleteWorker(ctx, &smgv1.DeleteWorkerRequest{WorkerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.grpc.DeleteWorker(ctx, &smgv1.DeleteWorkerRequest{WorkerId: id}); status.Code(err) != codes.NotFound {
+		t.Fatalf("second delete: %v", err)
+	}
+}
+
+func TestLoadsIsPublicAndShowsVerdicts(t *testing.T) {
+	h := startCP(t, fastOptions())
+	engine := startSim(t, nil)
+	id := h.register(t, fmt.Sprintf(`{"url":%q}`, engine.URL()))
+	r := h.do(t, http.MethodGet, "/loads", "")
+	if r.status != http.StatusOK {
+		t.Fatalf("/loads = %d", r.status)
+	}
+	c := string(compact(r.body))
+	for _, f := range []string{`"worker_id":"` + id + `"`, `"engine_load":{`, `"overloaded":false`, `"vetoed":false`, `"waiting_requests":0`} {
+		if !strings.Contains(c, f) {
+			t.Fatalf("/loads lacks %s: %s", f, r.body)
+		}
+	}
+}

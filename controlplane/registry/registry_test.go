@@ -1,0 +1,212 @@
+package registry_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+func worker(id, url string) *registry.Worker {
+	return &registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Health: registry.HealthPending}
+}
+
+func insert(t *testing.T, r *registry.Registry, ws ...*registry.Worker) uint64 {
+	t.Helper()
+	rev, err := r.Update(func(tx *registry.Txn) error {
+		for _, w := range ws {
+			if err := tx.Insert(w); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rev
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func TestUpdateCommitsOneRevisionAndNotifies(t *testing.T) {
+	r := registry.New("e1", 0)
+	if r.Epoch() != "e1" || r.Revision() != 0 {
+		t.Fatalf("fresh registry: epoch %q revision %d", r.Epoch(), r.Revision())
+	}
+	ch := r.Changed()
+	rev := insert(t, r, worker("a", "http://a"), worker("b", "http://b"))
+	if rev != 1 || r.Revision() != 1 {
+		t.Fatalf("revision = %d, want 1 for one transaction", rev)
+	}
+	if !closed(ch) {
+		t.Fatal("Changed was not closed by the commit")
+	}
+	if w := r.Snapshot().Get("a"); w == nil || w.Revision != 1 {
+		t.Fatalf("record revision = %+v, want 1", w)
+	}
+	if closed(r.Changed()) {
+		t.Fatal("a fresh Changed channel is open until the next commit")
+	}
+}
+
+func TestAbortedOrEmptyTransactionsCommitNothing(t *testing.T) {
+	r := registry.New("e", 0)
+	insert(t, r, worker("a", "http://a"))
+	ch := r.Changed()
+	boom := errors.New("boom")
+	rev, err := r.Update(func(tx *registry.Txn) error {
+		_ = tx.Insert(worker("b", "http://b"))
+		return boom
+	})
+	if !errors.Is(err, boom) || rev != 1 {
+		t.Fatalf("aborted txn: rev %d err %v", rev, err)
+	}
+	if r.Snapshot().Get("b") != nil {
+		t.Fatal("an aborted transaction left a record")
+	}
+	rev, err = r.Update(func(tx *registry.Txn) error { return tx.PutJob(&registry.Job{WorkerID: "c", State: "pending"}) })
+	if err != nil || rev != 1 {
+		t.Fatalf("job-only txn: rev %d err %v; jobs are not watched state", rev, err)
+	}
+	if r.Snapshot().Job("c") == nil {
+		t.Fatal("the job was committed")
+	}
+	if closed(ch) {
+		t.Fatal("no worker change, no notification")
+	}
+}
+
+func TestSnapshotIsolation(t *testing.T) {
+	r := registry.New("e", 0)
+	insert(t, r, worker("a", "http://a"))
+	snap := r.Snapshot()
+	c := snap.Get("a").Clone()
+	c.Health = registry.HealthHealthy
+	insert(t, r, c, worker("b", "http://b"))
+	if snap.Get("a").Health != registry.HealthPending || snap.Get("b") != nil || snap.Revision != 1 {
+		t.Fatal("a snapshot must not see later commits")
+	}
+	if got := r.Snapshot().Workers(); len(got) != 2 || got[0].ID != "a" || got[1].ID != "b" {
+		t.Fatalf("Workers() = %v, want a, b ordered by id", got)
+	}
+}
+
+func TestURLLookupFollowsInsertReplaceDelete(t *testing.T) {
+	r := registry.New("e", 0)
+	insert(t, r, worker("a", "http://a:1"))
+	if w := r.Snapshot().GetByURL("http://a:1"); w == nil || w.ID != "a" {
+		t.Fatalf("GetByURL = %v", w)
+	}
+	moved := r.Snapshot().Get("a").Clone()
+	moved.Spec = &smgv1.WorkerSpec{Url: "http://a:2"}
+	insert(t, r, moved)
+	snap := r.Snapshot()
+	if snap.GetByURL("http://a:1") != nil {
+		t.Fatal("the old URL still resolves after the worker moved")
+	}
+	if w := snap.GetByURL("http://a:2"); w == nil || w.ID != "a" {
+		t.Fatal("the new URL does not resolve")
+	}
+	if _, err := r.Update(func(tx *registry.Txn) error { return tx.Delete("a") }); err != nil {
+		t.Fatal(err)
+	}
+	if r.Snapshot().GetByURL("http://a:2") != nil || r.Snapshot().Get("a") != nil {
+		t.Fatal("a deleted worker still resolves")
+	}
+}
+
+func TestTxnReadsItsOwnWrites(t *testing.T) {
+	r := registry.New("e", 0)
+	insert(t, r, worker("a", "http://a"))
+	_, err := r.Update(func(tx *registry.Txn) error {
+		c := tx.Get("a").Clone()
+		c.Health = registry.HealthHealthy
+		if err := tx.Insert(c); err != nil {
+			return err
+		}
+		if tx.Get("a").Health != registry.HealthHealthy {
+			return errors.New("Get after Insert does not see the insert")
+		}
+		if err := tx.Delete("a"); err != nil {
+			return err
+		}
+		if tx.Get("a") != nil || tx.GetByURL("http://a") != nil {
+			return errors.New("Get after Delete still sees the worker")
+		}
+		return tx.Insert(worker("a", "http://a2"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := r.Snapshot().GetByURL("http://a2"); w == nil || w.ID != "a" {
+		t.Fatal("re-inserted worker not found by URL")
+	}
+}
+
+func TestChangesSince(t *testing.T) {
+	r := registry.New("e", 4)
+	insert(t, r, worker("a", "http://a"))                                                       // rev 1
+	insert(t, r, worker("b", "http://b"))                                                       // rev 2
+	insert(t, r, r.Snapshot().Get("a").Clone())                                                 // rev 3
+	if _, err := r.Update(func(tx *registry.Txn) error { return tx.Delete("b") }); err != nil { // rev 4
+		t.Fatal(err)
+	}
+	changes, cur, ok := r.ChangesSince(1)
+	if !ok || cur != 4 {
+		t.Fatalf("ok %v cur %d", ok, cur)
+	}
+	want := []registry.Change{{Revision: 4, WorkerID: "b", Deleted: true}, {Revision: 3, WorkerID: "a"}}
+	if fmt.Sprint(changes) != fmt.Sprint(want) && fmt.Sprint(changes) != fmt.Sprint([]registry.Change{want[1], want[0]}) {
+		t.Fatalf("changes since 1 = %v, want each worker once with its latest change: %v", changes, want)
+	}
+	if changes, _, ok := r.ChangesSince(4); !ok || len(changes) != 0 {
+		t.Fatalf("up to date: %v %v", changes, ok)
+	}
+	if _, _, ok := r.ChangesSince(5); ok {
+		t.Fatal("a revision from the future (another epoch) must ask for a snapshot")
+	}
+	insert(t, r, worker("c", "http://c")) // rev 5 evicts rev 1
+	if _, _, ok := r.ChangesSince(0); ok {
+		t.Fatal("revision 0 predates the retained history")
+	}
+	if changes, _, ok := r.ChangesSince(1); !ok || len(changes) != 3 {
+		t.Fatalf("since 1 after eviction of rev 1: %v %v", changes, ok)
+	}
+}
+
+func TestChangesSinceMultiWorkerRevisionPartlyEvicted(t *testing.T) {
+	r := registry.New("e", 2)
+	insert(t, r, worker("a", "http://a"), worker("b", "http://b")) // rev 1, two changes
+	insert(t, r, worker("c", "http://c"))                          // rev 2 evicts half of rev 1
+	if _, _, ok := r.ChangesSince(0); ok {
+		t.Fatal("half of revision 1 is gone: a resume from 0 must get a snapshot")
+	}
+	if changes, _, ok := r.ChangesSince(1); !ok || len(changes) != 1 || changes[0].WorkerID != "c" {
+		t.Fatalf("since 1: %v %v", changes, ok)
+	}
+}
+
+func TestVetoPrecedence(t *testing.T) {
+	w := worker("a", "http://a")
+	if v, _ := w.Veto(); v != smgv1.Veto_VETO_UNSPECIFIED {
+		t.Fatalf("no veto: %v", v)
+	}
+	w.Overloaded, w.OverloadReason = true, "waiting_requests 9 >= 8"
+	if v, why := w.Veto(); v != smgv1.Veto_VETO_OVERLOAD || why != w.OverloadReason {
+		t.Fatalf("overload: %v %q", v, why)
+	}
+	w.Liveness, w.LivenessReason = smgv1.Veto_VETO_WEDGED, "no progress"
+	if v, _ := w.Veto(); v != smgv1.Veto_VETO_WEDGED {
+		t.Fatalf("liveness outranks overload: %v", v)
+	}
+}

@@ -1,0 +1,137 @@
+// Package windows splits each PD decode worker's running window into shares,
+// one per router, so that the fleet never holds more requests in flight on a
+// decode worker than its window, however many routers feed it.
+//
+// Plan is the pure rule; Allocator runs it in a loop against the registry,
+// tracks what every router may still hold, and writes shares (a registry
+// revision each time they change, which the watch stream carries to routers).
+//
+// The guarantee: the sum over routers of the rooms each may occupy never
+// exceeds the window. A router occupies at most the largest share it has
+// been granted and not yet acknowledged giving up, or what it reported in
+// flight after acknowledging a lower share (a router over its share admits
+// nothing until it is back under). Capacity taken from one router is granted
+// to another only once the first has applied its lower share and reported
+// what it still holds. Two cases fall outside it: a window that shrinks
+// (shares shrink at once, requests in flight finish), and a router cut off
+// from the control plane past the stale bound, which keeps its last share
+// while the control plane hands that share to others.
+package windows
+
+import (
+	"cmp"
+	"slices"
+)
+
+// RouterInput is one router's standing on one decode worker.
+type RouterInput struct {
+	ID string
+	// Demand is rooms in flight plus rooms waiting in the router's gate.
+	Demand int64
+	// Waiting is the part of Demand still waiting; ties go to the most waiting.
+	Waiting int64
+	// Share is the share granted now.
+	Share int64
+	// Held bounds the rooms the router may occupy now (>= Share): a share it
+	// has not yet acknowledged giving up, or its last in-flight count.
+	Held int64
+}
+
+// Plan returns the next share of each router (aligned with routers) for a
+// window of size window. Demand is met max-min fairly; room nobody asks for
+// is spread evenly as a floor, so an idle router can start a burst without a
+// round trip. Shares shrink at once; they grow only out of capacity no
+// router may still hold, so sum(max(share, held)) never exceeds the window
+// (given it did not before).
+func Plan(window int64, routers []RouterInput) []int64 {
+	n := len(routers)
+	next := make([]int64, n)
+	if n == 0 || window <= 0 {
+		return next
+	}
+	target := fairTargets(window, routers)
+	var reserved int64
+	for i, r := range routers {
+		next[i] = min(r.Share, target[i])
+		reserved += max(next[i], r.Held)
+	}
+	free := max(0, window-reserved)
+	// Grow the routers that wait most first, then by the largest shortfall.
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		if c := cmp.Compare(routers[b].Waiting, routers[a].Waiting); c != 0 {
+			return c
+		}
+		return cmp.Compare(target[b]-next[b], target[a]-next[a])
+	})
+	for _, i := range order {
+		want := target[i] - next[i]
+		if want <= 0 {
+			continue
+		}
+		// Growth up to what the router already holds costs nothing.
+		slack := max(0, routers[i].Held-next[i])
+		give := min(want, slack+free)
+		free -= max(0, give-slack)
+		next[i] += give
+	}
+	return next
+}
+
+// fairTargets is the max-min fair split of window over demand, with the rest
+// spread evenly (lowest ids first for the remainder).
+func fairTargets(window int64, routers []RouterInput) []int64 {
+	n := len(routers)
+	t := make([]int64, n)
+	left := window
+	for {
+		var unmet []int
+		for i, r := range routers {
+			if r.Demand > t[i] {
+				unmet = append(unmet, i)
+			}
+		}
+		if len(unmet) == 0 || left == 0 {
+			break
+		}
+		level := left / int64(len(unmet))
+		if level == 0 {
+			// Fewer rooms than routers asking: one each, most waiting first.
+			slices.SortStableFunc(unmet, func(a, b int) int {
+				if c := cmp.Compare(routers[b].Waiting, routers[a].Waiting); c != 0 {
+					return c
+				}
+				return cmp.Compare(routers[b].Demand-t[b], routers[a].Demand-t[a])
+			})
+			for _, i := range unmet[:left] {
+				t[i]++
+			}
+			left = 0
+			break
+		}
+		for _, i := range unmet {
+			give := min(level, routers[i].Demand-t[i])
+			t[i] += give
+			left -= give
+		}
+	}
+	if left > 0 {
+		// Nobody asks for the rest: an even floor for everyone.
+		ids := make([]int, n)
+		for i := range ids {
+			ids[i] = i
+		}
+		slices.SortFunc(ids, func(a, b int) int { return cmp.Compare(routers[a].ID, routers[b].ID) })
+		each, extra := left/int64(n), left%int64(n)
+		for k, i := range ids {
+			t[i] += each
+			if int64(k) < extra {
+				t[i]++
+			}
+		}
+	}
+	return t
+}
