@@ -184,7 +184,7 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, st *agentS
 	var sent []string
 	first := true
 	for {
-		changed := s.reg.Changed() // before reading, so no commit slips between
+		changed := s.reg.MembershipChanged() // before reading, so no change slips between
 		urls := a.update(s.reg)
 		if first || !slices.Equal(urls, sent) {
 			st.cover(urls...)

@@ -110,7 +110,7 @@ func (c *Checker) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-		case <-c.reg.Changed():
+		case <-c.reg.MembershipChanged():
 		}
 	}
 }

@@ -435,3 +435,27 @@ func labelValue(pairs []*dto.LabelPair, name string) string {
 	}
 	return ""
 }
+
+func TestWorkersOverloadedReadsZeroAfterAModelsLastWorkerGoes(t *testing.T) {
+	reg := registry.New("e", 0)
+	promReg := prometheus.NewRegistry()
+	promReg.MustRegister(ingest.NewCollector(reg))
+	if _, err := reg.Update(func(tx *registry.Txn) error {
+		return tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://e1"}, Model: "solo", Overloaded: true})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := func(v string) string {
+		return "# HELP smg_workers_overloaded Workers currently excluded from routing by overload protection.\n" +
+			"# TYPE smg_workers_overloaded gauge\nsmg_workers_overloaded{model=\"solo\"} " + v + "\n"
+	}
+	if err := testutil.GatherAndCompare(promReg, strings.NewReader(want("1")), "smg_workers_overloaded"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Update(func(tx *registry.Txn) error { return tx.Delete("w1") }); err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.GatherAndCompare(promReg, strings.NewReader(want("0")), "smg_workers_overloaded"); err != nil {
+		t.Fatal(err)
+	}
+}

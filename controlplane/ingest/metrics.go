@@ -19,7 +19,8 @@ type Collector struct {
 
 	mu      sync.Mutex
 	removed map[rankKey]struct{}
-	order   []rankKey // eviction order of removed, oldest first
+	order   []rankKey           // eviction order of removed, oldest first
+	models  map[string]struct{} // every model seen, so a model whose last worker went reads 0
 }
 
 // maxTombstones bounds how many removed series keep reporting -1.
@@ -38,7 +39,7 @@ var (
 
 // NewCollector returns a collector over reg; register it on a Registerer.
 func NewCollector(reg *registry.Registry) *Collector {
-	return &Collector{reg: reg, removed: map[rankKey]struct{}{}}
+	return &Collector{reg: reg, removed: map[rankKey]struct{}{}, models: map[string]struct{}{}}
 }
 
 // Describe implements prometheus.Collector.
@@ -65,6 +66,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			emitRank(ch, k, r)
 		}
 	}
+	c.mu.Lock()
+	for m := range overloaded {
+		if _, ok := c.models[m]; !ok && len(c.models) < maxTombstones {
+			c.models[m] = struct{}{}
+		}
+	}
+	for m := range c.models {
+		if _, ok := overloaded[m]; !ok {
+			overloaded[m] = 0
+		}
+	}
+	c.mu.Unlock()
 	for model, n := range overloaded {
 		ch <- prometheus.MustNewConstMetric(descOverloaded, prometheus.GaugeValue, float64(n), model)
 	}

@@ -124,7 +124,7 @@ func (m *Monitor) Run(ctx context.Context) {
 		wg.Wait()
 	}()
 	for {
-		changed := m.reg.Changed()
+		changed := m.reg.MembershipChanged() // not on load reports: membership only
 		workers := m.reg.Snapshot().Workers()
 		m.pruneReaders(workers)
 		groups := m.Groups(workers)

@@ -174,6 +174,11 @@ type Registry struct {
 	notify   chan struct{} // closed at the next commit
 	// notifyTaken: Changed handed out notify since the last commit.
 	notifyTaken bool
+	// members is closed at the next commit that adds or removes a worker or
+	// changes its spec, model or health (not its load or verdicts), so loops
+	// that track membership do not wake on every load report.
+	members      chan struct{}
+	membersTaken bool
 }
 
 // New returns an empty registry under the given epoch (chosen at start, so that
@@ -186,7 +191,7 @@ func New(epoch string, historyCap int) *Registry {
 	if historyCap <= 0 {
 		historyCap = DefaultHistory
 	}
-	return &Registry{db: db, epoch: epoch, history: make([]Change, historyCap), notify: make(chan struct{})}
+	return &Registry{db: db, epoch: epoch, history: make([]Change, historyCap), notify: make(chan struct{}), members: make(chan struct{})}
 }
 
 // Epoch identifies this registry's lifetime.
@@ -207,6 +212,15 @@ func (r *Registry) Changed() <-chan struct{} {
 	return r.notify
 }
 
+// MembershipChanged returns a channel closed at the next commit that adds or
+// removes a worker or changes its spec, model or health.
+func (r *Registry) MembershipChanged() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.membersTaken = true
+	return r.members
+}
+
 // Txn is a write transaction. Insert and Delete record the workers changed.
 type Txn struct {
 	txn     *memdb.Txn
@@ -215,6 +229,9 @@ type Txn struct {
 	// last is the stored record Get or Insert saw last, so that the usual
 	// Get, Clone, Insert sequence looks the worker up once.
 	last *Worker
+	// membership: a worker was added or removed, or its spec, model or
+	// health changed.
+	membership bool
 }
 
 // Get returns a worker by id, or nil.
@@ -248,6 +265,9 @@ func (t *Txn) Insert(w *Worker) error {
 			return err
 		}
 	}
+	if old == nil || old.Spec != w.Spec || old.Model != w.Model || old.Health != w.Health {
+		t.membership = true
+	}
 	w.Revision = t.rev
 	t.last = nil
 	if err := t.txn.Insert(tableWorkers, w); err != nil {
@@ -266,9 +286,11 @@ func (t *Txn) Delete(id string) error {
 		}
 	}
 	t.last = nil
-	if _, err := t.txn.DeleteAll(tableWorkers, "id", id); err != nil {
+	n, err := t.txn.DeleteAll(tableWorkers, "id", id)
+	if err != nil {
 		return err
 	}
+	t.membership = t.membership || n > 0
 	t.mark(id, true)
 	return nil
 }
@@ -328,6 +350,11 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 		close(r.notify)
 		r.notify = make(chan struct{})
 		r.notifyTaken = false
+	}
+	if t.membership && r.membersTaken {
+		close(r.members)
+		r.members = make(chan struct{})
+		r.membersTaken = false
 	}
 	return r.revision, nil
 }

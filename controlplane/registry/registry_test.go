@@ -210,3 +210,50 @@ func TestVetoPrecedence(t *testing.T) {
 		t.Fatalf("liveness outranks overload: %v", v)
 	}
 }
+
+func TestMembershipChangedIgnoresLoadAndVerdicts(t *testing.T) {
+	reg := registry.New("e", 0)
+	members := reg.MembershipChanged()
+	if _, err := reg.Update(func(txn *registry.Txn) error {
+		return txn.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://w1"}, Health: registry.HealthPending})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-members:
+	default:
+		t.Fatal("adding a worker did not signal membership")
+	}
+	members = reg.MembershipChanged()
+	update := func(fn func(w *registry.Worker)) {
+		t.Helper()
+		if _, err := reg.Update(func(txn *registry.Txn) error {
+			c := txn.Get("w1").Clone()
+			fn(c)
+			return txn.Insert(c)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	update(func(w *registry.Worker) { w.Load = &smgv1.EngineLoad{WaitingRequests: 3}; w.LoadRevision++; w.Overloaded = true })
+	select {
+	case <-members:
+		t.Fatal("a load report signalled membership")
+	default:
+	}
+	update(func(w *registry.Worker) { w.Health = registry.HealthHealthy })
+	select {
+	case <-members:
+	default:
+		t.Fatal("a health change did not signal membership")
+	}
+	members = reg.MembershipChanged()
+	if _, err := reg.Update(func(txn *registry.Txn) error { return txn.Delete("w1") }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-members:
+	default:
+		t.Fatal("removing a worker did not signal membership")
+	}
+}
