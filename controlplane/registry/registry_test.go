@@ -235,7 +235,11 @@ func TestMembershipChangedIgnoresLoadAndVerdicts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	update(func(w *registry.Worker) { w.Load = &smgv1.EngineLoad{WaitingRequests: 3}; w.LoadRevision++; w.Overloaded = true })
+	update(func(w *registry.Worker) {
+		w.Load = &smgv1.EngineLoad{WaitingRequests: 3}
+		w.LoadRevision++
+		w.Overloaded = true
+	})
 	select {
 	case <-members:
 		t.Fatal("a load report signalled membership")
