@@ -132,6 +132,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp.Registry = registry.New(newEpoch(), registry.DefaultHistory)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}
 	cp.Ingest = ingest.New(cp.Registry, log)
+	cp.Ingest.Coalesce()
 	collector := ingest.NewCollector(cp.Registry)
 	if err := reg.Register(collector); err != nil {
 		return nil, err
@@ -264,7 +265,8 @@ func PDSpecs(prefill, decode []string) ([]*smgv1.WorkerSpec, error) {
 // watching routers and stops.
 func (cp *ControlPlane) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(4)
+	wg.Add(5)
+	go func() { defer wg.Done(); cp.Ingest.Run(ctx, ingest.DefaultFlushInterval) }()
 	go func() { defer wg.Done(); cp.Windows.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Monitor.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Health.Run(ctx) }()

@@ -38,6 +38,15 @@ type Options struct {
 	// plane's vetoes once its stream is down (then it calls FailOpen). 0: never drop.
 	WorkerStaleSecs int
 
+	// PDDisaggregation routes each request over a (prefill, decode) pair.
+	PDDisaggregation bool
+	// PDAdmissionWaitSecs is how long a PD request waits for a room in a
+	// full decode window before it is shed (0: shed as soon as full).
+	PDAdmissionWaitSecs int
+	// PDWindowMode: PDWindowShared (gate within the control plane's share)
+	// or PDWindowPerRouter (count against the whole window alone).
+	PDWindowMode string
+
 	DisableCircuitBreaker    bool
 	CBFailureThreshold       int
 	CBSuccessThreshold       int
@@ -70,6 +79,8 @@ func DefaultOptions() Options {
 		Policy:                   PolicyCacheAware,
 		LoadMonitorInterval:      10,
 		WorkerStaleSecs:          15,
+		PDAdmissionWaitSecs:      30,
+		PDWindowMode:             PDWindowShared,
 		CBFailureThreshold:       10,
 		CBSuccessThreshold:       3,
 		CBTimeoutDurationSecs:    60,
@@ -112,6 +123,12 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"load monitor interval in seconds; also the Retry-After of a shed answer (must be > 0)")
 	integer(&o.WorkerStaleSecs, "worker-stale-secs",
 		"seconds without the control plane after which the router drops its vetoes and routes on (0 keeps them)")
+	boolean(&o.PDDisaggregation, "pd-disaggregation",
+		"route each request over a prefill/decode pair (workers of type prefill and decode) with SGLang's bootstrap fields")
+	integer(&o.PDAdmissionWaitSecs, "pd-admission-wait-secs",
+		"seconds a PD request waits for room in a full decode running window before 503 worker_overload_protection_shed (0 sheds at once)")
+	str(&o.PDWindowMode, "pd-window-mode",
+		"how a decode window is counted: shared (within the share the control plane grants this router, bounded fleet-wide) or per-router (each router counts the whole window alone)")
 	boolean(&o.DisableCircuitBreaker, "disable-circuit-breaker", "turn off the per-worker circuit breaker")
 	integer(&o.CBFailureThreshold, "cb-failure-threshold", "consecutive failures that open a worker's circuit breaker")
 	integer(&o.CBSuccessThreshold, "cb-success-threshold", "consecutive successes in half-open that close the breaker")
@@ -149,6 +166,12 @@ func (o Options) Validate() error {
 	}
 	if o.WorkerStaleSecs < 0 {
 		bad("--worker-stale-secs must be >= 0, got %d", o.WorkerStaleSecs)
+	}
+	if o.PDAdmissionWaitSecs < 0 {
+		bad("--pd-admission-wait-secs must be >= 0, got %d", o.PDAdmissionWaitSecs)
+	}
+	if o.PDWindowMode != PDWindowShared && o.PDWindowMode != PDWindowPerRouter {
+		bad("--pd-window-mode %q: must be %s or %s", o.PDWindowMode, PDWindowShared, PDWindowPerRouter)
 	}
 	if o.CBFailureThreshold < 1 || o.CBSuccessThreshold < 1 || o.CBTimeoutDurationSecs < 1 {
 		bad("--cb-failure-threshold, --cb-success-threshold and --cb-timeout-duration-secs must be >= 1")

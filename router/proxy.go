@@ -35,6 +35,7 @@ type requestFields struct {
 	Input    rawRef `json:"input"`     // embeddings
 	Text     rawRef `json:"text"`      // /generate
 	InputIDs rawRef `json:"input_ids"` // /generate
+	N        int64  `json:"n"`         // choices per prompt: PD decode rooms
 }
 
 // prompt is the raw JSON the hash and affinity policies key on.
@@ -117,6 +118,11 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers,
 				"No fleet snapshot from the control plane yet", 0)
 			return http.StatusServiceUnavailable
+		}
+		if r.opts.PDDisaggregation {
+			if pp := v.pdPoolFor(f.Model); pp != nil {
+				return r.servePD(ctx, w, req, v, pp, body, &f, &q)
+			}
 		}
 		p := v.all
 		if f.Model != "" {

@@ -24,6 +24,7 @@ type Router struct {
 	opts     Options
 	log      *slog.Logger
 	metrics  *metrics
+	pdm      *pdMetrics
 	gatherer prometheus.Gatherer // nil when the Registerer cannot gather
 	cb       breakerConfig
 	sel      selector
@@ -62,8 +63,13 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	if err != nil {
 		return nil, fmt.Errorf("router metrics: %w", err)
 	}
+	pdm, err := newPDMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("router metrics: %w", err)
+	}
 	stopped, stop := context.WithCancel(context.Background())
 	r := &Router{
+		pdm:     pdm,
 		stopped: stopped,
 		stop:    stop,
 		opts:    opts,
@@ -191,6 +197,11 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 	v := buildView(s, kept, states, prev, r.nextSlot)
 	v.failOpen = failOpen
 	r.view.Store(v)
+	for i := range kept {
+		if kept[i].Type == TypeDecode {
+			states[i].pd.setLimit(gateLimit(&kept[i], r.opts.PDWindowMode))
+		}
+	}
 }
 
 func (r *Router) allocSlot() uint32 {
@@ -230,6 +241,9 @@ func (r *Router) ContactSeen(workerID string) {
 // only it can see about the workers it sends to.
 type Observations struct {
 	Workers []WorkerObservation
+	// Demand is this router's use of each gated decode worker's window: the
+	// control plane moves window shares toward the routers that wait.
+	Demand []DecodeDemand
 }
 
 // WorkerObservation is one worker's share of Observations.
@@ -276,6 +290,7 @@ func (r *Router) Observations() Observations {
 		}
 		out.Workers[i] = o
 	}
+	out.Demand = pdDemand(v)
 	return out
 }
 

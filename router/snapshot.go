@@ -57,6 +57,10 @@ type Worker struct {
 	// router's count of dispatches since the last report.
 	LoadRevision  uint64
 	BootstrapPort int32 // PD prefill
+	// WindowShare is this router's share of a decode worker's running window,
+	// granted by the control plane: > 0 rooms, < 0 none, 0 no share allocated
+	// (the router counts against the whole MaxRunning window alone).
+	WindowShare int64
 }
 
 // Snapshot is the fleet as the control plane last described it. The router
@@ -77,8 +81,10 @@ type view struct {
 	byID     map[string]int32
 	bySlot   []int32 // state slot -> index into workers, -1 when absent
 	pools    map[string]*pool
-	all      *pool    // every regular worker, for requests that name no model
-	models   []string // sorted, for /v1/models
+	all      *pool               // every regular worker, for requests that name no model
+	pd       map[string]*pdPools // PD disaggregation: prefill and decode pools per model
+	pdAll    *pdPools            // every PD worker, for requests that name no model
+	models   []string            // sorted, for /v1/models
 	failOpen bool
 }
 
@@ -126,6 +132,7 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 	}
 	members := make(map[string][]int32)
 	var all []int32
+	pdm := newPDMembers()
 	for i := range workers {
 		w := &workers[i]
 		v.hot[i] = hotWorker{st: states[i], reported: w.Waiting + w.Running, eligible: w.Healthy && w.Veto == VetoNone,
@@ -133,7 +140,8 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 		v.byID[w.ID] = int32(i)
 		v.bySlot[states[i].slot] = int32(i)
 		if w.Type != "" && w.Type != TypeRegular {
-			continue // PD legs are not regular candidates
+			pdm.add(w, int32(i)) // PD legs are not regular candidates
+			continue
 		}
 		members[w.Model] = append(members[w.Model], int32(i))
 		all = append(all, int32(i))
@@ -142,6 +150,7 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 		v.pools[model] = v.newPool(model, idx, prevPool(prev, model, false))
 		v.models = append(v.models, model)
 	}
+	v.buildPD(pdm, prev)
 	slices.Sort(v.models)
 	v.all = v.newPool("", all, prevPool(prev, "", true))
 	return v

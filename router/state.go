@@ -19,6 +19,8 @@ type workerState struct {
 
 	breaker breaker
 
+	pd pdGate // decode workers: this router's rooms in the running window
+
 	// Observations for the control plane.
 	streams      atomic.Int64  // streaming requests in flight (the pile)
 	promptTokens atomic.Int64  // estimated prompt tokens of requests in flight

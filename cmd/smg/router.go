@@ -28,9 +28,8 @@ type routerFlags struct {
 }
 
 func (f *routerFlags) addFlags(fs *flag.FlagSet) {
-	host, _ := os.Hostname()
-	f.id = fmt.Sprintf("%s-%d", host, os.Getpid())
-	fs.StringVar(&f.id, "router-id", f.id, "name of this router on the control plane (default host-pid)")
+	// The host-pid default is filled in at start, so --help (and docs/cli) stay stable.
+	fs.StringVar(&f.id, "router-id", "", "name of this router on the control plane (empty: host-pid)")
 	fs.IntVar(&f.grace, "shutdown-grace-secs", 30, "on SIGTERM, seconds requests in flight may take to finish before they are ended with an error")
 	if fs.Lookup("watch-token") == nil {
 		fs.StringVar(&f.watchToken, "watch-token", "", "token presented to the control plane's watch stream")
@@ -77,6 +76,10 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func watchOptions(rf routerFlags, ropts router.Options) watchclient.Options {
+	if rf.id == "" {
+		host, _ := os.Hostname()
+		rf.id = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
 	return watchclient.Options{RouterID: rf.id, Token: rf.watchToken, StaleAfter: time.Duration(ropts.WorkerStaleSecs) * time.Second}
 }
 

@@ -2,13 +2,22 @@
 // once per report against the worker's own thresholds and the verdict is
 // stored on the worker (the spec's "Polling" and "When a Worker Does Not
 // Report"). Nothing here runs per request.
+//
+// With coalescing on (Coalesce), a report that leaves the verdict as it is
+// only replaces the worker's pending load, latest wins, and Flush commits
+// every pending load in one transaction; a report that flips the verdict
+// commits at once. Verdicts are never delayed, the memdb commit is paid per
+// flush instead of per report, and watchers see one revision per flush.
 package ingest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"sync"
+	"time"
 
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
@@ -22,11 +31,72 @@ var ErrUnknownWorker = errors.New("unknown worker")
 type Ingester struct {
 	reg *registry.Registry
 	log *slog.Logger
+
+	mu       sync.Mutex                   // serializes the check against the stored verdict
+	coalesce bool                         // load-only reports wait for Flush
+	pending  map[string]*smgv1.EngineLoad // by worker id, latest wins
 }
 
-// New returns an Ingester writing to reg.
+// New returns an Ingester writing to reg; every report commits at once until
+// Coalesce is called.
 func New(reg *registry.Registry, log *slog.Logger) *Ingester {
-	return &Ingester{reg: reg, log: log}
+	return &Ingester{reg: reg, log: log, pending: map[string]*smgv1.EngineLoad{}}
+}
+
+// DefaultFlushInterval bounds how long a load-only update waits for its commit.
+const DefaultFlushInterval = 50 * time.Millisecond
+
+// Coalesce turns coalescing on: Run must then flush.
+func (in *Ingester) Coalesce() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.coalesce = true
+}
+
+// Run flushes pending loads every interval until ctx ends, then once more.
+func (in *Ingester) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			in.Flush()
+			return
+		case <-t.C:
+			in.Flush()
+		}
+	}
+}
+
+// Flush commits every pending load in one transaction. It never changes a
+// verdict: one that the stored state no longer matches waits for the next
+// report, which commits at once if it flips.
+func (in *Ingester) Flush() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if len(in.pending) == 0 {
+		return
+	}
+	_, _ = in.reg.Update(func(t *registry.Txn) error {
+		for id, load := range in.pending {
+			w := t.Get(id)
+			if w == nil {
+				continue
+			}
+			c := w.Clone()
+			c.Load = load
+			c.LoadRevision++
+			if c.Overloaded {
+				_, reason := judge.Check(int64(load.GetWaitingRequests()), load.GetTokenUsage(), w.Thresholds)
+				c.OverloadReason = reason.String()
+			}
+			if err := t.Insert(c); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	clear(in.pending)
 }
 
 // Report ingests one load report for a worker and takes ownership of load. A
@@ -38,6 +108,22 @@ func New(reg *registry.Registry, log *slog.Logger) *Ingester {
 func (in *Ingester) Report(workerID string, load *smgv1.EngineLoad) error {
 	if load == nil || len(load.GetRanks()) == 0 {
 		return in.NoReport(workerID)
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.coalesce {
+		w := in.reg.Get(workerID)
+		if w == nil {
+			return ErrUnknownWorker
+		}
+		waiting, usage := Signals(load.GetRanks())
+		load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
+		over, _ := judge.Check(waiting, usage, w.Thresholds)
+		if (over && w.Ready()) == w.Overloaded {
+			in.pending[workerID] = load // the verdict stands: commit with the next flush
+			return nil
+		}
+		delete(in.pending, workerID) // this report is newer
 	}
 	var f flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
@@ -62,6 +148,11 @@ type WorkerLoad struct {
 // radix nodes the reports share are copied once. Each report is judged as
 // Report judges it; an unknown worker is skipped and named in the error.
 func (in *Ingester) ReportAll(batch []WorkerLoad) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for _, r := range batch {
+		delete(in.pending, r.WorkerID) // these reports are newer
+	}
 	flips := make([]flip, 0, 4)
 	var errs []error
 	_, err := in.reg.Update(func(t *registry.Txn) error {
@@ -172,6 +263,9 @@ func Signals(ranks []*smgv1.RankLoad) (waiting int64, tokenUsage float64) {
 
 // NoReport records a poll that produced no report: the overload veto clears.
 func (in *Ingester) NoReport(workerID string) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	delete(in.pending, workerID) // "no report" is newer than any pending load
 	var f flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		var err error
@@ -182,14 +276,12 @@ func (in *Ingester) NoReport(workerID string) error {
 	return err
 }
 
-// ClearOverload drops a worker's overload veto (it left Ready).
-func (in *Ingester) ClearOverload(workerID, why string) {
-	_ = in.NoReport(workerID)
-}
-
 // Rebuild clears the overload veto of every worker: the monitor lost its state
 // and holds no fresh signal for any of them.
 func (in *Ingester) Rebuild(why string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	clear(in.pending)
 	n := 0
 	_, _ = in.reg.Update(func(t *registry.Txn) error {
 		for _, w := range t.Workers() {

@@ -196,7 +196,6 @@ func TestFailOpen(t *testing.T) {
 		"nil report":     func(in *ingest.Ingester) error { return in.Report("w1", nil) },
 		"empty report":   func(in *ingest.Ingester) error { return in.Report("w1", &smgv1.EngineLoad{Source: "vllm"}) },
 		"no report":      func(in *ingest.Ingester) error { return in.NoReport("w1") },
-		"left Ready":     func(in *ingest.Ingester) error { in.ClearOverload("w1", "left Ready"); return nil },
 		"nil in a batch": func(in *ingest.Ingester) error { return in.ReportAll([]ingest.WorkerLoad{{WorkerID: "w1"}}) },
 		"state rebuilt":  func(in *ingest.Ingester) error { in.Rebuild("test"); return nil },
 		"under in abatch": func(in *ingest.Ingester) error {

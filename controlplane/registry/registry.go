@@ -379,6 +379,9 @@ type Snapshot struct {
 	txn      *memdb.Txn
 }
 
+// Get returns the current record of a worker, or nil, without a snapshot.
+func (r *Registry) Get(id string) *Worker { return getWorker(r.db.Txn(false), id) }
+
 // Snapshot returns a read view of the current state.
 func (r *Registry) Snapshot() *Snapshot {
 	r.mu.Lock()

@@ -600,7 +600,9 @@ type RoutingWorker struct {
 	// Changes on every contact after a failure (routers close breakers on it).
 	ContactSeq uint64 `protobuf:"varint,16,opt,name=contact_seq,json=contactSeq,proto3" json:"contact_seq,omitempty"`
 	ApiKey     string `protobuf:"bytes,17,opt,name=api_key,json=apiKey,proto3" json:"api_key,omitempty"`
-	// This router's share of a decode worker's running window (0: not gated).
+	// This router's share of a decode worker's running window: > 0 rooms it
+	// may fill, -1 none granted (hold no room), 0 no allocator (count against
+	// the whole window).
 	WindowShare   int64 `protobuf:"varint,18,opt,name=window_share,json=windowShare,proto3" json:"window_share,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

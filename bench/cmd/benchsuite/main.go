@@ -1,0 +1,75 @@
+// Command benchsuite runs the overload and fault benchmarks of docs/overload-benchmark.md
+// against a built smg binary and writes docs/benchmarks.md tables and docs/img plots.
+//
+//	go run ./bench/cmd/benchsuite --bin bin/smg --suite overload
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/smg-project/smg/bench"
+)
+
+func main() {
+	fs := flag.NewFlagSet("benchsuite", flag.ContinueOnError)
+	bin := fs.String("bin", "bin/smg", "smg binary to run the simulated fleet and the gateway with")
+	suite := fs.String("suite", "overload", "which benchmark: overload (make bench-overload) or faults (make bench-faults)")
+	short := fs.Bool("short", false, "smoke-test sizes (2 loads, 3-second runs): checks shapes, not timings; writes no docs")
+	raw := fs.String("raw", "docs/bench-raw", "directory for per-run JSON results (git-ignored)")
+	docs := fs.String("docs", "docs", "directory holding benchmarks.md and img/")
+	seed := fs.Uint64("seed", 1, "seed of the simulated engines and of the offered load")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	s := &bench.Suite{Bin: *bin, RawDir: *raw, DocsDir: *docs, Short: *short, Seed: *seed, Log: os.Stderr}
+	if *short {
+		s.DocsDir = ""
+	}
+	start := time.Now()
+	var err error
+	switch *suite {
+	case "overload":
+		err = runOverload(ctx, s)
+	case "faults":
+		err = runFaults(ctx, s)
+	default:
+		err = fmt.Errorf("unknown suite %q (overload or faults)", *suite)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchsuite:", err)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "benchsuite %s done in %s\n", *suite, time.Since(start).Round(time.Second))
+}
+
+func runOverload(ctx context.Context, s *bench.Suite) error {
+	rep, err := s.Overload(ctx)
+	if err != nil {
+		return err
+	}
+	bench.WriteOverloadTable(os.Stdout, rep)
+	if s.DocsDir == "" {
+		return nil
+	}
+	return s.PublishOverload(rep)
+}
+
+func runFaults(ctx context.Context, s *bench.Suite) error {
+	rep, err := s.Faults(ctx)
+	if err != nil {
+		return err
+	}
+	bench.WriteFaultTable(os.Stdout, rep)
+	if s.DocsDir == "" {
+		return nil
+	}
+	return s.PublishFaults(rep)
+}

@@ -1,0 +1,83 @@
+// Package bench measures what overload protection buys: an open-loop load
+// generator for OpenAI-compatible streaming endpoints (smg bench), and the
+// scenarios behind make bench-overload and make bench-faults, which run real
+// smg sim fleets behind smg launch and write tables and plots.
+package bench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+)
+
+// Dist is a distribution of token counts: a fixed value ("48") or a uniform
+// range ("32-64", both ends included).
+type Dist struct {
+	Min, Max int
+}
+
+// ParseDist reads "N" or "MIN-MAX".
+func ParseDist(s string) (Dist, error) {
+	lo, hi, isRange := strings.Cut(strings.TrimSpace(s), "-")
+	a, err := strconv.Atoi(lo)
+	if err != nil {
+		return Dist{}, fmt.Errorf("%q: want N or MIN-MAX", s)
+	}
+	b := a
+	if isRange {
+		if b, err = strconv.Atoi(hi); err != nil {
+			return Dist{}, fmt.Errorf("%q: want N or MIN-MAX", s)
+		}
+	}
+	if a < 1 || b < a {
+		return Dist{}, fmt.Errorf("%q: want 1 <= MIN <= MAX", s)
+	}
+	return Dist{a, b}, nil
+}
+
+// String formats d the way ParseDist reads it.
+func (d Dist) String() string {
+	if d.Min == d.Max {
+		return strconv.Itoa(d.Min)
+	}
+	return fmt.Sprintf("%d-%d", d.Min, d.Max)
+}
+
+// Set lets a Dist be a flag.Value.
+func (d *Dist) Set(s string) error {
+	v, err := ParseDist(s)
+	if err == nil {
+		*d = v
+	}
+	return err
+}
+
+// Sample draws one value.
+func (d Dist) Sample(r *rand.Rand) int {
+	if d.Max <= d.Min {
+		return d.Min
+	}
+	return d.Min + r.IntN(d.Max-d.Min+1)
+}
+
+// Mean is the expected value.
+func (d Dist) Mean() float64 { return float64(d.Min+d.Max) / 2 }
+
+// promptWords are the words prompts are made of; each is 4 characters with its
+// space, so a prompt of n words reads as about n tokens to a 4-chars-per-token
+// estimate (the simulator's and the router's).
+var promptWords = strings.Fields("the and for are but not you all any can had her was one our out day get has him his how man new now old see two way who boy did its let put say she too use")
+
+// makePrompt returns text of about tokens tokens. Prompts start with different
+// words so that prefix-affinity policies see unrelated requests, as they would
+// from independent users.
+func makePrompt(r *rand.Rand, tokens int) string {
+	var b strings.Builder
+	b.Grow(tokens * 4)
+	for range tokens {
+		b.WriteString(promptWords[r.IntN(len(promptWords))])
+		b.WriteByte(' ')
+	}
+	return b.String()
+}

@@ -1,0 +1,278 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Proc is a child smg process whose output is watched for the addresses it
+// prints when it starts.
+type Proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	mu   sync.Mutex
+	log  bytes.Buffer // stderr, kept for failure reports (bounded)
+}
+
+// startProc runs bin with args and calls onLine with every stdout and stderr line.
+func startProc(bin string, args []string, onLine func(string)) (*Proc, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &Proc{cmd: cmd, done: make(chan struct{})}
+	var wg sync.WaitGroup
+	scan := func(r io.Reader, keep bool) {
+		defer wg.Done()
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if keep {
+				p.mu.Lock()
+				if p.log.Len() < 1<<20 {
+					p.log.WriteString(line + "\n")
+				}
+				p.mu.Unlock()
+			}
+			onLine(line)
+		}
+	}
+	wg.Add(2)
+	go scan(stdout, false)
+	go scan(stderr, true)
+	go func() { wg.Wait(); _ = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// Stop interrupts the process and kills it if it has not exited within grace.
+func (p *Proc) Stop(grace time.Duration) {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// Log returns what the process wrote to stderr so far.
+func (p *Proc) Log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// Exited is closed when the process has ended.
+func (p *Proc) Exited() <-chan struct{} { return p.done }
+
+// Fleet is a running smg sim process with its engines' URLs.
+type Fleet struct {
+	*Proc
+	URLs       []string
+	ControlURL string // /sim/fault for every engine, reachable whatever the faults
+}
+
+var controlRe = regexp.MustCompile(`msg="control listener" url=(\S+)`)
+
+// StartFleet runs `smg sim --count n` on free ports with simArgs added.
+func StartFleet(ctx context.Context, bin string, n int, simArgs []string) (*Fleet, error) {
+	f := &Fleet{}
+	var mu sync.Mutex
+	ready := make(chan struct{})
+	var once sync.Once
+	args := append([]string{"sim", "--count", fmt.Sprint(n), "--port", "0", "--control-port", "0"}, simArgs...)
+	p, err := startProc(bin, args, func(line string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.HasPrefix(line, "http://") {
+			f.URLs = append(f.URLs, strings.TrimSpace(line))
+		} else if m := controlRe.FindStringSubmatch(line); m != nil {
+			f.ControlURL = m[1]
+		}
+		if len(f.URLs) == n && f.ControlURL != "" {
+			once.Do(func() { close(ready) })
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	f.Proc = p
+	select {
+	case <-ready:
+		return f, nil
+	case <-p.done:
+		return nil, fmt.Errorf("smg sim exited: %s", p.Log())
+	case <-time.After(10 * time.Second):
+	case <-ctx.Done():
+	}
+	p.Stop(time.Second)
+	return nil, fmt.Errorf("smg sim did not print its URLs: %s", p.Log())
+}
+
+// Fault patches engine i's faults through the control port (see docs/sim.md).
+func (f *Fleet) Fault(ctx context.Context, engine int, patch map[string]any) error {
+	patch["engine"] = engine
+	b, _ := json.Marshal(patch)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.ControlURL, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("fault: %s: %s", resp.Status, msg)
+	}
+	return nil
+}
+
+// Gateway is a running smg launch.
+type Gateway struct {
+	*Proc
+	URL string
+}
+
+var servingRe = regexp.MustCompile(`msg="smg launch serving" http=(\S+)`)
+
+// StartGateway runs `smg launch` in front of workers with extra flags and
+// waits until every worker is Ready.
+func StartGateway(ctx context.Context, bin string, workers []string, extra []string) (*Gateway, error) {
+	g := &Gateway{}
+	addr := make(chan string, 1)
+	// Info level: the address comes in the "smg launch serving" line.
+	args := append([]string{"launch", "--port", "0", "--grpc-port", "0", "--log-level", "info",
+		"--worker-urls"}, workers...)
+	args = append(args, extra...)
+	p, err := startProc(bin, args, func(line string) {
+		if m := servingRe.FindStringSubmatch(line); m != nil {
+			select {
+			case addr <- m[1]:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	g.Proc = p
+	select {
+	case a := <-addr:
+		g.URL = "http://" + a
+	case <-p.done:
+		return nil, fmt.Errorf("smg launch exited: %s", p.Log())
+	case <-time.After(15 * time.Second):
+		p.Stop(time.Second)
+		return nil, fmt.Errorf("smg launch did not start: %s", p.Log())
+	}
+	if err := g.waitReady(ctx, len(workers), 20*time.Second); err != nil {
+		p.Stop(time.Second)
+		return nil, err
+	}
+	return g, nil
+}
+
+// WorkerState is the part of GET /workers the bench reads.
+type WorkerState struct {
+	URL     string
+	Ready   bool
+	Health  string
+	Vetoed  bool
+	Veto    string
+	Reason  string
+	Waiting int
+}
+
+// Workers reads GET /workers.
+func (g *Gateway) Workers(ctx context.Context) ([]WorkerState, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.URL+"/workers", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Workers []struct {
+			Spec struct {
+				URL string `json:"url"`
+			} `json:"spec"`
+			Health     string `json:"health"`
+			Ready      bool   `json:"ready"`
+			EngineLoad *struct {
+				Waiting int `json:"waiting_requests"`
+			} `json:"engine_load"`
+			Verdict struct {
+				Vetoed bool   `json:"vetoed"`
+				Veto   string `json:"veto"`
+				Reason string `json:"reason"`
+			} `json:"verdict"`
+		} `json:"workers"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return nil, fmt.Errorf("GET /workers: %w", err)
+	}
+	out := make([]WorkerState, 0, len(body.Workers))
+	for _, w := range body.Workers {
+		s := WorkerState{URL: w.Spec.URL, Ready: w.Ready, Health: w.Health, Vetoed: w.Verdict.Vetoed,
+			Veto: w.Verdict.Veto, Reason: w.Verdict.Reason}
+		if w.EngineLoad != nil {
+			s.Waiting = w.EngineLoad.Waiting
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+func (g *Gateway) waitReady(ctx context.Context, n int, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		ws, err := g.Workers(ctx)
+		ready := 0
+		for _, w := range ws {
+			if w.Ready {
+				ready++
+			}
+		}
+		if err == nil && ready == n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.Join(fmt.Errorf("%d of %d workers Ready after %s", ready, n, within), err)
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

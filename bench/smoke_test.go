@@ -1,0 +1,77 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// buildSMG builds the smg binary into a temporary directory, or returns
+// $SMG_BENCH_BIN when set (make bench-overload SHORT=1 passes bin/smg).
+func buildSMG(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("SMG_BENCH_BIN"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(t.TempDir(), "smg")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/smg").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build ./cmd/smg: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestOverloadSmoke is make bench-overload SHORT=1: real simulated engines
+// behind a real smg launch, every configuration at 0.5× and 2× of the fleet's
+// nominal capacity. It asserts shapes, not timings.
+func TestOverloadSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real binaries for about a minute")
+	}
+	var log strings.Builder
+	s := &Suite{Bin: buildSMG(t), Short: true, Seed: 1, Log: &log}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := s.Overload(ctx)
+	if err != nil {
+		t.Fatalf("overload scenario: %v\n%s", err, log.String())
+	}
+	for _, gc := range OverloadConfigs() {
+		for _, load := range []float64{0.5, 2} {
+			run, ok := rep.Run(gc.Name, load)
+			if !ok {
+				t.Fatalf("no result for %s at %.1fx", gc.Name, load)
+			}
+			if run.Summary.Requests == 0 || run.Summary.Completed == 0 {
+				t.Errorf("%s at %.1fx: %d requests, %d completed; want some of each", gc.Name, load,
+					run.Summary.Requests, run.Summary.Completed)
+			}
+		}
+	}
+	for _, load := range rep.Loads {
+		for _, name := range []string{"off", "steer"} {
+			if run, _ := rep.Run(name, load); run.Summary.Shed != 0 {
+				t.Errorf("%s at %.1fx shed %d requests; only --worker-overload-shed may shed", name, load, run.Summary.Shed)
+			}
+		}
+	}
+	for _, name := range []string{"shed", "shed-tuned"} {
+		run, _ := rep.Run(name, 2)
+		if run.Summary.Shed == 0 {
+			t.Errorf("%s at 2x shed nothing; want 503 %s answers\n%s", name, ShedCode, log.String())
+		}
+		if run.RetryAfterSeen != run.Summary.Shed {
+			t.Errorf("%s at 2x: %d of %d sheds carried Retry-After", name, run.RetryAfterSeen, run.Summary.Shed)
+		}
+	}
+	var table strings.Builder
+	WriteOverloadTable(&table, rep)
+	if got := strings.Count(table.String(), "\n"); got != 2+len(rep.Runs) {
+		t.Errorf("table has %d lines for %d runs:\n%s", got, len(rep.Runs), table.String())
+	}
+	t.Logf("took %s\n%s", time.Duration(rep.Took*float64(time.Second)).Round(time.Second), table.String())
+}

@@ -1,0 +1,185 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Suite holds what every scenario shares: the smg binary, the fleet's shape
+// and where results go.
+type Suite struct {
+	Bin     string    // smg binary
+	RawDir  string    // per-run JSON results
+	DocsDir string    // docs/: benchmarks.md and img/ ("" writes no docs)
+	Short   bool      // smoke-test sizes: shapes, not timings
+	Seed    uint64    // simulator and load seed
+	Log     io.Writer // progress
+
+	client *http.Client
+}
+
+// The fleet: 4 engines with a running window of 8, 20 ms decode steps that
+// grow 2% per running request, vLLM flavor. Requests stream 32-64 tokens
+// after 256-768 prompt tokens, so one takes about a second on an idle engine
+// and an engine serves about 8 requests/s: short runs, but engines that queue
+// and batch like real ones.
+const (
+	fleetSize   = 4
+	engineSlots = 8
+	itlMs       = 20.0
+	itlGrowth   = 0.02
+	prefillRate = 20000.0
+)
+
+// nominalCapacity is what the fleet's parameters promise: every slot busy,
+// each request a prefill then mean-output steps at a full batch's step time.
+// Short runs use it instead of a calibration run; full runs measure.
+func nominalCapacity() Capacity {
+	service := (promptDist.Mean()+7)/prefillRate + outputDist.Mean()*itlMs/1000*(1+itlGrowth*(engineSlots-1))
+	rps := fleetSize * engineSlots / service
+	return Capacity{ReqPerSec: rps, TokensPerSec: rps * outputDist.Mean()}
+}
+
+// simArgs are the simulator flags of every scenario.
+func (s *Suite) simArgs() []string {
+	return []string{"--seed", fmt.Sprint(s.Seed), "--max-running-requests", fmt.Sprint(engineSlots),
+		"--itl-ms", fmt.Sprint(itlMs), "--itl-growth", fmt.Sprint(itlGrowth), "--prefill-tokens-per-sec", fmt.Sprint(prefillRate)}
+}
+
+var (
+	promptDist = Dist{256, 768}
+	outputDist = Dist{32, 64}
+)
+
+// gatewayBase are flags every configuration shares: polls every second, as a
+// short benchmark needs, and Ready after one passing probe.
+var gatewayBase = []string{"--load-monitor-interval", "1", "--health-success-threshold", "1", "--policy", "least_load"}
+
+func (s *Suite) logf(format string, a ...any) {
+	if s.Log != nil {
+		fmt.Fprintf(s.Log, format+"\n", a...)
+	}
+}
+
+func (s *Suite) httpClient() *http.Client {
+	if s.client == nil {
+		s.client = NewHTTPClient()
+	}
+	return s.client
+}
+
+// env is one fleet behind one gateway.
+type env struct {
+	fleet *Fleet
+	gw    *Gateway
+}
+
+func (e *env) stop() {
+	if e.gw != nil {
+		e.gw.Stop(5 * time.Second)
+	}
+	if e.fleet != nil {
+		e.fleet.Stop(5 * time.Second)
+	}
+}
+
+// start runs a fresh fleet and a gateway with flags in front of it.
+func (s *Suite) start(ctx context.Context, flags []string) (*env, error) {
+	f, err := StartFleet(ctx, s.Bin, fleetSize, s.simArgs())
+	if err != nil {
+		return nil, err
+	}
+	gw, err := StartGateway(ctx, s.Bin, f.URLs, append(append([]string{}, gatewayBase...), flags...))
+	if err != nil {
+		f.Stop(time.Second)
+		return nil, err
+	}
+	return &env{fleet: f, gw: gw}, nil
+}
+
+// Capacity is the fleet's measured saturation throughput.
+type Capacity struct {
+	ReqPerSec    float64 `json:"req_per_sec"`
+	TokensPerSec float64 `json:"tokens_per_sec"`
+	Clients      int     `json:"clients"`
+	Seconds      float64 `json:"seconds"`
+}
+
+// Calibrate measures the fleet's capacity: closed-loop clients, half again as
+// many as the fleet has running slots so no slot waits for a client, through
+// a gateway with protection off. Only requests that end after a warm-up (the
+// first quarter, while the first batches fill) and inside the window count.
+func (s *Suite) Calibrate(ctx context.Context) (Capacity, error) {
+	e, err := s.start(ctx, []string{"--disable-worker-overload-protection"})
+	if err != nil {
+		return Capacity{}, err
+	}
+	defer e.stop()
+	d := 12 * time.Second
+	if s.Short {
+		d = 4 * time.Second
+	}
+	warm := d / 4
+	clients := fleetSize * engineSlots * 3 / 2
+	s.logf("calibrating: %d closed-loop clients for %s", clients, d)
+	res, err := Run(ctx, s.httpClient(), Config{URL: e.gw.URL, Clients: clients, Duration: d, Prompt: promptDist,
+		Output: outputDist, Timeout: 30 * time.Second, Seed: s.Seed}, nil)
+	if err != nil {
+		return Capacity{}, err
+	}
+	var n, tokens int
+	for _, r := range res.Records {
+		if end := r.Start + r.E2E; r.Completed && end > warm.Seconds() && end <= d.Seconds() {
+			n++
+			tokens += r.Tokens
+		}
+	}
+	secs := (d - warm).Seconds()
+	c := Capacity{ReqPerSec: float64(n) / secs, TokensPerSec: float64(tokens) / secs, Clients: clients, Seconds: secs}
+	if c.ReqPerSec <= 0 {
+		return c, fmt.Errorf("calibration completed no request (%+v)", res.Summary)
+	}
+	s.logf("capacity: %.1f req/s, %.0f output tokens/s", c.ReqPerSec, c.TokensPerSec)
+	return c, nil
+}
+
+func (s *Suite) writeJSON(name string, v any) error {
+	if s.RawDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(s.RawDir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(v, "", " ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(s.RawDir, name), b, 0o644)
+}
+
+func progressLogger(s *Suite, label string) func(Progress) {
+	return func(p Progress) {
+		s.logf("  %-22s %4.0fs  sent %5d  in flight %4d  ok %5d  shed %5d  err %4d", label,
+			p.Elapsed.Seconds(), p.Sent, p.InFlight, p.Completed, p.Shed, p.Errors)
+	}
+}
+
+// loadAvg reads the 1, 5 and 15 minute load averages ("" off Linux).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}

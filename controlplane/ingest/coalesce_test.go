@@ -1,0 +1,109 @@
+package ingest_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/judge"
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+func coalescing(t *testing.T) (*ingest.Ingester, *registry.Registry) {
+	t.Helper()
+	reg := registry.New("e", 0)
+	if _, err := reg.Update(func(tx *registry.Txn) error {
+		return tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://e1"}, Model: "m",
+			Thresholds: judge.DefaultGatewayThresholds().Resolve(nil), Health: registry.HealthHealthy})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	in := ingest.New(reg, slog.New(slog.DiscardHandler))
+	in.Coalesce()
+	return in, reg
+}
+
+func load(waiting int32) *smgv1.EngineLoad {
+	return &smgv1.EngineLoad{Ranks: []*smgv1.RankLoad{{WaitingRequests: waiting}}}
+}
+
+func TestCoalescedReportWaitsForFlushLatestWins(t *testing.T) {
+	in, reg := coalescing(t)
+	rev := reg.Revision()
+	for _, w := range []int32{1, 2, 3} {
+		if err := in.Report("w1", load(w)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if reg.Revision() != rev || reg.Get("w1").Load != nil {
+		t.Fatal("a report that keeps the verdict committed before the flush")
+	}
+	in.Flush()
+	w := reg.Get("w1")
+	if got := w.Load.GetWaitingRequests(); got != 3 {
+		t.Fatalf("flushed waiting = %d, want the latest report's 3", got)
+	}
+	if reg.Revision() != rev+1 {
+		t.Fatalf("flush made %d revisions, want 1", reg.Revision()-rev)
+	}
+}
+
+func TestCoalescedFlipCommitsAtOnce(t *testing.T) {
+	in, reg := coalescing(t)
+	if err := in.Report("w1", load(8)); err != nil { // 8 >= the default 8
+		t.Fatal(err)
+	}
+	if w := reg.Get("w1"); !w.Overloaded || w.Load.GetWaitingRequests() != 8 {
+		t.Fatalf("a flipping report waited for the flush: overloaded %v load %v", w.Overloaded, w.Load)
+	}
+	if err := in.Report("w1", load(7)); err != nil { // the first report under every threshold clears
+		t.Fatal(err)
+	}
+	if reg.Get("w1").Overloaded {
+		t.Fatal("the first report under every threshold did not clear the veto at once")
+	}
+}
+
+func TestNoReportDropsThePendingLoad(t *testing.T) {
+	in, reg := coalescing(t)
+	if err := in.Report("w1", load(9)); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Report("w1", load(10)); err != nil { // still overloaded: pending
+		t.Fatal(err)
+	}
+	if err := in.NoReport("w1"); err != nil {
+		t.Fatal(err)
+	}
+	in.Flush()
+	w := reg.Get("w1")
+	if w.Overloaded {
+		t.Fatal("a flush brought back a veto that a later no-report cleared")
+	}
+	if got := w.Load.GetWaitingRequests(); got != 9 {
+		t.Fatalf("load = %d, want 9: the pending report older than the no-report must not land", got)
+	}
+}
+
+func TestRunFlushesWithinTheInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		in, reg := coalescing(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { in.Run(ctx, ingest.DefaultFlushInterval); close(done) }()
+		if err := in.Report("w1", load(2)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(ingest.DefaultFlushInterval)
+		synctest.Wait()
+		if got := reg.Get("w1").Load.GetWaitingRequests(); got != 2 {
+			t.Fatalf("after one flush interval the load is %d, want 2", got)
+		}
+		cancel()
+		<-done
+	})
+}

@@ -1,0 +1,231 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// PD burst setup: one prefill engine, one decode engine with a window of
+// pdWindow, three routers, and a burst of 4x the window spread over them.
+const (
+	pdWindow    = 4
+	pdBurst     = 4 * pdWindow
+	pdMaxTokens = 25 // x 40 ms per step: about 1 s of decode per request
+)
+
+// pdFleet is the PD deployment of one run.
+type pdFleet struct {
+	prefill, decode string
+	routers         []string
+}
+
+// pdStart serves a prefill and a decode engine, a control plane that
+// registers them, and three PD routers with the extra flags.
+func pdStart(t *testing.T, routerFlags ...string) pdFleet {
+	t.Helper()
+	// vLLM flavor on the prefill: its abort counter counts bootstrap expiries.
+	prefill := pdSim(t, "prefill", "--flavor", "vllm", "--role", "prefill", "--max-running-requests", "64",
+		"--bootstrap-timeout-secs", "2", "--seed", "1")
+	// SGLang flavor on the decode: /v1/loads advertises the running window.
+	decode := pdSim(t, "decode", "--flavor", "sglang", "--role", "decode", "--max-running-requests", fmt.Sprint(pdWindow),
+		"--itl-ms", "40", "--seed", "2")
+	port := prefill[strings.LastIndexByte(prefill, ':')+1:]
+	cp := newControlPlane(t, nil, "--load-monitor-interval", "1", "--prefill", prefill, port, "--decode", decode)
+	f := pdFleet{prefill: prefill, decode: decode}
+	for i := range 3 {
+		args := append([]string{"--pd-disaggregation", "--policy", "round_robin", "--load-monitor-interval", "1"}, routerFlags...)
+		f.routers = append(f.routers, startRouter(t, fmt.Sprintf("pd-r%d", i), cp.grpcPort, args...))
+	}
+	// Every router must see both workers healthy and the decode window.
+	for _, base := range f.routers {
+		waitFor(t, 20*time.Second, "PD workers ready on "+base, func() (bool, string) {
+			var l struct {
+				Workers []struct {
+					URL        string `json:"url"`
+					Healthy    bool   `json:"healthy"`
+					MaxRunning int64  `json:"max_running"`
+				} `json:"workers"`
+			}
+			resp, err := client.Get(base + "/loads")
+			if err != nil {
+				return false, err.Error()
+			}
+			defer resp.Body.Close()
+			if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+				return false, err.Error()
+			}
+			ready := 0
+			for _, w := range l.Workers {
+				if w.Healthy && (w.URL == prefill || w.URL == decode && w.MaxRunning == pdWindow) {
+					ready++
+				}
+			}
+			return ready == 2, fmt.Sprintf("%+v", l.Workers)
+		})
+	}
+	return f
+}
+
+// pdSim starts one simulated engine and returns its URL.
+func pdSim(t *testing.T, name string, extra ...string) string {
+	t.Helper()
+	args := append([]string{"sim", "--count", "1", "--port", "0", "--log-level", "warn"}, extra...)
+	return startSMG(t, "sim-"+name, args...).lines(1, 20*time.Second)[0]
+}
+
+// pdBurstResult is what one burst showed.
+type pdBurstResult struct {
+	ok, shed, failed int
+	expiries         float64 // prefill requests that hit their bootstrap deadline
+	maxRunning       int64   // decode engine, sampled every 10 ms
+	maxWaiting       int64
+	maxHeld          int64 // running + waiting: every request the decode engine holds
+	elapsed          time.Duration
+}
+
+// pdRunBurst sends pdBurst requests at once, round robin over the routers,
+// while sampling the decode engine's running and waiting counts.
+func pdRunBurst(t *testing.T, f pdFleet) pdBurstResult {
+	t.Helper()
+	var res pdBurstResult
+	ctx, stop := context.WithCancel(context.Background())
+	var maxRunning, maxWaiting, maxHeld atomic.Int64
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for ctx.Err() == nil {
+			if run, wait, err := pdDecodeLoad(f.decode); err == nil {
+				maxRunning.Store(max(maxRunning.Load(), run))
+				maxWaiting.Store(max(maxWaiting.Load(), wait))
+				maxHeld.Store(max(maxHeld.Load(), run+wait))
+			}
+			time.Sleep(10 * time.Millisecond) // sampling period
+		}
+	}()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	began := time.Now()
+	body := []byte(fmt.Sprintf(`{"model":"sim-model","prompt":"tell me a story","max_tokens":%d}`, pdMaxTokens))
+	for i := range pdBurst {
+		wg.Go(func() {
+			base := f.routers[i%len(f.routers)]
+			req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				res.failed++
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode == http.StatusOK:
+				res.ok++
+			case resp.Header.Get("X-SMG-Error-Code") == "worker_overload_protection_shed" && resp.Header.Get("Retry-After") != "":
+				res.shed++
+			default:
+				res.failed++
+				t.Logf("request %d: %d %s", i, resp.StatusCode, bytes.TrimSpace(b))
+			}
+		})
+	}
+	wg.Wait()
+	res.elapsed = time.Since(began)
+	stop()
+	<-sampled
+	res.maxRunning, res.maxWaiting, res.maxHeld = maxRunning.Load(), maxWaiting.Load(), maxHeld.Load()
+	m, err := scrape(f.prefill + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.expiries = metricSum(m, "vllm:request_success_total", "finished_reason", "abort")
+	return res
+}
+
+// pdDecodeLoad reads the decode engine's live running and waiting counts.
+func pdDecodeLoad(url string) (running, waiting int64, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/loads", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	var l struct {
+		Loads []struct {
+			Running int64 `json:"num_running_reqs"`
+			Waiting int64 `json:"num_waiting_reqs"`
+		} `json:"loads"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+		return 0, 0, err
+	}
+	for _, r := range l.Loads {
+		running += r.Running
+		waiting += r.Waiting
+	}
+	return running, waiting, nil
+}
+
+// TestPDAdmissionWindowAcrossThreeRouters: with the fleet-wide window, a
+// burst of 4x the decode window through three routers finishes with no
+// bootstrap expiry and the decode engine never queues past its window.
+func TestPDAdmissionWindowAcrossThreeRouters(t *testing.T) {
+	f := pdStart(t)
+	res := pdRunBurst(t, f)
+	t.Logf("shared window: ok=%d shed=%d failed=%d expiries=%v decode max running=%d max waiting=%d max held=%d in %s",
+		res.ok, res.shed, res.failed, res.expiries, res.maxRunning, res.maxWaiting, res.maxHeld, res.elapsed.Round(time.Millisecond))
+	if res.expiries != 0 {
+		t.Errorf("prefill bootstrap expiries = %v, want 0", res.expiries)
+	}
+	if res.maxRunning > pdWindow {
+		t.Errorf("decode running peaked at %d, above its window %d", res.maxRunning, pdWindow)
+	}
+	// A request may wait for the engine's next step (up to one ITL) for a
+	// slot that is free; more requests than the window never reach it.
+	if res.maxHeld > pdWindow {
+		t.Errorf("decode engine held %d requests (running + waiting), above its window %d", res.maxHeld, pdWindow)
+	}
+	if res.ok != pdBurst {
+		t.Errorf("%d of %d requests answered 200 (shed %d, failed %d)", res.ok, pdBurst, res.shed, res.failed)
+	}
+	waits := 0.0
+	for _, base := range f.routers {
+		m, err := scrape(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		waits += metricSum(m, "smg_pd_admission_waits_total")
+	}
+	if waits == 0 {
+		t.Errorf("smg_pd_admission_waits_total = 0 over the routers: the burst never waited for a room")
+	}
+}
+
+// TestPDPerRouterWindowBaselineExpires: each router counting the whole
+// window alone (the spec's per-gateway rule) lets three routers put three
+// windows in flight; the decode queue grows and prefill deadlines expire.
+func TestPDPerRouterWindowBaselineExpires(t *testing.T) {
+	f := pdStart(t, "--pd-window-mode", "per-router")
+	res := pdRunBurst(t, f)
+	t.Logf("per-router window: ok=%d shed=%d failed=%d expiries=%v decode max running=%d max waiting=%d max held=%d in %s",
+		res.ok, res.shed, res.failed, res.expiries, res.maxRunning, res.maxWaiting, res.maxHeld, res.elapsed.Round(time.Millisecond))
+	if res.expiries == 0 {
+		t.Errorf("no bootstrap expiry with per-router counting (decode queue peaked at %d)", res.maxWaiting)
+	}
+	if res.maxHeld <= pdWindow {
+		t.Errorf("decode engine never held more than its window with per-router counting (peak %d)", res.maxHeld)
+	}
+}
