@@ -254,7 +254,7 @@ func (r *Router) sendPair(ctx context.Context, w http.ResponseWriter, in *http.R
 		writeError(w, http.StatusBadGateway, CodeUpstreamError, "Invalid worker URL '"+dw.URL+"'", 0)
 		return http.StatusBadGateway
 	}
-	copyRequestHeaders(out.Header, in.Header)
+	copyRequestHeaders(out.Header, in.Header, dw.APIKey)
 	dst.dispatched.Add(1)
 	resp, err := r.client.Do(out)
 	if err != nil {
@@ -320,7 +320,7 @@ func (r *Router) prefillLeg(ctx context.Context, in *http.Request, pw *Worker, p
 	if err != nil {
 		return &legError{"Prefill", pw.URL, err}
 	}
-	copyRequestHeaders(out.Header, in.Header)
+	copyRequestHeaders(out.Header, in.Header, pw.APIKey)
 	pst.dispatched.Add(1)
 	resp, err := r.client.Do(out)
 	if err != nil {

@@ -202,7 +202,7 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 		writeError(w, http.StatusBadGateway, CodeUpstreamError, "Invalid worker URL '"+wk.URL+"'", 0)
 		return dispatchResult{status: http.StatusBadGateway}
 	}
-	copyRequestHeaders(out.Header, in.Header)
+	copyRequestHeaders(out.Header, in.Header, wk.APIKey)
 
 	st.dispatched.Add(1)
 	st.promptTokens.Add(promptTokens)
@@ -428,12 +428,17 @@ var hopHeaders = map[string]bool{
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
-func copyRequestHeaders(dst, src http.Header) {
+// copyRequestHeaders forwards the client's headers; a worker registered with
+// an api_key gets it as the bearer token instead of the client's.
+func copyRequestHeaders(dst, src http.Header, apiKey string) {
 	for k, vv := range src {
 		if hopHeaders[k] || k == "Content-Length" || k == "Host" {
 			continue
 		}
 		dst[k] = vv
+	}
+	if apiKey != "" {
+		dst["Authorization"] = []string{"Bearer " + apiKey}
 	}
 }
 

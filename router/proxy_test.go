@@ -531,3 +531,24 @@ func TestDrainAndStopEndEveryRequestExplicitly(t *testing.T) {
 		t.Fatalf("stream cut at shutdown without an explicit error: %q", rest)
 	}
 }
+
+func TestWorkerAPIKeyIsSentAsBearerToken(t *testing.T) {
+	h := newHarness(t, nil)
+	got := make(chan string, 2)
+	keyed := newEngine(t, "keyed", func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("Authorization")
+		_, _ = io.WriteString(w, `{}`)
+	})
+	h.apply(keyed.worker(func(w *Worker) { w.APIKey = "engine-secret" }))
+	req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"`+testModel+`","messages":[]}`))
+	req.Header.Set("Authorization", "Bearer client-token")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if a := <-got; a != "Bearer engine-secret" {
+		t.Fatalf("engine saw Authorization %q, want the worker's api_key", a)
+	}
+}

@@ -56,7 +56,8 @@ type Worker struct {
 	// LoadRevision changes whenever a new report arrived; it resets this
 	// router's count of dispatches since the last report.
 	LoadRevision  uint64
-	BootstrapPort int32 // PD prefill
+	BootstrapPort int32  // PD prefill
+	APIKey        string // sent to the worker as its bearer token, when set
 	// WindowShare is this router's share of a decode worker's running window,
 	// granted by the control plane: > 0 rooms, < 0 none, 0 no share allocated
 	// (the router counts against the whole MaxRunning window alone).

@@ -418,6 +418,7 @@ func routerWorker(w *smgv1.RoutingWorker) router.Worker {
 		MaxRunning:    w.GetMaxRunningRequests(),
 		LoadRevision:  w.GetLoadRevision(),
 		BootstrapPort: w.GetBootstrapPort(),
+		APIKey:        w.GetApiKey(),
 		WindowShare:   w.GetWindowShare(),
 	}
 }
