@@ -100,7 +100,7 @@ func TestPDPrefillFailureFailsTheRequestAndCancelsDecode(t *testing.T) {
 	}
 	select {
 	case <-decodeCanceled:
-	case <-time.After(10 * time.Second):
+	case <-time.After(3 * time.Second):
 		// A prefill that fails at once may cancel the decode leg before it
 		// reaches the engine; one that did reach it must have been cancelled.
 		if decodeStarted.Load() {
