@@ -5,14 +5,14 @@ package admin
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"log/slog"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/smg-project/smg/internal/bearer"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -104,14 +104,10 @@ func (s *Service) authorize(ctx context.Context) error {
 	if m, ok := grpc.Method(ctx); ok && publicMethods[m] {
 		return nil
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	for _, v := range md.Get("authorization") {
-		token, ok := strings.CutPrefix(v, "Bearer ")
-		if ok && subtle.ConstantTimeCompare([]byte(token), []byte(s.opts.APIKey)) == 1 {
-			return nil
-		}
+	if _, ok := bearer.Check(ctx, s.opts.APIKey); !ok {
+		return errUnauthorized()
 	}
-	return errUnauthorized()
+	return nil
 }
 
 // accepted sets the REST status and Location of a change.

@@ -13,18 +13,17 @@ package agentsvc
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"io"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/smg-project/smg/internal/bearer"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -436,15 +435,12 @@ func (s *Server) authorize(ctx context.Context) error {
 	if s.opts.Token == "" {
 		return nil
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get("authorization")
-	if len(vals) == 0 {
+	switch sent, ok := bearer.Check(ctx, s.opts.Token); {
+	case !sent:
 		return status.Error(codes.Unauthenticated,
-			`agent: missing token: send metadata "authorization: Bearer <token>" (smg agent --token) with the control plane's agent token`)
-	}
-	got, ok := strings.CutPrefix(vals[0], "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.opts.Token)) != 1 {
-		return status.Error(codes.Unauthenticated, "agent: invalid token: smg agent --token does not match the control plane's agent token")
+			`agent: missing token: send metadata "authorization: Bearer <token>" (smg agent --token) with the control plane's --agent-token`)
+	case !ok:
+		return status.Error(codes.Unauthenticated, "agent: invalid token: smg agent --token does not match the control plane's --agent-token")
 	}
 	return nil
 }

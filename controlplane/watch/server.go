@@ -12,7 +12,6 @@ package watch
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"io"
 	"log/slog"
@@ -21,10 +20,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/smg-project/smg/internal/bearer"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -391,14 +391,11 @@ func (s *Server) authorize(ctx context.Context) error {
 	if s.opts.Token == "" {
 		return nil
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get("authorization")
-	if len(vals) == 0 {
+	switch sent, ok := bearer.Check(ctx, s.opts.Token); {
+	case !sent:
 		return status.Error(codes.Unauthenticated,
 			`watch: missing token: send metadata "authorization: Bearer <token>" with the control plane's --watch-token`)
-	}
-	got, ok := strings.CutPrefix(vals[0], "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.opts.Token)) != 1 {
+	case !ok:
 		return status.Error(codes.Unauthenticated, "watch: invalid token: it does not match the control plane's --watch-token")
 	}
 	return nil
