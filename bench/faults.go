@@ -87,18 +87,13 @@ func (s *Suite) Faults(ctx context.Context) (*FaultReport, error) {
 	}
 	defer e.stop()
 	rep := &FaultReport{Capacity: capacity, Rate: capacity.ReqPerSec, Config: gc, RunSeconds: runSecs, LoadAvgStart: loadStart}
-	index := map[string]int{}
-	for i, u := range e.fleet.URLs {
-		index[u] = i
-	}
-
 	start := time.Now()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var faultErr error
-	wg.Add(2)
+	wg.Add(1)
 	go func() { // inject the faults on schedule
 		defer wg.Done()
 		for _, ev := range events {
@@ -115,34 +110,15 @@ func (s *Suite) Faults(ctx context.Context) (*FaultReport, error) {
 			}
 		}
 	}()
-	go func() { // sample the gateway's view of each worker
-		defer wg.Done()
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-runCtx.Done():
-				return
-			case <-t.C:
-			}
-			ws, err := e.gw.Workers(runCtx)
-			if err != nil {
-				continue
-			}
-			at := time.Since(start).Seconds()
-			mu.Lock()
-			for _, w := range ws {
-				rep.Samples = append(rep.Samples, WorkerSample{At: at, Engine: index[w.URL], WorkerState: w})
-			}
-			mu.Unlock()
-		}
-	}()
+	// The gateway's view of each worker, for the time to exclusion.
+	sampler := sampleWorkers(runCtx, e.gw, e.fleet.URLs, start, 100*time.Millisecond)
 	cfg := Config{URL: e.gw.URL, Rate: rep.Rate, Duration: time.Duration(runSecs * float64(time.Second)),
 		Prompt: promptDist, Output: outputDist, Timeout: 15 * time.Second, TTFTObjective: TTFTObjective, Seed: s.Seed}
 	if s.Short {
 		cfg.Timeout = 5 * time.Second
 	}
 	res, err := Run(ctx, s.httpClient(), cfg, progressLogger(s, "faults 1.0x"))
+	rep.Samples = sampler.stop()
 	cancel()
 	wg.Wait()
 	if err != nil {

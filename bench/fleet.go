@@ -157,16 +157,17 @@ func (f *Fleet) Fault(ctx context.Context, engine int, patch map[string]any) err
 // Gateway is a running smg launch.
 type Gateway struct {
 	*Proc
-	URL string
+	URL  string
+	GRPC string // HOST:PORT of the control plane's gRPC, for agents
 }
 
-var servingRe = regexp.MustCompile(`msg="smg launch serving" http=(\S+)`)
+var servingRe = regexp.MustCompile(`msg="smg launch serving" http=(\S+) grpc=(\S+)`)
 
 // StartGateway runs `smg launch` in front of workers with extra flags and
 // waits until every worker is Ready.
 func StartGateway(ctx context.Context, bin string, workers []string, extra []string) (*Gateway, error) {
 	g := &Gateway{}
-	addr := make(chan string, 1)
+	addr := make(chan []string, 1)
 	// Info level: the address comes in the "smg launch serving" line.
 	args := append([]string{"launch", "--port", "0", "--grpc-port", "0", "--log-level", "info",
 		"--worker-urls"}, workers...)
@@ -174,7 +175,7 @@ func StartGateway(ctx context.Context, bin string, workers []string, extra []str
 	p, err := startProc(bin, args, func(line string) {
 		if m := servingRe.FindStringSubmatch(line); m != nil {
 			select {
-			case addr <- m[1]:
+			case addr <- m[1:]:
 			default:
 			}
 		}
@@ -185,7 +186,7 @@ func StartGateway(ctx context.Context, bin string, workers []string, extra []str
 	g.Proc = p
 	select {
 	case a := <-addr:
-		g.URL = "http://" + a
+		g.URL, g.GRPC = "http://"+a[0], a[1]
 	case <-p.done:
 		return nil, fmt.Errorf("smg launch exited: %s", p.Log())
 	case <-time.After(15 * time.Second):
@@ -208,6 +209,8 @@ type WorkerState struct {
 	Veto    string
 	Reason  string
 	Waiting int
+	// AgentNode names the agent whose stream feeds the worker ("": polled over HTTP).
+	AgentNode string
 }
 
 // Workers reads GET /workers.
@@ -227,6 +230,7 @@ func (g *Gateway) Workers(ctx context.Context) ([]WorkerState, error) {
 				URL string `json:"url"`
 			} `json:"spec"`
 			Health     string `json:"health"`
+			AgentNode  string `json:"agent_node"`
 			Ready      bool   `json:"ready"`
 			EngineLoad *struct {
 				Waiting int `json:"waiting_requests"`
@@ -244,7 +248,7 @@ func (g *Gateway) Workers(ctx context.Context) ([]WorkerState, error) {
 	out := make([]WorkerState, 0, len(body.Workers))
 	for _, w := range body.Workers {
 		s := WorkerState{URL: w.Spec.URL, Ready: w.Ready, Health: w.Health, Vetoed: w.Verdict.Vetoed,
-			Veto: w.Verdict.Veto, Reason: w.Verdict.Reason}
+			Veto: w.Verdict.Veto, Reason: w.Verdict.Reason, AgentNode: w.AgentNode}
 		if w.EngineLoad != nil {
 			s.Waiting = w.EngineLoad.Waiting
 		}
@@ -273,6 +277,43 @@ func (g *Gateway) waitReady(ctx context.Context, n int, within time.Duration) er
 		case <-time.After(100 * time.Millisecond):
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+	}
+}
+
+// StartAgent runs `smg agent` for the engines, pushing to the gateway's
+// control plane every poll, and waits until the gateway shows every engine
+// fed by it (its poller then leaves them to the agent).
+func StartAgent(ctx context.Context, bin string, gw *Gateway, node string, engines []string, poll time.Duration) (*Proc, error) {
+	args := append([]string{"agent", "--port", "0", "--controlplane", gw.GRPC, "--node", node,
+		"--poll-interval", poll.String(), "--log-level", "warn", "--engine-urls"}, engines...)
+	p, err := startProc(bin, args, func(string) {})
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ws, err := gw.Workers(ctx)
+		fed := 0
+		for _, w := range ws {
+			if w.AgentNode == node {
+				fed++
+			}
+		}
+		if err == nil && fed == len(engines) {
+			return p, nil
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("smg agent exited: %s", p.Log())
+		case <-ctx.Done():
+			p.Stop(time.Second)
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.Stop(time.Second)
+			return nil, fmt.Errorf("%d of %d engines fed by agent %s after 15s: %v %s", fed, len(engines), node, err, p.Log())
 		}
 	}
 }

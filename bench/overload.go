@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -42,6 +43,8 @@ type OverloadRun struct {
 	Summary Summary `json:"summary"`
 	// RetryAfterSeen counts shed answers that carried a Retry-After header.
 	RetryAfterSeen int `json:"retry_after_seen"`
+	// Trace is the run second by second (arrivals, routing, verdicts).
+	Trace []TraceSecond `json:"trace,omitempty"`
 }
 
 // OverloadReport is the whole scenario.
@@ -81,10 +84,19 @@ func (s *Suite) Overload(ctx context.Context) (*OverloadReport, error) {
 	began := time.Now()
 	rep := &OverloadReport{Configs: OverloadConfigs(), Loads: []float64{0.5, 1, 1.5, 2},
 		RunSeconds: 20, TimeoutSecs: 15, TTFTObjective: TTFTObjective.Seconds(), Started: began, LoadAvgStart: loadAvg()}
-	if s.Short {
+	if len(s.Configs) > 0 {
+		rep.Configs = slices.DeleteFunc(rep.Configs, func(gc GatewayConfig) bool { return !slices.Contains(s.Configs, gc.Name) })
+	}
+	if len(s.Loads) > 0 {
+		rep.Loads = s.Loads
+	}
+	switch {
+	case s.Short:
 		rep.Loads, rep.RunSeconds, rep.TimeoutSecs = []float64{0.5, 2}, 3, 4
 		rep.Capacity = nominalCapacity()
-	} else {
+	case s.Capacity > 0:
+		rep.Capacity = Capacity{ReqPerSec: s.Capacity, TokensPerSec: s.Capacity * outputDist.Mean()}
+	default:
 		capacity, err := s.Calibrate(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("calibration: %w", err)
@@ -124,7 +136,9 @@ func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64,
 	cfg := Config{URL: e.gw.URL, Rate: rate, Duration: time.Duration(rep.RunSeconds * float64(time.Second)),
 		Prompt: promptDist, Output: outputDist, Timeout: time.Duration(rep.TimeoutSecs * float64(time.Second)),
 		TTFTObjective: TTFTObjective, Seed: s.Seed + uint64(load*10)}
+	sampler := sampleWorkers(ctx, e.gw, e.fleet.URLs, time.Now(), 100*time.Millisecond)
 	res, err := Run(ctx, s.httpClient(), cfg, progressLogger(s, label))
+	samples := sampler.stop()
 	if err != nil {
 		return OverloadRun{}, err
 	}
@@ -132,7 +146,8 @@ func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64,
 	if err := s.writeJSON(fmt.Sprintf("overload-%s-%.1fx.json", gc.Name, load), res); err != nil {
 		return OverloadRun{}, err
 	}
-	run := OverloadRun{Config: gc.Name, Load: load, Rate: rate, Summary: res.Summary}
+	run := OverloadRun{Config: gc.Name, Load: load, Rate: rate, Summary: res.Summary,
+		Trace: Trace(res.Records, samples, fleetSize, rep.RunSeconds)}
 	for _, r := range res.Records {
 		if r.Shed && r.RetryAfter > 0 {
 			run.RetryAfterSeen++

@@ -21,6 +21,14 @@ type Suite struct {
 	Short   bool      // smoke-test sizes: shapes, not timings
 	Seed    uint64    // simulator and load seed
 	Log     io.Writer // progress
+	// AgentPoll > 0 runs one smg agent covering every engine, polling each
+	// that often and pushing load records to the control plane; 0 leaves the
+	// engines to the control plane's HTTP poll (--load-monitor-interval).
+	AgentPoll time.Duration
+	// Exploration knobs of the overload scenario (zero: the full scenario).
+	Configs  []string  // run only these configurations
+	Loads    []float64 // offered loads instead of 0.5, 1, 1.5, 2
+	Capacity float64   // req/s instead of a calibration run
 
 	client *http.Client
 }
@@ -75,13 +83,15 @@ func (s *Suite) httpClient() *http.Client {
 	return s.client
 }
 
-// env is one fleet behind one gateway.
+// env is one fleet behind one gateway, with the node agent when the suite has one.
 type env struct {
 	fleet *Fleet
 	gw    *Gateway
+	agent *Proc
 }
 
 func (e *env) stop() {
+	e.agent.Stop(5 * time.Second)
 	if e.gw != nil {
 		e.gw.Stop(5 * time.Second)
 	}
@@ -101,7 +111,14 @@ func (s *Suite) start(ctx context.Context, flags []string) (*env, error) {
 		f.Stop(time.Second)
 		return nil, err
 	}
-	return &env{fleet: f, gw: gw}, nil
+	e := &env{fleet: f, gw: gw}
+	if s.AgentPoll > 0 {
+		if e.agent, err = StartAgent(ctx, s.Bin, gw, "n1", f.URLs, s.AgentPoll); err != nil {
+			e.stop()
+			return nil, err
+		}
+	}
+	return e, nil
 }
 
 // Capacity is the fleet's measured saturation throughput.

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -46,7 +47,8 @@ func lvStartFleet(t *testing.T) *lvFleet {
 		"--itl-ms", "20", "--log-level", "warn")
 	f := &lvFleet{sims: sim.lines(3, 20*time.Second), simCtl: fmt.Sprintf("http://127.0.0.1:%d", ctl)}
 	f.cp = newControlPlane(t, f.sims, "--load-monitor-interval", "1", "--health-success-threshold", "1",
-		"--worker-stale-secs", strconv.Itoa(lvStaleSecs))
+		"--worker-stale-secs", strconv.Itoa(lvStaleSecs), "--log-level", "debug")
+	t.Cleanup(func() { os.WriteFile("/tmp/lv/cp-test.log", []byte(f.cp.proc.stderr.String()), 0o644) }) // DEBUG
 	f.agentArgs = append([]string{"agent", "--controlplane", fmt.Sprintf("127.0.0.1:%d", f.cp.grpcPort),
 		"--node", lvNode, "--poll-interval", lvPollInterval.String(), "--engine-urls"}, f.sims...)
 	f.startAgent(t)

@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/smg-project/smg/internal/bearer"
-
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
@@ -22,6 +20,7 @@ import (
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/bearer"
 )
 
 // ThresholdResolver resolves a worker's overload block against the gateway

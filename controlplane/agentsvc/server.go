@@ -20,8 +20,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/smg-project/smg/internal/bearer"
-
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
@@ -32,6 +30,7 @@ import (
 	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/bearer"
 )
 
 // Options configure a Server.

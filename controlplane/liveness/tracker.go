@@ -204,6 +204,9 @@ func (t *Tracker) RouterObservations(routerID string, rep *smgv1.RouterReport, n
 			lastProgress = o.GetLastProgress().AsTime()
 		}
 		t.with(id, func(e *entry) judge.Change {
+			// The contact or failure below may move the verdict on its own;
+			// the change to commit runs from the verdict before the report.
+			before, _ := e.live.Status()
 			if o.GetContact() {
 				e.live.Contact(now, &t.rules)
 			}
@@ -216,7 +219,9 @@ func (t *Tracker) RouterObservations(routerID string, rep *smgv1.RouterReport, n
 			}
 			e.live.SetPrefillRate(o.GetPrefillTokensPerSec())
 			e.routers[routerID] = routerView{streams: int64(o.GetStreamsInFlight()), lastProgress: lastProgress, prefill: o.GetPromptTokensInFlight()}
-			return e.live.Routers(now, e.sum(), &t.rules)
+			c := e.live.Routers(now, e.sum(), &t.rules)
+			c.Previous = before
+			return c
 		})
 	}
 }

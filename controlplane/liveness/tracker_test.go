@@ -162,3 +162,29 @@ func TestPushedRecordsMakeAWorkerStaleAfterSilence(t *testing.T) {
 		t.Fatalf("a passing probe did not clear the stale veto: %v", got)
 	}
 }
+
+// A router's report can itself carry the event that moves the verdict: a
+// connection failure past the stall bound vetoes, its contact re-admits. The
+// registry must get that change even though the pile part of the report
+// changes nothing.
+func TestRouterReportFailureAndContactReachTheRegistry(t *testing.T) {
+	tr, reg, _ := setup(t, registry.HealthHealthy)
+	tr.Contact("w1", t0)
+	failed := t0.Add(2500 * time.Millisecond) // past the 2 s stall bound, before any sweep
+	tr.RouterObservations("r1", &smgv1.RouterReport{Workers: []*smgv1.WorkerObservation{{
+		WorkerId: "w1", ConnectionFailures: 3, LastFailure: timestamppb.New(failed),
+	}}}, failed)
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNREACHABLE {
+		t.Fatalf("a router's connection failure after %s of silence left liveness %v, want unreachable", failed.Sub(t0), got)
+	}
+	tr.Sweep(failed.Add(250 * time.Millisecond))
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNREACHABLE {
+		t.Fatalf("after a sweep: liveness %v, want unreachable", got)
+	}
+	seq := reg.Snapshot().Get("w1").ContactSeq
+	back := failed.Add(time.Second)
+	tr.RouterObservations("r1", &smgv1.RouterReport{Workers: []*smgv1.WorkerObservation{{WorkerId: "w1", Contact: true}}}, back)
+	if w := reg.Snapshot().Get("w1"); w.Liveness != smgv1.Veto_VETO_UNSPECIFIED || w.ContactSeq != seq+1 {
+		t.Fatalf("a router's contact left liveness %v contact_seq %d (was %d), want re-admitted", w.Liveness, w.ContactSeq, seq)
+	}
+}

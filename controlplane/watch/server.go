@@ -20,8 +20,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/smg-project/smg/internal/bearer"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -31,6 +29,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/bearer"
 )
 
 // Defaults for Options.

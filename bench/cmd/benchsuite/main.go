@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -24,13 +26,33 @@ func main() {
 	raw := fs.String("raw", "docs/bench-raw", "directory for per-run JSON results (git-ignored)")
 	docs := fs.String("docs", "docs", "directory holding benchmarks.md and img/")
 	seed := fs.Uint64("seed", 1, "seed of the simulated engines and of the offered load")
+	agentPoll := fs.Duration("agent-poll", 100*time.Millisecond,
+		"run one smg agent covering every engine, polling each this often (0: the control plane polls over HTTP)")
+	only := fs.String("configs", "", "overload: comma-separated configurations to run (empty: all)")
+	loads := fs.String("loads", "", "overload: comma-separated multiples of capacity (empty: 0.5,1,1.5,2)")
+	capacity := fs.Float64("capacity", 0, "overload: fleet capacity in req/s instead of calibrating (output tokens/s follow from the mean length)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	s := &bench.Suite{Bin: *bin, RawDir: *raw, DocsDir: *docs, Short: *short, Seed: *seed, Log: os.Stderr}
-	if *short {
+	s := &bench.Suite{Bin: *bin, RawDir: *raw, DocsDir: *docs, Short: *short, Seed: *seed, Log: os.Stderr,
+		AgentPoll: *agentPoll, Capacity: *capacity}
+	if *only != "" {
+		s.Configs = strings.Split(*only, ",")
+	}
+	if *loads != "" {
+		for _, l := range strings.Split(*loads, ",") {
+			v, err := strconv.ParseFloat(l, 64)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "benchsuite: --loads:", err)
+				os.Exit(2)
+			}
+			s.Loads = append(s.Loads, v)
+		}
+	}
+	// A partial run is for exploring: it must not overwrite the published docs.
+	if *short || *only != "" || *loads != "" || *capacity > 0 {
 		s.DocsDir = ""
 	}
 	start := time.Now()
