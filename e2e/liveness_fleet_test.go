@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"os"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -29,11 +28,13 @@ const (
 	lvNode         = "n1"
 )
 
-// lvFleet is three simulated engines with a control port, a control plane, an
-// agent covering the three engines, and one router, all separate processes.
+// lvFleet is three simulated engines in one process with a control port, a
+// fourth in a process of its own (to be stopped whole), a control plane, an
+// agent covering the four engines, and one router, all separate processes.
 type lvFleet struct {
-	sims      []string // engine URLs, index = sim engine index
+	sims      []string // engine URLs: 0-2 the sim fleet's engines, lvSolo the lone one
 	simCtl    string   // the sim's control listener (faults reach killed engines too)
+	solo      *proc    // the lone engine's process
 	cp        *controlPlane
 	agentArgs []string
 	agent     *proc
@@ -46,9 +47,10 @@ func lvStartFleet(t *testing.T) *lvFleet {
 	sim := startSMG(t, "sim", "sim", "--count", "3", "--port", "0", "--control-port", strconv.Itoa(ctl),
 		"--itl-ms", "20", "--log-level", "warn")
 	f := &lvFleet{sims: sim.lines(3, 20*time.Second), simCtl: fmt.Sprintf("http://127.0.0.1:%d", ctl)}
+	f.solo = startSMG(t, "sim-solo", "sim", "--count", "1", "--port", "0", "--itl-ms", "20", "--log-level", "warn")
+	f.sims = append(f.sims, f.solo.lines(1, 20*time.Second)...)
 	f.cp = newControlPlane(t, f.sims, "--load-monitor-interval", "1", "--health-success-threshold", "1",
-		"--worker-stale-secs", strconv.Itoa(lvStaleSecs), "--log-level", "debug")
-	t.Cleanup(func() { os.WriteFile("/tmp/lv/cp-test.log", []byte(f.cp.proc.stderr.String()), 0o644) }) // DEBUG
+		"--worker-stale-secs", strconv.Itoa(lvStaleSecs))
 	f.agentArgs = append([]string{"agent", "--controlplane", fmt.Sprintf("127.0.0.1:%d", f.cp.grpcPort),
 		"--node", lvNode, "--poll-interval", lvPollInterval.String(), "--engine-urls"}, f.sims...)
 	f.startAgent(t)
@@ -66,11 +68,14 @@ func (f *lvFleet) startAgent(t *testing.T) {
 	f.agent = startSMG(t, "agent", args...)
 }
 
-// signalAgent sends sig (SIGSTOP, SIGCONT) to the agent process.
-func (f *lvFleet) signalAgent(t *testing.T, sig syscall.Signal) {
+// lvSolo is the index in lvFleet.sims of the engine with a process of its own.
+const lvSolo = 3
+
+// lvSignal sends sig (SIGSTOP, SIGCONT) to p.
+func lvSignal(t *testing.T, p *proc, sig syscall.Signal) {
 	t.Helper()
-	if err := f.agent.cmd.Process.Signal(sig); err != nil {
-		t.Fatalf("signal %v to the agent: %v", sig, err)
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal %v to %s: %v", sig, p.name, err)
 	}
 }
 
@@ -239,6 +244,12 @@ func (r *lvRecorder) note(now time.Time, l lvLoads, err error) {
 			r.events = append(r.events, lvTransition{at: now, url: u, veto: "gone"})
 		}
 	}
+}
+
+func (r *lvRecorder) failedReads() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.errs
 }
 
 // veto returns the router's current veto of url.

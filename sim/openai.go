@@ -262,14 +262,20 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, req *request, ou
 	w.Header().Set("Cache-Control", "no-cache")
 	rc := http.NewResponseController(w)
 	buf := make([]byte, 0, 4096)
-	if out.chat {
-		buf = append(buf, "data: "+out.head()+`,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
-	}
+	// Headers go at once; the body starts with the first output, as in vLLM
+	// and SGLang: the role chunk comes with the first token, after prefill,
+	// so nothing reaches the client while the request waits or prefills.
 	w.WriteHeader(http.StatusOK)
+	_ = rc.Flush()
+	roleSent := !out.chat
 	sent := 0
 	for {
 		done := req.done.Load()
 		n := int(req.generated.Load())
+		if !roleSent && (n > sent || done) {
+			buf = append(buf, "data: "+out.head()+`,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+			roleSent = true
+		}
 		for ; sent < n; sent++ {
 			buf = out.appendChunk(buf, out.word(), "")
 		}

@@ -677,3 +677,43 @@ func TestSeedMakesOutputRepeatable(t *testing.T) {
 		t.Error("different seeds gave the same output")
 	}
 }
+
+// A chat stream's body starts with the first output, as in vLLM: a request
+// that waits or prefills sends headers and nothing else, so a gateway sees no
+// progress from an engine that produces none.
+func TestChatStreamSendsNothingBeforeTheFirstToken(t *testing.T) {
+	s := startSim(t, fastOptions())
+	s.SetFault(Fault{Freeze: true})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	resp := post(t, ctx, s.URL()+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	// The headers arrived while the engine is frozen; the body has not begun.
+	eventually(t, "the request on the frozen engine", func() bool {
+		return gauge(scrape(t, s.URL()), "vllm:num_requests_running")+gauge(scrape(t, s.URL()), "vllm:num_requests_waiting") == 1
+	})
+	br := bufio.NewReader(resp.Body)
+	began := make(chan struct{})
+	go func() {
+		defer close(began)
+		_, _ = br.Peek(1)
+	}()
+	select { // a negative check on real sockets needs a window of real time
+	case <-began:
+		t.Fatal("a frozen engine sent body bytes before any token")
+	case <-time.After(300 * time.Millisecond):
+	}
+	s.SetFault(Fault{})
+	<-began
+	body, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := strings.Split(strings.TrimSpace(string(body)), "\n\n")
+	if len(events) < 3 || !strings.Contains(events[0], `"role":"assistant"`) || !strings.Contains(events[1], `"content":"`) {
+		t.Fatalf("stream = %q, want the role chunk then the tokens", body)
+	}
+}
