@@ -58,12 +58,15 @@ clean: ## remove build outputs
 # SHORT=1 runs the CI smoke variant: every configuration at 0.5x and 2x for a
 # few seconds, asserting shapes (results, sheds with Retry-After) not timings.
 .PHONY: bench-overload bench-faults
+# AGENT_POLL is the node agent's poll interval in both benchmarks (0: no agent,
+# the control plane polls the engines over HTTP every second).
+AGENT_POLL ?= 50ms
 bench-overload: build ## 4 simulated engines at 0.5x-2x capacity under 4 configs: docs/benchmarks.md, docs/img (SHORT=1: smoke test)
 ifeq ($(SHORT),1)
 	SMG_BENCH_BIN=$(CURDIR)/bin/smg $(GO) test -count=1 -run TestOverloadSmoke -v ./bench/
 else
-	$(GO) run ./bench/cmd/benchsuite --bin bin/smg --suite overload
+	$(GO) run ./bench/cmd/benchsuite --bin bin/smg --suite overload --agent-poll $(AGENT_POLL)
 endif
 
 bench-faults: build ## the same fleet at 1x while one engine is killed, then one frozen: docs/benchmarks.md, docs/img
-	$(GO) run ./bench/cmd/benchsuite --bin bin/smg --suite faults $(if $(filter 1,$(SHORT)),--short)
+	$(GO) run ./bench/cmd/benchsuite --bin bin/smg --suite faults --agent-poll $(AGENT_POLL) $(if $(filter 1,$(SHORT)),--short)

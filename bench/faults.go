@@ -25,8 +25,10 @@ type FaultOutcome struct {
 	// engine vetoed by liveness or not Ready (-1: never within the window).
 	Excluded float64 `json:"excluded"`
 	// LastRouted is the time from the fault until the last request that was
-	// still routed to the engine started (frozen engines answer with their
-	// id before any token, so the client sees where it landed; -1: none).
+	// still routed to the engine started (-1: none). The client learns the
+	// engine from the response id of the first output, so a request that
+	// never got a token (stuck on a frozen engine until it timed out) is
+	// not attributed: the figure counts requests that got output.
 	LastRouted float64 `json:"last_routed"`
 	// Verdict is the first veto or state GET /workers showed.
 	Verdict string `json:"verdict,omitempty"`
@@ -45,6 +47,7 @@ type FaultReport struct {
 	// Machine load averages at the start and the end (see OverloadReport).
 	LoadAvgStart string `json:"loadavg_start"`
 	LoadAvgEnd   string `json:"loadavg_end"`
+	AgentPoll    string `json:"agent_poll,omitempty"` // "" when the control plane polled over HTTP
 }
 
 // WorkerSample is GET /workers for one engine at one time.
@@ -87,6 +90,9 @@ func (s *Suite) Faults(ctx context.Context) (*FaultReport, error) {
 	}
 	defer e.stop()
 	rep := &FaultReport{Capacity: capacity, Rate: capacity.ReqPerSec, Config: gc, RunSeconds: runSecs, LoadAvgStart: loadStart}
+	if s.AgentPoll > 0 {
+		rep.AgentPoll = s.AgentPoll.String()
+	}
 	start := time.Now()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

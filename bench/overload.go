@@ -23,15 +23,20 @@ type GatewayConfig struct {
 // a whole service time of queue build before anything happens.
 const tunedWaiting = engineSlots / 4
 
-// OverloadConfigs are the four configurations the issue asks for. All route
-// with least_load so the only difference between them is protection.
-func OverloadConfigs() []GatewayConfig {
+// OverloadConfigs are the four configurations the issue asks for, the tuned
+// one with a waiting ceiling of tuned (0: tunedWaiting). All route with
+// least_load so the only difference between them is protection.
+func OverloadConfigs(tuned int) []GatewayConfig {
+	why := "waiting ceiling %d, 503 when all are over"
+	if tuned <= 0 || tuned == tunedWaiting {
+		tuned, why = tunedWaiting, "waiting ceiling %d (window/4), 503 when all are over"
+	}
 	return []GatewayConfig{
 		{"off", []string{"--disable-worker-overload-protection"}, "no ceilings: relative balancing only"},
 		{"steer", nil, "default ceilings (waiting 8, KV 0.8), steer when all are over"},
 		{"shed", []string{"--worker-overload-shed"}, "default ceilings, 503 when all are over"},
-		{"shed-tuned", []string{"--worker-overload-shed", "--worker-overload-waiting-requests", fmt.Sprint(tunedWaiting)},
-			fmt.Sprintf("waiting ceiling %d (window/4), 503 when all are over", tunedWaiting)},
+		{"shed-tuned", []string{"--worker-overload-shed", "--worker-overload-waiting-requests", fmt.Sprint(tuned)},
+			fmt.Sprintf(why, tuned)},
 	}
 }
 
@@ -62,6 +67,8 @@ type OverloadReport struct {
 	// figures mean little when other work crowded the cores.
 	LoadAvgStart string `json:"loadavg_start"`
 	LoadAvgEnd   string `json:"loadavg_end"`
+	// AgentPoll is the node agent's poll interval ("": no agent, HTTP polls).
+	AgentPoll string `json:"agent_poll,omitempty"`
 }
 
 // Run finds one configuration at one load.
@@ -82,8 +89,11 @@ const TTFTObjective = time.Second
 // each configuration, with a fresh fleet and gateway for every run.
 func (s *Suite) Overload(ctx context.Context) (*OverloadReport, error) {
 	began := time.Now()
-	rep := &OverloadReport{Configs: OverloadConfigs(), Loads: []float64{0.5, 1, 1.5, 2},
+	rep := &OverloadReport{Configs: OverloadConfigs(s.TunedWaiting), Loads: []float64{0.5, 1, 1.5, 2},
 		RunSeconds: 20, TimeoutSecs: 15, TTFTObjective: TTFTObjective.Seconds(), Started: began, LoadAvgStart: loadAvg()}
+	if s.AgentPoll > 0 {
+		rep.AgentPoll = s.AgentPoll.String()
+	}
 	if len(s.Configs) > 0 {
 		rep.Configs = slices.DeleteFunc(rep.Configs, func(gc GatewayConfig) bool { return !slices.Contains(s.Configs, gc.Name) })
 	}
@@ -92,7 +102,9 @@ func (s *Suite) Overload(ctx context.Context) (*OverloadReport, error) {
 	}
 	switch {
 	case s.Short:
-		rep.Loads, rep.RunSeconds, rep.TimeoutSecs = []float64{0.5, 2}, 3, 4
+		// A short timeout bounds the unprotected 2× runs, whose queues
+		// would otherwise take longest to drain.
+		rep.Loads, rep.RunSeconds, rep.TimeoutSecs = []float64{0.5, 2}, 3, 2
 		rep.Capacity = nominalCapacity()
 	case s.Capacity > 0:
 		rep.Capacity = Capacity{ReqPerSec: s.Capacity, TokensPerSec: s.Capacity * outputDist.Mean()}

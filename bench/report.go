@@ -128,8 +128,13 @@ func (s *Suite) PublishOverload(rep *OverloadReport) error {
 	fmt.Fprintf(&b, "### Overload: 4 engines, 0.5× to 2× of measured capacity\n\n")
 	fmt.Fprintf(&b, "Fleet capacity (closed loop, %d clients, %.0f s): **%.1f req/s, %.0f output tokens/s**. "+
 		"Each run: %.0f s of Poisson arrivals, request timeout %.0f s, TTFT objective %.0f s for goodput. "+
-		"Run took %.0f s in all.\n\n", rep.Capacity.Clients, rep.Capacity.Seconds, rep.Capacity.ReqPerSec,
-		rep.Capacity.TokensPerSec, rep.RunSeconds, rep.TimeoutSecs, rep.TTFTObjective, rep.Took)
+		"Run took %.0f s in all; load average (1, 5, 15 min) %s at the start, %s at the end, on 2 cores.\n\n",
+		rep.Capacity.Clients, rep.Capacity.Seconds, rep.Capacity.ReqPerSec,
+		rep.Capacity.TokensPerSec, rep.RunSeconds, rep.TimeoutSecs, rep.TTFTObjective, rep.Took, rep.LoadAvgStart, rep.LoadAvgEnd)
+	if rep.AgentPoll != "" {
+		fmt.Fprintf(&b, "Load reaches the control plane from one `smg agent --poll-interval %s` covering all 4 engines "+
+			"(pushed records; the control plane's HTTP poller skips agent-fed workers).\n\n", rep.AgentPoll)
+	}
 	fmt.Fprintf(&b, "| config | gateway flags (plus `%s`) |\n|---|---|\n", strings.Join(gatewayBase, " "))
 	for _, gc := range rep.Configs {
 		flags := strings.Join(gc.Flags, " ")
@@ -147,6 +152,12 @@ func (s *Suite) PublishOverload(rep *OverloadReport) error {
 			t.P99High/t.P99Low, metStr(t.TTFTMet), 100*t.GoodputFraction, metStr(t.GoodMet))
 	}
 	b.WriteString("\n![TTFT p99 vs offered load](img/overload-ttft-p99.png)\n\n![Goodput vs offered load](img/overload-goodput.png)\n")
+	if run, ok := rep.Run("shed-tuned", 2); ok && len(run.Trace) > 0 {
+		b.WriteString("\nPer-second trace of shed-tuned at 2× (routed: requests that started that second, by engine; " +
+			"vetoed share: of the 100 ms samples of `GET /workers`, those showing the engine vetoed for overload; " +
+			"max waiting: the highest waiting count the control plane had stored):\n\n")
+		WriteTraceTable(&b, run.Trace)
+	}
 	return replaceBlock(filepath.Join(s.DocsDir, "benchmarks.md"), "bench-overload", b.String())
 }
 
@@ -165,7 +176,12 @@ func (s *Suite) PublishFaults(rep *FaultReport) error {
 	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "### Faults: 4 engines at 1× capacity (%.1f req/s), one killed, then one frozen\n\n", rep.Rate)
-	fmt.Fprintf(&b, "Gateway: default protection (steer), `%s`. %.0f s run.\n\n", strings.Join(gatewayBase, " "), rep.RunSeconds)
+	fmt.Fprintf(&b, "Gateway: default protection (steer), `%s`. %.0f s run; load average %s at the start, %s at the end.",
+		strings.Join(gatewayBase, " "), rep.RunSeconds, rep.LoadAvgStart, rep.LoadAvgEnd)
+	if rep.AgentPoll != "" {
+		fmt.Fprintf(&b, " One `smg agent --poll-interval %s` feeds all 4 engines' load, contact and failures.", rep.AgentPoll)
+	}
+	b.WriteString("\n\n")
 	WriteFaultTable(&b, rep)
 	b.WriteString("\n![TTFT over time around the faults](img/faults-ttft.png)\n")
 	return replaceBlock(filepath.Join(s.DocsDir, "benchmarks.md"), "bench-faults", b.String())

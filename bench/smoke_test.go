@@ -26,21 +26,23 @@ func buildSMG(t *testing.T) string {
 }
 
 // TestOverloadSmoke is make bench-overload SHORT=1: real simulated engines
-// behind a real smg launch, every configuration at 0.5× and 2× of the fleet's
-// nominal capacity. It asserts shapes, not timings.
+// behind a real smg launch fed by a real smg agent, every configuration at
+// 0.5× and 2× of the fleet's nominal capacity. It asserts shapes, not timings.
 func TestOverloadSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs real binaries for about a minute")
 	}
 	var log strings.Builder
-	s := &Suite{Bin: buildSMG(t), Short: true, Seed: 1, Log: &log}
+	// Starting the agent waits until the gateway shows every engine fed by
+	// its stream, so every run below covers the agent path.
+	s := &Suite{Bin: buildSMG(t), Short: true, Seed: 1, Log: &log, AgentPoll: 100 * time.Millisecond}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rep, err := s.Overload(ctx)
 	if err != nil {
 		t.Fatalf("overload scenario: %v\n%s", err, log.String())
 	}
-	for _, gc := range OverloadConfigs() {
+	for _, gc := range OverloadConfigs(0) {
 		for _, load := range []float64{0.5, 2} {
 			run, ok := rep.Run(gc.Name, load)
 			if !ok {
@@ -66,6 +68,27 @@ func TestOverloadSmoke(t *testing.T) {
 		}
 		if run.RetryAfterSeen != run.Summary.Shed {
 			t.Errorf("%s at 2x: %d of %d sheds carried Retry-After", name, run.RetryAfterSeen, run.Summary.Shed)
+		}
+		// Sheds happen only while every engine is vetoed, and the vetoes come
+		// from the agent's pushed records: the trace must have seen them.
+		var vetoed float64
+		for _, sec := range run.Trace {
+			vetoed += sec.AllVetoed
+		}
+		if vetoed == 0 {
+			t.Errorf("%s at 2x: no sample of GET /workers showed every engine vetoed, yet %d sheds", name, run.Summary.Shed)
+		}
+	}
+	for _, run := range rep.Runs {
+		if got := len(run.Trace); got != int(rep.RunSeconds) {
+			t.Errorf("%s at %.1fx: trace of %d seconds, want %.0f", run.Config, run.Load, got, rep.RunSeconds)
+		}
+		arrivals := 0
+		for _, sec := range run.Trace {
+			arrivals += sec.Arrivals
+		}
+		if arrivals != run.Summary.Requests {
+			t.Errorf("%s at %.1fx: trace counts %d arrivals, summary %d requests", run.Config, run.Load, arrivals, run.Summary.Requests)
 		}
 	}
 	var table strings.Builder

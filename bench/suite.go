@@ -29,6 +29,8 @@ type Suite struct {
 	Configs  []string  // run only these configurations
 	Loads    []float64 // offered loads instead of 0.5, 1, 1.5, 2
 	Capacity float64   // req/s instead of a calibration run
+	// TunedWaiting is the waiting ceiling of shed-tuned (0: tunedWaiting).
+	TunedWaiting int
 
 	client *http.Client
 }

@@ -6,10 +6,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,10 +28,12 @@ func main() {
 	raw := fs.String("raw", "docs/bench-raw", "directory for per-run JSON results (git-ignored)")
 	docs := fs.String("docs", "docs", "directory holding benchmarks.md and img/")
 	seed := fs.Uint64("seed", 1, "seed of the simulated engines and of the offered load")
-	agentPoll := fs.Duration("agent-poll", 100*time.Millisecond,
+	agentPoll := fs.Duration("agent-poll", 50*time.Millisecond,
 		"run one smg agent covering every engine, polling each this often (0: the control plane polls over HTTP)")
 	only := fs.String("configs", "", "overload: comma-separated configurations to run (empty: all)")
 	loads := fs.String("loads", "", "overload: comma-separated multiples of capacity (empty: 0.5,1,1.5,2)")
+	replot := fs.Bool("republish", false, "overload: rewrite the docs tables and plots from the last full run's overload.json in --raw, without running")
+	tuned := fs.Int("tuned-waiting", 0, "overload: waiting-requests ceiling of shed-tuned (0: the benchmark's choice)")
 	capacity := fs.Float64("capacity", 0, "overload: fleet capacity in req/s instead of calibrating (output tokens/s follow from the mean length)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
@@ -37,7 +41,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	s := &bench.Suite{Bin: *bin, RawDir: *raw, DocsDir: *docs, Short: *short, Seed: *seed, Log: os.Stderr,
-		AgentPoll: *agentPoll, Capacity: *capacity}
+		AgentPoll: *agentPoll, Capacity: *capacity, TunedWaiting: *tuned}
 	if *only != "" {
 		s.Configs = strings.Split(*only, ",")
 	}
@@ -52,15 +56,17 @@ func main() {
 		}
 	}
 	// A partial run is for exploring: it must not overwrite the published docs.
-	if *short || *only != "" || *loads != "" || *capacity > 0 {
+	if *short || *only != "" || *loads != "" || *capacity > 0 || *tuned > 0 {
 		s.DocsDir = ""
 	}
 	start := time.Now()
 	var err error
-	switch *suite {
-	case "overload":
+	switch {
+	case *replot:
+		err = republish(s)
+	case *suite == "overload":
 		err = runOverload(ctx, s)
-	case "faults":
+	case *suite == "faults":
 		err = runFaults(ctx, s)
 	default:
 		err = fmt.Errorf("unknown suite %q (overload or faults)", *suite)
@@ -69,7 +75,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "benchsuite:", err)
 		os.Exit(1)
 	}
-	fmt.Fprintf(os.Stderr, "benchsuite %s done in %s\n", *suite, time.Since(start).Round(time.Second))
+	what := *suite
+	if *replot {
+		what = "republish"
+	}
+	fmt.Fprintf(os.Stderr, "benchsuite %s done in %s\n", what, time.Since(start).Round(time.Second))
 }
 
 func runOverload(ctx context.Context, s *bench.Suite) error {
@@ -82,6 +92,18 @@ func runOverload(ctx context.Context, s *bench.Suite) error {
 		return nil
 	}
 	return s.PublishOverload(rep)
+}
+
+func republish(s *bench.Suite) error {
+	b, err := os.ReadFile(filepath.Join(s.RawDir, "overload.json"))
+	if err != nil {
+		return err
+	}
+	var rep bench.OverloadReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return err
+	}
+	return s.PublishOverload(&rep)
 }
 
 func runFaults(ctx context.Context, s *bench.Suite) error {
