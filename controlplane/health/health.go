@@ -133,14 +133,14 @@ func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) {
 		}
 		st.inFlight = true
 		wg.Add(1)
-		go func(id string, st *probeState) {
+		go func(id, apiKey string, st *probeState) {
 			defer wg.Done()
-			ok, why := c.probe(ctx, st.url)
+			ok, why := c.probe(ctx, st.url, apiKey)
 			if ctx.Err() != nil {
 				return
 			}
 			c.record(id, st, ok, why)
-		}(w.ID, st)
+		}(w.ID, w.Spec.GetApiKey(), st)
 	}
 	for id := range c.state {
 		if !seen[id] {
@@ -149,12 +149,16 @@ func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-func (c *Checker) probe(ctx context.Context, url string) (bool, string) {
+// probe asks the worker's health endpoint, with its api_key when it has one.
+func (c *Checker) probe(ctx context.Context, url, apiKey string) (bool, string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(c.opts.TimeoutSecs)*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(url, "/")+c.opts.Endpoint, nil)
 	if err != nil {
 		return false, err.Error()
+	}
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {

@@ -54,6 +54,7 @@ type Monitor struct {
 
 type reader struct {
 	url      string
+	apiKey   string
 	r        *engine.Reader
 	inFlight bool
 }
@@ -222,8 +223,9 @@ func (m *Monitor) PollNow(workerIDs ...string) {
 func (m *Monitor) pollAsync(ctx context.Context, w *registry.Worker) {
 	m.mu.Lock()
 	rd := m.readers[w.ID]
-	if rd == nil || rd.url != w.Spec.GetUrl() {
-		rd = &reader{url: w.Spec.GetUrl(), r: engine.NewReader(m.client, w.Spec.GetUrl())}
+	if rd == nil || rd.url != w.Spec.GetUrl() || rd.apiKey != w.Spec.GetApiKey() {
+		rd = &reader{url: w.Spec.GetUrl(), apiKey: w.Spec.GetApiKey(),
+			r: engine.NewReader(withBearer(m.client, w.Spec.GetApiKey()), w.Spec.GetUrl())}
 		m.readers[w.ID] = rd
 	}
 	if rd.inFlight {
@@ -285,4 +287,30 @@ func (m *Monitor) pruneReaders(workers []*registry.Worker) {
 			delete(m.readers, id)
 		}
 	}
+}
+
+// withBearer returns a client that sends the worker's api_key as its bearer
+// token, or client itself when there is none.
+func withBearer(client *http.Client, apiKey string) *http.Client {
+	if apiKey == "" {
+		return client
+	}
+	c := *client
+	base := c.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	c.Transport = bearerTransport{base: base, header: "Bearer " + apiKey}
+	return &c
+}
+
+type bearerTransport struct {
+	base   http.RoundTripper
+	header string
+}
+
+func (t bearerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set("Authorization", t.header)
+	return t.base.RoundTrip(req)
 }
