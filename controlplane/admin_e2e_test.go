@@ -379,3 +379,24 @@ func TestLoadsIsPublicAndShowsVerdicts(t *testing.T) {
 		}
 	}
 }
+
+// The engine's api_key is a secret: answers show that one is set, not what it is.
+func TestAPIKeyIsRedactedInAnswers(t *testing.T) {
+	h := startCP(t, fastOptions())
+	engine := startSim(t, nil)
+	r := h.do(t, http.MethodPost, "/workers", fmt.Sprintf(`{"url": %q, "api_key": "sekrit"}`, engine.URL()))
+	if r.status != http.StatusAccepted {
+		t.Fatalf("POST /workers = %d %s", r.status, r.body)
+	}
+	id := admin.WorkerID(engine.URL())
+	h.waitFor(t, "registered", func(s *registry.Snapshot) bool { return s.Get(id) != nil })
+	if got := h.cp.Registry.Get(id).Spec.GetApiKey(); got != "sekrit" {
+		t.Fatalf("stored api_key = %q, want the registered one", got)
+	}
+	for _, path := range []string{"/workers", "/workers/" + id} {
+		r = h.do(t, http.MethodGet, path, "")
+		if strings.Contains(string(r.body), "sekrit") || !strings.Contains(string(r.body), "<redacted>") {
+			t.Fatalf("GET %s shows the api_key:\n%s", path, r.body)
+		}
+	}
+}

@@ -291,7 +291,7 @@ func (s *Service) GetWorker(ctx context.Context, req *smgv1.GetWorkerRequest) (*
 			return nil, errNotFoundFailed(id, job.Message)
 		}
 		// Registration still running: show its progress on the worker-to-be.
-		return &smgv1.GetWorkerResponse{Worker: &smgv1.Worker{WorkerId: id, Spec: job.Spec, Health: string(registry.HealthPending), JobStatus: jobStatus(job)}}, nil
+		return &smgv1.GetWorkerResponse{Worker: &smgv1.Worker{WorkerId: id, Spec: redacted(job.Spec), Health: string(registry.HealthPending), JobStatus: jobStatus(job)}}, nil
 	}
 	return nil, errNotFound(id)
 }
@@ -392,7 +392,7 @@ func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 	}
 	return &smgv1.Worker{
 		WorkerId:   w.ID,
-		Spec:       w.Spec,
+		Spec:       redacted(w.Spec),
 		Thresholds: &smgv1.Thresholds{WaitingRequests: int32(w.Thresholds.WaitingRequests), TokenUsage: w.Thresholds.TokenUsage},
 		Health:     string(w.Health),
 		Ready:      w.Ready(),
@@ -412,4 +412,15 @@ func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 // Liveness vetoes end only on their own rule's evidence.
 func clearOverload(w *registry.Worker) {
 	w.Overloaded, w.OverloadReason = false, ""
+}
+
+// redacted hides a spec's api_key in answers: the key is the engine's
+// secret, and GET /workers may be open when no admin key is set.
+func redacted(spec *smgv1.WorkerSpec) *smgv1.WorkerSpec {
+	if spec.GetApiKey() == "" {
+		return spec
+	}
+	c := proto.Clone(spec).(*smgv1.WorkerSpec)
+	c.ApiKey = "<redacted>"
+	return c
 }
