@@ -3,9 +3,13 @@ package main
 import (
 	"context"
 	"io"
+	"log/slog"
+	"net"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/smg-project/smg/controlplane"
 	"github.com/smg-project/smg/internal/cli"
@@ -25,29 +29,52 @@ func runControlPlane(ctx context.Context, args []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	metrics := controlplane.NewMetricsRegistry()
+	cps, err := openControlPlane(opts, log, controlplane.NewMetricsRegistry(), c.host, c.port, *grpcPort)
+	if err != nil {
+		return err
+	}
+	log.Info("Control plane serving", "http", addrOf(cps.httpLn), "grpc", addrOf(cps.grpcLn))
+	g, ctx := errgroup.WithContext(ctx)
+	cps.run(ctx, g)
+	g.Go(func() error { return serveHTTP(ctx, cps.httpLn, cps.cp.HTTPHandler(), 5*time.Second) })
+	return g.Wait()
+}
+
+// servingControlPlane is a control plane with its ports open and its static
+// workers submitted: what `smg controlplane` and `smg launch` share.
+type servingControlPlane struct {
+	cp             *controlplane.ControlPlane
+	httpLn, grpcLn net.Listener
+	grpc           *grpc.Server
+}
+
+func openControlPlane(opts controlplane.Options, log *slog.Logger, metrics *prometheus.Registry, host string, httpPort, grpcPort int) (*servingControlPlane, error) {
 	cp, err := controlplane.New(opts, log, metrics)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	httpLn, err := listen(c.host, c.port)
+	httpLn, err := listen(host, httpPort)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	grpcLn, err := listen(c.host, *grpcPort)
+	grpcLn, err := listen(host, grpcPort)
 	if err != nil {
 		httpLn.Close()
-		return err
+		return nil, err
+	}
+	if err := cp.SubmitStatic(); err != nil {
+		httpLn.Close()
+		grpcLn.Close()
+		return nil, err
 	}
 	gs := newGRPCServer()
 	cp.RegisterGRPC(gs)
-	if err := cp.SubmitStatic(); err != nil {
-		return err
-	}
-	log.Info("Control plane serving", "http", addrOf(httpLn), "grpc", addrOf(grpcLn))
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { cp.Run(ctx); return nil })
-	g.Go(func() error { return serveHTTP(ctx, httpLn, cp.HTTPHandler(), 5*time.Second) })
-	g.Go(func() error { return serveGRPC(ctx, grpcLn, gs, 5*time.Second) })
-	return g.Wait()
+	return &servingControlPlane{cp: cp, httpLn: httpLn, grpcLn: grpcLn, grpc: gs}, nil
+}
+
+// run starts the control plane's loops and its gRPC server in g; the HTTP
+// port is the caller's to serve.
+func (s *servingControlPlane) run(ctx context.Context, g *errgroup.Group) {
+	g.Go(func() error { s.cp.Run(ctx); return nil })
+	g.Go(func() error { return serveGRPC(ctx, s.grpcLn, s.grpc, 5*time.Second) })
 }

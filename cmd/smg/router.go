@@ -117,41 +117,26 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	metrics := controlplane.NewMetricsRegistry()
-	cp, err := controlplane.New(cpOpts, log, metrics)
-	if err != nil {
-		return err
-	}
 	r, err := router.New(ropts, log, metrics)
 	if err != nil {
 		return err
 	}
-	httpLn, err := listen(c.host, c.port)
+	cps, err := openControlPlane(cpOpts, log, metrics, c.host, c.port, *grpcPort)
 	if err != nil {
 		return err
 	}
-	grpcLn, err := listen(c.host, *grpcPort)
-	if err != nil {
-		httpLn.Close()
-		return err
-	}
-	gs := newGRPCServer()
-	cp.RegisterGRPC(gs)
-	conn, err := dialControlPlane(addrOf(grpcLn))
+	conn, err := dialControlPlane(addrOf(cps.grpcLn))
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if err := cp.SubmitStatic(); err != nil {
-		return err
-	}
 	wc := watchclient.New(conn, r, watchOptions(rf, ropts), log)
-	log.Info("smg launch serving", "http", addrOf(httpLn), "grpc", addrOf(grpcLn), "policy", ropts.Policy)
+	log.Info("smg launch serving", "http", addrOf(cps.httpLn), "grpc", addrOf(cps.grpcLn), "policy", ropts.Policy)
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { cp.Run(ctx); return nil })
-	g.Go(func() error { return serveGRPC(ctx, grpcLn, gs, 5*time.Second) })
+	cps.run(ctx, g)
 	g.Go(func() error { return ignoreCanceled(wc.Run(ctx)) })
 	g.Go(func() error {
-		return serveDraining(ctx, httpLn, launchHandler(cp, r), r, time.Duration(rf.grace)*time.Second, log)
+		return serveDraining(ctx, cps.httpLn, launchHandler(cps.cp, r), r, time.Duration(rf.grace)*time.Second, log)
 	})
 	return g.Wait()
 }
