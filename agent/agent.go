@@ -13,7 +13,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -338,8 +337,4 @@ func (a *Agent) Engines() []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.Sorted(maps.Keys(a.engines))
-}
-
-func (a *Agent) String() string {
-	return fmt.Sprintf("agent %s → %s", a.opts.Node, a.opts.ControlPlane)
 }

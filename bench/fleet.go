@@ -87,9 +87,6 @@ func (p *Proc) Log() string {
 	return p.log.String()
 }
 
-// Exited is closed when the process has ended.
-func (p *Proc) Exited() <-chan struct{} { return p.done }
-
 // Fleet is a running smg sim process with its engines' URLs.
 type Fleet struct {
 	*Proc

@@ -11,7 +11,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -286,9 +285,4 @@ func NewMetricsRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
-}
-
-// Listen is a helper for subcommands: it listens on host:port.
-func Listen(host string, port int) (net.Listener, error) {
-	return net.Listen("tcp", net.JoinHostPort(host, fmt.Sprint(port)))
 }

@@ -75,17 +75,6 @@ func (g *pdGate) grantLocked() {
 	}
 }
 
-// tryAcquire takes need rooms if that needs no wait.
-func (g *pdGate) tryAcquire(need int64) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if len(g.queue) == 0 && g.fits(need) {
-		g.inFlight += need
-		return true
-	}
-	return false
-}
-
 // acquire takes need rooms, waiting up to wait behind earlier requests.
 // window is the worker's whole running window (0: none), for the
 // wider-than-the-window rule.

@@ -37,32 +37,6 @@ func BenchmarkReport(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reports/s")
 }
 
-// BenchmarkReportAll is the same work committed 64 reports per transaction,
-// as a burst of agent records or a group poll arrives. One op is one report.
-func BenchmarkReportAll(b *testing.B) {
-	const batchSize = 64
-	reg, ids, wires := benchFleet(b)
-	in := ingest.New(reg, slog.New(slog.DiscardHandler))
-	batch := make([]ingest.WorkerLoad, 0, batchSize)
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		load := &smgv1.EngineLoad{}
-		if err := proto.Unmarshal(wires[i%len(wires)], load); err != nil {
-			b.Fatal(err)
-		}
-		batch = append(batch, ingest.WorkerLoad{WorkerID: ids[(i*7)%len(ids)], Load: load})
-		if len(batch) == batchSize {
-			if err := in.ReportAll(batch); err != nil {
-				b.Fatal(err)
-			}
-			batch = batch[:0]
-		}
-		i++
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reports/s")
-}
-
 // benchFleet is a registry of 1,000 Ready workers with realistic ids, and
 // wire-encoded reports, some over the default thresholds so verdicts flip.
 func benchFleet(b *testing.B) (*registry.Registry, []string, [][]byte) {

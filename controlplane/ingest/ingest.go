@@ -13,7 +13,6 @@ package ingest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math"
 	"sync"
@@ -138,52 +137,6 @@ func (in *Ingester) Report(workerID string, load *smgv1.EngineLoad) error {
 	return nil
 }
 
-// WorkerLoad is one worker's report in a batch.
-type WorkerLoad struct {
-	WorkerID string
-	Load     *smgv1.EngineLoad // nil or empty: no report
-}
-
-// ReportAll ingests several reports in one transaction: one revision, and the
-// radix nodes the reports share are copied once. Each report is judged as
-// Report judges it; an unknown worker is skipped and named in the error.
-func (in *Ingester) ReportAll(batch []WorkerLoad) error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	for _, r := range batch {
-		delete(in.pending, r.WorkerID) // these reports are newer
-	}
-	flips := make([]flip, 0, 4)
-	var errs []error
-	_, err := in.reg.Update(func(t *registry.Txn) error {
-		flips, errs = flips[:0], errs[:0]
-		for _, r := range batch {
-			var f flip
-			var err error
-			if r.Load == nil || len(r.Load.GetRanks()) == 0 {
-				f, err = clearVeto(t, r.WorkerID)
-			} else {
-				f, err = apply(t, r.WorkerID, r.Load)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("worker %s: %w", r.WorkerID, err))
-				continue
-			}
-			if f.flipped {
-				flips = append(flips, f)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for _, f := range flips {
-		in.logFlip(f)
-	}
-	return errors.Join(errs...)
-}
-
 // flip is a verdict change to log after the commit.
 type flip struct {
 	flipped  bool
@@ -231,7 +184,8 @@ func clearVeto(t *registry.Txn, workerID string) (flip, error) {
 		return flip{}, nil
 	}
 	c := w.Clone()
-	c.Overloaded, c.OverloadReason = false, ""
+	c.Overloaded, _ = judge.NoReport() // fail open: no fresh signal, no opinion
+	c.OverloadReason = ""
 	return flip{flipped: true, noReport: true, workerID: workerID, model: w.Model}, t.Insert(c)
 }
 

@@ -193,14 +193,10 @@ func TestReasonFollowsTheReport(t *testing.T) {
 
 func TestFailOpen(t *testing.T) {
 	noReports := map[string]func(in *ingest.Ingester) error{
-		"nil report":     func(in *ingest.Ingester) error { return in.Report("w1", nil) },
-		"empty report":   func(in *ingest.Ingester) error { return in.Report("w1", &smgv1.EngineLoad{Source: "vllm"}) },
-		"no report":      func(in *ingest.Ingester) error { return in.NoReport("w1") },
-		"nil in a batch": func(in *ingest.Ingester) error { return in.ReportAll([]ingest.WorkerLoad{{WorkerID: "w1"}}) },
-		"state rebuilt":  func(in *ingest.Ingester) error { in.Rebuild("test"); return nil },
-		"under in abatch": func(in *ingest.Ingester) error {
-			return in.ReportAll([]ingest.WorkerLoad{{WorkerID: "w1", Load: ranks(rank(1, 0))}})
-		},
+		"nil report":    func(in *ingest.Ingester) error { return in.Report("w1", nil) },
+		"empty report":  func(in *ingest.Ingester) error { return in.Report("w1", &smgv1.EngineLoad{Source: "vllm"}) },
+		"no report":     func(in *ingest.Ingester) error { return in.NoReport("w1") },
+		"state rebuilt": func(in *ingest.Ingester) error { in.Rebuild("test"); return nil },
 	}
 	for name, clear := range noReports {
 		t.Run(name, func(t *testing.T) {
@@ -272,32 +268,8 @@ func TestUnknownWorker(t *testing.T) {
 	if err := f.in.NoReport("nope"); !errors.Is(err, ingest.ErrUnknownWorker) {
 		t.Fatalf("NoReport: err = %v, want ErrUnknownWorker", err)
 	}
-	f.add(t, "w1", "http://e1:8000", "m", gateway)
-	err := f.in.ReportAll([]ingest.WorkerLoad{{WorkerID: "nope", Load: ranks(rank(1, 0))}, {WorkerID: "w1", Load: ranks(rank(9, 0))}})
-	if !errors.Is(err, ingest.ErrUnknownWorker) || !strings.Contains(err.Error(), "nope") {
-		t.Fatalf("ReportAll: err = %v, want ErrUnknownWorker naming the worker", err)
-	}
-	if !f.worker(t, "w1").Overloaded {
-		t.Fatal("ReportAll still applies the known workers' reports")
-	}
-	if f.reg.Revision() != rev+2 {
-		t.Fatalf("revision %d, want %d: one per committed change, none for the failed reports", f.reg.Revision(), rev+2)
-	}
-}
-
-func TestReportAllCommitsOneRevision(t *testing.T) {
-	f := newFixture(t)
-	f.add(t, "a", "http://a:8000", "m", gateway)
-	f.add(t, "b", "http://b:8000", "m", gateway)
-	rev := f.reg.Revision()
-	if err := f.in.ReportAll([]ingest.WorkerLoad{{WorkerID: "a", Load: ranks(rank(9, 0))}, {WorkerID: "b", Load: ranks(rank(1, 0))}}); err != nil {
-		t.Fatal(err)
-	}
-	if f.reg.Revision() != rev+1 {
-		t.Fatalf("revision = %d, want %d", f.reg.Revision(), rev+1)
-	}
-	if !f.worker(t, "a").Overloaded || f.worker(t, "b").Overloaded {
-		t.Fatal("each report of the batch is judged on its own")
+	if f.reg.Revision() != rev {
+		t.Fatalf("revision %d, want %d: a report about an unknown worker commits nothing", f.reg.Revision(), rev)
 	}
 }
 
