@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/smg-project/smg/agent/engine"
+	"github.com/smg-project/smg/internal/engine"
 )
 
 // silenceMeter measures an engine's own silence from its step counter: how

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/smg-project/smg/agent/engine"
+	"github.com/smg-project/smg/internal/engine"
 )
 
 func stepReport(steps float64, running int64) engine.Report {

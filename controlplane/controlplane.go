@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
@@ -278,11 +277,4 @@ func (cp *ControlPlane) Run(ctx context.Context) {
 	cp.Agents.Close()
 	cp.Admin.Close()
 	wg.Wait()
-}
-
-// NewMetricsRegistry returns a fresh registry with the Go and process collectors.
-func NewMetricsRegistry() *prometheus.Registry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return reg
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane"
 	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/internal/promreg"
 )
 
 func runControlPlane(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -29,7 +30,7 @@ func runControlPlane(ctx context.Context, args []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	cps, err := openControlPlane(opts, log, controlplane.NewMetricsRegistry(), c.host, c.port, *grpcPort)
+	cps, err := openControlPlane(opts, log, promreg.New(), c.host, c.port, *grpcPort)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane"
 	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/internal/promreg"
 	"github.com/smg-project/smg/router"
 	"github.com/smg-project/smg/router/watchclient"
 )
@@ -52,7 +53,7 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	metrics := controlplane.NewMetricsRegistry()
+	metrics := promreg.New()
 	r, err := router.New(ropts, log, metrics)
 	if err != nil {
 		return err
@@ -116,7 +117,7 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	metrics := controlplane.NewMetricsRegistry()
+	metrics := promreg.New()
 	r, err := router.New(ropts, log, metrics)
 	if err != nil {
 		return err

@@ -14,9 +14,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/smg-project/smg/agent/engine"
 	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/registry"
+	"github.com/smg-project/smg/internal/engine"
 	"github.com/smg-project/smg/internal/loadpb"
 )
 

@@ -11,11 +11,11 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/smg-project/smg/agent/engine"
 	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/monitor"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/engine"
 )
 
 // TestPollTimesOutAfterFiveSeconds: an engine that accepts the connection and

@@ -8,8 +8,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/smg-project/smg/agent/engine"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/engine"
 )
 
 // FromReport returns the EngineLoad of rep, read at at; nil for an empty report.
