@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/backoff"
 	"github.com/smg-project/smg/sim"
 )
 
@@ -190,7 +191,7 @@ func runAgent(t *testing.T, opts Options) *Agent {
 
 func fastOpts(cp string, urls ...string) Options {
 	return Options{ControlPlane: cp, Node: "n1", EngineURLs: urls, PollInterval: 10 * time.Millisecond,
-		HeartbeatInterval: 50 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
+		HeartbeatInterval: 50 * time.Millisecond, Backoff: backoff.Policy{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond}}
 }
 
 // engineSim starts a simulated engine of the flavor with one running slot per rank.
@@ -465,7 +466,7 @@ func drain(c chan *smgv1.ReportRequest) {
 func TestGoodbyeReconnectsAtOnce(t *testing.T) {
 	cp := startFakeCP(t)
 	opts := fastOpts(cp.addr)
-	opts.MinBackoff, opts.MaxBackoff = time.Minute, time.Minute // a backoff would outlast the test
+	opts.Backoff = backoff.Policy{Initial: time.Minute, Max: time.Minute} // a backoff would outlast the test
 	runAgent(t, opts)
 	cp.next(t, "hello", isHello)
 	cp.sayGoodbye()

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/credentials"
+
+	"github.com/smg-project/smg/internal/backoff"
 )
 
 // Defaults of Options.
@@ -16,8 +18,6 @@ const (
 	DefaultControlPlane      = "127.0.0.1:30002"
 	DefaultPollInterval      = time.Second
 	DefaultHeartbeatInterval = 2 * time.Second
-	DefaultMinBackoff        = 100 * time.Millisecond
-	DefaultMaxBackoff        = 5 * time.Second
 
 	// MaxHeartbeatInterval keeps heartbeats well inside the control plane's
 	// default --worker-stale-secs (15): several may be lost before a
@@ -47,8 +47,9 @@ type Options struct {
 	TransportCredentials credentials.TransportCredentials
 	// HTTPClient reads the engines (nil: a client with small idle pools).
 	HTTPClient *http.Client
-	// MinBackoff and MaxBackoff bound the jittered reconnect backoff.
-	MinBackoff, MaxBackoff time.Duration
+	// Backoff spaces reconnects to the control plane (zero fields: the
+	// defaults of internal/backoff, capped at 1s).
+	Backoff backoff.Policy
 	// Now is the clock of engine silence and observation times (nil: time.Now).
 	Now func() time.Time
 }
@@ -60,8 +61,7 @@ func DefaultOptions() Options {
 		ControlPlane:      DefaultControlPlane,
 		PollInterval:      DefaultPollInterval,
 		HeartbeatInterval: DefaultHeartbeatInterval,
-		MinBackoff:        DefaultMinBackoff,
-		MaxBackoff:        DefaultMaxBackoff,
+		Backoff:           backoff.DefaultPolicy(),
 	}
 }
 
@@ -77,12 +77,7 @@ func (o Options) withDefaults() Options {
 	if o.HeartbeatInterval == 0 {
 		o.HeartbeatInterval = d.HeartbeatInterval
 	}
-	if o.MinBackoff == 0 {
-		o.MinBackoff = d.MinBackoff
-	}
-	if o.MaxBackoff == 0 {
-		o.MaxBackoff = d.MaxBackoff
-	}
+	o.Backoff = o.Backoff.WithDefaults()
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -113,8 +108,8 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("--heartbeat-interval must be in (0, %s] to stay well inside --worker-stale-secs, got %s",
 			MaxHeartbeatInterval, o.HeartbeatInterval))
 	}
-	if o.MinBackoff <= 0 || o.MaxBackoff < o.MinBackoff {
-		errs = append(errs, fmt.Errorf("backoff must satisfy 0 < min <= max, got %s and %s", o.MinBackoff, o.MaxBackoff))
+	if err := o.Backoff.WithDefaults().Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

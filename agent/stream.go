@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/backoff"
 )
 
 // closeGrace bounds how long a shutting-down agent waits for the control
@@ -34,13 +34,15 @@ func (a *Agent) connect(ctx context.Context) error {
 		grpc.WithTransportCredentials(creds),
 		// Notice a dead control plane, or a dead link, within seconds.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}),
+		// Redial a control plane that comes back within about a second.
+		backoff.DialOption(a.opts.Backoff),
 	)
 	if err != nil {
 		return fmt.Errorf("--controlplane %s: %w", a.opts.ControlPlane, err)
 	}
 	defer conn.Close()
 	client := smgv1.NewAgentServiceClient(conn)
-	backoff := a.opts.MinBackoff
+	retry := backoff.New(a.opts.Backoff, nil)
 	failing := false // warned already; further failed attempts log at debug
 	for {
 		res := a.session(ctx, client)
@@ -51,13 +53,14 @@ func (a *Agent) connect(ctx context.Context) error {
 			return fmt.Errorf("the control plane at %s refused the agent: %s", a.opts.ControlPlane, status.Convert(res.err).Message())
 		}
 		if res.established {
-			backoff, failing = a.opts.MinBackoff, false
+			retry.Reset()
+			failing = false
 		}
 		if res.goodbye {
 			a.log.Info("Control plane said goodbye; reconnecting", "controlplane", a.opts.ControlPlane)
 			continue
 		}
-		wait := jitter(backoff)
+		wait := retry.Next()
 		if res.established || !failing {
 			a.log.Warn("Stream to the control plane lost; keeping the latest record per engine and reconnecting",
 				"controlplane", a.opts.ControlPlane, "error", res.err, "retry_in", wait)
@@ -65,21 +68,10 @@ func (a *Agent) connect(ctx context.Context) error {
 			a.log.Debug("Control plane still unreachable", "controlplane", a.opts.ControlPlane, "error", res.err, "retry_in", wait)
 		}
 		failing = true
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, wait) {
 			return nil
-		case <-t.C:
 		}
-		backoff = min(backoff*2, a.opts.MaxBackoff)
 	}
-}
-
-// jitter spreads reconnects of many agents over [d/2, d).
-func jitter(d time.Duration) time.Duration {
-	half := d / 2
-	return half + rand.N(half+1)
 }
 
 type sessionResult struct {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/smg-project/smg/controlplane"
+	"github.com/smg-project/smg/internal/backoff"
 	"github.com/smg-project/smg/internal/cli"
 	"github.com/smg-project/smg/internal/promreg"
 	"github.com/smg-project/smg/router"
@@ -88,6 +89,8 @@ func dialControlPlane(addr string) (*grpc.ClientConn, error) {
 	return grpc.NewClient(addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}),
+		// Redial a control plane that comes back within about a second.
+		backoff.DialOption(backoff.DefaultPolicy()),
 	)
 }
 

@@ -16,7 +16,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -27,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/backoff"
 	"github.com/smg-project/smg/router"
 )
 
@@ -45,9 +45,6 @@ type Target interface {
 // Defaults for Options.
 const (
 	DefaultReportInterval = 250 * time.Millisecond
-	DefaultInitialBackoff = 100 * time.Millisecond
-	DefaultMaxBackoff     = 5 * time.Second
-	DefaultJitter         = 0.2
 )
 
 // Options configure a Client.
@@ -61,27 +58,18 @@ type Options struct {
 	StaleAfter time.Duration
 	// ReportInterval is how often observations are sent (default 250ms).
 	ReportInterval time.Duration
-	// InitialBackoff and MaxBackoff bound the wait between reconnects
-	// (defaults 100ms and 5s); each wait doubles, with ±Jitter (default 0.2).
-	InitialBackoff time.Duration
-	MaxBackoff     time.Duration
-	Jitter         float64
+	// Backoff spaces reconnects (zero fields: the defaults of
+	// internal/backoff, capped at 1s).
+	Backoff backoff.Policy
+	// Rand draws backoff jitter from [0, 1) (nil: math/rand/v2).
+	Rand func() float64
 }
 
 func (o Options) withDefaults() Options {
 	if o.ReportInterval <= 0 {
 		o.ReportInterval = DefaultReportInterval
 	}
-	if o.InitialBackoff <= 0 {
-		o.InitialBackoff = DefaultInitialBackoff
-	}
-	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = DefaultMaxBackoff
-	}
-	o.MaxBackoff = max(o.MaxBackoff, o.InitialBackoff)
-	if o.Jitter <= 0 || o.Jitter >= 1 {
-		o.Jitter = DefaultJitter
-	}
+	o.Backoff = o.Backoff.WithDefaults()
 	return o
 }
 
@@ -148,14 +136,14 @@ var errGoodbye = errors.New("control plane said goodbye")
 // Run watches until ctx ends, reconnecting as needed. It returns ctx's error.
 func (c *Client) Run(ctx context.Context) error {
 	defer c.stopStale()
-	backoff := c.opts.InitialBackoff
+	retry := backoff.New(c.opts.Backoff, c.opts.Rand)
 	for {
 		heard, err := c.session(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if heard {
-			backoff = c.opts.InitialBackoff // the link worked: start over
+			retry.Reset() // the link worked: start over
 			if errors.Is(err, errGoodbye) {
 				// A deliberate shutdown: reconnect at once (a replica or the
 				// restarted control plane answers). A goodbye with nothing
@@ -164,22 +152,12 @@ func (c *Client) Run(ctx context.Context) error {
 				continue
 			}
 		}
-		wait := c.jitter(backoff)
+		wait := retry.Next()
 		c.log.Warn("Watch stream lost; reconnecting", "err", err, "in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, wait) {
 			return ctx.Err()
-		case <-t.C:
 		}
-		backoff = min(backoff*2, c.opts.MaxBackoff)
 	}
-}
-
-func (c *Client) jitter(d time.Duration) time.Duration {
-	f := 1 + c.opts.Jitter*(2*rand.Float64()-1)
-	return time.Duration(float64(d) * f)
 }
 
 // session runs one stream. heard says whether the control plane sent

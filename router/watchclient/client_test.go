@@ -24,6 +24,7 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 	"github.com/smg-project/smg/controlplane/watch"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/backoff"
 	"github.com/smg-project/smg/router"
 )
 
@@ -244,7 +245,7 @@ func TestGoodbyeReconnectsAtOnceAndResumes(t *testing.T) {
 	p := startPlane(t, first)
 	target := newTarget()
 	// A backoff of an hour: only the goodbye's immediate reconnect can pass.
-	c := New(p.conn, target, Options{RouterID: "r1", InitialBackoff: time.Hour, MaxBackoff: time.Hour}, nil)
+	c := New(p.conn, target, Options{RouterID: "r1", Backoff: backoff.Policy{Initial: time.Hour, Max: time.Hour}}, nil)
 	run(t, c)
 	target.waitFor(t, "snapshot", atRevision(reg.Revision()))
 

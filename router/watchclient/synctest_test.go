@@ -271,27 +271,28 @@ func TestGoodbyeReconnectsAtOnce(t *testing.T) {
 	})
 }
 
-func TestBackoffDoublesWithJitterUpToMax(t *testing.T) {
+// Reconnects back off exponentially up to the shared 1 s cap, so a control
+// plane that comes back is found within a second however long it was gone.
+func TestBackoffDoublesUpToOneSecond(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fc := newFakeConn()
 		fc.setRefuse(true)
-		runBubbled(t, New(fc, newTarget(), Options{RouterID: "r1"}, nil))
+		mid := func() float64 { return 0.5 } // no spread: exact waits
+		runBubbled(t, New(fc, newTarget(), Options{RouterID: "r1", Rand: mid}, nil))
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		fc.mu.Lock()
 		dials := append([]time.Time(nil), fc.dials...)
 		fc.mu.Unlock()
-		if len(dials) < 10 {
-			t.Fatalf("%d dials in a minute", len(dials))
+		if len(dials) < 50 {
+			t.Fatalf("%d dials in a minute, want about one a second", len(dials))
 		}
 		want := 100 * time.Millisecond
 		for i := 1; i < len(dials); i++ {
-			gap := dials[i].Sub(dials[i-1])
-			lo, hi := time.Duration(float64(want)*0.8), time.Duration(float64(want)*1.2)
-			if gap < lo || gap > hi {
-				t.Fatalf("gap %d = %v, want %v..%v", i, gap, lo, hi)
+			if gap := dials[i].Sub(dials[i-1]); gap != want {
+				t.Fatalf("gap %d = %v, want %v", i, gap, want)
 			}
-			want = min(want*2, 5*time.Second)
+			want = min(want*2, time.Second)
 		}
 	})
 }
