@@ -45,8 +45,14 @@ func (t *benchTarget) Observations() router.Observations { return router.Observa
 
 // BenchmarkVerdictFanout100 measures, per verdict change committed to the
 // registry, the time until all 100 routers watching over loopback gRPC (one
-// connection each, the real watch client) have applied it.
+// connection each, the real watch client) have applied it: with the shared
+// encoding, and with the per-stream baseline side by side.
 func BenchmarkVerdictFanout100(b *testing.B) {
+	b.Run("shared", func(b *testing.B) { benchFanout(b, Options{}) })
+	b.Run("per-stream", func(b *testing.B) { benchFanout(b, Options{EncodePerStream: true}) })
+}
+
+func benchFanout(b *testing.B, opts Options) {
 	const routers, workers = 100, 100
 	reg := registry.New("bench", 0)
 	var ws []*registry.Worker
@@ -59,7 +65,7 @@ func BenchmarkVerdictFanout100(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := NewServer(reg, Options{}, nil, nil)
+	srv := NewServer(reg, opts, nil, nil)
 	gs := grpc.NewServer()
 	smgv1.RegisterWatchServiceServer(gs, srv)
 	go gs.Serve(lis)

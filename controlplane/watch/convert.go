@@ -19,20 +19,21 @@ func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 	spec := w.Spec
 	veto, reason := w.Veto()
 	rw := &smgv1.RoutingWorker{
-		WorkerId:      w.ID,
-		Url:           spec.GetUrl(),
-		Model:         w.Model,
-		WorkerType:    w.Type,
-		Priority:      DefaultPriority,
-		Cost:          DefaultCost,
-		Healthy:       w.Ready(),
-		Veto:          veto,
-		VetoReason:    reason,
-		LoadRevision:  w.LoadRevision,
-		BootstrapPort: spec.GetBootstrapPort(),
-		ContactSeq:    w.ContactSeq,
-		ApiKey:        spec.GetApiKey(),
-		WindowShare:   w.WindowShare[routerID],
+		WorkerId:           w.ID,
+		Url:                spec.GetUrl(),
+		Model:              w.Model,
+		WorkerType:         w.Type,
+		Priority:           DefaultPriority,
+		Cost:               DefaultCost,
+		Healthy:            w.Ready(),
+		Veto:               veto,
+		VetoReason:         reason,
+		LoadRevision:       w.LoadRevision,
+		BootstrapPort:      spec.GetBootstrapPort(),
+		ContactSeq:         w.ContactSeq,
+		ApiKey:             spec.GetApiKey(),
+		WindowShare:        windowShare(w, routerID),
+		MaxRunningRequests: maxRunning(w),
 	}
 	if spec != nil && spec.Priority != nil {
 		rw.Priority = *spec.Priority
@@ -44,16 +45,29 @@ func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 		rw.WaitingRequests = int64(l.GetWaitingRequests())
 		rw.RunningRequests = int64(l.GetRunningRequests())
 		rw.TokenUsage = l.GetTokenUsage()
-		rw.MaxRunningRequests = int64(l.GetMaxRunningRequests())
-	}
-	if rw.MaxRunningRequests == 0 {
-		// The engine reports no running window: fall back to the registered one.
-		rw.MaxRunningRequests = int64(spec.GetMaxRunningRequests())
-	}
-	if w.Type == "decode" && rw.MaxRunningRequests > 0 && rw.WindowShare == 0 {
-		// No share granted to this router (yet): -1 tells it to hold no room,
-		// where 0 would let it count against the whole window alone.
-		rw.WindowShare = -1
 	}
 	return rw
+}
+
+// windowShare is routerID's share of w's running window as RoutingWorker
+// sends it.
+func windowShare(w *registry.Worker, routerID string) int64 {
+	share := w.WindowShare[routerID]
+	if share == 0 && w.Type == "decode" && maxRunning(w) > 0 {
+		// No share granted to this router (yet): -1 tells it to hold no room,
+		// where 0 would let it count against the whole window alone.
+		share = -1
+	}
+	return share
+}
+
+// perRouter reports whether routers see w differently (their own shares).
+func perRouter(w *registry.Worker) bool { return len(w.WindowShare) > 0 }
+
+// maxRunning is w's running window: the engine's report, else the registered one.
+func maxRunning(w *registry.Worker) int64 {
+	if n := int64(w.Load.GetMaxRunningRequests()); n > 0 {
+		return n
+	}
+	return int64(w.Spec.GetMaxRunningRequests())
 }

@@ -7,6 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	streams prometheus.Gauge
 	sent    *prometheus.CounterVec
+	encoded *prometheus.CounterVec
 }
 
 func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
@@ -19,12 +20,19 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "smg_watch_messages_sent_total",
 			Help: "Watch messages sent to routers, by kind (snapshot, delta, heartbeat, goodbye).",
 		}, []string{"kind"}),
+		encoded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "smg_watch_messages_encoded_total",
+			Help: "Watch messages marshalled, by kind (snapshot, delta, heartbeat): each is encoded once and the same bytes go to every stream that needs it.",
+		}, []string{"kind"}),
 	}
 	for _, kind := range []string{"snapshot", "delta", "heartbeat", "goodbye"} {
 		m.sent.WithLabelValues(kind)
 	}
+	for _, kind := range []string{"snapshot", "delta", "heartbeat"} {
+		m.encoded.WithLabelValues(kind)
+	}
 	if reg != nil {
-		reg.MustRegister(m.streams, m.sent, lagCollector{s})
+		reg.MustRegister(m.streams, m.sent, m.encoded, lagCollector{s})
 	}
 	return m
 }

@@ -76,6 +76,10 @@ type Options struct {
 	Demand DemandSink
 	// Now is the clock for router records (nil: time.Now).
 	Now func() time.Time
+	// EncodePerStream turns the shared frames off: every stream builds and
+	// marshals its own messages. It exists as the baseline the scale
+	// benchmark measures shared encoding against; nothing else sets it.
+	EncodePerStream bool
 }
 
 func (o Options) withDefaults() Options {
@@ -101,6 +105,7 @@ type Server struct {
 	opts    Options
 	log     *slog.Logger
 	metrics *metrics
+	frames  *frames
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed by Close: every stream says goodbye
@@ -131,6 +136,8 @@ func NewServer(reg *registry.Registry, opts Options, log *slog.Logger, metrics p
 		routers: make(map[string]*routerRecord),
 	}
 	s.metrics = newMetrics(s, metrics)
+	s.frames = newFrames(func(k frameKind) { s.metrics.encoded.WithLabelValues(k.String()).Inc() })
+	s.frames.private = s.opts.EncodePerStream
 	return s
 }
 
@@ -206,7 +213,9 @@ func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1
 	return err
 }
 
-// serve is the stream's loop: read → send → wait.
+// serve is the stream's loop: read → send → wait. What it sends comes from
+// the shared frames: a stream never marshals a delta, snapshot or heartbeat
+// that another stream at the same revisions already has.
 func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID string, hello *smgv1.WatchHello, recvErr <-chan error) error {
 	epoch := s.reg.Epoch()
 	// A router holding this epoch resumes from its revision; ChangesSince
@@ -222,37 +231,42 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID s
 	for {
 		changed := s.reg.Changed() // before reading, so no commit slips between
 		snap := s.reg.Snapshot()
-		var msg *smgv1.WatchResponse
+		sent := false // a delta or snapshot brought the router to snap.Revision
 		if !needSnapshot && snap.Revision != last {
-			changes, _, ok := s.reg.ChangesSince(last)
-			if ok && len(changes) <= s.opts.MaxPending {
-				msg = s.delta(snap, changes, routerID)
-			} else {
+			b := s.deltaBase(epoch, last, snap)
+			if b.tooFar {
 				needSnapshot = true
+			} else {
+				if err := s.sendBase(stream, baseKey{epoch, kindDelta, last, snap.Revision}, b, routerID); err != nil {
+					return err
+				}
+				sent = true
 			}
 		}
 		switch {
 		case needSnapshot:
-			msg = s.snapshot(snap, routerID)
-		case msg == nil && !confirmed:
-			// Resumed with nothing new: confirm the revision it holds.
-			msg = s.heartbeat(last)
-		}
-		if msg != nil {
-			msg.Epoch = epoch
-			if err := stream.SendMsg(msg); err != nil {
+			k := baseKey{epoch, kindSnapshot, 0, snap.Revision}
+			if err := s.sendBase(stream, k, s.snapshotBase(k, snap), routerID); err != nil {
 				return err
 			}
-			last, needSnapshot, confirmed = msg.Revision, false, true
+			sent = true
+		case !sent && !confirmed:
+			// Resumed with nothing new: confirm the revision it holds.
+			if err := s.sendHeartbeat(stream, epoch, last); err != nil {
+				return err
+			}
+			confirmed = true
+			beat.Reset(s.opts.HeartbeatInterval)
+		}
+		if sent {
+			last, needSnapshot, confirmed = snap.Revision, false, true
 			beat.Reset(s.opts.HeartbeatInterval)
 		}
 
 		select {
 		case <-changed:
 		case <-beat.C:
-			hb := s.heartbeat(last)
-			hb.Epoch = epoch
-			if err := stream.SendMsg(hb); err != nil {
+			if err := s.sendHeartbeat(stream, epoch, last); err != nil {
 				return err
 			}
 			beat.Reset(s.opts.HeartbeatInterval)
@@ -266,34 +280,63 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID s
 	}
 }
 
-func (s *Server) snapshot(snap *registry.Snapshot, routerID string) *smgv1.WatchResponse {
-	s.metrics.sent.WithLabelValues("snapshot").Inc()
-	workers := snap.Workers()
-	out := make([]*smgv1.RoutingWorker, len(workers))
-	for i, w := range workers {
-		out[i] = RoutingWorker(w, routerID)
-	}
-	return &smgv1.WatchResponse{
-		Revision: snap.Revision,
-		Msg:      &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: out}},
-	}
+// deltaBase is the shared content of the delta from revision from to
+// snap.Revision. It reads every changed worker from snap, so the message is
+// exactly the state at snap.Revision: a worker changed again after it is
+// listed but read as of snap (the next wake-up sends its newer state), and
+// one created after it reads as absent (a removal of an id the router does
+// not hold: harmless).
+func (s *Server) deltaBase(epoch string, from uint64, snap *registry.Snapshot) *base {
+	b := s.frames.base(baseKey{epoch, kindDelta, from, snap.Revision})
+	b.once.Do(func() {
+		changes, _, ok := s.reg.ChangesSince(from)
+		if !ok || len(changes) > s.opts.MaxPending {
+			b.tooFar = true
+			return
+		}
+		workers := make([]*registry.Worker, 0, len(changes))
+		for _, c := range changes {
+			if w := snap.Get(c.WorkerID); w != nil {
+				workers = append(workers, w)
+			} else {
+				b.removed = append(b.removed, c.WorkerID)
+			}
+		}
+		b.fill(workers)
+	})
+	return b
 }
 
-// delta reads every changed worker from snap, so the message is exactly the
-// state at snap.Revision: a worker changed again after it is listed but read
-// as of snap (the next wake-up sends its newer state), and one created after
-// it reads as absent (a removal of an id the router does not hold: harmless).
-func (s *Server) delta(snap *registry.Snapshot, changes []registry.Change, routerID string) *smgv1.WatchResponse {
-	s.metrics.sent.WithLabelValues("delta").Inc()
-	d := &smgv1.WatchDelta{}
-	for _, c := range changes {
-		if w := snap.Get(c.WorkerID); w != nil {
-			d.Upserts = append(d.Upserts, RoutingWorker(w, routerID))
+// snapshotBase is the shared content of the snapshot at snap.Revision.
+func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
+	b := s.frames.base(k)
+	b.once.Do(func() { b.fill(snap.Workers()) })
+	return b
+}
+
+// sendBase sends the message of b (under k) as routerID sees it.
+func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID string) error {
+	s.metrics.sent.WithLabelValues(k.kind.String()).Inc()
+	fr := s.frames.frame(frameKey{k, b.shareKey(routerID)})
+	return s.frames.send(stream, k.kind, fr, func() *smgv1.WatchResponse {
+		m := &smgv1.WatchResponse{Epoch: k.epoch, Revision: k.to}
+		workers := b.routingWorkers(routerID)
+		if k.kind == kindSnapshot {
+			m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: workers}}
 		} else {
-			d.Removed = append(d.Removed, c.WorkerID)
+			m.Msg = &smgv1.WatchResponse_Delta{Delta: &smgv1.WatchDelta{Upserts: workers, Removed: b.removed}}
 		}
-	}
-	return &smgv1.WatchResponse{Revision: snap.Revision, Msg: &smgv1.WatchResponse_Delta{Delta: d}}
+		return m
+	})
+}
+
+// sendHeartbeat sends the shared heartbeat at rev.
+func (s *Server) sendHeartbeat(stream grpc.ServerStream, epoch string, rev uint64) error {
+	s.metrics.sent.WithLabelValues("heartbeat").Inc()
+	k := baseKey{epoch, kindHeartbeat, 0, rev}
+	return s.frames.send(stream, kindHeartbeat, s.frames.frame(frameKey{baseKey: k}), func() *smgv1.WatchResponse {
+		return &smgv1.WatchResponse{Epoch: epoch, Revision: rev, Msg: &smgv1.WatchResponse_Heartbeat{Heartbeat: &smgv1.WatchHeartbeat{}}}
+	})
 }
 
 func (s *Server) goodbye(rev uint64) *smgv1.WatchResponse {
@@ -302,11 +345,6 @@ func (s *Server) goodbye(rev uint64) *smgv1.WatchResponse {
 		Epoch: s.reg.Epoch(), Revision: rev,
 		Msg: &smgv1.WatchResponse_Goodbye{Goodbye: &smgv1.Goodbye{Reason: "control plane shutting down"}},
 	}
-}
-
-func (s *Server) heartbeat(rev uint64) *smgv1.WatchResponse {
-	s.metrics.sent.WithLabelValues("heartbeat").Inc()
-	return &smgv1.WatchResponse{Revision: rev, Msg: &smgv1.WatchResponse_Heartbeat{Heartbeat: &smgv1.WatchHeartbeat{}}}
 }
 
 // receive reads acks and reports until the stream ends.

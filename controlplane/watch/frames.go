@@ -1,0 +1,204 @@
+package watch
+
+import (
+	"encoding/binary"
+	"sync"
+
+	"google.golang.org/grpc"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// Encode once, send to many. Every stream that needs the same message (the
+// delta from one revision to another, the snapshot at a revision, a heartbeat
+// at a revision) under the same epoch gets one shared frame: the message is
+// built and marshalled by the first stream that asks (grpc.PreparedMsg) and
+// the same bytes are written to every other stream. A frame is keyed by
+// everything its content depends on, so a stream can only ever be handed the
+// bytes of the exact (epoch, from, to) it asked for.
+//
+// The one part of the routing view that differs between routers is a decode
+// worker's window share. A frame listing workers with per-router shares is
+// also keyed by the asking router's shares of those workers: routers holding
+// the same shares still share bytes, the others get their own.
+
+// frameKind says what a frame carries.
+type frameKind uint8
+
+const (
+	kindDelta frameKind = iota
+	kindSnapshot
+	kindHeartbeat
+)
+
+func (k frameKind) String() string {
+	switch k {
+	case kindDelta:
+		return "delta"
+	case kindSnapshot:
+		return "snapshot"
+	default:
+		return "heartbeat"
+	}
+}
+
+// baseKey names a message's content before per-router shares.
+type baseKey struct {
+	epoch string
+	kind  frameKind
+	from  uint64 // delta: the revision the router holds
+	to    uint64 // the revision the message brings the router to
+}
+
+// frameKey names one encoded message: its content and the asking router's
+// window shares of the per-router workers it lists ("" when none).
+type frameKey struct {
+	baseKey
+	shares string
+}
+
+// base is a message's content read once from the registry: the workers at
+// base.to (nil entry: removed), and which of them carry per-router shares.
+type base struct {
+	once     sync.Once
+	tooFar   bool                   // delta only: too many changes or history gone: send a snapshot
+	workers  []*registry.Worker     // upserts in order (snapshot: every worker)
+	removed  []string               // delta only
+	windowed []int                  // indexes into workers with per-router shares
+	common   []*smgv1.RoutingWorker // converted once; nil at the windowed indexes
+}
+
+// frame is one encoded message shared by every stream that needs it.
+type frame struct {
+	once sync.Once
+	msg  *smgv1.WatchResponse
+	prep *grpc.PreparedMsg // nil: the stream could not prepare messages (send msg itself)
+}
+
+// frames caches the bases and frames of the newest revisions. Entries for a
+// revision older than the newest one asked for are dropped: every stream
+// reads the registry's current state before asking, so they are not asked
+// for again (a stream that read an older state just before a commit builds
+// its own, which is dropped at the next revision).
+type frames struct {
+	mu     sync.Mutex
+	newest uint64
+	bases  map[baseKey]*base
+	frames map[frameKey]*frame
+	// encoded hears every message marshalled, by kind (metrics and tests).
+	encoded func(kind frameKind)
+	// private: nothing is shared, each call gets a fresh entry (the
+	// per-stream baseline, Options.EncodePerStream).
+	private bool
+}
+
+func newFrames(encoded func(frameKind)) *frames {
+	return &frames{bases: map[baseKey]*base{}, frames: map[frameKey]*frame{}, encoded: encoded}
+}
+
+// base and frame return the shared entries for a key, creating empty ones.
+func (f *frames) base(k baseKey) *base {
+	if f.private {
+		return &base{}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.advance(k.to)
+	b := f.bases[k]
+	if b == nil {
+		b = &base{}
+		f.bases[k] = b
+	}
+	return b
+}
+
+func (f *frames) frame(k frameKey) *frame {
+	if f.private {
+		return &frame{}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.advance(k.to)
+	fr := f.frames[k]
+	if fr == nil {
+		fr = &frame{}
+		f.frames[k] = fr
+	}
+	return fr
+}
+
+// advance drops every entry older than rev once rev is the newest. Caller
+// holds mu.
+func (f *frames) advance(rev uint64) {
+	if rev <= f.newest {
+		return
+	}
+	f.newest = rev
+	for k := range f.bases {
+		if k.to < rev {
+			delete(f.bases, k)
+		}
+	}
+	for k := range f.frames {
+		if k.to < rev {
+			delete(f.frames, k)
+		}
+	}
+}
+
+// shareKey is routerID's shares of b's per-router workers, as bytes.
+func (b *base) shareKey(routerID string) string {
+	if len(b.windowed) == 0 {
+		return ""
+	}
+	buf := make([]byte, 0, 2*len(b.windowed))
+	for _, i := range b.windowed {
+		buf = binary.AppendVarint(buf, windowShare(b.workers[i], routerID))
+	}
+	return string(buf)
+}
+
+// routingWorkers is b's workers as routerID sees them.
+func (b *base) routingWorkers(routerID string) []*smgv1.RoutingWorker {
+	out := make([]*smgv1.RoutingWorker, len(b.workers))
+	copy(out, b.common)
+	for _, i := range b.windowed {
+		out[i] = RoutingWorker(b.workers[i], routerID)
+	}
+	return out
+}
+
+// fill converts the workers that look the same to every router, once.
+func (b *base) fill(workers []*registry.Worker) {
+	b.workers = workers
+	b.common = make([]*smgv1.RoutingWorker, len(workers))
+	for i, w := range workers {
+		if perRouter(w) {
+			b.windowed = append(b.windowed, i)
+			continue
+		}
+		b.common[i] = RoutingWorker(w, "")
+	}
+}
+
+// send writes fr to stream, encoding it first if no stream has yet. build
+// makes the message; it runs once per frame.
+func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, build func() *smgv1.WatchResponse) error {
+	fr.once.Do(func() {
+		fr.msg = build()
+		prep := &grpc.PreparedMsg{}
+		// A stream without gRPC's RPC info (an in-memory test stream) cannot
+		// prepare: each send then marshals msg itself.
+		if err := prep.Encode(stream, fr.msg); err == nil {
+			fr.prep = prep
+			if f.encoded != nil {
+				f.encoded(kind)
+			}
+		}
+	})
+	if fr.prep == nil {
+		return stream.SendMsg(fr.msg)
+	}
+	return stream.SendMsg(fr.prep)
+}

@@ -1,0 +1,175 @@
+package watch
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// Streams at one revision are handed one shared message; a stream at another
+// revision gets its own, never the other's. In-memory streams receive the
+// frame's message itself, so sharing shows as pointer identity.
+func TestSharedFramesFollowRevisions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New(testEpoch, 0)
+		put(t, reg, newWorker("w1"), newWorker("w2"), newWorker("w3")) // rev 1
+		setOverloaded(t, reg, "w1", true)                               // rev 2
+		s := NewServer(reg, Options{HeartbeatInterval: time.Hour}, nil, nil)
+
+		a := serveFake(t, s, &smgv1.WatchHello{RouterId: "a"})
+		c := serveFake(t, s, &smgv1.WatchHello{RouterId: "c"})
+		snapA, snapC := <-a.sent, <-c.sent
+		if snapA.GetSnapshot() == nil || snapA.Revision != 2 {
+			t.Fatalf("a got %v, want the snapshot at 2", snapA)
+		}
+		if snapA != snapC {
+			t.Fatal("two routers joining at one revision got two snapshots built, want one shared")
+		}
+		synctest.Wait() // a and c hold revision 2 and wait
+
+		rev := setOverloaded(t, reg, "w3", true) // rev 3
+		// b resumes from revision 1: it needs w1's change too.
+		b := serveFake(t, s, &smgv1.WatchHello{RouterId: "b", Epoch: testEpoch, Revision: 1})
+		ma, mb, mc := <-a.sent, <-b.sent, <-c.sent
+		if ma != mc {
+			t.Fatal("routers at one revision got different deltas, want one shared")
+		}
+		if ma == mb {
+			t.Fatal("a router at revision 1 was handed the delta built for revision 2")
+		}
+		if ma.GetDelta() == nil || ma.Revision != rev || ids(ma.GetDelta().Upserts) != "w3" {
+			t.Fatalf("a got %v, want the delta 2→3 of w3", ma)
+		}
+		if mb.GetDelta() == nil || mb.Revision != rev || ids(mb.GetDelta().Upserts) != "w1,w3" {
+			t.Fatalf("b got %v, want the delta 1→3 of w1 and w3", mb)
+		}
+	})
+}
+
+// A router's window shares are part of what it is sent: routers with the same
+// shares share a message, the others get their own.
+func TestSharedFramesKeepWindowSharesPerRouter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New(testEpoch, 0)
+		d := newWorker("d1")
+		d.Type = "decode"
+		d.Spec = &smgv1.WorkerSpec{Url: "http://d1", MaxRunningRequests: ptr(int32(64))}
+		d.WindowShare = map[string]int64{"r1": 16, "r2": 48}
+		put(t, reg, d, newWorker("w1"))
+		s := NewServer(reg, Options{HeartbeatInterval: time.Hour}, nil, nil)
+
+		got := map[string]*smgv1.WatchResponse{}
+		for _, r := range []string{"r1", "r2", "r3", "r4"} {
+			got[r] = <-serveFake(t, s, &smgv1.WatchHello{RouterId: r}).sent
+		}
+		share := func(r string) int64 { return got[r].GetSnapshot().GetWorkers()[0].GetWindowShare() }
+		if share("r1") != 16 || share("r2") != 48 || share("r3") != -1 || share("r4") != -1 {
+			t.Fatalf("shares r1..r4 = %d %d %d %d, want 16 48 -1 -1", share("r1"), share("r2"), share("r3"), share("r4"))
+		}
+		if got["r3"] != got["r4"] {
+			t.Fatal("r3 and r4 hold the same shares but got two messages, want one shared")
+		}
+		if got["r1"] == got["r2"] || got["r1"] == got["r3"] {
+			t.Fatal("routers with different shares were handed one message")
+		}
+	})
+}
+
+// Over real gRPC streams the shared frames are marshalled once: three
+// routers at one revision and one behind cost two delta encodings, and every
+// router decodes exactly the message for its own revisions.
+func TestSharedEncodingOverGRPC(t *testing.T) {
+	reg := registry.New(testEpoch, 0)
+	var ws []*registry.Worker
+	for i := range 5 {
+		ws = append(ws, newWorker(fmt.Sprintf("w%d", i)))
+	}
+	put(t, reg, ws...)
+	h := start(t, reg, Options{HeartbeatInterval: time.Hour})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+
+	var ahead []stream
+	for i := range 3 {
+		st := h.watch(t, ctx, &smgv1.WatchHello{RouterId: fmt.Sprint("r", i)})
+		if m := recv(t, st); m.GetSnapshot() == nil || m.Revision != 1 {
+			t.Fatalf("got %v, want the snapshot at 1", m)
+		}
+		ahead = append(ahead, st)
+	}
+	encoded := func(kind string) float64 { return testutil.ToFloat64(h.srv.metrics.encoded.WithLabelValues(kind)) }
+	if n := encoded("snapshot"); n != 1 {
+		t.Fatalf("snapshots encoded = %v for three routers joining at one revision, want 1", n)
+	}
+
+	r2 := setOverloaded(t, reg, "w0", true)
+	var want []byte
+	for _, st := range ahead {
+		m := recv(t, st)
+		if m.GetDelta() == nil || m.Revision != r2 || ids(m.GetDelta().Upserts) != "w0" {
+			t.Fatalf("got %v, want the delta 1→%d of w0", m, r2)
+		}
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want != nil && string(b) != string(want) {
+			t.Fatal("routers at one revision decoded different deltas")
+		}
+		want = b
+	}
+	r3 := setOverloaded(t, reg, "w1", true)
+	// A router resuming from revision 1 needs both changes.
+	behind := h.watch(t, ctx, &smgv1.WatchHello{RouterId: "late", Epoch: testEpoch, Revision: 1})
+	if m := recv(t, behind); m.GetDelta() == nil || m.Revision != r3 || ids(m.GetDelta().Upserts) != "w0,w1" {
+		t.Fatalf("late router got %v, want the delta 1→%d of w0 and w1", m, r3)
+	}
+	for _, st := range ahead {
+		if m := recv(t, st); m.GetDelta() == nil || m.Revision != r3 || ids(m.GetDelta().Upserts) != "w1" {
+			t.Fatalf("got %v, want the delta %d→%d of w1", m, r2, r3)
+		}
+	}
+	// 1→2 once, 2→3 once, 1→3 once: not once per stream.
+	if n := encoded("delta"); n != 3 {
+		t.Fatalf("deltas encoded = %v for 7 sent, want 3", n)
+	}
+	if n := testutil.ToFloat64(h.srv.metrics.sent.WithLabelValues("delta")); n != 7 {
+		t.Fatalf("deltas sent = %v, want 7", n)
+	}
+}
+
+// The cache keeps only the newest revision's entries.
+func TestFramesDropOlderRevisions(t *testing.T) {
+	f := newFrames(nil)
+	f.base(baseKey{testEpoch, kindDelta, 1, 2})
+	f.frame(frameKey{baseKey: baseKey{testEpoch, kindDelta, 1, 2}})
+	f.frame(frameKey{baseKey: baseKey{testEpoch, kindSnapshot, 0, 3}})
+	if len(f.bases) != 0 || len(f.frames) != 1 {
+		t.Fatalf("after revision 3: %d bases, %d frames, want 0 and 1", len(f.bases), len(f.frames))
+	}
+	// Another epoch at the same revision is another key.
+	if f.frame(frameKey{baseKey: baseKey{"epoch-B", kindSnapshot, 0, 3}}) == f.frame(frameKey{baseKey: baseKey{testEpoch, kindSnapshot, 0, 3}}) {
+		t.Fatal("two epochs share a frame")
+	}
+}
+
+// The per-stream baseline shares nothing.
+func TestEncodePerStreamSharesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New(testEpoch, 0)
+		put(t, reg, newWorker("w1"))
+		s := NewServer(reg, Options{HeartbeatInterval: time.Hour, EncodePerStream: true}, nil, nil)
+		a, b := <-serveFake(t, s, &smgv1.WatchHello{RouterId: "a"}).sent, <-serveFake(t, s, &smgv1.WatchHello{RouterId: "b"}).sent
+		if a == b || a.String() != b.String() {
+			t.Fatal("per-stream encoding shared a message or sent different content")
+		}
+	})
+}
