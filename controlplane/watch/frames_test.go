@@ -21,7 +21,7 @@ func TestSharedFramesFollowRevisions(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reg := registry.New(testEpoch, 0)
 		put(t, reg, newWorker("w1"), newWorker("w2"), newWorker("w3")) // rev 1
-		setOverloaded(t, reg, "w1", true)                               // rev 2
+		setOverloaded(t, reg, "w1", true)                              // rev 2
 		s := NewServer(reg, Options{HeartbeatInterval: time.Hour}, nil, nil)
 
 		a := serveFake(t, s, &smgv1.WatchHello{RouterId: "a"})
