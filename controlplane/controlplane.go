@@ -36,6 +36,7 @@ import (
 	"github.com/smg-project/smg/controlplane/windows"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/internal/identity"
 )
 
 // Options configure the control plane; AddFlags binds them to flags.
@@ -214,6 +215,7 @@ func (cp *ControlPlane) HTTPHandler() http.Handler {
 	cp.AdminRoutes(mux)
 	mux.Handle("/metrics", promhttp.HandlerFor(cp.metrics, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.Handle("GET "+identity.Path, identity.Handler(identity.ControlPlane))
 	return mux
 }
 

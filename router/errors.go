@@ -19,6 +19,15 @@ const (
 	CodeUpstreamError         = "upstream_error"
 	CodeNotFound              = "not_found"
 	CodeShuttingDown          = "router_shutting_down"
+	CodeLoopDetected          = "loop_detected"
+	CodeBodyTimeout           = "request_body_timeout"
+	CodeMethodNotAllowed      = "method_not_allowed"
+)
+
+// Reasons of smg_router_refused_total.
+const (
+	refusedLoop        = "loop"
+	refusedBodyTimeout = "body_timeout"
 )
 
 // ErrorCodeHeader marks an answer decided by this router. It is written in the

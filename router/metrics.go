@@ -38,6 +38,9 @@ type metrics struct {
 	revision  prometheus.Gauge
 	failOpen  prometheus.Counter
 	breakers  *prometheus.CounterVec // to: open | closed
+
+	connections prometheus.Gauge       // client connections open (capped by --max-connections)
+	refused     *prometheus.CounterVec // reason: loop | body_timeout
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -77,6 +80,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "smg_router_circuit_breaker_transitions_total", Help: "Circuit breaker transitions, by new state.",
 		}, []string{"to"}),
 	}
+	m.connections = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "smg_router_connections", Help: "Client connections open on the router's port (at most --max-connections).",
+	})
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "smg_router_refused_total",
+		Help: "Requests refused before routing, by reason: loop (already passed an smg router), body_timeout (body not received within --body-read-timeout-secs).",
+	}, []string{"reason"})
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "smg_router_requests_total", Help: "Proxied requests by route and status class.",
 	}, []string{"route", "status"})
@@ -86,7 +96,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12),
 	}, []string{"route"})
 	for _, c := range []prometheus.Collector{m.overloadFallback, m.livenessFallback, m.shed, m.retries,
-		m.upstream, m.admission, m.queued, m.revision, m.failOpen, m.breakers, requests, duration} {
+		m.upstream, m.admission, m.queued, m.revision, m.failOpen, m.breakers, m.connections, m.refused, requests, duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -110,6 +120,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.admission.WithLabelValues("queue_timeout")
 	m.breakers.WithLabelValues("open")
 	m.breakers.WithLabelValues("closed")
+	m.refused.WithLabelValues(refusedLoop)
+	m.refused.WithLabelValues(refusedBodyTimeout)
 	return m, nil
 }
 

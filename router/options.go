@@ -61,6 +61,9 @@ type Options struct {
 	QueueSize                int
 	QueueTimeoutSecs         int
 	MaxPayloadSize           int64 // bytes
+	BodyReadTimeoutSecs      int   // a request body must arrive within this
+	IdleTimeoutSecs          int   // idle keep-alive client connections close after this
+	MaxConnections           int   // client connections open at once; more wait in the backlog
 	RequestTimeoutSecs       int
 	CacheThreshold           float64 // cache_aware: prefix match ratio that keeps affinity
 	BalanceAbsThreshold      int64   // cache_aware: load spread that switches to least load ...
@@ -93,6 +96,9 @@ func DefaultOptions() Options {
 		QueueSize:                100,
 		QueueTimeoutSecs:         60,
 		MaxPayloadSize:           512 << 20,
+		BodyReadTimeoutSecs:      30,
+		IdleTimeoutSecs:          60,
+		MaxConnections:           4096,
 		RequestTimeoutSecs:       1800,
 		CacheThreshold:           0.3,
 		BalanceAbsThreshold:      64,
@@ -143,6 +149,11 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	integer(&o.QueueSize, "queue-size", "requests that may wait for admission; beyond it the answer is 429 admission_queue_full")
 	integer(&o.QueueTimeoutSecs, "queue-timeout-secs", "seconds a request may wait for admission before 503 admission_queue_timeout")
 	define(fs, (*int64Value)(&o.MaxPayloadSize), "max-payload-size", "largest request body accepted, in bytes (larger: 413)")
+	integer(&o.BodyReadTimeoutSecs, "body-read-timeout-secs",
+		"seconds a request body may take to arrive in full; a slower body is cut with 408 request_body_timeout")
+	integer(&o.IdleTimeoutSecs, "idle-timeout-secs", "seconds an idle keep-alive client connection is kept open")
+	integer(&o.MaxConnections, "max-connections",
+		"client connections the router holds open at once; further clients wait in the listen backlog until one closes")
 	integer(&o.RequestTimeoutSecs, "request-timeout-secs", "upper bound on one proxied request, in seconds")
 	float(&o.CacheThreshold, "cache-threshold", "cache_aware: prefix match ratio (0 to 1) that keeps a request on its cached worker")
 	define(fs, (*int64Value)(&o.BalanceAbsThreshold), "balance-abs-threshold",
@@ -193,6 +204,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxPayloadSize < 1 || o.RequestTimeoutSecs < 1 {
 		bad("--max-payload-size and --request-timeout-secs must be >= 1")
+	}
+	if o.BodyReadTimeoutSecs < 1 || o.IdleTimeoutSecs < 1 || o.MaxConnections < 1 {
+		bad("--body-read-timeout-secs, --idle-timeout-secs and --max-connections must be >= 1")
 	}
 	if o.CacheThreshold < 0 || o.CacheThreshold > 1 {
 		bad("--cache-threshold must be within [0, 1], got %v", o.CacheThreshold)

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/smg-project/smg/internal/identity"
 )
 
 // statusClientClosed is recorded (never sent) when the client left first.
@@ -65,6 +67,12 @@ func (r *Router) proxyHandler(route int) http.Handler {
 // serveProxy admits, parses, selects, dispatches (with retries) and streams
 // the answer back. It returns the status sent, for metrics.
 func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
+	if _, looped := req.Header[hopHeader]; looped {
+		r.metrics.refused.WithLabelValues(refusedLoop).Inc()
+		writeError(w, http.StatusLoopDetected, CodeLoopDetected,
+			"The request has already passed through an smg router: a worker URL points at a router (routing loop)", 0)
+		return http.StatusLoopDetected
+	}
 	if r.draining.Load() {
 		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
 		return http.StatusServiceUnavailable
@@ -85,19 +93,30 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		defer r.adm.release()
 	}
 
-	body, err := readBody(w, req, r.opts.MaxPayloadSize)
+	body, err := r.readBody(w, req)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
+		switch {
+		case errors.As(err, &tooLarge):
 			writeError(w, http.StatusRequestEntityTooLarge, CodePayloadTooLarge,
 				"Request body exceeds the limit of "+strconv.FormatInt(r.opts.MaxPayloadSize, 10)+" bytes", 0)
 			return http.StatusRequestEntityTooLarge
+		case errors.Is(err, errBodyTimeout):
+			r.metrics.refused.WithLabelValues(refusedBodyTimeout).Inc()
+			w.Header().Set("Connection", "close")
+			writeError(w, http.StatusRequestTimeout, CodeBodyTimeout,
+				"The request body did not arrive within "+strconv.Itoa(r.opts.BodyReadTimeoutSecs)+" s", 0)
+			return http.StatusRequestTimeout
 		}
 		return statusClientClosed
 	}
 	var f requestFields
 	if err := json.Unmarshal(body, &f); err != nil {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "Invalid JSON body: "+err.Error(), 0)
+		return http.StatusBadRequest
+	}
+	if !isObject(body) {
+		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "The request body must be a JSON object", 0)
 		return http.StatusBadRequest
 	}
 
@@ -401,17 +420,38 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, error) {
+// errBodyTimeout: the body did not arrive within --body-read-timeout-secs.
+var errBodyTimeout = errors.New("request body timeout")
+
+// readBody reads the body against --max-payload-size, growing its buffer
+// with the bytes that arrive, never from what Content-Length claims: a header
+// alone costs the router nothing. The whole body must arrive within
+// --body-read-timeout-secs, so a body that trickles or stalls is cut.
+func (r *Router) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
+	limit := r.opts.MaxPayloadSize
 	if req.ContentLength > limit {
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
-	rd := http.MaxBytesReader(w, req.Body, limit)
-	var buf bytes.Buffer
-	if req.ContentLength > 0 {
-		buf.Grow(int(req.ContentLength) + bytes.MinRead)
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(time.Duration(r.opts.BodyReadTimeoutSecs)*time.Second)) == nil {
+		// Cleared before the server's background read (which watches for
+		// the client leaving) could trip on it.
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
-	_, err := buf.ReadFrom(rd)
+	var buf bytes.Buffer
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, req.Body, limit))
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return nil, errBodyTimeout
+	}
 	return buf.Bytes(), err
+}
+
+// isObject reports whether a valid JSON body is an object (not null, an
+// array, a string or a number).
+func isObject(body []byte) bool {
+	b := bytes.TrimLeft(body, " \t\r\n")
+	return len(b) > 0 && b[0] == '{'
 }
 
 func upstreamURL(base string, in *http.Request) string {
@@ -440,7 +480,10 @@ func copyRequestHeaders(dst, src http.Header, apiKey string) {
 	if apiKey != "" {
 		dst["Authorization"] = []string{"Bearer " + apiKey}
 	}
+	dst[hopHeader] = []string{"1"} // a router that receives it refuses it: a loop
 }
+
+var hopHeader = http.CanonicalHeaderKey(identity.HopHeader)
 
 // copyResponseHeaders forwards a worker's headers, minus hop-by-hop ones and
 // X-SMG-Error-Code: that header marks only this router's own decisions.

@@ -366,6 +366,8 @@ func TestRequestErrors(t *testing.T) {
 	}{
 		{"bad json", "/v1/chat/completions", `{"model":`, 400, CodeInvalidJSON},
 		{"not an object", "/v1/completions", `[1,2]`, 400, CodeInvalidJSON},
+		{"null", "/v1/chat/completions", ` null `, 400, CodeInvalidJSON},
+		{"string", "/generate", `"x"`, 400, CodeInvalidJSON},
 		{"too large", "/v1/completions", `{"prompt":"` + strings.Repeat("x", 100) + `"}`, 413, CodePayloadTooLarge},
 		{"unknown model", "/v1/embeddings", `{"model":"nope","input":"x"}`, 404, CodeModelNotFound},
 	}
@@ -377,6 +379,12 @@ func TestRequestErrors(t *testing.T) {
 	}
 	if a := h.get("/v1/nothing"); a.status != 404 || a.errorCode() != CodeNotFound {
 		t.Errorf("unknown route: %d %s", a.status, a.body)
+	}
+	if a := h.get("/v1/chat/completions"); a.status != 405 || a.errorCode() != CodeMethodNotAllowed || a.header.Get("Allow") != "POST" {
+		t.Errorf("GET on a POST route: %d %s Allow=%q", a.status, a.body, a.header.Get("Allow"))
+	}
+	if a := h.send("/loads", `{}`, ""); a.status != 405 || a.header.Get("Allow") != "GET, HEAD" {
+		t.Errorf("POST on /loads: %d %s Allow=%q", a.status, a.body, a.header.Get("Allow"))
 	}
 	if e.hits.Load() != 0 {
 		t.Fatal("a rejected request reached the worker")

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/internal/identity"
 )
 
 // Router proxies requests to the workers of its current snapshot.
@@ -310,10 +312,25 @@ func (r *Router) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", r.serveReadyz)
 	mux.Handle("GET /metrics", r.metricsHandler())
+	mux.Handle("GET "+identity.Path, identity.Handler(identity.Router))
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		if allow, ok := routeMethods[req.URL.Path]; ok {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed,
+				req.Method+" is not allowed on "+req.URL.Path+"; use "+allow, 0)
+			return
+		}
 		writeError(w, http.StatusNotFound, CodeNotFound, "No route for "+req.Method+" "+req.URL.Path, 0)
 	})
 	return mux
+}
+
+// routeMethods is the Allow header of each route, for the 405 of a wrong
+// method (the catch-all route would otherwise answer 404).
+var routeMethods = map[string]string{
+	"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST", "/generate": "POST",
+	"/v1/models": "GET, HEAD", "/loads": "GET, HEAD", "/health": "GET, HEAD", "/readyz": "GET, HEAD",
+	"/metrics": "GET, HEAD", identity.Path: "GET, HEAD",
 }
 
 func (r *Router) serveReadyz(w http.ResponseWriter, _ *http.Request) {

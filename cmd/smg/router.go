@@ -73,7 +73,9 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	log.Info("Router serving", "http", addrOf(ln), "controlplane", *cpAddr, "policy", ropts.Policy)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreCanceled(wc.Run(ctx)) })
-	g.Go(func() error { return serveDraining(ctx, ln, r.Handler(), r, time.Duration(rf.grace)*time.Second, log) })
+	g.Go(func() error {
+		return serveDraining(ctx, r.Listener(ln), ropts.Server(r.Handler()), r, time.Duration(rf.grace)*time.Second, log)
+	})
 	return g.Wait()
 }
 
@@ -140,7 +142,7 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	cps.run(ctx, g)
 	g.Go(func() error { return ignoreCanceled(wc.Run(ctx)) })
 	g.Go(func() error {
-		return serveDraining(ctx, cps.httpLn, launchHandler(cps.cp, r), r, time.Duration(rf.grace)*time.Second, log)
+		return serveDraining(ctx, r.Listener(cps.httpLn), ropts.Server(launchHandler(cps.cp, r)), r, time.Duration(rf.grace)*time.Second, log)
 	})
 	return g.Wait()
 }

@@ -71,11 +71,10 @@ type drainable interface {
 	Stop()
 }
 
-// serveDraining serves h on ln until ctx ends, then drains: d.Drain() fails
+// serveDraining serves srv on ln until ctx ends, then drains: d.Drain() fails
 // readiness and refuses new requests, requests in flight get grace to finish,
 // then d.Stop() ends the rest with an explicit error.
-func serveDraining(ctx context.Context, ln net.Listener, h http.Handler, d drainable, grace time.Duration, log *slog.Logger) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+func serveDraining(ctx context.Context, ln net.Listener, srv *http.Server, d drainable, grace time.Duration, log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
