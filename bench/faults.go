@@ -176,7 +176,7 @@ func outcome(ev FaultEvent, until float64, records []Record, samples []WorkerSam
 			}
 			// An overload veto may already stand when the fault hits; the
 			// exclusion the fault earns is a liveness veto or leaving Ready.
-			if (sm.Vetoed && sm.Veto != "VETO_OVERLOAD") || !sm.Ready {
+			if (sm.Vetoed && sm.Veto != "overload") || !sm.Ready {
 				o.Excluded = sm.At - ev.At
 				o.Verdict = sm.Veto
 				if sm.Reason != "" {

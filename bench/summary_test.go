@@ -166,7 +166,7 @@ func TestTraceBinsArrivalsAndVerdictsBySecond(t *testing.T) {
 		s := WorkerSample{At: at, Engine: engine}
 		s.Waiting = waiting
 		if v {
-			s.Vetoed, s.Veto = true, "VETO_OVERLOAD"
+			s.Vetoed, s.Veto = true, "overload"
 		}
 		return s
 	}

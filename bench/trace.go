@@ -126,7 +126,7 @@ func Trace(records []Record, samples []WorkerSample, engines int, seconds float6
 			perSecond[i]++
 		}
 		rd.total++
-		overloaded := s.Vetoed && s.Veto == "VETO_OVERLOAD"
+		overloaded := s.Vetoed && s.Veto == "overload"
 		if overloaded {
 			rd.vetoed++
 			out[i].VetoedShare[s.Engine]++

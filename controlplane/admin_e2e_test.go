@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/smg-project/smg/controlplane/admin"
 	"github.com/smg-project/smg/controlplane/registry"
@@ -60,10 +62,13 @@ func TestRESTWorkerLifecycle(t *testing.T) {
 		t.Fatalf("GET /workers = %d %s", r.status, r.body)
 	}
 	for _, field := range []string{`"worker_id"`, `"engine_load"`, `"waiting_requests":`, `"token_usage":`, `"job_status"`,
-		`"verdict"`, `"health":"healthy"`, `"overload":{"waiting_requests":4,"token_usage":0.7}`, `"model":"sim-model"`, `"total":1`} {
+		`"verdict"`, `"health":"healthy"`, `"overload":{"waiting_requests":4,"token_usage":0.7}`, `"model":"sim-model"`, `"total":1`, `"veto":"none"`} {
 		if !strings.Contains(string(compact(r.body)), field) {
 			t.Fatalf("GET /workers lacks %s:\n%s", field, r.body)
 		}
+	}
+	if strings.Contains(string(r.body), "UNSPECIFIED") {
+		t.Fatalf("GET /workers shows an enum's zero name:\n%s", r.body)
 	}
 	if strings.Contains(string(r.body), "waitingRequests") || strings.Contains(string(r.body), "workerId") {
 		t.Fatalf("responses use the spec's snake_case names:\n%s", r.body)
@@ -117,10 +122,11 @@ func TestRESTWorkerLifecycle(t *testing.T) {
 		t.Fatalf("an omitted block field falls back to the gateway value: %+v", w.Thresholds)
 	}
 
-	// DELETE: 202, then 404.
+	// DELETE: 202 with Location, then 404 there.
 	r = h.do(t, http.MethodDelete, "/workers/"+id, "")
-	if r.status != http.StatusAccepted || r.json(t)["worker_id"] != id {
-		t.Fatalf("DELETE = %d %s", r.status, r.body)
+	if r.status != http.StatusAccepted || r.json(t)["worker_id"] != id ||
+		r.header.Get("Location") != "/workers/"+id || r.json(t)["location"] != "/workers/"+id {
+		t.Fatalf("DELETE = %d %v %s, want 202 with Location /workers/%s", r.status, r.header, r.body, id)
 	}
 	r = h.do(t, http.MethodGet, "/workers/"+id, "")
 	if r.status != http.StatusNotFound || r.errorCode(t) != "WORKER_NOT_FOUND" {
@@ -220,6 +226,9 @@ func TestBadInput(t *testing.T) {
 		{"invalid url", "POST", "/workers", `{"url":"not a url"}`, 400, "BAD_REQUEST", "url"},
 		{"url without host", "POST", "/workers", `{"url":"http://"}`, 400, "BAD_REQUEST", "url"},
 		{"negative interval", "POST", "/workers", `{"url":"http://x:1","load_monitor_interval_secs":-1}`, 400, "BAD_REQUEST", "load_monitor_interval_secs"},
+		{"grpc url", "POST", "/workers", `{"url":"grpc://x:1"}`, 400, "BAD_REQUEST", "url"},
+		{"grpcs url", "PUT", "/workers/" + id, `{"url":"grpcs://x:1"}`, 400, "BAD_REQUEST", "url"},
+		{"grpc connection mode", "POST", "/workers", `{"url":"http://x:1","connection_mode":"grpc"}`, 400, "BAD_REQUEST", "connection_mode"},
 		{"bad worker type", "POST", "/workers", `{"url":"http://x:1","worker_type":"boss"}`, 400, "BAD_REQUEST", "worker_type"},
 		{"negative priority", "PATCH", "/workers/" + id, `{"priority":-1}`, 400, "BAD_REQUEST", "priority"},
 		{"negative interval patch", "PATCH", "/workers/" + id, `{"load_monitor_interval_secs":-5}`, 400, "BAD_REQUEST", "load_monitor_interval_secs"},
@@ -266,22 +275,91 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-func TestAdminAPIKey(t *testing.T) {
+// httpRules reads the REST routes of every admin RPC from the gateway's rules
+// (proto/smg/v1/smg_http.yaml), keyed by the RPC's full method name.
+func httpRules(t *testing.T) map[string]admin.Route {
+	t.Helper()
+	data, err := os.ReadFile("../proto/smg/v1/smg_http.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := map[string]admin.Route{}
+	var selector string
+	for _, line := range strings.Split(string(data), "\n") {
+		key, val, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "- ")), ":")
+		if !ok {
+			continue
+		}
+		val = strings.TrimSpace(val)
+		switch key {
+		case "selector":
+			svc, method, _ := strings.Cut(strings.TrimPrefix(val, "smg.v1."), ".")
+			selector = "/smg.v1." + svc + "/" + method
+		case "get", "post", "put", "patch", "delete":
+			rules[selector] = admin.Route{Method: strings.ToUpper(key), Path: val}
+		}
+	}
+	return rules
+}
+
+// Every admin RPC in WorkerService's descriptor and every REST route of the
+// gateway's rules needs the key, but the public ones: a new RPC or route
+// cannot be left open. REST checks the key before it reads the body (401,
+// not 422).
+func TestEveryAdminRouteNeedsTheKey(t *testing.T) {
 	opts := fastOptions()
 	opts.AdminAPIKey = "s3cret"
 	h := startCP(t, opts)
-	engine := startSim(t, nil)
-
-	for _, key := range []string{"", "wrong", "s3cret2", "s3cre"} {
-		for _, route := range []struct{ method, path, body string }{
-			{"GET", "/workers", ""}, {"GET", "/workers/w-1", ""}, {"POST", "/workers", specBody(engine.URL())},
-			{"PUT", "/workers/w-1", specBody(engine.URL())}, {"PATCH", "/workers/w-1", `{"priority":1}`},
-			{"DELETE", "/workers/w-1", ""}, {"GET", "/jobs", ""},
-		} {
-			r := h.doKey(t, route.method, route.path, route.body, key)
-			if r.status != http.StatusUnauthorized {
-				t.Fatalf("%s %s with key %q = %d %s, want 401", route.method, route.path, key, r.status, r.body)
+	rules := httpRules(t)
+	for _, m := range smgv1.WorkerService_ServiceDesc.Methods {
+		full := "/" + smgv1.WorkerService_ServiceDesc.ServiceName + "/" + m.MethodName
+		route, ok := rules[full]
+		if !ok {
+			t.Fatalf("RPC %s has no REST rule in smg_http.yaml", full)
+		}
+		if pub, isPublic := admin.Public[full]; isPublic && pub != route {
+			t.Fatalf("public RPC %s is listed at %v, its REST rule is %v", full, pub, route)
+		}
+		_, public := admin.Public[full]
+		path := strings.ReplaceAll(route.Path, "{worker_id}", "w-1")
+		t.Run(m.MethodName, func(t *testing.T) {
+			for _, key := range []string{"", "wrong", "s3cret2", "s3cre"} {
+				ctx := context.Background()
+				if key != "" {
+					ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+key)
+				}
+				err := h.conn.Invoke(ctx, full, &emptypb.Empty{}, &emptypb.Empty{})
+				if got := status.Code(err) == codes.Unauthenticated; got == public {
+					t.Fatalf("gRPC %s with key %q: %v (public %v)", full, key, err, public)
+				}
+				// A body that does not parse: the key is checked first.
+				body := ""
+				if route.Method != http.MethodGet && route.Method != http.MethodDelete {
+					body = "{not json"
+				}
+				r := h.doKey(t, route.Method, path, body, key)
+				if got := r.status == http.StatusUnauthorized; got == public {
+					t.Fatalf("%s %s with key %q = %d %s (public %v)", route.Method, path, key, r.status, r.body, public)
+				}
+				if !public && r.errorCode(t) != admin.CodeUnauthorized {
+					t.Fatalf("%s %s: code %q, want %s", route.Method, path, r.errorCode(t), admin.CodeUnauthorized)
+				}
 			}
+			if public {
+				return
+			}
+			good := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer s3cret")
+			if err := h.conn.Invoke(good, full, &emptypb.Empty{}, &emptypb.Empty{}); status.Code(err) == codes.Unauthenticated {
+				t.Fatalf("gRPC %s with the key: %v", full, err)
+			}
+			if r := h.doKey(t, route.Method, path, "", "s3cret"); r.status == http.StatusUnauthorized {
+				t.Fatalf("%s %s with the key = 401", route.Method, path)
+			}
+		})
+	}
+	for full := range rules {
+		if _, err := findMethod(full); err != nil {
+			t.Fatalf("smg_http.yaml routes %s: %v", full, err)
 		}
 	}
 	// Raw header forms that are not "Bearer <key>".
@@ -293,31 +371,16 @@ func TestAdminAPIKey(t *testing.T) {
 	if h.reg.Snapshot().Jobs() != nil {
 		t.Fatal("an unauthorized POST started a registration")
 	}
-	if r := h.doKey(t, "GET", "/loads", "", ""); r.status != http.StatusOK {
-		t.Fatalf("/loads is public: %d %s", r.status, r.body)
-	}
-	if r := h.doKey(t, "GET", "/workers", "", "s3cret"); r.status != http.StatusOK {
-		t.Fatalf("right key: %d %s", r.status, r.body)
-	}
-	id := h.register(t, specBody(engine.URL()))
+}
 
-	// gRPC: the same key in metadata.
-	ctx := context.Background()
-	if _, err := h.grpc.ListWorkers(ctx, &smgv1.ListWorkersRequest{}); status.Code(err) != codes.Unauthenticated {
-		t.Fatalf("gRPC without key: %v", err)
+// findMethod looks a full method name up in WorkerService's descriptor.
+func findMethod(full string) (string, error) {
+	for _, m := range smgv1.WorkerService_ServiceDesc.Methods {
+		if "/"+smgv1.WorkerService_ServiceDesc.ServiceName+"/"+m.MethodName == full {
+			return m.MethodName, nil
+		}
 	}
-	bad := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer nope")
-	if _, err := h.grpc.GetWorker(bad, &smgv1.GetWorkerRequest{WorkerId: id}); status.Code(err) != codes.Unauthenticated {
-		t.Fatalf("gRPC with a wrong key: %v", err)
-	}
-	good := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer s3cret")
-	resp, err := h.grpc.GetWorker(good, &smgv1.GetWorkerRequest{WorkerId: id})
-	if err != nil || resp.GetWorker().GetWorkerId() != id {
-		t.Fatalf("gRPC with the key: %v %v", resp, err)
-	}
-	if _, err := h.grpc.GetLoads(ctx, &smgv1.GetLoadsRequest{}); err != nil {
-		t.Fatalf("gRPC GetLoads is public: %v", err)
-	}
+	return "", fmt.Errorf("no such RPC in WorkerService")
 }
 
 func TestGRPCWorkerService(t *testing.T) {

@@ -193,7 +193,7 @@ func newEpoch() string {
 // health service and server reflection so stock tools (grpcurl,
 // grpc-health-probe, buf curl) work against it.
 func (cp *ControlPlane) RegisterGRPC(s *grpc.Server) {
-	smgv1.RegisterWorkerServiceServer(s, cp.Admin)
+	cp.Admin.RegisterGRPC(s)
 	smgv1.RegisterWatchServiceServer(s, cp.Watch)
 	smgv1.RegisterAgentServiceServer(s, cp.Agents)
 	cp.grpcHealth = grpchealth.NewServer()

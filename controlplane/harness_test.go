@@ -50,6 +50,7 @@ type harness struct {
 	metrics *prometheus.Registry
 	http    *httptest.Server
 	grpc    smgv1.WorkerServiceClient
+	conn    *grpc.ClientConn
 	logs    *syncBuffer
 	key     string // sent as the bearer admin key by do
 }
@@ -92,6 +93,7 @@ func startCP(t *testing.T, opts controlplane.Options) *harness {
 		t.Fatal(err)
 	}
 	h.grpc = smgv1.NewWorkerServiceClient(conn)
+	h.conn = conn
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -72,7 +72,7 @@ func TestOverloadVerdictFromEngineReports(t *testing.T) {
 		t.Fatalf("smg_workers_overloaded = %v %v", v, ok)
 	}
 	r := h.do(t, http.MethodGet, "/workers/"+id, "")
-	if c := string(compact(r.body)); !strings.Contains(c, `"overloaded":true`) || !strings.Contains(c, `"veto":"VETO_OVERLOAD"`) {
+	if c := string(compact(r.body)); !strings.Contains(c, `"overloaded":true`) || !strings.Contains(c, `"veto":"overload"`) {
 		t.Fatalf("GET shows the verdict: %s", r.body)
 	}
 	if c := string(compact(h.do(t, http.MethodGet, "/loads", "").body)); !strings.Contains(c, `"overloaded":true`) {

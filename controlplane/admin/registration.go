@@ -98,9 +98,6 @@ func workerType(spec *smgv1.WorkerSpec) string {
 // A model id given in the spec needs only an answer; otherwise the first
 // model the engine lists is the worker's.
 func (s *Service) reachEngine(ctx context.Context, spec *smgv1.WorkerSpec) (string, error) {
-	if spec.GetConnectionMode() == "grpc" || strings.HasPrefix(spec.GetUrl(), "grpc") {
-		return "", errors.New("gRPC workers are not supported yet: register the engine's HTTP URL")
-	}
 	var lastErr error
 	for {
 		model, err := DiscoverModel(ctx, s.client, spec.GetUrl(), spec.GetApiKey())

@@ -20,8 +20,8 @@ import (
 const MaxBodyBytes = 1 << 20
 
 // RESTHandler serves the admin routes of smg_http.yaml with the spec's
-// snake_case JSON, in requests and responses.
-func RESTHandler(svc smgv1.WorkerServiceServer) (http.Handler, error) {
+// snake_case JSON, in requests and responses, behind the admin key.
+func RESTHandler(svc *Service) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
@@ -40,10 +40,10 @@ func RESTHandler(svc smgv1.WorkerServiceServer) (http.Handler, error) {
 	if err := smgv1.RegisterWorkerServiceHandlerServer(context.Background(), mux, svc); err != nil {
 		return nil, err
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return svc.requireKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes)
 		mux.ServeHTTP(w, r)
-	}), nil
+	})), nil
 }
 
 // setStatus applies the status a method asked for (202 for changes).

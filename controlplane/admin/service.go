@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,7 +21,6 @@ import (
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
-	"github.com/smg-project/smg/internal/bearer"
 )
 
 // ThresholdResolver resolves a worker's overload block against the gateway
@@ -91,24 +91,6 @@ func WorkerID(url string) string {
 	return "w-" + hex.EncodeToString(sum[:6])
 }
 
-// publicMethods need no admin key.
-var publicMethods = map[string]bool{"/smg.v1.WorkerService/GetLoads": true}
-
-// authorize checks the bearer key in the incoming metadata (gRPC, or REST
-// through the gateway) in constant time.
-func (s *Service) authorize(ctx context.Context) error {
-	if s.opts.APIKey == "" {
-		return nil
-	}
-	if m, ok := grpc.Method(ctx); ok && publicMethods[m] {
-		return nil
-	}
-	if _, ok := bearer.Check(ctx, s.opts.APIKey); !ok {
-		return errUnauthorized()
-	}
-	return nil
-}
-
 // accepted sets the REST status and Location of a change.
 func accepted(ctx context.Context, location string) {
 	md := metadata.Pairs("x-http-code", "202")
@@ -119,9 +101,6 @@ func accepted(ctx context.Context, location string) {
 }
 
 func (s *Service) CreateWorker(ctx context.Context, req *smgv1.CreateWorkerRequest) (*smgv1.CreateWorkerResponse, error) {
-	if err := s.authorize(ctx); err != nil {
-		return nil, err
-	}
 	id, err := s.Submit(req.GetSpec())
 	if err != nil {
 		return nil, err
@@ -158,9 +137,6 @@ func (s *Service) Submit(spec *smgv1.WorkerSpec) (string, error) {
 }
 
 func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerRequest) (*smgv1.ReplaceWorkerResponse, error) {
-	if err := s.authorize(ctx); err != nil {
-		return nil, err
-	}
 	spec := req.GetSpec()
 	if err := validateSpec(spec); err != nil {
 		return nil, err
@@ -191,9 +167,6 @@ func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerReq
 }
 
 func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerRequest) (*smgv1.UpdateWorkerResponse, error) {
-	if err := s.authorize(ctx); err != nil {
-		return nil, err
-	}
 	u := req.GetUpdate()
 	if u == nil {
 		u = &smgv1.WorkerUpdate{}
@@ -245,9 +218,6 @@ func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerReque
 }
 
 func (s *Service) DeleteWorker(ctx context.Context, req *smgv1.DeleteWorkerRequest) (*smgv1.DeleteWorkerResponse, error) {
-	if err := s.authorize(ctx); err != nil {
-		return nil, err
-	}
 	id := req.GetWorkerId()
 	var old *registry.Worker
 	_, err := s.reg.Update(func(t *registry.Txn) error {
@@ -266,8 +236,9 @@ func (s *Service) DeleteWorker(ctx context.Context, req *smgv1.DeleteWorkerReque
 	s.removed(old)
 	url := old.Spec.GetUrl()
 	s.log.Info("Worker removed", "worker_id", id, "url", url)
-	accepted(ctx, "")
-	return &smgv1.DeleteWorkerResponse{Status: "accepted", WorkerId: id, Url: url, Message: "worker " + id + " removed"}, nil
+	loc := "/workers/" + id
+	accepted(ctx, loc)
+	return &smgv1.DeleteWorkerResponse{Status: "accepted", WorkerId: id, Url: url, Location: loc, Message: "worker " + id + " removed"}, nil
 }
 
 func (s *Service) removed(old *registry.Worker) {
@@ -277,9 +248,6 @@ func (s *Service) removed(old *registry.Worker) {
 }
 
 func (s *Service) GetWorker(ctx context.Context, req *smgv1.GetWorkerRequest) (*smgv1.GetWorkerResponse, error) {
-	if err := s.authorize(ctx); err != nil {
-		return nil, err
-	}
 	snap := s.reg.Snapshot()
 	id := req.GetWorkerId()
 	job := snap.Job(id)
@@ -297,9 +265,6 @@ func (s *Service) GetWorker(ctx context.Context, req *smgv1.GetWorkerRequest) (*
 }
 
 func (s *Service) ListWorkers(ctx context.Context, req *smgv1.ListWorkersRequest) (*smgv1.ListWorkersResponse, error) {
-	if err := s.authorize(ctx); err != nil {
-		return nil, err
-	}
 	snap := s.reg.Snapshot()
 	resp := &smgv1.ListWorkersResponse{}
 	for _, w := range snap.Workers() {
@@ -338,9 +303,6 @@ func (s *Service) GetLoads(ctx context.Context, _ *smgv1.GetLoadsRequest) (*smgv
 }
 
 func (s *Service) ListJobs(ctx context.Context, _ *smgv1.ListJobsRequest) (*smgv1.ListJobsResponse, error) {
-	if err := s.authorize(ctx); err != nil {
-		return nil, err
-	}
 	resp := &smgv1.ListJobsResponse{}
 	for _, j := range s.reg.Snapshot().Jobs() {
 		if !s.jobVisible(j) {
@@ -355,9 +317,6 @@ func (s *Service) ListJobs(ctx context.Context, _ *smgv1.ListJobsRequest) (*smgv
 }
 
 func (s *Service) ListRouters(ctx context.Context, _ *smgv1.ListRoutersRequest) (*smgv1.ListRoutersResponse, error) {
-	if err := s.authorize(ctx); err != nil {
-		return nil, err
-	}
 	resp := &smgv1.ListRoutersResponse{Revision: s.reg.Revision()}
 	if s.routers != nil {
 		resp.Routers = s.routers.Routers()
@@ -384,11 +343,8 @@ func jobStatus(j *registry.Job) *smgv1.JobStatus {
 func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 	veto, reason := w.Veto()
 	liveness := ""
-	switch w.Liveness {
-	case smgv1.Veto_VETO_UNREACHABLE:
-		liveness = "unreachable"
-	case smgv1.Veto_VETO_WEDGED:
-		liveness = "wedged"
+	if w.Liveness != smgv1.Veto_VETO_UNSPECIFIED {
+		liveness = VetoWord(w.Liveness)
 	}
 	return &smgv1.Worker{
 		WorkerId:   w.ID,
@@ -399,13 +355,22 @@ func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 		EngineLoad: w.Load,
 		Model:      w.Model,
 		Verdict: &smgv1.Verdict{
-			Vetoed: veto != smgv1.Veto_VETO_UNSPECIFIED, Veto: veto, Reason: reason,
+			Vetoed: veto != smgv1.Veto_VETO_UNSPECIFIED, Veto: VetoWord(veto), Reason: reason,
 			Overloaded: w.Overloaded, OverloadReason: w.OverloadReason,
 			Liveness: liveness, LivenessReason: w.LivenessReason,
 		},
 		JobStatus: jobStatus(job),
 		AgentNode: w.AgentNode,
 	}
+}
+
+// VetoWord is how answers show a veto: "none", "overload", "unreachable"
+// or "wedged".
+func VetoWord(v smgv1.Veto) string {
+	if v == smgv1.Veto_VETO_UNSPECIFIED {
+		return "none"
+	}
+	return strings.ToLower(strings.TrimPrefix(v.String(), "VETO_"))
 }
 
 // clearOverload drops the overload veto of a replaced worker (fail open).

@@ -29,7 +29,9 @@ func validateSpec(s *smgv1.WorkerSpec) error {
 		return errBadRequest("worker_type", "worker_type must be regular, prefill or decode, got %q", s.GetWorkerType())
 	}
 	switch s.GetConnectionMode() {
-	case "", "http", "grpc":
+	case "", "http":
+	case "grpc":
+		return errGRPCUnsupported("connection_mode")
 	default:
 		return errBadRequest("connection_mode", "connection_mode must be http or grpc, got %q", s.GetConnectionMode())
 	}
@@ -63,7 +65,9 @@ func validateURL(raw string) error {
 		return errBadRequest("url", "url %q is invalid: %v", raw, err)
 	}
 	switch u.Scheme {
-	case "http", "https", "grpc", "grpcs":
+	case "http", "https":
+	case "grpc", "grpcs":
+		return errGRPCUnsupported("url")
 	default:
 		return errBadRequest("url", "url %q must start with http://, https://, grpc:// or grpcs://", raw)
 	}
@@ -71,6 +75,12 @@ func validateURL(raw string) error {
 		return errBadRequest("url", "url %q has no host", raw)
 	}
 	return nil
+}
+
+// errGRPCUnsupported refuses a gRPC engine at once: registration could only
+// fail later.
+func errGRPCUnsupported(field string) error {
+	return errBadRequest(field, "gRPC engines are not supported yet: register the engine's HTTP URL (http:// or https://) with connection_mode http")
 }
 
 // validateUpdate checks a PATCH. The overload block is never patchable.

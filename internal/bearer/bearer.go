@@ -1,6 +1,5 @@
-// Package bearer checks a shared token sent as gRPC metadata
-// "authorization: Bearer <token>" (grpc-gateway forwards the REST header the
-// same way), in constant time.
+// Package bearer checks a shared token sent as gRPC metadata or an HTTP
+// header "authorization: Bearer <token>", in constant time.
 package bearer
 
 import (
@@ -15,7 +14,11 @@ import (
 // whether one of them is "Bearer <token>" (ok).
 func Check(ctx context.Context, token string) (sent, ok bool) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get("authorization")
+	return Match(md.Get("authorization"), token)
+}
+
+// Match is Check over the values of an Authorization header.
+func Match(vals []string, token string) (sent, ok bool) {
 	for _, v := range vals {
 		got, isBearer := strings.CutPrefix(v, "Bearer ")
 		if isBearer && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {

@@ -377,8 +377,11 @@ func (x *JobStatus) GetUpdatedAt() *timestamppb.Timestamp {
 type Verdict struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Excluded from routing while overloaded or vetoed by liveness.
-	Vetoed         bool   `protobuf:"varint,1,opt,name=vetoed,proto3" json:"vetoed,omitempty"`
-	Veto           Veto   `protobuf:"varint,2,opt,name=veto,proto3,enum=smg.v1.Veto" json:"veto,omitempty"`
+	Vetoed bool `protobuf:"varint,1,opt,name=vetoed,proto3" json:"vetoed,omitempty"`
+	// The veto in force, as a word: "none", "overload", "unreachable" or
+	// "wedged" (liveness first when both hold). A string, not the Veto enum,
+	// so answers read the same over REST and gRPC.
+	Veto           string `protobuf:"bytes,8,opt,name=veto,proto3" json:"veto,omitempty"`
 	Reason         string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	Overloaded     bool   `protobuf:"varint,4,opt,name=overloaded,proto3" json:"overloaded,omitempty"`
 	OverloadReason string `protobuf:"bytes,5,opt,name=overload_reason,json=overloadReason,proto3" json:"overload_reason,omitempty"`
@@ -426,11 +429,11 @@ func (x *Verdict) GetVetoed() bool {
 	return false
 }
 
-func (x *Verdict) GetVeto() Veto {
+func (x *Verdict) GetVeto() string {
 	if x != nil {
 		return x.Veto
 	}
-	return Veto_VETO_UNSPECIFIED
+	return ""
 }
 
 func (x *Verdict) GetReason() string {
@@ -1296,11 +1299,14 @@ func (x *DeleteWorkerRequest) GetWorkerId() string {
 }
 
 type DeleteWorkerResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Status        string                 `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
-	WorkerId      string                 `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	Url           string                 `protobuf:"bytes,3,opt,name=url,proto3" json:"url,omitempty"`
-	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Status   string                 `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	WorkerId string                 `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Url      string                 `protobuf:"bytes,3,opt,name=url,proto3" json:"url,omitempty"`
+	Message  string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	// "/workers/<id>", also sent as the Location header: GET it to see the
+	// worker is gone (404).
+	Location      string `protobuf:"bytes,5,opt,name=location,proto3" json:"location,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1359,6 +1365,13 @@ func (x *DeleteWorkerResponse) GetUrl() string {
 func (x *DeleteWorkerResponse) GetMessage() string {
 	if x != nil {
 		return x.Message
+	}
+	return ""
+}
+
+func (x *DeleteWorkerResponse) GetLocation() string {
+	if x != nil {
+		return x.Location
 	}
 	return ""
 }
@@ -1910,17 +1923,17 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x129\n" +
 	"\n" +
-	"updated_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xe9\x01\n" +
+	"updated_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xe1\x01\n" +
 	"\aVerdict\x12\x16\n" +
-	"\x06vetoed\x18\x01 \x01(\bR\x06vetoed\x12 \n" +
-	"\x04veto\x18\x02 \x01(\x0e2\f.smg.v1.VetoR\x04veto\x12\x16\n" +
+	"\x06vetoed\x18\x01 \x01(\bR\x06vetoed\x12\x12\n" +
+	"\x04veto\x18\b \x01(\tR\x04veto\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1e\n" +
 	"\n" +
 	"overloaded\x18\x04 \x01(\bR\n" +
 	"overloaded\x12'\n" +
 	"\x0foverload_reason\x18\x05 \x01(\tR\x0eoverloadReason\x12\x1a\n" +
 	"\bliveness\x18\x06 \x01(\tR\bliveness\x12'\n" +
-	"\x0fliveness_reason\x18\a \x01(\tR\x0elivenessReason\"\xf6\x02\n" +
+	"\x0fliveness_reason\x18\a \x01(\tR\x0elivenessReasonJ\x04\b\x02\x10\x03\"\xf6\x02\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12&\n" +
 	"\x04spec\x18\x02 \x01(\v2\x12.smg.v1.WorkerSpecR\x04spec\x122\n" +
@@ -1993,12 +2006,13 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\blocation\x18\x04 \x01(\tR\blocation\x12\x18\n" +
 	"\amessage\x18\x05 \x01(\tR\amessage\"2\n" +
 	"\x13DeleteWorkerRequest\x12\x1b\n" +
-	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"w\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"\x93\x01\n" +
 	"\x14DeleteWorkerResponse\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\tR\x06status\x12\x1b\n" +
 	"\tworker_id\x18\x02 \x01(\tR\bworkerId\x12\x10\n" +
 	"\x03url\x18\x03 \x01(\tR\x03url\x12\x18\n" +
-	"\amessage\x18\x04 \x01(\tR\amessage\"\x11\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1a\n" +
+	"\blocation\x18\x05 \x01(\tR\blocation\"\x11\n" +
 	"\x0fGetLoadsRequest\"\xdf\x01\n" +
 	"\n" +
 	"WorkerLoad\x12\x1b\n" +
@@ -2091,56 +2105,54 @@ var file_smg_v1_worker_proto_goTypes = []any{
 	nil,                           // 28: smg.v1.WorkerSpec.LabelsEntry
 	nil,                           // 29: smg.v1.WorkerUpdate.LabelsEntry
 	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(Veto)(0),                     // 31: smg.v1.Veto
-	(*EngineLoad)(nil),            // 32: smg.v1.EngineLoad
+	(*EngineLoad)(nil),            // 31: smg.v1.EngineLoad
 }
 var file_smg_v1_worker_proto_depIdxs = []int32{
 	28, // 0: smg.v1.WorkerSpec.labels:type_name -> smg.v1.WorkerSpec.LabelsEntry
 	0,  // 1: smg.v1.WorkerSpec.overload:type_name -> smg.v1.OverloadBlock
 	30, // 2: smg.v1.JobStatus.updated_at:type_name -> google.protobuf.Timestamp
-	31, // 3: smg.v1.Verdict.veto:type_name -> smg.v1.Veto
-	1,  // 4: smg.v1.Worker.spec:type_name -> smg.v1.WorkerSpec
-	2,  // 5: smg.v1.Worker.thresholds:type_name -> smg.v1.Thresholds
-	32, // 6: smg.v1.Worker.engine_load:type_name -> smg.v1.EngineLoad
-	4,  // 7: smg.v1.Worker.verdict:type_name -> smg.v1.Verdict
-	3,  // 8: smg.v1.Worker.job_status:type_name -> smg.v1.JobStatus
-	1,  // 9: smg.v1.CreateWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
-	5,  // 10: smg.v1.ListWorkersResponse.workers:type_name -> smg.v1.Worker
-	5,  // 11: smg.v1.GetWorkerResponse.worker:type_name -> smg.v1.Worker
-	1,  // 12: smg.v1.ReplaceWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
-	29, // 13: smg.v1.WorkerUpdate.labels:type_name -> smg.v1.WorkerUpdate.LabelsEntry
-	0,  // 14: smg.v1.WorkerUpdate.overload:type_name -> smg.v1.OverloadBlock
-	14, // 15: smg.v1.UpdateWorkerRequest.update:type_name -> smg.v1.WorkerUpdate
-	32, // 16: smg.v1.WorkerLoad.engine_load:type_name -> smg.v1.EngineLoad
-	20, // 17: smg.v1.GetLoadsResponse.workers:type_name -> smg.v1.WorkerLoad
-	3,  // 18: smg.v1.Job.status:type_name -> smg.v1.JobStatus
-	22, // 19: smg.v1.ListJobsResponse.jobs:type_name -> smg.v1.Job
-	30, // 20: smg.v1.RouterInfo.connected_at:type_name -> google.protobuf.Timestamp
-	30, // 21: smg.v1.RouterInfo.last_seen:type_name -> google.protobuf.Timestamp
-	26, // 22: smg.v1.ListRoutersResponse.routers:type_name -> smg.v1.RouterInfo
-	6,  // 23: smg.v1.WorkerService.CreateWorker:input_type -> smg.v1.CreateWorkerRequest
-	8,  // 24: smg.v1.WorkerService.ListWorkers:input_type -> smg.v1.ListWorkersRequest
-	10, // 25: smg.v1.WorkerService.GetWorker:input_type -> smg.v1.GetWorkerRequest
-	12, // 26: smg.v1.WorkerService.ReplaceWorker:input_type -> smg.v1.ReplaceWorkerRequest
-	15, // 27: smg.v1.WorkerService.UpdateWorker:input_type -> smg.v1.UpdateWorkerRequest
-	17, // 28: smg.v1.WorkerService.DeleteWorker:input_type -> smg.v1.DeleteWorkerRequest
-	19, // 29: smg.v1.WorkerService.GetLoads:input_type -> smg.v1.GetLoadsRequest
-	23, // 30: smg.v1.WorkerService.ListJobs:input_type -> smg.v1.ListJobsRequest
-	25, // 31: smg.v1.WorkerService.ListRouters:input_type -> smg.v1.ListRoutersRequest
-	7,  // 32: smg.v1.WorkerService.CreateWorker:output_type -> smg.v1.CreateWorkerResponse
-	9,  // 33: smg.v1.WorkerService.ListWorkers:output_type -> smg.v1.ListWorkersResponse
-	11, // 34: smg.v1.WorkerService.GetWorker:output_type -> smg.v1.GetWorkerResponse
-	13, // 35: smg.v1.WorkerService.ReplaceWorker:output_type -> smg.v1.ReplaceWorkerResponse
-	16, // 36: smg.v1.WorkerService.UpdateWorker:output_type -> smg.v1.UpdateWorkerResponse
-	18, // 37: smg.v1.WorkerService.DeleteWorker:output_type -> smg.v1.DeleteWorkerResponse
-	21, // 38: smg.v1.WorkerService.GetLoads:output_type -> smg.v1.GetLoadsResponse
-	24, // 39: smg.v1.WorkerService.ListJobs:output_type -> smg.v1.ListJobsResponse
-	27, // 40: smg.v1.WorkerService.ListRouters:output_type -> smg.v1.ListRoutersResponse
-	32, // [32:41] is the sub-list for method output_type
-	23, // [23:32] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	1,  // 3: smg.v1.Worker.spec:type_name -> smg.v1.WorkerSpec
+	2,  // 4: smg.v1.Worker.thresholds:type_name -> smg.v1.Thresholds
+	31, // 5: smg.v1.Worker.engine_load:type_name -> smg.v1.EngineLoad
+	4,  // 6: smg.v1.Worker.verdict:type_name -> smg.v1.Verdict
+	3,  // 7: smg.v1.Worker.job_status:type_name -> smg.v1.JobStatus
+	1,  // 8: smg.v1.CreateWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
+	5,  // 9: smg.v1.ListWorkersResponse.workers:type_name -> smg.v1.Worker
+	5,  // 10: smg.v1.GetWorkerResponse.worker:type_name -> smg.v1.Worker
+	1,  // 11: smg.v1.ReplaceWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
+	29, // 12: smg.v1.WorkerUpdate.labels:type_name -> smg.v1.WorkerUpdate.LabelsEntry
+	0,  // 13: smg.v1.WorkerUpdate.overload:type_name -> smg.v1.OverloadBlock
+	14, // 14: smg.v1.UpdateWorkerRequest.update:type_name -> smg.v1.WorkerUpdate
+	31, // 15: smg.v1.WorkerLoad.engine_load:type_name -> smg.v1.EngineLoad
+	20, // 16: smg.v1.GetLoadsResponse.workers:type_name -> smg.v1.WorkerLoad
+	3,  // 17: smg.v1.Job.status:type_name -> smg.v1.JobStatus
+	22, // 18: smg.v1.ListJobsResponse.jobs:type_name -> smg.v1.Job
+	30, // 19: smg.v1.RouterInfo.connected_at:type_name -> google.protobuf.Timestamp
+	30, // 20: smg.v1.RouterInfo.last_seen:type_name -> google.protobuf.Timestamp
+	26, // 21: smg.v1.ListRoutersResponse.routers:type_name -> smg.v1.RouterInfo
+	6,  // 22: smg.v1.WorkerService.CreateWorker:input_type -> smg.v1.CreateWorkerRequest
+	8,  // 23: smg.v1.WorkerService.ListWorkers:input_type -> smg.v1.ListWorkersRequest
+	10, // 24: smg.v1.WorkerService.GetWorker:input_type -> smg.v1.GetWorkerRequest
+	12, // 25: smg.v1.WorkerService.ReplaceWorker:input_type -> smg.v1.ReplaceWorkerRequest
+	15, // 26: smg.v1.WorkerService.UpdateWorker:input_type -> smg.v1.UpdateWorkerRequest
+	17, // 27: smg.v1.WorkerService.DeleteWorker:input_type -> smg.v1.DeleteWorkerRequest
+	19, // 28: smg.v1.WorkerService.GetLoads:input_type -> smg.v1.GetLoadsRequest
+	23, // 29: smg.v1.WorkerService.ListJobs:input_type -> smg.v1.ListJobsRequest
+	25, // 30: smg.v1.WorkerService.ListRouters:input_type -> smg.v1.ListRoutersRequest
+	7,  // 31: smg.v1.WorkerService.CreateWorker:output_type -> smg.v1.CreateWorkerResponse
+	9,  // 32: smg.v1.WorkerService.ListWorkers:output_type -> smg.v1.ListWorkersResponse
+	11, // 33: smg.v1.WorkerService.GetWorker:output_type -> smg.v1.GetWorkerResponse
+	13, // 34: smg.v1.WorkerService.ReplaceWorker:output_type -> smg.v1.ReplaceWorkerResponse
+	16, // 35: smg.v1.WorkerService.UpdateWorker:output_type -> smg.v1.UpdateWorkerResponse
+	18, // 36: smg.v1.WorkerService.DeleteWorker:output_type -> smg.v1.DeleteWorkerResponse
+	21, // 37: smg.v1.WorkerService.GetLoads:output_type -> smg.v1.GetLoadsResponse
+	24, // 38: smg.v1.WorkerService.ListJobs:output_type -> smg.v1.ListJobsResponse
+	27, // 39: smg.v1.WorkerService.ListRouters:output_type -> smg.v1.ListRoutersResponse
+	31, // [31:40] is the sub-list for method output_type
+	22, // [22:31] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_worker_proto_init() }
