@@ -7,7 +7,7 @@ TEST_FLAGS ?= -race -timeout 10m
 BENCH ?= .
 BENCHTIME ?= 1s
 
-.PHONY: help tools generate check-generate build test lint bench run clean docs
+.PHONY: help tools generate check-generate build test lint bench run clean docs image image-test
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -31,8 +31,18 @@ check-generate: generate ## fail when gen/ is stale
 	@if [ -n "$$(git status --porcelain -- gen)" ]; then \
 		echo "gen/ is stale: run 'make generate' and commit the result"; git status --porcelain -- gen; exit 1; fi
 
-build: ## build bin/smg
-	$(GO) build -o bin/smg ./cmd/smg
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/smg-project/smg/internal/version.Version=$(VERSION) -X github.com/smg-project/smg/internal/version.Commit=$(COMMIT)
+
+build: ## build bin/smg (version and commit stamped into `smg --version`)
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/smg ./cmd/smg
+
+image: ## build the container image with podman (static smg on scratch) and write bin/smg-image.tar (OCI)
+	VERSION=$(VERSION) COMMIT=$(COMMIT) bash scripts/image.sh bin/smg-image.tar
+
+image-test: image ## run the image's sim, control plane, agent and router as containers; stream, /readyz, /metrics, SIGTERM
+	bash scripts/image-test.sh localhost/smg:$(VERSION)
 
 test: ## run every test with the race detector
 	$(GO) test $(TEST_FLAGS) ./...

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/internal/version"
 )
 
 type command struct {
@@ -45,6 +46,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	if args[0] == "--version" || args[0] == "version" {
+		fmt.Fprintln(stdout, version.Get())
+		return 0
+	}
 	for _, c := range commands() {
 		if c.name != args[0] {
 			continue
@@ -68,5 +73,5 @@ func usage(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintln(w, "\nRun 'smg <command> --help' for the flags of a command.")
+	fmt.Fprintln(w, "\nRun 'smg <command> --help' for the flags of a command, 'smg --version' for the build.")
 }

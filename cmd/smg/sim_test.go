@@ -81,3 +81,15 @@ func TestRunSimFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestVersionFlagPrintsTheBuild(t *testing.T) {
+	for _, arg := range []string{"--version", "version"} {
+		var out bytes.Buffer
+		if code := run(t.Context(), []string{arg}, &out, io.Discard); code != 0 {
+			t.Fatalf("smg %s exited %d", arg, code)
+		}
+		if !strings.HasPrefix(out.String(), "smg ") || !strings.Contains(out.String(), "commit ") {
+			t.Fatalf("smg %s printed %q, want the version and commit", arg, out.String())
+		}
+	}
+}

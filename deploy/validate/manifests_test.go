@@ -184,6 +184,7 @@ func checkInvariants(t *testing.T, o *Objects) {
 			t.Errorf("%s: image %q is not a tagged smg image", where, c.Image)
 		}
 		checkResources(t, where, c)
+		checkSecurityContext(t, where, w.Template.Spec, c)
 		cmd, flags, err := ParseArgs(c.Args)
 		if err != nil {
 			t.Fatalf("%s: %v", where, err)
@@ -250,6 +251,35 @@ func checkResources(t *testing.T, where string, c corev1.Container) {
 	}
 	if lim := c.Resources.Limits.Memory(); lim.IsZero() || lim.Cmp(*mem) < 0 {
 		t.Errorf("%s: memory limit %v must be set and at least the request %v", where, lim, mem)
+	}
+}
+
+// checkSecurityContext: the image runs as 65532 from a read-only root with no
+// capabilities; the manifests must not grant more than the image needs.
+func checkSecurityContext(t *testing.T, where string, pod corev1.PodSpec, c corev1.Container) {
+	t.Helper()
+	ps, cs := pod.SecurityContext, c.SecurityContext
+	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot {
+		t.Errorf("%s: pod securityContext.runAsNonRoot must be true", where)
+	}
+	if ps != nil && ps.RunAsUser != nil && *ps.RunAsUser == 0 {
+		t.Errorf("%s: pod runs as uid 0", where)
+	}
+	if cs == nil {
+		t.Errorf("%s: container has no securityContext", where)
+		return
+	}
+	if cs.ReadOnlyRootFilesystem == nil || !*cs.ReadOnlyRootFilesystem {
+		t.Errorf("%s: container securityContext.readOnlyRootFilesystem must be true", where)
+	}
+	if cs.AllowPrivilegeEscalation == nil || *cs.AllowPrivilegeEscalation {
+		t.Errorf("%s: container securityContext.allowPrivilegeEscalation must be false", where)
+	}
+	if cs.Privileged != nil && *cs.Privileged {
+		t.Errorf("%s: container is privileged", where)
+	}
+	if cs.Capabilities == nil || !slices.Contains(cs.Capabilities.Drop, corev1.Capability("ALL")) || len(cs.Capabilities.Add) > 0 {
+		t.Errorf("%s: container must drop ALL capabilities and add none", where)
 	}
 }
 
