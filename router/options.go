@@ -47,6 +47,16 @@ type Options struct {
 	// or PDWindowPerRouter (count against the whole window alone).
 	PDWindowMode string
 
+	// WorkerAdmissionWindow gates every worker with a known running window:
+	// a worker is chosen only with room in this router's share, and a
+	// request that finds every eligible worker full waits for a room.
+	WorkerAdmissionWindow bool
+	// WorkerAdmissionWaitSecs bounds that wait (0: shed at once).
+	WorkerAdmissionWaitSecs int
+	// WorkerAdmissionWindowMode: PDWindowShared or PDWindowPerRouter, as for
+	// decode windows.
+	WorkerAdmissionWindowMode string
+
 	DisableCircuitBreaker    bool
 	CBFailureThreshold       int
 	CBSuccessThreshold       int
@@ -79,36 +89,38 @@ type Options struct {
 // DefaultOptions returns the spec's defaults.
 func DefaultOptions() Options {
 	return Options{
-		Policy:                   PolicyCacheAware,
-		LoadMonitorInterval:      10,
-		WorkerStaleSecs:          15,
-		PDAdmissionWaitSecs:      30,
-		PDWindowMode:             PDWindowShared,
-		CBFailureThreshold:       10,
-		CBSuccessThreshold:       3,
-		CBTimeoutDurationSecs:    60,
-		RetryMaxRetries:          5,
-		RetryInitialBackoffMs:    50,
-		RetryMaxBackoffMs:        30000,
-		RetryBackoffMultiplier:   1.5,
-		RetryJitterFactor:        0.2,
-		MaxConcurrentRequests:    -1,
-		QueueSize:                100,
-		QueueTimeoutSecs:         60,
-		MaxPayloadSize:           512 << 20,
-		BodyReadTimeoutSecs:      30,
-		IdleTimeoutSecs:          60,
-		MaxConnections:           4096,
-		RequestTimeoutSecs:       1800,
-		CacheThreshold:           0.3,
-		BalanceAbsThreshold:      64,
-		BalanceRelThreshold:      1.5,
-		DispatchKeyHeader:        "x-smg-routing-key",
-		PrefixHashLoadFactor:     1.25,
-		CacheAwareHotTokenUsage:  0.95,
-		UpstreamDialTimeout:      5 * time.Second,
-		MaxIdleConnsPerWorker:    256,
-		PromptBytesPerTokenGuess: 4,
+		Policy:                    PolicyCacheAware,
+		LoadMonitorInterval:       10,
+		WorkerStaleSecs:           15,
+		PDAdmissionWaitSecs:       30,
+		PDWindowMode:              PDWindowShared,
+		WorkerAdmissionWaitSecs:   30,
+		WorkerAdmissionWindowMode: PDWindowShared,
+		CBFailureThreshold:        10,
+		CBSuccessThreshold:        3,
+		CBTimeoutDurationSecs:     60,
+		RetryMaxRetries:           5,
+		RetryInitialBackoffMs:     50,
+		RetryMaxBackoffMs:         30000,
+		RetryBackoffMultiplier:    1.5,
+		RetryJitterFactor:         0.2,
+		MaxConcurrentRequests:     -1,
+		QueueSize:                 100,
+		QueueTimeoutSecs:          60,
+		MaxPayloadSize:            512 << 20,
+		BodyReadTimeoutSecs:       30,
+		IdleTimeoutSecs:           60,
+		MaxConnections:            4096,
+		RequestTimeoutSecs:        1800,
+		CacheThreshold:            0.3,
+		BalanceAbsThreshold:       64,
+		BalanceRelThreshold:       1.5,
+		DispatchKeyHeader:         "x-smg-routing-key",
+		PrefixHashLoadFactor:      1.25,
+		CacheAwareHotTokenUsage:   0.95,
+		UpstreamDialTimeout:       5 * time.Second,
+		MaxIdleConnsPerWorker:     256,
+		PromptBytesPerTokenGuess:  4,
 	}
 }
 
@@ -135,6 +147,12 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"seconds a PD request waits for room in a full decode running window before 503 worker_overload_protection_shed (0 sheds at once)")
 	str(&o.PDWindowMode, "pd-window-mode",
 		"how a decode window is counted: shared (within the share the control plane grants this router, bounded fleet-wide) or per-router (each router counts the whole window alone)")
+	boolean(&o.WorkerAdmissionWindow, "worker-admission-window",
+		"gate every worker on its running window (within this router's share): choose only workers with room; with none, wait for a room up to --worker-admission-wait-secs (off: as the spec)")
+	integer(&o.WorkerAdmissionWaitSecs, "worker-admission-wait-secs",
+		"seconds a request waits for room in its pool's running windows before 503 worker_overload_protection_shed (0 sheds at once)")
+	str(&o.WorkerAdmissionWindowMode, "worker-admission-window-mode",
+		"how a worker's running window is counted: shared (within the share the control plane grants this router) or per-router (each router counts the whole window alone)")
 	boolean(&o.DisableCircuitBreaker, "disable-circuit-breaker", "turn off the per-worker circuit breaker")
 	integer(&o.CBFailureThreshold, "cb-failure-threshold", "consecutive failures that open a worker's circuit breaker")
 	integer(&o.CBSuccessThreshold, "cb-success-threshold", "consecutive successes in half-open that close the breaker")
@@ -183,6 +201,12 @@ func (o Options) Validate() error {
 	}
 	if o.PDWindowMode != PDWindowShared && o.PDWindowMode != PDWindowPerRouter {
 		bad("--pd-window-mode %q: must be %s or %s", o.PDWindowMode, PDWindowShared, PDWindowPerRouter)
+	}
+	if o.WorkerAdmissionWaitSecs < 0 {
+		bad("--worker-admission-wait-secs must be >= 0, got %d", o.WorkerAdmissionWaitSecs)
+	}
+	if o.WorkerAdmissionWindowMode != PDWindowShared && o.WorkerAdmissionWindowMode != PDWindowPerRouter {
+		bad("--worker-admission-window-mode %q: must be %s or %s", o.WorkerAdmissionWindowMode, PDWindowShared, PDWindowPerRouter)
 	}
 	if o.CBFailureThreshold < 1 || o.CBSuccessThreshold < 1 || o.CBTimeoutDurationSecs < 1 {
 		bad("--cb-failure-threshold, --cb-success-threshold and --cb-timeout-duration-secs must be >= 1")

@@ -56,7 +56,9 @@ func (v *view) pdPoolFor(model string) *pdPools {
 func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Request, v *view, pp *pdPools,
 	body []byte, f *requestFields, q *request) int {
 	q.now = r.now()
+	need, prompts := batchSize(f)
 	pi, pout := r.sel.choose(v, pp.prefill, q, r.opts.WorkerOverloadShed)
+	q.need = need // the decode leg takes rooms in its worker's window
 	di, dout := r.sel.choose(v, pp.decode, q, r.opts.WorkerOverloadShed)
 	switch {
 	case pout == noneAvailable || dout == noneAvailable:
@@ -80,7 +82,7 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 	}
 	if r.opts.WorkerOverloadShed {
 		for _, i := range [...]int32{pi, di} {
-			if r.overloadedSince(v, v.states[i]) {
+			if i >= 0 && r.overloadedSince(v, v.states[i]) {
 				r.metrics.shed.WithLabelValues(StageDispatch).Inc()
 				writeError(w, http.StatusServiceUnavailable, CodeShed,
 					"Worker '"+v.workers[i].URL+"' for model '"+f.Model+"' became overloaded before dispatch", r.opts.LoadMonitorInterval)
@@ -89,22 +91,34 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 		}
 	}
 
-	need, prompts := batchSize(f)
-	di = r.decodeWithRoom(v, pp.decode, q, di, need)
-	dec := v.states[di]
-	switch dec.pd.acquire(ctx, need, v.workers[di].MaxRunning, time.Duration(r.opts.PDAdmissionWaitSecs)*time.Second) {
+	pst := v.states[pi]
+	if r.tooWideEverywhere(v, pp.decode, need) {
+		return r.writeWindowShed(w, f.Model, StagePDAdmission, r.pdm.sheds)
+	}
+	g, res := r.acquireRoomAfter(ctx, v, pp.decode, di, dout, f.Model, true, q, time.Duration(r.opts.PDAdmissionWaitSecs)*time.Second)
+	switch res {
 	case gateWaited:
 		r.pdm.waits.Inc()
-	case gateShed, gateTooWide:
-		r.pdm.sheds.Inc()
-		r.metrics.shed.WithLabelValues(StagePDAdmission).Inc()
-		writeError(w, http.StatusServiceUnavailable, CodeShed,
-			"All workers for model '"+f.Model+"' are overloaded", r.opts.LoadMonitorInterval)
-		return http.StatusServiceUnavailable
+	case gateShed, gateTooWide, gateQueueFull:
+		return r.writeWindowShed(w, f.Model, StagePDAdmission, r.pdm.sheds)
 	case gateCanceled:
 		return statusClientClosed
 	}
-	defer dec.pd.release(need)
+	if g.i < 0 {
+		// The decode pool emptied or went vetoed while the request waited.
+		writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers,
+			"No available prefill/decode pair for model '"+f.Model+"'", 0)
+		return http.StatusServiceUnavailable
+	}
+	v, di = g.v, g.i
+	dec := v.states[di]
+	defer r.releaseRoom(dec, need)
+	pi = v.indexOfSlot(pst.slot)
+	if pi < 0 {
+		writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers,
+			"No available prefill/decode pair for model '"+f.Model+"'", 0)
+		return http.StatusServiceUnavailable
+	}
 
 	pw, dw := &v.workers[pi], &v.workers[di]
 	legBody, err := injectBootstrap(body, pw, prompts)
@@ -113,34 +127,6 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 		return http.StatusBadRequest
 	}
 	return r.sendPair(ctx, w, in, pw, v.states[pi], dw, dec, legBody, f.Stream)
-}
-
-// decodeWithRoom keeps the policy's decode worker when it has room, and
-// otherwise prefers an eligible decode worker that has room now over waiting.
-func (r *Router) decodeWithRoom(v *view, p *pool, q *request, chosen int32, need int64) int32 {
-	if g := &v.states[chosen].pd; g.hasRoom(need) {
-		return chosen
-	}
-	best, bestLoad := int32(-1), int64(0)
-	for _, i := range p.idx {
-		if i == chosen || !r.sel.eligible(v, i, q) || !v.states[i].pd.hasRoom(need) {
-			continue
-		}
-		if l := v.load(i); best < 0 || l < bestLoad {
-			best, bestLoad = i, l
-		}
-	}
-	if best < 0 {
-		return chosen
-	}
-	return best
-}
-
-// hasRoom reports whether need rooms would be granted without a wait.
-func (g *pdGate) hasRoom(need int64) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.queue) == 0 && g.fits(need)
 }
 
 // batchSize returns the number of decode rooms a request takes (one per

@@ -41,6 +41,7 @@ func (v *view) buildPD(m *pdMembers, prev *view) {
 			prefill: v.newPool(model, pIdx, prevPD(prev, model, false, true)),
 			decode:  v.newPool(model, dIdx, prevPD(prev, model, false, false)),
 		}
+		v.pd[model].prefill.kind, v.pd[model].decode.kind = TypePrefill, TypeDecode
 		if _, regular := v.pools[model]; !regular {
 			v.models = append(v.models, model)
 		}
@@ -50,6 +51,7 @@ func (v *view) buildPD(m *pdMembers, prev *view) {
 			prefill: v.newPool("", m.allP, prevPD(prev, "", true, true)),
 			decode:  v.newPool("", m.allD, prevPD(prev, "", true, false)),
 		}
+		v.pdAll.prefill.kind, v.pdAll.decode.kind = TypePrefill, TypeDecode
 	}
 }
 

@@ -144,7 +144,7 @@ func TestPDWindowFullShedsWithRetryAfter(t *testing.T) {
 
 	first := make(chan answer, 1)
 	go func() { first <- h.post(testModel, "", "one") }()
-	waitUntil(t, func() bool { in, _ := h.r.view.Load().states[1].pd.demand(); return in == 1 })
+	waitUntil(t, func() bool { return h.r.view.Load().states[1].gate.inFlight.Load() == 1 })
 	a := h.post(testModel, "", "two") // the share of 1 is full
 	close(release)
 	<-first

@@ -12,6 +12,8 @@ type request struct {
 	prompt []byte // raw JSON of the prompt field, aliases the body; may be nil
 	now    int64  // monotonic nanoseconds, for the breaker
 	avoid  *workerState
+	need   int64 // rooms the request takes in a window (0: no window applies)
+	class  int   // priority class (ClassDefault without the scheduler)
 }
 
 // selector runs the configured policy over a pool. Every method reads only
@@ -28,10 +30,12 @@ type selector struct {
 	sticky          *affinityTable // manual: routing key -> worker
 }
 
-// eligible: healthy, not vetoed, breaker passing, not the worker a retry avoids.
+// eligible: healthy, not vetoed, breaker passing, not the worker a retry
+// avoids, and with room for the request when a window applies.
 func (s *selector) eligible(v *view, i int32, q *request) bool {
 	h := &v.hot[i]
-	return h.eligible && h.st != q.avoid && h.st.breaker.allow(s.cb, q.now)
+	return h.eligible && h.st != q.avoid && (q.need == 0 || h.st.gate.hasRoom(q.need)) &&
+		h.st.breaker.allow(s.cb, q.now)
 }
 
 // load is the reported load plus this router's dispatches since that report.
@@ -296,9 +300,15 @@ func (s *selector) spanLoads(v *view, idx []int32, q *request, least int32, minL
 }
 
 // contains reports whether worker i belongs to the pool (same model, or the
-// all-models pool).
+// all-models pool, and the pool's kind: a PD leg's pool never takes a worker
+// of the other leg that an affinity table remembers).
 func (p *pool) contains(v *view, i int32) bool {
-	return p.model == "" || v.workers[i].Model == p.model
+	w := &v.workers[i]
+	kind := w.Type
+	if kind == TypeRegular {
+		kind = ""
+	}
+	return (p.model == "" || w.Model == p.model) && kind == p.kind
 }
 
 // affinityTable is a fixed-size, lossy, lock-free map from a 64-bit hash to a

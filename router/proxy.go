@@ -152,7 +152,34 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			}
 		}
 		q.now = r.now()
+		if r.opts.WorkerAdmissionWindow {
+			q.need, _ = batchSize(&f)
+			if r.tooWideEverywhere(v, p, q.need) {
+				return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
+			}
+		}
 		i, out := r.sel.choose(v, p, &q, r.opts.WorkerOverloadShed)
+		var held *workerState // the worker whose room this attempt holds
+		if q.need > 0 {
+			waitFrom := r.clock()
+			g, res := r.acquireRoomAfter(ctx, v, p, i, out, f.Model, false, &q,
+				time.Duration(r.opts.WorkerAdmissionWaitSecs)*time.Second)
+			if res != gateAdmitted {
+				r.wm.wait.Observe(r.clock().Sub(waitFrom).Seconds())
+			}
+			switch res {
+			case gateWaited:
+				r.wm.waits.Inc()
+			case gateShed, gateTooWide, gateQueueFull:
+				return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
+			case gateCanceled:
+				return statusClientClosed
+			}
+			v, i, out = g.v, g.i, g.out
+			if i >= 0 {
+				held = v.states[i]
+			}
+		}
 		switch out {
 		case shedAll:
 			r.metrics.shed.WithLabelValues(StageSelection).Inc()
@@ -176,6 +203,9 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		if r.opts.WorkerOverloadShed && r.overloadedSince(v, st) {
 			// Shed rather than re-select: the flag only changes when a
 			// report arrives, so this window is rare.
+			if held != nil {
+				r.releaseRoom(held, q.need)
+			}
 			r.metrics.shed.WithLabelValues(StageDispatch).Inc()
 			writeError(w, http.StatusServiceUnavailable, CodeShed,
 				"Worker '"+wk.URL+"' for model '"+f.Model+"' became overloaded before dispatch", r.opts.LoadMonitorInterval)
@@ -183,6 +213,9 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		}
 
 		res := r.dispatch(ctx, w, req, wk, st, body, streaming, promptTokens, attempt < maxRetries)
+		if held != nil {
+			r.releaseRoom(held, q.need) // the answer ended: the room frees now
+		}
 		if !res.retry {
 			return res.status
 		}

@@ -27,6 +27,7 @@ type Router struct {
 	log      *slog.Logger
 	metrics  *metrics
 	pdm      *pdMetrics
+	wm       *windowMetrics // nil unless --worker-admission-window
 	gatherer prometheus.Gatherer // nil when the Registerer cannot gather
 	cb       breakerConfig
 	sel      selector
@@ -34,6 +35,9 @@ type Router struct {
 	adm      *admission
 
 	view atomic.Pointer[view]
+
+	wlMu      sync.Mutex // guards waitlists
+	waitlists map[waitlistKey]*waitlist
 
 	applyMu   sync.Mutex // serialises Apply / FailOpen; guards the fields below
 	states    map[string]*workerState
@@ -79,6 +83,8 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		metrics: m,
 		states:  make(map[string]*workerState),
 		clock:   time.Now,
+
+		waitlists: make(map[waitlistKey]*waitlist),
 		cb: breakerConfig{
 			disabled:         opts.DisableCircuitBreaker,
 			failureThreshold: int32(opts.CBFailureThreshold),
@@ -87,6 +93,14 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		},
 	}
 	r.start = r.clock()
+	if opts.WorkerAdmissionWindow {
+		if r.wm, err = newWindowMetrics(r, reg); err != nil {
+			return nil, fmt.Errorf("router metrics: %w", err)
+		}
+		m.shed.WithLabelValues(StageAdmissionWindow)
+		m.overloadFallback.WithLabelValues(StageAdmissionWindow)
+		m.livenessFallback.WithLabelValues(StageAdmissionWindow)
+	}
 	if g, ok := reg.(prometheus.Gatherer); ok {
 		r.gatherer = g
 	}
@@ -198,12 +212,30 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 	}
 	v := buildView(s, kept, states, prev, r.nextSlot)
 	v.failOpen = failOpen
+	for model, p := range v.pools {
+		p.wl = r.waitlistFor(waitlistKey{false, model})
+	}
+	v.all.wl = r.waitlistFor(waitlistKey{false, ""})
+	for model, pp := range v.pd {
+		pp.decode.wl = r.waitlistFor(waitlistKey{true, model})
+	}
+	if v.pdAll != nil {
+		v.pdAll.decode.wl = r.waitlistFor(waitlistKey{true, ""})
+	}
 	r.view.Store(v)
 	for i := range kept {
-		if kept[i].Type == TypeDecode {
-			states[i].pd.setLimit(gateLimit(&kept[i], r.opts.PDWindowMode))
+		w := &kept[i]
+		if rooms, mode := r.windowRooms(w); rooms > 0 || w.Type == TypeDecode {
+			states[i].gate.set(gateLimit(rooms, w.WindowShare, mode), rooms)
+			decode := w.Type == TypeDecode
+			wls := []*waitlist{r.waitlistFor(waitlistKey{decode, w.Model}), r.waitlistFor(waitlistKey{decode, ""})}
+			states[i].wls.Store(&wls)
+		} else {
+			states[i].gate.set(unlimited, 0)
+			states[i].wls.Store(nil)
 		}
 	}
+	r.pokeAll() // a share that grew, or a new worker, has room for waiters
 }
 
 func (r *Router) allocSlot() uint32 {
@@ -243,9 +275,9 @@ func (r *Router) ContactSeen(workerID string) {
 // only it can see about the workers it sends to.
 type Observations struct {
 	Workers []WorkerObservation
-	// Demand is this router's use of each gated decode worker's window: the
+	// Demand is this router's use of each gated worker's window: the
 	// control plane moves window shares toward the routers that wait.
-	Demand []DecodeDemand
+	Demand []WindowDemand
 }
 
 // WorkerObservation is one worker's share of Observations.
@@ -292,7 +324,7 @@ func (r *Router) Observations() Observations {
 		}
 		out.Workers[i] = o
 	}
-	out.Demand = pdDemand(v)
+	out.Demand = r.windowDemand(v)
 	return out
 }
 

@@ -9,6 +9,7 @@ const (
 	livenessFallback                // steered to one the liveness tracker doubts
 	shedAll                         // --worker-overload-shed and every candidate overloaded
 	noneAvailable                   // nothing routable: no_available_workers
+	full                            // an eligible worker exists but none has room: wait for one
 )
 
 // choose runs the policy and, when it finds nobody eligible, applies the
@@ -34,26 +35,35 @@ func (s *selector) choose(v *view, p *pool, q *request, shed bool) (int32, outco
 // steer classifies a pool in which no worker is eligible. Routable means
 // healthy with a closed or half-open breaker; among routable workers, those
 // vetoed by overload alone are taken before those the liveness tracker doubts.
+// With a window (q.need > 0) only a worker with room is returned; a full
+// worker is skipped but is not vetoed: when a worker that is not vetoed is
+// merely full, the request waits for a room (full) rather than steering or
+// shedding.
 func (s *selector) steer(v *view, p *pool, q *request, shed bool) (int32, outcome) {
 	bestOverload, bestLiveness := int32(-1), int32(-1)
 	var overloadLoad, livenessLoad int64
-	unroutable := false
+	unroutable, anyOverload, anyLiveness, sawFull := false, false, false, false
 	for _, i := range p.idx {
 		w := &v.hot[i]
 		if !w.healthy || !w.st.breaker.allow(s.cb, q.now) {
 			unroutable = true
 			continue
 		}
+		room := q.need == 0 || w.st.gate.hasRoom(q.need)
 		l := v.load(i)
 		switch {
 		case w.veto == VetoOverload:
-			if bestOverload < 0 || l < overloadLoad {
+			anyOverload = true
+			if room && (bestOverload < 0 || l < overloadLoad) {
 				bestOverload, overloadLoad = i, l
 			}
 		case w.veto.liveness():
-			if bestLiveness < 0 || l < livenessLoad {
+			anyLiveness = true
+			if room && (bestLiveness < 0 || l < livenessLoad) {
 				bestLiveness, livenessLoad = i, l
 			}
+		case !room:
+			sawFull = true // not vetoed, only full: its room frees
 		default:
 			// Routable and not vetoed, yet the policy found nobody: the
 			// snapshot view is immutable, so only a breaker that tripped
@@ -61,13 +71,18 @@ func (s *selector) steer(v *view, p *pool, q *request, shed bool) (int32, outcom
 			return i, chosen
 		}
 	}
+	if sawFull {
+		return -1, full
+	}
 	if shed {
 		// Shedding answers overload only: a liveness veto still steers, and
 		// an overloaded worker is never the fallback while shedding is on.
 		switch {
 		case bestLiveness >= 0:
 			return bestLiveness, livenessFallback
-		case bestOverload >= 0 && !unroutable:
+		case anyLiveness:
+			return -1, full
+		case anyOverload && !unroutable:
 			return -1, shedAll
 		}
 		return -1, noneAvailable // mixed causes are not a shed
@@ -77,6 +92,8 @@ func (s *selector) steer(v *view, p *pool, q *request, shed bool) (int32, outcom
 		return bestOverload, overloadFallback
 	case bestLiveness >= 0:
 		return bestLiveness, livenessFallback
+	case anyOverload || anyLiveness:
+		return -1, full
 	}
 	return -1, noneAvailable
 }

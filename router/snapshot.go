@@ -58,10 +58,15 @@ type Worker struct {
 	LoadRevision  uint64
 	BootstrapPort int32  // PD prefill
 	APIKey        string // sent to the worker as its bearer token, when set
-	// WindowShare is this router's share of a decode worker's running window,
-	// granted by the control plane: > 0 rooms, < 0 none, 0 no share allocated
-	// (the router counts against the whole MaxRunning window alone).
+	// WindowShare is this router's share of the worker's window (a decode
+	// worker's MaxRunning, or AdmissionRooms), granted by the control plane:
+	// > 0 rooms, < 0 none, 0 no share allocated (the router counts against
+	// the whole window alone).
 	WindowShare int64
+	// AdmissionRooms is a worker's running window plus the queue allowance
+	// (--worker-admission-window on the control plane; 0: none known). The
+	// router gates on it with --worker-admission-window.
+	AdmissionRooms int64
 }
 
 // Snapshot is the fleet as the control plane last described it. The router
@@ -102,9 +107,11 @@ type hotWorker struct {
 // pool is the set of candidates a request for one model draws from.
 type pool struct {
 	model string
+	kind  string  // "" (regular), TypePrefill or TypeDecode
 	idx   []int32 // indexes into view.workers
 	ring  *ring   // shared with the previous view while membership is unchanged
 	rr    *atomic.Uint64
+	wl    *waitlist // requests waiting for a room in this pool (set by install)
 }
 
 // indexOfSlot returns the worker index of a state slot in this view, or -1.

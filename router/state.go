@@ -19,7 +19,10 @@ type workerState struct {
 
 	breaker breaker
 
-	pd pdGate // decode workers: this router's rooms in the running window
+	gate gate // this router's rooms in the worker's running window (decode, or any with --worker-admission-window)
+	// wls are the waitlists of the pools this worker serves (its model's and
+	// the all-models pool), poked when it frees a room; set by install.
+	wls atomic.Pointer[[]*waitlist]
 
 	// Observations for the control plane.
 	streams      atomic.Int64  // streaming requests in flight (the pile)
@@ -48,4 +51,12 @@ func (st *workerState) notePrefill(tokens int64, d time.Duration) {
 			return
 		}
 	}
+}
+
+// waitlists returns the waitlists a freed room on this worker may serve.
+func (st *workerState) waitlists() []*waitlist {
+	if p := st.wls.Load(); p != nil {
+		return *p
+	}
+	return nil
 }

@@ -398,6 +398,8 @@ func routerWorker(w *smgv1.RoutingWorker) router.Worker {
 		BootstrapPort: w.GetBootstrapPort(),
 		APIKey:        w.GetApiKey(),
 		WindowShare:   w.GetWindowShare(),
+
+		AdmissionRooms: w.GetAdmissionRooms(),
 	}
 }
 
@@ -431,7 +433,8 @@ func report(obs router.Observations) *smgv1.RouterReport {
 		r.Workers[i] = wo
 	}
 	for _, d := range obs.Demand {
-		r.Demand = append(r.Demand, &smgv1.DecodeDemand{WorkerId: d.WorkerID, InFlight: d.InFlight, Waiting: d.Waiting})
+		r.Demand = append(r.Demand, &smgv1.DecodeDemand{WorkerId: d.WorkerID, InFlight: d.InFlight, Waiting: d.Waiting,
+			WaitingByClass: d.WaitingByClass[:]})
 	}
 	return r
 }

@@ -387,14 +387,19 @@ func (x *WorkerObservation) GetContact() bool {
 	return false
 }
 
-// DecodeDemand is a router's waiting demand for a decode worker's window.
+// DecodeDemand is a router's use of one worker's window: a PD decode window,
+// or a running window under --worker-admission-window.
 type DecodeDemand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	InFlight      int64                  `protobuf:"varint,2,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
-	Waiting       int64                  `protobuf:"varint,3,opt,name=waiting,proto3" json:"waiting,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	InFlight int64                  `protobuf:"varint,2,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	Waiting  int64                  `protobuf:"varint,3,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// Waiting split by priority class, highest first (system, interactive,
+	// default, bulk); the allocator serves higher classes first. Empty: all
+	// of waiting is one class.
+	WaitingByClass []int64 `protobuf:"varint,4,rep,packed,name=waiting_by_class,json=waitingByClass,proto3" json:"waiting_by_class,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DecodeDemand) Reset() {
@@ -446,6 +451,13 @@ func (x *DecodeDemand) GetWaiting() int64 {
 		return x.Waiting
 	}
 	return 0
+}
+
+func (x *DecodeDemand) GetWaitingByClass() []int64 {
+	if x != nil {
+		return x.WaitingByClass
+	}
+	return nil
 }
 
 type WatchResponse struct {
@@ -603,9 +615,12 @@ type RoutingWorker struct {
 	// This router's share of a decode worker's running window: > 0 rooms it
 	// may fill, -1 none granted (hold no room), 0 no allocator (count against
 	// the whole window).
-	WindowShare   int64 `protobuf:"varint,18,opt,name=window_share,json=windowShare,proto3" json:"window_share,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	WindowShare int64 `protobuf:"varint,18,opt,name=window_share,json=windowShare,proto3" json:"window_share,omitempty"`
+	// Running window plus queue allowance of the worker under
+	// --worker-admission-window (0: none known, never gated).
+	AdmissionRooms int64 `protobuf:"varint,19,opt,name=admission_rooms,json=admissionRooms,proto3" json:"admission_rooms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RoutingWorker) Reset() {
@@ -760,6 +775,13 @@ func (x *RoutingWorker) GetApiKey() string {
 func (x *RoutingWorker) GetWindowShare() int64 {
 	if x != nil {
 		return x.WindowShare
+	}
+	return 0
+}
+
+func (x *RoutingWorker) GetAdmissionRooms() int64 {
+	if x != nil {
+		return x.AdmissionRooms
 	}
 	return 0
 }
@@ -924,11 +946,12 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x13connection_failures\x18\x05 \x01(\x05R\x12connectionFailures\x12=\n" +
 	"\flast_failure\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vlastFailure\x123\n" +
 	"\x16prefill_tokens_per_sec\x18\a \x01(\x01R\x13prefillTokensPerSec\x12\x18\n" +
-	"\acontact\x18\b \x01(\bR\acontact\"b\n" +
+	"\acontact\x18\b \x01(\bR\acontact\"\x8c\x01\n" +
 	"\fDecodeDemand\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tin_flight\x18\x02 \x01(\x03R\binFlight\x12\x18\n" +
-	"\awaiting\x18\x03 \x01(\x03R\awaiting\"\x8e\x02\n" +
+	"\awaiting\x18\x03 \x01(\x03R\awaiting\x12(\n" +
+	"\x10waiting_by_class\x18\x04 \x03(\x03R\x0ewaitingByClass\"\x8e\x02\n" +
 	"\rWatchResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x123\n" +
@@ -936,7 +959,7 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x05delta\x18\x04 \x01(\v2\x12.smg.v1.WatchDeltaH\x00R\x05delta\x126\n" +
 	"\theartbeat\x18\x05 \x01(\v2\x16.smg.v1.WatchHeartbeatH\x00R\theartbeat\x12+\n" +
 	"\agoodbye\x18\x06 \x01(\v2\x0f.smg.v1.GoodbyeH\x00R\agoodbyeB\x05\n" +
-	"\x03msg\"\xd4\x04\n" +
+	"\x03msg\"\xfd\x04\n" +
 	"\rRoutingWorker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -960,7 +983,8 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\vcontact_seq\x18\x10 \x01(\x04R\n" +
 	"contactSeq\x12\x17\n" +
 	"\aapi_key\x18\x11 \x01(\tR\x06apiKey\x12!\n" +
-	"\fwindow_share\x18\x12 \x01(\x03R\vwindowShare\"@\n" +
+	"\fwindow_share\x18\x12 \x01(\x03R\vwindowShare\x12'\n" +
+	"\x0fadmission_rooms\x18\x13 \x01(\x03R\x0eadmissionRooms\"@\n" +
 	"\rWatchSnapshot\x12/\n" +
 	"\aworkers\x18\x01 \x03(\v2\x15.smg.v1.RoutingWorkerR\aworkers\"W\n" +
 	"\n" +

@@ -486,7 +486,9 @@ type Worker struct {
 	// Node of the agent currently feeding this worker's load, if any.
 	AgentNode string `protobuf:"bytes,9,opt,name=agent_node,json=agentNode,proto3" json:"agent_node,omitempty"`
 	// Model served (from the spec, or discovered from the engine).
-	Model         string `protobuf:"bytes,10,opt,name=model,proto3" json:"model,omitempty"`
+	Model string `protobuf:"bytes,10,opt,name=model,proto3" json:"model,omitempty"`
+	// Running window under --worker-admission-window (absent when off).
+	Admission     *AdmissionWindow `protobuf:"bytes,11,opt,name=admission,proto3" json:"admission,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -591,6 +593,95 @@ func (x *Worker) GetModel() string {
 	return ""
 }
 
+func (x *Worker) GetAdmission() *AdmissionWindow {
+	if x != nil {
+		return x.Admission
+	}
+	return nil
+}
+
+// AdmissionWindow is a worker's running window and how it is split.
+type AdmissionWindow struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Running window (0: none known: never gated).
+	Window int64 `protobuf:"varint,1,opt,name=window,proto3" json:"window,omitempty"`
+	// Where it comes from: "spec", "engine", "learned" or "" (none).
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// Requests allowed to wait in the engine beyond the window (--worker-admission-queue).
+	Queue int64 `protobuf:"varint,3,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Learned window (running while the engine's queue is non-empty, smoothed; 0: not learned yet).
+	Learned float64 `protobuf:"fixed64,4,opt,name=learned,proto3" json:"learned,omitempty"`
+	// Rooms granted to each router (router id -> share).
+	Shares        map[string]int64 `protobuf:"bytes,5,rep,name=shares,proto3" json:"shares,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdmissionWindow) Reset() {
+	*x = AdmissionWindow{}
+	mi := &file_smg_v1_worker_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdmissionWindow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdmissionWindow) ProtoMessage() {}
+
+func (x *AdmissionWindow) ProtoReflect() protoreflect.Message {
+	mi := &file_smg_v1_worker_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdmissionWindow.ProtoReflect.Descriptor instead.
+func (*AdmissionWindow) Descriptor() ([]byte, []int) {
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *AdmissionWindow) GetWindow() int64 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+func (x *AdmissionWindow) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *AdmissionWindow) GetQueue() int64 {
+	if x != nil {
+		return x.Queue
+	}
+	return 0
+}
+
+func (x *AdmissionWindow) GetLearned() float64 {
+	if x != nil {
+		return x.Learned
+	}
+	return 0
+}
+
+func (x *AdmissionWindow) GetShares() map[string]int64 {
+	if x != nil {
+		return x.Shares
+	}
+	return nil
+}
+
 type CreateWorkerRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Spec          *WorkerSpec            `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -600,7 +691,7 @@ type CreateWorkerRequest struct {
 
 func (x *CreateWorkerRequest) Reset() {
 	*x = CreateWorkerRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[6]
+	mi := &file_smg_v1_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +703,7 @@ func (x *CreateWorkerRequest) String() string {
 func (*CreateWorkerRequest) ProtoMessage() {}
 
 func (x *CreateWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[6]
+	mi := &file_smg_v1_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +716,7 @@ func (x *CreateWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWorkerRequest.ProtoReflect.Descriptor instead.
 func (*CreateWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{6}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateWorkerRequest) GetSpec() *WorkerSpec {
@@ -649,7 +740,7 @@ type CreateWorkerResponse struct {
 
 func (x *CreateWorkerResponse) Reset() {
 	*x = CreateWorkerResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[7]
+	mi := &file_smg_v1_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +752,7 @@ func (x *CreateWorkerResponse) String() string {
 func (*CreateWorkerResponse) ProtoMessage() {}
 
 func (x *CreateWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[7]
+	mi := &file_smg_v1_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +765,7 @@ func (x *CreateWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWorkerResponse.ProtoReflect.Descriptor instead.
 func (*CreateWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{7}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateWorkerResponse) GetStatus() string {
@@ -721,7 +812,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[8]
+	mi := &file_smg_v1_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +824,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[8]
+	mi := &file_smg_v1_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +837,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{8}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListWorkersRequest) GetModel() string {
@@ -766,7 +857,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[9]
+	mi := &file_smg_v1_worker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +869,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[9]
+	mi := &file_smg_v1_worker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +882,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{9}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -817,7 +908,7 @@ type GetWorkerRequest struct {
 
 func (x *GetWorkerRequest) Reset() {
 	*x = GetWorkerRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[10]
+	mi := &file_smg_v1_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +920,7 @@ func (x *GetWorkerRequest) String() string {
 func (*GetWorkerRequest) ProtoMessage() {}
 
 func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[10]
+	mi := &file_smg_v1_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +933,7 @@ func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{10}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetWorkerRequest) GetWorkerId() string {
@@ -861,7 +952,7 @@ type GetWorkerResponse struct {
 
 func (x *GetWorkerResponse) Reset() {
 	*x = GetWorkerResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[11]
+	mi := &file_smg_v1_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -873,7 +964,7 @@ func (x *GetWorkerResponse) String() string {
 func (*GetWorkerResponse) ProtoMessage() {}
 
 func (x *GetWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[11]
+	mi := &file_smg_v1_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -886,7 +977,7 @@ func (x *GetWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerResponse.ProtoReflect.Descriptor instead.
 func (*GetWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{11}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetWorkerResponse) GetWorker() *Worker {
@@ -906,7 +997,7 @@ type ReplaceWorkerRequest struct {
 
 func (x *ReplaceWorkerRequest) Reset() {
 	*x = ReplaceWorkerRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[12]
+	mi := &file_smg_v1_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +1009,7 @@ func (x *ReplaceWorkerRequest) String() string {
 func (*ReplaceWorkerRequest) ProtoMessage() {}
 
 func (x *ReplaceWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[12]
+	mi := &file_smg_v1_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1022,7 @@ func (x *ReplaceWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceWorkerRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{12}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReplaceWorkerRequest) GetWorkerId() string {
@@ -961,7 +1052,7 @@ type ReplaceWorkerResponse struct {
 
 func (x *ReplaceWorkerResponse) Reset() {
 	*x = ReplaceWorkerResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[13]
+	mi := &file_smg_v1_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1064,7 @@ func (x *ReplaceWorkerResponse) String() string {
 func (*ReplaceWorkerResponse) ProtoMessage() {}
 
 func (x *ReplaceWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[13]
+	mi := &file_smg_v1_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1077,7 @@ func (x *ReplaceWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceWorkerResponse.ProtoReflect.Descriptor instead.
 func (*ReplaceWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{13}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReplaceWorkerResponse) GetStatus() string {
@@ -1042,7 +1133,7 @@ type WorkerUpdate struct {
 
 func (x *WorkerUpdate) Reset() {
 	*x = WorkerUpdate{}
-	mi := &file_smg_v1_worker_proto_msgTypes[14]
+	mi := &file_smg_v1_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1145,7 @@ func (x *WorkerUpdate) String() string {
 func (*WorkerUpdate) ProtoMessage() {}
 
 func (x *WorkerUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[14]
+	mi := &file_smg_v1_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1158,7 @@ func (x *WorkerUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerUpdate.ProtoReflect.Descriptor instead.
 func (*WorkerUpdate) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{14}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WorkerUpdate) GetPriority() int32 {
@@ -1136,7 +1227,7 @@ type UpdateWorkerRequest struct {
 
 func (x *UpdateWorkerRequest) Reset() {
 	*x = UpdateWorkerRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[15]
+	mi := &file_smg_v1_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1239,7 @@ func (x *UpdateWorkerRequest) String() string {
 func (*UpdateWorkerRequest) ProtoMessage() {}
 
 func (x *UpdateWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[15]
+	mi := &file_smg_v1_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1252,7 @@ func (x *UpdateWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateWorkerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{15}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UpdateWorkerRequest) GetWorkerId() string {
@@ -1191,7 +1282,7 @@ type UpdateWorkerResponse struct {
 
 func (x *UpdateWorkerResponse) Reset() {
 	*x = UpdateWorkerResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[16]
+	mi := &file_smg_v1_worker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1294,7 @@ func (x *UpdateWorkerResponse) String() string {
 func (*UpdateWorkerResponse) ProtoMessage() {}
 
 func (x *UpdateWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[16]
+	mi := &file_smg_v1_worker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1307,7 @@ func (x *UpdateWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateWorkerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{16}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UpdateWorkerResponse) GetStatus() string {
@@ -1263,7 +1354,7 @@ type DeleteWorkerRequest struct {
 
 func (x *DeleteWorkerRequest) Reset() {
 	*x = DeleteWorkerRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[17]
+	mi := &file_smg_v1_worker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1366,7 @@ func (x *DeleteWorkerRequest) String() string {
 func (*DeleteWorkerRequest) ProtoMessage() {}
 
 func (x *DeleteWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[17]
+	mi := &file_smg_v1_worker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1379,7 @@ func (x *DeleteWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{17}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteWorkerRequest) GetWorkerId() string {
@@ -1313,7 +1404,7 @@ type DeleteWorkerResponse struct {
 
 func (x *DeleteWorkerResponse) Reset() {
 	*x = DeleteWorkerResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[18]
+	mi := &file_smg_v1_worker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1416,7 @@ func (x *DeleteWorkerResponse) String() string {
 func (*DeleteWorkerResponse) ProtoMessage() {}
 
 func (x *DeleteWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[18]
+	mi := &file_smg_v1_worker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1429,7 @@ func (x *DeleteWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{18}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteWorkerResponse) GetStatus() string {
@@ -1384,7 +1475,7 @@ type GetLoadsRequest struct {
 
 func (x *GetLoadsRequest) Reset() {
 	*x = GetLoadsRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[19]
+	mi := &file_smg_v1_worker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1487,7 @@ func (x *GetLoadsRequest) String() string {
 func (*GetLoadsRequest) ProtoMessage() {}
 
 func (x *GetLoadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[19]
+	mi := &file_smg_v1_worker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1500,7 @@ func (x *GetLoadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLoadsRequest.ProtoReflect.Descriptor instead.
 func (*GetLoadsRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{19}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{20}
 }
 
 // WorkerLoad is one worker's entry in GET /loads.
@@ -1428,7 +1519,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_smg_v1_worker_proto_msgTypes[20]
+	mi := &file_smg_v1_worker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1440,7 +1531,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[20]
+	mi := &file_smg_v1_worker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1453,7 +1544,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{20}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -1514,7 +1605,7 @@ type GetLoadsResponse struct {
 
 func (x *GetLoadsResponse) Reset() {
 	*x = GetLoadsResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[21]
+	mi := &file_smg_v1_worker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1617,7 @@ func (x *GetLoadsResponse) String() string {
 func (*GetLoadsResponse) ProtoMessage() {}
 
 func (x *GetLoadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[21]
+	mi := &file_smg_v1_worker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1630,7 @@ func (x *GetLoadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLoadsResponse.ProtoReflect.Descriptor instead.
 func (*GetLoadsResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{21}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetLoadsResponse) GetWorkers() []*WorkerLoad {
@@ -1563,7 +1654,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_smg_v1_worker_proto_msgTypes[22]
+	mi := &file_smg_v1_worker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +1666,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[22]
+	mi := &file_smg_v1_worker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +1679,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{22}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Job) GetWorkerId() string {
@@ -1627,7 +1718,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[23]
+	mi := &file_smg_v1_worker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1730,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[23]
+	mi := &file_smg_v1_worker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1743,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{23}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{24}
 }
 
 type ListJobsResponse struct {
@@ -1664,7 +1755,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[24]
+	mi := &file_smg_v1_worker_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1676,7 +1767,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[24]
+	mi := &file_smg_v1_worker_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1689,7 +1780,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{24}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -1707,7 +1798,7 @@ type ListRoutersRequest struct {
 
 func (x *ListRoutersRequest) Reset() {
 	*x = ListRoutersRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[25]
+	mi := &file_smg_v1_worker_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1810,7 @@ func (x *ListRoutersRequest) String() string {
 func (*ListRoutersRequest) ProtoMessage() {}
 
 func (x *ListRoutersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[25]
+	mi := &file_smg_v1_worker_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1823,7 @@ func (x *ListRoutersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoutersRequest.ProtoReflect.Descriptor instead.
 func (*ListRoutersRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{25}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{26}
 }
 
 // RouterInfo is one router watching the control plane.
@@ -1751,7 +1842,7 @@ type RouterInfo struct {
 
 func (x *RouterInfo) Reset() {
 	*x = RouterInfo{}
-	mi := &file_smg_v1_worker_proto_msgTypes[26]
+	mi := &file_smg_v1_worker_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1854,7 @@ func (x *RouterInfo) String() string {
 func (*RouterInfo) ProtoMessage() {}
 
 func (x *RouterInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[26]
+	mi := &file_smg_v1_worker_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1867,7 @@ func (x *RouterInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouterInfo.ProtoReflect.Descriptor instead.
 func (*RouterInfo) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{26}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RouterInfo) GetRouterId() string {
@@ -1831,7 +1922,7 @@ type ListRoutersResponse struct {
 
 func (x *ListRoutersResponse) Reset() {
 	*x = ListRoutersResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[27]
+	mi := &file_smg_v1_worker_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +1934,7 @@ func (x *ListRoutersResponse) String() string {
 func (*ListRoutersResponse) ProtoMessage() {}
 
 func (x *ListRoutersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[27]
+	mi := &file_smg_v1_worker_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +1947,7 @@ func (x *ListRoutersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoutersResponse.ProtoReflect.Descriptor instead.
 func (*ListRoutersResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{27}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListRoutersResponse) GetRevision() uint64 {
@@ -1933,7 +2024,7 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"overloaded\x12'\n" +
 	"\x0foverload_reason\x18\x05 \x01(\tR\x0eoverloadReason\x12\x1a\n" +
 	"\bliveness\x18\x06 \x01(\tR\bliveness\x12'\n" +
-	"\x0fliveness_reason\x18\a \x01(\tR\x0elivenessReasonJ\x04\b\x02\x10\x03\"\xf6\x02\n" +
+	"\x0fliveness_reason\x18\a \x01(\tR\x0elivenessReasonJ\x04\b\x02\x10\x03\"\xad\x03\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12&\n" +
 	"\x04spec\x18\x02 \x01(\v2\x12.smg.v1.WorkerSpecR\x04spec\x122\n" +
@@ -1950,7 +2041,17 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\n" +
 	"agent_node\x18\t \x01(\tR\tagentNode\x12\x14\n" +
 	"\x05model\x18\n" +
-	" \x01(\tR\x05model\"=\n" +
+	" \x01(\tR\x05model\x125\n" +
+	"\tadmission\x18\v \x01(\v2\x17.smg.v1.AdmissionWindowR\tadmission\"\xe9\x01\n" +
+	"\x0fAdmissionWindow\x12\x16\n" +
+	"\x06window\x18\x01 \x01(\x03R\x06window\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
+	"\x05queue\x18\x03 \x01(\x03R\x05queue\x12\x18\n" +
+	"\alearned\x18\x04 \x01(\x01R\alearned\x12;\n" +
+	"\x06shares\x18\x05 \x03(\v2#.smg.v1.AdmissionWindow.SharesEntryR\x06shares\x1a9\n" +
+	"\vSharesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"=\n" +
 	"\x13CreateWorkerRequest\x12&\n" +
 	"\x04spec\x18\x01 \x01(\v2\x12.smg.v1.WorkerSpecR\x04spec\"\x93\x01\n" +
 	"\x14CreateWorkerResponse\x12\x16\n" +
@@ -2072,7 +2173,7 @@ func file_smg_v1_worker_proto_rawDescGZIP() []byte {
 	return file_smg_v1_worker_proto_rawDescData
 }
 
-var file_smg_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_smg_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_smg_v1_worker_proto_goTypes = []any{
 	(*OverloadBlock)(nil),         // 0: smg.v1.OverloadBlock
 	(*WorkerSpec)(nil),            // 1: smg.v1.WorkerSpec
@@ -2080,79 +2181,83 @@ var file_smg_v1_worker_proto_goTypes = []any{
 	(*JobStatus)(nil),             // 3: smg.v1.JobStatus
 	(*Verdict)(nil),               // 4: smg.v1.Verdict
 	(*Worker)(nil),                // 5: smg.v1.Worker
-	(*CreateWorkerRequest)(nil),   // 6: smg.v1.CreateWorkerRequest
-	(*CreateWorkerResponse)(nil),  // 7: smg.v1.CreateWorkerResponse
-	(*ListWorkersRequest)(nil),    // 8: smg.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),   // 9: smg.v1.ListWorkersResponse
-	(*GetWorkerRequest)(nil),      // 10: smg.v1.GetWorkerRequest
-	(*GetWorkerResponse)(nil),     // 11: smg.v1.GetWorkerResponse
-	(*ReplaceWorkerRequest)(nil),  // 12: smg.v1.ReplaceWorkerRequest
-	(*ReplaceWorkerResponse)(nil), // 13: smg.v1.ReplaceWorkerResponse
-	(*WorkerUpdate)(nil),          // 14: smg.v1.WorkerUpdate
-	(*UpdateWorkerRequest)(nil),   // 15: smg.v1.UpdateWorkerRequest
-	(*UpdateWorkerResponse)(nil),  // 16: smg.v1.UpdateWorkerResponse
-	(*DeleteWorkerRequest)(nil),   // 17: smg.v1.DeleteWorkerRequest
-	(*DeleteWorkerResponse)(nil),  // 18: smg.v1.DeleteWorkerResponse
-	(*GetLoadsRequest)(nil),       // 19: smg.v1.GetLoadsRequest
-	(*WorkerLoad)(nil),            // 20: smg.v1.WorkerLoad
-	(*GetLoadsResponse)(nil),      // 21: smg.v1.GetLoadsResponse
-	(*Job)(nil),                   // 22: smg.v1.Job
-	(*ListJobsRequest)(nil),       // 23: smg.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),      // 24: smg.v1.ListJobsResponse
-	(*ListRoutersRequest)(nil),    // 25: smg.v1.ListRoutersRequest
-	(*RouterInfo)(nil),            // 26: smg.v1.RouterInfo
-	(*ListRoutersResponse)(nil),   // 27: smg.v1.ListRoutersResponse
-	nil,                           // 28: smg.v1.WorkerSpec.LabelsEntry
-	nil,                           // 29: smg.v1.WorkerUpdate.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(*EngineLoad)(nil),            // 31: smg.v1.EngineLoad
+	(*AdmissionWindow)(nil),       // 6: smg.v1.AdmissionWindow
+	(*CreateWorkerRequest)(nil),   // 7: smg.v1.CreateWorkerRequest
+	(*CreateWorkerResponse)(nil),  // 8: smg.v1.CreateWorkerResponse
+	(*ListWorkersRequest)(nil),    // 9: smg.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),   // 10: smg.v1.ListWorkersResponse
+	(*GetWorkerRequest)(nil),      // 11: smg.v1.GetWorkerRequest
+	(*GetWorkerResponse)(nil),     // 12: smg.v1.GetWorkerResponse
+	(*ReplaceWorkerRequest)(nil),  // 13: smg.v1.ReplaceWorkerRequest
+	(*ReplaceWorkerResponse)(nil), // 14: smg.v1.ReplaceWorkerResponse
+	(*WorkerUpdate)(nil),          // 15: smg.v1.WorkerUpdate
+	(*UpdateWorkerRequest)(nil),   // 16: smg.v1.UpdateWorkerRequest
+	(*UpdateWorkerResponse)(nil),  // 17: smg.v1.UpdateWorkerResponse
+	(*DeleteWorkerRequest)(nil),   // 18: smg.v1.DeleteWorkerRequest
+	(*DeleteWorkerResponse)(nil),  // 19: smg.v1.DeleteWorkerResponse
+	(*GetLoadsRequest)(nil),       // 20: smg.v1.GetLoadsRequest
+	(*WorkerLoad)(nil),            // 21: smg.v1.WorkerLoad
+	(*GetLoadsResponse)(nil),      // 22: smg.v1.GetLoadsResponse
+	(*Job)(nil),                   // 23: smg.v1.Job
+	(*ListJobsRequest)(nil),       // 24: smg.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),      // 25: smg.v1.ListJobsResponse
+	(*ListRoutersRequest)(nil),    // 26: smg.v1.ListRoutersRequest
+	(*RouterInfo)(nil),            // 27: smg.v1.RouterInfo
+	(*ListRoutersResponse)(nil),   // 28: smg.v1.ListRoutersResponse
+	nil,                           // 29: smg.v1.WorkerSpec.LabelsEntry
+	nil,                           // 30: smg.v1.AdmissionWindow.SharesEntry
+	nil,                           // 31: smg.v1.WorkerUpdate.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*EngineLoad)(nil),            // 33: smg.v1.EngineLoad
 }
 var file_smg_v1_worker_proto_depIdxs = []int32{
-	28, // 0: smg.v1.WorkerSpec.labels:type_name -> smg.v1.WorkerSpec.LabelsEntry
+	29, // 0: smg.v1.WorkerSpec.labels:type_name -> smg.v1.WorkerSpec.LabelsEntry
 	0,  // 1: smg.v1.WorkerSpec.overload:type_name -> smg.v1.OverloadBlock
-	30, // 2: smg.v1.JobStatus.updated_at:type_name -> google.protobuf.Timestamp
+	32, // 2: smg.v1.JobStatus.updated_at:type_name -> google.protobuf.Timestamp
 	1,  // 3: smg.v1.Worker.spec:type_name -> smg.v1.WorkerSpec
 	2,  // 4: smg.v1.Worker.thresholds:type_name -> smg.v1.Thresholds
-	31, // 5: smg.v1.Worker.engine_load:type_name -> smg.v1.EngineLoad
+	33, // 5: smg.v1.Worker.engine_load:type_name -> smg.v1.EngineLoad
 	4,  // 6: smg.v1.Worker.verdict:type_name -> smg.v1.Verdict
 	3,  // 7: smg.v1.Worker.job_status:type_name -> smg.v1.JobStatus
-	1,  // 8: smg.v1.CreateWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
-	5,  // 9: smg.v1.ListWorkersResponse.workers:type_name -> smg.v1.Worker
-	5,  // 10: smg.v1.GetWorkerResponse.worker:type_name -> smg.v1.Worker
-	1,  // 11: smg.v1.ReplaceWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
-	29, // 12: smg.v1.WorkerUpdate.labels:type_name -> smg.v1.WorkerUpdate.LabelsEntry
-	0,  // 13: smg.v1.WorkerUpdate.overload:type_name -> smg.v1.OverloadBlock
-	14, // 14: smg.v1.UpdateWorkerRequest.update:type_name -> smg.v1.WorkerUpdate
-	31, // 15: smg.v1.WorkerLoad.engine_load:type_name -> smg.v1.EngineLoad
-	20, // 16: smg.v1.GetLoadsResponse.workers:type_name -> smg.v1.WorkerLoad
-	3,  // 17: smg.v1.Job.status:type_name -> smg.v1.JobStatus
-	22, // 18: smg.v1.ListJobsResponse.jobs:type_name -> smg.v1.Job
-	30, // 19: smg.v1.RouterInfo.connected_at:type_name -> google.protobuf.Timestamp
-	30, // 20: smg.v1.RouterInfo.last_seen:type_name -> google.protobuf.Timestamp
-	26, // 21: smg.v1.ListRoutersResponse.routers:type_name -> smg.v1.RouterInfo
-	6,  // 22: smg.v1.WorkerService.CreateWorker:input_type -> smg.v1.CreateWorkerRequest
-	8,  // 23: smg.v1.WorkerService.ListWorkers:input_type -> smg.v1.ListWorkersRequest
-	10, // 24: smg.v1.WorkerService.GetWorker:input_type -> smg.v1.GetWorkerRequest
-	12, // 25: smg.v1.WorkerService.ReplaceWorker:input_type -> smg.v1.ReplaceWorkerRequest
-	15, // 26: smg.v1.WorkerService.UpdateWorker:input_type -> smg.v1.UpdateWorkerRequest
-	17, // 27: smg.v1.WorkerService.DeleteWorker:input_type -> smg.v1.DeleteWorkerRequest
-	19, // 28: smg.v1.WorkerService.GetLoads:input_type -> smg.v1.GetLoadsRequest
-	23, // 29: smg.v1.WorkerService.ListJobs:input_type -> smg.v1.ListJobsRequest
-	25, // 30: smg.v1.WorkerService.ListRouters:input_type -> smg.v1.ListRoutersRequest
-	7,  // 31: smg.v1.WorkerService.CreateWorker:output_type -> smg.v1.CreateWorkerResponse
-	9,  // 32: smg.v1.WorkerService.ListWorkers:output_type -> smg.v1.ListWorkersResponse
-	11, // 33: smg.v1.WorkerService.GetWorker:output_type -> smg.v1.GetWorkerResponse
-	13, // 34: smg.v1.WorkerService.ReplaceWorker:output_type -> smg.v1.ReplaceWorkerResponse
-	16, // 35: smg.v1.WorkerService.UpdateWorker:output_type -> smg.v1.UpdateWorkerResponse
-	18, // 36: smg.v1.WorkerService.DeleteWorker:output_type -> smg.v1.DeleteWorkerResponse
-	21, // 37: smg.v1.WorkerService.GetLoads:output_type -> smg.v1.GetLoadsResponse
-	24, // 38: smg.v1.WorkerService.ListJobs:output_type -> smg.v1.ListJobsResponse
-	27, // 39: smg.v1.WorkerService.ListRouters:output_type -> smg.v1.ListRoutersResponse
-	31, // [31:40] is the sub-list for method output_type
-	22, // [22:31] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	6,  // 8: smg.v1.Worker.admission:type_name -> smg.v1.AdmissionWindow
+	30, // 9: smg.v1.AdmissionWindow.shares:type_name -> smg.v1.AdmissionWindow.SharesEntry
+	1,  // 10: smg.v1.CreateWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
+	5,  // 11: smg.v1.ListWorkersResponse.workers:type_name -> smg.v1.Worker
+	5,  // 12: smg.v1.GetWorkerResponse.worker:type_name -> smg.v1.Worker
+	1,  // 13: smg.v1.ReplaceWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
+	31, // 14: smg.v1.WorkerUpdate.labels:type_name -> smg.v1.WorkerUpdate.LabelsEntry
+	0,  // 15: smg.v1.WorkerUpdate.overload:type_name -> smg.v1.OverloadBlock
+	15, // 16: smg.v1.UpdateWorkerRequest.update:type_name -> smg.v1.WorkerUpdate
+	33, // 17: smg.v1.WorkerLoad.engine_load:type_name -> smg.v1.EngineLoad
+	21, // 18: smg.v1.GetLoadsResponse.workers:type_name -> smg.v1.WorkerLoad
+	3,  // 19: smg.v1.Job.status:type_name -> smg.v1.JobStatus
+	23, // 20: smg.v1.ListJobsResponse.jobs:type_name -> smg.v1.Job
+	32, // 21: smg.v1.RouterInfo.connected_at:type_name -> google.protobuf.Timestamp
+	32, // 22: smg.v1.RouterInfo.last_seen:type_name -> google.protobuf.Timestamp
+	27, // 23: smg.v1.ListRoutersResponse.routers:type_name -> smg.v1.RouterInfo
+	7,  // 24: smg.v1.WorkerService.CreateWorker:input_type -> smg.v1.CreateWorkerRequest
+	9,  // 25: smg.v1.WorkerService.ListWorkers:input_type -> smg.v1.ListWorkersRequest
+	11, // 26: smg.v1.WorkerService.GetWorker:input_type -> smg.v1.GetWorkerRequest
+	13, // 27: smg.v1.WorkerService.ReplaceWorker:input_type -> smg.v1.ReplaceWorkerRequest
+	16, // 28: smg.v1.WorkerService.UpdateWorker:input_type -> smg.v1.UpdateWorkerRequest
+	18, // 29: smg.v1.WorkerService.DeleteWorker:input_type -> smg.v1.DeleteWorkerRequest
+	20, // 30: smg.v1.WorkerService.GetLoads:input_type -> smg.v1.GetLoadsRequest
+	24, // 31: smg.v1.WorkerService.ListJobs:input_type -> smg.v1.ListJobsRequest
+	26, // 32: smg.v1.WorkerService.ListRouters:input_type -> smg.v1.ListRoutersRequest
+	8,  // 33: smg.v1.WorkerService.CreateWorker:output_type -> smg.v1.CreateWorkerResponse
+	10, // 34: smg.v1.WorkerService.ListWorkers:output_type -> smg.v1.ListWorkersResponse
+	12, // 35: smg.v1.WorkerService.GetWorker:output_type -> smg.v1.GetWorkerResponse
+	14, // 36: smg.v1.WorkerService.ReplaceWorker:output_type -> smg.v1.ReplaceWorkerResponse
+	17, // 37: smg.v1.WorkerService.UpdateWorker:output_type -> smg.v1.UpdateWorkerResponse
+	19, // 38: smg.v1.WorkerService.DeleteWorker:output_type -> smg.v1.DeleteWorkerResponse
+	22, // 39: smg.v1.WorkerService.GetLoads:output_type -> smg.v1.GetLoadsResponse
+	25, // 40: smg.v1.WorkerService.ListJobs:output_type -> smg.v1.ListJobsResponse
+	28, // 41: smg.v1.WorkerService.ListRouters:output_type -> smg.v1.ListRoutersResponse
+	33, // [33:42] is the sub-list for method output_type
+	24, // [24:33] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_worker_proto_init() }
@@ -2163,14 +2268,14 @@ func file_smg_v1_worker_proto_init() {
 	file_smg_v1_load_proto_init()
 	file_smg_v1_worker_proto_msgTypes[0].OneofWrappers = []any{}
 	file_smg_v1_worker_proto_msgTypes[1].OneofWrappers = []any{}
-	file_smg_v1_worker_proto_msgTypes[14].OneofWrappers = []any{}
+	file_smg_v1_worker_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_smg_v1_worker_proto_rawDesc), len(file_smg_v1_worker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,136 @@
+package router
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// acquireRoomAfter takes q.need rooms on the worker the policy chose (i, out)
+// when it has room and nobody waits before it; otherwise the request waits in
+// its pool's waitlist (acquireRoom).
+func (r *Router) acquireRoomAfter(ctx context.Context, v *view, p *pool, i int32, out outcome, model string, decode bool,
+	q *request, wait time.Duration) (roomGrant, gateResult) {
+	if i < 0 && out != full {
+		return roomGrant{v: v, i: -1, out: out}, gateAdmitted // nothing to wait for: answer as the spec
+	}
+	if out != full && p.wl.n.Load() == 0 &&
+		v.states[i].gate.tryAcquire(q.need) {
+		return roomGrant{v: v, i: i, out: out}, gateAdmitted
+	}
+	return r.acquireRoom(ctx, p.wl, model, decode, q, wait)
+}
+
+// tooWideEverywhere reports whether need rooms exceed the whole window of
+// every windowed worker of the pool (and at least one has a window): such a
+// request is shed at once instead of waiting for nothing.
+func (r *Router) tooWideEverywhere(v *view, p *pool, need int64) bool {
+	if need <= 1 {
+		return false
+	}
+	wide := false
+	for _, i := range p.idx {
+		g := &v.states[i].gate
+		if !g.tooWide(need) {
+			return false
+		}
+		wide = true
+	}
+	return wide
+}
+
+// writeWindowShed answers a request that found no room in time: the spec's
+// shed answer (503 worker_overload_protection_shed, Retry-After), whatever
+// --worker-overload-shed says, as the PD window does.
+func (r *Router) writeWindowShed(w http.ResponseWriter, model, stage string, c prometheus.Counter) int {
+	c.Inc()
+	r.metrics.shed.WithLabelValues(stage).Inc()
+	writeError(w, http.StatusServiceUnavailable, CodeShed,
+		"All workers for model '"+model+"' are overloaded", r.opts.LoadMonitorInterval)
+	return http.StatusServiceUnavailable
+}
+
+// StageAdmissionWindow is the shed stage of a request that found no room in
+// its pool's running windows in time (--worker-admission-window only).
+const StageAdmissionWindow = "admission_window"
+
+// windowMetrics count the wait path of --worker-admission-window and show
+// each worker's window as this router holds it (read at scrape time).
+type windowMetrics struct {
+	waits, sheds prometheus.Counter
+	wait         prometheus.Observer
+	r            *Router
+	rooms        *prometheus.Desc
+	inFlight     *prometheus.Desc
+	waiting      *prometheus.Desc
+}
+
+func newWindowMetrics(r *Router, reg prometheus.Registerer) (*windowMetrics, error) {
+	m := &windowMetrics{
+		r: r,
+		waits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "smg_worker_admission_waits_total",
+			Help: "Requests that waited for a room in a running window and were admitted.",
+		}),
+		sheds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "smg_worker_admission_sheds_total",
+			Help: "Requests shed because no room in their pool's running windows freed in time.",
+		}),
+		rooms: prometheus.NewDesc("smg_worker_admission_limit",
+			"Rooms this router may hold on the worker: its share of the running window (plus queue allowance), -1 when ungated.",
+			[]string{"worker"}, nil),
+		inFlight: prometheus.NewDesc("smg_worker_admission_in_flight",
+			"Rooms this router's requests hold on the worker.", []string{"worker"}, nil),
+		waiting: prometheus.NewDesc("smg_worker_admission_waiting",
+			"Rooms asked for by requests waiting in this router for the worker's pool, by class.", []string{"model", "class"}, nil),
+	}
+	hist := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "smg_worker_admission_wait_seconds",
+		Help:    "Time requests waited for a room before admission or shed.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	})
+	m.wait = hist
+	for _, c := range []prometheus.Collector{m.waits, m.sheds, hist, m} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// ClassNames are the priority classes' names, index = class.
+var ClassNames = [NumClasses]string{"system", "interactive", "default", "bulk"}
+
+func (m *windowMetrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.rooms
+	ch <- m.inFlight
+	ch <- m.waiting
+}
+
+func (m *windowMetrics) Collect(ch chan<- prometheus.Metric) {
+	v := m.r.view.Load()
+	if v == nil {
+		return
+	}
+	for i := range v.workers {
+		w := &v.workers[i]
+		if rooms, _ := m.r.windowRooms(w); rooms <= 0 {
+			continue
+		}
+		g := &v.states[i].gate
+		ch <- prometheus.MustNewConstMetric(m.rooms, prometheus.GaugeValue, float64(g.limit.Load()), w.URL)
+		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(g.inFlight.Load()), w.URL)
+	}
+	m.r.wlMu.Lock()
+	defer m.r.wlMu.Unlock()
+	for k, wl := range m.r.waitlists {
+		if k.decode {
+			continue
+		}
+		for c, n := range wl.waitingByClass() {
+			ch <- prometheus.MustNewConstMetric(m.waiting, prometheus.GaugeValue, float64(n), k.model, ClassNames[c])
+		}
+	}
+}

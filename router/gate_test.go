@@ -1,0 +1,218 @@
+package router
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// oneGate is a waitlist over a single worker's gate: the smallest pool.
+type oneGate struct {
+	g  gate
+	wl *waitlist
+}
+
+func newOneGate(limit, window int64) *oneGate {
+	o := &oneGate{wl: newWaitlist()}
+	o.g.set(limit, window)
+	return o
+}
+
+func (o *oneGate) waiter(need int64) *roomWaiter {
+	return &roomWaiter{need: need, try: func() (roomGrant, bool) {
+		if o.g.tryAcquire(need) {
+			return roomGrant{i: 0, out: chosen}, true
+		}
+		return roomGrant{}, false
+	}}
+}
+
+func (o *oneGate) acquire(ctx context.Context, need int64, wait time.Duration) gateResult {
+	_, res := o.wl.acquire(ctx, o.waiter(need), wait)
+	return res
+}
+
+func (o *oneGate) run(need int64, wait time.Duration) <-chan gateResult {
+	out := make(chan gateResult, 1)
+	go func() { out <- o.acquire(context.Background(), need, wait) }()
+	return out
+}
+
+func (o *oneGate) release(need int64) {
+	o.g.inFlight.Add(-need)
+	o.wl.poke()
+}
+
+func (o *oneGate) setLimit(l int64) {
+	o.g.limit.Store(l)
+	o.wl.poke()
+}
+
+func (o *oneGate) waiting() int64 {
+	var n int64
+	for _, c := range o.wl.waitingByClass() {
+		n += c
+	}
+	return n
+}
+
+func TestGateRoomDispatchesAtOnce(t *testing.T) {
+	o := newOneGate(2, 2)
+	for range 2 {
+		if got := o.acquire(context.Background(), 1, time.Second); got != gateAdmitted {
+			t.Fatalf("acquire with room = %v, want admitted", got)
+		}
+	}
+	if in := o.g.inFlight.Load(); in != 2 {
+		t.Fatalf("in flight = %d, want 2", in)
+	}
+	if o.g.hasRoom(1) {
+		t.Fatal("a full gate reports room")
+	}
+}
+
+func TestGateFullWaitsThenShedsAtTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		o.acquire(context.Background(), 1, 0)
+		began := time.Now()
+		res := o.run(1, 30*time.Second)
+		synctest.Wait()
+		if w := o.waiting(); w != 1 {
+			t.Fatalf("waiting rooms = %d, want 1", w)
+		}
+		if got := <-res; got != gateShed {
+			t.Fatalf("no room in time: %v, want shed", got)
+		}
+		if d := time.Since(began); d != 30*time.Second {
+			t.Fatalf("shed after %s, want the whole 30s wait", d)
+		}
+		if w := o.waiting(); w != 0 {
+			t.Fatalf("a shed request still counts as waiting (%d)", w)
+		}
+	})
+}
+
+func TestGateFreedRoomGoesToLongestWaiterAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		o.acquire(context.Background(), 1, 0)
+		first := o.run(1, time.Minute)
+		synctest.Wait()
+		time.Sleep(time.Second) // fake time: first has waited longer
+		second := o.run(1, time.Minute)
+		synctest.Wait()
+		freed := time.Now()
+		o.release(1)
+		synctest.Wait()
+		select {
+		case got := <-first:
+			if got != gateWaited {
+				t.Fatalf("first waiter: %v, want waited", got)
+			}
+			if d := time.Since(freed); d != 0 {
+				t.Fatalf("dispatched %s after the room freed, want at once (event-driven)", d)
+			}
+		default:
+			t.Fatal("the freed room did not go to the longest waiter")
+		}
+		select {
+		case <-second:
+			t.Fatal("the second waiter was admitted with no room")
+		default:
+		}
+		o.release(1)
+		if got := <-second; got != gateWaited {
+			t.Fatalf("second waiter: %v, want waited", got)
+		}
+	})
+}
+
+func TestGateNewcomerQueuesBehindWaiters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(2, 4)
+		o.acquire(context.Background(), 1, 0)
+		wide := o.run(2, time.Minute) // needs 2, only 1 free: waits
+		synctest.Wait()
+		// One room is free, but the wide request waited first.
+		if got := o.acquire(context.Background(), 1, 0); got != gateShed {
+			t.Fatalf("newcomer with 0 wait while others wait: %v, want shed (FCFS)", got)
+		}
+		o.release(1)
+		if got := <-wide; got != gateWaited {
+			t.Fatalf("wide waiter: %v, want waited", got)
+		}
+	})
+}
+
+func TestGateZeroWaitShedsWhenFull(t *testing.T) {
+	o := newOneGate(1, 1)
+	o.acquire(context.Background(), 1, 0)
+	if got := o.acquire(context.Background(), 1, 0); got != gateShed {
+		t.Fatalf("wait 0 on a full window: %v, want shed", got)
+	}
+}
+
+func TestGateWiderThanWindow(t *testing.T) {
+	o := newOneGate(8, 8)
+	if !o.g.tooWide(9) || o.g.tooWide(8) {
+		t.Fatal("tooWide: a batch of 9 on a window of 8 must be too wide, 8 must not")
+	}
+	// Wider than this router's share but not than the window: it waits.
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(2, 8)
+		res := o.run(4, time.Minute)
+		synctest.Wait()
+		o.setLimit(4) // the control plane grew the share
+		if got := <-res; got != gateWaited {
+			t.Fatalf("batch within the window after the share grew: %v, want waited", got)
+		}
+	})
+}
+
+func TestGateNoWindowNeverGated(t *testing.T) {
+	o := newOneGate(gateLimit(0, 5, PDWindowShared), 0)
+	for range 1000 {
+		if got := o.acquire(context.Background(), 1, 0); got != gateAdmitted {
+			t.Fatalf("worker without a window: %v, want admitted", got)
+		}
+	}
+}
+
+func TestGateClientLeavingFreesItsPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		o.acquire(context.Background(), 1, 0)
+		ctx, cancel := context.WithCancel(context.Background())
+		out := make(chan gateResult, 1)
+		go func() { out <- o.acquire(ctx, 1, time.Minute) }()
+		synctest.Wait()
+		cancel()
+		if got := <-out; got != gateCanceled {
+			t.Fatalf("client left: %v, want canceled", got)
+		}
+		if w := o.waiting(); w != 0 {
+			t.Fatalf("waiting = %d after the client left", w)
+		}
+	})
+}
+
+func TestGateLimit(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		max, share, want int64
+		mode             string
+	}{
+		{"no window", 0, 3, unlimited, PDWindowShared},
+		{"share granted", 8, 3, 3, PDWindowShared},
+		{"no share granted yet", 8, -1, 0, PDWindowShared},
+		{"no allocator: whole window", 8, 0, 8, PDWindowShared},
+		{"per-router ignores the share", 8, 3, 8, PDWindowPerRouter},
+		{"share above a shrunk window", 2, 3, 2, PDWindowShared},
+	} {
+		if got := gateLimit(c.max, c.share, c.mode); got != c.want {
+			t.Errorf("%s: limit %d, want %d", c.name, got, c.want)
+		}
+	}
+}
