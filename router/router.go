@@ -27,7 +27,7 @@ type Router struct {
 	log      *slog.Logger
 	metrics  *metrics
 	pdm      *pdMetrics
-	wm       *windowMetrics // nil unless --worker-admission-window
+	wm       *windowMetrics      // nil unless --worker-admission-window
 	gatherer prometheus.Gatherer // nil when the Registerer cannot gather
 	cb       breakerConfig
 	sel      selector
