@@ -7,7 +7,7 @@ TEST_FLAGS ?= -race -timeout 10m
 BENCH ?= .
 BENCHTIME ?= 1s
 
-.PHONY: help tools generate check-generate build test lint bench run clean docs image image-test
+.PHONY: help tools generate check-generate build test lint bench run clean docs image image-test chaos
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -40,6 +40,9 @@ build: ## build bin/smg (version and commit stamped into `smg --version`)
 
 image: ## build the container image with podman (static smg on scratch) and write bin/smg-image.tar (OCI)
 	VERSION=$(VERSION) COMMIT=$(COMMIT) bash scripts/image.sh bin/smg-image.tar
+
+chaos: ## network-fault suite: each component in its own network namespace, iptables faults under load (root; SHORT=1: CI variant)
+	SMG_CHAOS=1 SHORT=$(SHORT) CHAOS_OUT=$(CHAOS_OUT) $(GO) test -count=1 -v -timeout 20m ./chaos/
 
 image-test: image ## run the image's sim, control plane, agent and router as containers; stream, /readyz, /metrics, SIGTERM
 	bash scripts/image-test.sh localhost/smg:$(VERSION)
