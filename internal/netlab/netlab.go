@@ -43,9 +43,9 @@ func Check() error {
 
 // Lab is one bridge and the hosts on it.
 type Lab struct {
-	id    string // short, unique per lab: namespace and link names derive from it
-	hub   string // namespace holding the bridge
-	net   byte   // third octet: 198.18.<net>.0/24
+	id     string // short, unique per lab: namespace and link names derive from it
+	hub    string // namespace holding the bridge
+	net    byte   // third octet: 198.18.<net>.0/24
 	mu     sync.Mutex
 	hosts  []*Host
 	closed bool
