@@ -18,12 +18,14 @@ import (
 	"time"
 
 	"github.com/smg-project/smg/bench"
+	"github.com/smg-project/smg/bench/scale"
 )
 
 func main() {
+	scale.MaybeChild() // the scale suite's agent and router processes are this binary
 	fs := flag.NewFlagSet("benchsuite", flag.ContinueOnError)
 	bin := fs.String("bin", "bin/smg", "smg binary to run the simulated fleet and the gateway with")
-	suite := fs.String("suite", "overload", "which benchmark: overload (make bench-overload) or faults (make bench-faults)")
+	suite := fs.String("suite", "overload", "which benchmark: overload (make bench-overload), faults (make bench-faults) or scale (make bench-scale)")
 	short := fs.Bool("short", false, "smoke-test sizes (2 loads, 3-second runs): checks shapes, not timings; writes no docs")
 	raw := fs.String("raw", "docs/bench-raw", "directory for per-run JSON results (git-ignored)")
 	docs := fs.String("docs", "docs", "directory holding benchmarks.md and img/")
@@ -35,6 +37,8 @@ func main() {
 	replot := fs.Bool("republish", false, "overload: rewrite the docs tables and plots from the last full run's overload.json in --raw, without running")
 	tuned := fs.Int("tuned-waiting", 0, "overload: waiting-requests ceiling of shed-tuned (0: the benchmark's choice)")
 	capacity := fs.Float64("capacity", 0, "overload: fleet capacity in req/s instead of calibrating (output tokens/s follow from the mean length)")
+	scaleConfig := fs.String("scale-config", "", `scale: run this one configuration (JSON of scale.Config, e.g. {"Workers":1000,"Agents":10,...}) and write no docs`)
+	scaleWindow := fs.Duration("scale-window", 10*time.Second, "scale: measurement window of each run")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
@@ -68,8 +72,10 @@ func main() {
 		err = runOverload(ctx, s)
 	case *suite == "faults":
 		err = runFaults(ctx, s)
+	case *suite == "scale":
+		err = runScale(ctx, s.DocsDir, *raw, *short, *scaleConfig, *scaleWindow)
 	default:
-		err = fmt.Errorf("unknown suite %q (overload or faults)", *suite)
+		err = fmt.Errorf("unknown suite %q (overload, faults or scale)", *suite)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchsuite:", err)

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/smg-project/smg/bench/scale"
+)
+
+// scaleRuns are the configurations of make bench-scale: cost against R
+// (routers) with the verdict fan-out, the shared encoding against the
+// per-stream baseline side by side, cost against N (workers reporting 20
+// times a second through agents), and the full size: 10,000 workers and
+// 1,000 routers.
+func scaleRuns(short bool) []scale.Config {
+	if short {
+		return []scale.Config{
+			{Name: "short", Workers: 200, Agents: 4, AgentProcs: 1, ReportRate: 5, Routers: 20, RouterProcs: 2, FlipRate: 10, Joins: 2},
+		}
+	}
+	fan := func(r int, perStream bool) scale.Config {
+		name := fmt.Sprintf("fanout-R%d", r)
+		if perStream {
+			name += "-per-stream"
+		}
+		return scale.Config{Name: name, Workers: 1000, Agents: 10, AgentProcs: 1, ReportRate: 0.5,
+			Routers: r, RouterProcs: 4, FlipRate: 20, Joins: 3, PerStream: perStream}
+	}
+	ingest := func(n int) scale.Config {
+		return scale.Config{Name: fmt.Sprintf("ingest-N%d", n), Workers: n, Agents: max(n/100, 1), AgentProcs: 2,
+			ReportRate: 20, Routers: 10, RouterProcs: 1, FlipRate: 10, Joins: 3}
+	}
+	return []scale.Config{
+		fan(100, false), fan(250, false), fan(500, false), fan(1000, false),
+		fan(500, true), fan(1000, true),
+		ingest(1000), ingest(2500), ingest(5000), ingest(10000),
+		{Name: "full-N10000-R1000", Workers: 10000, Agents: 100, AgentProcs: 2, ReportRate: 20,
+			Routers: 1000, RouterProcs: 4, FlipRate: 10, Joins: 3},
+	}
+}
+
+// runScale runs the scale harness (make bench-scale) and, unless short or
+// given one configuration, writes docs/benchmarks.md's scale section and
+// docs/img/scale-*.png.
+func runScale(ctx context.Context, docs, raw string, short bool, only string, window time.Duration) error {
+	runs := scaleRuns(short)
+	if only != "" {
+		var c scale.Config
+		if err := json.Unmarshal([]byte(only), &c); err != nil {
+			return fmt.Errorf("--scale-config: %w", err)
+		}
+		runs, docs = []scale.Config{c}, ""
+	}
+	var results []*scale.Result
+	for _, c := range runs {
+		if c.Warmup == 0 {
+			c.Warmup = 2 * time.Second // after the fleet has settled (every worker reported, every router watching)
+		}
+		if c.Duration == 0 {
+			c.Duration = window
+		}
+		if short {
+			c.Warmup, c.Duration = 2*time.Second, 3*time.Second
+		}
+		c.Log = os.Stderr
+		runtime.GC()
+		debug.FreeOSMemory() // each run's memory figure is its own
+		res, err := scale.Run(ctx, c)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.Name, err)
+		}
+		results = append(results, res)
+	}
+	writeScaleTable(os.Stdout, results)
+	if err := os.MkdirAll(raw, 0o755); err == nil {
+		if b, err := json.MarshalIndent(results, "", " "); err == nil {
+			_ = os.WriteFile(filepath.Join(raw, "scale.json"), b, 0o644)
+		}
+	}
+	if short || docs == "" {
+		return nil
+	}
+	return publishScale(results, docs)
+}
+
+func writeScaleTable(w io.Writer, rs []*scale.Result) {
+	fmt.Fprintln(w, "| run | N workers | reports/s (target) | R routers | CP CPU (cores) | CP heap / RSS (MiB) | report→verdict p50 / p99 (ms) | verdict→all routers p50 / p99 (ms) | CP CPU per router per change (µs) | router lag p99 (revisions) | join p50 / max (ms), snapshot (KiB) | allocs per report | watch messages encoded / sent | CP CPU per message sent (µs) |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, r := range rs {
+		c := r.Config
+		fmt.Fprintf(w, "| %s | %d | %.0f (%.0f) | %d | %.2f | %.0f / %.0f | %.1f / %.1f | %.1f / %.1f | %.1f | %.0f | %.0f / %.0f, %.0f | %.0f | %.0f / %.0f | %.1f |\n",
+			c.Name, c.Workers, r.ReportsPerSec, r.ReportTarget, c.Routers, r.CPUCores, r.HeapMiB, r.RSSMiB,
+			r.ReportToVerdict.P50, r.ReportToVerdict.P99, r.VerdictToRouters.P50, r.VerdictToRouters.P99,
+			r.CPUPerRouterChangeUs, r.LagP99, r.Join.P50, r.Join.Max, r.SnapshotKiB, r.AllocsPerReport, r.Encoded, r.Sent, r.CPUPerSentUs)
+		if len(r.Errors) > 0 {
+			fmt.Fprintf(w, "|  | errors: %s |\n", strings.Join(r.Errors, "; "))
+		}
+	}
+}
+
+const (
+	scaleBegin = "<!-- scale:begin (make bench-scale writes this table) -->"
+	scaleEnd   = "<!-- scale:end -->"
+)
+
+// publishScale replaces the table between the markers of docs/benchmarks.md
+// and draws the cost plots.
+func publishScale(rs []*scale.Result, docs string) error {
+	path := filepath.Join(docs, "benchmarks.md")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	doc := string(b)
+	i, j := strings.Index(doc, scaleBegin), strings.Index(doc, scaleEnd)
+	if i < 0 || j < i {
+		return fmt.Errorf("%s: no %q ... %q markers", path, scaleBegin, scaleEnd)
+	}
+	var t strings.Builder
+	fmt.Fprintf(&t, "%s\n\nRun %s, `make bench-scale`.\n\n", scaleBegin, time.Now().UTC().Format("2006-01-02 15:04 MST"))
+	writeScaleTable(&t, rs)
+	t.WriteString("\n")
+	doc = doc[:i] + t.String() + doc[j:]
+	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		return err
+	}
+	return plotScale(rs, filepath.Join(docs, "img"))
+}
+
+// plotScale draws control-plane CPU against R (fan-out runs, shared and
+// per-stream) and against N (ingestion runs), with a line through the
+// origin and the largest point: a curve under it grows linearly or better.
+func plotScale(rs []*scale.Result, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	series := func(prefix string, perStream bool, x func(*scale.Result) float64) plotter.XYs {
+		var xy plotter.XYs
+		for _, r := range rs {
+			if strings.HasPrefix(r.Config.Name, prefix) && r.Config.PerStream == perStream {
+				xy = append(xy, plotter.XY{X: x(r), Y: r.CPUCores})
+			}
+		}
+		return xy
+	}
+	routers := func(r *scale.Result) float64 { return float64(r.Config.Routers) }
+	workers := func(r *scale.Result) float64 { return float64(r.Config.Workers) }
+	draw := func(file, title, xlabel string, sets ...any) error {
+		p := plot.New()
+		p.Title.Text = title
+		p.X.Label.Text = xlabel
+		p.Y.Label.Text = "control-plane CPU (cores)"
+		if err := plotutil.AddLinePoints(p, sets...); err != nil {
+			return err
+		}
+		p.Legend.Top, p.Legend.Left = true, true
+		return p.Save(7*vg.Inch, 4*vg.Inch, filepath.Join(dir, file))
+	}
+	linear := func(xy plotter.XYs) plotter.XYs { // through the origin and the last point
+		if len(xy) == 0 {
+			return nil
+		}
+		last := xy[len(xy)-1]
+		return plotter.XYs{{X: 0, Y: 0}, last}
+	}
+	shared := series("fanout-", false, routers)
+	if err := draw("scale-routers.png", "Verdict fan-out: 1,000 workers, 20 flips/s", "routers watching (R)",
+		"shared encoding", shared, "per-stream encoding (before)", series("fanout-", true, routers),
+		"linear (through the largest run)", linear(shared)); err != nil {
+		return err
+	}
+	in := series("ingest-", false, workers)
+	return draw("scale-workers.png", "Ingestion: workers reporting 20 times a second through agents", "workers (N)",
+		"control plane", in, "linear (through the largest run)", linear(in))
+}

@@ -1,0 +1,150 @@
+package scale
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// childEnv carries a child process's spec (JSON). A process started with it
+// runs that role and exits: see MaybeChild.
+const childEnv = "SMG_SCALE_CHILD"
+
+// childSpec is what one child process runs.
+type childSpec struct {
+	Role string // "agents" or "routers"
+	Addr string // the control plane's gRPC address
+
+	// agents: workers [Lo, Hi) fed by Agents streams, the first named AgentBase.
+	Lo, Hi      int
+	Agents      int
+	AgentBase   int
+	URLBase     string
+	ReportRate  float64 // per worker per second
+	FlipRate    float64 // this process's flips per second
+	FlipOn      int32   // waiting requests reported while flipped on (over the threshold)
+	FlipSpacing time.Duration
+
+	// routers: Routers watch streams, the first named RouterBase; Joins
+	// timed joins spread over the window.
+	Routers    int
+	RouterBase int
+	Joins      int
+}
+
+// childResult is what a child prints on stdout when it ends.
+type childResult struct {
+	// agents
+	Sent  int64       // records sent inside the window
+	Flips []flipEvent // every flip sent (the parent keeps those in the window)
+	// routers
+	Seen      map[string]*seenAgg // by flipKey: when the routers applied it
+	Messages  int64               // messages received inside the window, all routers
+	Bytes     int64               // their encoded size
+	Snapshots int64
+	Joins     []joinSample
+	Errors    []string
+}
+
+// flipEvent is one verdict flip an agent caused by its report.
+type flipEvent struct {
+	Worker int
+	N      int // the worker's n-th flip
+	On     bool
+	At     int64 // Unix ns, just before the record was sent
+}
+
+// seenAgg is how many routers applied a flip, and the last of them.
+type seenAgg struct {
+	Count int
+	Last  int64
+}
+
+// joinSample is one router joining: time to its snapshot, and its size.
+type joinSample struct {
+	Millis  float64
+	Bytes   int
+	Workers int
+}
+
+func flipKey(worker, n int) string { return fmt.Sprintf("%d/%d", worker, n) }
+
+// MaybeChild runs this process as a harness child when the environment says
+// so, and exits; otherwise it returns at once. Programs that start children
+// (the benchmark suite, the test binary) call it first thing.
+func MaybeChild() {
+	raw, ok := os.LookupEnv(childEnv)
+	if !ok {
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code := 0
+	if err := runChild(ctx, []byte(raw), os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "scale child:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func runChild(ctx context.Context, raw []byte, in io.Reader, out io.Writer) error {
+	var spec childSpec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		return fmt.Errorf("bad %s: %w", childEnv, err)
+	}
+	// The parent writes the measurement window on stdin once the fleet has
+	// settled. Children outlive it by a grace period so that flips sent at
+	// its end can still be seen; the parent kills none of them.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	win := &window{set: make(chan struct{})}
+	go func() {
+		var start, end int64
+		if _, err := fmt.Fscan(in, &start, &end); err != nil {
+			cancel() // the parent went away
+			return
+		}
+		win.start.Store(start)
+		win.end.Store(end)
+		close(win.set)
+		select {
+		case <-time.After(time.Until(time.Unix(0, end).Add(grace))):
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var res *childResult
+	var err error
+	switch spec.Role {
+	case "agents":
+		res, err = runAgents(ctx, spec, win)
+	case "routers":
+		res, err = runRouters(ctx, spec, win)
+	default:
+		err = fmt.Errorf("unknown role %q", spec.Role)
+	}
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(out).Encode(res)
+}
+
+// grace is how long children run past the window.
+const grace = 2 * time.Second
+
+// window is the measurement window, Unix ns, once the parent has sent it.
+type window struct {
+	start, end atomic.Int64
+	set        chan struct{} // closed when sent
+}
+
+func (w *window) contains(t time.Time) bool {
+	n, s := t.UnixNano(), w.start.Load()
+	return s != 0 && n >= s && n < w.end.Load()
+}

@@ -1,0 +1,579 @@
+// Package scale is the control plane's scale harness (make bench-scale): one
+// control plane, the real one, in this process; N synthetic workers fed by M
+// synthetic agent streams at a report rate; R synthetic routers watching,
+// spread over a few processes; verdict flips at a rate. It measures the
+// control plane alone (its process's CPU and memory; the agents and routers
+// run in child processes) and the latencies end to end: report → verdict,
+// verdict → every router, router lag, the join time and size of a snapshot,
+// and allocations per report.
+//
+// It imports no plotting: the benchmark suite (bench/cmd/benchsuite) draws.
+package scale
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/smg-project/smg/controlplane"
+	"github.com/smg-project/smg/controlplane/registry"
+	"github.com/smg-project/smg/controlplane/watch"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// Config is one run.
+type Config struct {
+	Name        string
+	Workers     int     // N synthetic workers
+	Agents      int     // M agent streams feeding them
+	AgentProcs  int     // processes the agent streams are spread over
+	ReportRate  float64 // load reports per second per worker
+	Routers     int     // R synthetic routers
+	RouterProcs int     // processes the routers are spread over
+	FlipRate    float64 // verdict flips per second, fleet-wide
+	Joins       int     // routers joining during the window, timed
+	Warmup      time.Duration
+	Duration    time.Duration // the measurement window
+	// PerStream runs the watch server with per-stream encoding (the
+	// baseline shared frames are measured against).
+	PerStream bool
+	// Command starts a child process that calls MaybeChild first thing
+	// (nil: this executable again).
+	Command func() *exec.Cmd `json:"-"`
+	// CPUProfile, when set, is a file to write the control plane's CPU
+	// profile of the window to.
+	CPUProfile string
+	// Log receives progress (nil: discarded).
+	Log io.Writer `json:"-"`
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch {
+	case c.Workers < 1:
+		return errors.New("scale: Workers must be at least 1")
+	case c.Agents < 1 || c.Agents > c.Workers:
+		return fmt.Errorf("scale: Agents must be in [1, Workers], got %d", c.Agents)
+	case c.AgentProcs < 1 || c.RouterProcs < 1:
+		return errors.New("scale: AgentProcs and RouterProcs must be at least 1")
+	case c.Routers < 0 || c.ReportRate < 0 || c.FlipRate < 0:
+		return errors.New("scale: Routers, ReportRate and FlipRate must not be negative")
+	case c.Duration <= 0 || c.Warmup <= 0:
+		return errors.New("scale: Warmup and Duration must be positive")
+	case c.FlipRate > 0 && float64(c.Workers)/c.FlipRate < 0.5:
+		return errors.New("scale: FlipRate too high for Workers: each worker would flip more than twice a second")
+	}
+	return nil
+}
+
+// Quantiles of a latency, milliseconds.
+type Quantiles struct {
+	N             int
+	P50, P99, Max float64
+}
+
+func quantiles(ms []float64) Quantiles {
+	if len(ms) == 0 {
+		return Quantiles{}
+	}
+	slices.Sort(ms)
+	at := func(p float64) float64 { return ms[int(p*float64(len(ms)-1)+0.5)] }
+	return Quantiles{N: len(ms), P50: at(0.5), P99: at(0.99), Max: ms[len(ms)-1]}
+}
+
+// Result is what one run measured.
+type Result struct {
+	Config Config
+
+	// The control plane's process (it runs nothing else but the harness's
+	// bookkeeping): CPU in cores over the window, heap in use and peak
+	// resident memory.
+	CPUCores float64
+	HeapMiB  float64
+	RSSMiB   float64 // resident at the window's end
+
+	Reports         int64   // load records the agents sent in the window
+	ReportsPerSec   float64 // of ReportTarget
+	ReportTarget    float64
+	AllocsPerReport float64 // control-plane allocations in the window per report (everything it did)
+
+	Revisions uint64 // registry revisions in the window (verdicts and load flushes)
+	Flips     int    // verdict flips committed in the window
+	Delivered int    // of them, applied by every router before the run ended
+
+	ReportToVerdict  Quantiles // agent sent the record → control plane committed the flip
+	VerdictToRouters Quantiles // committed → the last router applied it
+	// CPUPerRouterChangeUs: control-plane CPU per router per revision, µs.
+	CPUPerRouterChangeUs float64
+	LagP99, LagMax       float64 // revisions a router's ack trails the registry, sampled
+
+	Join             Quantiles // a router dialling → holding its snapshot
+	SnapshotKiB      float64
+	MsgsPerRouterSec float64
+	KiBPerRouterSec  float64
+	Encoded, Sent    float64 // watch messages marshalled vs sent in the window
+	CPUPerSentUs     float64 // control-plane CPU per watch message sent, µs (everything it did)
+	Errors           []string
+}
+
+// Run runs one configuration.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logw := cfg.Log
+	if logw == nil {
+		logw = io.Discard
+	}
+	if cfg.Command == nil {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Command = func() *exec.Cmd { return exec.Command(exe) }
+	}
+
+	// Worker URLs point at one loopback stub answering every probe, so the
+	// health checker keeps them Ready and the poller gets an answer.
+	stub, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	var probes, lastProbe atomic.Int64
+	stubSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/health") {
+			probes.Add(1)
+		}
+		lastProbe.Store(time.Now().UnixNano())
+		_, _ = w.Write([]byte("{}"))
+	})}
+	go stubSrv.Serve(stub)
+	defer stubSrv.Close()
+	urlBase := "http://" + stub.Addr().String()
+
+	flips := newFlipLog()
+	opts := controlplane.DefaultOptions()
+	opts.LoadMonitorInterval = 3600 // agents cover every worker
+	opts.Health.IntervalSecs = 3600
+	metrics := prometheus.NewRegistry()
+	cp, err := controlplane.New(opts, slog.New(flips), metrics)
+	if err != nil {
+		return nil, err
+	}
+	watchMetrics := metrics
+	if cfg.PerStream {
+		// The baseline: the same server with shared frames off, in place of
+		// the one New built (its metrics on their own registry).
+		watchMetrics = prometheus.NewRegistry()
+		cp.Watch = watch.NewServer(cp.Registry, watch.Options{Sink: cp.Liveness, Demand: cp.Windows, EncodePerStream: true},
+			slog.New(flips), watchMetrics)
+	}
+	th := opts.Thresholds.Resolve(nil)
+	if _, err := cp.Registry.Update(func(tx *registry.Txn) error {
+		for w := range cfg.Workers {
+			if err := tx.Insert(&registry.Worker{ID: workerID(w), Spec: &smgv1.WorkerSpec{Url: workerURL(urlBase, w)},
+				Model: "scale-model", Type: "regular", Thresholds: th, Health: registry.HealthHealthy}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	gs := grpc.NewServer()
+	cp.RegisterGRPC(gs)
+	go gs.Serve(lis)
+	defer gs.Stop()
+	runCtx, stopCP := context.WithCancel(ctx)
+	cpDone := make(chan struct{})
+	go func() { cp.Run(runCtx); close(cpDone) }()
+	defer func() { stopCP(); <-cpDone }()
+
+	// The health checker probes every worker once at start (and the poller
+	// polls those no agent covers yet): wait that out, so the window sees
+	// the steady state.
+	settle := time.Now().Add(time.Minute)
+	for time.Now().Before(settle) && (probes.Load() < int64(cfg.Workers) || time.Since(time.Unix(0, lastProbe.Load())) < time.Second) {
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+
+	specs := childSpecs(cfg, lis.Addr().String(), urlBase, th.WaitingRequests)
+	fmt.Fprintf(logw, "scale %s: %d workers, %d agents at %g reports/s each worker, %d routers in %d processes, %g flips/s; window %s\n",
+		cfg.Name, cfg.Workers, cfg.Agents, cfg.ReportRate, cfg.Routers, cfg.RouterProcs, cfg.FlipRate, cfg.Duration)
+	children, err := startChildren(cfg, specs)
+	if err != nil {
+		return nil, err
+	}
+	// Settled: every worker has reported through its agent once and every
+	// router is watching; then the warmup.
+	settled := time.Now()
+	for !fleetSettled(cp, cfg) {
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, errors.Join(ctx.Err(), children.wait())
+		}
+		if time.Since(settled) > 2*time.Minute {
+			return nil, errors.Join(errors.New("scale: the fleet did not settle in 2 minutes"), children.wait())
+		}
+	}
+	fmt.Fprintf(logw, "scale %s: fleet settled in %s\n", cfg.Name, time.Since(settled).Round(time.Millisecond))
+	start := time.Now().Add(cfg.Warmup)
+	end := start.Add(cfg.Duration)
+	if err := children.window(start, end); err != nil {
+		return nil, errors.Join(err, children.wait())
+	}
+
+	// The window: CPU, allocations and revisions at both ends, lag sampled.
+	select {
+	case <-time.After(time.Until(start)):
+	case <-ctx.Done():
+		return nil, errors.Join(ctx.Err(), children.wait())
+	}
+	var ms0 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	cpu0, rev0 := cpuTime(), cp.Registry.Revision()
+	enc0, sent0 := counterSum(watchMetrics, "smg_watch_messages_encoded_total"), counterSum(watchMetrics, "smg_watch_messages_sent_total")
+	stopProfile := func() {}
+	if cfg.CPUProfile != "" {
+		if f, err := os.Create(cfg.CPUProfile); err == nil {
+			if pprof.StartCPUProfile(f) == nil {
+				stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
+			}
+		}
+	}
+	var lags []float64
+	sample := time.NewTicker(250 * time.Millisecond)
+	for now := time.Now(); now.Before(end); now = time.Now() {
+		select {
+		case <-sample.C:
+		case <-time.After(time.Until(end)):
+		case <-ctx.Done():
+			sample.Stop()
+			stopProfile()
+			return nil, errors.Join(ctx.Err(), children.wait())
+		}
+		for _, r := range cp.Watch.Routers() {
+			if strings.HasPrefix(r.GetRouterId(), "router-") {
+				lags = append(lags, float64(r.GetLag()))
+			}
+		}
+	}
+	sample.Stop()
+	stopProfile()
+	cpu1, rev1 := cpuTime(), cp.Registry.Revision()
+	var ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms1)
+	wall := end.Sub(start)
+
+	results, cerr := children.results()
+	res := &Result{Config: cfg, Errors: cerr}
+	res.CPUCores = (cpu1 - cpu0).Seconds() / wall.Seconds()
+	res.HeapMiB = float64(ms1.HeapInuse) / (1 << 20)
+	res.RSSMiB = rssMiB()
+	res.Revisions = rev1 - rev0
+	res.ReportTarget = float64(cfg.Workers) * cfg.ReportRate
+	var routerMsgs, routerBytes int64
+	seen := map[string]*seenAgg{}
+	var sent []flipEvent
+	var joins []float64
+	for _, r := range results {
+		res.Reports += r.Sent
+		sent = append(sent, r.Flips...)
+		routerMsgs += r.Messages
+		routerBytes += r.Bytes
+		res.Errors = append(res.Errors, r.Errors...)
+		for k, a := range r.Seen {
+			if s := seen[k]; s != nil {
+				s.Count += a.Count
+				s.Last = max(s.Last, a.Last)
+			} else {
+				seen[k] = a
+			}
+		}
+		for _, j := range r.Joins {
+			joins = append(joins, j.Millis)
+			res.SnapshotKiB = float64(j.Bytes) / 1024
+			if j.Workers != cfg.Workers {
+				res.Errors = append(res.Errors, fmt.Sprintf("a joining router's snapshot lists %d workers, want %d", j.Workers, cfg.Workers))
+			}
+		}
+	}
+	res.ReportsPerSec = float64(res.Reports) / wall.Seconds()
+	if res.Reports > 0 {
+		res.AllocsPerReport = float64(ms1.Mallocs-ms0.Mallocs) / float64(res.Reports)
+	}
+	if cfg.Routers > 0 && res.Revisions > 0 {
+		res.CPUPerRouterChangeUs = (cpu1 - cpu0).Seconds() * 1e6 / float64(cfg.Routers) / float64(res.Revisions)
+		res.MsgsPerRouterSec = float64(routerMsgs) / float64(cfg.Routers) / wall.Seconds()
+		res.KiBPerRouterSec = float64(routerBytes) / 1024 / float64(cfg.Routers) / wall.Seconds()
+	}
+	var r2v, v2r []float64
+	committed := flips.committed()
+	for _, f := range sent {
+		if f.At < start.UnixNano() || f.At >= end.UnixNano() {
+			continue
+		}
+		at, ok := committed[flipKey(f.Worker, f.N)]
+		if !ok {
+			continue
+		}
+		res.Flips++
+		r2v = append(r2v, float64(at-f.At)/1e6)
+		if s := seen[flipKey(f.Worker, f.N)]; cfg.Routers > 0 && s != nil && s.Count >= cfg.Routers {
+			res.Delivered++
+			v2r = append(v2r, float64(s.Last-at)/1e6)
+		}
+	}
+	res.ReportToVerdict, res.VerdictToRouters = quantiles(r2v), quantiles(v2r)
+	res.Join = quantiles(joins)
+	lq := quantiles(lags)
+	res.LagP99, res.LagMax = lq.P99, lq.Max
+	res.Encoded = counterSum(watchMetrics, "smg_watch_messages_encoded_total") - enc0
+	res.Sent = counterSum(watchMetrics, "smg_watch_messages_sent_total") - sent0
+	if res.Sent > 0 {
+		res.CPUPerSentUs = (cpu1 - cpu0).Seconds() * 1e6 / res.Sent
+	}
+	fmt.Fprintf(logw, "scale %s: cpu %.2f cores, heap %.0f MiB, %.0f reports/s of %.0f, flips %d (%d to all routers), r->v p99 %.1f ms, v->routers p99 %.1f ms\n",
+		cfg.Name, res.CPUCores, res.HeapMiB, res.ReportsPerSec, res.ReportTarget, res.Flips, res.Delivered, res.ReportToVerdict.P99, res.VerdictToRouters.P99)
+	return res, nil
+}
+
+// childSpecs splits the workers over the agent processes and the routers
+// over the router processes.
+func childSpecs(cfg Config, addr, urlBase string, threshold int64) []childSpec {
+	var specs []childSpec
+	agentBase := 0
+	for p := range cfg.AgentProcs {
+		lo, hi := p*cfg.Workers/cfg.AgentProcs, (p+1)*cfg.Workers/cfg.AgentProcs
+		agents := (p+1)*cfg.Agents/cfg.AgentProcs - p*cfg.Agents/cfg.AgentProcs
+		specs = append(specs, childSpec{Role: "agents", Addr: addr,
+			Lo: lo, Hi: hi, Agents: agents, AgentBase: agentBase, URLBase: urlBase, ReportRate: cfg.ReportRate,
+			FlipRate: cfg.FlipRate * float64(hi-lo) / float64(cfg.Workers), FlipOn: int32(threshold + 10)})
+		agentBase += agents
+	}
+	base := 0
+	for p := range cfg.RouterProcs {
+		n := (p+1)*cfg.Routers/cfg.RouterProcs - p*cfg.Routers/cfg.RouterProcs
+		s := childSpec{Role: "routers", Addr: addr, Routers: n, RouterBase: base}
+		if p == 0 {
+			s.Joins = cfg.Joins
+		}
+		specs = append(specs, s)
+		base += n
+	}
+	return specs
+}
+
+// fleetSettled: every worker has an agent and every router is watching.
+func fleetSettled(cp *controlplane.ControlPlane, cfg Config) bool {
+	routers := 0
+	for _, r := range cp.Watch.Routers() {
+		if strings.HasPrefix(r.GetRouterId(), "router-") {
+			routers++
+		}
+	}
+	if routers < cfg.Routers {
+		return false
+	}
+	for _, w := range cp.Registry.Snapshot().Workers() {
+		if w.AgentNode == "" {
+			return false
+		}
+	}
+	return true
+}
+
+// children are the agent and router processes of one run.
+type children struct {
+	cmds []*exec.Cmd
+	outs []*bytes.Buffer
+	ins  []io.WriteCloser
+}
+
+// window tells every child the measurement window.
+func (c *children) window(start, end time.Time) error {
+	for _, in := range c.ins {
+		if _, err := fmt.Fprintf(in, "%d %d\n", start.UnixNano(), end.UnixNano()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func startChildren(cfg Config, specs []childSpec) (*children, error) {
+	c := &children{}
+	for _, s := range specs {
+		raw, err := json.Marshal(s)
+		if err != nil {
+			return nil, err
+		}
+		cmd := cfg.Command()
+		cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+		out := &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = out, os.Stderr
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			return nil, err
+		}
+		c.ins = append(c.ins, in)
+		if err := cmd.Start(); err != nil {
+			_ = c.wait()
+			return nil, fmt.Errorf("start %s child: %w", s.Role, err)
+		}
+		c.cmds, c.outs = append(c.cmds, cmd), append(c.outs, out)
+	}
+	return c, nil
+}
+
+// wait stops every child (interrupt) and waits for it.
+func (c *children) wait() error {
+	var errs []error
+	for _, in := range c.ins {
+		in.Close()
+	}
+	for _, cmd := range c.cmds {
+		_ = cmd.Process.Signal(os.Interrupt)
+		if err := cmd.Wait(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// results waits for every child to end on its own and reads its result.
+func (c *children) results() ([]*childResult, []string) {
+	var out []*childResult
+	var errs []string
+	for i, cmd := range c.cmds {
+		err := cmd.Wait()
+		c.ins[i].Close()
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("child %d: %v", i, err))
+			continue
+		}
+		var r childResult
+		if err := json.Unmarshal(c.outs[i].Bytes(), &r); err != nil {
+			errs = append(errs, fmt.Sprintf("child %d: bad result: %v", i, err))
+			continue
+		}
+		out = append(out, &r)
+	}
+	return out, errs
+}
+
+// flipLog is the control plane's logger: it keeps the time each verdict
+// flip was committed (the ingester logs a flip right after its commit) and
+// drops everything else.
+type flipLog struct {
+	mu    sync.Mutex
+	count map[string]int   // flips per worker id
+	at    map[string]int64 // by flipKey
+}
+
+func newFlipLog() *flipLog { return &flipLog{count: map[string]int{}, at: map[string]int64{}} }
+
+func (l *flipLog) Enabled(_ context.Context, lv slog.Level) bool { return lv == slog.LevelInfo }
+func (l *flipLog) WithAttrs([]slog.Attr) slog.Handler            { return l }
+func (l *flipLog) WithGroup(string) slog.Handler                 { return l }
+
+// Handle records the ingester's "Worker overloaded" and "back in routing".
+func (l *flipLog) Handle(_ context.Context, r slog.Record) error {
+	if !strings.HasPrefix(r.Message, "Worker overloaded") && !strings.HasPrefix(r.Message, "Worker under every threshold") {
+		return nil
+	}
+	id := ""
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "worker_id" {
+			id = a.Value.String()
+			return false
+		}
+		return true
+	})
+	w := workerIndex(id)
+	if w < 0 {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.count[id]++
+	l.at[flipKey(w, l.count[id])] = r.Time.UnixNano()
+	return nil
+}
+
+func (l *flipLog) committed() map[string]int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.at)
+}
+
+func counterSum(g prometheus.Gatherer, name string) float64 {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// cpuTime is this process's user plus system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// rssMiB is this process's resident memory now (Linux; 0 elsewhere).
+func rssMiB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kib float64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%f kB", &kib); err == nil {
+				return kib / 1024
+			}
+		}
+	}
+	return 0
+}
