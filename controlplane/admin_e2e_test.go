@@ -237,6 +237,30 @@ func TestBadInput(t *testing.T) {
 		{"unknown worker PATCH", "PATCH", "/workers/w-nope", `{"priority":1}`, 404, "WORKER_NOT_FOUND", ""},
 		{"unknown worker PUT", "PUT", "/workers/w-nope", `{"url":"http://x:1"}`, 404, "WORKER_NOT_FOUND", ""},
 		{"unknown worker DELETE", "DELETE", "/workers/w-nope", "", 404, "WORKER_NOT_FOUND", ""},
+		// Hostile input (issue 16).
+		{"null body", "POST", "/workers", `null`, 400, "BAD_REQUEST", ""},
+		{"array body", "POST", "/workers", `[{"url":"http://x:1"}]`, 400, "BAD_REQUEST", ""},
+		{"string body", "PUT", "/workers/" + id, `"http://x:1"`, 400, "BAD_REQUEST", ""},
+		{"null PATCH", "PATCH", "/workers/" + id, ` null`, 400, "BAD_REQUEST", ""},
+		{"empty body", "POST", "/workers", ``, 400, "BAD_REQUEST", ""},
+		{"password in url", "POST", "/workers", `{"url":"http://admin:hunter2@x:1"}`, 400, "BAD_REQUEST", "url"},
+		{"query in url", "POST", "/workers", `{"url":"http://x:1/?token=hunter2"}`, 400, "BAD_REQUEST", "url"},
+		{"port 99999", "POST", "/workers", `{"url":"http://x:99999"}`, 400, "BAD_REQUEST", "url"},
+		{"metadata address", "POST", "/workers", `{"url":"http://169.254.169.254"}`, 400, "BAD_REQUEST", "url"},
+		{"metadata name", "POST", "/workers", `{"url":"http://metadata.google.internal"}`, 400, "BAD_REQUEST", "url"},
+		{"alias: trailing slash", "POST", "/workers", fmt.Sprintf(`{"url":%q}`, engine.URL()+"/"), 409, "WORKER_ALREADY_EXISTS", "url"},
+		{"alias: case and slashes", "POST", "/workers", fmt.Sprintf(`{"url":%q}`, strings.ToUpper(engine.URL()[:4])+engine.URL()[4:]+"//"), 409, "WORKER_ALREADY_EXISTS", "url"},
+		{"interval beyond an hour", "POST", "/workers", `{"url":"http://x:1","load_monitor_interval_secs":2147483647}`, 400, "BAD_REQUEST", "load_monitor_interval_secs"},
+		{"interval beyond an hour patch", "PATCH", "/workers/" + id, `{"load_monitor_interval_secs":3601}`, 400, "BAD_REQUEST", "load_monitor_interval_secs"},
+		{"infinite cost", "POST", "/workers", `{"url":"http://x:1","cost":"Infinity"}`, 400, "BAD_REQUEST", "cost"},
+		{"NaN cost patch", "PATCH", "/workers/" + id, `{"cost":"NaN"}`, 400, "BAD_REQUEST", "cost"},
+		{"huge priority", "POST", "/workers", `{"url":"http://x:1","priority":2000000000}`, 400, "BAD_REQUEST", "priority"},
+		{"zero dp_size", "POST", "/workers", `{"url":"http://x:1","dp_size":0}`, 400, "BAD_REQUEST", "dp_size"},
+		{"huge max_running_requests", "POST", "/workers", `{"url":"http://x:1","max_running_requests":2147483647}`, 400, "BAD_REQUEST", "max_running_requests"},
+		{"bootstrap port 70000", "POST", "/workers", `{"url":"http://x:1","bootstrap_port":70000}`, 400, "BAD_REQUEST", "bootstrap_port"},
+		{"the control plane itself", "POST", "/workers", fmt.Sprintf(`{"url":%q}`, h.http.URL), 400, "BAD_REQUEST", "url"},
+		{"wrong method", "POST", "/loads", ``, 405, "METHOD_NOT_ALLOWED", ""},
+		{"wrong method on a worker", "POST", "/workers/" + id, `{}`, 405, "METHOD_NOT_ALLOWED", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -256,6 +280,12 @@ func TestBadInput(t *testing.T) {
 			}
 			if tc.param != "" && r.errorField(t, "param") != tc.param {
 				t.Fatalf("param = %v, want %q: %s", r.errorField(t, "param"), tc.param, r.body)
+			}
+			if strings.Contains(string(r.body), "hunter2") {
+				t.Fatalf("the answer echoes a secret: %s", r.body)
+			}
+			if tc.status == 405 && r.header.Get("Allow") == "" {
+				t.Fatalf("405 without Allow: %v", r.header)
 			}
 			if tc.status == 422 && !strings.Contains(msg, "proto") && !strings.Contains(msg, "syntax") && !strings.Contains(msg, "invalid") && !strings.Contains(msg, "unexpected") {
 				t.Fatalf("422 carries the parser's message, got %q", msg)
@@ -360,6 +390,13 @@ func TestEveryAdminRouteNeedsTheKey(t *testing.T) {
 	for full := range rules {
 		if _, err := findMethod(full); err != nil {
 			t.Fatalf("smg_http.yaml routes %s: %v", full, err)
+		}
+	}
+	// The key is checked before the body is parsed: a malformed or
+	// non-object body from an unauthenticated caller is still a 401.
+	for _, body := range []string{`{"url":`, `null`, `[1]`} {
+		if r := h.doKey(t, "POST", "/workers", body, ""); r.status != http.StatusUnauthorized {
+			t.Fatalf("unauthenticated POST %q = %d %s, want 401", body, r.status, r.body)
 		}
 	}
 	// Raw header forms that are not "Bearer <key>".

@@ -37,6 +37,7 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/cli"
 	"github.com/smg-project/smg/internal/identity"
+	"github.com/smg-project/smg/internal/workerurl"
 )
 
 // Options configure the control plane; AddFlags binds them to flags.
@@ -52,6 +53,9 @@ type Options struct {
 	WatchToken          string
 	AgentToken          string
 	RegistrationTimeout time.Duration
+	// AllowLinkLocalWorkers accepts worker URLs at link-local and cloud
+	// metadata addresses (refused by default: see docs/security.md).
+	AllowLinkLocalWorkers bool
 }
 
 // DefaultOptions returns the spec's defaults.
@@ -77,6 +81,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.AdminAPIKey, "admin-api-key", o.AdminAPIKey, "when set, every admin route but /loads needs 'Authorization: Bearer <key>' (REST and gRPC)")
 	fs.StringVar(&o.WatchToken, "watch-token", o.WatchToken, "when set, routers must present it ('authorization: Bearer <token>') to watch")
 	fs.StringVar(&o.AgentToken, "agent-token", o.AgentToken, "when set, agents must present it ('authorization: Bearer <token>') to push records")
+	fs.BoolVar(&o.AllowLinkLocalWorkers, "allow-link-local-workers", o.AllowLinkLocalWorkers,
+		"accept worker URLs at link-local addresses (169.254.0.0/16, fe80::/10) and cloud metadata endpoints, refused by default")
 	fs.DurationVar(&o.RegistrationTimeout, "registration-timeout", o.RegistrationTimeout, "how long registration tries to reach a new engine before the registration fails")
 }
 
@@ -136,7 +142,8 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	if err := reg.Register(collector); err != nil {
 		return nil, err
 	}
-	cp.Admin = admin.New(cp.Registry, admin.Options{APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout},
+	cp.Admin = admin.New(cp.Registry, admin.Options{APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout,
+		URL: workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers}},
 		resolver(opts.Thresholds), client, log)
 	cp.Admin.OnRemove(collector.Removed)
 	cp.Monitor = monitor.New(cp.Registry, cp.Ingest, client, time.Duration(opts.LoadMonitorInterval)*time.Second, log)
@@ -225,7 +232,7 @@ func (cp *ControlPlane) SubmitStatic() error {
 	var errs []error
 	for _, u := range cp.opts.WorkerURLs {
 		if _, err := cp.Admin.Submit(&smgv1.WorkerSpec{Url: u}); err != nil {
-			errs = append(errs, fmt.Errorf("--worker-urls %s: %s", u, status.Convert(err).Message()))
+			errs = append(errs, fmt.Errorf("--worker-urls %s: %s", workerurl.Redact(u), status.Convert(err).Message()))
 		}
 	}
 	specs, err := PDSpecs(cp.opts.PrefillURLs, cp.opts.DecodeURLs)
@@ -234,7 +241,7 @@ func (cp *ControlPlane) SubmitStatic() error {
 	}
 	for _, spec := range specs {
 		if _, err := cp.Admin.Submit(spec); err != nil {
-			errs = append(errs, fmt.Errorf("--%s %s: %s", spec.GetWorkerType(), spec.GetUrl(), status.Convert(err).Message()))
+			errs = append(errs, fmt.Errorf("--%s %s: %s", spec.GetWorkerType(), workerurl.Redact(spec.GetUrl()), status.Convert(err).Message()))
 		}
 	}
 	return errors.Join(errs...)

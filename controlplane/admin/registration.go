@@ -12,6 +12,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/identity"
 )
 
 // startRegistration runs a job in the background: resolve the overload
@@ -94,6 +95,21 @@ func workerType(spec *smgv1.WorkerSpec) string {
 	return "regular"
 }
 
+// smgProbeTimeout bounds the synchronous check that a URL is not an smg port.
+const smgProbeTimeout = 2 * time.Second
+
+// refuseSMG answers 400 when url answers as an smg router or control plane:
+// a worker there would send every request around a loop. An engine that does
+// not answer yet passes; registration checks again once it answers.
+func (s *Service) refuseSMG(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, smgProbeTimeout)
+	defer cancel()
+	if c, _ := identity.Probe(ctx, s.client, url); c != "" {
+		return errBadRequest("url", "url %s answers as an smg %s, not an engine: registering it would make a routing loop", url, c)
+	}
+	return nil
+}
+
 // reachEngine asks the engine for its models until it answers or ctx ends.
 // A model id given in the spec needs only an answer; otherwise the first
 // model the engine lists is the worker's.
@@ -102,6 +118,10 @@ func (s *Service) reachEngine(ctx context.Context, spec *smgv1.WorkerSpec) (stri
 	for {
 		model, err := DiscoverModel(ctx, s.client, spec.GetUrl(), spec.GetApiKey())
 		if err == nil || (spec.GetModelId() != "" && errors.Is(err, errNoModel)) {
+			// An smg router answers /v1/models too: a worker there is a routing loop.
+			if c, _ := identity.Probe(ctx, s.client, spec.GetUrl()); c != "" {
+				return "", fmt.Errorf("url %s answers as an smg %s, not an engine: registering it would make a routing loop", spec.GetUrl(), c)
+			}
 			if spec.GetModelId() != "" {
 				return spec.GetModelId(), nil
 			}

@@ -1,8 +1,10 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -42,8 +44,55 @@ func RESTHandler(svc *Service) (http.Handler, error) {
 	}
 	return svc.requireKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes)
-		mux.ServeHTTP(w, r)
+		requireObject(mux).ServeHTTP(w, r)
 	})), nil
+}
+
+// requireObject refuses, before the gateway decodes it, a body that is not
+// a JSON object (null, an array, a string, nothing): 400, never a half-read
+// spec. It runs after requireKey, so only an authorised caller gets here.
+func requireObject(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if takesBody(r) {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				WriteJSONError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "REQUEST_TOO_LARGE",
+					"request body too large or cut: "+err.Error(), nil)
+				return
+			}
+			if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
+				WriteJSONError(w, http.StatusBadRequest, "invalid_request_error", CodeBadRequest,
+					"the request body must be a JSON object", nil)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// takesBody: a route that accepts r's method with a body (a wrong method
+// gets its 405 from the gateway, body or not).
+func takesBody(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+		return strings.Contains(allowedMethods(r.URL.Path), r.Method)
+	}
+	return false
+}
+
+// allowedMethods is the Allow header of each admin route, for the 405 of a
+// wrong method.
+func allowedMethods(path string) string {
+	switch {
+	case path == "/workers":
+		return "GET, POST"
+	case strings.HasPrefix(path, "/workers/") && !strings.Contains(path[len("/workers/"):], "/"):
+		return "GET, PUT, PATCH, DELETE"
+	case path == "/loads", path == "/jobs", path == "/routers":
+		return "GET"
+	}
+	return ""
 }
 
 // setStatus applies the status a method asked for (202 for changes).
@@ -116,7 +165,11 @@ func writeError(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w h
 func routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
 	switch httpStatus {
 	case http.StatusMethodNotAllowed:
-		WriteJSONError(w, httpStatus, "invalid_request_error", "METHOD_NOT_ALLOWED", r.Method+" is not allowed on "+r.URL.Path, nil)
+		allow := allowedMethods(r.URL.Path)
+		if allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		WriteJSONError(w, httpStatus, "invalid_request_error", "METHOD_NOT_ALLOWED", r.Method+" is not allowed on "+r.URL.Path+"; use "+allow, nil)
 	default:
 		WriteJSONError(w, http.StatusNotFound, "invalid_request_error", "NOT_FOUND", "no route "+r.Method+" "+r.URL.Path, nil)
 	}

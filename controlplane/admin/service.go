@@ -21,6 +21,7 @@ import (
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/workerurl"
 )
 
 // ThresholdResolver resolves a worker's overload block against the gateway
@@ -40,6 +41,8 @@ type Options struct {
 	RegistrationTimeout time.Duration
 	// JobRetention is how long a finished registration job stays visible.
 	JobRetention time.Duration
+	// URL relaxes the worker URL rules (--allow-link-local-workers).
+	URL workerurl.Options
 }
 
 // Service implements smgv1.WorkerServiceServer.
@@ -101,23 +104,49 @@ func accepted(ctx context.Context, location string) {
 }
 
 func (s *Service) CreateWorker(ctx context.Context, req *smgv1.CreateWorkerRequest) (*smgv1.CreateWorkerResponse, error) {
-	id, err := s.Submit(req.GetSpec())
+	spec, err := s.prepare(req.GetSpec())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.refuseSMG(ctx, spec.GetUrl()); err != nil {
+		return nil, err
+	}
+	id, err := s.submit(spec)
 	if err != nil {
 		return nil, err
 	}
 	loc := "/workers/" + id
 	accepted(ctx, loc)
-	return &smgv1.CreateWorkerResponse{Status: "accepted", WorkerId: id, Url: req.GetSpec().GetUrl(), Location: loc,
+	return &smgv1.CreateWorkerResponse{Status: "accepted", WorkerId: id, Url: spec.GetUrl(), Location: loc,
 		Message: "registration of worker " + id + " started; follow it at " + loc}, nil
 }
 
 // Submit validates a spec and starts its registration in the background; it
 // is what POST /workers and the static --worker-urls both run.
 func (s *Service) Submit(spec *smgv1.WorkerSpec) (string, error) {
-	if err := validateSpec(spec); err != nil {
+	spec, err := s.prepare(spec)
+	if err != nil {
 		return "", err
 	}
+	return s.submit(spec)
+}
+
+// prepare returns a validated copy of spec with its URL in canonical form.
+func (s *Service) prepare(spec *smgv1.WorkerSpec) (*smgv1.WorkerSpec, error) {
+	if spec == nil {
+		return nil, errBadRequest("url", "url is required")
+	}
 	spec = proto.Clone(spec).(*smgv1.WorkerSpec)
+	if err := normalizeSpec(spec, s.opts.URL); err != nil {
+		return nil, err
+	}
+	if err := validateSpec(spec); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+func (s *Service) submit(spec *smgv1.WorkerSpec) (string, error) {
 	id := WorkerID(spec.GetUrl())
 	job := &registry.Job{WorkerID: id, URL: spec.GetUrl(), Kind: "create", State: "pending", UpdatedAt: s.now(), Spec: spec}
 	_, err := s.reg.Update(func(t *registry.Txn) error {
@@ -137,14 +166,16 @@ func (s *Service) Submit(spec *smgv1.WorkerSpec) (string, error) {
 }
 
 func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerRequest) (*smgv1.ReplaceWorkerResponse, error) {
-	spec := req.GetSpec()
-	if err := validateSpec(spec); err != nil {
+	spec, err := s.prepare(req.GetSpec())
+	if err != nil {
 		return nil, err
 	}
-	spec = proto.Clone(spec).(*smgv1.WorkerSpec)
+	if err := s.refuseSMG(ctx, spec.GetUrl()); err != nil {
+		return nil, err
+	}
 	id := req.GetWorkerId()
 	job := &registry.Job{WorkerID: id, URL: spec.GetUrl(), Kind: "replace", State: "pending", UpdatedAt: s.now(), Spec: spec}
-	_, err := s.reg.Update(func(t *registry.Txn) error {
+	_, err = s.reg.Update(func(t *registry.Txn) error {
 		if t.Get(id) == nil {
 			return errNotFound(id)
 		}
