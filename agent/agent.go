@@ -27,6 +27,7 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/engine"
 	"github.com/smg-project/smg/internal/loadpb"
+	"github.com/smg-project/smg/internal/workerurl"
 )
 
 // Agent is one node's agent.
@@ -71,6 +72,16 @@ func New(opts Options, log *slog.Logger, metrics prometheus.Registerer) (*Agent,
 	if err != nil {
 		return nil, err
 	}
+	// The control plane keeps URLs in canonical form: the agent names its
+	// engines the same way, so its assignment echoes them back unchanged.
+	urls := make([]string, len(opts.EngineURLs))
+	for i, u := range opts.EngineURLs {
+		urls[i] = u
+		if c, err := workerurl.Normalize(u, workerurl.Options{AllowLinkLocal: true}); err == nil {
+			urls[i] = c
+		}
+	}
+	opts.EngineURLs = urls
 	a := &Agent{opts: opts, log: log, m: m, client: opts.HTTPClient, wake: make(chan struct{}, 1),
 		engines: map[string]*engineSlot{}, static: map[string]bool{}}
 	if a.client == nil {

@@ -43,6 +43,7 @@ func startControlPlane(t *testing.T, cfg cpConfig) *controlPlane {
 	cp := &controlPlane{reg: registry.New("epoch", 0)}
 	tr := liveness.New(cp.reg, cfg.liveness, discard(), prometheus.NewRegistry())
 	submit := func(*smgv1.WorkerSpec) (string, error) { t.Error("unexpected registration"); return "", nil }
+	var policy agentsvc.RegistrationPolicy
 	if cfg.register {
 		client := &http.Client{Transport: &http.Transport{}}
 		svc := admin.New(cp.reg, admin.Options{RegistrationTimeout: 5 * time.Second},
@@ -50,8 +51,12 @@ func startControlPlane(t *testing.T, cfg cpConfig) *controlPlane {
 			client, discard())
 		t.Cleanup(func() { svc.Close(); client.CloseIdleConnections() })
 		submit = svc.Submit
+		policy = agentsvc.RegistrationPolicy{Models: []string{"sim-model"}, Discover: func(ctx context.Context, url string) (string, error) {
+			return admin.DiscoverModel(ctx, client, url, "")
+		}}
 	}
-	cp.srv = agentsvc.New(cp.reg, ingest.New(cp.reg, discard()), tr, submit, agentsvc.Options{Token: cfg.token, Now: cfg.now}, discard())
+	cp.srv = agentsvc.New(cp.reg, ingest.New(cp.reg, discard()), tr, submit,
+		agentsvc.Options{Token: cfg.token, Now: cfg.now, Registration: policy}, discard())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

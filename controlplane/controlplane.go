@@ -52,6 +52,9 @@ type Options struct {
 	AdminAPIKey         string
 	WatchToken          string
 	AgentToken          string
+	AgentTokenFile      string   // per-node agent tokens: "<token> <node> [<address>...]" per line
+	AgentModels         cli.List // models agents may register engines for
+	AgentAnyModel       bool     // agents may register engines for any model
 	RegistrationTimeout time.Duration
 	// AllowLinkLocalWorkers accepts worker URLs at link-local and cloud
 	// metadata addresses (refused by default: see docs/security.md).
@@ -80,7 +83,12 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.Liveness.AddFlags(fs)
 	fs.StringVar(&o.AdminAPIKey, "admin-api-key", o.AdminAPIKey, "when set, every admin route but /loads needs 'Authorization: Bearer <key>' (REST and gRPC)")
 	fs.StringVar(&o.WatchToken, "watch-token", o.WatchToken, "when set, routers must present it ('authorization: Bearer <token>') to watch")
-	fs.StringVar(&o.AgentToken, "agent-token", o.AgentToken, "when set, agents must present it ('authorization: Bearer <token>') to push records")
+	fs.StringVar(&o.AgentToken, "agent-token", o.AgentToken,
+		"when set, agents may present it ('authorization: Bearer <token>') to push records; it names no node, so an agent's node is taken on trust (prefer --agent-token-file)")
+	fs.StringVar(&o.AgentTokenFile, "agent-token-file", o.AgentTokenFile,
+		"file of per-node agent tokens, one '<token> <node> [<address>...]' per line: a token speaks only for its node's workers, and registers only engines at the addresses given (or the one it connects from)")
+	fs.Var(&o.AgentModels, "agent-models", "models agents may register engines for with smg agent --register (space-separated or repeated); none by default")
+	fs.BoolVar(&o.AgentAnyModel, "agent-register-any-model", o.AgentAnyModel, "let agents register engines for any model, not only --agent-models")
 	fs.BoolVar(&o.AllowLinkLocalWorkers, "allow-link-local-workers", o.AllowLinkLocalWorkers,
 		"accept worker URLs at link-local addresses (169.254.0.0/16, fe80::/10) and cloud metadata endpoints, refused by default")
 	fs.DurationVar(&o.RegistrationTimeout, "registration-timeout", o.RegistrationTimeout, "how long registration tries to reach a new engine before the registration fails")
@@ -155,8 +163,24 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp.Windows = windows.New(cp.Registry, windows.Options{StaleAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second}, log, reg)
 	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness, Demand: cp.Windows}, log, reg)
 	cp.Admin.SetRouterLister(cp.Watch)
+	auth := agentsvc.TokenAuth{Shared: opts.AgentToken}
+	if opts.AgentTokenFile != "" {
+		nodes, err := agentsvc.LoadTokenFile(opts.AgentTokenFile)
+		if err != nil {
+			return nil, err
+		}
+		auth.Nodes = nodes
+	}
 	cp.Agents = agentsvc.New(cp.Registry, cp.Ingest, cp.Liveness, cp.Admin.Submit, agentsvc.Options{
-		Token: opts.AgentToken,
+		Auth: auth,
+		Registration: agentsvc.RegistrationPolicy{
+			Models: opts.AgentModels, AnyModel: opts.AgentAnyModel, Timeout: opts.RegistrationTimeout,
+			Discover: func(ctx context.Context, url string) (string, error) {
+				return admin.DiscoverModel(ctx, client, url, "")
+			},
+		},
+		Remove:    cp.Admin.Remove,
+		GoneAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
 		StreamEnded: func(ids []string) {
 			for _, id := range ids {
 				cp.Liveness.StopPushed(id)

@@ -250,6 +250,24 @@ func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerReque
 
 func (s *Service) DeleteWorker(ctx context.Context, req *smgv1.DeleteWorkerRequest) (*smgv1.DeleteWorkerResponse, error) {
 	id := req.GetWorkerId()
+	url, err := s.remove(id)
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("Worker removed", "worker_id", id, "url", url)
+	loc := "/workers/" + id
+	accepted(ctx, loc)
+	return &smgv1.DeleteWorkerResponse{Status: "accepted", WorkerId: id, Url: url, Location: loc, Message: "worker " + id + " removed"}, nil
+}
+
+// Remove deletes a worker without the admin key: the control plane's own
+// clean-up (the workers of an agent gone for good).
+func (s *Service) Remove(id string) error {
+	_, err := s.remove(id)
+	return err
+}
+
+func (s *Service) remove(id string) (string, error) {
 	var old *registry.Worker
 	_, err := s.reg.Update(func(t *registry.Txn) error {
 		old = t.Get(id)
@@ -262,14 +280,10 @@ func (s *Service) DeleteWorker(ctx context.Context, req *smgv1.DeleteWorkerReque
 		return t.Delete(id)
 	})
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	s.removed(old)
-	url := old.Spec.GetUrl()
-	s.log.Info("Worker removed", "worker_id", id, "url", url)
-	loc := "/workers/" + id
-	accepted(ctx, loc)
-	return &smgv1.DeleteWorkerResponse{Status: "accepted", WorkerId: id, Url: url, Location: loc, Message: "worker " + id + " removed"}, nil
+	return old.Spec.GetUrl(), nil
 }
 
 func (s *Service) removed(old *registry.Worker) {

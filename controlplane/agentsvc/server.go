@@ -30,15 +30,28 @@ import (
 	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
-	"github.com/smg-project/smg/internal/bearer"
+	"github.com/smg-project/smg/internal/workerurl"
 )
 
 // Options configure a Server.
 type Options struct {
 	// Token, when set, is required as gRPC metadata
-	// "authorization: Bearer <token>" (smg agent --token). mTLS, when used
-	// instead, is configured on the grpc.Server.
+	// "authorization: Bearer <token>" (smg agent --token); it names no
+	// node. Ignored when Auth is set.
 	Token string
+	// Auth turns a stream's credentials into its identity (nil: TokenAuth
+	// with Token). An identity that names a node binds the stream to it.
+	Auth Authenticator
+	// Registration says what an agent may register (hello.register).
+	Registration RegistrationPolicy
+	// Remove deletes a worker (admin.Service.Remove): workers an agent
+	// registered go when their node's agent is gone for good.
+	Remove func(workerID string) error
+	// GoneAfter is how long a node may be without a stream before the
+	// workers its agent registered are removed (0: never).
+	GoneAfter time.Duration
+	// AfterFunc schedules that removal (nil: time.AfterFunc); tests inject it.
+	AfterFunc func(d time.Duration, f func()) (stop func() bool)
 	// Now is the clock evidence is stamped with (nil: time.Now). The
 	// control plane's clock is used, never the agent's, so skew between
 	// nodes cannot age or rejuvenate evidence.
@@ -64,6 +77,7 @@ type Server struct {
 
 	mu    sync.Mutex
 	nodes map[string]*agentStream // the latest stream of each node
+	gone  map[string]func() bool  // node → stops its pending removal
 
 	ended func(node string) // tests: a stream's end has been applied
 }
@@ -79,8 +93,14 @@ func New(reg *registry.Registry, in *ingest.Ingester, tr *liveness.Tracker,
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.Auth == nil {
+		opts.Auth = TokenAuth{Shared: opts.Token}
+	}
+	if opts.AfterFunc == nil {
+		opts.AfterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+	}
 	return &Server{reg: reg, in: in, tr: tr, submit: submit, opts: opts, log: log,
-		closing: make(chan struct{}), nodes: map[string]*agentStream{}}
+		closing: make(chan struct{}), nodes: map[string]*agentStream{}, gone: map[string]func() bool{}}
 }
 
 // Close tells every stream, and any that opens later, goodbye (agents
@@ -88,13 +108,23 @@ func New(reg *registry.Registry, in *ingest.Ingester, tr *liveness.Tracker,
 // waits for the handlers.
 func (s *Server) Close() {
 	s.closeOnce.Do(func() { close(s.closing) })
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for node, stop := range s.gone {
+		stop()
+		delete(s.gone, node)
+	}
 }
 
 // agentStream is one agent's stream.
 type agentStream struct {
-	node string
-	peer string
-	own  []string // engines named in the hello
+	node  string
+	peer  string
+	own   []string // engines named in the hello
+	hosts *hostSet // where this node's engines may be
+
+	refusedMu sync.Mutex
+	refused   map[string]bool // engine URLs already logged as not on the node
 
 	mu      sync.Mutex
 	covered map[string]bool // engine URLs assigned to or reported by this stream
@@ -132,7 +162,8 @@ func (st *agentStream) coveredURLs() []string {
 // Report serves one agent's stream.
 func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smgv1.ReportResponse]) error {
 	ctx := stream.Context()
-	if err := s.authorize(ctx); err != nil {
+	id, err := s.opts.Auth.Authenticate(ctx)
+	if err != nil {
 		return err
 	}
 	first, err := stream.Recv()
@@ -149,13 +180,17 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 	if hello.GetNode() == "" {
 		return status.Error(codes.InvalidArgument, "agent: the hello must name the agent's node (smg agent --node)")
 	}
-	st := &agentStream{node: hello.GetNode(), peer: peerOf(ctx), own: dedup(hello.GetEngineUrls()),
-		covered: map[string]bool{}, last: map[string]lastRecord{}}
-	s.log.Info("Agent connected", "node", st.node, "peer", st.peer, "engines", len(st.own), "register", hello.GetRegister())
-	if hello.GetRegister() {
-		s.register(st)
+	if id.Node != "" && hello.GetNode() != id.Node {
+		s.log.Warn("Agent refused: its token is bound to another node", "token_node", id.Node, "hello_node", hello.GetNode(), "peer", peerOf(ctx))
+		return status.Errorf(codes.PermissionDenied, "agent: this token is for node %q, not %q (smg agent --node)", id.Node, hello.GetNode())
 	}
+	st := &agentStream{node: hello.GetNode(), peer: peerOf(ctx), own: dedup(canonical(hello.GetEngineUrls())),
+		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{}, last: map[string]lastRecord{}}
+	s.log.Info("Agent connected", "node", st.node, "peer", st.peer, "engines", len(st.own), "register", hello.GetRegister())
 	s.addStream(st)
+	if hello.GetRegister() {
+		s.register(ctx, st)
+	}
 
 	recvErr := make(chan error, 1) // buffered: the receiver never waits on us
 	go s.receive(stream, st, recvErr)
@@ -227,7 +262,7 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.ReportRequest, sm
 			s.event(st, m.Event, now)
 		case *smgv1.ReportRequest_Heartbeat:
 			for _, u := range m.Heartbeat.GetWorkerUrls() {
-				if w := s.worker(u); w != nil {
+				if w := s.worker(st, u); w != nil {
 					s.vouch(st, w, now)
 				}
 			}
@@ -237,22 +272,45 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.ReportRequest, sm
 	}
 }
 
-// worker returns the registered worker with url, or nil (logged at debug:
-// an agent may poll an engine before its registration completes).
-func (s *Server) worker(url string) *registry.Worker {
-	w := s.reg.Snapshot().GetByURL(url)
+// worker returns the registered worker with url if it is on the stream's
+// node, or nil. An unregistered engine is logged at debug (an agent may poll
+// one before its registration completes); another node's worker is refused
+// and logged once per stream: an agent speaks only for its own node.
+func (s *Server) worker(st *agentStream, url string) *registry.Worker {
+	w := s.reg.Snapshot().GetByURL(canonicalURL(url))
 	if w == nil {
 		s.log.Debug("Agent reported an engine that is not registered; ignored", "url", url)
+		return nil
+	}
+	if !s.onNode(st, w) {
+		st.refusedMu.Lock()
+		first := !st.refused[url]
+		st.refused[url] = true
+		st.refusedMu.Unlock()
+		if first {
+			s.log.Warn("Agent reported a worker that is not on its node; its records and events are ignored",
+				"node", st.node, "peer", st.peer, "worker_id", w.ID, "url", w.Spec.GetUrl(), "worker_node", w.Spec.GetNode())
+		}
+		return nil
 	}
 	return w
 }
 
+// onNode reports whether w is on the stream's node: its spec names the
+// node, or names none and its host is one of the node's addresses.
+func (s *Server) onNode(st *agentStream, w *registry.Worker) bool {
+	if n := w.Spec.GetNode(); n != "" {
+		return n == st.node
+	}
+	return st.hosts.contains(workerurl.Host(w.Spec.GetUrl()))
+}
+
 func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
-	url := r.GetWorkerUrl()
-	w := s.worker(url)
+	w := s.worker(st, r.GetWorkerUrl())
 	if w == nil {
 		return
 	}
+	url := w.Spec.GetUrl()
 	st.cover(url)
 	var silence time.Duration
 	if r.GetEngineSilence() != nil {
@@ -279,11 +337,11 @@ func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
 }
 
 func (s *Server) event(st *agentStream, e *smgv1.EngineEvent, now time.Time) {
-	url := e.GetWorkerUrl()
-	w := s.worker(url)
+	w := s.worker(st, e.GetWorkerUrl())
 	if w == nil {
 		return
 	}
+	url := w.Spec.GetUrl()
 	st.cover(url)
 	switch e.GetKind() {
 	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_CONTACT:
@@ -343,26 +401,6 @@ func (s *Server) setAgentNode(id, node string) {
 	})
 }
 
-// register submits the hello's engines that are not registered yet, with the
-// agent's node in their spec.
-func (s *Server) register(st *agentStream) {
-	snap := s.reg.Snapshot()
-	for _, u := range st.own {
-		if snap.GetByURL(u) != nil {
-			continue
-		}
-		id, err := s.submit(&smgv1.WorkerSpec{Url: u, Node: st.node})
-		switch {
-		case err == nil:
-			s.log.Info("Agent registers its engine", "node", st.node, "url", u, "worker_id", id)
-		case status.Code(err) == codes.AlreadyExists:
-			// A registration of this URL is already under way.
-		default:
-			s.log.Warn("Agent's engine could not be registered", "node", st.node, "url", u, "error", status.Convert(err).Message())
-		}
-	}
-}
-
 func (s *Server) addStream(st *agentStream) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -370,6 +408,10 @@ func (s *Server) addStream(st *agentStream) {
 		s.log.Info("Agent reconnected before its previous stream ended; the new stream takes over", "node", st.node)
 	}
 	s.nodes[st.node] = st // a reconnect replaces a stream not seen ending yet
+	if stop := s.gone[st.node]; stop != nil {
+		stop() // back in time: its workers stay
+		delete(s.gone, st.node)
+	}
 }
 
 // endStream forgets a node's stream. Only the node's latest stream speaks
@@ -380,6 +422,7 @@ func (s *Server) endStream(st *agentStream, broke bool) {
 	current := s.nodes[st.node] == st
 	if current {
 		delete(s.nodes, st.node)
+		s.scheduleGone(st.node)
 	}
 	s.mu.Unlock()
 	if !current {
@@ -390,8 +433,8 @@ func (s *Server) endStream(st *agentStream, broke bool) {
 	snap := s.reg.Snapshot()
 	for _, u := range st.coveredURLs() {
 		w := snap.GetByURL(u)
-		if w == nil {
-			continue
+		if w == nil || !s.onNode(st, w) {
+			continue // another node's worker is not this stream's to fail
 		}
 		ids = append(ids, w.ID)
 		if broke {
@@ -429,26 +472,29 @@ func (s *Server) Nodes() []string {
 	return out
 }
 
-// authorize checks the bearer token when one is configured.
-func (s *Server) authorize(ctx context.Context) error {
-	if s.opts.Token == "" {
-		return nil
-	}
-	switch sent, ok := bearer.Check(ctx, s.opts.Token); {
-	case !sent:
-		return status.Error(codes.Unauthenticated,
-			`agent: missing token: send metadata "authorization: Bearer <token>" (smg agent --token) with the control plane's --agent-token`)
-	case !ok:
-		return status.Error(codes.Unauthenticated, "agent: invalid token: smg agent --token does not match the control plane's --agent-token")
-	}
-	return nil
-}
-
 func peerOf(ctx context.Context) string {
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		return p.Addr.String()
 	}
 	return ""
+}
+
+// canonicalURL is url in the registry's canonical form (so an agent's
+// "http://h:8000/" finds the worker "http://h:8000"), or url unchanged if it
+// has none.
+func canonicalURL(url string) string {
+	if c, err := workerurl.Normalize(url, workerurl.Options{AllowLinkLocal: true}); err == nil {
+		return c
+	}
+	return url
+}
+
+func canonical(urls []string) []string {
+	out := make([]string, len(urls))
+	for i, u := range urls {
+		out[i] = canonicalURL(u)
+	}
+	return out
 }
 
 func dedup(urls []string) []string {

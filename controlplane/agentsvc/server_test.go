@@ -60,6 +60,7 @@ type harness struct {
 type config struct {
 	token    string
 	liveness judge.LivenessConfig
+	opts     Options // Auth, Registration, Remove, GoneAfter, AfterFunc
 }
 
 func defaultConfig() config { return config{liveness: judge.DefaultLivenessConfig()} }
@@ -76,7 +77,9 @@ func start(t testing.TB, cfg config) *harness {
 		h.submitted = append(h.submitted, spec)
 		return "w-new", nil
 	}
-	h.srv = New(h.reg, ingest.New(h.reg, discard()), tr, submit, Options{Token: cfg.token, Now: h.clock.Now}, discard())
+	opts := cfg.opts
+	opts.Token, opts.Now = cfg.token, h.clock.Now
+	h.srv = New(h.reg, ingest.New(h.reg, discard()), tr, submit, opts, discard())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -201,15 +204,15 @@ func closeCleanly(t *testing.T, st clientStream) {
 
 func TestRecordsDriveOverloadVerdictAndAgentNode(t *testing.T) {
 	h := start(t, defaultConfig())
-	h.put(t, worker("w1", "http://e1:8000", ""))
+	h.put(t, worker("w1", "http://127.0.0.1:8001", ""))
 	st, _ := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1"})
 
-	send(t, st, record("http://e1:8000", 6))
+	send(t, st, record("http://127.0.0.1:8001", 6))
 	h.waitFor(t, "w1 overloaded by the pushed record", func(s *registry.Snapshot) bool {
 		w := s.Get("w1")
 		return w.Overloaded && w.AgentNode == "n1" && w.Load.GetWaitingRequests() == 6
 	})
-	send(t, st, record("http://e1:8000", 1))
+	send(t, st, record("http://127.0.0.1:8001", 1))
 	h.waitFor(t, "w1 back under its ceiling", func(s *registry.Snapshot) bool {
 		return !s.Get("w1").Overloaded && s.Get("w1").Load.GetWaitingRequests() == 1
 	})
@@ -230,19 +233,19 @@ func TestNoReportClearsOverloadAndFailureVetoes(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.liveness.StallSecs = 0 // the first transport failure vetoes
 	h := start(t, cfg)
-	h.put(t, worker("w1", "http://e1:8000", ""))
+	h.put(t, worker("w1", "http://127.0.0.1:8001", ""))
 	st, _ := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1"})
 
-	send(t, st, record("http://e1:8000", 6))
+	send(t, st, record("http://127.0.0.1:8001", 6))
 	h.waitFor(t, "overloaded", func(s *registry.Snapshot) bool { return s.Get("w1").Overloaded })
-	send(t, st, event("http://e1:8000", smgv1.EngineEventKind_ENGINE_EVENT_KIND_NO_REPORT))
+	send(t, st, event("http://127.0.0.1:8001", smgv1.EngineEventKind_ENGINE_EVENT_KIND_NO_REPORT))
 	h.waitFor(t, "overload cleared by no report (fail open)", func(s *registry.Snapshot) bool { return !s.Get("w1").Overloaded })
 
-	send(t, st, event("http://e1:8000", smgv1.EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE))
+	send(t, st, event("http://127.0.0.1:8001", smgv1.EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE))
 	h.waitFor(t, "unreachable after a transport failure", func(s *registry.Snapshot) bool {
 		return s.Get("w1").Liveness == smgv1.Veto_VETO_UNREACHABLE
 	})
-	send(t, st, event("http://e1:8000", smgv1.EngineEventKind_ENGINE_EVENT_KIND_CONTACT))
+	send(t, st, event("http://127.0.0.1:8001", smgv1.EngineEventKind_ENGINE_EVENT_KIND_CONTACT))
 	h.waitFor(t, "re-admitted by contact", func(s *registry.Snapshot) bool {
 		return s.Get("w1").Liveness == smgv1.Veto_VETO_UNSPECIFIED
 	})
@@ -253,23 +256,23 @@ func TestTimeoutClearsOverloadWithoutContact(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.liveness.StallSecs = 0
 	h := start(t, cfg)
-	h.put(t, worker("w1", "http://e1:8000", ""))
+	h.put(t, worker("w1", "http://127.0.0.1:8001", ""))
 	st, _ := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1"})
 
-	send(t, st, event("http://e1:8000", smgv1.EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE))
+	send(t, st, event("http://127.0.0.1:8001", smgv1.EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE))
 	h.waitFor(t, "unreachable after a transport failure", func(s *registry.Snapshot) bool {
 		return s.Get("w1").Liveness == smgv1.Veto_VETO_UNREACHABLE
 	})
-	send(t, st, record("http://e1:8000", 6)) // contact, and over the threshold
+	send(t, st, record("http://127.0.0.1:8001", 6)) // contact, and over the threshold
 	h.waitFor(t, "overloaded and re-admitted", func(s *registry.Snapshot) bool {
 		w := s.Get("w1")
 		return w.Overloaded && w.Liveness == smgv1.Veto_VETO_UNSPECIFIED
 	})
-	send(t, st, event("http://e1:8000", smgv1.EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE))
+	send(t, st, event("http://127.0.0.1:8001", smgv1.EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE))
 	h.waitFor(t, "unreachable again", func(s *registry.Snapshot) bool {
 		return s.Get("w1").Liveness == smgv1.Veto_VETO_UNREACHABLE
 	})
-	send(t, st, event("http://e1:8000", smgv1.EngineEventKind_ENGINE_EVENT_KIND_TIMEOUT))
+	send(t, st, event("http://127.0.0.1:8001", smgv1.EngineEventKind_ENGINE_EVENT_KIND_TIMEOUT))
 	h.waitFor(t, "overload cleared by a timed-out poll (fail open)", func(s *registry.Snapshot) bool { return !s.Get("w1").Overloaded })
 	if w := h.reg.Snapshot().Get("w1"); w.Liveness != smgv1.Veto_VETO_UNREACHABLE {
 		t.Fatalf("a timeout counted as contact: liveness %v", w.Liveness)
@@ -281,13 +284,13 @@ func TestStreamBreakIsAConnectionFailure(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.liveness.StallSecs = 0
 	h := start(t, cfg)
-	h.put(t, worker("w1", "http://e1:8000", ""), worker("w2", "http://e2:8000", "n1"), worker("w3", "http://e3:8000", "n2"))
+	h.put(t, worker("w1", "http://127.0.0.1:8001", ""), worker("w2", "http://e2:8000", "n1"), worker("w3", "http://e3:8000", "n2"))
 	ctx, cancel := context.WithCancel(t.Context())
 	st, urls := h.open(t, ctx, &smgv1.AgentHello{Node: "n1"})
 	if want := []string{"http://e2:8000"}; !slices.Equal(urls, want) {
 		t.Fatalf("assignment %v, want %v", urls, want)
 	}
-	send(t, st, record("http://e1:8000", 0))
+	send(t, st, record("http://127.0.0.1:8001", 0))
 	h.waitFor(t, "record applied", func(s *registry.Snapshot) bool { return s.Get("w1").AgentNode == "n1" })
 
 	cancel() // the agent vanishes without closing its side
@@ -306,10 +309,10 @@ func TestReplacedStreamEndingRecordsNoFailure(t *testing.T) {
 	h := start(t, cfg)
 	ended := make(chan string, 2)
 	h.srv.ended = func(node string) { ended <- node }
-	h.put(t, worker("w1", "http://e1:8000", ""))
+	h.put(t, worker("w1", "http://127.0.0.1:8001", ""))
 	oldCtx, cancelOld := context.WithCancel(t.Context())
 	old, _ := h.open(t, oldCtx, &smgv1.AgentHello{Node: "n1"})
-	send(t, old, record("http://e1:8000", 0))
+	send(t, old, record("http://127.0.0.1:8001", 0))
 	h.waitFor(t, "record applied", func(s *registry.Snapshot) bool { return s.Get("w1").AgentNode == "n1" })
 
 	st, _ := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1"}) // the agent reconnected
@@ -326,9 +329,9 @@ func TestReplacedStreamEndingRecordsNoFailure(t *testing.T) {
 
 func TestHeartbeatAgesEngineSilenceUntilWedged(t *testing.T) {
 	h := start(t, defaultConfig()) // wedge bound 3 s
-	h.put(t, worker("w1", "http://e1:8000", ""))
+	h.put(t, worker("w1", "http://127.0.0.1:8001", ""))
 	st, _ := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1"})
-	rec := record("http://e1:8000", 0)
+	rec := record("http://127.0.0.1:8001", 0)
 	rec.GetRecord().StepWire = true
 	rec.GetRecord().EngineSilence = durationpb.New(time.Second)
 	send(t, st, rec)
@@ -339,12 +342,12 @@ func TestHeartbeatAgesEngineSilenceUntilWedged(t *testing.T) {
 	// Nothing changed on the engine for 2.5 s more: the heartbeat vouches
 	// for the last record, whose silence has grown to 3.5 s.
 	h.clock.Advance(2500 * time.Millisecond)
-	send(t, st, &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Heartbeat{Heartbeat: &smgv1.AgentHeartbeat{WorkerUrls: []string{"http://e1:8000"}}}})
+	send(t, st, &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Heartbeat{Heartbeat: &smgv1.AgentHeartbeat{WorkerUrls: []string{"http://127.0.0.1:8001"}}}})
 	h.waitFor(t, "wedged by the engine's own silence", func(s *registry.Snapshot) bool {
 		return s.Get("w1").Liveness == smgv1.Veto_VETO_WEDGED
 	})
 	// The engine steps again: a record without silence re-admits it.
-	rec = record("http://e1:8000", 0)
+	rec = record("http://127.0.0.1:8001", 0)
 	rec.GetRecord().StepWire = true
 	rec.GetRecord().EngineSilence = durationpb.New(0)
 	send(t, st, rec)
@@ -357,12 +360,12 @@ func TestHeartbeatAgesEngineSilenceUntilWedged(t *testing.T) {
 func TestAssignmentFollowsTheRegistry(t *testing.T) {
 	h := start(t, defaultConfig())
 	h.put(t, worker("w2", "http://e2:8000", "n1"), worker("w3", "http://e3:8000", "n2"))
-	st, urls := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1", EngineUrls: []string{"http://e1:8000", "http://e1:8000"}})
-	if want := []string{"http://e1:8000", "http://e2:8000"}; !slices.Equal(urls, want) {
+	st, urls := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1", EngineUrls: []string{"http://127.0.0.1:8001", "http://127.0.0.1:8001"}})
+	if want := []string{"http://127.0.0.1:8001", "http://e2:8000"}; !slices.Equal(urls, want) {
 		t.Fatalf("assignment %v, want %v (own engines plus workers registered with the node)", urls, want)
 	}
 	h.put(t, worker("w4", "http://e4:8000", "n1"))
-	if got, want := nextAssignment(t, st), []string{"http://e1:8000", "http://e2:8000", "http://e4:8000"}; !slices.Equal(got, want) {
+	if got, want := nextAssignment(t, st), []string{"http://127.0.0.1:8001", "http://e2:8000", "http://e4:8000"}; !slices.Equal(got, want) {
 		t.Fatalf("after a registration: %v, want %v", got, want)
 	}
 	// A load change elsewhere sends nothing; removing w2 does.
@@ -370,23 +373,10 @@ func TestAssignmentFollowsTheRegistry(t *testing.T) {
 	if _, err := h.reg.Update(func(tx *registry.Txn) error { return tx.Delete("w2") }); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := nextAssignment(t, st), []string{"http://e1:8000", "http://e4:8000"}; !slices.Equal(got, want) {
+	if got, want := nextAssignment(t, st), []string{"http://127.0.0.1:8001", "http://e4:8000"}; !slices.Equal(got, want) {
 		t.Fatalf("after a removal: %v, want %v", got, want)
 	}
 	closeCleanly(t, st)
-}
-
-func TestRegisterSubmitsUnknownEnginesWithTheNode(t *testing.T) {
-	h := start(t, defaultConfig())
-	h.put(t, worker("w1", "http://e1:8000", ""))
-	st, _ := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1", Register: true,
-		EngineUrls: []string{"http://e1:8000", "http://e2:8000"}})
-	closeCleanly(t, st)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if len(h.submitted) != 1 || h.submitted[0].GetUrl() != "http://e2:8000" || h.submitted[0].GetNode() != "n1" {
-		t.Fatalf("submitted %v, want only http://e2:8000 with node n1", h.submitted)
-	}
 }
 
 func TestTokenGuardsTheStream(t *testing.T) {
@@ -432,7 +422,7 @@ func TestCloseSaysGoodbyeWithoutFailures(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.liveness.StallSecs = 0
 	h := start(t, cfg)
-	h.put(t, worker("w1", "http://e1:8000", "n1"))
+	h.put(t, worker("w1", "http://127.0.0.1:8001", "n1"))
 	st, _ := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1"})
 	h.srv.Close()
 	resp, err := st.Recv()

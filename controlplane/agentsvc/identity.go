@@ -1,0 +1,193 @@
+package agentsvc
+
+import (
+	"bufio"
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/smg-project/smg/internal/bearer"
+)
+
+// Identity is who an agent stream's credentials say it is.
+type Identity struct {
+	// Node is the node the credentials are bound to; "" when they name none
+	// (the shared --agent-token, or no token at all): the hello's node is
+	// then taken on trust.
+	Node string
+	// Hosts are the addresses (IPs or names) the node's engines may be at,
+	// beyond the address the stream comes from.
+	Hosts []string
+}
+
+// Authenticator turns a stream's credentials into its identity. Tokens do it
+// today (TokenAuth); a client certificate naming the node can feed the same
+// interface.
+type Authenticator interface {
+	Authenticate(ctx context.Context) (Identity, error)
+}
+
+// TokenAuth accepts per-node tokens (--agent-token-file) and, if set, one
+// shared token (--agent-token) that names no node. With neither, every
+// stream is accepted and names no node.
+type TokenAuth struct {
+	Shared string
+	Nodes  map[string]Identity // token → identity
+}
+
+// Authenticate implements Authenticator.
+func (a TokenAuth) Authenticate(ctx context.Context) (Identity, error) {
+	if a.Shared == "" && len(a.Nodes) == 0 {
+		return Identity{}, nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get("authorization")
+	for _, v := range vals {
+		got, ok := strings.CutPrefix(v, "Bearer ")
+		if !ok {
+			continue
+		}
+		// Every entry is compared, in constant time, so timing tells
+		// nothing about which tokens exist.
+		var found Identity
+		matched := 0
+		for tok, id := range a.Nodes {
+			if subtle.ConstantTimeCompare([]byte(got), []byte(tok)) == 1 {
+				found, matched = id, 1
+			}
+		}
+		if matched == 1 {
+			return found, nil
+		}
+	}
+	if a.Shared != "" {
+		if _, ok := bearer.Match(vals, a.Shared); ok {
+			return Identity{}, nil
+		}
+	}
+	if len(vals) == 0 {
+		return Identity{}, status.Error(codes.Unauthenticated,
+			`agent: missing token: send metadata "authorization: Bearer <token>" (smg agent --token) with a token the control plane knows (--agent-token or --agent-token-file)`)
+	}
+	return Identity{}, status.Error(codes.Unauthenticated,
+		"agent: invalid token: smg agent --token matches neither the control plane's --agent-token nor a line of its --agent-token-file")
+}
+
+// LoadTokenFile reads --agent-token-file: one agent per line,
+// "<token> <node> [<address>...]", where the addresses are the hosts or IPs
+// the node's engines may be at; blank lines and lines starting with # are
+// skipped.
+func LoadTokenFile(path string) (map[string]Identity, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("--agent-token-file: %w", err)
+	}
+	defer f.Close()
+	return parseTokens(path, bufio.NewScanner(f))
+}
+
+// minTokenLen keeps guessable tokens out of the file.
+const minTokenLen = 16
+
+func parseTokens(name string, sc *bufio.Scanner) (map[string]Identity, error) {
+	out := map[string]Identity{}
+	nodes := map[string]bool{}
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		switch {
+		case len(f) < 2:
+			return nil, fmt.Errorf("%s:%d: want \"<token> <node> [<address>...]\"", name, n)
+		case len(f[0]) < minTokenLen:
+			return nil, fmt.Errorf("%s:%d: the token must be at least %d characters", name, n, minTokenLen)
+		case out[f[0]].Node != "":
+			return nil, fmt.Errorf("%s:%d: this token is already given to node %s", name, n, out[f[0]].Node)
+		case nodes[f[1]]:
+			return nil, fmt.Errorf("%s:%d: node %s has a token already", name, n, f[1])
+		}
+		hosts := make([]string, 0, len(f)-2)
+		for _, h := range f[2:] {
+			hosts = append(hosts, strings.ToLower(strings.Trim(h, "[]")))
+		}
+		out[f[0]] = Identity{Node: f[1], Hosts: hosts}
+		nodes[f[1]] = true
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no token", name)
+	}
+	return out, nil
+}
+
+// hostSet decides whether an engine's host is on the agent's node: one of
+// the node's configured addresses, the address the stream comes from, or
+// (for an agent on the control plane's own host) a loopback address. Names
+// are resolved once per stream.
+type hostSet struct {
+	allowed map[string]bool
+	resolve func(ctx context.Context, host string) ([]string, error)
+
+	mu    sync.Mutex
+	names map[string]bool
+}
+
+func newHostSet(id Identity, ctx context.Context) *hostSet {
+	hs := &hostSet{allowed: map[string]bool{}, names: map[string]bool{}, resolve: net.DefaultResolver.LookupHost}
+	for _, h := range id.Hosts {
+		hs.allowed[h] = true
+	}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+			ip := net.ParseIP(host)
+			hs.allowed[ip.String()] = true
+			if ip.IsLoopback() {
+				for _, l := range []string{"127.0.0.1", "::1", "localhost"} {
+					hs.allowed[l] = true
+				}
+			}
+		}
+	}
+	return hs
+}
+
+// contains reports whether host is on the node.
+func (hs *hostSet) contains(host string) bool {
+	host = strings.ToLower(host)
+	if hs.allowed[host] {
+		return true
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return hs.allowed[ip.String()]
+	}
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if ok, seen := hs.names[host]; seen {
+		return ok
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	addrs, _ := hs.resolve(ctx, host)
+	ok := len(addrs) > 0
+	for _, a := range addrs {
+		if ip := net.ParseIP(a); ip == nil || !hs.allowed[ip.String()] {
+			ok = false // every address the name resolves to must be on the node
+		}
+	}
+	hs.names[host] = ok
+	return ok
+}
