@@ -50,7 +50,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	log.Info("Agent starting", "node", opts.Node, "controlplane", opts.ControlPlane, "engines", len(opts.EngineURLs),
-		"poll_interval", opts.PollInterval, "http", addrOf(ln))
+		"poll_interval", opts.PollInterval, "http", ln.Addr().String())
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.Run(ctx) })
 	g.Go(func() error { return serveHTTP(ctx, ln, agent.Handler(metrics), 5*time.Second) })

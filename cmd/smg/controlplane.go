@@ -13,6 +13,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane"
 	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/internal/exposure"
 	"github.com/smg-project/smg/internal/promreg"
 )
 
@@ -34,7 +35,7 @@ func runControlPlane(ctx context.Context, args []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	log.Info("Control plane serving", "http", addrOf(cps.httpLn), "grpc", addrOf(cps.grpcLn))
+	log.Info("Control plane serving", "http", cps.httpLn.Addr().String(), "grpc", cps.grpcLn.Addr().String())
 	g, ctx := errgroup.WithContext(ctx)
 	cps.run(ctx, g)
 	g.Go(func() error { return serveHTTP(ctx, cps.httpLn, cps.cp.HTTPHandler(), 5*time.Second) })
@@ -63,6 +64,7 @@ func openControlPlane(opts controlplane.Options, log *slog.Logger, metrics *prom
 		httpLn.Close()
 		return nil, err
 	}
+	checkExposure(log, metrics, opts, httpLn, grpcLn)
 	if err := cp.SubmitStatic(); err != nil {
 		httpLn.Close()
 		grpcLn.Close()
@@ -71,6 +73,18 @@ func openControlPlane(opts controlplane.Options, log *slog.Logger, metrics *prom
 	gs := newGRPCServer()
 	cp.RegisterGRPC(gs)
 	return &servingControlPlane{cp: cp, httpLn: httpLn, grpcLn: grpcLn, grpc: gs}, nil
+}
+
+// checkExposure warns when a control-plane port is reachable beyond this
+// host without the credentials that protect what it serves.
+func checkExposure(log *slog.Logger, metrics prometheus.Registerer, opts controlplane.Options, httpLn, grpcLn net.Listener) {
+	admin := exposure.Guard{Flag: "--admin-api-key", What: "the admin API: register, change and remove workers", Set: opts.AdminAPIKey != ""}
+	exposure.Check(log, metrics,
+		exposure.Listener{Name: "http", Addr: httpLn.Addr(), Guards: []exposure.Guard{admin}},
+		exposure.Listener{Name: "grpc", Addr: grpcLn.Addr(), Guards: []exposure.Guard{admin,
+			{Flag: "--watch-token", What: "the watch stream: the fleet and its verdicts", Set: opts.WatchToken != ""},
+			{Flag: "--agent-token-file", What: "the agent stream: load records and liveness evidence", Set: opts.AgentToken != "" || opts.AgentTokenFile != ""},
+		}})
 }
 
 // run starts the control plane's loops and its gRPC server in g; the HTTP

@@ -70,7 +70,7 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer conn.Close()
 	wc := watchclient.New(conn, r, watchOptions(rf, ropts), log)
-	log.Info("Router serving", "http", addrOf(ln), "controlplane", *cpAddr, "policy", ropts.Policy)
+	log.Info("Router serving", "http", ln.Addr().String(), "controlplane", *cpAddr, "policy", ropts.Policy)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreCanceled(wc.Run(ctx)) })
 	g.Go(func() error {
@@ -131,13 +131,13 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	conn, err := dialControlPlane(addrOf(cps.grpcLn))
+	conn, err := dialControlPlane(dialAddr(cps.grpcLn))
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	wc := watchclient.New(conn, r, watchOptions(rf, ropts), log)
-	log.Info("smg launch serving", "http", addrOf(cps.httpLn), "grpc", addrOf(cps.grpcLn), "policy", ropts.Policy)
+	log.Info("smg launch serving", "http", cps.httpLn.Addr().String(), "grpc", cps.grpcLn.Addr().String(), "policy", ropts.Policy)
 	g, ctx := errgroup.WithContext(ctx)
 	cps.run(ctx, g)
 	g.Go(func() error { return ignoreCanceled(wc.Run(ctx)) })

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -127,7 +126,11 @@ func serveGRPC(ctx context.Context, ln net.Listener, s *grpc.Server, grace time.
 	return nil
 }
 
-func addrOf(ln net.Listener) string {
-	a := ln.Addr().String()
-	return strings.Replace(a, "[::]", "127.0.0.1", 1)
+// dialAddr is an address this process can dial to reach ln: a wildcard
+// bind (0.0.0.0, [::]) is reached on loopback. Logs print ln.Addr() as bound.
+func dialAddr(ln net.Listener) string {
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && tcp.IP.IsUnspecified() {
+		return net.JoinHostPort("127.0.0.1", fmt.Sprint(tcp.Port))
+	}
+	return ln.Addr().String()
 }
