@@ -1,0 +1,219 @@
+package scheduler
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// ClassConfig is one class's knobs (SMG's names in the YAML).
+type ClassConfig struct {
+	Reserved            int64         // slots held back from lower classes while unused
+	QueueSize           int           // waiters beyond which the answer is 429
+	QueueTimeout        time.Duration // longest wait before 408
+	StarvationThreshold time.Duration // a head older than this is admitted next
+	CanPreempt          bool          // may cancel a lower class that has sent no byte yet
+}
+
+// Config is the scheduler's whole configuration: the classes, the tenants'
+// ceilings, and how a caller's identity is found.
+type Config struct {
+	Classes         [NumClasses]ClassConfig
+	DefaultMaxClass Class            // ceiling of a tenant without a policy
+	TenantMaxClass  map[string]Class // tenant key ("auth:<name>", "header:<id>", ...) -> ceiling
+	// APIKeys maps a caller's bearer token to a tenant name; the tenant key
+	// is "auth:<name>".
+	APIKeys map[string]string
+	// TrustTenantHeader takes the tenant from TenantHeader ("header:<id>")
+	// when no API key matched. Off unless the config says so: any client can
+	// set a header.
+	TrustTenantHeader bool
+	TenantHeader      string
+	// TenantMetricTopN bounds the tenant label: tenants past the first N
+	// (configured tenants first) are labelled "other".
+	TenantMetricTopN int
+}
+
+// DefaultTenantHeader is the header a trusted tenant id is read from.
+const DefaultTenantHeader = "x-smg-tenant-id"
+
+// DefaultConfig returns SMG's built-in per-class defaults.
+func DefaultConfig() Config {
+	sec := func(n int) time.Duration { return time.Duration(n) * time.Second }
+	return Config{
+		Classes: [NumClasses]ClassConfig{
+			System:      {Reserved: 32, QueueSize: 64, QueueTimeout: sec(30), StarvationThreshold: sec(5), CanPreempt: true},
+			Interactive: {Reserved: 128, QueueSize: 256, QueueTimeout: sec(30), StarvationThreshold: sec(5), CanPreempt: true},
+			Default:     {Reserved: 0, QueueSize: 512, QueueTimeout: sec(60), StarvationThreshold: sec(30)},
+			Bulk:        {Reserved: 0, QueueSize: 1024, QueueTimeout: sec(300), StarvationThreshold: sec(120)},
+		},
+		DefaultMaxClass:  Default,
+		TenantMaxClass:   map[string]Class{},
+		APIKeys:          map[string]string{},
+		TenantHeader:     DefaultTenantHeader,
+		TenantMetricTopN: 32,
+	}
+}
+
+// fileClass is one class block of the YAML; nil fields keep the default.
+type fileClass struct {
+	Reserved                *int64   `yaml:"reserved"`
+	QueueSize               *int     `yaml:"queue_size"`
+	QueueTimeoutSecs        *float64 `yaml:"queue_timeout_secs"`
+	StarvationThresholdSecs *float64 `yaml:"starvation_threshold_secs"`
+	CanPreempt              *bool    `yaml:"can_preempt"`
+}
+
+type fileConfig struct {
+	Classes        map[string]fileClass `yaml:"classes"`
+	TenantPolicies map[string]struct {
+		MaxClass string `yaml:"max_class"`
+	} `yaml:"tenant_policies"`
+	APIKeys           map[string]string `yaml:"api_keys"`
+	TrustTenantHeader *bool             `yaml:"trust_tenant_header"`
+	TenantHeaderName  *string           `yaml:"tenant_header_name"`
+}
+
+// LoadConfig reads the YAML at path over base.
+func LoadConfig(path string, base Config) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return base, err
+	}
+	return ParseConfig(data, base)
+}
+
+// ParseConfig applies a YAML document over base. Both maps are optional;
+// unknown keys and unknown class names are errors, as is every value out of
+// range: the caller falls back rather than run a half-understood policy.
+func ParseConfig(data []byte, base Config) (Config, error) {
+	var f fileConfig
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return base, fmt.Errorf("scheduler config: %w", err)
+	}
+	c := base
+	c.TenantMaxClass = make(map[string]Class, len(base.TenantMaxClass)+len(f.TenantPolicies))
+	for k, v := range base.TenantMaxClass {
+		c.TenantMaxClass[k] = v
+	}
+	c.APIKeys = make(map[string]string, len(base.APIKeys)+len(f.APIKeys))
+	for k, v := range base.APIKeys {
+		c.APIKeys[k] = v
+	}
+	var errs []error
+	for name, fc := range f.Classes {
+		cl, ok := classByName(name)
+		if !ok {
+			errs = append(errs, fmt.Errorf("classes.%s: unknown class (want system, interactive, default or bulk)", name))
+			continue
+		}
+		cc := &c.Classes[cl]
+		if fc.Reserved != nil {
+			cc.Reserved = *fc.Reserved
+		}
+		if fc.QueueSize != nil {
+			cc.QueueSize = *fc.QueueSize
+		}
+		if fc.QueueTimeoutSecs != nil {
+			cc.QueueTimeout = seconds(*fc.QueueTimeoutSecs)
+		}
+		if fc.StarvationThresholdSecs != nil {
+			cc.StarvationThreshold = seconds(*fc.StarvationThresholdSecs)
+		}
+		if fc.CanPreempt != nil {
+			cc.CanPreempt = *fc.CanPreempt
+		}
+	}
+	for tenant, p := range f.TenantPolicies {
+		cl, ok := classByName(p.MaxClass)
+		if !ok {
+			errs = append(errs, fmt.Errorf("tenant_policies.%q.max_class: unknown class %q", tenant, p.MaxClass))
+			continue
+		}
+		c.TenantMaxClass[tenant] = cl
+	}
+	for key, tenant := range f.APIKeys {
+		if key == "" || tenant == "" {
+			errs = append(errs, errors.New("api_keys: an empty key or tenant name"))
+			continue
+		}
+		c.APIKeys[key] = tenant
+	}
+	if f.TrustTenantHeader != nil {
+		c.TrustTenantHeader = *f.TrustTenantHeader
+	}
+	if f.TenantHeaderName != nil {
+		c.TenantHeader = *f.TenantHeaderName
+	}
+	if err := errors.Join(append(errs, c.Validate())...); err != nil {
+		return base, fmt.Errorf("scheduler config: %w", err)
+	}
+	return c, nil
+}
+
+// Validate rejects values the scheduler cannot run with.
+func (c Config) Validate() error {
+	var errs []error
+	for _, cl := range Classes {
+		cc := c.Classes[cl]
+		if cc.Reserved < 0 {
+			errs = append(errs, fmt.Errorf("classes.%s.reserved must be >= 0, got %d", cl, cc.Reserved))
+		}
+		if cc.QueueSize < 0 {
+			errs = append(errs, fmt.Errorf("classes.%s.queue_size must be >= 0, got %d", cl, cc.QueueSize))
+		}
+		if cc.QueueTimeout <= 0 {
+			errs = append(errs, fmt.Errorf("classes.%s.queue_timeout_secs must be > 0", cl))
+		}
+		if cc.StarvationThreshold <= 0 {
+			errs = append(errs, fmt.Errorf("classes.%s.starvation_threshold_secs must be > 0", cl))
+		}
+	}
+	if c.DefaultMaxClass >= NumClasses {
+		errs = append(errs, errors.New("default max class out of range"))
+	}
+	if c.TrustTenantHeader && c.TenantHeader == "" {
+		errs = append(errs, errors.New("trust_tenant_header needs a tenant_header_name"))
+	}
+	if c.TenantMetricTopN < 0 {
+		errs = append(errs, fmt.Errorf("tenant metric top N must be >= 0, got %d", c.TenantMetricTopN))
+	}
+	return errors.Join(errs...)
+}
+
+// ReservedTotal is the sum of every class's reservation.
+func (c Config) ReservedTotal() int64 {
+	var n int64
+	for _, cc := range c.Classes {
+		n += cc.Reserved
+	}
+	return n
+}
+
+// classByName is the YAML's spelling: lowercase names only.
+func classByName(s string) (Class, bool) {
+	for i, n := range classNames {
+		if s == n {
+			return Class(i), true
+		}
+	}
+	return 0, false
+}
+
+func seconds(s float64) time.Duration {
+	if math.IsNaN(s) || s <= 0 {
+		return 0 // rejected by Validate
+	}
+	if s > 1e6 {
+		s = 1e6
+	}
+	return time.Duration(s * float64(time.Second))
+}

@@ -1,0 +1,88 @@
+package scheduler
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseClass(t *testing.T) {
+	for in, want := range map[string]Class{"system": System, " Interactive\t": Interactive, "DEFAULT": Default, "bulk": Bulk} {
+		if c, ok := ParseClass(in); !ok || c != want {
+			t.Errorf("ParseClass(%q) = %s, %v", in, c, ok)
+		}
+	}
+	for _, in := range []string{"", "urgent", "0", "system2"} {
+		if c, ok := ParseClass(in); ok || c != Default {
+			t.Errorf("ParseClass(%q) = %s, %v; want default, false", in, c, ok)
+		}
+	}
+	if Clamp(System, Default) != Default || Clamp(Bulk, Default) != Bulk {
+		t.Error("Clamp must only lower a class")
+	}
+}
+
+func TestParseConfig(t *testing.T) {
+	c, err := ParseConfig([]byte(`
+classes:
+  interactive:
+    reserved: 4
+    queue_timeout_secs: 2.5
+  bulk:
+    can_preempt: false
+    queue_size: 8
+tenant_policies:
+  "auth:batch":
+    max_class: bulk
+api_keys:
+  sk-batch: batch
+`), DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := c.Classes[Interactive]
+	if in.Reserved != 4 || in.QueueTimeout != 2500*time.Millisecond || in.QueueSize != 256 || !in.CanPreempt {
+		t.Fatalf("interactive %+v: set fields applied, others kept at their defaults", in)
+	}
+	if c.Classes[Bulk].QueueSize != 8 || c.MaxClass("auth:batch") != Bulk || c.MaxClass("auth:x") != Default {
+		t.Fatalf("bulk or tenant policy not applied: %+v", c)
+	}
+	h := http.Header{"Authorization": {"Bearer sk-batch"}, "X-Smg-Tenant-Id": {"vip"}}
+	if got := c.Tenant(h, "10.0.0.1:5555"); got != "auth:batch" {
+		t.Fatalf("tenant %q, want auth:batch", got)
+	}
+	delete(h, "Authorization")
+	if got := c.Tenant(h, "10.0.0.1:5555"); got != "ip:10.0.0.1" {
+		t.Fatalf("untrusted tenant header was used: %q", got)
+	}
+	c.TrustTenantHeader = true
+	if got := c.Tenant(h, "10.0.0.1:5555"); got != "header:vip" {
+		t.Fatalf("trusted tenant header: %q", got)
+	}
+	if got := c.Tenant(http.Header{}, ""); got != "anonymous" {
+		t.Fatalf("no identity: %q", got)
+	}
+}
+
+// Every bad document is an error that names the problem; the base comes back.
+func TestParseConfigErrors(t *testing.T) {
+	for doc, want := range map[string]string{
+		"classes:\n  urgent:\n    reserved: 1\n":              "classes.urgent: unknown class",
+		"classes:\n  Bulk:\n    reserved: 1\n":                "classes.Bulk: unknown class",
+		"classes:\n  bulk:\n    queue_timeout_secs: 0\n":      "queue_timeout_secs must be > 0",
+		"classes:\n  bulk:\n    reserved: -1\n":               "reserved must be >= 0",
+		"classes:\n  bulk:\n    starvation_threshold_secs: -2": "starvation_threshold_secs must be > 0",
+		"tenant_policies:\n  a:\n    max_class: gold\n":       "unknown class \"gold\"",
+		"classes: [1, 2":                                      "scheduler config",
+		"clases:\n  bulk: {}\n":                               "field clases not found",
+	} {
+		_, err := ParseConfig([]byte(doc), DefaultConfig())
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want one naming %q", doc, err, want)
+		}
+	}
+	if c, err := ParseConfig(nil, DefaultConfig()); err != nil || c.Classes[System].Reserved != 32 {
+		t.Fatalf("empty document: %v", err)
+	}
+}

@@ -1,0 +1,405 @@
+package scheduler
+
+import (
+	"container/list"
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Unlimited is a capacity that never blocks (no window known anywhere).
+const Unlimited = -1
+
+// Result says how Admit ended.
+type Result uint8
+
+const (
+	Admitted     Result = iota // holds a slot: call Ticket.Release when the answer ends
+	QueueFull                  // 429 scheduler_queue_full
+	QueueTimeout               // 408 scheduler_queue_timeout
+	Cancelled                  // the client left while waiting (499)
+)
+
+// Ticket is one admitted request's slot.
+type Ticket struct {
+	s     *Scheduler
+	class Class
+	elem  *list.Element // in s.running[class] while it holds the slot; guarded by s.mu
+	// state decides, with one compare-and-swap, "first byte sent" against
+	// "chosen as victim".
+	state     atomic.Int32
+	preempted chan struct{} // closed when chosen as a victim
+	onPreempt func()        // set before the ticket is shared; run once when preempted
+}
+
+const (
+	ticketRunning   int32 = iota // admitted, nothing sent yet: may be preempted
+	ticketStarted                // the first byte went out: never preempted
+	ticketPreempted              // chosen as a victim: its slot is already back
+	ticketReleased
+)
+
+// Class is the class the ticket was admitted in.
+func (t *Ticket) Class() Class { return t.class }
+
+// Start marks the first response byte as about to be sent. It returns false
+// when the request was preempted first: the caller must then send nothing
+// but the preemption answer.
+func (t *Ticket) Start() bool {
+	if t.state.CompareAndSwap(ticketRunning, ticketStarted) {
+		return true
+	}
+	return t.state.Load() == ticketStarted
+}
+
+// Preempted is closed when the request is chosen as a victim.
+func (t *Ticket) Preempted() <-chan struct{} { return t.preempted }
+
+// OnPreempt registers f to run (once, inside the scheduler's lock, so it must
+// only cancel) if the ticket is chosen as a victim: the router cancels the
+// upstream request with it. Call it before sending anything upstream.
+func (t *Ticket) OnPreempt(f func()) {
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	if t.state.Load() == ticketPreempted {
+		f()
+		return
+	}
+	t.onPreempt = f
+}
+
+// Release returns the slot (the answer ended, or the client left). Safe to
+// call more than once and after a preemption.
+func (t *Ticket) Release() {
+	for {
+		st := t.state.Load()
+		if st == ticketPreempted || st == ticketReleased {
+			return
+		}
+		if t.state.CompareAndSwap(st, ticketReleased) {
+			break
+		}
+	}
+	s := t.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.running[t.class].Remove(t.elem)
+	s.inflight[t.class]--
+	s.total--
+	s.completions.Add(1)
+	s.dispatchLocked()
+	s.publishLocked()
+}
+
+type waiter struct {
+	class    Class
+	enqueued time.Time
+	elem     *list.Element
+	ready    chan struct{}
+	ticket   *Ticket // set when admitted from the queue
+}
+
+// Scheduler admits requests by class against a live capacity.
+type Scheduler struct {
+	cfg Config
+	m   *Metrics
+
+	mu       sync.Mutex
+	capacity int64 // Unlimited, or slots (may drop below total on a shrink)
+	reserved [NumClasses]int64
+	inflight [NumClasses]int64
+	total    int64
+	queues   [NumClasses]*list.List // of *waiter, oldest first
+	running  [NumClasses]*list.List // of *Ticket, in admission order
+
+	completions atomic.Uint64 // answers ended, for the completion rate
+}
+
+// New builds a scheduler with cfg (validated by the caller) and an initial
+// capacity (Unlimited or >= 0). m may be nil in tests that read no metrics.
+func New(cfg Config, capacity int64, m *Metrics) *Scheduler {
+	s := &Scheduler{cfg: cfg, m: m}
+	for _, c := range Classes {
+		s.queues[c] = list.New()
+		s.running[c] = list.New()
+	}
+	if m != nil {
+		m.tenants.init(cfg.TenantMetricTopN, cfg.TenantMaxClass)
+		for _, c := range Classes {
+			m.sizeLimit.WithLabelValues(c.String()).Set(float64(cfg.Classes[c].QueueSize))
+		}
+	}
+	s.mu.Lock()
+	s.setCapacityLocked(capacity)
+	s.mu.Unlock()
+	return s
+}
+
+// Config returns the configuration in force.
+func (s *Scheduler) Config() *Config { return &s.cfg }
+
+// Metrics returns the metrics the scheduler reports to (may be nil).
+func (s *Scheduler) Metrics() *Metrics { return s.m }
+
+// SetCapacity installs a new capacity (the router's shares changed) and
+// admits whoever now fits. A shrink preempts nobody: admissions stop until
+// the requests in flight fall under it.
+func (s *Scheduler) SetCapacity(capacity int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if capacity == s.capacity {
+		return
+	}
+	s.setCapacityLocked(capacity)
+	s.dispatchLocked()
+	s.publishLocked()
+}
+
+// setCapacityLocked scales the reservations down proportionally when their
+// sum does not fit, instead of locking every lower class out.
+func (s *Scheduler) setCapacityLocked(capacity int64) {
+	s.capacity = capacity
+	sum := s.cfg.ReservedTotal()
+	for _, c := range Classes {
+		r := s.cfg.Classes[c].Reserved
+		if capacity != Unlimited && sum > capacity {
+			r = r * capacity / sum
+		}
+		s.reserved[c] = r
+	}
+}
+
+// heldBackLocked is the higher classes' unused reservation, which class c
+// may not take.
+func (s *Scheduler) heldBackLocked(c Class) int64 {
+	var n int64
+	for h := System; h < c; h++ {
+		n += max(0, s.reserved[h]-s.inflight[h])
+	}
+	return n
+}
+
+// fitsLocked: a slot is free for class c, respecting higher reservations.
+func (s *Scheduler) fitsLocked(c Class) bool {
+	return s.capacity == Unlimited || s.total+1+s.heldBackLocked(c) <= s.capacity
+}
+
+// Admit asks for a slot in class c, waiting in c's queue if none is free.
+func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
+	arrived := time.Now()
+	cc := &s.cfg.Classes[c]
+	s.mu.Lock()
+	if s.queues[c].Len() == 0 && (s.fitsLocked(c) || cc.CanPreempt && s.preemptForLocked(c)) {
+		t := s.admitLocked(c)
+		s.publishLocked()
+		s.mu.Unlock()
+		s.observeAdmitted(c, 0)
+		return t, Admitted
+	}
+	if s.queues[c].Len() >= cc.QueueSize {
+		s.mu.Unlock()
+		s.count(c, OutcomeQueueFull)
+		return nil, QueueFull
+	}
+	w := &waiter{class: c, enqueued: arrived, ready: make(chan struct{})}
+	w.elem = s.queues[c].PushBack(w)
+	s.publishLocked()
+	s.mu.Unlock()
+
+	timeout := time.NewTimer(cc.QueueTimeout)
+	defer timeout.Stop()
+	// The starvation timer only re-runs the dispatch when the head may have
+	// turned starving while nothing else happened (slots free but reserved).
+	starving := time.NewTimer(cc.StarvationThreshold)
+	defer starving.Stop()
+	var res Result
+	for res == Admitted {
+		select {
+		case <-w.ready:
+			s.observeAdmitted(c, time.Since(arrived))
+			return w.ticket, Admitted
+		case <-starving.C:
+			s.mu.Lock()
+			s.dispatchLocked()
+			s.publishLocked()
+			s.mu.Unlock()
+			continue
+		case <-timeout.C:
+			res = QueueTimeout
+		case <-ctx.Done():
+			res = Cancelled
+		}
+	}
+	s.mu.Lock()
+	if w.ticket != nil { // admitted while giving up: take it
+		s.mu.Unlock()
+		s.observeAdmitted(c, time.Since(arrived))
+		return w.ticket, Admitted
+	}
+	s.queues[c].Remove(w.elem)
+	s.dispatchLocked() // a new head may be starving already
+	s.publishLocked()
+	s.mu.Unlock()
+	if res == QueueTimeout {
+		s.count(c, OutcomeQueueTimeout)
+	} else {
+		s.count(c, OutcomeClientCancelled)
+	}
+	return nil, res
+}
+
+func (s *Scheduler) admitLocked(c Class) *Ticket {
+	t := &Ticket{s: s, class: c, preempted: make(chan struct{})}
+	t.elem = s.running[c].PushBack(t)
+	s.inflight[c]++
+	s.total++
+	return t
+}
+
+// dispatchLocked hands free slots to waiters: first any head that waited past
+// its starvation threshold (lowest class first; it may use a reserved but
+// unused slot), then one head per class per pass, highest class first.
+func (s *Scheduler) dispatchLocked() {
+	now := time.Now()
+	for progress := true; progress; {
+		progress = false
+		for c := Bulk; ; c-- {
+			if f := s.queues[c].Front(); f != nil && (s.capacity == Unlimited || s.total < s.capacity) {
+				if w := f.Value.(*waiter); now.Sub(w.enqueued) >= s.cfg.Classes[c].StarvationThreshold {
+					s.grantLocked(w)
+					if s.m != nil {
+						s.m.starvation.WithLabelValues(c.String()).Inc()
+					}
+					progress = true
+				}
+			}
+			if c == System {
+				break
+			}
+		}
+		for _, c := range Classes {
+			if f := s.queues[c].Front(); f != nil && s.fitsLocked(c) {
+				s.grantLocked(f.Value.(*waiter))
+				progress = true
+			}
+		}
+	}
+}
+
+func (s *Scheduler) grantLocked(w *waiter) {
+	s.queues[w.class].Remove(w.elem)
+	w.ticket = s.admitLocked(w.class)
+	close(w.ready)
+}
+
+// preemptForLocked cancels one strictly lower-class request that has sent no
+// byte yet (lowest class first, then the most recently admitted), when that
+// frees a slot class c may take. It reports whether a slot was freed.
+func (s *Scheduler) preemptForLocked(c Class) bool {
+	if s.capacity != Unlimited && s.total+s.heldBackLocked(c) > s.capacity {
+		return false // one freed slot would not be enough
+	}
+	for v := Bulk; v > c; v-- {
+		for e := s.running[v].Back(); e != nil; e = e.Prev() {
+			t := e.Value.(*Ticket)
+			if !t.state.CompareAndSwap(ticketRunning, ticketPreempted) {
+				continue // already sent a byte
+			}
+			s.running[v].Remove(e)
+			s.inflight[v]--
+			s.total--
+			close(t.preempted)
+			if t.onPreempt != nil {
+				t.onPreempt()
+			}
+			if s.m != nil {
+				s.m.preemption.WithLabelValues(v.String(), c.String()).Inc()
+				s.m.admitByClass[v][OutcomePreempted].Inc()
+			}
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Scheduler) observeAdmitted(c Class, waited time.Duration) {
+	if s.m != nil {
+		s.m.waitByClass[c].Observe(waited.Seconds())
+		s.m.admitByClass[c][OutcomeAdmitted].Inc()
+	}
+}
+
+func (s *Scheduler) count(c Class, outcome string) {
+	if s.m != nil {
+		s.m.admitByClass[c][outcome].Inc()
+	}
+}
+
+// publishLocked refreshes the gauges.
+func (s *Scheduler) publishLocked() {
+	if s.m == nil {
+		return
+	}
+	util := 0.0
+	if s.capacity > 0 {
+		util = float64(s.total) / float64(s.capacity)
+	} else if s.capacity == 0 && s.total > 0 {
+		util = 1
+	}
+	s.m.utilization.Set(util)
+	for _, c := range Classes {
+		n := c.String()
+		s.m.inflight.WithLabelValues(n).Set(float64(s.inflight[c]))
+		depth := s.queues[c].Len()
+		s.m.depth.WithLabelValues(n).Set(float64(depth))
+		queueP := 1.0
+		if qs := s.cfg.Classes[c].QueueSize; qs > 0 {
+			queueP = min(1, float64(depth)/float64(qs))
+		} else if depth == 0 {
+			queueP = 0
+		}
+		slotP := 0.0
+		if s.capacity != Unlimited {
+			if usable := s.capacity - s.heldBackLocked(c); usable <= 0 {
+				slotP = 1
+			} else {
+				slotP = min(1, float64(s.total)/float64(usable))
+			}
+		}
+		s.m.pressure.WithLabelValues(n).Set(max(queueP, slotP))
+	}
+}
+
+// ClassDemand is one class's use of the capacity: slots held and requests
+// waiting. Routers report it with their window demand so the allocator can
+// serve higher classes first across routers.
+type ClassDemand struct {
+	InFlight, Waiting int64
+}
+
+// Demand returns every class's demand, highest first.
+func (s *Scheduler) Demand() [NumClasses]ClassDemand {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var d [NumClasses]ClassDemand
+	for _, c := range Classes {
+		d[c] = ClassDemand{InFlight: s.inflight[c], Waiting: int64(s.queues[c].Len())}
+	}
+	return d
+}
+
+// Waiting is the number of requests queued at or above class c's priority:
+// the queue ahead of a newcomer of class c.
+func (s *Scheduler) Waiting(c Class) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for h := System; h <= c && h < NumClasses; h++ {
+		n += int64(s.queues[h].Len())
+	}
+	return n
+}
+
+// Completions is the number of admitted requests that ended (monotonic).
+func (s *Scheduler) Completions() uint64 { return s.completions.Load() }
