@@ -68,14 +68,14 @@ api_keys:
 // Every bad document is an error that names the problem; the base comes back.
 func TestParseConfigErrors(t *testing.T) {
 	for doc, want := range map[string]string{
-		"classes:\n  urgent:\n    reserved: 1\n":              "classes.urgent: unknown class",
-		"classes:\n  Bulk:\n    reserved: 1\n":                "classes.Bulk: unknown class",
-		"classes:\n  bulk:\n    queue_timeout_secs: 0\n":      "queue_timeout_secs must be > 0",
-		"classes:\n  bulk:\n    reserved: -1\n":               "reserved must be >= 0",
+		"classes:\n  urgent:\n    reserved: 1\n":               "classes.urgent: unknown class",
+		"classes:\n  Bulk:\n    reserved: 1\n":                 "classes.Bulk: unknown class",
+		"classes:\n  bulk:\n    queue_timeout_secs: 0\n":       "queue_timeout_secs must be > 0",
+		"classes:\n  bulk:\n    reserved: -1\n":                "reserved must be >= 0",
 		"classes:\n  bulk:\n    starvation_threshold_secs: -2": "starvation_threshold_secs must be > 0",
-		"tenant_policies:\n  a:\n    max_class: gold\n":       "unknown class \"gold\"",
-		"classes: [1, 2":                                      "scheduler config",
-		"clases:\n  bulk: {}\n":                               "field clases not found",
+		"tenant_policies:\n  a:\n    max_class: gold\n":        "unknown class \"gold\"",
+		"classes: [1, 2":        "scheduler config",
+		"clases:\n  bulk: {}\n": "field clases not found",
 	} {
 		_, err := ParseConfig([]byte(doc), DefaultConfig())
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -96,7 +96,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // CountUnknown counts a header value that named no class.
-func (m *Metrics) CountUnknown(tenant string) { m.unknown.WithLabelValues(m.tenants.label(tenant)).Inc() }
+func (m *Metrics) CountUnknown(tenant string) {
+	m.unknown.WithLabelValues(m.tenants.label(tenant)).Inc()
+}
 
 // CountClamp counts a class lowered by the tenant's ceiling.
 func (m *Metrics) CountClamp(tenant string, requested, effective Class) {
