@@ -11,11 +11,15 @@ import (
 )
 
 func newTestAdmission(t *testing.T, limit, queue int, timeout time.Duration) *admission {
+	return newTestBucket(t, limit, -1, queue, timeout)
+}
+
+func newTestBucket(t *testing.T, limit int, rate float64, queue int, timeout time.Duration) *admission {
 	m, err := newMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newAdmission(limit, queue, timeout, m)
+	return newAdmission(limit, rate, queue, timeout, m)
 }
 
 // A request that waits longer than --queue-timeout-secs times out; one that
@@ -64,8 +68,95 @@ func TestAdmissionCanceledWhileQueued(t *testing.T) {
 		if r := <-results; r != admitCanceled {
 			t.Fatalf("got %v", r)
 		}
-		if a.waiting.Load() != 0 {
+		if a.waitingCount() != 0 {
 			t.Fatal("queue place not freed")
+		}
+	})
+}
+
+// SMG's token bucket with a refill rate: the burst is --max-concurrent-requests
+// tokens; after it, admissions come at the refill rate however fast requests
+// complete, and never above --max-concurrent-requests in flight.
+func TestTokenBucketRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newTestBucket(t, 4, 2, 10, time.Minute) // burst 4, 2 per second
+		ctx := context.Background()
+		for range 4 {
+			if a.acquire(ctx) != admitted {
+				t.Fatal("burst not admitted")
+			}
+			a.release() // completions do not hand tokens back
+		}
+		start := time.Now()
+		results := make(chan admitResult, 3)
+		for range 3 {
+			go func() { results <- a.acquire(ctx) }()
+			synctest.Wait()
+		}
+		var at []time.Duration
+		for range 3 {
+			if r := <-results; r != admitted {
+				t.Fatalf("queued request: %v", r)
+			}
+			at = append(at, time.Since(start))
+			a.release()
+		}
+		want := []time.Duration{500 * time.Millisecond, time.Second, 1500 * time.Millisecond}
+		for i := range want {
+			if at[i] != want[i] {
+				t.Fatalf("admitted at %v, want %v (one token per 500ms)", at, want)
+			}
+		}
+		if v := testutil.ToFloat64(a.metrics.rateLimit.WithLabelValues("allowed")); v != 7 {
+			t.Fatalf("smg_http_rate_limit_total{result=allowed} = %v, want 7", v)
+		}
+	})
+}
+
+// The refill never mints concurrency: with every slot held, tokens pile up
+// but nothing is admitted until a request completes.
+func TestTokenBucketConcurrencyBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newTestBucket(t, 2, 100, 10, time.Minute)
+		ctx := context.Background()
+		a.acquire(ctx)
+		a.acquire(ctx)
+		results := make(chan admitResult, 1)
+		go func() { results <- a.acquire(ctx) }()
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		select {
+		case r := <-results:
+			t.Fatalf("admitted above the concurrency bound: %v", r)
+		default:
+		}
+		a.release()
+		if r := <-results; r != admitted {
+			t.Fatalf("after a completion: %v", r)
+		}
+		if a.waitingCount() != 0 {
+			t.Fatal("queue not empty")
+		}
+		a.release()
+		a.release()
+	})
+}
+
+// A rejection is counted as rejected; rate 0 is a plain concurrency limit.
+func TestTokenBucketRejectedCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newTestBucket(t, 1, 0, 0, time.Minute)
+		ctx := context.Background()
+		a.acquire(ctx)
+		if r := a.acquire(ctx); r != admitQueueFull {
+			t.Fatalf("got %v, want queue full", r)
+		}
+		a.release()
+		if r := a.acquire(ctx); r != admitted {
+			t.Fatalf("rate 0: a completion must hand the token back, got %v", r)
+		}
+		if v := testutil.ToFloat64(a.metrics.rateLimit.WithLabelValues("rejected")); v != 1 {
+			t.Fatalf("rejected = %v, want 1", v)
 		}
 	})
 }

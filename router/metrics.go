@@ -34,6 +34,7 @@ type metrics struct {
 	retries   prometheus.Counter
 	upstream  *prometheus.CounterVec // kind: connection | timeout | status_5xx | other
 	admission *prometheus.CounterVec // reason: queue_full | queue_timeout
+	rateLimit *prometheus.CounterVec // result: allowed | rejected (SMG's smg_http_rate_limit_total)
 	queued    prometheus.Gauge
 	revision  prometheus.Gauge
 	failOpen  prometheus.Counter
@@ -67,6 +68,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		admission: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "smg_router_admission_rejected_total", Help: "Requests refused by the admission queue.",
 		}, []string{"reason"}),
+		rateLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "smg_http_rate_limit_total", Help: "Token bucket decisions (--max-concurrent-requests, --rate-limit-tokens-per-second), by result.",
+		}, []string{"result"}),
 		queued: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "smg_router_admission_waiting", Help: "Requests waiting in the admission queue.",
 		}),
@@ -96,7 +100,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12),
 	}, []string{"route"})
 	for _, c := range []prometheus.Collector{m.overloadFallback, m.livenessFallback, m.shed, m.retries,
-		m.upstream, m.admission, m.queued, m.revision, m.failOpen, m.breakers, m.connections, m.refused, requests, duration} {
+		m.upstream, m.admission, m.rateLimit, m.queued, m.revision, m.failOpen, m.breakers, m.connections, m.refused, requests, duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -118,6 +122,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.admission.WithLabelValues("queue_full")
 	m.admission.WithLabelValues("queue_timeout")
+	m.rateLimit.WithLabelValues("allowed")
+	m.rateLimit.WithLabelValues("rejected")
 	m.breakers.WithLabelValues("open")
 	m.breakers.WithLabelValues("closed")
 	m.refused.WithLabelValues(refusedLoop)

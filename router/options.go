@@ -21,6 +21,12 @@ const (
 	PolicyManual            = "manual"
 )
 
+// Retry-After modes (--retry-after-mode).
+const (
+	RetryAfterInterval  = "interval"
+	RetryAfterEstimated = "estimated"
+)
+
 // Policies lists every accepted policy name.
 var Policies = []string{PolicyCacheAware, PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo,
 	PolicyLeastLoad, PolicyConsistentHashing, PolicyPrefixHash, PolicyManual}
@@ -67,9 +73,26 @@ type Options struct {
 	RetryMaxBackoffMs        int
 	RetryBackoffMultiplier   float64
 	RetryJitterFactor        float64
-	MaxConcurrentRequests    int // -1: no admission limit
+	MaxConcurrentRequests    int     // -1: no admission limit
+	RateLimitTokensPerSecond float64 // token bucket refill; -1 (unset): MaxConcurrentRequests per second; 0: none
 	QueueSize                int
 	QueueTimeoutSecs         int
+
+	// The priority scheduler (SMG's contract; router/scheduler). When it
+	// cannot start (bad YAML, reservations over a static capacity) the router
+	// logs an ERROR and keeps the rate limiting path.
+	PrioritySchedulerEnabled          bool
+	PrioritySchedulerDefaultMaxClass  string // parsed like the header: unknown -> default
+	PrioritySchedulerConfig           string // YAML path, optional
+	PrioritySchedulerTenantMetricTopN int
+
+	// LeastLoadWaitingCap: inside least_load, skip a worker whose reported
+	// waiting plus this router's dispatches since that report reaches it (0: off).
+	LeastLoadWaitingCap int64
+	// RetryAfterMode: RetryAfterInterval (the spec's --load-monitor-interval)
+	// or RetryAfterEstimated (when a retry would be admitted, from the
+	// observed completion rate and the queue ahead, within [1, interval]).
+	RetryAfterMode           string
 	MaxPayloadSize           int64 // bytes
 	BodyReadTimeoutSecs      int   // a request body must arrive within this
 	IdleTimeoutSecs          int   // idle keep-alive client connections close after this
@@ -89,38 +112,42 @@ type Options struct {
 // DefaultOptions returns the spec's defaults.
 func DefaultOptions() Options {
 	return Options{
-		Policy:                    PolicyCacheAware,
-		LoadMonitorInterval:       10,
-		WorkerStaleSecs:           15,
-		PDAdmissionWaitSecs:       30,
-		PDWindowMode:              PDWindowShared,
-		WorkerAdmissionWaitSecs:   30,
-		WorkerAdmissionWindowMode: PDWindowShared,
-		CBFailureThreshold:        10,
-		CBSuccessThreshold:        3,
-		CBTimeoutDurationSecs:     60,
-		RetryMaxRetries:           5,
-		RetryInitialBackoffMs:     50,
-		RetryMaxBackoffMs:         30000,
-		RetryBackoffMultiplier:    1.5,
-		RetryJitterFactor:         0.2,
-		MaxConcurrentRequests:     -1,
-		QueueSize:                 100,
-		QueueTimeoutSecs:          60,
-		MaxPayloadSize:            512 << 20,
-		BodyReadTimeoutSecs:       30,
-		IdleTimeoutSecs:           60,
-		MaxConnections:            4096,
-		RequestTimeoutSecs:        1800,
-		CacheThreshold:            0.3,
-		BalanceAbsThreshold:       64,
-		BalanceRelThreshold:       1.5,
-		DispatchKeyHeader:         "x-smg-routing-key",
-		PrefixHashLoadFactor:      1.25,
-		CacheAwareHotTokenUsage:   0.95,
-		UpstreamDialTimeout:       5 * time.Second,
-		MaxIdleConnsPerWorker:     256,
-		PromptBytesPerTokenGuess:  4,
+		Policy:                            PolicyCacheAware,
+		LoadMonitorInterval:               10,
+		WorkerStaleSecs:                   15,
+		PDAdmissionWaitSecs:               30,
+		PDWindowMode:                      PDWindowShared,
+		WorkerAdmissionWaitSecs:           30,
+		WorkerAdmissionWindowMode:         PDWindowShared,
+		CBFailureThreshold:                10,
+		CBSuccessThreshold:                3,
+		CBTimeoutDurationSecs:             60,
+		RetryMaxRetries:                   5,
+		RetryInitialBackoffMs:             50,
+		RetryMaxBackoffMs:                 30000,
+		RetryBackoffMultiplier:            1.5,
+		RetryJitterFactor:                 0.2,
+		MaxConcurrentRequests:             -1,
+		RateLimitTokensPerSecond:          -1,
+		PrioritySchedulerDefaultMaxClass:  "default",
+		PrioritySchedulerTenantMetricTopN: 32,
+		RetryAfterMode:                    RetryAfterInterval,
+		QueueSize:                         100,
+		QueueTimeoutSecs:                  60,
+		MaxPayloadSize:                    512 << 20,
+		BodyReadTimeoutSecs:               30,
+		IdleTimeoutSecs:                   60,
+		MaxConnections:                    4096,
+		RequestTimeoutSecs:                1800,
+		CacheThreshold:                    0.3,
+		BalanceAbsThreshold:               64,
+		BalanceRelThreshold:               1.5,
+		DispatchKeyHeader:                 "x-smg-routing-key",
+		PrefixHashLoadFactor:              1.25,
+		CacheAwareHotTokenUsage:           0.95,
+		UpstreamDialTimeout:               5 * time.Second,
+		MaxIdleConnsPerWorker:             256,
+		PromptBytesPerTokenGuess:          4,
 	}
 }
 
@@ -164,6 +191,20 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	float(&o.RetryBackoffMultiplier, "retry-backoff-multiplier", "growth of the backoff between retries")
 	float(&o.RetryJitterFactor, "retry-jitter-factor", "random spread of each backoff, as a fraction (0 to 1)")
 	integer(&o.MaxConcurrentRequests, "max-concurrent-requests", "requests proxied at once; more wait in the admission queue (-1: no limit)")
+	float(&o.RateLimitTokensPerSecond, "rate-limit-tokens-per-second",
+		"token bucket refill rate: admissions per second sustained, bursting up to --max-concurrent-requests (-1: refill at --max-concurrent-requests per second; 0: concurrency limit only)")
+	boolean(&o.PrioritySchedulerEnabled, "priority-scheduler-enabled",
+		"admit through the priority scheduler (x-smg-priority classes, per-class queues, reservations, preemption) instead of the rate limiting path")
+	str(&o.PrioritySchedulerDefaultMaxClass, "priority-scheduler-default-max-class",
+		"highest class a tenant without a policy may use: system, interactive, default or bulk (parsed like the header)")
+	str(&o.PrioritySchedulerConfig, "priority-scheduler-config",
+		"YAML file with per-class settings (classes), tenant ceilings (tenant_policies), api_keys and tenant header trust; see docs/admission.md")
+	integer(&o.PrioritySchedulerTenantMetricTopN, "priority-scheduler-tenant-metric-top-n",
+		"tenants labelled by name in scheduler metrics; later ones are labelled \"other\"")
+	define(fs, (*int64Value)(&o.LeastLoadWaitingCap), "least-load-waiting-cap",
+		"least_load: skip a worker whose reported waiting requests plus this router's dispatches since that report reach this cap (0: off)")
+	str(&o.RetryAfterMode, "retry-after-mode",
+		"Retry-After of shed and queue answers: interval (the load monitor interval) or estimated (from the observed completion rate and the queue ahead, within [1, interval])")
 	integer(&o.QueueSize, "queue-size", "requests that may wait for admission; beyond it the answer is 429 admission_queue_full")
 	integer(&o.QueueTimeoutSecs, "queue-timeout-secs", "seconds a request may wait for admission before 503 admission_queue_timeout")
 	define(fs, (*int64Value)(&o.MaxPayloadSize), "max-payload-size", "largest request body accepted, in bytes (larger: 413)")
@@ -222,6 +263,18 @@ func (o Options) Validate() error {
 	}
 	if o.MaxConcurrentRequests == 0 || o.MaxConcurrentRequests < -1 {
 		bad("--max-concurrent-requests must be -1 (no limit) or >= 1, got %d", o.MaxConcurrentRequests)
+	}
+	if !(o.RateLimitTokensPerSecond >= 0) && o.RateLimitTokensPerSecond != -1 {
+		bad("--rate-limit-tokens-per-second must be -1 (unset) or >= 0, got %v", o.RateLimitTokensPerSecond)
+	}
+	if o.PrioritySchedulerTenantMetricTopN < 0 {
+		bad("--priority-scheduler-tenant-metric-top-n must be >= 0, got %d", o.PrioritySchedulerTenantMetricTopN)
+	}
+	if o.LeastLoadWaitingCap < 0 {
+		bad("--least-load-waiting-cap must be >= 0 (0: off), got %d", o.LeastLoadWaitingCap)
+	}
+	if o.RetryAfterMode != RetryAfterInterval && o.RetryAfterMode != RetryAfterEstimated {
+		bad("--retry-after-mode %q: must be %s or %s", o.RetryAfterMode, RetryAfterInterval, RetryAfterEstimated)
 	}
 	if o.QueueSize < 0 || o.QueueTimeoutSecs < 1 {
 		bad("--queue-size must be >= 0 and --queue-timeout-secs >= 1")

@@ -69,7 +69,7 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 	case pout == shedAll || dout == shedAll:
 		r.metrics.shed.WithLabelValues(StageSelection).Inc()
 		writeError(w, http.StatusServiceUnavailable, CodeShed,
-			"All workers for model '"+f.Model+"' are overloaded", r.opts.LoadMonitorInterval)
+			"All workers for model '"+f.Model+"' are overloaded", r.retryAfterShed())
 		return http.StatusServiceUnavailable
 	case pout == overloadFallback || dout == overloadFallback:
 		r.metrics.overloadFallback.WithLabelValues(StageSelection).Inc()
@@ -85,7 +85,7 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 			if i >= 0 && r.overloadedSince(v, v.states[i]) {
 				r.metrics.shed.WithLabelValues(StageDispatch).Inc()
 				writeError(w, http.StatusServiceUnavailable, CodeShed,
-					"Worker '"+v.workers[i].URL+"' for model '"+f.Model+"' became overloaded before dispatch", r.opts.LoadMonitorInterval)
+					"Worker '"+v.workers[i].URL+"' for model '"+f.Model+"' became overloaded before dispatch", r.retryAfterShed())
 				return http.StatusServiceUnavailable
 			}
 		}
@@ -277,7 +277,7 @@ func (r *Router) sendPair(ctx context.Context, w http.ResponseWriter, in *http.R
 	copyResponseHeaders(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	if err := r.copyBody(w, resp.Body, dst, streaming || sse, func() {}); err != nil {
+	if err := r.copyBody(w, resp.Body, dst, streaming || sse, func() bool { return true }); err != nil {
 		if in.Context().Err() != nil {
 			return statusClientClosed
 		}
@@ -294,7 +294,9 @@ func (r *Router) sendPair(ctx context.Context, w http.ResponseWriter, in *http.R
 		}
 		panic(http.ErrAbortHandler) // the client never sees a clean end
 	}
-	dst.lastProgress.Store(r.clock().UnixNano())
+	now := r.clock()
+	dst.lastProgress.Store(now.UnixNano())
+	r.completions.add(now)
 	return resp.StatusCode
 }
 

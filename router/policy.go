@@ -26,6 +26,7 @@ type selector struct {
 	balanceRel      float64
 	hotTokenUsage   float64
 	prefixLoadLimit float64
+	waitingCap      int64          // least_load: skip a worker at this waiting (0: off)
 	affinity        *affinityTable // cache_aware: prompt prefix blocks -> worker
 	sticky          *affinityTable // manual: routing key -> worker
 }
@@ -129,17 +130,27 @@ func (s *selector) powerOfTwo(v *view, p *pool, q *request) int32 {
 }
 
 // leastLoad scans from a random offset so ties spread instead of piling on
-// the first worker.
+// the first worker. With --least-load-waiting-cap, a worker whose reported
+// waiting plus this router's dispatches since that report reaches the cap is
+// skipped; when every eligible worker is capped, the least loaded of them is
+// taken (the cap steers, it never refuses).
 func (s *selector) leastLoad(v *view, p *pool, q *request) int32 {
 	start := rand.IntN(len(p.idx))
-	best, bestLoad := s.leastLoadIn(v, p.idx[start:], q, -1, 0)
-	best, _ = s.leastLoadIn(v, p.idx[:start], q, best, bestLoad)
+	best, bestLoad := s.leastLoadIn(v, p.idx[start:], q, -1, 0, s.waitingCap)
+	best, _ = s.leastLoadIn(v, p.idx[:start], q, best, bestLoad, s.waitingCap)
+	if best < 0 && s.waitingCap > 0 {
+		best, bestLoad = s.leastLoadIn(v, p.idx[start:], q, -1, 0, 0)
+		best, _ = s.leastLoadIn(v, p.idx[:start], q, best, bestLoad, 0)
+	}
 	return best
 }
 
-func (s *selector) leastLoadIn(v *view, idx []int32, q *request, best int32, bestLoad int64) (int32, int64) {
+func (s *selector) leastLoadIn(v *view, idx []int32, q *request, best int32, bestLoad, waitingCap int64) (int32, int64) {
 	for _, i := range idx {
 		if !s.eligible(v, i, q) {
+			continue
+		}
+		if waitingCap > 0 && v.hot[i].waiting+v.hot[i].st.dispatched.Load() >= waitingCap {
 			continue
 		}
 		if l := v.load(i); best < 0 || l < bestLoad {

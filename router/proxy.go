@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/smg-project/smg/internal/identity"
+	"github.com/smg-project/smg/router/scheduler"
 )
 
 // statusClientClosed is recorded (never sent) when the client left first.
@@ -77,15 +78,23 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
 		return http.StatusServiceUnavailable
 	}
-	if r.adm != nil {
+	var ticket *scheduler.Ticket
+	switch {
+	case r.sched != nil:
+		var status int
+		if ticket, status = r.admitScheduled(w, req); ticket == nil {
+			return status
+		}
+		defer ticket.Release()
+	case r.adm != nil:
 		switch r.adm.acquire(req.Context()) {
 		case admitQueueFull:
 			writeError(w, http.StatusTooManyRequests, CodeAdmissionQueueFull,
-				"Too many requests: the admission queue is full", admissionRetryAfter)
+				"Too many requests: the admission queue is full", r.retryAfterQueued(scheduler.Bulk))
 			return http.StatusTooManyRequests
 		case admitTimeout:
 			writeError(w, http.StatusServiceUnavailable, CodeAdmissionQueueTimeout,
-				"Timed out waiting in the admission queue", admissionRetryAfter)
+				"Timed out waiting in the admission queue", r.retryAfterQueued(scheduler.Bulk))
 			return http.StatusServiceUnavailable
 		case admitCanceled:
 			return statusClientClosed
@@ -122,6 +131,11 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 
 	ctx, cancel := r.requestContext(req.Context())
 	defer cancel()
+	if ticket != nil {
+		var stop context.CancelFunc
+		ctx, stop = watchPreemption(ctx, ticket)
+		defer stop()
+	}
 	q := request{model: f.Model, key: req.Header.Get(r.opts.DispatchKeyHeader), prompt: f.prompt()}
 	streaming := f.Stream
 	promptTokens := int64(len(q.prompt) / r.opts.PromptBytesPerTokenGuess)
@@ -140,6 +154,9 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		}
 		if r.opts.PDDisaggregation {
 			if pp := v.pdPoolFor(f.Model); pp != nil {
+				if ticket != nil && !ticket.Start() {
+					return writePreempted(w) // PD requests are not preempted once routed
+				}
 				return r.servePD(ctx, w, req, v, pp, body, &f, &q)
 			}
 		}
@@ -184,7 +201,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		case shedAll:
 			r.metrics.shed.WithLabelValues(StageSelection).Inc()
 			writeError(w, http.StatusServiceUnavailable, CodeShed,
-				"All workers for model '"+f.Model+"' are overloaded", r.opts.LoadMonitorInterval)
+				"All workers for model '"+f.Model+"' are overloaded", r.retryAfterShed())
 			return http.StatusServiceUnavailable
 		case noneAvailable:
 			writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers,
@@ -208,11 +225,11 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			}
 			r.metrics.shed.WithLabelValues(StageDispatch).Inc()
 			writeError(w, http.StatusServiceUnavailable, CodeShed,
-				"Worker '"+wk.URL+"' for model '"+f.Model+"' became overloaded before dispatch", r.opts.LoadMonitorInterval)
+				"Worker '"+wk.URL+"' for model '"+f.Model+"' became overloaded before dispatch", r.retryAfterShed())
 			return http.StatusServiceUnavailable
 		}
 
-		res := r.dispatch(ctx, w, req, wk, st, body, streaming, promptTokens, attempt < maxRetries)
+		res := r.dispatch(ctx, w, req, wk, st, body, streaming, promptTokens, attempt < maxRetries, ticket)
 		if held != nil {
 			r.releaseRoom(held, q.need) // the answer ended: the room frees now
 		}
@@ -222,6 +239,9 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		r.metrics.retries.Inc()
 		q.avoid = st
 		if !sleepCtx(ctx, r.jitter(backoff)) {
+			if preempted(ctx) {
+				return writePreempted(w)
+			}
 			return statusClientClosed
 		}
 		backoff = min(time.Duration(float64(backoff)*r.opts.RetryBackoffMultiplier),
@@ -246,9 +266,13 @@ type dispatchResult struct {
 }
 
 // dispatch sends one attempt to wk and, unless it is to be retried, streams
-// the answer to the client.
+// the answer to the client. With a scheduler ticket, nothing reaches the
+// client before the ticket's first-byte compare-and-swap wins: the status
+// line and headers wait for the first body bytes, so a request preempted
+// while the engine queues or prefills it is answered with the preemption
+// alone, and its upstream request is cancelled.
 func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.Request, wk *Worker, st *workerState,
-	body []byte, streaming bool, promptTokens int64, mayRetry bool) dispatchResult {
+	body []byte, streaming bool, promptTokens int64, mayRetry bool, ticket *scheduler.Ticket) dispatchResult {
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, upstreamURL(wk.URL, in), bytes.NewReader(body))
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeUpstreamError, "Invalid worker URL '"+wk.URL+"'", 0)
@@ -272,6 +296,9 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 
 	resp, err := r.client.Do(out)
 	if err != nil {
+		if preempted(ctx) {
+			return dispatchResult{status: writePreempted(w)}
+		}
 		if r.stopping() {
 			writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
 			return dispatchResult{status: http.StatusServiceUnavailable}
@@ -307,11 +334,21 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 		return dispatchResult{retry: true}
 	}
 
-	h := w.Header()
-	copyResponseHeaders(h, resp.Header)
-	w.WriteHeader(resp.StatusCode)
+	headSent := false
+	sendHead := func() bool {
+		if ticket != nil && !ticket.Start() {
+			return false // preempted first: the client gets the preemption answer
+		}
+		copyResponseHeaders(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		headSent = true
+		return true
+	}
+	if ticket == nil {
+		sendHead()
+	}
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	firstByte := func() {
+	firstByte := func() bool {
 		if prefilling {
 			prefilling = false
 			st.promptTokens.Add(-promptTokens)
@@ -319,8 +356,16 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 				st.notePrefill(promptTokens, r.clock().Sub(sent))
 			}
 		}
+		return headSent || sendHead()
 	}
-	if err := r.copyBody(w, resp.Body, st, streaming || sse, firstByte); err != nil {
+	err = r.copyBody(w, resp.Body, st, streaming || sse, firstByte)
+	if err == nil && !headSent && !sendHead() {
+		err = errPreempted // an empty answer, preempted as it ended
+	}
+	if err != nil {
+		if !headSent && preempted(ctx) {
+			return dispatchResult{status: writePreempted(w)}
+		}
 		if r.stopping() && in.Context().Err() == nil {
 			if sse {
 				writeStreamError(w, CodeShuttingDown, "The router is shutting down: the stream was cut after the shutdown grace")
@@ -339,13 +384,15 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 		}
 		return dispatchResult{status: statusClientClosed}
 	}
-	st.lastProgress.Store(r.clock().UnixNano()) // completion counts as progress
+	now := r.clock()
+	st.lastProgress.Store(now.UnixNano()) // completion counts as progress
+	r.completions.add(now)
 	return dispatchResult{status: resp.StatusCode}
 }
 
 // copyBody forwards the answer, flushing after every read when streaming so
 // each SSE event reaches the client as it arrives. Every chunk is progress.
-func (r *Router) copyBody(w http.ResponseWriter, body io.Reader, st *workerState, flush bool, firstByte func()) error {
+func (r *Router) copyBody(w http.ResponseWriter, body io.Reader, st *workerState, flush bool, firstByte func() bool) error {
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	buf := *bp
@@ -356,7 +403,9 @@ func (r *Router) copyBody(w http.ResponseWriter, body io.Reader, st *workerState
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
-			firstByte()
+			if !firstByte() {
+				return errPreempted
+			}
 			st.lastProgress.Store(r.clock().UnixNano())
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return werr

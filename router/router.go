@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/smg-project/smg/internal/identity"
+	"github.com/smg-project/smg/router/scheduler"
 )
 
 // Router proxies requests to the workers of its current snapshot.
@@ -32,7 +33,10 @@ type Router struct {
 	cb       breakerConfig
 	sel      selector
 	client   *http.Client
-	adm      *admission
+	adm      *admission           // the rate limiting path (token bucket), when the scheduler is off
+	sched    *scheduler.Scheduler // the priority scheduler, when on and started
+	// completions meters answers that ended, for --retry-after-mode estimated.
+	completions *completionMeter
 
 	view atomic.Pointer[view]
 
@@ -112,6 +116,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		balanceRel:      opts.BalanceRelThreshold,
 		hotTokenUsage:   opts.CacheAwareHotTokenUsage,
 		prefixLoadLimit: opts.PrefixHashLoadFactor,
+		waitingCap:      opts.LeastLoadWaitingCap,
 	}
 	switch opts.Policy {
 	case PolicyCacheAware:
@@ -119,8 +124,10 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	case PolicyManual:
 		r.sel.sticky = newAffinityTable(18)
 	}
-	if opts.MaxConcurrentRequests > 0 {
-		r.adm = newAdmission(opts.MaxConcurrentRequests, opts.QueueSize,
+	r.completions = newCompletionMeter(completionTau)
+	r.startScheduler(reg)
+	if r.sched == nil && opts.MaxConcurrentRequests > 0 {
+		r.adm = newAdmission(opts.MaxConcurrentRequests, opts.RateLimitTokensPerSecond, opts.QueueSize,
 			time.Duration(opts.QueueTimeoutSecs)*time.Second, m)
 	}
 	dialer := &net.Dialer{Timeout: opts.UpstreamDialTimeout, KeepAlive: 30 * time.Second}

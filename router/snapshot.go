@@ -99,6 +99,7 @@ type view struct {
 type hotWorker struct {
 	st       *workerState
 	reported int64 // Waiting + Running from the last report
+	waiting  int64 // Waiting from the last report (least_load's waiting cap)
 	eligible bool  // Healthy and not vetoed (the breaker is checked live)
 	healthy  bool
 	veto     Veto
@@ -143,7 +144,7 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 	pdm := newPDMembers()
 	for i := range workers {
 		w := &workers[i]
-		v.hot[i] = hotWorker{st: states[i], reported: w.Waiting + w.Running, eligible: w.Healthy && w.Veto == VetoNone,
+		v.hot[i] = hotWorker{st: states[i], reported: w.Waiting + w.Running, waiting: w.Waiting, eligible: w.Healthy && w.Veto == VetoNone,
 			healthy: w.Healthy, veto: w.Veto}
 		v.byID[w.ID] = int32(i)
 		v.bySlot[states[i].slot] = int32(i)

@@ -1,0 +1,143 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/router/scheduler"
+)
+
+// Scheduler answers (SMG's error codes; each also in X-SMG-Error-Code).
+const (
+	CodeSchedulerPreempted       = "scheduler_preempted"
+	CodeSchedulerQueueFull       = "scheduler_queue_full"
+	CodeSchedulerQueueTimeout    = "scheduler_queue_timeout"
+	CodeSchedulerClientCancelled = "scheduler_client_cancelled"
+)
+
+// PriorityHeader carries the requested class.
+const PriorityHeader = "x-smg-priority"
+
+// PreemptedHeader marks a 503 whose request was preempted before its first byte.
+const PreemptedHeader = "X-SMG-Preempted"
+
+// errPreempted is the cause of a request context cancelled by preemption.
+var errPreempted = errors.New("preempted by a higher-priority request before the first byte")
+
+// buildScheduler loads the scheduler's configuration. An error means the
+// router runs the rate limiting path instead (the caller logs it): bad YAML,
+// an unknown class, reservations over a static capacity, or no capacity at all.
+func buildScheduler(opts Options, reg prometheus.Registerer) (*scheduler.Scheduler, error) {
+	cfg := scheduler.DefaultConfig()
+	cfg.DefaultMaxClass, _ = scheduler.ParseClass(opts.PrioritySchedulerDefaultMaxClass)
+	cfg.TenantMetricTopN = opts.PrioritySchedulerTenantMetricTopN
+	if opts.PrioritySchedulerConfig != "" {
+		var err error
+		if cfg, err = scheduler.LoadConfig(opts.PrioritySchedulerConfig, cfg); err != nil {
+			return nil, fmt.Errorf("%s: %w", opts.PrioritySchedulerConfig, err)
+		}
+	}
+	capacity := staticCapacity(opts)
+	if capacity == 0 {
+		return nil, errors.New("no capacity to admit against: set --max-concurrent-requests")
+	}
+	if capacity > 0 && cfg.ReservedTotal() > capacity {
+		return nil, fmt.Errorf("reservations over capacity: the classes reserve %d slots, --max-concurrent-requests is %d",
+			cfg.ReservedTotal(), capacity)
+	}
+	m, err := scheduler.NewMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler metrics: %w", err)
+	}
+	return scheduler.New(cfg, capacity, m), nil
+}
+
+// staticCapacity is the scheduler's capacity when it does not come from the
+// fleet: --max-concurrent-requests (0: none).
+func staticCapacity(opts Options) int64 {
+	return int64(max(0, opts.MaxConcurrentRequests))
+}
+
+// startScheduler builds the scheduler when enabled; on failure it logs the
+// problem and the fallback, and the router runs the rate limiting path.
+func (r *Router) startScheduler(reg prometheus.Registerer) {
+	if !r.opts.PrioritySchedulerEnabled {
+		return
+	}
+	s, err := buildScheduler(r.opts, reg)
+	if err != nil {
+		fallback := "no admission limit"
+		if r.opts.MaxConcurrentRequests > 0 {
+			fallback = "the rate limiting path (--max-concurrent-requests token bucket)"
+		}
+		r.log.Error("Priority scheduler not started; falling back", "problem", err.Error(), "fallback", fallback)
+		return
+	}
+	r.sched = s
+	r.log.Info("Priority scheduler on", "capacity", staticCapacity(r.opts), "config", r.opts.PrioritySchedulerConfig)
+}
+
+// requestClass reads the caller's tenant and requested class and clamps it.
+func (r *Router) requestClass(req *http.Request) (scheduler.Class, string) {
+	cfg := r.sched.Config()
+	m := r.sched.Metrics()
+	tenant := cfg.Tenant(req.Header, req.RemoteAddr)
+	requested := scheduler.Default
+	if vals, present := req.Header[http.CanonicalHeaderKey(PriorityHeader)]; present {
+		var ok bool
+		if requested, ok = scheduler.ParseClass(vals[0]); !ok {
+			m.CountUnknown(tenant)
+		}
+	}
+	effective := scheduler.Clamp(requested, cfg.MaxClass(tenant))
+	if effective != requested {
+		m.CountClamp(tenant, requested, effective)
+	}
+	return effective, tenant
+}
+
+// admitScheduled waits for a scheduler slot. On refusal it has answered
+// and returns a nil ticket with the status sent.
+func (r *Router) admitScheduled(w http.ResponseWriter, req *http.Request) (*scheduler.Ticket, int) {
+	class, tenant := r.requestClass(req)
+	t, res := r.sched.Admit(req.Context(), class)
+	switch res {
+	case scheduler.Admitted:
+		return t, 0
+	case scheduler.QueueFull:
+		writeError(w, http.StatusTooManyRequests, CodeSchedulerQueueFull,
+			"Too many requests: the "+class.String()+" queue is full", r.retryAfterQueued(class))
+		return nil, http.StatusTooManyRequests
+	case scheduler.QueueTimeout:
+		writeError(w, http.StatusRequestTimeout, CodeSchedulerQueueTimeout,
+			"Timed out waiting in the "+class.String()+" queue", r.retryAfterQueued(class))
+		return nil, http.StatusRequestTimeout
+	default:
+		r.log.Info("Client left before admission", "class", class.String(), "tenant", tenant,
+			"code", CodeSchedulerClientCancelled)
+		writeError(w, statusClientClosed, CodeSchedulerClientCancelled, "The client left before admission", 0)
+		return nil, statusClientClosed
+	}
+}
+
+// watchPreemption cancels ctx when the ticket is chosen as a victim.
+func watchPreemption(ctx context.Context, t *scheduler.Ticket) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	t.OnPreempt(func() { cancel(errPreempted) })
+	return ctx, func() { cancel(nil) }
+}
+
+// preempted reports whether ctx ended by preemption.
+func preempted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), errPreempted) }
+
+// writePreempted is SMG's preemption answer.
+func writePreempted(w http.ResponseWriter) int {
+	w.Header()[PreemptedHeader] = []string{"true"}
+	writeError(w, http.StatusServiceUnavailable, CodeSchedulerPreempted,
+		"Preempted by a higher-priority request before the first byte; retry", 1)
+	return http.StatusServiceUnavailable
+}

@@ -1,0 +1,294 @@
+package router
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func running(n int64) func(*Worker) { return func(w *Worker) { w.Running = n } }
+
+// least_load's waiting cap: a worker whose reported waiting plus this
+// router's dispatches since that report reaches the cap is skipped, even
+// when its load is the lowest; when every worker is capped, least load wins.
+func TestLeastLoadWaitingCap(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Policy = PolicyLeastLoad; o.LeastLoadWaitingCap = 4 })
+	a, b := newEngine(t, "a", nil), newEngine(t, "b", nil)
+	h.apply(a.worker(waiting(3)), b.worker(running(20)))
+	if got := h.post(testModel, "", "x").servedBy(); got != "a" {
+		t.Fatalf("first request went to %s, want a (least loaded, waiting 3 under the cap 4)", got)
+	}
+	for i := range 4 {
+		if got := h.post(testModel, "", "x").servedBy(); got != "b" {
+			t.Fatalf("request %d went to %s, want b: a's waiting 3 + 1 dispatch reached the cap", i, got)
+		}
+	}
+	// b's 4 dispatches since its report reach the cap too: every worker is
+	// capped, and the least loaded (a: 4 against b: 24) is taken.
+	if got := h.post(testModel, "", "x").servedBy(); got != "a" {
+		t.Fatalf("every worker capped: went to %s, want the least loaded (a)", got)
+	}
+	// Without the cap, a takes requests until its load reaches b's.
+	h2 := newHarness(t, func(o *Options) { o.Policy = PolicyLeastLoad })
+	h2.apply(a.worker(waiting(3)), b.worker(running(20)))
+	for i := range 5 {
+		if got := h2.post(testModel, "", "x").servedBy(); got != "a" {
+			t.Fatalf("no cap: request %d went to %s, want a", i, got)
+		}
+	}
+}
+
+// schedHarness is a router with the priority scheduler on, a capacity of
+// capacity slots and the YAML doc as its configuration.
+func schedHarness(t *testing.T, capacity int, doc string, mutate func(*Options)) (*harness, *lockedBuffer) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "scheduler.yaml")
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	opts := DefaultOptions()
+	opts.DisableRetries = true
+	opts.MaxConcurrentRequests = capacity
+	opts.PrioritySchedulerEnabled = true
+	opts.PrioritySchedulerConfig = path
+	if mutate != nil {
+		mutate(&opts)
+	}
+	reg := prometheus.NewRegistry()
+	r, err := New(opts, slog.New(slog.NewTextHandler(logs, nil)), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r.Handler())
+	t.Cleanup(srv.Close)
+	return &harness{t: t, r: r, reg: reg, srv: srv}, logs
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// metricValue reads one series from the harness's registry (0 if absent).
+func (h *harness) metricValue(name string, labels map[string]string) float64 {
+	h.t.Helper()
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return 0
+}
+
+// noReservations keeps tests small: SMG's default reservations (160 slots)
+// do not fit a capacity of a few.
+const noReservations = `
+classes:
+  system: {reserved: 0}
+  interactive: {reserved: 0, queue_timeout_secs: 0.2}
+  default: {queue_size: 0}
+api_keys:
+  sk-batch: batch
+  sk-chat: chat
+tenant_policies:
+  "auth:chat": {max_class: interactive}
+  "auth:batch": {max_class: bulk}
+`
+
+func (h *harness) sendAs(key, priority, prompt string) answer {
+	h.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions",
+		strings.NewReader(fmt.Sprintf(`{"model":%q,"stream":true,"messages":[{"role":"user","content":%q}]}`, testModel, prompt)))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	if priority != "" {
+		req.Header.Set("x-smg-priority", priority)
+	}
+	return do(h.t, req)
+}
+
+// A bulk request still waiting for its engine's first byte is preempted by
+// an interactive one: its client gets only SMG's preemption answer (even
+// though the engine had sent its headers) and its upstream request is
+// cancelled; the interactive request is served.
+func TestPreemptionBeforeFirstByte(t *testing.T) {
+	h, _ := schedHarness(t, 1, noReservations, nil)
+	upstreamCancelled := make(chan struct{})
+	entered := make(chan string, 2)
+	e := newEngine(t, "w", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(body), "bulk-job") {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush() // headers out, like an engine that queues the request
+			entered <- "bulk"
+			<-r.Context().Done()
+			close(upstreamCancelled)
+			return
+		}
+		entered <- "chat"
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"ok\":true}\n\ndata: [DONE]\n\n")
+	})
+	h.apply(e.worker())
+	bulk := make(chan answer, 1)
+	go func() { bulk <- h.sendAs("sk-batch", "bulk", "bulk-job") }()
+	if got := <-entered; got != "bulk" {
+		t.Fatalf("engine saw %s first", got)
+	}
+	chat := h.sendAs("sk-chat", "interactive", "chat")
+	if chat.status != http.StatusOK || chat.servedBy() != "w" {
+		t.Fatalf("interactive: %d %s", chat.status, chat.body)
+	}
+	b := <-bulk
+	if b.status != http.StatusServiceUnavailable || b.errorCode() != CodeSchedulerPreempted ||
+		b.header.Get(ErrorCodeHeader) != CodeSchedulerPreempted || b.header.Get("X-SMG-Preempted") != "true" ||
+		b.header.Get("Retry-After") != "1" || b.servedBy() != "" {
+		t.Fatalf("preempted answer: %d %v %s", b.status, b.header, b.body)
+	}
+	want := `{"error":{"type":"server_error","code":"scheduler_preempted","message":"Preempted by a higher-priority request before the first byte; retry","param":null}}`
+	if b.body != want {
+		t.Fatalf("preempted body %s, want %s", b.body, want)
+	}
+	waitFor(t, upstreamCancelled, "the preempted upstream request to be cancelled")
+	if v := h.metricValue("smg_scheduler_preemption_total", map[string]string{"victim_class": "bulk", "by_class": "interactive"}); v != 1 {
+		t.Fatalf("smg_scheduler_preemption_total = %v, want 1", v)
+	}
+	if v := h.metricValue("smg_scheduler_admit_total", map[string]string{"class": "bulk", "outcome": "preempted"}); v != 1 {
+		t.Fatalf("admit_total{bulk,preempted} = %v, want 1", v)
+	}
+}
+
+// A request that has sent a byte is never preempted: the interactive request
+// waits in its queue and times out with 408 scheduler_queue_timeout; a full
+// default queue answers 429 scheduler_queue_full. Both carry the JSON body
+// and X-SMG-Error-Code.
+func TestStartedRequestKeepsItsSlot(t *testing.T) {
+	h, _ := schedHarness(t, 1, noReservations, nil)
+	release := make(chan struct{})
+	e := newEngine(t, "w", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"first\":true}\n\n")
+		w.(http.Flusher).Flush()
+		<-release
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	h.apply(e.worker())
+	bulk := make(chan answer, 1)
+	go func() { bulk <- h.sendAs("sk-batch", "bulk", "bulk-job") }()
+	// The router stamps progress right after the first chunk passed the
+	// ticket's first-byte check.
+	waitUntil(t, func() bool { return h.r.view.Load().states[0].lastProgress.Load() != 0 })
+	chat := h.sendAs("sk-chat", "interactive", "chat")
+	if chat.status != http.StatusRequestTimeout || chat.errorCode() != CodeSchedulerQueueTimeout ||
+		chat.header.Get(ErrorCodeHeader) != CodeSchedulerQueueTimeout {
+		t.Fatalf("interactive behind a started request: %d %v %s", chat.status, chat.header, chat.body)
+	}
+	full := h.sendAs("", "", "anonymous default request")
+	if full.status != http.StatusTooManyRequests || full.errorCode() != CodeSchedulerQueueFull ||
+		full.header.Get(ErrorCodeHeader) != CodeSchedulerQueueFull || !strings.Contains(full.body, `"type":"rate_limit_error"`) {
+		t.Fatalf("full default queue: %d %v %s", full.status, full.header, full.body)
+	}
+	close(release)
+	if b := <-bulk; b.status != http.StatusOK || !strings.Contains(b.body, "[DONE]") {
+		t.Fatalf("the started bulk request was not served whole: %d %s", b.status, b.body)
+	}
+}
+
+// The tenant comes from the API key; the header cannot raise a class above
+// the tenant's ceiling (counted), and an unknown value is default (counted).
+func TestTenantClampAndUnknownPriority(t *testing.T) {
+	h, _ := schedHarness(t, 4, noReservations, nil)
+	h.apply(newEngine(t, "w", nil).worker())
+	h.sendAs("sk-batch", "system", "x")
+	h.sendAs("sk-chat", "urgent!", "x")
+	h.sendAs("", "interactive", "x") // no API key: the default ceiling (default)
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"smg_scheduler_clamp_total", map[string]string{"tenant": "auth:batch", "requested_class": "system", "effective_class": "bulk"}, 1},
+		{"smg_scheduler_clamp_total", map[string]string{"tenant": "ip:127.0.0.1", "requested_class": "interactive", "effective_class": "default"}, 1},
+		{"smg_scheduler_unknown_priority_value_total", map[string]string{"tenant": "auth:chat"}, 1},
+		{"smg_scheduler_admit_total", map[string]string{"class": "bulk", "outcome": "admitted"}, 1},
+		{"smg_scheduler_admit_total", map[string]string{"class": "default", "outcome": "admitted"}, 2},
+		{"smg_scheduler_admit_total", map[string]string{"class": "system", "outcome": "admitted"}, 0},
+	} {
+		if v := h.metricValue(c.name, c.labels); v != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
+		}
+	}
+}
+
+// A bad configuration never fails the start: an ERROR names the problem and
+// the fallback, and the rate limiting path admits instead.
+func TestSchedulerFailSafe(t *testing.T) {
+	for name, c := range map[string]struct{ doc, problem string }{
+		"bad yaml":          {"classes: [", "scheduler config"},
+		"unknown class":     {"classes:\n  gold: {reserved: 1}\n", "classes.gold: unknown class"},
+		"over capacity":     {"classes:\n  system: {reserved: 4}\n", "reservations over capacity"},
+		"default over cap.": {"", "reservations over capacity: the classes reserve 160 slots"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h, logs := schedHarness(t, 2, c.doc, nil)
+			out := logs.String()
+			if h.r.sched != nil || h.r.adm == nil || !strings.Contains(out, "level=ERROR") ||
+				!strings.Contains(out, c.problem) || !strings.Contains(out, "rate limiting path") {
+				t.Fatalf("sched=%v adm=%v log: %s", h.r.sched, h.r.adm, out)
+			}
+			h.apply(newEngine(t, "w", nil).worker())
+			if a := h.post(testModel, "", "x"); a.status != http.StatusOK {
+				t.Fatalf("fallback path: %d %s", a.status, a.body)
+			}
+		})
+	}
+}
