@@ -25,12 +25,22 @@ const (
 // pdFleet is the PD deployment of one run.
 type pdFleet struct {
 	prefill, decode string
+	cpGRPC          int
 	routers         []string
 }
 
 // pdStart serves a prefill and a decode engine, a control plane that
 // registers them, and three PD routers with the extra flags.
 func pdStart(t *testing.T, routerFlags ...string) pdFleet {
+	t.Helper()
+	f := pdEngines(t)
+	f.startRouters(t, append([]string{"--policy", "round_robin"}, routerFlags...)...)
+	return f
+}
+
+// pdEngines serves a prefill and a decode engine and a control plane that
+// registers them, with no router yet.
+func pdEngines(t *testing.T) pdFleet {
 	t.Helper()
 	// vLLM flavor on the prefill: its abort counter counts bootstrap expiries.
 	prefill := pdSim(t, "prefill", "--flavor", "vllm", "--role", "prefill", "--max-running-requests", "64",
@@ -40,10 +50,18 @@ func pdStart(t *testing.T, routerFlags ...string) pdFleet {
 		"--itl-ms", "40", "--seed", "2")
 	port := prefill[strings.LastIndexByte(prefill, ':')+1:]
 	cp := newControlPlane(t, nil, "--load-monitor-interval", "1", "--prefill", prefill, port, "--decode", decode)
-	f := pdFleet{prefill: prefill, decode: decode}
+	return pdFleet{prefill: prefill, decode: decode, cpGRPC: cp.grpcPort}
+}
+
+// startRouters starts three PD routers with the extra flags (replacing any
+// before them), stopped when t ends, and waits until each sees both workers.
+func (f *pdFleet) startRouters(t *testing.T, routerFlags ...string) {
+	t.Helper()
+	prefill, decode := f.prefill, f.decode
+	f.routers = nil
 	for i := range 3 {
-		args := append([]string{"--pd-disaggregation", "--policy", "round_robin", "--load-monitor-interval", "1"}, routerFlags...)
-		f.routers = append(f.routers, startRouter(t, fmt.Sprintf("pd-r%d", i), cp.grpcPort, args...))
+		args := append([]string{"--pd-disaggregation", "--load-monitor-interval", "1"}, routerFlags...)
+		f.routers = append(f.routers, startRouter(t, fmt.Sprintf("pd-r%d", i), f.cpGRPC, args...))
 	}
 	// Every router must see both workers healthy and the decode window.
 	for _, base := range f.routers {
@@ -72,7 +90,6 @@ func pdStart(t *testing.T, routerFlags ...string) pdFleet {
 			return ready == 2, fmt.Sprintf("%+v", l.Workers)
 		})
 	}
-	return f
 }
 
 // pdSim starts one simulated engine and returns its URL.
@@ -120,6 +137,7 @@ func pdRunBurst(t *testing.T, f pdFleet) pdBurstResult {
 			base := f.routers[i%len(f.routers)]
 			req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("x-smg-routing-key", fmt.Sprint("user-", i%4)) // manual pins keys
 			resp, err := client.Do(req)
 			mu.Lock()
 			defer mu.Unlock()
@@ -181,36 +199,47 @@ func pdDecodeLoad(url string) (running, waiting int64, err error) {
 
 // TestPDAdmissionWindowAcrossThreeRouters: with the fleet-wide window, a
 // burst of 4x the decode window through three routers finishes with no
-// bootstrap expiry and the decode engine never queues past its window.
+// bootstrap expiry and the decode engine never queues past its window, under
+// every routing policy (the engines and control plane are shared; each
+// policy gets three fresh routers).
 func TestPDAdmissionWindowAcrossThreeRouters(t *testing.T) {
-	f := pdStart(t)
-	res := pdRunBurst(t, f)
-	t.Logf("shared window: ok=%d shed=%d failed=%d expiries=%v decode max running=%d max waiting=%d max held=%d in %s",
-		res.ok, res.shed, res.failed, res.expiries, res.maxRunning, res.maxWaiting, res.maxHeld, res.elapsed.Round(time.Millisecond))
-	if res.expiries != 0 {
-		t.Errorf("prefill bootstrap expiries = %v, want 0", res.expiries)
-	}
-	if res.maxRunning > pdWindow {
-		t.Errorf("decode running peaked at %d, above its window %d", res.maxRunning, pdWindow)
-	}
-	// A request may wait for the engine's next step (up to one ITL) for a
-	// slot that is free; more requests than the window never reach it.
-	if res.maxHeld > pdWindow {
-		t.Errorf("decode engine held %d requests (running + waiting), above its window %d", res.maxHeld, pdWindow)
-	}
-	if res.ok != pdBurst {
-		t.Errorf("%d of %d requests answered 200 (shed %d, failed %d)", res.ok, pdBurst, res.shed, res.failed)
-	}
-	waits := 0.0
-	for _, base := range f.routers {
-		m, err := scrape(base + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		waits += metricSum(m, "smg_pd_admission_waits_total")
-	}
-	if waits == 0 {
-		t.Errorf("smg_pd_admission_waits_total = 0 over the routers: the burst never waited for a room")
+	f := pdEngines(t)
+	var expiriesBefore float64
+	for _, policy := range []string{"cache_aware", "round_robin", "random", "power_of_two", "least_load",
+		"consistent_hashing", "prefix_hash", "manual"} {
+		t.Run(policy, func(t *testing.T) {
+			f.startRouters(t, "--policy", policy)
+			res := pdRunBurst(t, f)
+			res.expiries -= expiriesBefore
+			expiriesBefore += res.expiries
+			t.Logf("shared window: ok=%d shed=%d failed=%d expiries=%v decode max running=%d max waiting=%d max held=%d in %s",
+				res.ok, res.shed, res.failed, res.expiries, res.maxRunning, res.maxWaiting, res.maxHeld, res.elapsed.Round(time.Millisecond))
+			if res.expiries != 0 {
+				t.Errorf("prefill bootstrap expiries = %v, want 0", res.expiries)
+			}
+			if res.maxRunning > pdWindow {
+				t.Errorf("decode running peaked at %d, above its window %d", res.maxRunning, pdWindow)
+			}
+			// A request may wait for the engine's next step (up to one ITL) for a
+			// slot that is free; more requests than the window never reach it.
+			if res.maxHeld > pdWindow {
+				t.Errorf("decode engine held %d requests (running + waiting), above its window %d", res.maxHeld, pdWindow)
+			}
+			if res.ok != pdBurst {
+				t.Errorf("%d of %d requests answered 200 (shed %d, failed %d)", res.ok, pdBurst, res.shed, res.failed)
+			}
+			waits := 0.0
+			for _, base := range f.routers {
+				m, err := scrape(base + "/metrics")
+				if err != nil {
+					t.Fatal(err)
+				}
+				waits += metricSum(m, "smg_pd_admission_waits_total")
+			}
+			if waits == 0 {
+				t.Errorf("smg_pd_admission_waits_total = 0 over the routers: the burst never waited for a room")
+			}
+		})
 	}
 }
 

@@ -217,7 +217,7 @@ func (s *selector) manual(v *view, p *pool, q *request) int32 {
 	if q.key == "" {
 		return s.random(v, p, q)
 	}
-	h := hashString(q.key)
+	h := hashString(q.key) ^ p.salt()
 	if slot, ok := s.sticky.get(h); ok {
 		if i := v.indexOfSlot(slot); i >= 0 && p.contains(v, i) {
 			if s.eligible(v, i, q) {
@@ -260,7 +260,7 @@ func (s *selector) cacheAware(v *view, p *pool, q *request) int32 {
 	// Block hashes are cumulative: block k's hash covers the whole prefix.
 	var hashes [affinityMaxBlocks]uint64
 	blocks := 0
-	h := uint64(hashSeed)
+	h := uint64(hashSeed) ^ p.salt()
 	for off := 0; off < len(prompt); off += affinityBlock {
 		h = hashBytes(h, prompt[off:min(off+affinityBlock, len(prompt))])
 		hashes[blocks] = h
@@ -320,6 +320,20 @@ func (p *pool) contains(v *view, i int32) bool {
 		kind = ""
 	}
 	return (p.model == "" || w.Model == p.model) && kind == p.kind
+}
+
+// salt keys a pool's affinity entries apart from other pools': a PD
+// request's prefill and decode legs share a prompt and a routing key, and
+// each leg's pin must name a worker of its own pool, or the two legs would
+// overwrite each other's pins on every request.
+func (p *pool) salt() uint64 {
+	switch p.kind {
+	case TypePrefill:
+		return 0x70726566696c6c00 // "prefill"
+	case TypeDecode:
+		return 0x6465636f64650000 // "decode"
+	}
+	return 0
 }
 
 // affinityTable is a fixed-size, lossy, lock-free map from a 64-bit hash to a
