@@ -1,0 +1,196 @@
+package tlsutil
+
+import (
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/credentials"
+)
+
+// ServerConfig serves the pair in use at each handshake. With clientCAs,
+// every client must present a certificate that the bundle in use verifies
+// (mutual TLS). nextProtos are the ALPN protocols ("h2" for gRPC; "h2",
+// "http/1.1" for HTTP).
+func ServerConfig(kp *KeyPair, clientCAs *Pool, nextProtos ...string) *tls.Config {
+	cfg := &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		NextProtos:     nextProtos,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return kp.Certificate(), nil },
+	}
+	if clientCAs == nil {
+		return cfg
+	}
+	cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	cfg.ClientCAs = clientCAs.CertPool()
+	// The bundle may be rotated: each handshake takes the one in use.
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		c := cfg.Clone()
+		c.GetConfigForClient = nil
+		c.ClientCAs = clientCAs.CertPool()
+		return c, nil
+	}
+	return cfg
+}
+
+// ClientOptions say how a client verifies a server and who it is.
+type ClientOptions struct {
+	Roots      *Pool    // CA bundle for the server's certificate; nil: the system's
+	ServerName string   // expected name in the server's certificate; "": the dialled host
+	Cert       *KeyPair // client certificate for mutual TLS; nil: none
+	// InsecureSkipVerify accepts any server certificate (engines with
+	// self-signed certificates only; never offered for the control plane).
+	InsecureSkipVerify bool
+}
+
+// ClientConfig builds a client configuration that verifies the server against
+// the bundle in use at each handshake.
+func ClientConfig(o ClientOptions) *tls.Config {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: o.ServerName}
+	if o.Cert != nil {
+		cert := o.Cert
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert.Certificate(), nil }
+	}
+	switch {
+	case o.InsecureSkipVerify:
+		cfg.InsecureSkipVerify = true
+	case o.Roots != nil:
+		// Go verifies against a fixed RootCAs; to follow a rotated bundle the
+		// check is done here, against the bundle in use, with the same rules.
+		roots := o.Roots
+		cfg.InsecureSkipVerify = true
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("tls: the server presented no certificate")
+			}
+			inter := x509.NewCertPool()
+			for _, c := range cs.PeerCertificates[1:] {
+				inter.AddCert(c)
+			}
+			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
+				Roots: roots.CertPool(), Intermediates: inter, DNSName: cs.ServerName,
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+			})
+			return err
+		}
+	}
+	return cfg
+}
+
+// Fingerprint is the SHA-256 of a certificate's DER, in hex: how logs and
+// tests name a certificate.
+func Fingerprint(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.Raw)
+	return hex.EncodeToString(sum[:])
+}
+
+// Identity is who a client certificate names.
+type Identity struct {
+	Role string // "agent" or "router"
+	Name string // the agent's node or the router's id
+}
+
+// IdentityOf reads the identity a client certificate carries:
+//   - a SPIFFE ID URI SAN whose path ends in /agent/NODE or /router/ID
+//     (spiffe://example.org/ns/smg/agent/gpu-7), or else
+//   - a Subject common name smg:agent:NODE or smg:router:ID (the form
+//     Kubernetes uses for kubelets, system:node:NAME).
+func IdentityOf(c *x509.Certificate) (Identity, error) {
+	for _, u := range c.URIs {
+		if id, ok := spiffeIdentity(u); ok {
+			return id, nil
+		}
+	}
+	if role, name, ok := strings.Cut(strings.TrimPrefix(c.Subject.CommonName, "smg:"), ":"); ok &&
+		strings.HasPrefix(c.Subject.CommonName, "smg:") && validRole(role) && name != "" {
+		return Identity{Role: role, Name: name}, nil
+	}
+	return Identity{}, fmt.Errorf("the client certificate (subject %q) names no smg identity: want a URI SAN spiffe://DOMAIN/.../agent/NODE or .../router/ID, or the common name smg:agent:NODE or smg:router:ID", c.Subject.CommonName)
+}
+
+func spiffeIdentity(u *url.URL) (Identity, bool) {
+	if u.Scheme != "spiffe" || u.Host == "" {
+		return Identity{}, false
+	}
+	parts := strings.Split(strings.Trim(u.Path, "/"), "/")
+	if len(parts) < 2 {
+		return Identity{}, false
+	}
+	role, name := parts[len(parts)-2], parts[len(parts)-1]
+	if !validRole(role) || name == "" {
+		return Identity{}, false
+	}
+	return Identity{Role: role, Name: name}, true
+}
+
+func validRole(r string) bool { return r == "agent" || r == "router" }
+
+// PeerIdentity reads the identity of a gRPC peer authenticated with mutual
+// TLS; ok is false when the connection carried no verified client certificate.
+func PeerIdentity(info credentials.AuthInfo) (id Identity, ok bool, err error) {
+	ti, isTLS := info.(credentials.TLSInfo)
+	if !isTLS || len(ti.State.VerifiedChains) == 0 || len(ti.State.PeerCertificates) == 0 {
+		return Identity{}, false, nil
+	}
+	id, err = IdentityOf(ti.State.PeerCertificates[0])
+	return id, err == nil, err
+}
+
+// loggingCreds logs every failed server handshake: gRPC drops them silently.
+type loggingCreds struct {
+	credentials.TransportCredentials
+	log      *slog.Logger
+	listener string
+}
+
+// ServerCredentials are gRPC server credentials over cfg that log each
+// refused handshake (who, and why) at WARN.
+func ServerCredentials(cfg *tls.Config, listener string, log *slog.Logger) credentials.TransportCredentials {
+	return loggingCreds{credentials.NewTLS(cfg), log, listener}
+}
+
+func (c loggingCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	out, info, err := c.TransportCredentials.ServerHandshake(conn)
+	if err != nil {
+		c.log.Warn("TLS handshake refused", "listener", c.listener, "peer", conn.RemoteAddr().String(), "err", err)
+	}
+	return out, info, err
+}
+
+func (c loggingCreds) Clone() credentials.TransportCredentials {
+	return loggingCreds{c.TransportCredentials.Clone(), c.log, c.listener}
+}
+
+// RegisterExpiry exports smg_tls_certificate_expiry_seconds{listener}: the
+// seconds until the certificate in use expires (negative once expired).
+func RegisterExpiry(reg prometheus.Registerer, listener string, kp *KeyPair, now func() time.Time) error {
+	return reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "smg_tls_certificate_expiry_seconds",
+		Help:        "Seconds until the TLS certificate in use expires (negative once expired), by listener or client link.",
+		ConstLabels: prometheus.Labels{"listener": listener},
+	}, func() float64 { return kp.NotAfter().Sub(now()).Seconds() }))
+}
+
+// ErrorLogWriter adapts slog for http.Server.ErrorLog, where the standard
+// library reports refused TLS handshakes ("http: TLS handshake error from ...").
+type ErrorLogWriter struct {
+	Log      *slog.Logger
+	Listener string
+}
+
+func (w ErrorLogWriter) Write(p []byte) (int, error) {
+	w.Log.Warn(strings.TrimSpace(string(p)), "listener", w.Listener)
+	return len(p), nil
+}
+
+// Ensure the interface is met.
+var _ credentials.TransportCredentials = loggingCreds{}
