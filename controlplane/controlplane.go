@@ -6,6 +6,7 @@ package controlplane
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -42,7 +43,10 @@ import (
 
 // Options configure the control plane; AddFlags binds them to flags.
 type Options struct {
-	WorkerURLs          cli.List
+	WorkerURLs cli.List
+	// EngineTLS verifies https:// engines for polls, probes and discovery
+	// (nil: Go's defaults). Set by the command from --engine-ca-file and friends.
+	EngineTLS           *tls.Config
 	PrefillURLs         cli.List // PD prefill engines: URL [BOOTSTRAP_PORT] ...
 	DecodeURLs          cli.List // PD decode engines
 	LoadMonitorInterval int      // seconds, > 0
@@ -143,7 +147,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	}
 	cp := &ControlPlane{opts: opts, log: log, metrics: reg}
 	cp.Registry = registry.New(newEpoch(), registry.DefaultHistory)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: opts.EngineTLS}}
 	cp.Ingest = ingest.New(cp.Registry, log)
 	cp.Ingest.Coalesce()
 	collector := ingest.NewCollector(cp.Registry)

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -92,19 +93,22 @@ type Options struct {
 	// RetryAfterMode: RetryAfterInterval (the spec's --load-monitor-interval)
 	// or RetryAfterEstimated (when a retry would be admitted, from the
 	// observed completion rate and the queue ahead, within [1, interval]).
-	RetryAfterMode           string
-	MaxPayloadSize           int64 // bytes
-	BodyReadTimeoutSecs      int   // a request body must arrive within this
-	IdleTimeoutSecs          int   // idle keep-alive client connections close after this
-	MaxConnections           int   // client connections open at once; more wait in the backlog
-	RequestTimeoutSecs       int
-	CacheThreshold           float64 // cache_aware: prefix match ratio that keeps affinity
-	BalanceAbsThreshold      int64   // cache_aware: load spread that switches to least load ...
-	BalanceRelThreshold      float64 // ... when max load also exceeds min load times this
-	DispatchKeyHeader        string  // header carrying the sticky routing key
-	PrefixHashLoadFactor     float64 // prefix_hash: skip a ring worker loaded above mean times this
-	CacheAwareHotTokenUsage  float64 // cache_aware: KV usage at which affinity is dropped
-	UpstreamDialTimeout      time.Duration
+	RetryAfterMode          string
+	MaxPayloadSize          int64 // bytes
+	BodyReadTimeoutSecs     int   // a request body must arrive within this
+	IdleTimeoutSecs         int   // idle keep-alive client connections close after this
+	MaxConnections          int   // client connections open at once; more wait in the backlog
+	RequestTimeoutSecs      int
+	CacheThreshold          float64 // cache_aware: prefix match ratio that keeps affinity
+	BalanceAbsThreshold     int64   // cache_aware: load spread that switches to least load ...
+	BalanceRelThreshold     float64 // ... when max load also exceeds min load times this
+	DispatchKeyHeader       string  // header carrying the sticky routing key
+	PrefixHashLoadFactor    float64 // prefix_hash: skip a ring worker loaded above mean times this
+	CacheAwareHotTokenUsage float64 // cache_aware: KV usage at which affinity is dropped
+	UpstreamDialTimeout     time.Duration
+	// EngineTLS verifies https:// engines (nil: Go's defaults, the system's
+	// roots). Set by the command from --engine-ca-file and friends.
+	EngineTLS                *tls.Config
 	MaxIdleConnsPerWorker    int
 	PromptBytesPerTokenGuess int // estimate of prompt tokens in flight from body bytes
 }

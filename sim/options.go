@@ -5,6 +5,7 @@
 package sim
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -25,6 +26,8 @@ const (
 // Options are the knobs of one simulated engine. Every DP rank of the engine
 // gets its own window and KV capacity, like a real data-parallel deployment.
 type Options struct {
+	// TLS serves https:// when set (the command loads it from --tls-cert-file).
+	TLS    *tls.Config
 	Flavor string // "vllm" or "sglang": which load surfaces and metric names to serve
 	Model  string // served model id
 	Role   string // "regular", "prefill" or "decode" (PD disaggregation)

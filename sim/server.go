@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -159,7 +160,11 @@ func (s *Server) serveLocked(ln net.Listener) {
 	}
 	s.hs = hs
 	go func() {
-		if err := hs.Serve(resetListener{ln, &s.resetting}); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		var l net.Listener = resetListener{ln, &s.resetting}
+		if s.opts.TLS != nil {
+			l = tls.NewListener(l, s.opts.TLS)
+		}
+		if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("serve", "err", err)
 		}
 	}()
@@ -180,7 +185,12 @@ func (s *Server) trackConn(c net.Conn, st http.ConnState) {
 }
 
 // URL is the engine's base URL, http://host:port.
-func (s *Server) URL() string { return "http://" + s.addr }
+func (s *Server) URL() string {
+	if s.opts.TLS != nil {
+		return "https://" + s.addr
+	}
+	return "http://" + s.addr
+}
 
 // Addr is the engine's host:port.
 func (s *Server) Addr() string { return s.addr }
@@ -294,6 +304,9 @@ func (l resetListener) Accept() (net.Conn, error) {
 
 // abortConn closes c with a TCP reset instead of an orderly shutdown.
 func abortConn(c net.Conn) {
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok { // a TLS connection: reset the TCP one under it
+		c = tc.NetConn()
+	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
 	}

@@ -3,11 +3,12 @@ package main
 import (
 	"context"
 	"io"
+	"net/http"
 	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/smg-project/smg/internal/promreg"
+
 	"golang.org/x/sync/errgroup"
 
 	"github.com/smg-project/smg/agent"
@@ -17,7 +18,7 @@ import (
 func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := cli.NewFlagSet("agent", "A per-node agent: polls the engines on its node over loopback and pushes their load,\n"+
 		"contact, transport failures and engine silence to the control plane on one stream.\n"+
-		"The stream is plaintext gRPC: run the control plane on loopback or a private network.", stdout)
+		"The stream is plaintext unless --controlplane-ca-file is set (TLS; mutual TLS with --controlplane-cert-file).", stdout)
 	var c common
 	c.addFlags(fs, 30003)
 	opts := agent.DefaultOptions()
@@ -31,6 +32,10 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&opts.HeartbeatInterval, "heartbeat-interval", opts.HeartbeatInterval,
 		"longest quiet spell on the stream before a heartbeat (Go duration); keep well inside the control plane's --worker-stale-secs")
 	fs.StringVar(&opts.Token, "token", "", "bearer token the control plane requires of agents, if any")
+	var tf tlsFlags
+	tf.addServer(fs)
+	tf.addControlPlaneClient(fs)
+	tf.addEngineClient(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -39,8 +44,15 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	metrics := prometheus.NewRegistry()
-	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := promreg.New()
+	ts, err := tf.load(log, metrics)
+	if err != nil {
+		return err
+	}
+	opts.TransportCredentials = ts.controlPlaneCreds()
+	if cfg := ts.engineTLS(); cfg != nil {
+		opts.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second, TLSClientConfig: cfg}}
+	}
 	a, err := agent.New(opts, log, metrics)
 	if err != nil {
 		return err
@@ -50,9 +62,13 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	log.Info("Agent starting", "node", opts.Node, "controlplane", opts.ControlPlane, "engines", len(opts.EngineURLs),
-		"poll_interval", opts.PollInterval, "http", ln.Addr().String())
+		"poll_interval", opts.PollInterval, "http", ln.Addr().String(), "tls", ts.enabled(), "controlplane_tls", ts.cpCAs != nil)
+	ts.warnPlaintext("http", ln)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.Run(ctx) })
-	g.Go(func() error { return serveHTTP(ctx, ln, agent.Handler(metrics), 5*time.Second) })
+	g.Go(func() error { ts.watch(ctx); return nil })
+	g.Go(func() error {
+		return serveHTTP(ctx, ts.httpListener(ln), agent.Handler(metrics), 5*time.Second, ts.httpErrorLog("http"))
+	})
 	return g.Wait()
 }

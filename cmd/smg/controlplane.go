@@ -24,6 +24,10 @@ func runControlPlane(ctx context.Context, args []string, stdout, stderr io.Write
 	grpcPort := fs.Int("grpc-port", 30002, "gRPC port (WorkerService, WatchService, AgentService)")
 	opts := controlplane.DefaultOptions()
 	opts.AddFlags(fs)
+	var tf tlsFlags
+	tf.addServer(fs)
+	tf.addClientCA(fs)
+	tf.addEngineClient(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -31,14 +35,25 @@ func runControlPlane(ctx context.Context, args []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	cps, err := openControlPlane(opts, log, promreg.New(), c.host, c.port, *grpcPort)
+	metrics := promreg.New()
+	ts, err := tf.load(log, metrics)
 	if err != nil {
 		return err
 	}
-	log.Info("Control plane serving", "http", cps.httpLn.Addr().String(), "grpc", cps.grpcLn.Addr().String())
+	opts.EngineTLS = ts.engineTLS()
+	cps, err := openControlPlane(opts, log, metrics, c.host, c.port, *grpcPort, ts)
+	if err != nil {
+		return err
+	}
+	log.Info("Control plane serving", "http", cps.httpLn.Addr().String(), "grpc", cps.grpcLn.Addr().String(), "tls", ts.enabled(), "mtls", ts.clientCAs != nil)
+	ts.warnPlaintext("http", cps.httpLn)
+	ts.warnPlaintext("grpc", cps.grpcLn)
 	g, ctx := errgroup.WithContext(ctx)
 	cps.run(ctx, g)
-	g.Go(func() error { return serveHTTP(ctx, cps.httpLn, cps.cp.HTTPHandler(), 5*time.Second) })
+	g.Go(func() error { ts.watch(ctx); return nil })
+	g.Go(func() error {
+		return serveHTTP(ctx, ts.httpListener(cps.httpLn), cps.cp.HTTPHandler(), 5*time.Second, ts.httpErrorLog("http"))
+	})
 	return g.Wait()
 }
 
@@ -50,7 +65,7 @@ type servingControlPlane struct {
 	grpc           *grpc.Server
 }
 
-func openControlPlane(opts controlplane.Options, log *slog.Logger, metrics *prometheus.Registry, host string, httpPort, grpcPort int) (*servingControlPlane, error) {
+func openControlPlane(opts controlplane.Options, log *slog.Logger, metrics *prometheus.Registry, host string, httpPort, grpcPort int, ts *tlsSetup) (*servingControlPlane, error) {
 	cp, err := controlplane.New(opts, log, metrics)
 	if err != nil {
 		return nil, err
@@ -70,7 +85,7 @@ func openControlPlane(opts controlplane.Options, log *slog.Logger, metrics *prom
 		grpcLn.Close()
 		return nil, err
 	}
-	gs := newGRPCServer()
+	gs := newGRPCServer(ts.grpcServerOptions()...)
 	cp.RegisterGRPC(gs)
 	return &servingControlPlane{cp: cp, httpLn: httpLn, grpcLn: grpcLn, grpc: gs}, nil
 }

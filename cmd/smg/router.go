@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/smg-project/smg/controlplane"
@@ -47,6 +47,10 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	rf.addFlags(fs)
 	ropts := router.DefaultOptions()
 	ropts.AddFlags(fs)
+	var tf tlsFlags
+	tf.addServer(fs)
+	tf.addControlPlaneClient(fs)
+	tf.addEngineClient(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -55,6 +59,11 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	metrics := promreg.New()
+	ts, err := tf.load(log, metrics)
+	if err != nil {
+		return err
+	}
+	ropts.EngineTLS = ts.engineTLS()
 	r, err := router.New(ropts, log, metrics)
 	if err != nil {
 		return err
@@ -63,18 +72,22 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	conn, err := dialControlPlane(*cpAddr)
+	conn, err := dialControlPlane(*cpAddr, ts.controlPlaneCreds())
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	defer conn.Close()
 	wc := watchclient.New(conn, r, watchOptions(rf, ropts), log)
-	log.Info("Router serving", "http", ln.Addr().String(), "controlplane", *cpAddr, "policy", ropts.Policy)
+	log.Info("Router serving", "http", ln.Addr().String(), "controlplane", *cpAddr, "policy", ropts.Policy, "tls", ts.enabled(), "controlplane_tls", ts.cpCAs != nil)
+	ts.warnPlaintext("http", ln)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreCanceled(wc.Run(ctx)) })
+	g.Go(func() error { ts.watch(ctx); return nil })
 	g.Go(func() error {
-		return serveDraining(ctx, r.Listener(ln), ropts.Server(r.Handler()), r, time.Duration(rf.grace)*time.Second, log)
+		srv := ropts.Server(r.Handler())
+		srv.ErrorLog = ts.httpErrorLog("http")
+		return serveDraining(ctx, ts.httpListener(r.Listener(ln)), srv, r, time.Duration(rf.grace)*time.Second, log)
 	})
 	return g.Wait()
 }
@@ -87,9 +100,9 @@ func watchOptions(rf routerFlags, ropts router.Options) watchclient.Options {
 	return watchclient.Options{RouterID: rf.id, Token: rf.watchToken, StaleAfter: time.Duration(ropts.WorkerStaleSecs) * time.Second}
 }
 
-func dialControlPlane(addr string) (*grpc.ClientConn, error) {
+func dialControlPlane(addr string, creds credentials.TransportCredentials) (*grpc.ClientConn, error) {
 	return grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}),
 		// Redial a control plane that comes back within about a second.
 		backoff.DialOption(backoff.DefaultPolicy()),
@@ -114,6 +127,9 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	rf.addFlags(fs)
 	ropts := router.DefaultOptions()
 	ropts.AddFlags(fs)
+	var tf tlsFlags
+	tf.addServer(fs)
+	tf.addEngineClient(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -123,26 +139,38 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	metrics := promreg.New()
+	ts, err := tf.load(log, metrics)
+	if err != nil {
+		return err
+	}
+	ropts.EngineTLS, cpOpts.EngineTLS = ts.engineTLS(), ts.engineTLS()
 	r, err := router.New(ropts, log, metrics)
 	if err != nil {
 		return err
 	}
-	cps, err := openControlPlane(cpOpts, log, metrics, c.host, c.port, *grpcPort)
+	cps, err := openControlPlane(cpOpts, log, metrics, c.host, c.port, *grpcPort, ts)
 	if err != nil {
 		return err
 	}
-	conn, err := dialControlPlane(dialAddr(cps.grpcLn))
+	// The in-process router reaches the control plane over its own gRPC port,
+	// trusting exactly the certificate this process serves.
+	conn, err := dialControlPlane(dialAddr(cps.grpcLn), ts.selfCreds())
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	wc := watchclient.New(conn, r, watchOptions(rf, ropts), log)
-	log.Info("smg launch serving", "http", cps.httpLn.Addr().String(), "grpc", cps.grpcLn.Addr().String(), "policy", ropts.Policy)
+	log.Info("smg launch serving", "http", cps.httpLn.Addr().String(), "grpc", cps.grpcLn.Addr().String(), "policy", ropts.Policy, "tls", ts.enabled())
+	ts.warnPlaintext("http", cps.httpLn)
+	ts.warnPlaintext("grpc", cps.grpcLn)
 	g, ctx := errgroup.WithContext(ctx)
 	cps.run(ctx, g)
 	g.Go(func() error { return ignoreCanceled(wc.Run(ctx)) })
+	g.Go(func() error { ts.watch(ctx); return nil })
 	g.Go(func() error {
-		return serveDraining(ctx, r.Listener(cps.httpLn), ropts.Server(launchHandler(cps.cp, r)), r, time.Duration(rf.grace)*time.Second, log)
+		srv := ropts.Server(launchHandler(cps.cp, r))
+		srv.ErrorLog = ts.httpErrorLog("http")
+		return serveDraining(ctx, ts.httpListener(r.Listener(cps.httpLn)), srv, r, time.Duration(rf.grace)*time.Second, log)
 	})
 	return g.Wait()
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -46,8 +47,10 @@ func listen(host string, port int) (net.Listener, error) {
 }
 
 // serveHTTP serves h on ln until ctx ends, then shuts down within grace.
-func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+// errLog (may be nil) receives the server's own errors, refused TLS
+// handshakes among them.
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration, errLog *log.Logger) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: errLog}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -100,11 +103,11 @@ func serveDraining(ctx context.Context, ln net.Listener, srv *http.Server, d dra
 
 // newGRPCServer returns a server whose long-lived streams notice a dead peer
 // within seconds.
-func newGRPCServer() *grpc.Server {
-	return grpc.NewServer(
+func newGRPCServer(extra ...grpc.ServerOption) *grpc.Server {
+	return grpc.NewServer(append([]grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 5 * time.Second, Timeout: 3 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
-	)
+	}, extra...)...)
 }
 
 // serveGRPC serves s on ln until ctx ends, then stops gracefully (bounded).

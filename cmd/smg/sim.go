@@ -11,6 +11,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/internal/tlsutil"
+
 	"github.com/smg-project/smg/internal/cli"
 	"github.com/smg-project/smg/sim"
 )
@@ -24,6 +28,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := cli.NewFlagSet("sim", simSummary, stderr)
 	opts := sim.DefaultOptions()
 	opts.AddFlags(fs)
+	var tf tlsFlags
+	tf.addServer(fs)
 	host := fs.String("host", "127.0.0.1", "address the engines listen on")
 	port := fs.Int("port", 8000, "port of the first engine; engine i listens on port+i (0 picks free ports)")
 	count := fs.Int("count", 1, "number of independent engines in this process")
@@ -39,6 +45,14 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if tf.certFile != "" || tf.keyFile != "" {
+		ts, err := tf.load(log, prometheus.NewRegistry())
+		if err != nil {
+			return err
+		}
+		opts.TLS = tlsutil.ServerConfig(ts.server, nil, "http/1.1")
+		go ts.watch(ctx)
+	}
 	if *count < 1 {
 		return fmt.Errorf("--count must be >= 1, got %d", *count)
 	}

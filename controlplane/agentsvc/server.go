@@ -96,6 +96,9 @@ func New(reg *registry.Registry, in *ingest.Ingester, tr *liveness.Tracker,
 	if opts.Auth == nil {
 		opts.Auth = TokenAuth{Shared: opts.Token}
 	}
+	// A verified client certificate (mutual TLS) binds the stream to the node
+	// it names, on top of whatever the tokens say.
+	opts.Auth = CertAuth{Next: opts.Auth}
 	if opts.AfterFunc == nil {
 		opts.AfterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 	}
@@ -164,6 +167,7 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 	ctx := stream.Context()
 	id, err := s.opts.Auth.Authenticate(ctx)
 	if err != nil {
+		s.log.Warn("Agent refused", "peer", peerOf(ctx), "err", err)
 		return err
 	}
 	first, err := stream.Recv()
@@ -181,8 +185,8 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 		return status.Error(codes.InvalidArgument, "agent: the hello must name the agent's node (smg agent --node)")
 	}
 	if id.Node != "" && hello.GetNode() != id.Node {
-		s.log.Warn("Agent refused: its token is bound to another node", "token_node", id.Node, "hello_node", hello.GetNode(), "peer", peerOf(ctx))
-		return status.Errorf(codes.PermissionDenied, "agent: this token is for node %q, not %q (smg agent --node)", id.Node, hello.GetNode())
+		s.log.Warn("Agent refused: its credentials are bound to another node", "credentials_node", id.Node, "hello_node", hello.GetNode(), "peer", peerOf(ctx))
+		return status.Errorf(codes.PermissionDenied, "agent: these credentials (token or client certificate) are for node %q, not %q (smg agent --node)", id.Node, hello.GetNode())
 	}
 	st := &agentStream{node: hello.GetNode(), peer: peerOf(ctx), own: dedup(canonical(hello.GetEngineUrls())),
 		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{}, last: map[string]lastRecord{}}

@@ -20,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/smg-project/smg/internal/tlsutil"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -198,7 +200,15 @@ func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1
 		return stream.Send(s.goodbye(hello.GetRevision()))
 	default:
 	}
-	rec := s.addRouter(ctx, hello.GetRouterId())
+	id, err := tlsutil.PeerName(ctx, "router", hello.GetRouterId())
+	if err != nil {
+		s.log.Warn("Router refused", "err", err)
+		return err
+	}
+	if id != hello.GetRouterId() {
+		s.log.Info("Router named by its client certificate", "router", id, "hello_router_id", hello.GetRouterId())
+	}
+	rec := s.addRouter(ctx, id)
 	defer s.removeRouter(rec)
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()

@@ -1,6 +1,7 @@
 package tlsutil
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -12,6 +13,10 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/credentials"
@@ -194,3 +199,35 @@ func (w ErrorLogWriter) Write(p []byte) (int, error) {
 
 // Ensure the interface is met.
 var _ credentials.TransportCredentials = loggingCreds{}
+
+// AnyName in a certificate (smg:agent:* or spiffe://.../router/*) vouches for
+// the role only: the peer's own claim names it. For a Deployment or
+// DaemonSet sharing one certificate; node scoping then rests on the token.
+const AnyName = "*"
+
+// PeerName is the name a gRPC peer goes by: the one its verified client
+// certificate gives for role when it presented one (mutual TLS), else the
+// name it claimed. A certificate naming no smg identity, or another role, is
+// refused; so is an agent whose hello claims a node other than its
+// certificate's (an agent certificate for node A cannot report for node B).
+// A router's claim yields to its certificate.
+func PeerName(ctx context.Context, role, claimed string) (string, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.AuthInfo == nil {
+		return claimed, nil
+	}
+	id, hasCert, err := PeerIdentity(p.AuthInfo)
+	switch {
+	case err != nil:
+		return "", status.Errorf(codes.Unauthenticated, "%s: %v", role, err)
+	case !hasCert:
+		return claimed, nil
+	case id.Role != role:
+		return "", status.Errorf(codes.PermissionDenied, "%s: the client certificate names %s %q, not a %s", role, id.Role, id.Name, role)
+	case id.Name == AnyName:
+		return claimed, nil // the certificate vouches for the role only
+	case role == "agent" && claimed != "" && claimed != id.Name:
+		return "", status.Errorf(codes.PermissionDenied, "agent: the client certificate names node %q but the hello claims node %q", id.Name, claimed)
+	}
+	return id.Name, nil
+}

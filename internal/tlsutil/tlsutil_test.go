@@ -2,7 +2,9 @@ package tlsutil_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"log/slog"
 	"net"
@@ -14,6 +16,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/smg-project/smg/internal/tlsutil"
 	"github.com/smg-project/smg/internal/tlsutil/testca"
@@ -261,6 +267,7 @@ func TestIdentityOf(t *testing.T) {
 		{testca.Leaf{CommonName: "smg:router:edge-2"}, tlsutil.Identity{Role: "router", Name: "edge-2"}, true},
 		// The URI SAN wins over the common name.
 		{testca.Leaf{CommonName: "smg:agent:cn", URIs: []string{"spiffe://d/agent/uri"}}, tlsutil.Identity{Role: "agent", Name: "uri"}, true},
+		{testca.Leaf{CommonName: "smg:router:*"}, tlsutil.Identity{Role: "router", Name: tlsutil.AnyName}, true},
 		{testca.Leaf{CommonName: "gpu-7"}, tlsutil.Identity{}, false},
 		{testca.Leaf{CommonName: "smg:admin:x"}, tlsutil.Identity{}, false},
 		{testca.Leaf{CommonName: "smg:agent:"}, tlsutil.Identity{}, false},
@@ -307,3 +314,32 @@ smg_tls_certificate_expiry_seconds{listener="grpc"} 259200
 	}
 }
 
+func TestPeerNameBindsAgentsToTheirCertificate(t *testing.T) {
+	ca := newCA(t, "ca")
+	ctxWith := func(cn string) context.Context {
+		c := issue(t, ca, testca.Leaf{CommonName: cn, Client: true}).Cert
+		info := credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{c}, VerifiedChains: [][]*x509.Certificate{{c}}}}
+		return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: info})
+	}
+	for _, tc := range []struct {
+		cn, role, claimed, want string
+		code                    codes.Code
+	}{
+		{"smg:agent:gpu-7", "agent", "gpu-7", "gpu-7", codes.OK},
+		{"smg:agent:gpu-7", "agent", "", "gpu-7", codes.OK},
+		{"smg:agent:gpu-7", "agent", "gpu-8", "", codes.PermissionDenied},
+		{"smg:agent:*", "agent", "gpu-8", "gpu-8", codes.OK},
+		{"smg:router:r-1", "router", "host-123", "r-1", codes.OK}, // a router's claim yields
+		{"smg:router:r-1", "agent", "gpu-7", "", codes.PermissionDenied},
+		{"gpu-7", "agent", "gpu-7", "", codes.Unauthenticated},
+	} {
+		got, err := tlsutil.PeerName(ctxWith(tc.cn), tc.role, tc.claimed)
+		if status.Code(err) != tc.code || got != tc.want {
+			t.Errorf("cert %q as %s claiming %q: got %q, %v; want %q, %v", tc.cn, tc.role, tc.claimed, got, err, tc.want, tc.code)
+		}
+	}
+	// No TLS (plaintext or no client certificate): the claim stands.
+	if got, err := tlsutil.PeerName(context.Background(), "agent", "gpu-7"); err != nil || got != "gpu-7" {
+		t.Errorf("no peer: %q, %v", got, err)
+	}
+}
