@@ -37,6 +37,7 @@ type workerView struct {
 			WaitingRequests *int     `json:"waiting_requests"`
 			TokenUsage      *float64 `json:"token_usage"`
 		} `json:"overload"`
+		BootstrapPort *int `json:"bootstrap_port"`
 	} `json:"spec"`
 	Thresholds struct {
 		WaitingRequests int     `json:"waiting_requests"`

@@ -258,3 +258,34 @@ func TestPDPerRouterWindowBaselineExpires(t *testing.T) {
 		t.Errorf("decode engine never held more than its window with per-router counting (peak %d)", res.maxHeld)
 	}
 }
+
+// docs/pd.md as a newcomer runs it: `smg launch --pd-disaggregation --prefill
+// URL --decode URL` against two `smg sim` engines, no bootstrap port given.
+// The control plane reads the prefill's port from /server_info
+// (disaggregation_bootstrap_port), so the decode engine gets a port and the
+// requests succeed, plain and streamed.
+func TestLaunchPDWithoutBootstrapPortLikeTheDocs(t *testing.T) {
+	prefill := pdSim(t, "prefill", "--flavor", "sglang", "--role", "prefill")
+	decode := pdSim(t, "decode", "--flavor", "sglang", "--role", "decode", "--max-running-requests", "4")
+	base, _ := startLaunch(t, "launch-pd", nil, "--pd-disaggregation", "--prefill", prefill, "--decode", decode)
+	a := admin{base: base}
+	ws := a.waitReady(t, prefill, decode)
+	port := prefill[strings.LastIndexByte(prefill, ':')+1:]
+	if p := ws[prefill].Spec.BootstrapPort; p == nil || fmt.Sprint(*p) != port {
+		t.Fatalf("prefill bootstrap_port = %v, want %s from its /server_info", p, port)
+	}
+	if p := ws[decode].Spec.BootstrapPort; p != nil {
+		t.Fatalf("decode bootstrap_port = %d, want none", *p)
+	}
+	a.waitRoutersApplied(t, 1)
+	for _, stream := range []bool{false, true} {
+		ans := chat(base, 8, stream, 30*time.Second)
+		err := ans.completeJSON()
+		if stream {
+			err = ans.completeStream()
+		}
+		if err != nil {
+			t.Fatalf("PD chat (stream %v): %v", stream, err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -202,11 +203,20 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 	for _, l := range s.liveLoads() {
 		thr += l.GenThroughput
 	}
+	// SGLang reports its KV bootstrap port here; the simulator hands KV over
+	// on its HTTP port (/sim/bootstrap), so a prefill engine reports that.
+	var bootstrapPort any
+	if s.opts.Role == RolePrefill {
+		if _, p, err := net.SplitHostPort(s.addr); err == nil {
+			bootstrapPort, _ = strconv.Atoi(p)
+		}
+	}
 	writeJSON(w, map[string]any{
 		"model_path": s.opts.Model, "served_model_name": s.opts.Model,
 		"max_running_requests": s.opts.MaxRunningRequests, "max_total_tokens": s.opts.KVCapacityTokens,
 		"chunked_prefill_size": s.opts.MaxBatchedTokens, "dp_size": s.opts.DPSize, "tp_size": s.opts.TPSize,
-		"disaggregation_mode": mode, "decode_log_interval": s.opts.SGLangMetricsInterval, "version": "sim",
+		"disaggregation_mode": mode, "disaggregation_bootstrap_port": bootstrapPort,
+		"decode_log_interval": s.opts.SGLangMetricsInterval, "version": "sim",
 		"internal_states": []map[string]any{{
 			"max_running_requests": s.opts.MaxRunningRequests, "max_total_num_tokens": s.opts.KVCapacityTokens,
 			"last_gen_throughput": thr,

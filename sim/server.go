@@ -357,11 +357,15 @@ func (s *Server) routes() *http.ServeMux {
 	if s.opts.Role == RolePrefill {
 		m.HandleFunc("POST /sim/bootstrap", s.track(s.handleBootstrap))
 	}
+	if s.opts.Flavor == FlavorSGLang || s.opts.Role == RolePrefill {
+		// SGLang's PD bootstrap is what every prefill engine speaks here,
+		// so a prefill of either flavor tells its bootstrap port.
+		m.HandleFunc("GET /server_info", s.handleServerInfo)
+		m.HandleFunc("GET /get_server_info", s.handleServerInfo)
+	}
 	if s.opts.Flavor == FlavorSGLang {
 		m.HandleFunc("GET /v1/loads", s.handleLoads)
 		m.HandleFunc("GET /get_load", s.handleGetLoad)
-		m.HandleFunc("GET /server_info", s.handleServerInfo)
-		m.HandleFunc("GET /get_server_info", s.handleServerInfo)
 		m.HandleFunc("GET /get_model_info", s.handleModelInfo)
 	}
 	return m

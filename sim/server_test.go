@@ -604,8 +604,15 @@ func TestPDOverHTTP(t *testing.T) {
 	if p := <-prefillDone; len(p.content) != 1 || p.errMsg != "" {
 		t.Errorf("prefill leg: %d tokens, error %q; want the first token only", len(p.content), p.errMsg)
 	}
-	if code, b := getBody(t, prefill.URL()+"/server_info"); code != 200 || !bytes.Contains(b, []byte(`"disaggregation_mode":"prefill"`)) {
-		t.Errorf("prefill /server_info: %s", b)
+	// The prefill tells its bootstrap port (its own HTTP port, where KV is
+	// handed over) where SGLang does; the decode engine has none.
+	bport := prefill.Addr()[strings.LastIndexByte(prefill.Addr(), ':')+1:]
+	if code, b := getBody(t, prefill.URL()+"/server_info"); code != 200 || !bytes.Contains(b, []byte(`"disaggregation_mode":"prefill"`)) ||
+		!bytes.Contains(b, []byte(`"disaggregation_bootstrap_port":`+bport)) {
+		t.Errorf("prefill /server_info: %s, want disaggregation_bootstrap_port %s", b, bport)
+	}
+	if code, b := getBody(t, decode.URL()+"/server_info"); code == 200 && !bytes.Contains(b, []byte(`"disaggregation_bootstrap_port":null`)) {
+		t.Errorf("decode /server_info: %s, want no bootstrap port", b)
 	}
 	resp = post(t, t.Context(), decode.URL()+"/v1/completions", `{"prompt":"x"}`)
 	resp.Body.Close()

@@ -56,6 +56,7 @@ func (s *Service) register(job *registry.Job) error {
 	if err != nil {
 		return err
 	}
+	stored := s.withBootstrapPort(ctx, spec)
 	var old *registry.Worker
 	_, err = s.reg.Update(func(t *registry.Txn) error {
 		if cur := t.Job(job.WorkerID); cur == nil || cur.Spec != spec {
@@ -77,7 +78,7 @@ func (s *Service) register(job *registry.Job) error {
 		} else if job.Kind == "replace" {
 			return fmt.Errorf("worker %s was removed", job.WorkerID)
 		}
-		w.Spec, w.Model, w.Type, w.Thresholds = spec, model, workerType(spec), th
+		w.Spec, w.Model, w.Type, w.Thresholds = stored, model, workerType(spec), th
 		return t.Insert(w)
 	})
 	if err != nil {
