@@ -63,6 +63,11 @@ type Options struct {
 	// AllowLinkLocalWorkers accepts worker URLs at link-local and cloud
 	// metadata addresses (refused by default: see docs/security.md).
 	AllowLinkLocalWorkers bool
+	// AdmissionWindow gives every worker a running window split into
+	// per-router shares (--worker-admission-window).
+	AdmissionWindow bool
+	// AdmissionQueue requests may wait in an engine beyond its window.
+	AdmissionQueue int
 }
 
 // DefaultOptions returns the spec's defaults.
@@ -95,6 +100,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.AgentAnyModel, "agent-register-any-model", o.AgentAnyModel, "let agents register engines for any model, not only --agent-models")
 	fs.BoolVar(&o.AllowLinkLocalWorkers, "allow-link-local-workers", o.AllowLinkLocalWorkers,
 		"accept worker URLs at link-local addresses (169.254.0.0/16, fe80::/10) and cloud metadata endpoints, refused by default")
+	fs.BoolVar(&o.AdmissionWindow, "worker-admission-window", o.AdmissionWindow,
+		"give every worker a running window (spec max_running_requests, else the engine's report, else learned) split into per-router shares; routers with the same flag gate on it (off: as the spec)")
+	fs.IntVar(&o.AdmissionQueue, "worker-admission-queue", o.AdmissionQueue,
+		"requests allowed to wait in an engine beyond its running window under --worker-admission-window (>= 0)")
 	fs.DurationVar(&o.RegistrationTimeout, "registration-timeout", o.RegistrationTimeout, "how long registration tries to reach a new engine before the registration fails")
 }
 
@@ -111,6 +120,9 @@ func (o Options) Validate() error {
 	}
 	if err := o.Liveness.Validate(); err != nil {
 		return err
+	}
+	if o.AdmissionQueue < 0 {
+		return fmt.Errorf("--worker-admission-queue must be >= 0, got %d", o.AdmissionQueue)
 	}
 	if o.RegistrationTimeout <= 0 {
 		return fmt.Errorf("--registration-timeout must be positive, got %s", o.RegistrationTimeout)
@@ -164,7 +176,13 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp.Monitor.SetObserver(cp.Liveness)
 	cp.Monitor.SetSkipper(cp.Liveness)
 	cp.Health.SetContactSink(cp.Liveness)
-	cp.Windows = windows.New(cp.Registry, windows.Options{StaleAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second}, log, reg)
+	cp.Windows = windows.New(cp.Registry, windows.Options{StaleAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
+		Admission: opts.AdmissionWindow, Queue: int64(opts.AdmissionQueue)}, log, reg)
+	if opts.AdmissionWindow {
+		if err := reg.Register(windows.NewCollector(cp.Registry)); err != nil {
+			return nil, err
+		}
+	}
 	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness, Demand: cp.Windows}, log, reg)
 	cp.Admin.SetRouterLister(cp.Watch)
 	auth := agentsvc.TokenAuth{Shared: opts.AgentToken}

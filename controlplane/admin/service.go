@@ -391,7 +391,13 @@ func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 	if w.Liveness != smgv1.Veto_VETO_UNSPECIFIED {
 		liveness = VetoWord(w.Liveness)
 	}
+	var adm *smgv1.AdmissionWindow
+	if a := w.Admission; a != nil {
+		adm = &smgv1.AdmissionWindow{Window: a.Window, Source: a.Source, Queue: a.Queue, Learned: float64(a.Learned),
+			Shares: w.WindowShare}
+	}
 	return &smgv1.Worker{
+		Admission:  adm,
 		WorkerId:   w.ID,
 		Spec:       redacted(w.Spec),
 		Thresholds: &smgv1.Thresholds{WaitingRequests: int32(w.Thresholds.WaitingRequests), TokenUsage: w.Thresholds.TokenUsage},

@@ -45,10 +45,29 @@ type Worker struct {
 	LivenessReason string
 	ContactSeq     uint64 // bumps when contact ends a failure spell (routers close breakers)
 
-	AgentNode   string // agent feeding this worker's load, if any
-	WindowShare map[string]int64
+	AgentNode   string           // agent feeding this worker's load, if any
+	WindowShare map[string]int64 // router id -> rooms of the worker's window (PD decode or admission)
+	Admission   *Admission       // running window under --worker-admission-window (nil: off)
 
 	Revision uint64 // revision of the last change to this record
+}
+
+// Admission is a worker's running window under --worker-admission-window,
+// kept by the window allocator (controlplane/windows).
+type Admission struct {
+	Window  int64  // running window (0: none known: never gated)
+	Source  string // "spec", "engine", "learned" or ""
+	Queue   int64  // requests allowed to wait in the engine beyond the window
+	Learned int64  // learned window, rounded (0: not learned yet)
+}
+
+// Rooms is the window plus the queue allowance: what routers may hold in
+// total (0: no window).
+func (a *Admission) Rooms() int64 {
+	if a == nil || a.Window <= 0 {
+		return 0
+	}
+	return a.Window + a.Queue
 }
 
 // Ready reports whether the health checker has admitted the worker.

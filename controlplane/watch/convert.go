@@ -34,6 +34,7 @@ func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 		ApiKey:             spec.GetApiKey(),
 		WindowShare:        windowShare(w, routerID),
 		MaxRunningRequests: maxRunning(w),
+		AdmissionRooms:     w.Admission.Rooms(),
 	}
 	if spec != nil && spec.Priority != nil {
 		rw.Priority = *spec.Priority
@@ -53,7 +54,7 @@ func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 // sends it.
 func windowShare(w *registry.Worker, routerID string) int64 {
 	share := w.WindowShare[routerID]
-	if share == 0 && w.Type == "decode" && maxRunning(w) > 0 {
+	if share == 0 && (w.Type == "decode" && maxRunning(w) > 0 || w.Admission.Rooms() > 0) {
 		// No share granted to this router (yet): -1 tells it to hold no room,
 		// where 0 would let it count against the whole window alone.
 		share = -1

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -32,9 +33,17 @@ type Options struct {
 	Warmup time.Duration
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
+	// Admission gives every regular worker a running window
+	// (--worker-admission-window): the spec's max_running_requests, else
+	// the engine's reported window, else a learned one.
+	Admission bool
+	// Queue is how many requests may wait in an engine beyond its window
+	// (--worker-admission-queue): shares split window + Queue.
+	Queue int64
 }
 
-// Allocator keeps decode window shares in the registry. It implements
+// Allocator keeps window shares (PD decode windows and, with Admission,
+// every worker's running window) in the registry. It implements
 // watch.DemandSink.
 type Allocator struct {
 	reg     *registry.Registry
@@ -47,6 +56,14 @@ type Allocator struct {
 	routers map[string]*routerState
 	// grants: worker id -> router id -> what the router may hold.
 	grants map[string]map[string]*grant
+	// learned: worker id -> learned running window.
+	learned map[string]*learnedWindow
+}
+
+// learnedWindow is one worker's learned window and the report it last took.
+type learnedWindow struct {
+	rev uint64
+	est float64
 }
 
 type routerState struct {
@@ -83,9 +100,10 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 		reg: reg, opts: opts, log: log, started: opts.Now(),
 		routers: make(map[string]*routerState),
 		grants:  make(map[string]map[string]*grant),
+		learned: make(map[string]*learnedWindow),
 		writes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "smg_pd_window_share_updates_total",
-			Help: "Registry writes that changed PD decode window shares.",
+			Help: "Registry writes that changed window shares (PD decode windows and admission windows).",
 		}),
 	}
 	if m != nil {
@@ -138,97 +156,68 @@ func (a *Allocator) Run(ctx context.Context) {
 			return
 		case <-t.C:
 			if err := a.Step(); err != nil {
-				a.log.Warn("PD window allocation failed", "err", err)
+				a.log.Warn("Window allocation failed", "err", err)
 			}
 		}
 	}
 }
 
-// Step runs one allocation round and writes the shares that changed.
+// Step runs one allocation round: expire routers gone past the stale bound,
+// plan the next shares from demand, commit the ones that changed.
 func (a *Allocator) Step() error {
 	snap := a.reg.Snapshot()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.opts.Now()
+	a.expire(now)
+	updates, decreased := a.plan(snap, now)
+	return a.commit(updates, decreased)
+}
+
+// update is the next state of one worker's window record (nil shares: drop).
+type update struct {
+	shares    map[string]int64
+	admission *registry.Admission
+}
+
+// expire forgets routers disconnected past the stale bound: their shares
+// return to the others.
+func (a *Allocator) expire(now time.Time) {
 	for id, rs := range a.routers {
 		if rs.gone && now.Sub(rs.goneAt) >= a.opts.StaleAfter {
-			delete(a.routers, id) // its share returns to the others
+			delete(a.routers, id)
 			for _, byRouter := range a.grants {
 				delete(byRouter, id)
 			}
 		}
 	}
+}
+
+// plan computes every worker's next shares (and admission record) and the
+// routers whose share decreased (their decrease awaits an acknowledgement).
+func (a *Allocator) plan(snap *registry.Snapshot, now time.Time) (map[string]update, map[string][]string) {
 	ids := slices.Sorted(maps.Keys(a.routers))
 	warm := now.Sub(a.started) >= a.opts.Warmup
-
-	updates := make(map[string]map[string]int64) // worker -> new shares (nil: drop)
+	updates := make(map[string]update)
 	decreased := make(map[string][]string)
 	seen := make(map[string]bool)
 	for _, w := range snap.Workers() {
-		if w.Type != "decode" {
-			continue
-		}
 		seen[w.ID] = true
-		window := Window(w)
+		window, adm := a.windowOf(w)
+		changedAdm := !admissionEqual(adm, w.Admission)
 		if window <= 0 {
-			if w.WindowShare != nil {
-				updates[w.ID] = nil
+			if w.WindowShare != nil || changedAdm {
+				updates[w.ID] = update{admission: adm}
 			}
 			delete(a.grants, w.ID)
 			continue
 		}
-		byRouter := a.grants[w.ID]
-		if byRouter == nil {
-			byRouter = make(map[string]*grant)
-			a.grants[w.ID] = byRouter
+		shares, dec := a.planWorker(w, window, ids, warm)
+		if len(dec) > 0 {
+			decreased[w.ID] = dec
 		}
-		in := make([]RouterInput, 0, len(ids))
-		for _, id := range ids {
-			rs := a.routers[id]
-			d := rs.demand[w.ID]
-			g := byRouter[id]
-			if g == nil {
-				g = &grant{held: d.GetInFlight()}
-				byRouter[id] = g
-			}
-			ri := RouterInput{ID: id, Share: g.share, Held: max(g.share, g.held)}
-			if !rs.gone {
-				ri.Demand, ri.Waiting = d.GetInFlight()+d.GetWaiting(), d.GetWaiting()
-			}
-			in = append(in, ri)
-		}
-		var next []int64
-		if warm {
-			next = Plan(window, in)
-		} else {
-			next = make([]int64, len(in))
-			for i, r := range in {
-				next[i] = min(r.Share, window) // no growth while warming up
-			}
-		}
-		shares := make(map[string]int64, len(in))
-		for i, r := range in {
-			if a.routers[r.ID].gone {
-				next[i] = r.Share // a disconnected router keeps its share until the stale bound
-			}
-			shares[r.ID] = next[i]
-			g := byRouter[r.ID]
-			g.share = next[i]
-			switch {
-			case next[i] > r.Share:
-				g.held = max(g.held, next[i])
-			case next[i] < r.Share:
-				g.held = max(g.held, r.Share)
-				decreased[w.ID] = append(decreased[w.ID], r.ID)
-			}
-		}
-		for id := range byRouter {
-			if _, ok := a.routers[id]; !ok {
-				delete(byRouter, id)
-			}
-		}
-		if !maps.Equal(shares, w.WindowShare) || (w.WindowShare == nil && len(shares) > 0) {
-			updates[w.ID] = shares
+		if changedAdm || !maps.Equal(shares, w.WindowShare) || (w.WindowShare == nil && len(shares) > 0) {
+			updates[w.ID] = update{shares: shares, admission: adm}
 		}
 	}
 	for id := range a.grants {
@@ -236,17 +225,86 @@ func (a *Allocator) Step() error {
 			delete(a.grants, id)
 		}
 	}
+	for id := range a.learned {
+		if !seen[id] {
+			delete(a.learned, id)
+		}
+	}
+	return updates, decreased
+}
+
+// planWorker splits one worker's window over the routers.
+func (a *Allocator) planWorker(w *registry.Worker, window int64, ids []string, warm bool) (map[string]int64, []string) {
+	byRouter := a.grants[w.ID]
+	if byRouter == nil {
+		byRouter = make(map[string]*grant)
+		a.grants[w.ID] = byRouter
+	}
+	in := make([]RouterInput, 0, len(ids))
+	for _, id := range ids {
+		rs := a.routers[id]
+		d := rs.demand[w.ID]
+		g := byRouter[id]
+		if g == nil {
+			g = &grant{held: d.GetInFlight()}
+			byRouter[id] = g
+		}
+		ri := RouterInput{ID: id, Share: g.share, Held: max(g.share, g.held)}
+		if !rs.gone {
+			ri.Demand, ri.Waiting = d.GetInFlight()+d.GetWaiting(), d.GetWaiting()
+			ri.WaitingByClass = d.GetWaitingByClass()
+		}
+		in = append(in, ri)
+	}
+	var next []int64
+	if warm {
+		next = Plan(window, in)
+	} else {
+		next = make([]int64, len(in))
+		for i, r := range in {
+			next[i] = min(r.Share, window) // no growth while warming up
+		}
+	}
+	shares := make(map[string]int64, len(in))
+	var decreased []string
+	for i, r := range in {
+		if a.routers[r.ID].gone {
+			next[i] = r.Share // a disconnected router keeps its share until the stale bound
+		}
+		shares[r.ID] = next[i]
+		g := byRouter[r.ID]
+		g.share = next[i]
+		switch {
+		case next[i] > r.Share:
+			g.held = max(g.held, next[i])
+		case next[i] < r.Share:
+			g.held = max(g.held, r.Share)
+			decreased = append(decreased, r.ID)
+		}
+	}
+	for id := range byRouter {
+		if _, ok := a.routers[id]; !ok {
+			delete(byRouter, id)
+		}
+	}
+	return shares, decreased
+}
+
+// commit writes the planned records in one registry transaction and marks
+// each decrease with its revision: the router must acknowledge it before the
+// room is granted to another.
+func (a *Allocator) commit(updates map[string]update, decreased map[string][]string) error {
 	if len(updates) == 0 {
 		return nil
 	}
 	rev, err := a.reg.Update(func(t *registry.Txn) error {
-		for id, shares := range updates {
+		for id, u := range updates {
 			cur := t.Get(id)
 			if cur == nil {
 				continue
 			}
 			c := cur.Clone()
-			c.WindowShare = shares
+			c.WindowShare, c.Admission = u.shares, u.admission
 			if err := t.Insert(c); err != nil {
 				return err
 			}
@@ -267,6 +325,68 @@ func (a *Allocator) Step() error {
 	return nil
 }
 
+// windowOf returns the rooms to split for w and, for an admission window,
+// its record: a decode worker's running window (PD, as before); with
+// Admission, a regular worker's window in the order spec, engine report,
+// learned; plus the queue allowance.
+func (a *Allocator) windowOf(w *registry.Worker) (int64, *registry.Admission) {
+	switch {
+	case w.Type == "decode":
+		return Window(w), nil
+	case w.Type == "prefill" || !a.opts.Admission:
+		return 0, nil
+	}
+	l := a.learned[w.ID]
+	if l == nil {
+		l = &learnedWindow{}
+		a.learned[w.ID] = l
+	}
+	if w.Load != nil && w.LoadRevision != l.rev {
+		l.rev = w.LoadRevision
+		l.est = Learn(l.est, int64(w.Load.GetRunningRequests()), int64(w.Load.GetWaitingRequests()))
+	}
+	adm := &registry.Admission{Queue: a.opts.Queue, Learned: int64(math.Round(l.est))}
+	switch {
+	case w.Spec.GetMaxRunningRequests() > 0:
+		adm.Window, adm.Source = int64(w.Spec.GetMaxRunningRequests()), "spec"
+	case w.Load.GetMaxRunningRequests() > 0:
+		adm.Window, adm.Source = int64(w.Load.GetMaxRunningRequests()), "engine"
+	case adm.Learned > 0:
+		adm.Window, adm.Source = adm.Learned, "learned"
+	}
+	return adm.Rooms(), adm
+}
+
+func admissionEqual(a, b *registry.Admission) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// learnAlpha is the weight of one saturated report in the learned window.
+const learnAlpha = 0.3
+
+// Learn folds one load report into a learned window (0: none yet). An
+// engine whose waiting queue is not empty is saturated: the running count
+// it reports then is its window at that moment (a KV-limited engine's window
+// shrinks with long prompts), smoothed over reports. An engine running at the
+// learned window with nothing waiting may take more: the estimate creeps up
+// by one, so an engine gated at its learned window (which then never queues)
+// is still learned upward.
+func Learn(est float64, running, waiting int64) float64 {
+	switch {
+	case waiting > 0 && running > 0:
+		if est <= 0 {
+			return float64(running)
+		}
+		return est + learnAlpha*(float64(running)-est)
+	case est > 0 && waiting == 0 && float64(running) >= math.Floor(est):
+		return est + 1
+	}
+	return est
+}
+
 // Window is a decode worker's running window: the engine's report, else the
 // registered one; 0 when neither gives one.
 func Window(w *registry.Worker) int64 {
@@ -274,4 +394,44 @@ func Window(w *registry.Worker) int64 {
 		return n
 	}
 	return int64(w.Spec.GetMaxRunningRequests())
+}
+
+// Collector shows each worker's admission window and its shares, read from
+// the registry at scrape time.
+type Collector struct {
+	reg           *registry.Registry
+	window, share *prometheus.Desc
+}
+
+// NewCollector returns the admission window collector over reg.
+func NewCollector(reg *registry.Registry) *Collector {
+	return &Collector{
+		reg: reg,
+		window: prometheus.NewDesc("smg_worker_admission_window",
+			"Running window of the worker under --worker-admission-window (0: none known), by source (spec, engine, learned).",
+			[]string{"worker", "source"}, nil),
+		share: prometheus.NewDesc("smg_worker_admission_share",
+			"Rooms of the worker's window (plus queue allowance) granted to each router.",
+			[]string{"worker", "router"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.window
+	ch <- c.share
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	for _, w := range c.reg.Snapshot().Workers() {
+		if w.Admission == nil {
+			continue
+		}
+		url := w.Spec.GetUrl()
+		ch <- prometheus.MustNewConstMetric(c.window, prometheus.GaugeValue, float64(w.Admission.Window), url, w.Admission.Source)
+		for r, n := range w.WindowShare {
+			ch <- prometheus.MustNewConstMetric(c.share, prometheus.GaugeValue, float64(n), url, r)
+		}
+	}
 }

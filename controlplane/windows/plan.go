@@ -1,6 +1,8 @@
-// Package windows splits each PD decode worker's running window into shares,
-// one per router, so that the fleet never holds more requests in flight on a
-// decode worker than its window, however many routers feed it.
+// Package windows splits each worker's running window into shares, one per
+// router, so that the fleet never holds more requests in flight on a worker
+// than its window, however many routers feed it. One allocator serves PD
+// decode windows and, with --worker-admission-window, the running window of
+// every worker (from the spec, the engine's report, or learned here).
 //
 // Plan is the pure rule; Allocator runs it in a loop against the registry,
 // tracks what every router may still hold, and writes shares (a registry
@@ -30,6 +32,10 @@ type RouterInput struct {
 	Demand int64
 	// Waiting is the part of Demand still waiting; ties go to the most waiting.
 	Waiting int64
+	// WaitingByClass splits Waiting by priority class, highest first (empty:
+	// all of Waiting is of the default class). Higher classes are served
+	// first, across routers.
+	WaitingByClass []int64
 	// Share is the share granted now.
 	Share int64
 	// Held bounds the rooms the router may occupy now (>= Share): a share it
@@ -62,7 +68,7 @@ func Plan(window int64, routers []RouterInput) []int64 {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int {
-		if c := cmp.Compare(routers[b].Waiting, routers[a].Waiting); c != 0 {
+		if c := compareWaiting(routers[a], routers[b]); c != 0 {
 			return c
 		}
 		return cmp.Compare(target[b]-next[b], target[a]-next[a])
@@ -81,42 +87,60 @@ func Plan(window int64, routers []RouterInput) []int64 {
 	return next
 }
 
-// fairTargets is the max-min fair split of window over demand, with the rest
-// spread evenly (lowest ids first for the remainder).
+// Classes in a demand vector, highest first; unclassified waiting is of
+// classDefault. In-flight rooms are met with the default class: an
+// interactive request waiting on one router comes before another router's
+// running bulk when a window is split (what runs is never taken back; its
+// share only stops growing).
+const (
+	numClasses   = 4
+	classDefault = 2
+)
+
+// classWaiting returns r's waiting rooms by class.
+func classWaiting(r RouterInput) (out [numClasses]int64) {
+	if len(r.WaitingByClass) == 0 {
+		out[classDefault] = r.Waiting
+		return out
+	}
+	for c, n := range r.WaitingByClass {
+		out[min(c, numClasses-1)] += max(0, n)
+	}
+	return out
+}
+
+// compareWaiting orders routers by who waits in the highest class first,
+// then by the most waiting (negative: a first).
+func compareWaiting(a, b RouterInput) int {
+	ca, cb := classWaiting(a), classWaiting(b)
+	for c := range numClasses {
+		if x := cmp.Compare(cb[c], ca[c]); x != 0 {
+			return x
+		}
+	}
+	return cmp.Compare(b.Waiting, a.Waiting)
+}
+
+// fairTargets is the max-min fair split of window over demand, class by
+// class (each class's demand met across routers before the next class's),
+// with the rest spread evenly (lowest ids first for the remainder).
 func fairTargets(window int64, routers []RouterInput) []int64 {
 	n := len(routers)
 	t := make([]int64, n)
+	caps := make([]int64, n)
 	left := window
-	for {
-		var unmet []int
+	for c := 0; c < numClasses && left > 0; c++ {
 		for i, r := range routers {
-			if r.Demand > t[i] {
-				unmet = append(unmet, i)
+			w := classWaiting(r)
+			if c == 0 {
+				caps[i] = 0
+			}
+			caps[i] += w[c]
+			if c == classDefault {
+				caps[i] += max(0, r.Demand-r.Waiting) // in flight
 			}
 		}
-		if len(unmet) == 0 || left == 0 {
-			break
-		}
-		level := left / int64(len(unmet))
-		if level == 0 {
-			// Fewer rooms than routers asking: one each, most waiting first.
-			slices.SortStableFunc(unmet, func(a, b int) int {
-				if c := cmp.Compare(routers[b].Waiting, routers[a].Waiting); c != 0 {
-					return c
-				}
-				return cmp.Compare(routers[b].Demand-t[b], routers[a].Demand-t[a])
-			})
-			for _, i := range unmet[:left] {
-				t[i]++
-			}
-			left = 0
-			break
-		}
-		for _, i := range unmet {
-			give := min(level, routers[i].Demand-t[i])
-			t[i] += give
-			left -= give
-		}
+		left = fill(t, caps, left, routers)
 	}
 	if left > 0 {
 		// Nobody asks for the rest: an even floor for everyone.
@@ -134,4 +158,40 @@ func fairTargets(window int64, routers []RouterInput) []int64 {
 		}
 	}
 	return t
+}
+
+// fill raises t toward caps max-min fairly out of left rooms and returns
+// what is left.
+func fill(t, caps []int64, left int64, routers []RouterInput) int64 {
+	for left > 0 {
+		var unmet []int
+		for i := range t {
+			if caps[i] > t[i] {
+				unmet = append(unmet, i)
+			}
+		}
+		if len(unmet) == 0 {
+			return left
+		}
+		level := left / int64(len(unmet))
+		if level == 0 {
+			// Fewer rooms than routers asking: one each, most waiting first.
+			slices.SortStableFunc(unmet, func(a, b int) int {
+				if c := compareWaiting(routers[a], routers[b]); c != 0 {
+					return c
+				}
+				return cmp.Compare(caps[b]-t[b], caps[a]-t[a])
+			})
+			for _, i := range unmet[:left] {
+				t[i]++
+			}
+			return 0
+		}
+		for _, i := range unmet {
+			give := min(level, caps[i]-t[i])
+			t[i] += give
+			left -= give
+		}
+	}
+	return left
 }

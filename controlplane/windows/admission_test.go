@@ -1,0 +1,174 @@
+package windows
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+func TestPlanServesHigherClassesFirstAcrossRouters(t *testing.T) {
+	// a waits with bulk, b with interactive: b's class is met first
+	// whatever the order or the amount a waits for.
+	in := []RouterInput{
+		{ID: "a", Demand: 6, Waiting: 6, WaitingByClass: []int64{0, 0, 0, 6}},
+		{ID: "b", Demand: 3, Waiting: 3, WaitingByClass: []int64{0, 3, 0, 0}},
+	}
+	if got := Plan(4, in); !slices.Equal(got, []int64{1, 3}) {
+		t.Fatalf("Plan = %v, want b's 3 interactive rooms met first, a the rest", got)
+	}
+	// In flight on a is met with the default class: b's interactive
+	// waiting still comes first, but nothing a holds is taken back.
+	in[0] = RouterInput{ID: "a", Demand: 4, Waiting: 0, Share: 4, Held: 4}
+	got := Plan(4, in)
+	if got[0] != 1 || got[1] != 0 {
+		t.Fatalf("Plan = %v, want a shrunk to 1 and b waiting for a's acknowledgement", got)
+	}
+	in[0].Share, in[0].Held = got[0], 1 // a applied the decrease, 1 still in flight
+	if got = Plan(4, in); got[1] != 3 || got[0]+got[1] > 4 {
+		t.Fatalf("Plan = %v, want b granted 3 after a's acknowledgement", got)
+	}
+	// No class vector: the old single-class split.
+	flat := []RouterInput{{ID: "a", Demand: 4, Waiting: 4}, {ID: "b", Demand: 4, Waiting: 4}}
+	if got := Plan(4, flat); !slices.Equal(got, []int64{2, 2}) {
+		t.Fatalf("Plan = %v, want an even split", got)
+	}
+}
+
+func TestLearn(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		est              float64
+		running, waiting int64
+		want             float64
+	}{
+		{"first saturated report sets it", 0, 8, 3, 8},
+		{"not saturated: nothing learned", 0, 8, 0, 0},
+		{"saturated with fewer running (KV-limited) pulls it down", 10, 4, 2, 10 + learnAlpha*(4-10)},
+		{"at the window, nothing waiting: creeps up", 8, 8, 0, 9},
+		{"below the window, nothing waiting: kept", 8, 5, 0, 8},
+	} {
+		if got := Learn(c.est, c.running, c.waiting); got != c.want {
+			t.Errorf("%s: Learn(%v, %d, %d) = %v, want %v", c.name, c.est, c.running, c.waiting, got, c.want)
+		}
+	}
+}
+
+// newAdmissionAllocator returns an allocator with Admission on over one
+// regular worker w1 whose spec is spec.
+func newAdmissionAllocator(t *testing.T, spec *smgv1.WorkerSpec, queue int64) (*Allocator, *registry.Registry) {
+	t.Helper()
+	reg := registry.New("e", 0)
+	if _, err := reg.Update(func(tx *registry.Txn) error {
+		return tx.Insert(&registry.Worker{ID: "w1", Type: "regular", Spec: spec})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	a := New(reg, Options{StaleAfter: 15 * time.Second, Warmup: 0, Admission: true, Queue: queue}, nil, nil)
+	return a, reg
+}
+
+// report stores an engine report for w1 (a new load revision).
+func report(t *testing.T, reg *registry.Registry, running, waiting, window int32) {
+	t.Helper()
+	if _, err := reg.Update(func(tx *registry.Txn) error {
+		w := tx.Get("w1").Clone()
+		w.Load = &smgv1.EngineLoad{RunningRequests: running, WaitingRequests: waiting, MaxRunningRequests: window}
+		w.LoadRevision++
+		return tx.Insert(w)
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAdmissionWindowOrderSpecEngineLearned(t *testing.T) {
+	spec := int32(4)
+	a, reg := newAdmissionAllocator(t, &smgv1.WorkerSpec{Url: "http://w1", MaxRunningRequests: &spec}, 2)
+	a.RouterDemand("r1", reg.Revision(), nil, time.Time{})
+	report(t, reg, 3, 0, 16)
+	if err := a.Step(); err != nil {
+		t.Fatal(err)
+	}
+	w := reg.Snapshot().Get("w1")
+	if got := *w.Admission; got.Window != 4 || got.Source != "spec" || got.Queue != 2 {
+		t.Fatalf("admission %+v, want the spec's window 4 (queue 2)", got)
+	}
+	if w.WindowShare["r1"] != 6 {
+		t.Fatalf("share %v, want window+queue = 6 for the lone router", w.WindowShare)
+	}
+
+	a, reg = newAdmissionAllocator(t, &smgv1.WorkerSpec{Url: "http://w1"}, 0)
+	report(t, reg, 3, 0, 16)
+	_ = a.Step()
+	if got := *reg.Snapshot().Get("w1").Admission; got.Window != 16 || got.Source != "engine" {
+		t.Fatalf("admission %+v, want the engine's reported window 16", got)
+	}
+
+	a, reg = newAdmissionAllocator(t, &smgv1.WorkerSpec{Url: "http://w1"}, 0)
+	report(t, reg, 7, 0, 0)
+	_ = a.Step()
+	if got := *reg.Snapshot().Get("w1").Admission; got.Window != 0 || got.Source != "" {
+		t.Fatalf("admission %+v, want no window before the engine ever saturates", got)
+	}
+	if reg.Snapshot().Get("w1").WindowShare != nil {
+		t.Fatal("shares allocated for a worker without a window")
+	}
+	report(t, reg, 7, 3, 0)
+	_ = a.Step()
+	if got := *reg.Snapshot().Get("w1").Admission; got.Window != 7 || got.Source != "learned" {
+		t.Fatalf("admission %+v, want the learned window 7 (running while waiting)", got)
+	}
+}
+
+func TestAdmissionOffLeavesRegularWorkersAlone(t *testing.T) {
+	spec := int32(4)
+	reg := registry.New("e", 0)
+	_, _ = reg.Update(func(tx *registry.Txn) error {
+		return tx.Insert(&registry.Worker{ID: "w1", Type: "regular", Spec: &smgv1.WorkerSpec{Url: "http://w1", MaxRunningRequests: &spec}})
+	})
+	a := New(reg, Options{}, nil, nil)
+	a.RouterDemand("r1", reg.Revision(), nil, time.Time{})
+	rev := reg.Revision()
+	if err := a.Step(); err != nil {
+		t.Fatal(err)
+	}
+	if w := reg.Snapshot().Get("w1"); w.Admission != nil || w.WindowShare != nil || reg.Revision() != rev {
+		t.Fatalf("windows off wrote %+v %v", w.Admission, w.WindowShare)
+	}
+}
+
+// TestLearnedWindowTracksAKVLimitedEngine runs the allocator's loop on fake
+// time: an engine saturated at 12 running, then limited by long prompts to
+// 4, is followed down, and shares follow the learned window.
+func TestLearnedWindowTracksAKVLimitedEngine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, reg := newAdmissionAllocator(t, &smgv1.WorkerSpec{Url: "http://w1"}, 0)
+		a.RouterDemand("r1", reg.Revision(), nil, time.Now())
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go a.Run(ctx)
+		tick := func(running, waiting int32) {
+			report(t, reg, running, waiting, 0)
+			time.Sleep(DefaultInterval)
+			synctest.Wait()
+		}
+		tick(12, 5)
+		if w := reg.Snapshot().Get("w1"); w.Admission.Window != 12 || w.WindowShare["r1"] != 12 {
+			t.Fatalf("after a saturated report: %+v shares %v, want 12", w.Admission, w.WindowShare)
+		}
+		for range 20 {
+			tick(4, 3) // long prompts: KV holds only 4
+		}
+		w := reg.Snapshot().Get("w1")
+		if w.Admission.Window != 4 || w.Admission.Source != "learned" {
+			t.Fatalf("after the engine's window shrank: %+v, want the learned window 4", w.Admission)
+		}
+		if w.WindowShare["r1"] != 4 {
+			t.Fatalf("share %v, want it to follow the learned window", w.WindowShare)
+		}
+	})
+}
