@@ -12,7 +12,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -27,6 +26,7 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/engine"
 	"github.com/smg-project/smg/internal/loadpb"
+	"github.com/smg-project/smg/internal/netfail"
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
@@ -215,7 +215,7 @@ func (p *poller) outcome(rep engine.Report, err error, now time.Time, m *metrics
 			}
 			p.state = stateFailed
 			return outcome{msg: eventMsg(p.url, smgv1.EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE, err.Error(), now)}
-		case isTimeout(err):
+		case netfail.IsTimeout(err):
 			// Slow, not gone: no report (the overload veto fails open), but
 			// neither contact nor failure.
 			m.polls.WithLabelValues(outcomeTimeout).Inc()
@@ -257,14 +257,6 @@ func (p *poller) outcome(rep engine.Report, err error, now time.Time, m *metrics
 func eventMsg(url string, kind smgv1.EngineEventKind, detail string, now time.Time) *smgv1.ReportRequest {
 	return &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Event{Event: &smgv1.EngineEvent{
 		WorkerUrl: url, Kind: kind, Detail: detail, ObservedAt: timestamppb.New(now)}}}
-}
-
-func isTimeout(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
-	var t interface{ Timeout() bool }
-	return errors.As(err, &t) && t.Timeout()
 }
 
 // post stores a poll's outcome in the engine's slot (latest wins) and wakes

@@ -12,10 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/smg-project/smg/internal/identity"
+	"github.com/smg-project/smg/internal/netfail"
 	"github.com/smg-project/smg/router/scheduler"
 )
 
@@ -448,23 +448,14 @@ func (r *Router) recordUpstreamError(st *workerState, err error) string {
 	return kind
 }
 
-// classifyUpstreamError separates "the worker is gone" (refused, reset, EOF,
-// dial failures) from "the worker is slow or wrong" (deadlines), since only
-// the former may arm the unreachable veto.
+// classifyUpstreamError separates "the worker is gone" (connection) from
+// "the worker is slow" (timeout) with the classifier the agent and the
+// control plane use, since only the former may arm the unreachable veto. A
+// client that left says nothing about the worker: other.
 func classifyUpstreamError(err error) string {
-	var ne net.Error
-	switch {
-	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
-		return "timeout"
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
-		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return "connection"
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return "connection"
+	switch k := netfail.Classify(err); k {
+	case netfail.Connection, netfail.Timeout:
+		return k.String()
 	}
 	return "other"
 }

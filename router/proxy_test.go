@@ -7,8 +7,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -221,13 +223,22 @@ func observation(r *Router, id string) WorkerObservation {
 // Deadlines and 5xx answers are not connection failures: they never arm the
 // unreachable veto.
 func TestUpstreamErrorClassification(t *testing.T) {
-	cases := map[string]error{
-		"connection": &net.OpError{Op: "dial", Err: fmt.Errorf("x")},
-		"timeout":    context.DeadlineExceeded,
-	}
-	for want, err := range cases {
-		if got := classifyUpstreamError(err); got != want {
-			t.Errorf("%v: %s, want %s", err, got, want)
+	// The router classifies with internal/netfail like the agent and the
+	// control plane: a name that does not resolve or a host or network
+	// that is down is a connection failure here too.
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{&net.OpError{Op: "dial", Err: fmt.Errorf("x")}, "connection"},
+		{&net.OpError{Op: "dial", Err: &net.DNSError{Err: "no such host", Name: "gone.invalid", IsNotFound: true}}, "connection"},
+		{&net.OpError{Op: "read", Err: &os.SyscallError{Syscall: "read", Err: syscall.EHOSTDOWN}}, "connection"},
+		{&net.OpError{Op: "read", Err: &os.SyscallError{Syscall: "read", Err: syscall.ENETDOWN}}, "connection"},
+		{context.DeadlineExceeded, "timeout"},
+		{context.Canceled, "other"},
+	} {
+		if got := classifyUpstreamError(tc.err); got != tc.want {
+			t.Errorf("%v: %s, want %s", tc.err, got, tc.want)
 		}
 	}
 	if got := classifyUpstreamError(io.ErrUnexpectedEOF); got != "connection" {

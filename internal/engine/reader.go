@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/smg-project/smg/internal/netfail"
 )
 
 // RequestTimeout bounds one Read (every HTTP request it makes) when the
@@ -128,7 +127,7 @@ func (r *Reader) Read(ctx context.Context) (Report, error) {
 // stops reports whether err ends a Read at once: the connection failed, the
 // deadline passed or the caller gave up. Asking other endpoints cannot help.
 func stops(ctx context.Context, err error) bool {
-	return ctx.Err() != nil || IsTransportFailure(err) || isTimeout(err)
+	return ctx.Err() != nil || IsTransportFailure(err) || netfail.IsTimeout(err)
 }
 
 // readSource polls a remembered wire.
@@ -332,47 +331,16 @@ func sampleOf(samples []rankSample, dp int) *rankCounters {
 	return nil
 }
 
-// IsTransportFailure reports whether err is a connection-level failure: the
-// connection was refused, reset or broken, it ended before or inside the
-// answer, the host or network is unreachable, or the name did not resolve.
-// Deadlines and timeouts, cancellation, HTTP error statuses and undecodable
-// answers are not: the engine is slow or wrong, not gone.
+// IsTransportFailure reports whether err is a connection-level failure
+// (netfail.Connection: refused, reset, cut short, host or network unreachable
+// or down, a name that did not resolve). An engine that answered, with an
+// error status, garbage or no load, is not gone, whatever its body's reading
+// ended with.
 func IsTransportFailure(err error) bool {
-	if err == nil {
-		return false
-	}
-	if errors.Is(err, context.Canceled) || isTimeout(err) {
-		return false
-	}
 	var se *StatusError
 	var pe *ParseError
 	if errors.As(err, &se) || errors.As(err, &pe) || errors.Is(err, ErrNoReport) {
 		return false
 	}
-	for _, errno := range []syscall.Errno{
-		syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE,
-		syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.EHOSTDOWN, syscall.ENETDOWN,
-	} {
-		if errors.Is(err, errno) {
-			return true
-		}
-	}
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return true
-	}
-	var dnsErr *net.DNSError
-	if errors.As(err, &dnsErr) {
-		return true
-	}
-	var opErr *net.OpError
-	return errors.As(err, &opErr) && opErr.Op == "dial"
-}
-
-// isTimeout reports a deadline or timeout anywhere in err.
-func isTimeout(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	return netfail.IsConnection(err)
 }
