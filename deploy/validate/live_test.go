@@ -55,6 +55,8 @@ func TestManifestsRunOnLoopback(t *testing.T) {
 			}
 			cpAddr := "127.0.0.1:" + itoa(cpGRPC)
 			env := map[string]string{"NODE_NAME": "gpu-node-a", "POD_NAME": "smg-router-test"}
+			pki := newTestPKI(t)          // plays cert-manager for overlays that mount certificates
+			scheme := map[string]string{} // cmd -> http or https
 			for _, cmd := range []string{"controlplane", "router", "agent"} {
 				w, ok := byCmd[cmd]
 				if !ok {
@@ -63,6 +65,17 @@ func TestManifestsRunOnLoopback(t *testing.T) {
 				set := map[string]string{"host": "127.0.0.1", "port": itoa(ports[cmd]["http"]), "controlplane": cpAddr}
 				if cmd == "controlplane" {
 					set["grpc-port"] = itoa(cpGRPC)
+				}
+				_, flags, err := ParseArgs(w.Template.Spec.Containers[0].Args)
+				if err != nil {
+					t.Fatal(err)
+				}
+				scheme[cmd] = "http"
+				if last(flags["tls-cert-file"]) != "" {
+					scheme[cmd] = "https"
+				}
+				for f, path := range pki.files(t, objs, w, flags) {
+					set[f] = path
 				}
 				args := rewriteArgs(w.Template.Spec.Containers[0].Args, set, env)
 				start(t, cmd, bin, args...)
@@ -77,7 +90,7 @@ func TestManifestsRunOnLoopback(t *testing.T) {
 					what := fmt.Sprintf("%s %s probe", cmd, kind)
 					switch {
 					case p.HTTPGet != nil:
-						url := fmt.Sprintf("http://127.0.0.1:%d%s", loopbackPort(t, c, p.HTTPGet.Port, ports[cmd]), p.HTTPGet.Path)
+						url := fmt.Sprintf("%s://127.0.0.1:%d%s", strings.ToLower(string(orHTTP(p.HTTPGet.Scheme))), loopbackPort(t, c, p.HTTPGet.Port, ports[cmd]), p.HTTPGet.Path)
 						eventually(t, 20*time.Second, what+" GET "+url, func() error { return wantOK(ctx, url) })
 					case p.GRPC != nil:
 						addr := fmt.Sprintf("127.0.0.1:%d", loopbackPort(t, c, intstr.FromInt32(p.GRPC.Port), ports[cmd]))
@@ -85,10 +98,10 @@ func TestManifestsRunOnLoopback(t *testing.T) {
 					}
 				}
 				for _, route := range routes[cmd] {
-					url := fmt.Sprintf("http://127.0.0.1:%d%s", ports[cmd]["http"], route)
+					url := fmt.Sprintf("%s://127.0.0.1:%d%s", scheme[cmd], ports[cmd]["http"], route)
 					eventually(t, 20*time.Second, cmd+" route "+route, func() error { return wantOK(ctx, url) })
 				}
-				_, page, err := get(ctx, fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[cmd]["http"]))
+				_, page, err := get(ctx, fmt.Sprintf("%s://127.0.0.1:%d/metrics", scheme[cmd], ports[cmd]["http"]))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -132,6 +145,14 @@ func promtoolCheckMetrics(t *testing.T, page []byte) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("promtool check metrics: %v\n%s", err, out)
 	}
+}
+
+// orHTTP is a probe's scheme, HTTP when unset (as kubelet reads it).
+func orHTTP(s corev1.URIScheme) corev1.URIScheme {
+	if s == "" {
+		return corev1.URISchemeHTTP
+	}
+	return s
 }
 
 // rewriteArgs replaces the value of each flag in set and expands $(VAR).

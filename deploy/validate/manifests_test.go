@@ -16,7 +16,7 @@ import (
 const repoRoot = "../.."
 
 // kustomizations are every directory rendered and checked.
-var kustomizations = []string{"../base", "../overlays/example"}
+var kustomizations = []string{"../base", "../overlays/example", "../overlays/cert-manager"}
 
 // routes are the HTTP routes each subcommand serves that manifests may probe or
 // scrape; the live test proves each answers on the real binary.
@@ -237,6 +237,7 @@ func checkInvariants(t *testing.T, o *Objects) {
 		t.Errorf("router --load-monitor-interval %s differs from the control plane's %s (Retry-After would lie)", r, c)
 	}
 	checkAgent(t, byCmd["agent"], cmdFlags["agent"])
+	checkTLS(t, o, byCmd, cmdFlags)
 	checkServices(t, o, workloads)
 	checkScaling(t, o, workloads)
 	checkServiceMonitor(t, o)

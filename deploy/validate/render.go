@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -32,6 +33,8 @@ type Objects struct {
 	PDBs            []policyv1.PodDisruptionBudget
 	NetworkPolicies []networkingv1.NetworkPolicy
 	ServiceMonitors []monitoringv1.ServiceMonitor
+	Issuers         []certmanagerv1.Issuer
+	Certificates    []certmanagerv1.Certificate
 	// Raw holds each object's rendered YAML under "Kind/name".
 	Raw map[string][]byte
 }
@@ -78,6 +81,10 @@ func (o *Objects) add(apiVersion, kind string, y []byte) error {
 		return decodeInto(y, &o.NetworkPolicies)
 	case "monitoring.coreos.com/v1 ServiceMonitor":
 		return decodeInto(y, &o.ServiceMonitors)
+	case "cert-manager.io/v1 Issuer":
+		return decodeInto(y, &o.Issuers)
+	case "cert-manager.io/v1 Certificate":
+		return decodeInto(y, &o.Certificates)
 	}
 	return fmt.Errorf("unexpected apiVersion/kind %s %s: teach deploy/validate to decode it", apiVersion, kind)
 }
