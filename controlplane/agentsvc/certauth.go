@@ -24,8 +24,11 @@ func (a CertAuth) Authenticate(ctx context.Context) (Identity, error) {
 		return Identity{}, err
 	}
 	node, err := tlsutil.PeerName(ctx, "agent", "")
-	if err != nil || node == "" {
-		return id, err
+	if err != nil {
+		return Identity{}, err
+	}
+	if node == "" {
+		return id, nil
 	}
 	if id.Node != "" && id.Node != node {
 		return Identity{}, status.Errorf(codes.PermissionDenied,

@@ -223,7 +223,7 @@ func PeerName(ctx context.Context, role, claimed string) (string, error) {
 	case !hasCert:
 		return claimed, nil
 	case id.Role != role:
-		return "", status.Errorf(codes.PermissionDenied, "%s: the client certificate names %s %q, not a %s", role, id.Role, id.Name, role)
+		return "", status.Errorf(codes.PermissionDenied, "%s: the client certificate names %s %q; this stream is for %ss", role, id.Role, id.Name, role)
 	case id.Name == AnyName:
 		return claimed, nil // the certificate vouches for the role only
 	case role == "agent" && claimed != "" && claimed != id.Name:
