@@ -41,7 +41,7 @@ func startControlPlane(t *testing.T, cfg cpConfig) *controlPlane {
 		cfg.liveness = judge.DefaultLivenessConfig()
 	}
 	cp := &controlPlane{reg: registry.New("epoch", 0)}
-	tr := liveness.New(cp.reg, cfg.liveness, discard(), prometheus.NewRegistry())
+	tr := liveness.New(cp.reg, liveness.Options{Rules: cfg.liveness, Now: cfg.now}, discard(), prometheus.NewRegistry())
 	submit := func(*smgv1.WorkerSpec) (string, error) { t.Error("unexpected registration"); return "", nil }
 	var policy agentsvc.RegistrationPolicy
 	if cfg.register {
@@ -55,7 +55,7 @@ func startControlPlane(t *testing.T, cfg cpConfig) *controlPlane {
 			return admin.DiscoverModel(ctx, client, url, "")
 		}}
 	}
-	cp.srv = agentsvc.New(cp.reg, ingest.New(cp.reg, discard()), tr, submit,
+	cp.srv = agentsvc.New(cp.reg, ingest.New(cp.reg, ingest.Options{}, discard()), tr, submit,
 		agentsvc.Options{Token: cfg.token, Now: cfg.now, Registration: policy}, discard())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -73,8 +73,9 @@ func startControlPlane(t *testing.T, cfg cpConfig) *controlPlane {
 func (cp *controlPlane) put(t *testing.T, id, url, node string) {
 	t.Helper()
 	_, err := cp.reg.Update(func(tx *registry.Txn) error {
-		return tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url, Node: node}, Model: "sim-model",
+		tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url, Node: node}, Model: "sim-model",
 			Type: "regular", Health: registry.HealthHealthy, Thresholds: judge.Thresholds{WaitingRequests: 2, TokenUsage: 1}})
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -68,6 +68,8 @@ type Options struct {
 	AdmissionWindow bool
 	// AdmissionQueue requests may wait in an engine beyond its window.
 	AdmissionQueue int
+	// Now is the clock of every component (nil: time.Now); tests inject one.
+	Now func() time.Time
 }
 
 // DefaultOptions returns the spec's defaults.
@@ -160,31 +162,34 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp := &ControlPlane{opts: opts, log: log, metrics: reg}
 	cp.Registry = registry.New(newEpoch(), registry.DefaultHistory)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: opts.EngineTLS}}
-	cp.Ingest = ingest.New(cp.Registry, log)
-	cp.Ingest.Coalesce()
+	cp.Ingest = ingest.New(cp.Registry, ingest.Options{Coalesce: true}, log)
 	collector := ingest.NewCollector(cp.Registry)
 	if err := reg.Register(collector); err != nil {
 		return nil, err
 	}
-	cp.Admin = admin.New(cp.Registry, admin.Options{APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout,
-		URL: workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers}},
-		resolver(opts.Thresholds), client, log)
-	cp.Admin.OnRemove(collector.Removed)
-	cp.Monitor = monitor.New(cp.Registry, cp.Ingest, client, time.Duration(opts.LoadMonitorInterval)*time.Second, log)
-	cp.Health = health.New(cp.Registry, opts.Health, client, log)
-	cp.Liveness = liveness.New(cp.Registry, opts.Liveness, log, reg)
-	cp.Monitor.SetObserver(cp.Liveness)
-	cp.Monitor.SetSkipper(cp.Liveness)
-	cp.Health.SetContactSink(cp.Liveness)
+	// Collaborators go to the constructors, in dependency order; every
+	// component takes the one clock, opts.Now.
+	cp.Liveness = liveness.New(cp.Registry, liveness.Options{Rules: opts.Liveness, Now: opts.Now}, log, reg)
+	hopts := opts.Health
+	hopts.Now = opts.Now
+	cp.Health = health.New(cp.Registry, hopts, client, cp.Liveness, log)
+	cp.Monitor = monitor.New(cp.Registry, cp.Ingest, client, monitor.Options{
+		Interval: time.Duration(opts.LoadMonitorInterval) * time.Second,
+		Observer: cp.Liveness, Skipper: cp.Liveness, Now: opts.Now,
+	}, log)
 	cp.Windows = windows.New(cp.Registry, windows.Options{StaleAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
-		Admission: opts.AdmissionWindow, Queue: int64(opts.AdmissionQueue)}, log, reg)
+		Admission: opts.AdmissionWindow, Queue: int64(opts.AdmissionQueue), Now: opts.Now}, log, reg)
 	if opts.AdmissionWindow {
 		if err := reg.Register(windows.NewCollector(cp.Registry)); err != nil {
 			return nil, err
 		}
 	}
-	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness, Demand: cp.Windows}, log, reg)
-	cp.Admin.SetRouterLister(cp.Watch)
+	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness, Demand: cp.Windows, Now: opts.Now}, log, reg)
+	cp.Admin = admin.New(cp.Registry, admin.Options{
+		APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout,
+		URL:     workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers},
+		Routers: cp.Watch, OnRemove: collector.Removed, Now: opts.Now,
+	}, resolver(opts.Thresholds), client, log)
 	auth := agentsvc.TokenAuth{Shared: opts.AgentToken}
 	if opts.AgentTokenFile != "" {
 		nodes, err := agentsvc.LoadTokenFile(opts.AgentTokenFile)
@@ -195,6 +200,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	}
 	cp.Agents = agentsvc.New(cp.Registry, cp.Ingest, cp.Liveness, cp.Admin.Submit, agentsvc.Options{
 		Auth: auth,
+		Now:  opts.Now,
 		Registration: agentsvc.RegistrationPolicy{
 			Models: opts.AgentModels, AnyModel: opts.AgentAnyModel, Timeout: opts.RegistrationTimeout,
 			Discover: func(ctx context.Context, url string) (string, error) {

@@ -204,7 +204,8 @@ func TestStaticWorkersAndHealth(t *testing.T) {
 	if _, err := h.reg.Update(func(tx *registry.Txn) error {
 		c := tx.Get(id).Clone()
 		c.Overloaded, c.OverloadReason = true, "test"
-		return tx.Insert(c)
+		tx.Insert(c)
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -250,10 +251,14 @@ func TestReplaceAndPatchClearTheVeto(t *testing.T) {
 	// Veto again (as a report would), then PUT.
 	if _, err := h.reg.Update(func(tx *registry.Txn) error {
 		c := tx.Get(id).Clone()
-		c.Overloaded = true
-		return tx.Insert(c)
+		c.Evidence.NoReport = false // the last load (waiting 9) counts again
+		tx.Insert(c)
+		return nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+	if !h.reg.Snapshot().Get(id).Overloaded {
+		t.Fatal("the stored load (waiting 9 >= 8) does not veto once it counts again")
 	}
 	if r := h.do(t, http.MethodPut, "/workers/"+id, fmt.Sprintf(`{"url":%q,"priority":1}`, engine.URL())); r.status != http.StatusAccepted {
 		t.Fatalf("PUT = %d %s", r.status, r.body)

@@ -191,10 +191,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	th := opts.Thresholds.Resolve(nil)
 	if _, err := cp.Registry.Update(func(tx *registry.Txn) error {
 		for w := range cfg.Workers {
-			if err := tx.Insert(&registry.Worker{ID: workerID(w), Spec: &smgv1.WorkerSpec{Url: workerURL(urlBase, w)},
-				Model: "scale-model", Type: "regular", Thresholds: th, Health: registry.HealthHealthy}); err != nil {
-				return err
-			}
+			tx.Insert(&registry.Worker{ID: workerID(w), Spec: &smgv1.WorkerSpec{Url: workerURL(urlBase, w)},
+				Model: "scale-model", Type: "regular", Thresholds: th, Health: registry.HealthHealthy})
 		}
 		return nil
 	}); err != nil {

@@ -33,15 +33,19 @@ func (s *Service) startRegistration(job *registry.Job) {
 }
 
 func (s *Service) setJob(job *registry.Job, state, msg string) {
-	_, _ = s.reg.Update(func(t *registry.Txn) error {
+	_, err := s.reg.Update(func(t *registry.Txn) error {
 		cur := t.Job(job.WorkerID)
 		if cur == nil || cur.Spec != job.Spec {
 			return nil // superseded (the worker was deleted or re-registered)
 		}
 		c := *cur
 		c.State, c.Message, c.UpdatedAt = state, msg, s.now()
-		return t.PutJob(&c)
+		t.PutJob(&c)
+		return nil
 	})
+	if err != nil {
+		s.log.Error("Registration job state not stored", "worker_id", job.WorkerID, "state", state, "error", err)
+	}
 }
 
 func (s *Service) register(job *registry.Job) error {
@@ -79,7 +83,8 @@ func (s *Service) register(job *registry.Job) error {
 			return fmt.Errorf("worker %s was removed", job.WorkerID)
 		}
 		w.Spec, w.Model, w.Type, w.Thresholds = stored, model, workerType(spec), th
-		return t.Insert(w)
+		t.Insert(w)
+		return nil
 	})
 	if err != nil {
 		return err

@@ -43,6 +43,13 @@ type Options struct {
 	JobRetention time.Duration
 	// URL relaxes the worker URL rules (--allow-link-local-workers).
 	URL workerurl.Options
+	// Routers (nil: none listed) lists the routers watching the control plane.
+	Routers RouterLister
+	// OnRemove (nil: none) runs with the old record after a worker is
+	// removed or replaced (its metric series, its per-worker state).
+	OnRemove func(old *registry.Worker)
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
 }
 
 // Service implements smgv1.WorkerServiceServer.
@@ -71,15 +78,12 @@ func New(reg *registry.Registry, opts Options, resolve ThresholdResolver, client
 	if opts.JobRetention <= 0 {
 		opts.JobRetention = 10 * time.Minute
 	}
-	return &Service{reg: reg, opts: opts, resolve: resolve, client: client, log: log, now: time.Now, ctx: ctx, cancel: cancel}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Service{reg: reg, opts: opts, resolve: resolve, client: client, log: log, now: opts.Now,
+		routers: opts.Routers, onRemove: opts.OnRemove, ctx: ctx, cancel: cancel}
 }
-
-// SetRouterLister plugs in the watch server's router list.
-func (s *Service) SetRouterLister(l RouterLister) { s.routers = l }
-
-// OnRemove registers a hook run with the old record after a worker is
-// removed or replaced (its metric series, its per-worker state).
-func (s *Service) OnRemove(fn func(old *registry.Worker)) { s.onRemove = fn }
 
 // Close stops background registrations and waits for them.
 func (s *Service) Close() {
@@ -156,7 +160,8 @@ func (s *Service) submit(spec *smgv1.WorkerSpec) (string, error) {
 		if j := t.Job(id); j != nil && (j.State == "pending" || j.State == "processing") {
 			return errExists(spec.GetUrl())
 		}
-		return t.PutJob(job)
+		t.PutJob(job)
+		return nil
 	})
 	if err != nil {
 		return "", err
@@ -185,7 +190,8 @@ func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerReq
 		if j := t.Job(id); j != nil && (j.State == "pending" || j.State == "processing") {
 			return errInProgress(id)
 		}
-		return t.PutJob(job)
+		t.PutJob(job)
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -238,7 +244,8 @@ func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerReque
 		c.Spec = spec
 		clearOverload(c) // the spec: PATCH replaces the worker, which clears its overload veto
 		url = spec.GetUrl()
-		return t.Insert(c)
+		t.Insert(c)
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -274,10 +281,9 @@ func (s *Service) remove(id string) (string, error) {
 		if old == nil {
 			return errNotFound(id)
 		}
-		if err := t.DeleteJob(id); err != nil {
-			return err
-		}
-		return t.Delete(id)
+		t.DeleteJob(id)
+		t.Delete(id)
+		return nil
 	})
 	if err != nil {
 		return "", err
@@ -424,10 +430,12 @@ func VetoWord(v smgv1.Veto) string {
 	return strings.ToLower(strings.TrimPrefix(v.String(), "VETO_"))
 }
 
-// clearOverload drops the overload veto of a replaced worker (fail open).
-// Liveness vetoes end only on their own rule's evidence.
+// clearOverload drops the overload veto of a replaced worker: its last load
+// is no fresh signal for the new spec, so the registry treats it as "no
+// report" (fail open) until the next one. Liveness vetoes end only on their
+// own rule's evidence.
 func clearOverload(w *registry.Worker) {
-	w.Overloaded, w.OverloadReason = false, ""
+	w.Evidence.NoReport = true
 }
 
 // redacted hides a spec's api_key in answers: the key is the engine's

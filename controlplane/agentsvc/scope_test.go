@@ -185,7 +185,7 @@ func TestGoneAgentsWorkersRemoved(t *testing.T) {
 		mu.Lock()
 		removed = append(removed, id)
 		mu.Unlock()
-		_, err := h.reg.Update(func(tx *registry.Txn) error { return tx.Delete(id) })
+		_, err := h.reg.Update(func(tx *registry.Txn) error { tx.Delete(id); return nil })
 		return err
 	}
 	h = start(t, cfg)

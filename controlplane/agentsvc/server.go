@@ -394,15 +394,18 @@ func (s *Server) setAgentNode(id, node string) {
 	if w := s.reg.Snapshot().Get(id); w == nil || w.AgentNode == node {
 		return
 	}
-	_, _ = s.reg.Update(func(t *registry.Txn) error {
+	if _, err := s.reg.Update(func(t *registry.Txn) error {
 		w := t.Get(id)
 		if w == nil || w.AgentNode == node {
 			return nil
 		}
 		c := w.Clone()
 		c.AgentNode = node
-		return t.Insert(c)
-	})
+		t.Insert(c)
+		return nil
+	}); err != nil {
+		s.log.Error("Agent node not stored", "worker_id", id, "node", node, "error", err)
+	}
 }
 
 func (s *Server) addStream(st *agentStream) {
@@ -448,7 +451,7 @@ func (s *Server) endStream(st *agentStream, broke bool) {
 	if s.opts.StreamEnded != nil && len(ids) > 0 {
 		s.opts.StreamEnded(ids)
 	}
-	_, _ = s.reg.Update(func(t *registry.Txn) error {
+	if _, err := s.reg.Update(func(t *registry.Txn) error {
 		for _, id := range ids {
 			w := t.Get(id)
 			if w == nil || w.AgentNode != st.node {
@@ -456,12 +459,12 @@ func (s *Server) endStream(st *agentStream, broke bool) {
 			}
 			c := w.Clone()
 			c.AgentNode = ""
-			if err := t.Insert(c); err != nil {
-				return err
-			}
+			t.Insert(c)
 		}
 		return nil
-	})
+	}); err != nil {
+		s.log.Error("Agent node not cleared", "node", st.node, "error", err)
+	}
 }
 
 // Nodes lists the nodes whose agents are connected, sorted.

@@ -70,7 +70,7 @@ func defaultConfig() config { return config{liveness: judge.DefaultLivenessConfi
 func start(t testing.TB, cfg config) *harness {
 	t.Helper()
 	h := &harness{reg: registry.New("epoch", 0), clock: &clock{now: time.Unix(1_000_000, 0)}}
-	tr := liveness.New(h.reg, cfg.liveness, discard(), prometheus.NewRegistry())
+	tr := liveness.New(h.reg, liveness.Options{Rules: cfg.liveness, Now: h.clock.Now}, discard(), prometheus.NewRegistry())
 	submit := func(spec *smgv1.WorkerSpec) (string, error) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
@@ -79,7 +79,7 @@ func start(t testing.TB, cfg config) *harness {
 	}
 	opts := cfg.opts
 	opts.Token, opts.Now = cfg.token, h.clock.Now
-	h.srv = New(h.reg, ingest.New(h.reg, discard()), tr, submit, opts, discard())
+	h.srv = New(h.reg, ingest.New(h.reg, ingest.Options{}, discard()), tr, submit, opts, discard())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -106,9 +106,7 @@ func (h *harness) put(t testing.TB, workers ...*registry.Worker) {
 	t.Helper()
 	_, err := h.reg.Update(func(tx *registry.Txn) error {
 		for _, w := range workers {
-			if err := tx.Insert(w); err != nil {
-				return err
-			}
+			tx.Insert(w)
 		}
 		return nil
 	})
@@ -291,7 +289,11 @@ func TestStreamBreakIsAConnectionFailure(t *testing.T) {
 		t.Fatalf("assignment %v, want %v", urls, want)
 	}
 	send(t, st, record("http://127.0.0.1:8001", 0))
-	h.waitFor(t, "record applied", func(s *registry.Snapshot) bool { return s.Get("w1").AgentNode == "n1" })
+	// The record's liveness side is applied last: wait for it, or the
+	// break's failure could precede the record's contact at the same instant.
+	h.waitFor(t, "record applied", func(s *registry.Snapshot) bool {
+		return s.Get("w1").AgentNode == "n1" && !s.Get("w1").Evidence.PushedAt.IsZero()
+	})
 
 	cancel() // the agent vanishes without closing its side
 	h.waitFor(t, "every covered worker unreachable", func(s *registry.Snapshot) bool {
@@ -370,7 +372,7 @@ func TestAssignmentFollowsTheRegistry(t *testing.T) {
 	}
 	// A load change elsewhere sends nothing; removing w2 does.
 	h.put(t, worker("w3", "http://e3:8000", "n2"))
-	if _, err := h.reg.Update(func(tx *registry.Txn) error { return tx.Delete("w2") }); err != nil {
+	if _, err := h.reg.Update(func(tx *registry.Txn) error { tx.Delete("w2"); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := nextAssignment(t, st), []string{"http://127.0.0.1:8001", "http://e4:8000"}; !slices.Equal(got, want) {

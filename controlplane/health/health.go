@@ -28,6 +28,8 @@ type Options struct {
 	Endpoint         string
 	// StartupInterval is the probe period of workers still pending.
 	StartupInterval time.Duration
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
 }
 
 // DefaultOptions returns the spec's defaults.
@@ -79,24 +81,25 @@ type Checker struct {
 	state map[string]*probeState
 }
 
+// probeState schedules a worker's probes; the consecutive passes and
+// failures are stored with the worker (registry.Evidence), so the health
+// transition is decided in the transaction that commits it.
 type probeState struct {
-	url       string
-	next      time.Time
-	successes int
-	failures  int
-	inFlight  bool
+	url      string
+	next     time.Time
+	inFlight bool
 }
 
-// New returns a checker.
-func New(reg *registry.Registry, opts Options, client *http.Client, log *slog.Logger) *Checker {
+// New returns a checker; sink (nil: none) hears of every passing probe.
+func New(reg *registry.Registry, opts Options, client *http.Client, sink ContactSink, log *slog.Logger) *Checker {
 	if opts.StartupInterval <= 0 {
 		opts.StartupInterval = time.Second
 	}
-	return &Checker{reg: reg, opts: opts, client: client, log: log, now: time.Now, state: map[string]*probeState{}}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Checker{reg: reg, opts: opts, client: client, log: log, now: opts.Now, sink: sink, state: map[string]*probeState{}}
 }
-
-// SetContactSink plugs in the liveness tracker.
-func (c *Checker) SetContactSink(s ContactSink) { c.sink = s }
 
 // Run probes until ctx ends.
 func (c *Checker) Run(ctx context.Context) {
@@ -171,57 +174,67 @@ func (c *Checker) probe(ctx context.Context, url, apiKey string) (bool, string) 
 	return true, ""
 }
 
-// record counts a probe and commits a health transition when a threshold is met.
+// record applies a probe's outcome and schedules the worker's next probe.
 func (c *Checker) record(id string, st *probeState, ok bool, why string) {
 	now := c.now()
-	if ok && c.sink != nil {
-		c.sink.HealthPassed(id, now)
-	}
+	to := c.Observe(id, st.url, ok, why, now)
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	st.inFlight = false
-	if ok {
-		st.successes, st.failures = st.successes+1, 0
-	} else {
-		st.successes, st.failures = 0, st.failures+1
-	}
-	successes, failures := st.successes, st.failures
-	c.mu.Unlock()
-
-	var from, to registry.Health
-	_, _ = c.reg.Update(func(t *registry.Txn) error {
-		w := t.Get(id)
-		if w == nil || w.Spec.GetUrl() != st.url {
-			return nil
-		}
-		from, to = w.Health, w.Health
-		switch {
-		case ok && successes >= c.opts.SuccessThreshold:
-			to = registry.HealthHealthy
-		case !ok && failures >= c.opts.FailureThreshold:
-			to = registry.HealthUnhealthy
-		}
-		if to == from {
-			return nil
-		}
-		n := w.Clone()
-		n.Health = to
-		if to != registry.HealthHealthy {
-			n.Overloaded, n.OverloadReason = false, "" // leaving Ready clears the veto
-		}
-		return t.Insert(n)
-	})
-	c.mu.Lock()
 	if to != registry.HealthHealthy { // not Ready: look again soon
 		st.next = now.Add(c.opts.StartupInterval)
 	} else {
 		st.next = now.Add(time.Duration(c.opts.IntervalSecs) * time.Second)
 	}
-	c.mu.Unlock()
+}
+
+// Observe records one probe outcome of the worker at url: the consecutive
+// count is stored with the worker and a health transition is committed when
+// a threshold is met, in one transaction (leaving Ready drops the worker's
+// vetoes there too, by the registry's rule). It returns the worker's health
+// after, or "" when the worker was removed or now has another URL.
+func (c *Checker) Observe(id, url string, ok bool, why string, now time.Time) registry.Health {
+	if ok && c.sink != nil {
+		c.sink.HealthPassed(id, now)
+	}
+	var from, to registry.Health
+	var failures int
+	_, err := c.reg.Update(func(t *registry.Txn) error {
+		from, to = "", ""
+		w := t.Get(id)
+		if w == nil || w.Spec.GetUrl() != url {
+			return nil // removed or replaced while the probe ran
+		}
+		n := w.Clone()
+		ev := &n.Evidence
+		if ok {
+			ev.ProbePasses, ev.ProbeFailures = min(ev.ProbePasses+1, c.opts.SuccessThreshold), 0
+		} else {
+			ev.ProbePasses, ev.ProbeFailures = 0, min(ev.ProbeFailures+1, c.opts.FailureThreshold)
+		}
+		from, to, failures = w.Health, w.Health, ev.ProbeFailures
+		switch {
+		case ok && ev.ProbePasses >= c.opts.SuccessThreshold:
+			to = registry.HealthHealthy
+		case !ok && ev.ProbeFailures >= c.opts.FailureThreshold:
+			to = registry.HealthUnhealthy
+		}
+		if to == w.Health && ev.ProbePasses == w.Evidence.ProbePasses && ev.ProbeFailures == w.Evidence.ProbeFailures {
+			return nil // steady: nothing to store
+		}
+		n.Health = to
+		t.Insert(n)
+		return nil
+	})
+	if err != nil {
+		c.log.Error("Health probe not recorded", "worker_id", id, "url", url, "error", err)
+	}
 	if from != to {
 		if to == registry.HealthHealthy {
-			c.log.Info("Worker is Ready", "worker_id", id, "url", st.url)
+			c.log.Info("Worker is Ready", "worker_id", id, "url", url)
 		} else {
-			c.log.Warn("Worker left Ready: health probes failing", "worker_id", id, "url", st.url, "failures", failures, "last_error", why)
+			c.log.Warn("Worker left Ready: health probes failing", "worker_id", id, "url", url, "failures", failures, "last_error", why)
 		}
 	}
+	return to
 }

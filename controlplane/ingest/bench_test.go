@@ -21,7 +21,7 @@ import (
 // commit, over a registry of 1,000 workers. reports/s = 1e9 / ns_per_op.
 func BenchmarkReport(b *testing.B) {
 	reg, ids, wires := benchFleet(b)
-	in := ingest.New(reg, slog.New(slog.DiscardHandler))
+	in := ingest.New(reg, ingest.Options{}, slog.New(slog.DiscardHandler))
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
@@ -50,9 +50,7 @@ func benchFleet(b *testing.B) (*registry.Registry, []string, [][]byte) {
 			ids[i] = admin.WorkerID(url)
 			w := &registry.Worker{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: url},
 				Model: "m", Type: "regular", Thresholds: th, Health: registry.HealthHealthy}
-			if err := t.Insert(w); err != nil {
-				return err
-			}
+			t.Insert(w)
 		}
 		return nil
 	})
@@ -81,8 +79,7 @@ func benchFleet(b *testing.B) (*registry.Registry, []string, [][]byte) {
 // report, flushes included.
 func BenchmarkReportCoalesced(b *testing.B) {
 	reg, ids, wires := benchFleet(b)
-	in := ingest.New(reg, slog.New(slog.DiscardHandler))
-	in.Coalesce()
+	in := ingest.New(reg, ingest.Options{Coalesce: true}, slog.New(slog.DiscardHandler))
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {

@@ -17,13 +17,13 @@ func coalescing(t *testing.T) (*ingest.Ingester, *registry.Registry) {
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		return tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://e1"}, Model: "m",
+		tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://e1"}, Model: "m",
 			Thresholds: judge.DefaultGatewayThresholds().Resolve(nil), Health: registry.HealthHealthy})
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	in := ingest.New(reg, slog.New(slog.DiscardHandler))
-	in.Coalesce()
+	in := ingest.New(reg, ingest.Options{Coalesce: true}, slog.New(slog.DiscardHandler))
 	return in, reg
 }
 

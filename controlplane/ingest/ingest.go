@@ -1,9 +1,9 @@
-// Package ingest applies load reports to the registry: the overload check runs
-// once per report against the worker's own thresholds and the verdict is
-// stored on the worker (the spec's "Polling" and "When a Worker Does Not
-// Report"). Nothing here runs per request.
+// Package ingest stores load reports in the registry, which decides the
+// overload verdict against the worker's own thresholds in the transaction
+// that stores the report (the spec's "Polling" and "When a Worker Does Not
+// Report"; see docs/verdicts.md). Nothing here runs per request.
 //
-// With coalescing on (Coalesce), a report that leaves the verdict as it is
+// With coalescing on (Options.Coalesce), a report that leaves the verdict as it is
 // only replaces the worker's pending load, latest wins, and Flush commits
 // every pending load in one transaction; a report that flips the verdict
 // commits at once. Verdicts are never delayed, the memdb commit is paid per
@@ -26,31 +26,31 @@ import (
 // ErrUnknownWorker is returned for a report about a worker not registered.
 var ErrUnknownWorker = errors.New("unknown worker")
 
-// Ingester stores reports and overload verdicts.
+// Ingester stores reports; the registry decides the overload verdict from
+// them in the transaction that stores them.
 type Ingester struct {
-	reg *registry.Registry
-	log *slog.Logger
+	reg  *registry.Registry
+	log  *slog.Logger
+	opts Options
 
-	mu       sync.Mutex                   // serializes the check against the stored verdict
-	coalesce bool                         // load-only reports wait for Flush
-	pending  map[string]*smgv1.EngineLoad // by worker id, latest wins
+	mu      sync.Mutex                   // orders reports, flushes and no-reports
+	pending map[string]*smgv1.EngineLoad // by worker id, latest wins
 }
 
-// New returns an Ingester writing to reg; every report commits at once until
-// Coalesce is called.
-func New(reg *registry.Registry, log *slog.Logger) *Ingester {
-	return &Ingester{reg: reg, log: log, pending: map[string]*smgv1.EngineLoad{}}
+// Options configure an Ingester.
+type Options struct {
+	// Coalesce: a report that leaves the verdict as it is waits for Flush
+	// (Run must then flush); otherwise every report commits at once.
+	Coalesce bool
+}
+
+// New returns an Ingester writing to reg.
+func New(reg *registry.Registry, opts Options, log *slog.Logger) *Ingester {
+	return &Ingester{reg: reg, opts: opts, log: log, pending: map[string]*smgv1.EngineLoad{}}
 }
 
 // DefaultFlushInterval bounds how long a load-only update waits for its commit.
 const DefaultFlushInterval = 50 * time.Millisecond
-
-// Coalesce turns coalescing on: Run must then flush.
-func (in *Ingester) Coalesce() {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	in.coalesce = true
-}
 
 // Run flushes pending loads every interval until ctx ends, then once more.
 func (in *Ingester) Run(ctx context.Context, interval time.Duration) {
@@ -67,58 +67,53 @@ func (in *Ingester) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// Flush commits every pending load in one transaction. It never changes a
-// verdict: one that the stored state no longer matches waits for the next
-// report, which commits at once if it flips.
+// Flush commits every pending load in one transaction. The registry decides
+// each verdict again from the load it stores, so a verdict that the world
+// moved under (thresholds, health) is right at the flush.
 func (in *Ingester) Flush() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if len(in.pending) == 0 {
 		return
 	}
-	_, _ = in.reg.Update(func(t *registry.Txn) error {
+	var flips []flip
+	_, err := in.reg.Update(func(t *registry.Txn) error {
+		flips = flips[:0]
 		for id, load := range in.pending {
-			w := t.Get(id)
-			if w == nil {
-				continue
-			}
-			c := w.Clone()
-			c.Load = load
-			c.LoadRevision++
-			if c.Overloaded {
-				_, reason := judge.Check(int64(load.GetWaitingRequests()), load.GetTokenUsage(), w.Thresholds)
-				c.OverloadReason = reason.String()
-			}
-			if err := t.Insert(c); err != nil {
-				return err
+			if f, err := store(t, id, load); err == nil && f.flipped {
+				flips = append(flips, f)
 			}
 		}
 		return nil
 	})
 	clear(in.pending)
+	in.done(err, "flush", "")
+	for _, f := range flips {
+		in.logFlip(f)
+	}
 }
 
 // Report ingests one load report for a worker and takes ownership of load. A
 // nil or empty report is "no report": the veto clears (fail open) and the last
 // load stays visible. The signals are computed from the ranks (waiting summed,
-// token usage averaged), whatever aggregates the sender filled in. A worker
-// that is not Ready gets no veto: leaving Ready clears it, and a report racing
-// that transition must not set it again.
+// token usage averaged), whatever aggregates the sender filled in. Only Ready
+// workers get a veto (the registry's rule).
 func (in *Ingester) Report(workerID string, load *smgv1.EngineLoad) error {
 	if load == nil || len(load.GetRanks()) == 0 {
 		return in.NoReport(workerID)
 	}
+	waiting, usage := Signals(load.GetRanks())
+	load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.coalesce {
+	if in.opts.Coalesce {
 		w := in.reg.Get(workerID)
 		if w == nil {
 			return ErrUnknownWorker
 		}
-		waiting, usage := Signals(load.GetRanks())
-		load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
+		// A prediction only: the registry decides again at the flush.
 		over, _ := judge.Check(waiting, usage, w.Thresholds)
-		if (over && w.Ready()) == w.Overloaded {
+		if (over && w.Ready()) == w.Overloaded && !w.Evidence.NoReport {
 			in.pending[workerID] = load // the verdict stands: commit with the next flush
 			return nil
 		}
@@ -127,7 +122,7 @@ func (in *Ingester) Report(workerID string, load *smgv1.EngineLoad) error {
 	var f flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		var err error
-		f, err = apply(t, workerID, load)
+		f, err = store(t, workerID, load)
 		return err
 	})
 	if err != nil {
@@ -147,46 +142,43 @@ type flip struct {
 	reason   judge.OverloadReason
 }
 
-// apply stores one report and its verdict in t.
-func apply(t *registry.Txn, workerID string, load *smgv1.EngineLoad) (flip, error) {
+// store stores one report in t; the registry decides the verdict.
+func store(t *registry.Txn, workerID string, load *smgv1.EngineLoad) (flip, error) {
 	w := t.Get(workerID)
 	if w == nil {
 		return flip{}, ErrUnknownWorker
 	}
-	waiting, usage := Signals(load.GetRanks())
-	load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
-	over, reason := judge.Check(waiting, usage, w.Thresholds)
-	over = over && w.Ready()
 	c := w.Clone()
 	c.Load = load
 	c.LoadRevision++
-	f := flip{over: over, workerID: workerID, model: w.Model, reason: reason}
-	if over != w.Overloaded {
-		f.flipped = true
-		c.Overloaded = over
-		c.OverloadReason = ""
-		if over {
-			c.OverloadReason = reason.String()
-		}
-	} else if over && (reason.Waiting != int64(w.Load.GetWaitingRequests()) || reason.TokenUsage != w.Load.GetTokenUsage()) {
-		c.OverloadReason = reason.String()
-	}
-	return f, t.Insert(c)
+	c.Evidence.NoReport = false
+	t.Insert(c)
+	return flipOf(w, c), nil
 }
 
-// clearVeto is "no report" in t: the overload veto clears.
-func clearVeto(t *registry.Txn, workerID string) (flip, error) {
+// flipOf describes the overload verdict change from w to c.
+func flipOf(w, c *registry.Worker) flip {
+	if w.Overloaded == c.Overloaded {
+		return flip{}
+	}
+	f := flip{flipped: true, over: c.Overloaded, noReport: c.Evidence.NoReport, workerID: c.ID, model: c.Model}
+	_, f.reason = judge.Check(int64(c.Load.GetWaitingRequests()), c.Load.GetTokenUsage(), c.Thresholds)
+	return f
+}
+
+// markNoReport is "no report" in t: the overload veto clears (fail open).
+func markNoReport(t *registry.Txn, workerID string) (flip, error) {
 	w := t.Get(workerID)
 	if w == nil {
 		return flip{}, ErrUnknownWorker
 	}
-	if !w.Overloaded {
+	if w.Evidence.NoReport {
 		return flip{}, nil
 	}
 	c := w.Clone()
-	c.Overloaded, _ = judge.NoReport() // fail open: no fresh signal, no opinion
-	c.OverloadReason = ""
-	return flip{flipped: true, noReport: true, workerID: workerID, model: w.Model}, t.Insert(c)
+	c.Evidence.NoReport = true
+	t.Insert(c)
+	return flipOf(w, c), nil
 }
 
 func (in *Ingester) logFlip(f flip) {
@@ -198,6 +190,14 @@ func (in *Ingester) logFlip(f flip) {
 		in.log.Info("Worker overloaded: excluded from routing", "worker_id", f.workerID, "model", f.model, "reason", f.reason.String())
 	default:
 		in.log.Info("Worker under every threshold: back in routing", "worker_id", f.workerID, "model", f.model, "reason", f.reason.String())
+	}
+}
+
+// done logs a registry write that failed for a reason other than an unknown
+// worker (which callers are told about).
+func (in *Ingester) done(err error, what, workerID string) {
+	if err != nil && !errors.Is(err, ErrUnknownWorker) {
+		in.log.Error("Load report not stored", "what", what, "worker_id", workerID, "error", err)
 	}
 }
 
@@ -223,7 +223,7 @@ func (in *Ingester) NoReport(workerID string) error {
 	var f flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		var err error
-		f, err = clearVeto(t, workerID)
+		f, err = markNoReport(t, workerID)
 		return err
 	})
 	in.logFlip(f)
@@ -237,19 +237,21 @@ func (in *Ingester) Rebuild(why string) {
 	defer in.mu.Unlock()
 	clear(in.pending)
 	n := 0
-	_, _ = in.reg.Update(func(t *registry.Txn) error {
+	_, err := in.reg.Update(func(t *registry.Txn) error {
+		n = 0
 		for _, w := range t.Workers() {
-			if !w.Overloaded {
+			if w.Evidence.NoReport {
 				continue
 			}
-			c := w.Clone()
-			c.Overloaded, c.OverloadReason = false, ""
-			n++
-			if err := t.Insert(c); err != nil {
-				return err
+			if w.Overloaded {
+				n++
 			}
+			c := w.Clone()
+			c.Evidence.NoReport = true
+			t.Insert(c)
 		}
 		return nil
 	})
+	in.done(err, "rebuild", "")
 	in.log.Warn("Load monitor rebuilt its state: overload vetoes cleared for every worker", "reason", why, "cleared", n)
 }

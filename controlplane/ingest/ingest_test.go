@@ -46,15 +46,16 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	logs := &syncBuffer{}
 	reg := registry.New("test", 0)
-	return &fixture{reg: reg, in: ingest.New(reg, slog.New(slog.NewTextHandler(logs, nil))), logs: logs}
+	return &fixture{reg: reg, in: ingest.New(reg, ingest.Options{}, slog.New(slog.NewTextHandler(logs, nil))), logs: logs}
 }
 
 // add registers a Ready worker with the given thresholds.
 func (f *fixture) add(t *testing.T, id, url, model string, th judge.Thresholds) {
 	t.Helper()
 	_, err := f.reg.Update(func(tx *registry.Txn) error {
-		return tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Model: model, Type: "regular",
+		tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Model: model, Type: "regular",
 			Thresholds: th, Health: registry.HealthHealthy})
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +76,8 @@ func (f *fixture) setHealth(t *testing.T, id string, h registry.Health) {
 	_, err := f.reg.Update(func(tx *registry.Txn) error {
 		c := tx.Get(id).Clone()
 		c.Health = h
-		return tx.Insert(c)
+		tx.Insert(c)
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -334,7 +336,7 @@ smg_workers_overloaded{model="qwen"} 0
 
 	// Removal: the worker's series read -1 from now on.
 	old := f.worker(t, "w1")
-	_, err := f.reg.Update(func(tx *registry.Txn) error { return tx.Delete("w1") })
+	_, err := f.reg.Update(func(tx *registry.Txn) error { tx.Delete("w1"); return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +414,9 @@ func TestWorkersOverloadedReadsZeroAfterAModelsLastWorkerGoes(t *testing.T) {
 	promReg := prometheus.NewRegistry()
 	promReg.MustRegister(ingest.NewCollector(reg))
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		return tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://e1"}, Model: "solo", Overloaded: true})
+		tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://e1"}, Model: "solo",
+			Health: registry.HealthHealthy, Thresholds: judge.Thresholds{WaitingRequests: 1}, Load: &smgv1.EngineLoad{WaitingRequests: 2}}) // overloaded
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +427,7 @@ func TestWorkersOverloadedReadsZeroAfterAModelsLastWorkerGoes(t *testing.T) {
 	if err := testutil.GatherAndCompare(promReg, strings.NewReader(want("1")), "smg_workers_overloaded"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := reg.Update(func(tx *registry.Txn) error { return tx.Delete("w1") }); err != nil {
+	if _, err := reg.Update(func(tx *registry.Txn) error { tx.Delete("w1"); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if err := testutil.GatherAndCompare(promReg, strings.NewReader(want("0")), "smg_workers_overloaded"); err != nil {

@@ -23,7 +23,8 @@
 //	  every way the veto ends                                         Liveness.Sweep (Cause says which)
 //	When a Worker Goes Silent Entirely (stale → unreachable)          Record.Pushed, Liveness.Sweep
 //
-// Leaving Ready, removal and replacement are the caller's business: it drops
-// the worker's Liveness and clears its overload flag. No verdict here touches
+// Leaving Ready, removal and replacement are the caller's business: the
+// registry (registry.decide) drops the worker's Liveness and clears its
+// overload flag in the transaction that commits the change. No verdict here touches
 // the worker's health status.
 package judge

@@ -1,5 +1,6 @@
-// Package liveness holds the control plane's liveness evidence per worker and
-// turns it into unreachable and wedged vetoes (the spec's "When a Worker Dies
+// Package liveness moves each worker's liveness evidence, stored with its
+// registry record, inside the registry transaction that decides the
+// unreachable and wedged vetoes from it (the spec's "When a Worker Dies
 // or Loses Its Link", "When an Engine Freezes", "When a Worker Goes Silent
 // Entirely"). The rules themselves are judge.Liveness; this package collects
 // the evidence from every channel (agents, polls, health probes, routers),
@@ -10,6 +11,7 @@ package liveness
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -20,7 +22,11 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
-// Tracker collects liveness evidence and keeps verdicts in the registry.
+// Tracker feeds liveness evidence to the registry and reports verdict changes.
+// It keeps no evidence of its own: each worker's judge.Liveness is stored
+// with its registry record and moved inside the write transaction that
+// commits the verdict (the registry decides the veto from it), so the
+// stored verdict is always what the judge makes of the stored evidence.
 type Tracker struct {
 	reg   *registry.Registry
 	rules judge.Rules
@@ -30,27 +36,26 @@ type Tracker struct {
 	stalled     *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
 
-	mu      sync.Mutex
-	workers map[string]*entry
+	// vetoed is the URL of each worker whose veto the metrics show; written
+	// inside registry transactions (so in commit order) and by Sweep.
+	mu     sync.Mutex
+	vetoed map[string]string
 }
 
-type entry struct {
-	url      string
-	live     judge.Liveness
-	routers  map[string]routerView // latest observation of each router
-	pushedAt time.Time             // latest record an agent pushed
-}
-
-type routerView struct {
-	streams      int64
-	lastProgress time.Time
-	prefill      int64
+// Options configure a Tracker.
+type Options struct {
+	Rules judge.LivenessConfig
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
 }
 
 // New returns a tracker; metrics register on m.
-func New(reg *registry.Registry, cfg judge.LivenessConfig, log *slog.Logger, m prometheus.Registerer) *Tracker {
+func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Registerer) *Tracker {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	t := &Tracker{
-		reg: reg, rules: cfg.Rules(), log: log, now: time.Now, workers: map[string]*entry{},
+		reg: reg, rules: opts.Rules.Rules(), log: log, now: opts.Now, vetoed: map[string]string{},
 		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "smg_worker_stalled",
 			Help: "1 while the worker is excluded from routing by liveness, labeled with the reason (unreachable or wedged).",
@@ -63,9 +68,6 @@ func New(reg *registry.Registry, cfg judge.LivenessConfig, log *slog.Logger, m p
 	m.MustRegister(t.stalled, t.transitions)
 	return t
 }
-
-// SetClock replaces the clock (tests).
-func (t *Tracker) SetClock(now func() time.Time) { t.now = now }
 
 // Run sweeps every judge.SweepInterval until ctx ends.
 func (t *Tracker) Run(ctx context.Context) {
@@ -81,99 +83,167 @@ func (t *Tracker) Run(ctx context.Context) {
 	}
 }
 
-// Sweep re-judges every Ready worker at now, and drops the evidence of
-// workers that left Ready or were removed (their vetoes go with it).
+// Sweep re-judges every Ready worker at now, in one transaction, and clears
+// the metrics of vetoed workers that left Ready or were removed (the
+// registry dropped their evidence and veto as they went).
 func (t *Tracker) Sweep(now time.Time) {
-	snap := t.reg.Snapshot()
-	ready := map[string]*registry.Worker{}
-	for _, w := range snap.Workers() {
-		if w.Ready() {
-			ready[w.ID] = w
-		}
-	}
-	t.mu.Lock()
 	var changes []change
-	for id, e := range t.workers {
-		w := ready[id]
-		if w == nil || w.Spec.GetUrl() != e.url {
-			if v, _ := e.live.Status(); v != judge.Live {
-				changes = append(changes, change{id: id, url: e.url, c: judge.Change{Verdict: judge.Live, Previous: v}, dropped: true})
+	_, err := t.reg.Update(func(txn *registry.Txn) error {
+		changes = changes[:0]
+		for _, w := range txn.Workers() {
+			if !w.Ready() {
+				continue
 			}
-			delete(t.workers, id)
-			continue
+			live := w.Evidence.Live
+			if !live.Sweep(now, &t.rules).Changed() {
+				continue
+			}
+			c := w.Clone()
+			c.Evidence.Live = live
+			changes = t.commit(txn, w, c, changes)
 		}
-		if c := e.live.Sweep(now, &t.rules); c.Changed() {
-			changes = append(changes, change{id: id, url: e.url, c: c})
-		}
-	}
-	t.mu.Unlock()
-	t.apply(changes)
-}
-
-type change struct {
-	id, url string
-	c       judge.Change
-	dropped bool
-}
-
-// with runs fn on a Ready worker's evidence and applies a verdict change.
-func (t *Tracker) with(workerID string, fn func(e *entry) judge.Change) {
-	w := t.reg.Snapshot().Get(workerID)
-	if w == nil || !w.Ready() {
-		return // the rules judge Ready workers only
-	}
+		return nil
+	})
+	t.report(changes, err)
+	snap := t.reg.Snapshot()
 	t.mu.Lock()
-	e := t.workers[workerID]
-	if e == nil || e.url != w.Spec.GetUrl() {
-		e = &entry{url: w.Spec.GetUrl(), routers: map[string]routerView{}}
-		t.workers[workerID] = e
+	var gone []change
+	for id, url := range t.vetoed {
+		if w := snap.Get(id); w == nil || w.Spec.GetUrl() != url || w.Liveness == smgv1.Veto_VETO_UNSPECIFIED {
+			t.setGauges(url, smgv1.Veto_VETO_UNSPECIFIED)
+			delete(t.vetoed, id)
+			gone = append(gone, change{id: id, url: url, to: smgv1.Veto_VETO_UNSPECIFIED, dropped: true})
+		}
 	}
-	c := fn(e)
 	t.mu.Unlock()
-	if c.Changed() {
-		t.apply([]change{{id: workerID, url: e.url, c: c}})
+	t.report(gone, nil)
+}
+
+// change is a committed liveness veto change, to log.
+type change struct {
+	id, url  string
+	from, to smgv1.Veto
+	cause    string
+	dropped  bool // left Ready or removed
+}
+
+// judgeAll moves the evidence of each Ready worker in ids with fn and
+// commits, in one transaction; the registry decides the verdicts.
+func (t *Tracker) judgeAll(ids []string, fn func(i int, ev *registry.Evidence)) {
+	var changes []change
+	_, err := t.reg.Update(func(txn *registry.Txn) error {
+		changes = changes[:0]
+		for i, id := range ids {
+			w := txn.Get(id)
+			if w == nil || !w.Ready() {
+				continue // the rules judge Ready workers only
+			}
+			c := w.Clone()
+			fn(i, &c.Evidence)
+			changes = t.commit(txn, w, c, changes)
+		}
+		return nil
+	})
+	t.report(changes, err)
+}
+
+// with moves one worker's evidence.
+func (t *Tracker) with(workerID string, fn func(ev *registry.Evidence)) {
+	t.judgeAll([]string{workerID}, func(_ int, ev *registry.Evidence) { fn(ev) })
+}
+
+// commit inserts c (w moved on) and, when the veto changed, updates the
+// metrics at once, so they follow the commit order.
+func (t *Tracker) commit(txn *registry.Txn, w, c *registry.Worker, changes []change) []change {
+	txn.Insert(c)
+	if c.Liveness == w.Liveness {
+		return changes
+	}
+	url := c.Spec.GetUrl()
+	t.mu.Lock()
+	t.setGauges(url, c.Liveness)
+	if c.Liveness != smgv1.Veto_VETO_UNSPECIFIED {
+		t.transitions.WithLabelValues(url, verdictLabel(c.Liveness)).Inc()
+		t.vetoed[c.ID] = url
+	} else {
+		delete(t.vetoed, c.ID)
+	}
+	t.mu.Unlock()
+	_, cause := c.Evidence.Live.Status()
+	return append(changes, change{id: c.ID, url: url, from: w.Liveness, to: c.Liveness, cause: cause.String()})
+}
+
+func (t *Tracker) setGauges(url string, veto smgv1.Veto) {
+	for _, v := range []smgv1.Veto{smgv1.Veto_VETO_UNREACHABLE, smgv1.Veto_VETO_WEDGED} {
+		val := 0.0
+		if veto == v {
+			val = 1
+		}
+		t.stalled.WithLabelValues(url, verdictLabel(v)).Set(val)
+	}
+}
+
+func verdictLabel(v smgv1.Veto) string {
+	switch v {
+	case smgv1.Veto_VETO_UNREACHABLE:
+		return judge.Unreachable.String()
+	case smgv1.Veto_VETO_WEDGED:
+		return judge.Wedged.String()
+	}
+	return judge.Live.String()
+}
+
+// report logs committed changes; a failed commit is logged too.
+func (t *Tracker) report(changes []change, err error) {
+	if err != nil {
+		t.log.Error("Liveness evidence not stored", "error", err)
+		return
+	}
+	for _, ch := range changes {
+		switch {
+		case ch.to != smgv1.Veto_VETO_UNSPECIFIED:
+			t.log.Warn("Worker vetoed by liveness", "worker_id", ch.id, "url", ch.url, "reason", verdictLabel(ch.to), "cause", ch.cause)
+		case ch.dropped:
+			t.log.Info("Worker re-admitted by liveness", "worker_id", ch.id, "url", ch.url, "cause", "left Ready or removed")
+		default:
+			t.log.Info("Worker re-admitted by liveness", "worker_id", ch.id, "url", ch.url, "cause", ch.cause)
+		}
 	}
 }
 
 // Contact records contact that carries no load (an answered poll without a
 // usable report, a passing probe, a heartbeat for the engine).
 func (t *Tracker) Contact(workerID string, now time.Time) {
-	t.with(workerID, func(e *entry) judge.Change { return e.live.Contact(now, &t.rules) })
+	t.with(workerID, func(ev *registry.Evidence) { ev.Live.Contact(now, &t.rules) })
 }
 
 // Failure records a failure on one of the worker's channels.
 func (t *Tracker) Failure(workerID string, kind judge.FailureKind, now time.Time) {
-	t.with(workerID, func(e *entry) judge.Change { return e.live.Failure(now, kind, &t.rules) })
+	t.with(workerID, func(ev *registry.Evidence) { ev.Live.Failure(now, kind, &t.rules) })
 }
 
 // Record ingests a load report's liveness side (pushed by an agent, or an
 // answered poll).
 func (t *Tracker) Record(workerID string, rec judge.Record, now time.Time) {
-	t.with(workerID, func(e *entry) judge.Change {
+	t.with(workerID, func(ev *registry.Evidence) {
 		if rec.Pushed {
-			e.pushedAt = now
+			ev.PushedAt = now
 		}
-		return e.live.Record(now, rec, &t.rules)
+		ev.Live.Record(now, rec, &t.rules)
 	})
 }
 
 // RecentlyPushed tells the poller to skip a worker whose agent delivered a
 // record within the interval (the poll takes over when records stop).
 func (t *Tracker) RecentlyPushed(workerID string, within time.Duration, now time.Time) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e := t.workers[workerID]
-	return e != nil && !e.pushedAt.IsZero() && now.Sub(e.pushedAt) < within
+	w := t.reg.Get(workerID)
+	return w != nil && !w.Evidence.PushedAt.IsZero() && now.Sub(w.Evidence.PushedAt) < within
 }
 
 // StopPushed forgets when the worker's agent last pushed (its stream ended),
 // so the poller takes over at once.
 func (t *Tracker) StopPushed(workerID string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if e := t.workers[workerID]; e != nil {
-		e.pushedAt = time.Time{}
-	}
+	t.with(workerID, func(ev *registry.Evidence) { ev.PushedAt = time.Time{} })
 }
 
 // PollAnswered implements monitor.Observer.
@@ -195,118 +265,67 @@ func (t *Tracker) PollTransportFailure(workerID string, _ error, now time.Time) 
 func (t *Tracker) HealthPassed(workerID string, now time.Time) { t.Contact(workerID, now) }
 
 // RouterObservations implements watch.ObservationSink: piles and progress
-// are summed over routers.
+// are summed over routers. One transaction covers the whole report.
 func (t *Tracker) RouterObservations(routerID string, rep *smgv1.RouterReport, now time.Time) {
-	for _, o := range rep.GetWorkers() {
-		id := o.GetWorkerId()
+	obs := rep.GetWorkers()
+	ids := make([]string, len(obs))
+	for i, o := range obs {
+		ids[i] = o.GetWorkerId()
+	}
+	t.judgeAll(ids, func(i int, ev *registry.Evidence) {
+		o := obs[i]
 		var lastProgress time.Time
 		if o.GetLastProgress() != nil {
 			lastProgress = o.GetLastProgress().AsTime()
 		}
-		t.with(id, func(e *entry) judge.Change {
-			// The contact or failure below may move the verdict on its own;
-			// the change to commit runs from the verdict before the report.
-			before, _ := e.live.Status()
-			if o.GetContact() {
-				e.live.Contact(now, &t.rules)
+		if o.GetContact() {
+			ev.Live.Contact(now, &t.rules)
+		}
+		if o.GetConnectionFailures() > 0 {
+			at := now
+			if o.GetLastFailure() != nil {
+				at = o.GetLastFailure().AsTime()
 			}
-			if o.GetConnectionFailures() > 0 {
-				at := now
-				if o.GetLastFailure() != nil {
-					at = o.GetLastFailure().AsTime()
-				}
-				e.live.Failure(at, judge.ConnectionFailure, &t.rules)
-			}
-			e.live.SetPrefillRate(o.GetPrefillTokensPerSec())
-			e.routers[routerID] = routerView{streams: int64(o.GetStreamsInFlight()), lastProgress: lastProgress, prefill: o.GetPromptTokensInFlight()}
-			c := e.live.Routers(now, e.sum(), &t.rules)
-			c.Previous = before
-			return c
-		})
-	}
+			ev.Live.Failure(at, judge.ConnectionFailure, &t.rules)
+		}
+		ev.Live.SetPrefillRate(o.GetPrefillTokensPerSec())
+		routers := make(map[string]registry.RouterView, len(ev.Routers)+1)
+		maps.Copy(routers, ev.Routers)
+		routers[routerID] = registry.RouterView{Streams: int64(o.GetStreamsInFlight()), LastProgress: lastProgress, PrefillTokens: o.GetPromptTokensInFlight()}
+		ev.Routers = routers
+		ev.Live.Routers(now, sum(routers), &t.rules)
+	})
 }
 
 // RouterGone implements watch.ObservationSink: the router's piles no longer count.
 func (t *Tracker) RouterGone(routerID string) {
 	now := t.now()
-	t.mu.Lock()
-	var changes []change
-	for id, e := range t.workers {
-		if _, ok := e.routers[routerID]; !ok {
-			continue
-		}
-		delete(e.routers, routerID)
-		if c := e.live.Routers(now, e.sum(), &t.rules); c.Changed() {
-			changes = append(changes, change{id: id, url: e.url, c: c})
+	var ids []string
+	for _, w := range t.reg.Snapshot().Workers() {
+		if _, ok := w.Evidence.Routers[routerID]; ok {
+			ids = append(ids, w.ID)
 		}
 	}
-	t.mu.Unlock()
-	t.apply(changes)
+	t.judgeAll(ids, func(_ int, ev *registry.Evidence) {
+		if _, ok := ev.Routers[routerID]; !ok {
+			return
+		}
+		routers := maps.Clone(ev.Routers)
+		delete(routers, routerID)
+		ev.Routers = routers
+		ev.Live.Routers(now, sum(routers), &t.rules)
+	})
 }
 
 // sum adds up the routers' piles and takes the latest progress.
-func (e *entry) sum() judge.RouterObservation {
+func sum(routers map[string]registry.RouterView) judge.RouterObservation {
 	var o judge.RouterObservation
-	for _, v := range e.routers {
-		o.Streams += v.streams
-		o.PrefillTokens += v.prefill
-		if v.lastProgress.After(o.LastProgress) {
-			o.LastProgress = v.lastProgress
+	for _, v := range routers {
+		o.Streams += v.Streams
+		o.PrefillTokens += v.PrefillTokens
+		if v.LastProgress.After(o.LastProgress) {
+			o.LastProgress = v.LastProgress
 		}
 	}
 	return o
-}
-
-// apply stores verdict changes, logs them and updates the metrics.
-func (t *Tracker) apply(changes []change) {
-	if len(changes) == 0 {
-		return
-	}
-	_, _ = t.reg.Update(func(txn *registry.Txn) error {
-		for _, ch := range changes {
-			w := txn.Get(ch.id)
-			if w == nil {
-				continue
-			}
-			c := w.Clone()
-			c.Liveness, c.LivenessReason = vetoOf(ch.c.Verdict), ""
-			if ch.c.Verdict != judge.Live {
-				c.LivenessReason = ch.c.Cause.String()
-			}
-			if ch.c.Previous == judge.Unreachable && ch.c.Verdict != judge.Unreachable {
-				c.ContactSeq++ // routers close the worker's circuit breaker
-			}
-			if err := txn.Insert(c); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	for _, ch := range changes {
-		for _, v := range []judge.Verdict{judge.Unreachable, judge.Wedged} {
-			val := 0.0
-			if ch.c.Verdict == v {
-				val = 1
-			}
-			t.stalled.WithLabelValues(ch.url, v.String()).Set(val)
-		}
-		if ch.c.Verdict != judge.Live {
-			t.transitions.WithLabelValues(ch.url, ch.c.Verdict.String()).Inc()
-			t.log.Warn("Worker vetoed by liveness", "worker_id", ch.id, "url", ch.url, "reason", ch.c.Verdict.String(), "cause", ch.c.Cause.String())
-		} else if ch.dropped {
-			t.log.Info("Worker re-admitted by liveness", "worker_id", ch.id, "url", ch.url, "cause", "left Ready or removed")
-		} else {
-			t.log.Info("Worker re-admitted by liveness", "worker_id", ch.id, "url", ch.url, "cause", ch.c.Cause.String())
-		}
-	}
-}
-
-func vetoOf(v judge.Verdict) smgv1.Veto {
-	switch v {
-	case judge.Unreachable:
-		return smgv1.Veto_VETO_UNREACHABLE
-	case judge.Wedged:
-		return smgv1.Veto_VETO_WEDGED
-	}
-	return smgv1.Veto_VETO_UNSPECIFIED
 }

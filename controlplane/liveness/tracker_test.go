@@ -20,12 +20,13 @@ func setup(t *testing.T, health registry.Health) (*Tracker, *registry.Registry, 
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(txn *registry.Txn) error {
-		return txn.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://w1"}, Model: "m", Type: "regular", Health: health})
+		txn.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://w1"}, Model: "m", Type: "regular", Health: health})
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
 	m := prometheus.NewRegistry()
-	tr := New(reg, judge.DefaultLivenessConfig(), slog.New(slog.DiscardHandler), m)
+	tr := New(reg, Options{Rules: judge.DefaultLivenessConfig()}, slog.New(slog.DiscardHandler), m)
 	return tr, reg, m
 }
 
@@ -122,7 +123,8 @@ func TestOnlyReadyWorkersAreJudgedAndLeavingReadyDropsTheVeto(t *testing.T) {
 	if _, err := reg.Update(func(txn *registry.Txn) error {
 		c := txn.Get("w1").Clone()
 		c.Health = registry.HealthHealthy
-		return txn.Insert(c)
+		txn.Insert(c)
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +135,8 @@ func TestOnlyReadyWorkersAreJudgedAndLeavingReadyDropsTheVeto(t *testing.T) {
 	if _, err := reg.Update(func(txn *registry.Txn) error {
 		c := txn.Get("w1").Clone()
 		c.Health = registry.HealthUnhealthy
-		return txn.Insert(c)
+		txn.Insert(c)
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -36,8 +36,9 @@ func TestPollsAndProbesSendTheWorkersAPIKey(t *testing.T) {
 
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		return tx.Insert(&registry.Worker{ID: "w1", Model: "m", Type: "regular", Health: registry.HealthPending,
+		tx.Insert(&registry.Worker{ID: "w1", Model: "m", Type: "regular", Health: registry.HealthPending,
 			Spec: &smgv1.WorkerSpec{Url: engine.URL, ApiKey: "engine-key"}})
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -48,9 +49,9 @@ func TestPollsAndProbesSendTheWorkersAPIKey(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	done := make(chan struct{}, 2)
-	go func() { health.New(reg, hopts, engine.Client(), log).Run(ctx); done <- struct{}{} }()
+	go func() { health.New(reg, hopts, engine.Client(), nil, log).Run(ctx); done <- struct{}{} }()
 	go func() {
-		monitor.New(reg, ingest.New(reg, log), engine.Client(), time.Second, log).Run(ctx)
+		monitor.New(reg, ingest.New(reg, ingest.Options{}, log), engine.Client(), monitor.Options{Interval: time.Second}, log).Run(ctx)
 		done <- struct{}{}
 	}()
 	defer func() { cancel(); <-done; <-done }()

@@ -50,6 +50,21 @@ type Monitor struct {
 	mu      sync.Mutex
 	readers map[string]*reader
 	runCtx  context.Context // set by Run; PollNow polls under it
+	stopped bool            // Run is returning: no new polls
+	polls   sync.WaitGroup  // polls in flight; Run waits for them
+}
+
+// Options configure a Monitor.
+type Options struct {
+	// Interval is the default polling period (--load-monitor-interval).
+	Interval time.Duration
+	// Observer (nil: none) hears of every poll outcome.
+	Observer Observer
+	// Skipper (nil: poll always) tells when an agent's records make a poll
+	// unnecessary.
+	Skipper Skipper
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
 }
 
 type reader struct {
@@ -62,16 +77,14 @@ type reader struct {
 // GroupKey identifies a polling group.
 type GroupKey struct{ Model, Type, Mode string }
 
-// New returns a monitor polling every interval unless a spec overrides it.
-func New(reg *registry.Registry, in *ingest.Ingester, client *http.Client, interval time.Duration, log *slog.Logger) *Monitor {
-	return &Monitor{reg: reg, ingest: in, client: client, log: log, interval: interval, now: time.Now, readers: map[string]*reader{}}
+// New returns a monitor polling every opts.Interval unless a spec overrides it.
+func New(reg *registry.Registry, in *ingest.Ingester, client *http.Client, opts Options, log *slog.Logger) *Monitor {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Monitor{reg: reg, ingest: in, client: client, log: log, interval: opts.Interval,
+		observer: opts.Observer, skipper: opts.Skipper, now: opts.Now, readers: map[string]*reader{}}
 }
-
-// SetObserver plugs in the liveness tracker.
-func (m *Monitor) SetObserver(o Observer) { m.observer = o }
-
-// SetSkipper plugs in the agent-record tracker.
-func (m *Monitor) SetSkipper(s Skipper) { m.skipper = s }
 
 func groupOf(w *registry.Worker) GroupKey {
 	mode := w.Spec.GetConnectionMode()
@@ -123,6 +136,10 @@ func (m *Monitor) Run(ctx context.Context) {
 			r.cancel()
 		}
 		wg.Wait()
+		m.mu.Lock()
+		m.stopped = true
+		m.mu.Unlock()
+		m.polls.Wait() // every poll started has ended
 	}()
 	for {
 		changed := m.reg.MembershipChanged() // not on load reports: membership only
@@ -228,13 +245,15 @@ func (m *Monitor) pollAsync(ctx context.Context, w *registry.Worker) {
 			r: engine.NewReader(withBearer(m.client, w.Spec.GetApiKey()), w.Spec.GetUrl())}
 		m.readers[w.ID] = rd
 	}
-	if rd.inFlight {
+	if rd.inFlight || m.stopped {
 		m.mu.Unlock()
 		return
 	}
 	rd.inFlight = true
+	m.polls.Add(1)
 	m.mu.Unlock()
 	go func() {
+		defer m.polls.Done()
 		defer func() {
 			m.mu.Lock()
 			rd.inFlight = false
@@ -258,13 +277,25 @@ func (m *Monitor) PollOnce(ctx context.Context, workerID string, r *engine.Reade
 			m.observer.PollAnswered(workerID, now)
 		}
 		m.log.Debug("Load poll produced no report", "worker_id", workerID, "error", err)
-		_ = m.ingest.NoReport(workerID)
+		m.ingested(workerID, m.ingest.NoReport(workerID))
 		return
 	}
 	if m.observer != nil {
 		m.observer.PollReport(workerID, rep.Waiting(), now)
 	}
-	_ = m.ingest.Report(workerID, loadpb.FromReport(rep, now))
+	m.ingested(workerID, m.ingest.Report(workerID, loadpb.FromReport(rep, now)))
+}
+
+// ingested logs a poll outcome the ingester did not store: the worker was
+// removed while the poll ran (debug), or the write failed.
+func (m *Monitor) ingested(workerID string, err error) {
+	switch {
+	case err == nil:
+	case errors.Is(err, ingest.ErrUnknownWorker):
+		m.log.Debug("Load poll of a removed worker ignored", "worker_id", workerID)
+	default:
+		m.log.Error("Load poll outcome not stored", "worker_id", workerID, "error", err)
+	}
 }
 
 // engineAnswered tells an answer without a usable report (which is still

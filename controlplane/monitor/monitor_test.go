@@ -18,7 +18,7 @@ func w(id, model, typ, mode string, override *int32) *registry.Worker {
 }
 
 func TestGroups(t *testing.T) {
-	m := monitor.New(registry.New("e", 0), nil, nil, 10*time.Second, slog.New(slog.DiscardHandler))
+	m := monitor.New(registry.New("e", 0), nil, nil, monitor.Options{Interval: 10 * time.Second}, slog.New(slog.DiscardHandler))
 	got := m.Groups([]*registry.Worker{
 		w("a", "llama", "regular", "", nil),
 		w("b", "llama", "regular", "http", secs(5)),

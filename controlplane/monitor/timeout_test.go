@@ -27,8 +27,9 @@ func TestPollTimesOutAfterFiveSeconds(t *testing.T) {
 		log := slog.New(slog.DiscardHandler)
 		reg := registry.New("e", 0)
 		if _, err := reg.Update(func(tx *registry.Txn) error {
-			return tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://engine"}, Health: registry.HealthHealthy,
+			tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://engine"}, Health: registry.HealthHealthy,
 				Overloaded: true, OverloadReason: "waiting_requests 9 >= 8"})
+			return nil
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +44,7 @@ func TestPollTimesOutAfterFiveSeconds(t *testing.T) {
 			return client, nil
 		}}
 		client := &http.Client{Transport: tr}
-		m := monitor.New(reg, ingest.New(reg, log), client, time.Second, log)
+		m := monitor.New(reg, ingest.New(reg, ingest.Options{}, log), client, monitor.Options{Interval: time.Second}, log)
 
 		start := time.Now()
 		m.PollOnce(context.Background(), "w1", engine.NewReader(client, "http://engine"))

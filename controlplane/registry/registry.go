@@ -49,6 +49,12 @@ type Worker struct {
 	WindowShare map[string]int64 // router id -> rooms of the worker's window (PD decode or admission)
 	Admission   *Admission       // running window under --worker-admission-window (nil: off)
 
+	// Evidence is what the verdicts above are decided from. It is stored
+	// with the record so that a verdict commits in the same transaction as
+	// the evidence it follows from (Insert decides it); it is not sent to
+	// routers, and a change to it alone commits no new revision.
+	Evidence Evidence
+
 	Revision uint64 // revision of the last change to this record
 }
 
@@ -68,6 +74,29 @@ func (a *Admission) Rooms() int64 {
 		return 0
 	}
 	return a.Window + a.Queue
+}
+
+// Evidence is a worker's verdict evidence besides its latest load.
+type Evidence struct {
+	// NoReport: the latest poll produced no load report, so the overload
+	// veto is off (fail open) while the last load stays visible.
+	NoReport bool
+	// Live is the liveness evidence and verdict (judge.Liveness is plain
+	// data: a clone's copy is independent).
+	Live judge.Liveness
+	// Routers is each router's latest view of the worker; copy on write.
+	Routers map[string]RouterView
+	// PushedAt is when an agent last pushed a record for the worker.
+	PushedAt time.Time
+	// ProbePasses and ProbeFailures count consecutive health probes.
+	ProbePasses, ProbeFailures int
+}
+
+// RouterView is one router's latest observation of a worker.
+type RouterView struct {
+	Streams       int64
+	LastProgress  time.Time
+	PrefillTokens int64
 }
 
 // Ready reports whether the health checker has admitted the worker.
@@ -241,6 +270,8 @@ func (r *Registry) MembershipChanged() <-chan struct{} {
 }
 
 // Txn is a write transaction. Insert and Delete record the workers changed.
+// A memdb error inside a transaction is an index error on the static schema,
+// a programming bug: the registry panics rather than hand it to callers.
 type Txn struct {
 	txn     *memdb.Txn
 	changed []Change // one entry per worker id, latest wins
@@ -271,65 +302,74 @@ func (t *Txn) GetByURL(url string) *Worker { return getWorkerByURL(t.txn, url) }
 // Workers returns every worker.
 func (t *Txn) Workers() []*Worker { return listWorkers(t.txn) }
 
-// Insert stores w (a fresh or cloned record) as changed in this revision.
-func (t *Txn) Insert(w *Worker) error {
+// Insert stores w (a fresh or cloned record, never a stored one) after
+// deciding its verdicts from its evidence (decide): the stored verdict is
+// always what the judge makes of the stored evidence. A change visible to
+// routers commits under this transaction's revision; a change to the
+// evidence alone keeps the record's revision and wakes nobody.
+func (t *Txn) Insert(w *Worker) {
 	old := t.Get(w.ID)
+	decide(old, w)
 	if old == nil || old.Spec.GetUrl() != w.Spec.GetUrl() {
 		if old != nil {
-			if err := t.deleteURL(old); err != nil {
-				return err
-			}
+			t.deleteURL(old)
 		}
-		if err := t.txn.Insert(tableURLs, &urlEntry{URL: w.Spec.GetUrl(), WorkerID: w.ID}); err != nil {
-			return err
-		}
+		must(t.txn.Insert(tableURLs, &urlEntry{URL: w.Spec.GetUrl(), WorkerID: w.ID}))
 	}
 	if old == nil || old.Spec != w.Spec || old.Model != w.Model || old.Health != w.Health {
 		t.membership = true
 	}
-	w.Revision = t.rev
-	t.last = nil
-	if err := t.txn.Insert(tableWorkers, w); err != nil {
-		return err
+	visible := old == nil || !sameVisible(old, w)
+	if visible {
+		w.Revision = t.rev
+	} else {
+		w.Revision = old.Revision
 	}
+	t.last = nil
+	must(t.txn.Insert(tableWorkers, w))
 	t.last = w
-	t.mark(w.ID, false)
-	return nil
+	if visible {
+		t.mark(w.ID, false)
+	}
 }
 
 // Delete removes the worker with id.
-func (t *Txn) Delete(id string) error {
+func (t *Txn) Delete(id string) {
 	if old := t.Get(id); old != nil {
-		if err := t.deleteURL(old); err != nil {
-			return err
-		}
+		t.deleteURL(old)
 	}
 	t.last = nil
 	n, err := t.txn.DeleteAll(tableWorkers, "id", id)
-	if err != nil {
-		return err
-	}
+	must(err)
 	t.membership = t.membership || n > 0
 	t.mark(id, true)
-	return nil
 }
 
 // deleteURL drops w's URL entry if it still points at w.
-func (t *Txn) deleteURL(w *Worker) error {
+func (t *Txn) deleteURL(w *Worker) {
 	o, err := t.txn.First(tableURLs, "id", w.Spec.GetUrl())
-	if err != nil || o == nil || o.(*urlEntry).WorkerID != w.ID {
-		return err
+	must(err)
+	if o == nil || o.(*urlEntry).WorkerID != w.ID {
+		return
 	}
-	return t.txn.Delete(tableURLs, o)
+	must(t.txn.Delete(tableURLs, o))
+}
+
+// must panics on a memdb error: the schema is static, so an index error is a
+// programming bug, not a condition to handle.
+func must(err error) {
+	if err != nil {
+		panic("registry: " + err.Error())
+	}
 }
 
 // PutJob stores a registration job (jobs are not part of the watched state).
-func (t *Txn) PutJob(j *Job) error { return t.txn.Insert(tableJobs, j) }
+func (t *Txn) PutJob(j *Job) { must(t.txn.Insert(tableJobs, j)) }
 
 // DeleteJob removes a worker's job.
-func (t *Txn) DeleteJob(id string) error {
+func (t *Txn) DeleteJob(id string) {
 	_, err := t.txn.DeleteAll(tableJobs, "id", id)
-	return err
+	must(err)
 }
 
 // Job returns a worker's job, or nil.
@@ -423,9 +463,7 @@ func (s *Snapshot) Job(id string) *Job { return getJob(s.txn, id) }
 // Jobs returns every retained job.
 func (s *Snapshot) Jobs() []*Job {
 	it, err := s.txn.Get(tableJobs, "id")
-	if err != nil {
-		return nil
-	}
+	must(err)
 	var out []*Job
 	for o := it.Next(); o != nil; o = it.Next() {
 		out = append(out, o.(*Job))
@@ -465,7 +503,8 @@ func (r *Registry) ChangesSince(rev uint64) (changes []Change, current uint64, o
 
 func getWorker(txn *memdb.Txn, id string) *Worker {
 	o, err := txn.First(tableWorkers, "id", id)
-	if err != nil || o == nil {
+	must(err)
+	if o == nil {
 		return nil
 	}
 	return o.(*Worker)
@@ -473,7 +512,8 @@ func getWorker(txn *memdb.Txn, id string) *Worker {
 
 func getWorkerByURL(txn *memdb.Txn, url string) *Worker {
 	o, err := txn.First(tableURLs, "id", url)
-	if err != nil || o == nil {
+	must(err)
+	if o == nil {
 		return nil
 	}
 	return getWorker(txn, o.(*urlEntry).WorkerID)
@@ -481,7 +521,8 @@ func getWorkerByURL(txn *memdb.Txn, url string) *Worker {
 
 func getJob(txn *memdb.Txn, id string) *Job {
 	o, err := txn.First(tableJobs, "id", id)
-	if err != nil || o == nil {
+	must(err)
+	if o == nil {
 		return nil
 	}
 	return o.(*Job)
@@ -489,9 +530,7 @@ func getJob(txn *memdb.Txn, id string) *Job {
 
 func listWorkers(txn *memdb.Txn) []*Worker {
 	it, err := txn.Get(tableWorkers, "id")
-	if err != nil {
-		return nil
-	}
+	must(err)
 	var out []*Worker
 	for o := it.Next(); o != nil; o = it.Next() {
 		out = append(out, o.(*Worker))

@@ -17,9 +17,7 @@ func insert(t *testing.T, r *registry.Registry, ws ...*registry.Worker) uint64 {
 	t.Helper()
 	rev, err := r.Update(func(tx *registry.Txn) error {
 		for _, w := range ws {
-			if err := tx.Insert(w); err != nil {
-				return err
-			}
+			tx.Insert(w)
 		}
 		return nil
 	})
@@ -65,7 +63,7 @@ func TestAbortedOrEmptyTransactionsCommitNothing(t *testing.T) {
 	ch := r.Changed()
 	boom := errors.New("boom")
 	rev, err := r.Update(func(tx *registry.Txn) error {
-		_ = tx.Insert(worker("b", "http://b"))
+		tx.Insert(worker("b", "http://b"))
 		return boom
 	})
 	if !errors.Is(err, boom) || rev != 1 {
@@ -74,7 +72,7 @@ func TestAbortedOrEmptyTransactionsCommitNothing(t *testing.T) {
 	if r.Snapshot().Get("b") != nil {
 		t.Fatal("an aborted transaction left a record")
 	}
-	rev, err = r.Update(func(tx *registry.Txn) error { return tx.PutJob(&registry.Job{WorkerID: "c", State: "pending"}) })
+	rev, err = r.Update(func(tx *registry.Txn) error { tx.PutJob(&registry.Job{WorkerID: "c", State: "pending"}); return nil })
 	if err != nil || rev != 1 {
 		t.Fatalf("job-only txn: rev %d err %v; jobs are not watched state", rev, err)
 	}
@@ -117,7 +115,7 @@ func TestURLLookupFollowsInsertReplaceDelete(t *testing.T) {
 	if w := snap.GetByURL("http://a:2"); w == nil || w.ID != "a" {
 		t.Fatal("the new URL does not resolve")
 	}
-	if _, err := r.Update(func(tx *registry.Txn) error { return tx.Delete("a") }); err != nil {
+	if _, err := r.Update(func(tx *registry.Txn) error { tx.Delete("a"); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if r.Snapshot().GetByURL("http://a:2") != nil || r.Snapshot().Get("a") != nil {
@@ -131,19 +129,16 @@ func TestTxnReadsItsOwnWrites(t *testing.T) {
 	_, err := r.Update(func(tx *registry.Txn) error {
 		c := tx.Get("a").Clone()
 		c.Health = registry.HealthHealthy
-		if err := tx.Insert(c); err != nil {
-			return err
-		}
+		tx.Insert(c)
 		if tx.Get("a").Health != registry.HealthHealthy {
 			return errors.New("Get after Insert does not see the insert")
 		}
-		if err := tx.Delete("a"); err != nil {
-			return err
-		}
+		tx.Delete("a")
 		if tx.Get("a") != nil || tx.GetByURL("http://a") != nil {
 			return errors.New("Get after Delete still sees the worker")
 		}
-		return tx.Insert(worker("a", "http://a2"))
+		tx.Insert(worker("a", "http://a2"))
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -155,10 +150,12 @@ func TestTxnReadsItsOwnWrites(t *testing.T) {
 
 func TestChangesSince(t *testing.T) {
 	r := registry.New("e", 4)
-	insert(t, r, worker("a", "http://a"))                                                       // rev 1
-	insert(t, r, worker("b", "http://b"))                                                       // rev 2
-	insert(t, r, r.Snapshot().Get("a").Clone())                                                 // rev 3
-	if _, err := r.Update(func(tx *registry.Txn) error { return tx.Delete("b") }); err != nil { // rev 4
+	insert(t, r, worker("a", "http://a")) // rev 1
+	insert(t, r, worker("b", "http://b")) // rev 2
+	a := r.Snapshot().Get("a").Clone()
+	a.AgentNode = "n1"
+	insert(t, r, a)                                                                                  // rev 3
+	if _, err := r.Update(func(tx *registry.Txn) error { tx.Delete("b"); return nil }); err != nil { // rev 4
 		t.Fatal(err)
 	}
 	changes, cur, ok := r.ChangesSince(1)
@@ -215,7 +212,8 @@ func TestMembershipChangedIgnoresLoadAndVerdicts(t *testing.T) {
 	reg := registry.New("e", 0)
 	members := reg.MembershipChanged()
 	if _, err := reg.Update(func(txn *registry.Txn) error {
-		return txn.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://w1"}, Health: registry.HealthPending})
+		txn.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://w1"}, Health: registry.HealthPending})
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +228,8 @@ func TestMembershipChangedIgnoresLoadAndVerdicts(t *testing.T) {
 		if _, err := reg.Update(func(txn *registry.Txn) error {
 			c := txn.Get("w1").Clone()
 			fn(c)
-			return txn.Insert(c)
+			txn.Insert(c)
+			return nil
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -252,7 +251,7 @@ func TestMembershipChangedIgnoresLoadAndVerdicts(t *testing.T) {
 		t.Fatal("a health change did not signal membership")
 	}
 	members = reg.MembershipChanged()
-	if _, err := reg.Update(func(txn *registry.Txn) error { return txn.Delete("w1") }); err != nil {
+	if _, err := reg.Update(func(txn *registry.Txn) error { txn.Delete("w1"); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	select {

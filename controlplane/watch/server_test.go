@@ -43,9 +43,7 @@ func put(t testing.TB, reg *registry.Registry, workers ...*registry.Worker) uint
 	t.Helper()
 	rev, err := reg.Update(func(tx *registry.Txn) error {
 		for _, w := range workers {
-			if err := tx.Insert(w); err != nil {
-				return err
-			}
+			tx.Insert(w)
 		}
 		return nil
 	})
@@ -55,16 +53,20 @@ func put(t testing.TB, reg *registry.Registry, workers ...*registry.Worker) uint
 	return rev
 }
 
-// setOverloaded commits a verdict change on one worker.
+// setOverloaded commits a verdict change on one worker: a load over or
+// under its waiting threshold of 10 (the registry decides the verdict).
 func setOverloaded(t testing.TB, reg *registry.Registry, id string, on bool) uint64 {
 	t.Helper()
 	rev, err := reg.Update(func(tx *registry.Txn) error {
 		w := tx.Get(id).Clone()
-		w.Overloaded, w.OverloadReason = on, ""
+		w.Thresholds.WaitingRequests = 10
+		w.Load = &smgv1.EngineLoad{WaitingRequests: 1}
 		if on {
-			w.OverloadReason = "waiting_requests 12 >= 10"
+			w.Load = &smgv1.EngineLoad{WaitingRequests: 12}
 		}
-		return tx.Insert(w)
+		w.LoadRevision++
+		tx.Insert(w)
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +76,7 @@ func setOverloaded(t testing.TB, reg *registry.Registry, id string, on bool) uin
 
 func remove(t testing.TB, reg *registry.Registry, id string) uint64 {
 	t.Helper()
-	rev, err := reg.Update(func(tx *registry.Txn) error { return tx.Delete(id) })
+	rev, err := reg.Update(func(tx *registry.Txn) error { tx.Delete(id); return nil })
 	if err != nil {
 		t.Fatal(err)
 	}

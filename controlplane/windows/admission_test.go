@@ -64,7 +64,8 @@ func newAdmissionAllocator(t *testing.T, spec *smgv1.WorkerSpec, queue int64) (*
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		return tx.Insert(&registry.Worker{ID: "w1", Type: "regular", Spec: spec})
+		tx.Insert(&registry.Worker{ID: "w1", Type: "regular", Spec: spec})
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +80,8 @@ func report(t *testing.T, reg *registry.Registry, running, waiting, window int32
 		w := tx.Get("w1").Clone()
 		w.Load = &smgv1.EngineLoad{RunningRequests: running, WaitingRequests: waiting, MaxRunningRequests: window}
 		w.LoadRevision++
-		return tx.Insert(w)
+		tx.Insert(w)
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +130,8 @@ func TestAdmissionOffLeavesRegularWorkersAlone(t *testing.T) {
 	spec := int32(4)
 	reg := registry.New("e", 0)
 	_, _ = reg.Update(func(tx *registry.Txn) error {
-		return tx.Insert(&registry.Worker{ID: "w1", Type: "regular", Spec: &smgv1.WorkerSpec{Url: "http://w1", MaxRunningRequests: &spec}})
+		tx.Insert(&registry.Worker{ID: "w1", Type: "regular", Spec: &smgv1.WorkerSpec{Url: "http://w1", MaxRunningRequests: &spec}})
+		return nil
 	})
 	a := New(reg, Options{}, nil, nil)
 	a.RouterDemand("r1", reg.Revision(), nil, time.Time{})

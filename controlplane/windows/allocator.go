@@ -305,9 +305,7 @@ func (a *Allocator) commit(updates map[string]update, decreased map[string][]str
 			}
 			c := cur.Clone()
 			c.WindowShare, c.Admission = u.shares, u.admission
-			if err := t.Insert(c); err != nil {
-				return err
-			}
+			t.Insert(c)
 		}
 		return nil
 	})

@@ -16,8 +16,9 @@ func newTestAllocator(t *testing.T, window int32) (*Allocator, *registry.Registr
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		return tx.Insert(&registry.Worker{ID: "d1", Type: "decode",
+		tx.Insert(&registry.Worker{ID: "d1", Type: "decode",
 			Spec: &smgv1.WorkerSpec{Url: "http://d1", MaxRunningRequests: &window}})
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +134,8 @@ func TestAllocatorDropsSharesWhenTheWindowGoes(t *testing.T) {
 	if _, err := reg.Update(func(tx *registry.Txn) error {
 		w := tx.Get("d1").Clone()
 		w.Spec = &smgv1.WorkerSpec{Url: "http://d1"}
-		return tx.Insert(w)
+		tx.Insert(w)
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -134,9 +134,7 @@ func put(t testing.TB, reg *registry.Registry, ws ...*registry.Worker) uint64 {
 	t.Helper()
 	rev, err := reg.Update(func(tx *registry.Txn) error {
 		for _, w := range ws {
-			if err := tx.Insert(w); err != nil {
-				return err
-			}
+			tx.Insert(w)
 		}
 		return nil
 	})
@@ -149,12 +147,15 @@ func put(t testing.TB, reg *registry.Registry, ws ...*registry.Worker) uint64 {
 func setOverloaded(t testing.TB, reg *registry.Registry, id string, on bool) uint64 {
 	t.Helper()
 	rev, err := reg.Update(func(tx *registry.Txn) error {
-		w := tx.Get(id).Clone()
-		w.Overloaded, w.OverloadReason = on, ""
+		w := tx.Get(id).Clone() // the registry decides the verdict from the load
+		w.Thresholds.TokenUsage = 0.95
+		w.Load = &smgv1.EngineLoad{TokenUsage: 0.5}
 		if on {
-			w.OverloadReason = "token_usage 0.97 >= 0.95"
+			w.Load = &smgv1.EngineLoad{TokenUsage: 0.97}
 		}
-		return tx.Insert(w)
+		w.LoadRevision++
+		tx.Insert(w)
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -377,7 +378,7 @@ func (a applyNotifier) Apply(s *router.Snapshot) {
 func TestFeedsARealRouter(t *testing.T) {
 	reg := registry.New("A", 0)
 	w := newWorker("w1")
-	w.Overloaded, w.OverloadReason = true, "waiting_requests 12 >= 10"
+	w.Thresholds.WaitingRequests, w.Load = 10, &smgv1.EngineLoad{WaitingRequests: 12} // overloaded
 	rev := put(t, reg, w, newWorker("w2"))
 	p := startPlane(t, watch.NewServer(reg, watch.Options{}, nil, nil))
 	rt, err := router.New(router.DefaultOptions(), nil, prometheus.NewRegistry())
