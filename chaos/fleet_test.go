@@ -157,11 +157,15 @@ func newFleet(t *testing.T, id string, o fleetOptions) *fleet {
 	for i := range f.engines {
 		f.waitHTTP(f.engineURL(i)+"/health", 10*time.Second)
 	}
-	cpArgs := append([]string{"controlplane", "--host", f.cp.IP, "--port", fmt.Sprint(cpHTTPPort), "--grpc-port", fmt.Sprint(cpGRPCPort),
+	cpArgs := []string{"controlplane", "--host", f.cp.IP, "--port", fmt.Sprint(cpHTTPPort), "--grpc-port", fmt.Sprint(cpGRPCPort),
 		"--worker-stale-secs", staleSecs, "--worker-stall-secs", stallSecs, "--load-monitor-interval", "1",
-		"--health-check-interval-secs", "1", "--worker-urls"}, urls...)
+		"--health-check-interval-secs", "1"}
 	f.start("cp", f.cp, append(cpArgs, o.cpArgs...)...)
 	f.waitHTTP(f.cpURL()+"/health", 10*time.Second)
+	// Registered on the agent's node: the agent feeds only its node's workers.
+	for _, u := range urls {
+		f.register(u, "agent")
+	}
 	poll := o.agentPoll
 	if poll == "" {
 		poll = "100ms"
@@ -176,8 +180,8 @@ func newFleet(t *testing.T, id string, o fleetOptions) *fleet {
 	for i := range f.routers {
 		f.waitHTTP(f.routerURL(i)+"/readyz", 10*time.Second)
 	}
-	// Every worker Ready, with no veto, before the scenario starts.
-	f.eventually(15*time.Second, "every worker ready and unvetoed", func() error {
+	// Every worker Ready, with no veto and fed by the agent, before the scenario starts.
+	f.eventually(15*time.Second, "every worker ready, unvetoed and fed by the agent", func() error {
 		ws, err := f.workers()
 		if err != nil {
 			return err
@@ -186,13 +190,32 @@ func newFleet(t *testing.T, id string, o fleetOptions) *fleet {
 			return fmt.Errorf("%d workers, want %d", len(ws), len(f.engines))
 		}
 		for _, w := range ws {
-			if !w.Ready || w.Verdict.Vetoed {
-				return fmt.Errorf("%s: ready %v, verdict %+v", w.Spec.URL, w.Ready, w.Verdict)
+			if !w.Ready || w.Verdict.Vetoed || w.Agent != "agent" {
+				return fmt.Errorf("%s: ready %v, verdict %+v, agent %q", w.Spec.URL, w.Ready, w.Verdict, w.Agent)
 			}
 		}
 		return nil
 	})
 	return f
+}
+
+// register submits a worker through the admin API and waits for its job.
+func (f *fleet) register(url, node string) {
+	f.t.Helper()
+	body := fmt.Sprintf(`{"url":%q,"node":%q}`, url, node)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.cpURL()+"/workers", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := f.http.Do(req)
+	if err != nil {
+		f.t.Fatalf("register %s: %v", url, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		f.t.Fatalf("register %s: %d %s", url, resp.StatusCode, b)
+	}
 }
 
 func (f *fleet) engineURL(i int) string { return "http://" + f.engines[i].Addr(enginePort) }

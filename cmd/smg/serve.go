@@ -105,7 +105,10 @@ func serveDraining(ctx context.Context, ln net.Listener, srv *http.Server, d dra
 // within seconds.
 func newGRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 	return grpc.NewServer(append([]grpc.ServerOption{
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 5 * time.Second, Timeout: 3 * time.Second}),
+		// A link cut without a FIN (dropped packets, a partition) ends the
+		// stream within Time+Timeout of the peer's last frame: an agent's
+		// engines go back to the control plane's own polls within 4 s.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Second, Timeout: 2 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
 	}, extra...)...)
 }
