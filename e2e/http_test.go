@@ -55,7 +55,12 @@ type workerView struct {
 		Overloaded bool   `json:"overloaded"`
 		Liveness   string `json:"liveness"`
 	} `json:"verdict"`
-	Model string `json:"model"`
+	Model     string `json:"model"`
+	Admission *struct {
+		Window u64            `json:"window"`
+		Source string         `json:"source"`
+		Shares map[string]u64 `json:"shares"`
+	} `json:"admission"`
 }
 
 // routerView is one entry of GET /routers.

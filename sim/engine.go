@@ -357,6 +357,10 @@ type rank struct {
 	thr                                         float64
 	thrAt                                       time.Time
 	thrTokens                                   uint64
+	// High-water marks of the queue and the running batch after each
+	// scheduling pass (GET /sim/stats), for benchmarks and tests that check
+	// what a router let through.
+	peakWaiting, peakRunning int
 }
 
 func (r *rank) signal() {
@@ -520,6 +524,8 @@ func (r *rank) plan(p *stepPlan) bool {
 		}
 		r.running = append(r.running, head)
 	}
+	r.peakWaiting = max(r.peakWaiting, len(r.waiting))
+	r.peakRunning = max(r.peakRunning, len(r.running))
 	budget := cfg.maxBatched
 	for _, req := range r.running {
 		if req.state == stateDecode {
@@ -742,4 +748,15 @@ func (r *rank) stats(now time.Time) rankStats {
 		s.Published = rankLoad{Capacity: r.eng.cfg.capacity, Window: r.eng.cfg.window}
 	}
 	return s
+}
+
+// peaks returns the rank's high-water marks, resetting them when reset.
+func (r *rank) peaks(reset bool) (waiting, running int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	waiting, running = r.peakWaiting, r.peakRunning
+	if reset {
+		r.peakWaiting, r.peakRunning = len(r.waiting), len(r.running)
+	}
+	return waiting, running
 }

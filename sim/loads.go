@@ -227,3 +227,31 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) handleModelInfo(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, map[string]any{"model_path": s.opts.Model, "tokenizer_path": s.opts.Model, "is_generation": true})
 }
+
+// simStats is GET /sim/stats: the engine's own queue and running batch now
+// and their high-water marks (summed over DP ranks) since the last reset.
+type simStats struct {
+	Waiting     int `json:"waiting"`
+	Running     int `json:"running"`
+	PeakWaiting int `json:"peak_waiting"`
+	PeakRunning int `json:"peak_running"`
+}
+
+// handleStats serves GET /sim/stats; ?reset=1 starts new high-water marks.
+func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
+	e := s.eng.Load()
+	var out simStats
+	if e != nil {
+		reset := r.URL.Query().Get("reset") == "1"
+		now := time.Now()
+		for _, rk := range e.ranks {
+			st := rk.stats(now)
+			pw, pr := rk.peaks(reset)
+			out.Waiting += st.Waiting
+			out.Running += st.Running
+			out.PeakWaiting += pw
+			out.PeakRunning += pr
+		}
+	}
+	writeJSON(w, out)
+}

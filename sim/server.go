@@ -354,6 +354,7 @@ func (s *Server) routes() *http.ServeMux {
 	m.HandleFunc("GET /metrics", s.handleMetrics)
 	m.HandleFunc("GET /sim/fault", s.handleFault)
 	m.HandleFunc("POST /sim/fault", s.handleFault)
+	m.HandleFunc("GET /sim/stats", s.handleStats)
 	if s.opts.Role == RolePrefill {
 		m.HandleFunc("POST /sim/bootstrap", s.track(s.handleBootstrap))
 	}
