@@ -49,7 +49,7 @@ func (a *Agent) connect(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if status.Code(res.err) == codes.Unauthenticated {
+		if c := status.Code(res.err); c == codes.Unauthenticated || c == codes.PermissionDenied {
 			return fmt.Errorf("the control plane at %s refused the agent: %s", a.opts.ControlPlane, status.Convert(res.err).Message())
 		}
 		if res.established {

@@ -9,15 +9,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Server returns the http.Server a router's port should run: headers within
-// ReadHeaderTimeout, idle keep-alive connections closed after --idle-timeout-secs.
-// Bodies get their own deadline (--body-read-timeout-secs) in the handler,
-// because a whole-request ReadTimeout would also cut long streamed answers.
+// Server returns the http.Server a router's port should run: a connection
+// silent for --idle-timeout-secs is closed, whether between requests
+// (IdleTimeout) or before its first one (ReadHeaderTimeout, at most 10 s, so
+// headers sent slowly are cut too). Bodies get their own deadline
+// (--body-read-timeout-secs) in the handler, because a whole-request
+// ReadTimeout would also cut long streamed answers.
 func (o Options) Server(h http.Handler) *http.Server {
+	idle := time.Duration(o.IdleTimeoutSecs) * time.Second
 	return &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       time.Duration(o.IdleTimeoutSecs) * time.Second,
+		ReadHeaderTimeout: min(10*time.Second, idle),
+		IdleTimeout:       idle,
 	}
 }
 

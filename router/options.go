@@ -214,7 +214,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	define(fs, (*int64Value)(&o.MaxPayloadSize), "max-payload-size", "largest request body accepted, in bytes (larger: 413)")
 	integer(&o.BodyReadTimeoutSecs, "body-read-timeout-secs",
 		"seconds a request body may take to arrive in full; a slower body is cut with 408 request_body_timeout")
-	integer(&o.IdleTimeoutSecs, "idle-timeout-secs", "seconds an idle keep-alive client connection is kept open")
+	integer(&o.IdleTimeoutSecs, "idle-timeout-secs",
+		"seconds a client connection may stay silent, before its first request or between keep-alive requests, before the router closes it")
 	integer(&o.MaxConnections, "max-connections",
 		"client connections the router holds open at once; further clients wait in the listen backlog until one closes")
 	integer(&o.RequestTimeoutSecs, "request-timeout-secs", "upper bound on one proxied request, in seconds")
