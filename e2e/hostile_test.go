@@ -426,7 +426,7 @@ func TestHostileAgentIsScopedToItsNode(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("an agent whose token is for another node kept running")
 	}
-	if log := imposter.stderr.String(); !strings.Contains(log, `token is for node \"n1\"`) && !strings.Contains(log, `token is for node "n1"`) {
+	if log := imposter.stderr.String(); !strings.Contains(log, `for node \"n1\", not \"n2\"`) && !strings.Contains(log, `for node "n1", not "n2"`) {
 		t.Fatalf("the imposter's log does not say why: %s", tail(log, 2000))
 	}
 }
