@@ -203,6 +203,75 @@ type Change struct {
 	Revision uint64
 	WorkerID string
 	Deleted  bool
+	// LoadOnly: only the worker's load report changed (Load, LoadRevision
+	// and the overload reason quoting it), so watchers may deliver it at
+	// their own pace; any other change is a routing change.
+	LoadOnly bool
+}
+
+// loadOnly reports whether b differs from a in its load report alone: a
+// with b's load is the same to routers as b.
+func loadOnly(a, b *Worker) bool {
+	c := *a
+	c.Load, c.LoadRevision, c.OverloadReason = b.Load, b.LoadRevision, b.OverloadReason
+	return sameVisible(&c, b)
+}
+
+// ring is a bounded history of changes, oldest first, revisions ascending.
+type ring struct {
+	buf     []Change
+	head, n int
+	evicted uint64 // highest revision with a change no longer retained
+}
+
+func newRing(capacity int) ring { return ring{buf: make([]Change, capacity)} }
+
+func (h *ring) add(c Change) {
+	if h.n == len(h.buf) {
+		h.evicted = max(h.evicted, h.buf[h.head].Revision)
+		h.buf[h.head] = c
+		h.head = (h.head + 1) % len(h.buf)
+		return
+	}
+	h.buf[(h.head+h.n)%len(h.buf)] = c
+	h.n++
+}
+
+func (h *ring) at(i int) Change { return h.buf[(h.head+i)%len(h.buf)] }
+
+// since returns the ids changed after rev, each once (latest state wins; a
+// change is LoadOnly only if every merged change was), or ok=false when rev
+// is older than the history retained.
+func (h *ring) since(rev uint64) ([]Change, bool) {
+	if rev < h.evicted {
+		return nil, false
+	}
+	// Revisions ascend: find the first change after rev by binary search.
+	lo, hi := 0, h.n
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if h.at(mid).Revision <= rev {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	if lo == h.n {
+		return nil, true
+	}
+	var changes []Change
+	seen := make(map[string]int, h.n-lo)
+	for i := lo; i < h.n; i++ {
+		c := h.at(i)
+		if j, dup := seen[c.WorkerID]; dup {
+			c.LoadOnly = c.LoadOnly && changes[j].LoadOnly
+			changes[j] = c
+			continue
+		}
+		seen[c.WorkerID] = len(changes)
+		changes = append(changes, c)
+	}
+	return changes, true
 }
 
 // DefaultHistory is how many revisions of changes are retained for resumes.
@@ -215,11 +284,12 @@ type Registry struct {
 	mu       sync.Mutex // serializes writers and guards the fields below
 	epoch    string
 	revision uint64
-	history  []Change // ring buffer of the latest changes
-	histHead int      // index of the oldest change
-	histLen  int
-	evicted  uint64        // highest revision with a change no longer retained
-	notify   chan struct{} // closed at the next commit
+	history  ring // the latest changes
+	// routing holds the latest routing changes (not LoadOnly), so that
+	// watchers can ask for them further back than a flood of load reports
+	// leaves in history.
+	routing ring
+	notify  chan struct{} // closed at the next commit
 	// notifyTaken: Changed handed out notify since the last commit.
 	notifyTaken bool
 	// members is closed at the next commit that adds or removes a worker or
@@ -239,7 +309,8 @@ func New(epoch string, historyCap int) *Registry {
 	if historyCap <= 0 {
 		historyCap = DefaultHistory
 	}
-	return &Registry{db: db, epoch: epoch, history: make([]Change, historyCap), notify: make(chan struct{}), members: make(chan struct{})}
+	return &Registry{db: db, epoch: epoch, history: newRing(historyCap), routing: newRing(historyCap),
+		notify: make(chan struct{}), members: make(chan struct{})}
 }
 
 // Epoch identifies this registry's lifetime.
@@ -329,7 +400,7 @@ func (t *Txn) Insert(w *Worker) {
 	must(t.txn.Insert(tableWorkers, w))
 	t.last = w
 	if visible {
-		t.mark(w.ID, false)
+		t.mark(w.ID, false, old != nil && loadOnly(old, w))
 	}
 }
 
@@ -342,7 +413,7 @@ func (t *Txn) Delete(id string) {
 	n, err := t.txn.DeleteAll(tableWorkers, "id", id)
 	must(err)
 	t.membership = t.membership || n > 0
-	t.mark(id, true)
+	t.mark(id, true, false)
 }
 
 // deleteURL drops w's URL entry if it still points at w.
@@ -377,14 +448,15 @@ func (t *Txn) Job(id string) *Job { return getJob(t.txn, id) }
 
 // mark records a changed worker. A slice, not a map: most transactions change
 // one worker, and a bulk one is rare enough for the linear search.
-func (t *Txn) mark(id string, deleted bool) {
+func (t *Txn) mark(id string, deleted, loadOnly bool) {
 	for i := range t.changed {
 		if t.changed[i].WorkerID == id {
 			t.changed[i].Deleted = deleted
+			t.changed[i].LoadOnly = t.changed[i].LoadOnly && loadOnly
 			return
 		}
 	}
-	t.changed = append(t.changed, Change{Revision: t.rev, WorkerID: id, Deleted: deleted})
+	t.changed = append(t.changed, Change{Revision: t.rev, WorkerID: id, Deleted: deleted, LoadOnly: loadOnly})
 }
 
 // Update runs fn in a write transaction. When fn returns nil and changed any
@@ -403,7 +475,10 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	}
 	r.revision = t.rev
 	for _, c := range t.changed {
-		r.record(c)
+		r.history.add(c)
+		if !c.LoadOnly {
+			r.routing.add(c)
+		}
 	}
 	if r.notifyTaken { // nobody holds the channel: no need for a new one
 		close(r.notify)
@@ -417,20 +492,6 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	}
 	return r.revision, nil
 }
-
-func (r *Registry) record(c Change) {
-	if r.histLen == len(r.history) {
-		r.evicted = max(r.evicted, r.history[r.histHead].Revision)
-		r.history[r.histHead] = c
-		r.histHead = (r.histHead + 1) % len(r.history)
-		return
-	}
-	r.history[(r.histHead+r.histLen)%len(r.history)] = c
-	r.histLen++
-}
-
-// change returns the i-th retained change, oldest first.
-func (r *Registry) change(i int) Change { return r.history[(r.histHead+i)%len(r.history)] }
 
 // Snapshot is a consistent read view at one revision.
 type Snapshot struct {
@@ -474,31 +535,27 @@ func (s *Snapshot) Jobs() []*Job {
 // ChangesSince returns the ids changed after rev (each once, latest state
 // wins), or ok=false when rev is older than the retained history.
 func (r *Registry) ChangesSince(rev uint64) (changes []Change, current uint64, ok bool) {
+	return r.since(&r.history, rev)
+}
+
+// RoutingChangesSince is ChangesSince for routing changes only (LoadOnly
+// changes left out), retained apart so that it reaches back as many routing
+// changes whatever the rate of load reports.
+func (r *Registry) RoutingChangesSince(rev uint64) (changes []Change, current uint64, ok bool) {
+	return r.since(&r.routing, rev)
+}
+
+func (r *Registry) since(h *ring, rev uint64) ([]Change, uint64, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if rev > r.revision {
+	switch {
+	case rev > r.revision:
 		return nil, r.revision, false
-	}
-	if rev == r.revision {
+	case rev == r.revision:
 		return nil, r.revision, true
 	}
-	if rev < r.evicted {
-		return nil, r.revision, false
-	}
-	seen := make(map[string]int)
-	for i := 0; i < r.histLen; i++ {
-		c := r.change(i)
-		if c.Revision <= rev {
-			continue
-		}
-		if i, dup := seen[c.WorkerID]; dup {
-			changes[i] = c
-			continue
-		}
-		seen[c.WorkerID] = len(changes)
-		changes = append(changes, c)
-	}
-	return changes, r.revision, true
+	changes, ok := h.since(rev)
+	return changes, r.revision, ok
 }
 
 func getWorker(txn *memdb.Txn, id string) *Worker {

@@ -260,3 +260,52 @@ func TestMembershipChangedIgnoresLoadAndVerdicts(t *testing.T) {
 		t.Fatal("removing a worker did not signal membership")
 	}
 }
+
+// A change to the load report alone is LoadOnly; any other field is a
+// routing change, and a worker's merged change is LoadOnly only if all were.
+// Routing changes are retained apart, so a flood of load reports does not
+// push them out of reach.
+func TestRoutingChangesSince(t *testing.T) {
+	r := registry.New("e", 4)
+	insert(t, r, worker("a", "http://a"), worker("b", "http://b")) // rev 1
+	load := func(id string, waiting int32) uint64 {
+		t.Helper()
+		c := r.Snapshot().Get(id).Clone()
+		c.Load = &smgv1.EngineLoad{WaitingRequests: waiting}
+		c.LoadRevision++
+		return insert(t, r, c)
+	}
+	flip := func(id string) uint64 { // a routing change: contact after a failure
+		t.Helper()
+		c := r.Snapshot().Get(id).Clone()
+		c.ContactSeq++
+		return insert(t, r, c)
+	}
+	load("a", 1)       // rev 2
+	fl := flip("b")    // rev 3
+	load("b", 2)       // rev 4
+	for i := range 6 { // revs 5-10: more load reports than history holds
+		load("a", int32(i))
+	}
+	if _, _, ok := r.ChangesSince(2); ok {
+		t.Fatal("ChangesSince(2) after 8 changes in a history of 4: want ok=false")
+	}
+	changes, cur, ok := r.RoutingChangesSince(2)
+	if !ok || cur != 10 || len(changes) != 1 || changes[0] != (registry.Change{Revision: fl, WorkerID: "b"}) {
+		t.Fatalf("RoutingChangesSince(2) = %v %d %v, want only b's flip at %d", changes, cur, ok, fl)
+	}
+	if changes, _, ok := r.RoutingChangesSince(fl); !ok || len(changes) != 0 {
+		t.Fatalf("RoutingChangesSince(flip) = %v %v, want none: only loads since", changes, ok)
+	}
+	changes, _, _ = r.ChangesSince(8)
+	if len(changes) != 1 || !changes[0].LoadOnly {
+		t.Fatalf("ChangesSince(8) = %v, want a's load alone, LoadOnly", changes)
+	}
+	// A load and a flip of one worker merge into a routing change.
+	load("b", 3)
+	flip("b")
+	changes, _, _ = r.ChangesSince(10)
+	if len(changes) != 1 || changes[0].LoadOnly {
+		t.Fatalf("ChangesSince(10) = %v, want b once, not LoadOnly", changes)
+	}
+}

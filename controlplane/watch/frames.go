@@ -27,14 +27,15 @@ import (
 type frameKind uint8
 
 const (
-	kindDelta frameKind = iota
+	kindDelta   frameKind = iota // every change since a revision
+	kindRouting                  // routing changes since a revision (loads wait)
 	kindSnapshot
 	kindHeartbeat
 )
 
 func (k frameKind) String() string {
 	switch k {
-	case kindDelta:
+	case kindDelta, kindRouting:
 		return "delta"
 	case kindSnapshot:
 		return "snapshot"
@@ -63,6 +64,7 @@ type frameKey struct {
 type base struct {
 	once     sync.Once
 	tooFar   bool                   // delta only: too many changes or history gone: send a snapshot
+	complete bool                   // routing delta: no load change left out
 	workers  []*registry.Worker     // upserts in order (snapshot: every worker)
 	removed  []string               // delta only
 	windowed []int                  // indexes into workers with per-router shares

@@ -38,6 +38,7 @@ import (
 const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultMaxPending        = 1024
+	DefaultLoadInterval      = time.Second
 )
 
 // ObservationSink takes what routers report. Calls come from stream
@@ -72,6 +73,13 @@ type Options struct {
 	// MaxPending is how many changed workers one stream may be sent as a
 	// delta; beyond it the stream gets a snapshot instead (default 1024).
 	MaxPending int
+	// LoadInterval paces load reports: a change to a worker's load alone
+	// reaches a router at most once per LoadInterval (default 1s, well
+	// inside the spec's 10 s load refresh), while routing changes
+	// (verdicts, health, specs, window shares) go at once. Without it every
+	// 50 ms flush of N workers' loads would go to every router. Negative:
+	// loads go at once too.
+	LoadInterval time.Duration
 	// Sink receives router observations (nil: dropped).
 	Sink ObservationSink
 	// Demand receives routers' decode window demand (nil: dropped).
@@ -90,6 +98,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxPending <= 0 {
 		o.MaxPending = DefaultMaxPending
+	}
+	if o.LoadInterval == 0 {
+		o.LoadInterval = DefaultLoadInterval
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -226,6 +237,12 @@ func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1
 // serve is the stream's loop: read → send → wait. What it sends comes from
 // the shared frames: a stream never marshals a delta, snapshot or heartbeat
 // that another stream at the same revisions already has.
+//
+// Routing changes go at once. Changes to a worker's load alone go at most
+// once per LoadInterval, on a grid of instants shared by every stream (so
+// streams at one revision still share frames): until then a delta carries
+// the routing changes alone and the stream remembers, as loadsAt, the
+// revision up to which loads were sent.
 func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID string, hello *smgv1.WatchHello, recvErr <-chan error) error {
 	epoch := s.reg.Epoch()
 	// A router holding this epoch resumes from its revision; ChangesSince
@@ -235,31 +252,54 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID s
 	if !needSnapshot {
 		last = hello.GetRevision()
 	}
+	loadsAt := last        // every change up to it, loads included, was sent
+	var nextLoad time.Time // loads may go from then on
 	beat := time.NewTimer(s.opts.HeartbeatInterval)
 	defer beat.Stop()
+	loads := time.NewTimer(time.Hour) // armed while loads wait for nextLoad
+	loads.Stop()
+	defer loads.Stop()
 	confirmed := false // the router has heard from us on this stream
 	for {
 		changed := s.reg.Changed() // before reading, so no commit slips between
 		snap := s.reg.Snapshot()
-		sent := false // a delta or snapshot brought the router to snap.Revision
-		if !needSnapshot && snap.Revision != last {
-			b := s.deltaBase(epoch, last, snap)
-			if b.tooFar {
+		cur := snap.Revision
+		now := time.Now()
+		sent := false // the router holds cur after this pass
+		switch {
+		case needSnapshot:
+		case loadsAt != cur && !now.Before(nextLoad): // everything since loadsAt
+			k := baseKey{epoch, kindDelta, loadsAt, cur}
+			if b := s.deltaBase(k, snap); b.tooFar {
 				needSnapshot = true
+			} else if err := s.sendBase(stream, k, b, routerID); err != nil {
+				return err
 			} else {
-				if err := s.sendBase(stream, baseKey{epoch, kindDelta, last, snap.Revision}, b, routerID); err != nil {
+				sent, loadsAt, nextLoad = true, cur, s.loadGrid(now)
+			}
+		case cur != last: // routing changes only; loads wait for nextLoad
+			k := baseKey{epoch, kindRouting, last, cur}
+			switch b := s.deltaBase(k, snap); {
+			case b.tooFar:
+				needSnapshot = true
+			case len(b.workers)+len(b.removed) == 0: // loads alone: nothing to send yet
+			default:
+				if err := s.sendBase(stream, k, b, routerID); err != nil {
 					return err
+				}
+				if b.complete && loadsAt == last {
+					loadsAt = cur // no load was left behind
 				}
 				sent = true
 			}
 		}
 		switch {
 		case needSnapshot:
-			k := baseKey{epoch, kindSnapshot, 0, snap.Revision}
+			k := baseKey{epoch, kindSnapshot, 0, cur}
 			if err := s.sendBase(stream, k, s.snapshotBase(k, snap), routerID); err != nil {
 				return err
 			}
-			sent = true
+			sent, loadsAt, nextLoad = true, cur, s.loadGrid(now)
 		case !sent && !confirmed:
 			// Resumed with nothing new: confirm the revision it holds.
 			if err := s.sendHeartbeat(stream, epoch, last); err != nil {
@@ -269,12 +309,16 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID s
 			beat.Reset(s.opts.HeartbeatInterval)
 		}
 		if sent {
-			last, needSnapshot, confirmed = snap.Revision, false, true
+			last, needSnapshot, confirmed = cur, false, true
 			beat.Reset(s.opts.HeartbeatInterval)
+		}
+		if loadsAt != cur {
+			loads.Reset(nextLoad.Sub(now)) // loads are pending: send them on the grid
 		}
 
 		select {
 		case <-changed:
+		case <-loads.C:
 		case <-beat.C:
 			if err := s.sendHeartbeat(stream, epoch, last); err != nil {
 				return err
@@ -290,19 +334,38 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID s
 	}
 }
 
-// deltaBase is the shared content of the delta from revision from to
-// snap.Revision. It reads every changed worker from snap, so the message is
-// exactly the state at snap.Revision: a worker changed again after it is
-// listed but read as of snap (the next wake-up sends its newer state), and
-// one created after it reads as absent (a removal of an id the router does
-// not hold: harmless).
-func (s *Server) deltaBase(epoch string, from uint64, snap *registry.Snapshot) *base {
-	b := s.frames.base(baseKey{epoch, kindDelta, from, snap.Revision})
+// loadGrid is the next instant after now at which loads may go: a multiple
+// of LoadInterval, the same for every stream (now itself when pacing is off).
+func (s *Server) loadGrid(now time.Time) time.Time {
+	if s.opts.LoadInterval < 0 {
+		return now
+	}
+	return now.Truncate(s.opts.LoadInterval).Add(s.opts.LoadInterval)
+}
+
+// deltaBase is the shared content of the delta k (kindDelta: every change;
+// kindRouting: routing changes only) from k.from to snap.Revision. It reads
+// every changed worker from snap, so the message is exactly the state at
+// snap.Revision: a worker changed again after it is listed but read as of
+// snap (the next wake-up sends its newer state), and one created after it
+// reads as absent (a removal of an id the router does not hold: harmless).
+func (s *Server) deltaBase(k baseKey, snap *registry.Snapshot) *base {
+	b := s.frames.base(k)
 	b.once.Do(func() {
-		changes, _, ok := s.reg.ChangesSince(from)
+		since := s.reg.ChangesSince
+		if k.kind == kindRouting {
+			since = s.reg.RoutingChangesSince
+		}
+		changes, _, ok := since(k.from)
 		if !ok || len(changes) > s.opts.MaxPending {
 			b.tooFar = true
 			return
+		}
+		if k.kind == kindRouting {
+			// complete: no load change was left out, the router holds
+			// every change up to snap.Revision.
+			all, _, ok := s.reg.ChangesSince(k.from)
+			b.complete = ok && !slices.ContainsFunc(all, func(c registry.Change) bool { return c.LoadOnly })
 		}
 		workers := make([]*registry.Worker, 0, len(changes))
 		for _, c := range changes {

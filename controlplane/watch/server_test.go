@@ -479,8 +479,8 @@ func TestTooFarBehindGetsSnapshot(t *testing.T) {
 		}
 		setOverloaded(t, reg, "w00", false)
 		synctest.Wait()        // blocked sending a delta of w00
-		for _, w := range ws { // ten pending behind it (> MaxPending): a snapshot
-			setOverloaded(t, reg, w.ID, false)
+		for _, w := range ws { // eight verdicts change behind it (> MaxPending): a snapshot
+			setOverloaded(t, reg, w.ID, true)
 		}
 		if m := <-fs.sent; m.GetDelta() == nil || ids(m.GetDelta().Upserts) != "w00" {
 			t.Fatalf("got %v, want the delta of w00", m)

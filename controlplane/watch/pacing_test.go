@@ -1,0 +1,120 @@
+package watch
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// setLoad commits a load report alone (no verdict change) on one worker.
+func setLoad(t testing.TB, reg *registry.Registry, id string, waiting int32) uint64 {
+	t.Helper()
+	rev, err := reg.Update(func(tx *registry.Txn) error {
+		w := tx.Get(id).Clone()
+		w.Load = &smgv1.EngineLoad{WaitingRequests: waiting}
+		w.LoadRevision++
+		tx.Insert(w)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rev
+}
+
+func noMessage(t *testing.T, fs *fakeStream, why string) {
+	t.Helper()
+	synctest.Wait()
+	select {
+	case m := <-fs.sent:
+		t.Fatalf("%s: got %v", why, m)
+	default:
+	}
+}
+
+// Loads reach a router once per LoadInterval, on the grid; a verdict goes at
+// once, alone, and the loads it overtook follow on the grid.
+func TestLoadsPacedVerdictsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New(testEpoch, 0)
+		put(t, reg, newWorker("w1"), newWorker("w2"))
+		s := NewServer(reg, Options{HeartbeatInterval: time.Hour, LoadInterval: time.Second}, nil, nil)
+		fs := serveFake(t, s, &smgv1.WatchHello{RouterId: "r1"})
+		<-fs.sent // snapshot at the start of a second: loads may go at the next
+
+		time.Sleep(100 * time.Millisecond)
+		setLoad(t, reg, "w1", 3)
+		noMessage(t, fs, "a load 100 ms after the snapshot")
+
+		start := time.Now()
+		rev := setOverloaded(t, reg, "w2", true)
+		m := <-fs.sent
+		if m.GetDelta() == nil || m.Revision != rev || ids(m.GetDelta().Upserts) != "w2" || time.Since(start) != 0 {
+			t.Fatalf("got %v after %v, want at once the delta of w2 alone at %d", m, time.Since(start), rev)
+		}
+		for range 5 { // more loads meanwhile: merged, latest wins
+			time.Sleep(100 * time.Millisecond)
+			setLoad(t, reg, "w1", 7)
+		}
+		noMessage(t, fs, "loads before the grid instant")
+
+		m = <-fs.sent
+		if m.GetDelta() == nil || m.Revision != reg.Revision() || time.Now().Sub(start.Truncate(time.Second)) != time.Second {
+			t.Fatalf("got %v at %v, want the loads' delta at the grid instant 1 s", m, time.Now())
+		}
+		var w1 *smgv1.RoutingWorker
+		for _, w := range m.GetDelta().Upserts {
+			if w.WorkerId == "w1" {
+				w1 = w
+			}
+		}
+		if w1 == nil || w1.WaitingRequests != 7 {
+			t.Fatalf("loads delta %v, want w1 at its latest load (7 waiting)", m.GetDelta())
+		}
+		noMessage(t, fs, "nothing pending")
+	})
+}
+
+// Load reports beyond the registry's history do not turn a verdict into a
+// snapshot: routing changes are retained apart.
+func TestLoadFloodKeepsVerdictDeltas(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New(testEpoch, 4)
+		put(t, reg, newWorker("w1"), newWorker("w2"))
+		s := NewServer(reg, Options{HeartbeatInterval: time.Hour, LoadInterval: time.Second}, nil, nil)
+		fs := serveFake(t, s, &smgv1.WatchHello{RouterId: "r1"})
+		<-fs.sent
+		synctest.Wait()
+		for i := range 20 {
+			setLoad(t, reg, "w1", int32(i))
+		}
+		rev := setOverloaded(t, reg, "w2", true)
+		if m := <-fs.sent; m.GetDelta() == nil || m.Revision != rev || ids(m.GetDelta().Upserts) != "w2" {
+			t.Fatalf("got %v, want the delta of w2 at %d", m, rev)
+		}
+		// The loads are past the history: they come as a snapshot, on the grid.
+		if m := <-fs.sent; m.GetSnapshot() == nil || m.Revision != rev {
+			t.Fatalf("got %v, want a snapshot at %d for the loads", m, rev)
+		}
+	})
+}
+
+// A negative LoadInterval sends loads at once, like any change.
+func TestLoadIntervalOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New(testEpoch, 0)
+		put(t, reg, newWorker("w1"))
+		s := NewServer(reg, Options{HeartbeatInterval: time.Hour, LoadInterval: -1}, nil, nil)
+		fs := serveFake(t, s, &smgv1.WatchHello{RouterId: "r1"})
+		<-fs.sent
+		for i := range 3 {
+			rev := setLoad(t, reg, "w1", int32(i))
+			if m := <-fs.sent; m.GetDelta() == nil || m.Revision != rev {
+				t.Fatalf("got %v, want the load's delta at once at %d", m, rev)
+			}
+		}
+	})
+}
