@@ -184,7 +184,8 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 			return nil, err
 		}
 	}
-	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness, Demand: cp.Windows, Now: opts.Now}, log, reg)
+	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness, Demand: cp.Windows, Now: opts.Now,
+		Settings: &smgv1.FleetSettings{LoadMonitorIntervalSecs: int32(opts.LoadMonitorInterval), WorkerStaleSecs: int32(opts.Liveness.StaleSecs)}}, log, reg)
 	cp.Admin = admin.New(cp.Registry, admin.Options{
 		APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout,
 		URL:     workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers},

@@ -169,9 +169,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	boolean(&o.WorkerOverloadShed, "worker-overload-shed",
 		"reject with 503 worker_overload_protection_shed when every candidate is overloaded, instead of steering to the least loaded")
 	integer(&o.LoadMonitorInterval, "load-monitor-interval",
-		"load monitor interval in seconds; also the Retry-After of a shed answer (must be > 0)")
+		"load monitor interval in seconds; also the Retry-After of a shed answer (must be > 0); a router uses its control plane's value once connected, this one before")
 	integer(&o.WorkerStaleSecs, "worker-stale-secs",
-		"seconds without the control plane after which the router drops its vetoes and routes on (0 keeps them)")
+		"seconds without the control plane after which the router drops its vetoes and routes on (0 keeps them); a router uses its control plane's value once connected, this one before")
 	boolean(&o.PDDisaggregation, "pd-disaggregation",
 		"route each request over a prefill/decode pair (workers of type prefill and decode) with SGLang's bootstrap fields")
 	integer(&o.PDAdmissionWaitSecs, "pd-admission-wait-secs",

@@ -80,9 +80,9 @@ func (r *Router) waitingAhead(c scheduler.Class) int64 {
 // interval, or the estimate in --retry-after-mode estimated.
 func (r *Router) retryAfterShed() int {
 	if r.opts.RetryAfterMode != RetryAfterEstimated {
-		return r.opts.LoadMonitorInterval
+		return r.loadMonitorInterval()
 	}
-	return estimateRetryAfter(r.waitingAhead(scheduler.Bulk), r.completions.perSecond(r.clock()), r.opts.LoadMonitorInterval)
+	return estimateRetryAfter(r.waitingAhead(scheduler.Bulk), r.completions.perSecond(r.clock()), r.loadMonitorInterval())
 }
 
 // retryAfterQueued is the Retry-After of an admission or scheduler refusal
@@ -91,5 +91,5 @@ func (r *Router) retryAfterQueued(c scheduler.Class) int {
 	if r.opts.RetryAfterMode != RetryAfterEstimated {
 		return admissionRetryAfter
 	}
-	return estimateRetryAfter(r.waitingAhead(c), r.completions.perSecond(r.clock()), r.opts.LoadMonitorInterval)
+	return estimateRetryAfter(r.waitingAhead(c), r.completions.perSecond(r.clock()), r.loadMonitorInterval())
 }

@@ -39,6 +39,8 @@ type Router struct {
 	completions *completionMeter
 
 	view atomic.Pointer[view]
+	// fleet holds the control plane's settings once a snapshot brought them.
+	fleet atomic.Pointer[FleetSettings]
 
 	wlMu      sync.Mutex // guards waitlists
 	waitlists map[waitlistKey]*waitlist
@@ -155,8 +157,20 @@ func (r *Router) now() int64 { return int64(r.clock().Sub(r.start)) }
 func (r *Router) Apply(s *Snapshot) {
 	r.applyMu.Lock()
 	defer r.applyMu.Unlock()
+	if s.Settings != nil {
+		r.fleet.Store(s.Settings)
+	}
 	r.install(s, s.Workers, false)
 	r.metrics.revision.Set(float64(s.Revision))
+}
+
+// loadMonitorInterval is the control plane's --load-monitor-interval once a
+// snapshot brought it, the router's own flag before that.
+func (r *Router) loadMonitorInterval() int {
+	if f := r.fleet.Load(); f != nil && f.LoadMonitorIntervalSecs > 0 {
+		return f.LoadMonitorIntervalSecs
+	}
+	return r.opts.LoadMonitorInterval
 }
 
 // FailOpen drops every veto of the current snapshot and keeps routing on it:

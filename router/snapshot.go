@@ -75,6 +75,21 @@ type Snapshot struct {
 	Epoch    string
 	Revision uint64
 	Workers  []Worker
+	// Settings are the control plane's values this router must share with
+	// it; nil until the control plane has sent them.
+	Settings *FleetSettings
+}
+
+// FleetSettings are values a router takes from its control plane, so a split
+// fleet answers as one; the router's own flags apply only before the first
+// snapshot that carries them.
+type FleetSettings struct {
+	// LoadMonitorIntervalSecs is the control plane's --load-monitor-interval:
+	// the Retry-After of a shed answer.
+	LoadMonitorIntervalSecs int
+	// WorkerStaleSecs is the control plane's --worker-stale-secs: how long
+	// it may stay silent before the router fails open (0: never).
+	WorkerStaleSecs int
 }
 
 // view is a snapshot compiled for selection: pools per model, rings, and the

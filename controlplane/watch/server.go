@@ -86,6 +86,10 @@ type Options struct {
 	Demand DemandSink
 	// Now is the clock for router records (nil: time.Now).
 	Now func() time.Time
+	// Settings go to every router with each snapshot: the values routers
+	// must share with this control plane (nil: none sent, routers keep
+	// their flags).
+	Settings *smgv1.FleetSettings
 	// EncodePerStream turns the shared frames off: every stream builds and
 	// marshals its own messages. It exists as the baseline the scale
 	// benchmark measures shared encoding against; nothing else sets it.
@@ -395,7 +399,7 @@ func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID
 		m := &smgv1.WatchResponse{Epoch: k.epoch, Revision: k.to}
 		workers := b.routingWorkers(routerID)
 		if k.kind == kindSnapshot {
-			m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: workers}}
+			m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: workers, Settings: s.opts.Settings}}
 		} else {
 			m.Msg = &smgv1.WatchResponse_Delta{Delta: &smgv1.WatchDelta{Upserts: workers, Removed: b.removed}}
 		}

@@ -55,6 +55,8 @@ type Options struct {
 	Token string
 	// StaleAfter is how long the control plane may stay silent before the
 	// router drops its vetoes (--worker-stale-secs); 0 never fails open.
+	// Only until the first snapshot: then the control plane's own bound
+	// (FleetSettings) applies.
 	StaleAfter time.Duration
 	// ReportInterval is how often observations are sent (default 250ms).
 	ReportInterval time.Duration
@@ -95,6 +97,8 @@ type Client struct {
 	lastHeard  time.Time // last message from the control plane
 	failedOpen bool
 	stale      *time.Timer
+	staleAfter time.Duration         // opts.StaleAfter until the control plane sends its own
+	settings   *router.FleetSettings // the control plane's, from its last snapshot
 
 	ackSignal chan struct{} // buffered 1: the sender acks the latest revision
 }
@@ -111,12 +115,13 @@ func New(conn grpc.ClientConnInterface, target Target, opts Options, log *slog.L
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Client{
-		stub:      smgv1.NewWatchServiceClient(conn),
-		target:    target,
-		opts:      opts.withDefaults(),
-		log:       log,
-		workers:   make(map[string]heldWorker),
-		ackSignal: make(chan struct{}, 1),
+		stub:       smgv1.NewWatchServiceClient(conn),
+		target:     target,
+		opts:       opts.withDefaults(),
+		staleAfter: opts.StaleAfter,
+		log:        log,
+		workers:    make(map[string]heldWorker),
+		ackSignal:  make(chan struct{}, 1),
 	}
 }
 
@@ -259,6 +264,7 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 	var contacts []string
 	switch m := resp.Msg.(type) {
 	case *smgv1.WatchResponse_Snapshot:
+		c.adoptSettings(m.Snapshot.GetSettings())
 		next := make(map[string]heldWorker, len(m.Snapshot.GetWorkers()))
 		for _, w := range m.Snapshot.GetWorkers() {
 			contacts = c.noteContact(contacts, w)
@@ -339,7 +345,7 @@ func (c *Client) publish(epoch string, rev uint64) {
 		}
 		slices.Sort(c.order)
 	}
-	s := &router.Snapshot{Epoch: epoch, Revision: rev, Workers: make([]router.Worker, len(c.order))}
+	s := &router.Snapshot{Epoch: epoch, Revision: rev, Workers: make([]router.Worker, len(c.order)), Settings: c.settings}
 	for i, id := range c.order {
 		s.Workers[i] = c.workers[id].w
 	}
@@ -347,16 +353,37 @@ func (c *Client) publish(epoch string, rev uint64) {
 	c.held, c.failedOpen = true, false
 }
 
+// adoptSettings takes the control plane's settings from a snapshot: its
+// stale bound replaces --worker-stale-secs, and the router gets them with
+// every snapshot published. Caller holds applyMu.
+func (c *Client) adoptSettings(fs *smgv1.FleetSettings) {
+	if fs == nil {
+		return
+	}
+	c.settings = &router.FleetSettings{
+		LoadMonitorIntervalSecs: int(fs.GetLoadMonitorIntervalSecs()),
+		WorkerStaleSecs:         int(fs.GetWorkerStaleSecs()),
+	}
+	if d := time.Duration(max(0, fs.GetWorkerStaleSecs())) * time.Second; d != c.staleAfter {
+		c.log.Info("Stale bound set by the control plane", "worker_stale_secs", fs.GetWorkerStaleSecs())
+		c.staleAfter = d
+		if d <= 0 && c.stale != nil {
+			c.stale.Stop()
+		}
+		c.armStale()
+	}
+}
+
 // armStale (re)starts the stale timer from now. Caller holds applyMu.
 func (c *Client) armStale() {
-	if c.opts.StaleAfter <= 0 {
+	if c.staleAfter <= 0 {
 		return
 	}
 	if c.stale == nil {
-		c.stale = time.AfterFunc(c.opts.StaleAfter, c.staleFired)
+		c.stale = time.AfterFunc(c.staleAfter, c.staleFired)
 		return
 	}
-	c.stale.Reset(c.opts.StaleAfter)
+	c.stale.Reset(c.staleAfter)
 }
 
 func (c *Client) stopStale() {
@@ -371,7 +398,7 @@ func (c *Client) stopStale() {
 func (c *Client) staleFired() {
 	c.applyMu.Lock()
 	defer c.applyMu.Unlock()
-	if !c.held || c.failedOpen || time.Since(c.lastHeard) < c.opts.StaleAfter {
+	if !c.held || c.failedOpen || c.staleAfter <= 0 || time.Since(c.lastHeard) < c.staleAfter {
 		return
 	}
 	c.failedOpen = true

@@ -411,3 +411,56 @@ func TestFeedsARealRouter(t *testing.T) {
 		t.Fatalf("/loads = %+v", loads)
 	}
 }
+
+// A split router whose own --load-monitor-interval (7) differs from its
+// control plane's (1) answers a shed with the control plane's Retry-After
+// once connected; its flag applies only before the first snapshot.
+func TestSplitRouterTakesRetryAfterFromTheControlPlane(t *testing.T) {
+	reg := registry.New("A", 0)
+	w := newWorker("w1")
+	w.Overloaded, w.OverloadReason = true, "waiting_requests 12 >= 10"
+	rev := put(t, reg, w)
+	settings := &smgv1.FleetSettings{LoadMonitorIntervalSecs: 1, WorkerStaleSecs: 15}
+	p := startPlane(t, watch.NewServer(reg, watch.Options{Settings: settings}, nil, nil))
+	opts := router.DefaultOptions()
+	opts.LoadMonitorInterval, opts.WorkerOverloadShed = 7, true
+	shedRetryAfter := func(rt *router.Router) string {
+		t.Helper()
+		web := httptest.NewServer(rt.Handler())
+		defer web.Close()
+		resp, err := http.Post(web.URL+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("status %d, want the shed answer", resp.StatusCode)
+		}
+		return resp.Header.Get("Retry-After")
+	}
+
+	// Before any snapshot from a control plane: the router's own flag.
+	alone, err := router.New(opts, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone.Apply(&router.Snapshot{Epoch: "A", Revision: 1, Workers: []router.Worker{{ID: "w1", URL: "http://w1", Model: "m",
+		Healthy: true, Veto: router.VetoOverload}}})
+	if got := shedRetryAfter(alone); got != "7" {
+		t.Fatalf("Retry-After before the control plane's settings = %q, want the flag's 7", got)
+	}
+
+	rt, err := router.New(opts, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := applyNotifier{rt, make(chan uint64, 16)}
+	run(t, New(p.conn, target, Options{RouterID: "r1", StaleAfter: 15 * time.Second}, nil))
+	if got := <-target.applied; got != rev {
+		t.Fatalf("applied revision %d, want %d", got, rev)
+	}
+	if got := shedRetryAfter(rt); got != "1" {
+		t.Fatalf("Retry-After = %q, want the control plane's --load-monitor-interval 1 (the router's flag says 7)", got)
+	}
+}

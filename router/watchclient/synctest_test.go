@@ -372,3 +372,39 @@ func TestDeltaUnderAnotherEpochResnapshots(t *testing.T) {
 		}
 	})
 }
+
+// The stale bound comes from the control plane: a router whose own
+// --worker-stale-secs says 15 fails open after the 3 s its control plane
+// sends with the snapshot, and hands the settings to the router.
+func TestControlPlaneStaleBoundReplacesTheFlag(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fc, target := newFakeConn(), newTarget()
+		runBubbled(t, New(fc, target, Options{RouterID: "r1", StaleAfter: 15 * time.Second}, nil))
+		s := <-fc.streams
+		snap := snapshotMsg("E", 5, overloaded("w1"))
+		snap.GetSnapshot().Settings = &smgv1.FleetSettings{LoadMonitorIntervalSecs: 1, WorkerStaleSecs: 3}
+		s.toClient <- snap
+		synctest.Wait()
+		if got := target.latest().Settings; got == nil || *got != (router.FleetSettings{LoadMonitorIntervalSecs: 1, WorkerStaleSecs: 3}) {
+			t.Fatalf("settings handed to the router = %+v, want the control plane's", got)
+		}
+		// A delta keeps them.
+		s.toClient <- deltaMsg("E", 6, overloaded("w2"))
+		synctest.Wait()
+		if got := target.latest().Settings; got == nil || got.LoadMonitorIntervalSecs != 1 {
+			t.Fatalf("settings after a delta = %+v", got)
+		}
+		fc.setRefuse(true)
+		s.end <- status.Error(codes.Unavailable, "control plane gone")
+		time.Sleep(3*time.Second - time.Millisecond)
+		synctest.Wait()
+		if _, fo, _ := target.count(); fo != 0 {
+			t.Fatalf("failed open before the control plane's 3 s bound")
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if _, fo, _ := target.count(); fo != 1 {
+			t.Fatalf("failed open %d times at the control plane's 3 s bound, want 1 (the flag says 15 s)", fo)
+		}
+	})
+}

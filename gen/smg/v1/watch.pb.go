@@ -787,8 +787,10 @@ func (x *RoutingWorker) GetAdmissionRooms() int64 {
 }
 
 type WatchSnapshot struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Workers       []*RoutingWorker       `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Workers []*RoutingWorker       `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	// The control plane's settings that routers must share; always set.
+	Settings      *FleetSettings `protobuf:"bytes,2,opt,name=settings,proto3" json:"settings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -830,6 +832,73 @@ func (x *WatchSnapshot) GetWorkers() []*RoutingWorker {
 	return nil
 }
 
+func (x *WatchSnapshot) GetSettings() *FleetSettings {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+// FleetSettings are the values every router must take from its control
+// plane rather than from its own flags, so that a split fleet answers as one
+// (a router's flags apply only until its first snapshot). They are fixed for
+// an epoch: a resumed stream, which gets no snapshot, keeps those it holds.
+type FleetSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// --load-monitor-interval (seconds): how often loads are polled, and the
+	// Retry-After of a shed answer.
+	LoadMonitorIntervalSecs int32 `protobuf:"varint,1,opt,name=load_monitor_interval_secs,json=loadMonitorIntervalSecs,proto3" json:"load_monitor_interval_secs,omitempty"`
+	// --worker-stale-secs: how long the control plane may stay silent before
+	// a router drops its vetoes (fails open); 0 never.
+	WorkerStaleSecs int32 `protobuf:"varint,2,opt,name=worker_stale_secs,json=workerStaleSecs,proto3" json:"worker_stale_secs,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *FleetSettings) Reset() {
+	*x = FleetSettings{}
+	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FleetSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FleetSettings) ProtoMessage() {}
+
+func (x *FleetSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FleetSettings.ProtoReflect.Descriptor instead.
+func (*FleetSettings) Descriptor() ([]byte, []int) {
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *FleetSettings) GetLoadMonitorIntervalSecs() int32 {
+	if x != nil {
+		return x.LoadMonitorIntervalSecs
+	}
+	return 0
+}
+
+func (x *FleetSettings) GetWorkerStaleSecs() int32 {
+	if x != nil {
+		return x.WorkerStaleSecs
+	}
+	return 0
+}
+
 type WatchDelta struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Upserts       []*RoutingWorker       `protobuf:"bytes,1,rep,name=upserts,proto3" json:"upserts,omitempty"`
@@ -840,7 +909,7 @@ type WatchDelta struct {
 
 func (x *WatchDelta) Reset() {
 	*x = WatchDelta{}
-	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	mi := &file_smg_v1_watch_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +921,7 @@ func (x *WatchDelta) String() string {
 func (*WatchDelta) ProtoMessage() {}
 
 func (x *WatchDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	mi := &file_smg_v1_watch_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +934,7 @@ func (x *WatchDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDelta.ProtoReflect.Descriptor instead.
 func (*WatchDelta) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{9}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchDelta) GetUpserts() []*RoutingWorker {
@@ -890,7 +959,7 @@ type WatchHeartbeat struct {
 
 func (x *WatchHeartbeat) Reset() {
 	*x = WatchHeartbeat{}
-	mi := &file_smg_v1_watch_proto_msgTypes[10]
+	mi := &file_smg_v1_watch_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -902,7 +971,7 @@ func (x *WatchHeartbeat) String() string {
 func (*WatchHeartbeat) ProtoMessage() {}
 
 func (x *WatchHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[10]
+	mi := &file_smg_v1_watch_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -915,7 +984,7 @@ func (x *WatchHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchHeartbeat.ProtoReflect.Descriptor instead.
 func (*WatchHeartbeat) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{10}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{11}
 }
 
 var File_smg_v1_watch_proto protoreflect.FileDescriptor
@@ -984,9 +1053,13 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"contactSeq\x12\x17\n" +
 	"\aapi_key\x18\x11 \x01(\tR\x06apiKey\x12!\n" +
 	"\fwindow_share\x18\x12 \x01(\x03R\vwindowShare\x12'\n" +
-	"\x0fadmission_rooms\x18\x13 \x01(\x03R\x0eadmissionRooms\"@\n" +
+	"\x0fadmission_rooms\x18\x13 \x01(\x03R\x0eadmissionRooms\"s\n" +
 	"\rWatchSnapshot\x12/\n" +
-	"\aworkers\x18\x01 \x03(\v2\x15.smg.v1.RoutingWorkerR\aworkers\"W\n" +
+	"\aworkers\x18\x01 \x03(\v2\x15.smg.v1.RoutingWorkerR\aworkers\x121\n" +
+	"\bsettings\x18\x02 \x01(\v2\x15.smg.v1.FleetSettingsR\bsettings\"x\n" +
+	"\rFleetSettings\x12;\n" +
+	"\x1aload_monitor_interval_secs\x18\x01 \x01(\x05R\x17loadMonitorIntervalSecs\x12*\n" +
+	"\x11worker_stale_secs\x18\x02 \x01(\x05R\x0fworkerStaleSecs\"W\n" +
 	"\n" +
 	"WatchDelta\x12/\n" +
 	"\aupserts\x18\x01 \x03(\v2\x15.smg.v1.RoutingWorkerR\aupserts\x12\x18\n" +
@@ -1007,7 +1080,7 @@ func file_smg_v1_watch_proto_rawDescGZIP() []byte {
 	return file_smg_v1_watch_proto_rawDescData
 }
 
-var file_smg_v1_watch_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_smg_v1_watch_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_smg_v1_watch_proto_goTypes = []any{
 	(*WatchRequest)(nil),          // 0: smg.v1.WatchRequest
 	(*WatchHello)(nil),            // 1: smg.v1.WatchHello
@@ -1018,11 +1091,12 @@ var file_smg_v1_watch_proto_goTypes = []any{
 	(*WatchResponse)(nil),         // 6: smg.v1.WatchResponse
 	(*RoutingWorker)(nil),         // 7: smg.v1.RoutingWorker
 	(*WatchSnapshot)(nil),         // 8: smg.v1.WatchSnapshot
-	(*WatchDelta)(nil),            // 9: smg.v1.WatchDelta
-	(*WatchHeartbeat)(nil),        // 10: smg.v1.WatchHeartbeat
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(*Goodbye)(nil),               // 12: smg.v1.Goodbye
-	(Veto)(0),                     // 13: smg.v1.Veto
+	(*FleetSettings)(nil),         // 9: smg.v1.FleetSettings
+	(*WatchDelta)(nil),            // 10: smg.v1.WatchDelta
+	(*WatchHeartbeat)(nil),        // 11: smg.v1.WatchHeartbeat
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*Goodbye)(nil),               // 13: smg.v1.Goodbye
+	(Veto)(0),                     // 14: smg.v1.Veto
 }
 var file_smg_v1_watch_proto_depIdxs = []int32{
 	1,  // 0: smg.v1.WatchRequest.hello:type_name -> smg.v1.WatchHello
@@ -1030,22 +1104,23 @@ var file_smg_v1_watch_proto_depIdxs = []int32{
 	3,  // 2: smg.v1.WatchRequest.report:type_name -> smg.v1.RouterReport
 	4,  // 3: smg.v1.RouterReport.workers:type_name -> smg.v1.WorkerObservation
 	5,  // 4: smg.v1.RouterReport.demand:type_name -> smg.v1.DecodeDemand
-	11, // 5: smg.v1.WorkerObservation.last_progress:type_name -> google.protobuf.Timestamp
-	11, // 6: smg.v1.WorkerObservation.last_failure:type_name -> google.protobuf.Timestamp
+	12, // 5: smg.v1.WorkerObservation.last_progress:type_name -> google.protobuf.Timestamp
+	12, // 6: smg.v1.WorkerObservation.last_failure:type_name -> google.protobuf.Timestamp
 	8,  // 7: smg.v1.WatchResponse.snapshot:type_name -> smg.v1.WatchSnapshot
-	9,  // 8: smg.v1.WatchResponse.delta:type_name -> smg.v1.WatchDelta
-	10, // 9: smg.v1.WatchResponse.heartbeat:type_name -> smg.v1.WatchHeartbeat
-	12, // 10: smg.v1.WatchResponse.goodbye:type_name -> smg.v1.Goodbye
-	13, // 11: smg.v1.RoutingWorker.veto:type_name -> smg.v1.Veto
+	10, // 8: smg.v1.WatchResponse.delta:type_name -> smg.v1.WatchDelta
+	11, // 9: smg.v1.WatchResponse.heartbeat:type_name -> smg.v1.WatchHeartbeat
+	13, // 10: smg.v1.WatchResponse.goodbye:type_name -> smg.v1.Goodbye
+	14, // 11: smg.v1.RoutingWorker.veto:type_name -> smg.v1.Veto
 	7,  // 12: smg.v1.WatchSnapshot.workers:type_name -> smg.v1.RoutingWorker
-	7,  // 13: smg.v1.WatchDelta.upserts:type_name -> smg.v1.RoutingWorker
-	0,  // 14: smg.v1.WatchService.Watch:input_type -> smg.v1.WatchRequest
-	6,  // 15: smg.v1.WatchService.Watch:output_type -> smg.v1.WatchResponse
-	15, // [15:16] is the sub-list for method output_type
-	14, // [14:15] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	9,  // 13: smg.v1.WatchSnapshot.settings:type_name -> smg.v1.FleetSettings
+	7,  // 14: smg.v1.WatchDelta.upserts:type_name -> smg.v1.RoutingWorker
+	0,  // 15: smg.v1.WatchService.Watch:input_type -> smg.v1.WatchRequest
+	6,  // 16: smg.v1.WatchService.Watch:output_type -> smg.v1.WatchResponse
+	16, // [16:17] is the sub-list for method output_type
+	15, // [15:16] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_watch_proto_init() }
@@ -1072,7 +1147,7 @@ func file_smg_v1_watch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_smg_v1_watch_proto_rawDesc), len(file_smg_v1_watch_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
