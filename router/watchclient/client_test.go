@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -418,7 +419,7 @@ func TestFeedsARealRouter(t *testing.T) {
 func TestSplitRouterTakesRetryAfterFromTheControlPlane(t *testing.T) {
 	reg := registry.New("A", 0)
 	w := newWorker("w1")
-	w.Overloaded, w.OverloadReason = true, "waiting_requests 12 >= 10"
+	w.Thresholds.WaitingRequests, w.Load = 10, &smgv1.EngineLoad{WaitingRequests: 12} // overloaded
 	rev := put(t, reg, w)
 	settings := &smgv1.FleetSettings{LoadMonitorIntervalSecs: 1, WorkerStaleSecs: 15}
 	p := startPlane(t, watch.NewServer(reg, watch.Options{Settings: settings}, nil, nil))
@@ -433,9 +434,10 @@ func TestSplitRouterTakesRetryAfterFromTheControlPlane(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
+		defer resp.Body.Close()
 		if resp.StatusCode != http.StatusServiceUnavailable {
-			t.Fatalf("status %d, want the shed answer", resp.StatusCode)
+			b, _ := io.ReadAll(resp.Body)
+			t.Fatalf("status %d %s, want the shed answer", resp.StatusCode, b)
 		}
 		return resp.Header.Get("Retry-After")
 	}
