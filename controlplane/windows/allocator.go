@@ -163,15 +163,34 @@ func (a *Allocator) Run(ctx context.Context) {
 }
 
 // Step runs one allocation round: expire routers gone past the stale bound,
-// plan the next shares from demand, commit the ones that changed.
+// then plan the next shares from demand and commit the ones that changed,
+// both inside one registry transaction, so shares are decided from the
+// records they are written to (as every verdict is).
 func (a *Allocator) Step() error {
-	snap := a.reg.Snapshot()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.opts.Now()
 	a.expire(now)
-	updates, decreased := a.plan(snap, now)
-	return a.commit(updates, decreased)
+	var decreased map[string][]string
+	wrote := false
+	rev, err := a.reg.Update(func(t *registry.Txn) error {
+		var updates map[string]update
+		updates, decreased = a.plan(t.Workers(), now)
+		wrote = a.commit(t, updates)
+		return nil
+	})
+	if err != nil || !wrote {
+		return err
+	}
+	a.writes.Inc()
+	for wid, routers := range decreased {
+		for _, id := range routers {
+			if g := a.grants[wid][id]; g != nil {
+				g.pending = rev // acknowledged once the router reports having applied rev
+			}
+		}
+	}
+	return nil
 }
 
 // update is the next state of one worker's window record (nil shares: drop).
@@ -195,13 +214,13 @@ func (a *Allocator) expire(now time.Time) {
 
 // plan computes every worker's next shares (and admission record) and the
 // routers whose share decreased (their decrease awaits an acknowledgement).
-func (a *Allocator) plan(snap *registry.Snapshot, now time.Time) (map[string]update, map[string][]string) {
+func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]update, map[string][]string) {
 	ids := slices.Sorted(maps.Keys(a.routers))
 	warm := now.Sub(a.started) >= a.opts.Warmup
 	updates := make(map[string]update)
 	decreased := make(map[string][]string)
 	seen := make(map[string]bool)
-	for _, w := range snap.Workers() {
+	for _, w := range workers {
 		seen[w.ID] = true
 		window, adm := a.windowOf(w)
 		changedAdm := !admissionEqual(adm, w.Admission)
@@ -290,37 +309,20 @@ func (a *Allocator) planWorker(w *registry.Worker, window int64, ids []string, w
 	return shares, decreased
 }
 
-// commit writes the planned records in one registry transaction and marks
-// each decrease with its revision: the router must acknowledge it before the
-// room is granted to another.
-func (a *Allocator) commit(updates map[string]update, decreased map[string][]string) error {
-	if len(updates) == 0 {
-		return nil
-	}
-	rev, err := a.reg.Update(func(t *registry.Txn) error {
-		for id, u := range updates {
-			cur := t.Get(id)
-			if cur == nil {
-				continue
-			}
-			c := cur.Clone()
-			c.WindowShare, c.Admission = u.shares, u.admission
-			t.Insert(c)
+// commit writes the planned records in t and reports whether it wrote any.
+// Each decrease is marked with the revision by Step: the router must
+// acknowledge it before the room is granted to another.
+func (a *Allocator) commit(t *registry.Txn, updates map[string]update) bool {
+	for id, u := range updates {
+		cur := t.Get(id)
+		if cur == nil {
+			continue
 		}
-		return nil
-	})
-	if err != nil {
-		return err
+		c := cur.Clone()
+		c.WindowShare, c.Admission = u.shares, u.admission
+		t.Insert(c)
 	}
-	a.writes.Inc()
-	for wid, routers := range decreased {
-		for _, id := range routers {
-			if g := a.grants[wid][id]; g != nil {
-				g.pending = rev
-			}
-		}
-	}
-	return nil
+	return len(updates) > 0
 }
 
 // windowOf returns the rooms to split for w and, for an admission window,
