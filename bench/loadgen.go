@@ -23,7 +23,10 @@ const ShedCode = "worker_overload_protection_shed"
 
 // Config describes one load run.
 type Config struct {
-	URL      string        // base URL of the OpenAI-compatible server
+	URL string // base URL of the OpenAI-compatible server
+	// URLs, when set, spread requests over several servers (routers) in turn,
+	// as a client-side load balancer in front of them would.
+	URLs     []string
 	Model    string        // model field of each request
 	Rate     float64       // mean arrivals per second (Poisson); ignored when Clients > 0
 	Clients  int           // > 0: closed loop with this many clients instead of open-loop arrivals
@@ -247,7 +250,10 @@ type chatMessage struct {
 // doRequest sends one streaming chat completion, retrying refusals when the
 // config honours Retry-After, and records what happened.
 func doRequest(ctx context.Context, client *http.Client, c Config, runStart time.Time, prompt string, maxTokens int, live *liveCounters) Record {
-	live.sent.Add(1)
+	url := c.URL
+	if n := live.sent.Add(1); len(c.URLs) > 0 {
+		url = c.URLs[(n-1)%int64(len(c.URLs))]
+	}
 	live.inFlight.Add(1)
 	t0 := time.Now()
 	rec := Record{Start: t0.Sub(runStart).Seconds(), MaxTokens: maxTokens}
@@ -258,7 +264,7 @@ func doRequest(ctx context.Context, client *http.Client, c Config, runStart time
 	payload, _ := json.Marshal(body)
 	for {
 		rec.Attempts++
-		retryAfter, err := attempt(ctx, client, c.URL, payload, t0, &rec, live)
+		retryAfter, err := attempt(ctx, client, url, payload, t0, &rec, live)
 		rec.E2E = time.Since(t0).Seconds()
 		if err == nil {
 			return rec

@@ -12,6 +12,13 @@ type GatewayConfig struct {
 	Name  string   `json:"name"`
 	Flags []string `json:"flags"`
 	Why   string   `json:"why"`
+	// Routers > 1 adds Routers-1 `smg router` processes (with RouterFlags)
+	// beside smg launch's own router; the client spreads requests over all.
+	Routers     int      `json:"routers,omitempty"`
+	RouterFlags []string `json:"router_flags,omitempty"`
+	// SimArgs are extra simulator flags (the window configurations run the
+	// SGLang flavor, whose engines report their running window).
+	SimArgs []string `json:"sim_args,omitempty"`
 }
 
 // tunedWaiting is the waiting-requests ceiling of the tuned configuration: a
@@ -32,11 +39,11 @@ func OverloadConfigs(tuned int) []GatewayConfig {
 		tuned, why = tunedWaiting, "waiting ceiling %d (window/4), 503 when all are over"
 	}
 	return []GatewayConfig{
-		{"off", []string{"--disable-worker-overload-protection"}, "no ceilings: relative balancing only"},
-		{"steer", nil, "default ceilings (waiting 8, KV 0.8), steer when all are over"},
-		{"shed", []string{"--worker-overload-shed"}, "default ceilings, 503 when all are over"},
-		{"shed-tuned", []string{"--worker-overload-shed", "--worker-overload-waiting-requests", fmt.Sprint(tuned)},
-			fmt.Sprintf(why, tuned)},
+		{Name: "off", Flags: []string{"--disable-worker-overload-protection"}, Why: "no ceilings: relative balancing only"},
+		{Name: "steer", Why: "default ceilings (waiting 8, KV 0.8), steer when all are over"},
+		{Name: "shed", Flags: []string{"--worker-overload-shed"}, Why: "default ceilings, 503 when all are over"},
+		{Name: "shed-tuned", Flags: []string{"--worker-overload-shed", "--worker-overload-waiting-requests", fmt.Sprint(tuned)},
+			Why: fmt.Sprintf(why, tuned)},
 	}
 }
 
@@ -50,6 +57,10 @@ type OverloadRun struct {
 	RetryAfterSeen int `json:"retry_after_seen"`
 	// Trace is the run second by second (arrivals, routing, verdicts).
 	Trace []TraceSecond `json:"trace,omitempty"`
+	// Engines' own high-water marks over the run (GET /sim/stats after each
+	// scheduling pass), the highest of any engine.
+	PeakRunning int `json:"peak_running"`
+	PeakWaiting int `json:"peak_waiting"`
 }
 
 // OverloadReport is the whole scenario.
@@ -89,7 +100,7 @@ const TTFTObjective = time.Second
 // each configuration, with a fresh fleet and gateway for every run.
 func (s *Suite) Overload(ctx context.Context) (*OverloadReport, error) {
 	began := time.Now()
-	rep := &OverloadReport{Configs: OverloadConfigs(s.TunedWaiting), Loads: []float64{0.5, 1, 1.5, 2},
+	rep := &OverloadReport{Configs: append(OverloadConfigs(s.TunedWaiting), WindowConfigs()...), Loads: []float64{0.5, 1, 1.5, 2},
 		RunSeconds: 20, TimeoutSecs: 15, TTFTObjective: TTFTObjective.Seconds(), Started: began, LoadAvgStart: loadAvg()}
 	if s.AgentPoll > 0 {
 		rep.AgentPoll = s.AgentPoll.String()
@@ -138,14 +149,15 @@ func (s *Suite) Overload(ctx context.Context) (*OverloadReport, error) {
 }
 
 func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64, rep *OverloadReport) (OverloadRun, error) {
-	e, err := s.start(ctx, gc.Flags)
+	e, err := s.startConfig(ctx, gc)
 	if err != nil {
 		return OverloadRun{}, err
 	}
 	defer e.stop()
 	rate := load * rep.Capacity.ReqPerSec
 	label := fmt.Sprintf("%s %.1fx", gc.Name, load)
-	cfg := Config{URL: e.gw.URL, Rate: rate, Duration: time.Duration(rep.RunSeconds * float64(time.Second)),
+	e.fleet.simStats(ctx, true) // the engines' high-water marks start now
+	cfg := Config{URL: e.gw.URL, URLs: e.urls, Rate: rate, Duration: time.Duration(rep.RunSeconds * float64(time.Second)),
 		Prompt: promptDist, Output: outputDist, Timeout: time.Duration(rep.TimeoutSecs * float64(time.Second)),
 		TTFTObjective: TTFTObjective, Seed: s.Seed + uint64(load*10)}
 	sampler := sampleWorkers(ctx, e.gw, e.fleet.URLs, time.Now(), 100*time.Millisecond)
@@ -154,12 +166,13 @@ func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64,
 	if err != nil {
 		return OverloadRun{}, err
 	}
+	peakRunning, peakWaiting := e.fleet.simStats(ctx, false)
 	res.Scenario = label
 	if err := s.writeJSON(fmt.Sprintf("overload-%s-%.1fx.json", gc.Name, load), res); err != nil {
 		return OverloadRun{}, err
 	}
 	run := OverloadRun{Config: gc.Name, Load: load, Rate: rate, Summary: res.Summary,
-		Trace: Trace(res.Records, samples, fleetSize, rep.RunSeconds)}
+		Trace: Trace(res.Records, samples, fleetSize, rep.RunSeconds), PeakRunning: peakRunning, PeakWaiting: peakWaiting}
 	for _, r := range res.Records {
 		if r.Shed && r.RetryAfter > 0 {
 			run.RetryAfterSeen++

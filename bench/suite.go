@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -87,12 +88,17 @@ func (s *Suite) httpClient() *http.Client {
 
 // env is one fleet behind one gateway, with the node agent when the suite has one.
 type env struct {
-	fleet *Fleet
-	gw    *Gateway
-	agent *Proc
+	fleet   *Fleet
+	gw      *Gateway
+	agent   *Proc
+	routers []*Proc  // extra routers beside the gateway's own
+	urls    []string // every router's URL when there are several
 }
 
 func (e *env) stop() {
+	for _, r := range e.routers {
+		r.Stop(5 * time.Second)
+	}
 	e.agent.Stop(5 * time.Second)
 	if e.gw != nil {
 		e.gw.Stop(5 * time.Second)
@@ -104,7 +110,14 @@ func (e *env) stop() {
 
 // start runs a fresh fleet and a gateway with flags in front of it.
 func (s *Suite) start(ctx context.Context, flags []string) (*env, error) {
-	f, err := StartFleet(ctx, s.Bin, fleetSize, s.simArgs())
+	return s.startConfig(ctx, GatewayConfig{Flags: flags})
+}
+
+// startConfig runs a fresh fleet, a gateway and the configuration's extra
+// routers.
+func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error) {
+	flags := gc.Flags
+	f, err := StartFleet(ctx, s.Bin, fleetSize, append(s.simArgs(), gc.SimArgs...))
 	if err != nil {
 		return nil, err
 	}
@@ -116,6 +129,24 @@ func (s *Suite) start(ctx context.Context, flags []string) (*env, error) {
 	e := &env{fleet: f, gw: gw}
 	if s.AgentPoll > 0 {
 		if e.agent, err = StartAgent(ctx, s.Bin, gw, "n1", f.URLs, s.AgentPoll); err != nil {
+			e.stop()
+			return nil, err
+		}
+	}
+	if gc.Routers > 1 {
+		e.urls = []string{gw.URL}
+		for i := 1; i < gc.Routers; i++ {
+			p, url, err := StartRouter(ctx, s.Bin, gw, fmt.Sprintf("r%d", i), gc.RouterFlags)
+			if err != nil {
+				e.stop()
+				return nil, err
+			}
+			e.routers = append(e.routers, p)
+			e.urls = append(e.urls, url)
+		}
+	}
+	if slices.Contains(flags, "--worker-admission-window") {
+		if err := gw.waitShares(ctx, fleetSize, max(1, gc.Routers), 20*time.Second); err != nil {
 			e.stop()
 			return nil, err
 		}

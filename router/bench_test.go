@@ -127,14 +127,22 @@ func streamEngine(events, size int) http.HandlerFunc {
 
 // streamTargets starts an engine streaming `events` SSE events, this router
 // in front of it, and a plain httputil.ReverseProxy in front of it.
-func streamTargets(b *testing.B, events int) (direct, router, plain string) {
+// With windows, the router gates the engine on a running window (a share of
+// 1024 rooms: every request takes and gives back a room, none waits).
+func streamTargets(b *testing.B, events int, windows bool) (direct, router, plain string) {
 	engineSrv := httptest.NewServer(streamEngine(events, 48))
 	b.Cleanup(engineSrv.Close)
-	r, err := New(DefaultOptions(), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	opts := DefaultOptions()
+	opts.WorkerAdmissionWindow = windows
+	r, err := New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		b.Fatal(err)
 	}
-	r.Apply(&Snapshot{Revision: 1, Workers: []Worker{{ID: "e", URL: engineSrv.URL, Model: testModel, Healthy: true}}})
+	w := Worker{ID: "e", URL: engineSrv.URL, Model: testModel, Healthy: true}
+	if windows {
+		w.AdmissionRooms, w.WindowShare = 1024, 1024
+	}
+	r.Apply(&Snapshot{Revision: 1, Workers: []Worker{w}})
 	routerSrv := httptest.NewServer(r.Handler())
 	b.Cleanup(routerSrv.Close)
 	target, _ := url.Parse(engineSrv.URL)
@@ -162,11 +170,17 @@ func streamOnce(b *testing.B, client *http.Client, base string) int64 {
 }
 
 // BenchmarkStreamingInterleaved times one streaming request to each target in
-// turn, so machine noise hits all three alike, and reports throughput ratios:
-// router/plain >= 0.9 is the bar.
+// turn, so machine noise hits all three alike, and reports throughput ratios
+// (router/plain >= 1.0 is the bar), with running windows off and on.
 func BenchmarkStreamingInterleaved(b *testing.B) {
+	for _, windows := range []bool{false, true} {
+		b.Run(fmt.Sprintf("windows=%v", windows), func(b *testing.B) { streamingInterleaved(b, windows) })
+	}
+}
+
+func streamingInterleaved(b *testing.B, windows bool) {
 	const events = 64
-	direct, router, plain := streamTargets(b, events)
+	direct, router, plain := streamTargets(b, events, windows)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, DisableCompression: true}}
 	var spent [3]time.Duration
 	for b.Loop() {
@@ -188,7 +202,7 @@ func BenchmarkStreamingInterleaved(b *testing.B) {
 // httputil.ReverseProxy, all on loopback in the same run.
 func BenchmarkStreaming(b *testing.B) {
 	const events = 64
-	direct, router, plain := streamTargets(b, events)
+	direct, router, plain := streamTargets(b, events, false)
 	body := streamBody
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}}
 	for _, c := range []struct{ name, url string }{

@@ -98,7 +98,7 @@ func (r *Router) windowRooms(w *Worker) (rooms int64, mode string) {
 type WindowDemand struct {
 	WorkerID string
 	InFlight int64 // rooms held by dispatched requests
-	Waiting  int64 // rooms asked for by requests waiting for this worker's pool
+	Waiting  int64 // rooms asked for by requests waiting for this worker's pool, or refused since the last report
 	// WaitingByClass splits Waiting by priority class (index 0 the highest);
 	// the allocator serves higher classes first.
 	WaitingByClass [NumClasses]int64
@@ -122,7 +122,7 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 		for _, wl := range v.states[i].waitlists() {
 			p := pools[wl]
 			if p == nil {
-				p = &pw{waiting: wl.waitingByClass()}
+				p = &pw{waiting: wl.takeDemand()}
 				pools[wl] = p
 			}
 			p.n++

@@ -63,6 +63,10 @@ type waitlist struct {
 	mu    sync.Mutex
 	queue roomQueue
 	n     atomic.Int64 // waiters, read lock-free on the release path
+	// refused counts rooms asked for by requests that got no room (shed at
+	// once or at the end of their wait) since the last report: demand the
+	// control plane must see even when nobody is left waiting.
+	refused [NumClasses]atomic.Int64
 }
 
 func newWaitlist() *waitlist { return &waitlist{queue: &fifoQueue{}} }
@@ -85,6 +89,7 @@ func (wl *waitlist) acquire(ctx context.Context, w *roomWaiter, wait time.Durati
 	}
 	if wait <= 0 {
 		wl.mu.Unlock()
+		wl.refused[w.class].Add(w.need)
 		return roomGrant{}, gateShed
 	}
 	w.ready = make(chan struct{})
@@ -115,6 +120,9 @@ func (wl *waitlist) acquire(ctx context.Context, w *roomWaiter, wait time.Durati
 	wl.queue.remove(w)
 	wl.n.Add(-1)
 	wl.grantLocked() // the leaver may have been the head blocking others
+	if res == gateShed {
+		wl.refused[w.class].Add(w.need)
+	}
 	return roomGrant{}, res
 }
 
@@ -144,6 +152,16 @@ func (wl *waitlist) grantLocked() {
 		h.got, h.done = g, true
 		close(h.ready)
 	}
+}
+
+// takeDemand is the demand a report carries: rooms asked for by waiters
+// now plus those refused since the previous report (reset), by class.
+func (wl *waitlist) takeDemand() [NumClasses]int64 {
+	out := wl.waitingByClass()
+	for c := range out {
+		out[c] += wl.refused[c].Swap(0)
+	}
+	return out
 }
 
 // waitingByClass sums the rooms asked for by waiters, by class.
