@@ -8,14 +8,16 @@ import (
 )
 
 // silenceMeter measures an engine's own silence from its step counter: how
-// long it has held running requests without taking a scheduler step.
+// long it has held requests, running or waiting, without taking a scheduler
+// step. Waiting requests count too: a frozen idle engine that receives its
+// first requests queues them and runs nothing, and that is silence as well.
 // Only wires whose counter moves on every step give a figure; a counter that
 // moves once per request, or every so many tokens, is quiet while healthy.
 type silenceMeter struct {
 	seen    bool
 	count   float64
-	running bool
-	movedAt time.Time // last step, or when running requests appeared
+	held    bool      // requests running or waiting at the last poll
+	movedAt time.Time // last step, or when held requests appeared
 }
 
 // observe returns the silence at now and whether the wire gives one.
@@ -24,16 +26,16 @@ func (m *silenceMeter) observe(rep engine.Report, now time.Time) (time.Duration,
 		*m = silenceMeter{}
 		return 0, false
 	}
-	running := rep.Running() > 0
+	held := rep.Running() > 0 || rep.Waiting() > 0
 	moved := !m.seen || rep.StepCount != m.count
 	// Silence counts only while requests are held, from the first poll that
 	// saw them: an idle hour must not read as an hour of silence for the
 	// request that ends it.
-	if moved || !running || !m.running {
+	if moved || !held || !m.held {
 		m.movedAt = now
 	}
-	m.seen, m.count, m.running = true, rep.StepCount, running
-	if !running || !now.After(m.movedAt) {
+	m.seen, m.count, m.held = true, rep.StepCount, held
+	if !held || !now.After(m.movedAt) {
 		return 0, true
 	}
 	return now.Sub(m.movedAt), true

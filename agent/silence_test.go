@@ -13,6 +13,11 @@ func stepReport(steps float64, running int64) engine.Report {
 		Ranks: []engine.Rank{{Running: running}}}
 }
 
+func waitingReport(steps float64, waiting int64) engine.Report {
+	return engine.Report{Source: engine.SourceVLLM, StepWire: true, StepCount: steps,
+		Ranks: []engine.Rank{{Waiting: waiting}}}
+}
+
 func TestSilenceMeter(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
@@ -36,6 +41,12 @@ func TestSilenceMeter(t *testing.T) {
 			{3601, stepReport(10, 1), 0, true}, // first poll holding a request
 			{3603, stepReport(10, 1), 2 * time.Second, true},
 			{3604, stepReport(10, 0), 0, true}, // nothing held
+		},
+		"frozen idle engine receiving its first requests: waiting, nothing running, no step": {
+			{0, stepReport(10, 0), 0, true}, {60, stepReport(10, 0), 0, true},
+			{61, waitingReport(10, 2), 0, true}, // queued, never scheduled
+			{65, waitingReport(10, 2), 4 * time.Second, true},
+			{66, stepReport(11, 2), 0, true}, // it scheduled them
 		},
 		"a counter going backwards (restart) is movement": {
 			{0, stepReport(100, 1), 0, true}, {1, stepReport(100, 1), time.Second, true}, {2, stepReport(3, 1), 0, true},
