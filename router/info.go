@@ -32,17 +32,20 @@ func (r *Router) serveModels(w http.ResponseWriter, _ *http.Request) {
 
 // WorkerLoad is one worker's entry in GET /loads.
 type WorkerLoad struct {
-	WorkerID   string  `json:"worker_id"`
-	URL        string  `json:"url"`
-	Model      string  `json:"model"`
-	WorkerType string  `json:"worker_type"`
-	Healthy    bool    `json:"healthy"`
-	Veto       string  `json:"veto,omitempty"` // overload | unreachable | wedged
-	VetoReason string  `json:"veto_reason,omitempty"`
-	Waiting    int64   `json:"waiting"`
-	Running    int64   `json:"running"`
-	TokenUsage float64 `json:"token_usage"`
-	MaxRunning int64   `json:"max_running,omitempty"`
+	WorkerID   string `json:"worker_id"`
+	URL        string `json:"url"`
+	Model      string `json:"model"`
+	WorkerType string `json:"worker_type"`
+	Healthy    bool   `json:"healthy"`
+	Veto       string `json:"veto,omitempty"` // overload | unreachable | wedged
+	VetoReason string `json:"veto_reason,omitempty"`
+	// Overloaded shows the overload cause too when a liveness veto outranks it.
+	Overloaded     bool    `json:"overloaded,omitempty"`
+	OverloadReason string  `json:"overload_reason,omitempty"`
+	Waiting        int64   `json:"waiting"`
+	Running        int64   `json:"running"`
+	TokenUsage     float64 `json:"token_usage"`
+	MaxRunning     int64   `json:"max_running,omitempty"`
 	// Dispatched is this router's dispatches since the last load report;
 	// Load = Waiting + Running + Dispatched, what load-aware policies compare.
 	Dispatched      int64 `json:"dispatched_since_report"`
@@ -71,7 +74,7 @@ func (r *Router) serveLoads(w http.ResponseWriter, _ *http.Request) {
 			d := st.dispatched.Load()
 			out.Workers = append(out.Workers, WorkerLoad{
 				WorkerID: wk.ID, URL: wk.URL, Model: wk.Model, WorkerType: typ, Healthy: wk.Healthy,
-				Veto: wk.Veto.String(), VetoReason: wk.VetoReason,
+				Veto: wk.Veto.String(), VetoReason: wk.VetoReason, Overloaded: wk.Overloaded, OverloadReason: wk.OverloadReason,
 				Waiting: wk.Waiting, Running: wk.Running, TokenUsage: wk.TokenUsage, MaxRunning: wk.MaxRunning,
 				Dispatched: d, Load: wk.Waiting + wk.Running + d, StreamsInFlight: st.streams.Load(),
 			})

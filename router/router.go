@@ -191,6 +191,7 @@ func (r *Router) FailOpen() {
 			dropped++
 		}
 		workers[i].Veto, workers[i].VetoReason = VetoNone, ""
+		workers[i].Overloaded, workers[i].OverloadReason = false, ""
 	}
 	r.install(cur.snap, workers, true)
 	r.metrics.failOpen.Inc()

@@ -58,6 +58,12 @@ func (s *selector) steer(v *view, p *pool, q *request, shed bool) (int32, outcom
 				bestOverload, overloadLoad = i, l
 			}
 		case w.veto.liveness():
+			if shed && w.over {
+				// Doubted and over its ceiling too: shedding answers its
+				// overload, so it is never the fallback.
+				anyOverload = true
+				continue
+			}
 			anyLiveness = true
 			if room && (bestLiveness < 0 || l < livenessLoad) {
 				bestLiveness, livenessLoad = i, l

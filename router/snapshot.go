@@ -49,6 +49,10 @@ type Worker struct {
 	Healthy              bool
 	Veto                 Veto
 	VetoReason           string
+	// Overloaded: over its overload ceiling whatever Veto says (a liveness
+	// veto outranks overload in Veto); a shedding router never steers to it.
+	Overloaded     bool
+	OverloadReason string
 	// Load summary from the last report.
 	Waiting, Running int64
 	TokenUsage       float64
@@ -118,6 +122,7 @@ type hotWorker struct {
 	eligible bool  // Healthy and not vetoed (the breaker is checked live)
 	healthy  bool
 	veto     Veto
+	over     bool // over its overload ceiling, whatever veto says
 }
 
 // pool is the set of candidates a request for one model draws from.
@@ -160,7 +165,7 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 	for i := range workers {
 		w := &workers[i]
 		v.hot[i] = hotWorker{st: states[i], reported: w.Waiting + w.Running, waiting: w.Waiting, eligible: w.Healthy && w.Veto == VetoNone,
-			healthy: w.Healthy, veto: w.Veto}
+			healthy: w.Healthy, veto: w.Veto, over: w.Overloaded || w.Veto == VetoOverload}
 		v.byID[w.ID] = int32(i)
 		v.bySlot[states[i].slot] = int32(i)
 		if w.Type != "" && w.Type != TypeRegular {

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -252,6 +253,43 @@ func TestLivenessStillSteersWhenShedding(t *testing.T) {
 	if h.counter("smg_worker_liveness_fallback_total", StageSelection) != 5 ||
 		h.counter("smg_worker_overload_shed_total", StageSelection) != 0 {
 		t.Fatal("want 5 liveness fallbacks and no shed")
+	}
+}
+
+// A worker both wedged and over its overload ceiling (the liveness veto
+// outranks overload in Veto, Overloaded keeps the second cause) is never the
+// fallback while shedding: with only such workers the pool sheds, and next
+// to a worker the liveness tracker doubts alone, that one is taken.
+func TestWedgedAndOverloadedIsNeverTheShedFallback(t *testing.T) {
+	both := func(w *Worker) {
+		w.Veto, w.VetoReason = VetoWedged, "no progress"
+		w.Overloaded, w.OverloadReason = true, "waiting_requests 9 >= 8"
+	}
+	h := newHarness(t, func(o *Options) { o.WorkerOverloadShed = true })
+	a := newEngine(t, "a", nil)
+	h.apply(a.worker(both))
+	if got := h.post(testModel, "", "x"); got.status != http.StatusServiceUnavailable || got.errorCode() != "worker_overload_protection_shed" {
+		t.Fatalf("got %d %s, want the overload shed", got.status, got.body)
+	}
+	b := newEngine(t, "b", nil)
+	h.apply(a.worker(both, waiting(0)), b.worker(vetoed(VetoWedged), waiting(50)))
+	for range 3 {
+		if got := h.post(testModel, "", "x"); got.status != http.StatusOK || got.servedBy() != "b" {
+			t.Fatalf("got %d from %q, want steer to the worker doubted by liveness alone", got.status, got.servedBy())
+		}
+	}
+	if a.hits.Load() != 0 {
+		t.Fatal("a worker over its overload ceiling was the fallback while shedding")
+	}
+	// Both causes show in /loads.
+	var loads LoadsResponse
+	if err := json.Unmarshal([]byte(h.get("/loads").body), &loads); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range loads.Workers {
+		if w.WorkerID == "a" && (w.Veto != "wedged" || !w.Overloaded || w.OverloadReason != "waiting_requests 9 >= 8") {
+			t.Fatalf("/loads shows %+v, want both the wedged veto and the overload cause", w)
+		}
 	}
 }
 

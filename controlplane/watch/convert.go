@@ -28,6 +28,8 @@ func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 		Healthy:            w.Ready(),
 		Veto:               veto,
 		VetoReason:         reason,
+		Overloaded:         w.Overloaded,
+		OverloadReason:     w.OverloadReason,
 		LoadRevision:       w.LoadRevision,
 		BootstrapPort:      spec.GetBootstrapPort(),
 		ContactSeq:         w.ContactSeq,

@@ -188,14 +188,15 @@ func TestRoutingWorkerFields(t *testing.T) {
 	w.Load = &smgv1.EngineLoad{WaitingRequests: 3, RunningRequests: 5, TokenUsage: 0.4}
 	w.LoadRevision, w.ContactSeq = 9, 4
 	w.Liveness, w.LivenessReason = smgv1.Veto_VETO_WEDGED, "queue without progress"
-	w.Overloaded = true
+	w.Overloaded, w.OverloadReason = true, "waiting_requests 9 >= 8" // both causes travel
 	w.WindowShare = map[string]int64{"r1": 16, "r2": 48}
 
 	rw := RoutingWorker(w, "r1")
 	want := &smgv1.RoutingWorker{WorkerId: "d1", Url: "http://d1", Model: "m", WorkerType: "decode",
 		Priority: 50, Cost: 1, Healthy: true, Veto: smgv1.Veto_VETO_WEDGED, VetoReason: "queue without progress",
 		WaitingRequests: 3, RunningRequests: 5, TokenUsage: 0.4, MaxRunningRequests: 64, LoadRevision: 9,
-		BootstrapPort: 8998, ContactSeq: 4, ApiKey: "k", WindowShare: 16}
+		BootstrapPort: 8998, ContactSeq: 4, ApiKey: "k", WindowShare: 16,
+		Overloaded: true, OverloadReason: "waiting_requests 9 >= 8"}
 	if rw.String() != want.String() {
 		t.Fatalf("RoutingWorker =\n %v\nwant\n %v", rw, want)
 	}

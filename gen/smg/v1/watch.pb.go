@@ -619,6 +619,11 @@ type RoutingWorker struct {
 	// Running window plus queue allowance of the worker under
 	// --worker-admission-window (0: none known, never gated).
 	AdmissionRooms int64 `protobuf:"varint,19,opt,name=admission_rooms,json=admissionRooms,proto3" json:"admission_rooms,omitempty"`
+	// Over its overload ceiling, whatever veto says: a liveness veto outranks
+	// overload in veto, so a worker both wedged and overloaded shows both
+	// causes here (a shedding router never steers to it).
+	Overloaded     bool   `protobuf:"varint,20,opt,name=overloaded,proto3" json:"overloaded,omitempty"`
+	OverloadReason string `protobuf:"bytes,21,opt,name=overload_reason,json=overloadReason,proto3" json:"overload_reason,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -784,6 +789,20 @@ func (x *RoutingWorker) GetAdmissionRooms() int64 {
 		return x.AdmissionRooms
 	}
 	return 0
+}
+
+func (x *RoutingWorker) GetOverloaded() bool {
+	if x != nil {
+		return x.Overloaded
+	}
+	return false
+}
+
+func (x *RoutingWorker) GetOverloadReason() string {
+	if x != nil {
+		return x.OverloadReason
+	}
+	return ""
 }
 
 type WatchSnapshot struct {
@@ -1028,7 +1047,7 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x05delta\x18\x04 \x01(\v2\x12.smg.v1.WatchDeltaH\x00R\x05delta\x126\n" +
 	"\theartbeat\x18\x05 \x01(\v2\x16.smg.v1.WatchHeartbeatH\x00R\theartbeat\x12+\n" +
 	"\agoodbye\x18\x06 \x01(\v2\x0f.smg.v1.GoodbyeH\x00R\agoodbyeB\x05\n" +
-	"\x03msg\"\xfd\x04\n" +
+	"\x03msg\"\xc6\x05\n" +
 	"\rRoutingWorker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -1053,7 +1072,11 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"contactSeq\x12\x17\n" +
 	"\aapi_key\x18\x11 \x01(\tR\x06apiKey\x12!\n" +
 	"\fwindow_share\x18\x12 \x01(\x03R\vwindowShare\x12'\n" +
-	"\x0fadmission_rooms\x18\x13 \x01(\x03R\x0eadmissionRooms\"s\n" +
+	"\x0fadmission_rooms\x18\x13 \x01(\x03R\x0eadmissionRooms\x12\x1e\n" +
+	"\n" +
+	"overloaded\x18\x14 \x01(\bR\n" +
+	"overloaded\x12'\n" +
+	"\x0foverload_reason\x18\x15 \x01(\tR\x0eoverloadReason\"s\n" +
 	"\rWatchSnapshot\x12/\n" +
 	"\aworkers\x18\x01 \x03(\v2\x15.smg.v1.RoutingWorkerR\aworkers\x121\n" +
 	"\bsettings\x18\x02 \x01(\v2\x15.smg.v1.FleetSettingsR\bsettings\"x\n" +
