@@ -28,7 +28,7 @@ type Router struct {
 	log      *slog.Logger
 	metrics  *metrics
 	pdm      *pdMetrics
-	wm       *windowMetrics      // nil unless --worker-admission-window
+	wm       *windowMetrics      // the wait path of running windows
 	gatherer prometheus.Gatherer // nil when the Registerer cannot gather
 	cb       breakerConfig
 	sel      selector
@@ -99,10 +99,12 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		},
 	}
 	r.start = r.clock()
+	// Registered whatever the flag, so dashboards and alerts find the
+	// families (at zero); the per-worker gauges appear only for gated workers.
+	if r.wm, err = newWindowMetrics(r, reg); err != nil {
+		return nil, fmt.Errorf("router metrics: %w", err)
+	}
 	if opts.WorkerAdmissionWindow {
-		if r.wm, err = newWindowMetrics(r, reg); err != nil {
-			return nil, fmt.Errorf("router metrics: %w", err)
-		}
 		m.shed.WithLabelValues(StageAdmissionWindow)
 		m.overloadFallback.WithLabelValues(StageAdmissionWindow)
 		m.livenessFallback.WithLabelValues(StageAdmissionWindow)
