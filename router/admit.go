@@ -48,7 +48,7 @@ func (r *Router) writeWindowShed(w http.ResponseWriter, model, stage string, c p
 	c.Inc()
 	r.metrics.shed.WithLabelValues(stage).Inc()
 	writeError(w, http.StatusServiceUnavailable, CodeShed,
-		"All workers for model '"+model+"' are overloaded", r.retryAfterShed())
+		"All workers"+forModel(model)+" are overloaded", r.retryAfterShed())
 	return http.StatusServiceUnavailable
 }
 

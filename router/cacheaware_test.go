@@ -64,3 +64,37 @@ func TestCacheAwareAffinity(t *testing.T) {
 		t.Fatal("affinity kept on a worker far busier than the rest")
 	}
 }
+
+// --balance-token-usage-threshold sets the KV usage at which cache_aware
+// drops a prompt's affinity: a cached worker at 0.6 keeps the prompt under
+// the default (0.95) and loses it under 0.5.
+func TestBalanceTokenUsageThreshold(t *testing.T) {
+	for _, tc := range []struct {
+		threshold float64 // 0: the default
+		keep      bool
+	}{{0, true}, {0.5, false}, {0.6, false}, {0.61, true}} {
+		t.Run(fmt.Sprint(tc.threshold), func(t *testing.T) {
+			h := newHarness(t, func(o *Options) {
+				if tc.threshold > 0 {
+					o.BalanceTokenUsageThreshold = tc.threshold
+				}
+			})
+			engines := []*engine{newEngine(t, "a", nil), newEngine(t, "b", nil)}
+			system := strings.Repeat("You are a careful assistant. ", 20)
+			h.apply(engines[0].worker(), engines[1].worker())
+			home := h.post(testModel, "", system+"turn 1").servedBy()
+			var ws []Worker
+			for _, e := range engines {
+				w := e.worker(func(w *Worker) { w.LoadRevision = 1 })
+				if w.ID == home {
+					w.TokenUsage, w.Waiting = 0.6, 1 // busier, so least load alone would not pick it
+				}
+				ws = append(ws, w)
+			}
+			h.apply(ws...)
+			if kept := h.post(testModel, "", system+"turn 2").servedBy() == home; kept != tc.keep {
+				t.Fatalf("affinity kept = %v at KV usage 0.6, want %v", kept, tc.keep)
+			}
+		})
+	}
+}

@@ -118,3 +118,12 @@ func writeStreamError(w http.ResponseWriter, code, message string) {
 		f.Flush()
 	}
 }
+
+// forModel names the model in an answer's message (" for model 'm'"), or
+// nothing for a request that named none: "All workers are overloaded".
+func forModel(model string) string {
+	if model == "" {
+		return ""
+	}
+	return " for model '" + model + "'"
+}

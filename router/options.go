@@ -93,19 +93,19 @@ type Options struct {
 	// RetryAfterMode: RetryAfterInterval (the spec's --load-monitor-interval)
 	// or RetryAfterEstimated (when a retry would be admitted, from the
 	// observed completion rate and the queue ahead, within [1, interval]).
-	RetryAfterMode          string
-	MaxPayloadSize          int64 // bytes
-	BodyReadTimeoutSecs     int   // a request body must arrive within this
-	IdleTimeoutSecs         int   // idle keep-alive client connections close after this
-	MaxConnections          int   // client connections open at once; more wait in the backlog
-	RequestTimeoutSecs      int
-	CacheThreshold          float64 // cache_aware: prefix match ratio that keeps affinity
-	BalanceAbsThreshold     int64   // cache_aware: load spread that switches to least load ...
-	BalanceRelThreshold     float64 // ... when max load also exceeds min load times this
-	DispatchKeyHeader       string  // header carrying the sticky routing key
-	PrefixHashLoadFactor    float64 // prefix_hash: skip a ring worker loaded above mean times this
-	CacheAwareHotTokenUsage float64 // cache_aware: KV usage at which affinity is dropped
-	UpstreamDialTimeout     time.Duration
+	RetryAfterMode             string
+	MaxPayloadSize             int64 // bytes
+	BodyReadTimeoutSecs        int   // a request body must arrive within this
+	IdleTimeoutSecs            int   // idle keep-alive client connections close after this
+	MaxConnections             int   // client connections open at once; more wait in the backlog
+	RequestTimeoutSecs         int
+	CacheThreshold             float64 // cache_aware: prefix match ratio that keeps affinity
+	BalanceAbsThreshold        int64   // cache_aware: load spread that switches to least load ...
+	BalanceRelThreshold        float64 // ... when max load also exceeds min load times this
+	DispatchKeyHeader          string  // header carrying the sticky routing key
+	PrefixHashLoadFactor       float64 // prefix_hash: skip a ring worker loaded above mean times this
+	BalanceTokenUsageThreshold float64 // cache_aware: mean KV usage of the cached worker at which affinity is dropped
+	UpstreamDialTimeout        time.Duration
 	// EngineTLS verifies https:// engines (nil: Go's defaults, the system's
 	// roots). Set by the command from --engine-ca-file and friends.
 	EngineTLS                *tls.Config
@@ -148,7 +148,7 @@ func DefaultOptions() Options {
 		BalanceRelThreshold:               1.5,
 		DispatchKeyHeader:                 "x-smg-routing-key",
 		PrefixHashLoadFactor:              1.25,
-		CacheAwareHotTokenUsage:           0.95,
+		BalanceTokenUsageThreshold:        0.95,
 		UpstreamDialTimeout:               5 * time.Second,
 		MaxIdleConnsPerWorker:             256,
 		PromptBytesPerTokenGuess:          4,
@@ -223,6 +223,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	define(fs, (*int64Value)(&o.BalanceAbsThreshold), "balance-abs-threshold",
 		"cache_aware: load spread (max - min) above which affinity gives way to least load")
 	float(&o.BalanceRelThreshold, "balance-rel-threshold", "cache_aware: ... when the max load also exceeds the min load times this")
+	float(&o.BalanceTokenUsageThreshold, "balance-token-usage-threshold",
+		"cache_aware: mean KV token usage (0 to 1] of the worker holding a prompt's prefix at or above which that prompt's affinity is dropped for least load; nothing is refused")
 }
 
 // Validate rejects option values the router cannot run with.
@@ -295,6 +297,9 @@ func (o Options) Validate() error {
 	}
 	if o.BalanceAbsThreshold < 0 || o.BalanceRelThreshold < 1 {
 		bad("--balance-abs-threshold must be >= 0 and --balance-rel-threshold >= 1")
+	}
+	if !(o.BalanceTokenUsageThreshold > 0 && o.BalanceTokenUsageThreshold <= 1) {
+		bad("--balance-token-usage-threshold must be in (0, 1], got %v", o.BalanceTokenUsageThreshold)
 	}
 	if o.DispatchKeyHeader == "" || o.PrefixHashLoadFactor < 1 || o.PromptBytesPerTokenGuess < 1 ||
 		o.UpstreamDialTimeout <= 0 || o.MaxIdleConnsPerWorker < 1 {

@@ -52,14 +52,16 @@ func TestFlagsParseAndValidate(t *testing.T) {
 
 func TestValidateRejects(t *testing.T) {
 	for name, mutate := range map[string]func(*Options){
-		"unknown policy":           func(o *Options) { o.Policy = "fastest" },
-		"load monitor interval 0":  func(o *Options) { o.LoadMonitorInterval = 0 },
-		"max concurrent 0":         func(o *Options) { o.MaxConcurrentRequests = 0 },
-		"cb threshold 0":           func(o *Options) { o.CBFailureThreshold = 0 },
-		"jitter above 1":           func(o *Options) { o.RetryJitterFactor = 1.5 },
-		"multiplier below 1":       func(o *Options) { o.RetryBackoffMultiplier = 0.5 },
-		"negative stale":           func(o *Options) { o.WorkerStaleSecs = -1 },
-		"max backoff below intial": func(o *Options) { o.RetryMaxBackoffMs = 1 },
+		"unknown policy":                func(o *Options) { o.Policy = "fastest" },
+		"load monitor interval 0":       func(o *Options) { o.LoadMonitorInterval = 0 },
+		"max concurrent 0":              func(o *Options) { o.MaxConcurrentRequests = 0 },
+		"cb threshold 0":                func(o *Options) { o.CBFailureThreshold = 0 },
+		"jitter above 1":                func(o *Options) { o.RetryJitterFactor = 1.5 },
+		"token usage threshold 0":       func(o *Options) { o.BalanceTokenUsageThreshold = 0 },
+		"token usage threshold above 1": func(o *Options) { o.BalanceTokenUsageThreshold = 1.5 },
+		"multiplier below 1":            func(o *Options) { o.RetryBackoffMultiplier = 0.5 },
+		"negative stale":                func(o *Options) { o.WorkerStaleSecs = -1 },
+		"max backoff below intial":      func(o *Options) { o.RetryMaxBackoffMs = 1 },
 	} {
 		o := DefaultOptions()
 		mutate(&o)

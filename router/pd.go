@@ -64,12 +64,12 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 	case pout == noneAvailable || dout == noneAvailable:
 		// Mixed causes are not a shed: a leg with nothing routable is no_available_workers.
 		writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers,
-			"No available prefill/decode pair for model '"+f.Model+"'", 0)
+			"No available prefill/decode pair"+forModel(f.Model), 0)
 		return http.StatusServiceUnavailable
 	case pout == shedAll || dout == shedAll:
 		r.metrics.shed.WithLabelValues(StageSelection).Inc()
 		writeError(w, http.StatusServiceUnavailable, CodeShed,
-			"All workers for model '"+f.Model+"' are overloaded", r.retryAfterShed())
+			"All workers"+forModel(f.Model)+" are overloaded", r.retryAfterShed())
 		return http.StatusServiceUnavailable
 	case pout == overloadFallback || dout == overloadFallback:
 		r.metrics.overloadFallback.WithLabelValues(StageSelection).Inc()
@@ -85,7 +85,7 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 			if i >= 0 && r.overloadedSince(v, v.states[i]) {
 				r.metrics.shed.WithLabelValues(StageDispatch).Inc()
 				writeError(w, http.StatusServiceUnavailable, CodeShed,
-					"Worker '"+v.workers[i].URL+"' for model '"+f.Model+"' became overloaded before dispatch", r.retryAfterShed())
+					"Worker '"+v.workers[i].URL+"'"+forModel(f.Model)+" became overloaded before dispatch", r.retryAfterShed())
 				return http.StatusServiceUnavailable
 			}
 		}
@@ -107,7 +107,7 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 	if g.i < 0 {
 		// The decode pool emptied or went vetoed while the request waited.
 		writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers,
-			"No available prefill/decode pair for model '"+f.Model+"'", 0)
+			"No available prefill/decode pair"+forModel(f.Model), 0)
 		return http.StatusServiceUnavailable
 	}
 	v, di = g.v, g.i
@@ -116,7 +116,7 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 	pi = v.indexOfSlot(pst.slot)
 	if pi < 0 {
 		writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers,
-			"No available prefill/decode pair for model '"+f.Model+"'", 0)
+			"No available prefill/decode pair"+forModel(f.Model), 0)
 		return http.StatusServiceUnavailable
 	}
 

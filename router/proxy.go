@@ -201,11 +201,11 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		case shedAll:
 			r.metrics.shed.WithLabelValues(StageSelection).Inc()
 			writeError(w, http.StatusServiceUnavailable, CodeShed,
-				"All workers for model '"+f.Model+"' are overloaded", r.retryAfterShed())
+				"All workers"+forModel(f.Model)+" are overloaded", r.retryAfterShed())
 			return http.StatusServiceUnavailable
 		case noneAvailable:
 			writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers,
-				"No available workers for model '"+f.Model+"'", 0)
+				"No available workers"+forModel(f.Model), 0)
 			return http.StatusServiceUnavailable
 		case overloadFallback:
 			r.metrics.overloadFallback.WithLabelValues(StageSelection).Inc()
@@ -225,7 +225,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			}
 			r.metrics.shed.WithLabelValues(StageDispatch).Inc()
 			writeError(w, http.StatusServiceUnavailable, CodeShed,
-				"Worker '"+wk.URL+"' for model '"+f.Model+"' became overloaded before dispatch", r.retryAfterShed())
+				"Worker '"+wk.URL+"'"+forModel(f.Model)+" became overloaded before dispatch", r.retryAfterShed())
 			return http.StatusServiceUnavailable
 		}
 

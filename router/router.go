@@ -118,7 +118,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		cacheThreshold:  opts.CacheThreshold,
 		balanceAbs:      opts.BalanceAbsThreshold,
 		balanceRel:      opts.BalanceRelThreshold,
-		hotTokenUsage:   opts.CacheAwareHotTokenUsage,
+		hotTokenUsage:   opts.BalanceTokenUsageThreshold,
 		prefixLoadLimit: opts.PrefixHashLoadFactor,
 		waitingCap:      opts.LeastLoadWaitingCap,
 	}

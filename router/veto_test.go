@@ -406,3 +406,24 @@ func TestWorkerShedIsNotRetried(t *testing.T) {
 		t.Fatalf("statuses %v, retries %v: a worker's shed was retried", statuses, testutil.ToFloat64(h.r.metrics.retries))
 	}
 }
+
+// A shed names the model the request asked for, and no model when it named
+// none (never "model ”").
+func TestShedMessageNamesTheModelOnlyWhenGiven(t *testing.T) {
+	e := newEngine(t, "a", nil)
+	h := newHarness(t, func(o *Options) { o.WorkerOverloadShed = true })
+	h.apply(e.worker(vetoed(VetoOverload)))
+	for body, want := range map[string]string{
+		`{"model":"` + testModel + `","messages":[]}`: "All workers for model '" + testModel + "' are overloaded",
+		`{"messages":[]}`: "All workers are overloaded",
+	} {
+		a := h.send("/v1/chat/completions", body, "")
+		var got struct {
+			Error struct{ Message string } `json:"error"`
+		}
+		_ = json.Unmarshal([]byte(a.body), &got)
+		if a.status != http.StatusServiceUnavailable || a.errorCode() != CodeShed || got.Error.Message != want {
+			t.Errorf("%s: %d %q, want the shed answer %q", body, a.status, got.Error.Message, want)
+		}
+	}
+}
