@@ -377,3 +377,25 @@ func TestBootstrapTimeoutFailsBothLegs(t *testing.T) {
 		}
 	})
 }
+
+// The high-water marks behind GET /sim/stats: 20 requests on a window of 4
+// peak at 4 running and 16 waiting; a reset starts the marks from now.
+func TestPeaksTrackQueueAndBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := startEngine(t, testConfig(), 1)
+		var reqs []*request
+		for range 20 {
+			reqs = append(reqs, mustSubmit(t, e, 50, 5))
+		}
+		for !reqs[len(reqs)-1].done.Load() {
+			time.Sleep(time.Millisecond)
+			synctest.Wait()
+		}
+		if w, r := e.ranks[0].peaks(true); r != 4 || w != 16 {
+			t.Errorf("peaks waiting %d running %d, want 16 and 4", w, r)
+		}
+		if w, r := e.ranks[0].peaks(false); r != 0 || w != 0 {
+			t.Errorf("after a reset on an idle engine: peaks waiting %d running %d, want 0", w, r)
+		}
+	})
+}

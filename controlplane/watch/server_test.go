@@ -212,6 +212,25 @@ func TestRoutingWorkerFields(t *testing.T) {
 	}
 }
 
+// A regular worker's admission window travels as rooms (window + queue);
+// a router without a share yet holds none (-1), one with a share gets it.
+func TestRoutingWorkerAdmissionRooms(t *testing.T) {
+	w := newWorker("w1")
+	w.Admission = &registry.Admission{Window: 8, Source: "engine", Queue: 2}
+	w.WindowShare = map[string]int64{"r1": 6, "r2": 4}
+	if rw := RoutingWorker(w, "r1"); rw.AdmissionRooms != 10 || rw.WindowShare != 6 {
+		t.Fatalf("r1: rooms %d share %d, want 10 and 6", rw.AdmissionRooms, rw.WindowShare)
+	}
+	if rw := RoutingWorker(w, "r3"); rw.WindowShare != -1 {
+		t.Fatalf("r3 without a share: %d, want -1 (hold no room)", rw.WindowShare)
+	}
+	w.Admission = &registry.Admission{} // windows on, none known: never gated
+	w.WindowShare = nil
+	if rw := RoutingWorker(w, "r1"); rw.AdmissionRooms != 0 || rw.WindowShare != 0 {
+		t.Fatalf("no window: rooms %d share %d, want 0 and 0", rw.AdmissionRooms, rw.WindowShare)
+	}
+}
+
 func ptr[T any](v T) *T { return &v }
 
 func TestResume(t *testing.T) {

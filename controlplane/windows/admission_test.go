@@ -175,3 +175,52 @@ func TestLearnedWindowTracksAKVLimitedEngine(t *testing.T) {
 		}
 	})
 }
+
+// TestAllocatorShrinkBeforeGrowByClass runs the allocator's loop on fake
+// time over one regular worker with a window of 4: r1 holds all 4 rooms with
+// default-class work; r2 then waits with interactive requests. r1's share
+// shrinks at once, but r2 is granted nothing until r1 has acknowledged the
+// lower share and reported what it still holds; then r2 gets the room r1
+// gave back, ahead of r1's own waiting bulk.
+func TestAllocatorShrinkBeforeGrowByClass(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		spec := int32(4)
+		a, reg := newAdmissionAllocator(t, &smgv1.WorkerSpec{Url: "http://w1", MaxRunningRequests: &spec}, 0)
+		d := func(inFlight int64, byClass ...int64) []*smgv1.DecodeDemand {
+			var w int64
+			for _, n := range byClass {
+				w += n
+			}
+			return []*smgv1.DecodeDemand{{WorkerId: "w1", InFlight: inFlight, Waiting: w, WaitingByClass: byClass}}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go a.Run(ctx)
+		round := func() map[string]int64 {
+			time.Sleep(DefaultInterval)
+			synctest.Wait()
+			return reg.Snapshot().Get("w1").WindowShare
+		}
+		a.RouterDemand("r1", reg.Revision(), d(4), time.Now())
+		if s := round(); s["r1"] != 4 {
+			t.Fatalf("lone router: %v, want the whole window", s)
+		}
+		a.RouterDemand("r2", reg.Revision(), d(0, 0, 2, 0, 0), time.Now())
+		a.RouterDemand("r1", reg.Revision(), d(4, 0, 0, 0, 6), time.Now())
+		s := round()
+		if s["r1"] >= 4 || s["r2"] != 0 {
+			t.Fatalf("before r1's ack: %v, want r1 shrunk and r2 still without a room", s)
+		}
+		for range 4 { // r1 has not acknowledged: nothing is re-granted
+			if s = round(); s["r2"] != 0 {
+				t.Fatalf("r2 granted %d before r1 acknowledged its lower share", s["r2"])
+			}
+		}
+		// r1 applies the lower share; two of its requests finish meanwhile.
+		a.RouterDemand("r1", reg.Revision(), d(2, 0, 0, 0, 6), time.Now())
+		s = round()
+		if s["r2"] != 2 || s["r1"]+s["r2"] > 4 {
+			t.Fatalf("after r1's ack: %v, want r2's 2 interactive rooms granted first, within the window", s)
+		}
+	})
+}
