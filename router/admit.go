@@ -134,3 +134,18 @@ func (m *windowMetrics) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+// waitEnded answers a request whose wait for a room ended early: nothing
+// when the client left, router_shutting_down when the router is stopping,
+// and the shed answer when the request's own deadline passed first, so a
+// waiting request never ends without an explicit answer.
+func (r *Router) waitEnded(w http.ResponseWriter, in *http.Request, model, stage string, c prometheus.Counter) int {
+	switch {
+	case in.Context().Err() != nil:
+		return statusClientClosed
+	case r.stopping():
+		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
+		return http.StatusServiceUnavailable
+	}
+	return r.writeWindowShed(w, model, stage, c)
+}

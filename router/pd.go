@@ -102,7 +102,7 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 	case gateShed, gateTooWide, gateQueueFull:
 		return r.writeWindowShed(w, f.Model, StagePDAdmission, r.pdm.sheds)
 	case gateCanceled:
-		return statusClientClosed
+		return r.waitEnded(w, in, f.Model, StagePDAdmission, r.pdm.sheds)
 	}
 	if g.i < 0 {
 		// The decode pool emptied or went vetoed while the request waited.

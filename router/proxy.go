@@ -190,7 +190,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			case gateShed, gateTooWide, gateQueueFull:
 				return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
 			case gateCanceled:
-				return statusClientClosed
+				return r.waitEnded(w, req, f.Model, StageAdmissionWindow, r.wm.sheds)
 			}
 			v, i, out = g.v, g.i, g.out
 			if i >= 0 {

@@ -176,3 +176,26 @@ func TestWindowShareSurvivesLosingTheControlPlane(t *testing.T) {
 		t.Fatal("FailOpen kept the veto")
 	}
 }
+
+// TestWindowWaiterGetsAnAnswerWhenTheRouterStops: a request waiting for a
+// room when the router stops ends with router_shutting_down, never silence.
+func TestWindowWaiterGetsAnAnswerWhenTheRouterStops(t *testing.T) {
+	release := make(chan struct{})
+	a := holdingEngine(t, "a", release)
+	h := newHarness(t, windowsOn(PolicyRoundRobin))
+	openRelease := gateOpen(t, release)
+	h.apply(a.worker(rooms(1)))
+	first := make(chan answer, 1)
+	go func() { first <- h.post(testModel, "", "one") }()
+	waitUntil(t, func() bool { return a.hits.Load() == 1 })
+	second := make(chan answer, 1)
+	go func() { second <- h.post(testModel, "", "two") }()
+	waitUntil(t, func() bool { return h.waiters() == 1 })
+	h.r.Stop()
+	got := <-second
+	openRelease()
+	<-first
+	if got.status != http.StatusServiceUnavailable || got.errorCode() != CodeShuttingDown {
+		t.Fatalf("waiter at stop: %d %s, want 503 %s", got.status, got.body, CodeShuttingDown)
+	}
+}
