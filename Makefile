@@ -6,8 +6,9 @@ PLUGINS := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/prot
 TEST_FLAGS ?= -race -timeout 10m
 BENCH ?= .
 BENCHTIME ?= 1s
+FUZZTIME ?= 30s
 
-.PHONY: help tools generate check-generate build test lint bench run clean docs image image-test chaos
+.PHONY: help tools generate check-generate build test lint bench run clean docs image image-test chaos fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -30,6 +31,14 @@ generate: $(PLUGINS) ## lint the protos and regenerate gen/
 check-generate: generate ## fail when gen/ is stale
 	@if [ -n "$$(git status --porcelain -- gen)" ]; then \
 		echo "gen/ is stale: run 'make generate' and commit the result"; git status --porcelain -- gen; exit 1; fi
+
+fuzz: ## run every fuzz test (parsers, URL normalisation, admin input) for FUZZTIME each
+	@for f in $$(grep -rl --include='*_test.go' '^func Fuzz' . | sort); do \
+		for fn in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "== $$fn ($$(dirname $$f))"; \
+			$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f) || exit 1; \
+		done; \
+	done
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
