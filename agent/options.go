@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/smg-project/smg/internal/backoff"
+	"github.com/smg-project/smg/internal/cpconn"
 )
 
 // Defaults of Options.
@@ -27,7 +27,8 @@ const (
 
 // Options configure an Agent.
 type Options struct {
-	// ControlPlane is HOST:PORT of the control plane's gRPC port.
+	// ControlPlane is HOST:PORT of the control plane's gRPC port, or of
+	// every replica's, comma-separated (the agent follows the leader).
 	ControlPlane string
 	// Node names this agent's node; workers whose spec names it are assigned.
 	Node string
@@ -87,8 +88,8 @@ func (o Options) withDefaults() Options {
 // Validate reports every invalid option, naming its flag.
 func (o Options) Validate() error {
 	var errs []error
-	if _, _, err := net.SplitHostPort(o.ControlPlane); err != nil {
-		errs = append(errs, fmt.Errorf("--controlplane %q: want HOST:PORT of the control plane's gRPC port", o.ControlPlane))
+	if _, err := cpconn.ParseAddrs(o.ControlPlane); err != nil {
+		errs = append(errs, fmt.Errorf("--controlplane %q: want HOST:PORT of the control plane's gRPC port (several replicas: comma-separated)", o.ControlPlane))
 	}
 	if o.Node == "" {
 		errs = append(errs, errors.New("--node must not be empty"))

@@ -17,6 +17,7 @@ import (
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/backoff"
+	"github.com/smg-project/smg/internal/cpconn"
 )
 
 // closeGrace bounds how long a shutting-down agent waits for the control
@@ -30,7 +31,11 @@ func (a *Agent) connect(ctx context.Context) error {
 	if creds == nil {
 		creds = insecure.NewCredentials()
 	}
-	conn, err := grpc.NewClient(a.opts.ControlPlane,
+	addrs, err := cpconn.ParseAddrs(a.opts.ControlPlane)
+	if err != nil {
+		return err
+	}
+	conn, err := cpconn.Dial(addrs, a.log,
 		grpc.WithTransportCredentials(creds),
 		// Notice a dead control plane, or a dead link, within seconds.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}),

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane/admin"
 	"github.com/smg-project/smg/controlplane/agentsvc"
+	"github.com/smg-project/smg/controlplane/cluster"
 	"github.com/smg-project/smg/controlplane/health"
 	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/judge"
@@ -70,6 +72,9 @@ type Options struct {
 	AdmissionQueue int
 	// Now is the clock of every component (nil: time.Now); tests inject one.
 	Now func() time.Time
+	// Cluster: --data-dir and the replication flags; without a data dir the
+	// registry is in memory.
+	Cluster cluster.Options
 }
 
 // DefaultOptions returns the spec's defaults.
@@ -80,6 +85,7 @@ func DefaultOptions() Options {
 		Health:              health.DefaultOptions(),
 		Liveness:            judge.DefaultLivenessConfig(),
 		RegistrationTimeout: 30 * time.Second,
+		Cluster:             cluster.DefaultOptions(),
 	}
 }
 
@@ -107,6 +113,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.AdmissionQueue, "worker-admission-queue", o.AdmissionQueue,
 		"requests allowed to wait in an engine beyond its running window under --worker-admission-window (>= 0)")
 	fs.DurationVar(&o.RegistrationTimeout, "registration-timeout", o.RegistrationTimeout, "how long registration tries to reach a new engine before the registration fails")
+	o.Cluster.AddFlags(fs)
 }
 
 // Validate reports the first invalid option with a clear message.
@@ -129,7 +136,7 @@ func (o Options) Validate() error {
 	if o.RegistrationTimeout <= 0 {
 		return fmt.Errorf("--registration-timeout must be positive, got %s", o.RegistrationTimeout)
 	}
-	return nil
+	return o.Cluster.Validate()
 }
 
 // ControlPlane is a running control plane's components.
@@ -145,7 +152,11 @@ type ControlPlane struct {
 	Liveness *liveness.Tracker
 	Windows  *windows.Allocator
 	Agents   *agentsvc.Server
-	metrics  *prometheus.Registry
+	// Cluster is the Raft node (nil: in memory, always leading); Forward is
+	// the admin API that hands calls to the leader.
+	Cluster *cluster.Node
+	Forward *cluster.Forwarder
+	metrics *prometheus.Registry
 
 	rest       http.Handler
 	grpcHealth *grpchealth.Server
@@ -166,6 +177,24 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	collector := ingest.NewCollector(cp.Registry)
 	if err := reg.Register(collector); err != nil {
 		return nil, err
+	}
+	var committer admin.Committer
+	if opts.Cluster.Enabled() {
+		node, err := cluster.Open(opts.Cluster, cp.Registry, resolver(opts.Thresholds), opts.AdminAPIKey, log)
+		if err != nil {
+			return nil, err
+		}
+		if err := node.RegisterMetrics(reg); err != nil {
+			_ = node.Close()
+			return nil, err
+		}
+		cp.Cluster, committer = node, node
+	} else {
+		log.Info("No --data-dir: the worker registry is in memory, and registrations are lost when the control plane restarts")
+		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "smg_controlplane_is_leader",
+			Help: "1 while this control plane leads (runs the monitor, health checks, verdicts and the watch stream)."}, func() float64 { return 1 })); err != nil {
+			return nil, err
+		}
 	}
 	// Collaborators go to the constructors, in dependency order; every
 	// component takes the one clock, opts.Now.
@@ -189,7 +218,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp.Admin = admin.New(cp.Registry, admin.Options{
 		APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout,
 		URL:     workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers},
-		Routers: cp.Watch, OnRemove: collector.Removed, Now: opts.Now,
+		Routers: cp.Watch, OnRemove: collector.Removed, Now: opts.Now, Committer: committer,
 	}, resolver(opts.Thresholds), client, log)
 	auth := agentsvc.TokenAuth{Shared: opts.AgentToken}
 	if opts.AgentTokenFile != "" {
@@ -217,7 +246,12 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 			cp.Monitor.PollNow(ids...)
 		},
 	}, log)
-	rest, err := admin.RESTHandler(cp.Admin)
+	var api smgv1.WorkerServiceServer = cp.Admin
+	if cp.Cluster != nil {
+		cp.Forward = cluster.NewForwarder(cp.Admin, cp.Cluster)
+		api = cp.Forward
+	}
+	rest, err := admin.RESTHandlerWith(cp.Admin, api)
 	if err != nil {
 		return nil, err
 	}
@@ -253,7 +287,11 @@ func newEpoch() string {
 // health service and server reflection so stock tools (grpcurl,
 // grpc-health-probe, buf curl) work against it.
 func (cp *ControlPlane) RegisterGRPC(s *grpc.Server) {
-	cp.Admin.RegisterGRPC(s)
+	if cp.Forward != nil {
+		cp.Admin.RegisterGRPCWith(s, cp.Forward)
+	} else {
+		cp.Admin.RegisterGRPC(s)
+	}
 	smgv1.RegisterWatchServiceServer(s, cp.Watch)
 	smgv1.RegisterAgentServiceServer(s, cp.Agents)
 	cp.grpcHealth = grpchealth.NewServer()
@@ -261,10 +299,34 @@ func (cp *ControlPlane) RegisterGRPC(s *grpc.Server) {
 	reflection.Register(s)
 }
 
-// AdminRoutes mounts the REST admin routes and /loads on mux.
+// ServerOptions are the gRPC server options the control plane needs: a
+// replica serves watch and agent streams only while it leads.
+func (cp *ControlPlane) ServerOptions() []grpc.ServerOption {
+	if cp.Cluster == nil {
+		return nil
+	}
+	return []grpc.ServerOption{grpc.ChainStreamInterceptor(cp.Cluster.StreamInterceptor())}
+}
+
+// Listening tells a replicated control plane the ports it serves on, which
+// it announces to the cluster (routers and agents are sent there).
+func (cp *ControlPlane) Listening(grpcAddr, httpAddr net.Addr) {
+	if cp.Cluster == nil {
+		return
+	}
+	_, gp, _ := net.SplitHostPort(grpcAddr.String())
+	_, hp, _ := net.SplitHostPort(httpAddr.String())
+	cp.Cluster.Advertise(gp, hp)
+}
+
+// AdminRoutes mounts the REST admin routes and /loads on mux (and the
+// cluster's routes when replicated).
 func (cp *ControlPlane) AdminRoutes(mux *http.ServeMux) {
 	for _, p := range []string{"/workers", "/workers/", "/loads", "/jobs", "/routers"} {
 		mux.Handle(p, cp.rest)
+	}
+	if cp.Cluster != nil {
+		cp.Cluster.Routes(mux)
 	}
 }
 
@@ -280,8 +342,17 @@ func (cp *ControlPlane) HTTPHandler() http.Handler {
 }
 
 // SubmitStatic starts the registration of every --worker-urls engine; an
-// invalid or duplicate URL is an error at startup.
+// invalid or duplicate URL is an error at startup. A replicated control plane
+// checks them now and registers them when it leads (those not yet stored).
 func (cp *ControlPlane) SubmitStatic() error {
+	if cp.Cluster != nil {
+		_, err := PDSpecs(cp.opts.PrefillURLs, cp.opts.DecodeURLs)
+		return err
+	}
+	return cp.submitStatic()
+}
+
+func (cp *ControlPlane) submitStatic() error {
 	var errs []error
 	for _, u := range cp.opts.WorkerURLs {
 		if _, err := cp.Admin.Submit(&smgv1.WorkerSpec{Url: u}); err != nil {
@@ -321,9 +392,55 @@ func PDSpecs(prefill, decode []string) ([]*smgv1.WorkerSpec, error) {
 	return specs, nil
 }
 
-// Run runs the background loops until ctx ends, then says goodbye to the
-// watching routers and stops.
-func (cp *ControlPlane) Run(ctx context.Context) {
+// Run runs the background loops until ctx ends (a replica: while it
+// leads), then says goodbye to the watching routers and stops. A replica
+// that cannot join its cluster returns the reason.
+func (cp *ControlPlane) Run(ctx context.Context) error {
+	var err error
+	if cp.Cluster == nil {
+		cp.Lead(ctx)
+	} else {
+		err = cp.Cluster.Run(ctx, cp)
+		cp.Cluster.Handover()
+	}
+	if cp.grpcHealth != nil {
+		cp.grpcHealth.Shutdown() // NOT_SERVING: probes and clients move on
+	}
+	cp.Watch.Close()
+	cp.Agents.Close()
+	cp.Admin.Close()
+	if cp.Cluster != nil {
+		cp.Forward.Close()
+		err = errors.Join(err, cp.Cluster.Close())
+	}
+	return err
+}
+
+// Prepare readies a replica that was elected leader in term: a new watch
+// epoch (routers take a full snapshot, never mixing two leaders'
+// revisions), every stored worker presumed Ready with no veto until its
+// first probe or report (the fail-open direction: never an empty or
+// half-judged fleet), and the registrations its predecessor accepted
+// resumed.
+func (cp *ControlPlane) Prepare(term uint64) {
+	cp.Registry.SetEpoch(fmt.Sprintf("%s-t%d", cp.Cluster.ID(), term))
+	_, _ = cp.Registry.Update(func(t *registry.Txn) error {
+		for _, w := range t.Workers() {
+			t.Insert(w.Presumed())
+		}
+		return nil
+	})
+	cp.Admin.ResumeJobs()
+}
+
+// Lead runs the leader's loops (load monitor, health checks, liveness
+// sweep, window allocator, report ingest) until ctx ends.
+func (cp *ControlPlane) Lead(ctx context.Context) {
+	if cp.Cluster != nil {
+		if err := cp.submitStatic(); err != nil {
+			cp.log.Debug("Static workers already stored", "detail", err.Error())
+		}
+	}
 	var wg sync.WaitGroup
 	wg.Add(5)
 	go func() { defer wg.Done(); cp.Ingest.Run(ctx, ingest.DefaultFlushInterval) }()
@@ -332,11 +449,23 @@ func (cp *ControlPlane) Run(ctx context.Context) {
 	go func() { defer wg.Done(); cp.Health.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Liveness.Run(ctx) }()
 	<-ctx.Done()
-	if cp.grpcHealth != nil {
-		cp.grpcHealth.Shutdown() // NOT_SERVING: probes and clients move on
-	}
-	cp.Watch.Close()
-	cp.Agents.Close()
-	cp.Admin.Close()
 	wg.Wait()
+	if cp.Cluster != nil {
+		cp.demote()
+	}
+}
+
+// demote drops the soft state of a replica that stopped leading: its
+// verdicts and evidence are no one's truth any more (the next leader
+// rebuilds its own), and a later term of its own starts clean.
+func (cp *ControlPlane) demote() {
+	_, _ = cp.Registry.Update(func(t *registry.Txn) error {
+		for _, w := range t.Workers() {
+			p := w.Presumed()
+			p.Health = registry.HealthPending
+			t.Insert(p)
+		}
+		return nil
+	})
+	cp.Liveness.Sweep(time.Now()) // drops the evidence of every worker not Ready
 }

@@ -24,7 +24,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	opts := agent.DefaultOptions()
 	host, _ := os.Hostname()
 	var engines cli.List
-	fs.StringVar(&opts.ControlPlane, "controlplane", opts.ControlPlane, "HOST:PORT of the control plane's gRPC port")
+	fs.StringVar(&opts.ControlPlane, "controlplane", opts.ControlPlane, "HOST:PORT of the control plane's gRPC port; the replicas of a replicated control plane comma-separated (the agent follows the leader)")
 	fs.StringVar(&opts.Node, "node", host, "name of this node; the control plane assigns it the workers registered with this node")
 	fs.Var(&engines, "engine-urls", "engines on this node, space-separated after one flag or repeated (e.g. http://127.0.0.1:8000)")
 	fs.BoolVar(&opts.Register, "register", false, "register the --engine-urls engines with the control plane under this node's name")

@@ -85,8 +85,9 @@ func openControlPlane(opts controlplane.Options, log *slog.Logger, metrics *prom
 		grpcLn.Close()
 		return nil, err
 	}
-	gs := newGRPCServer(ts.grpcServerOptions()...)
+	gs := newGRPCServer(append(ts.grpcServerOptions(), cp.ServerOptions()...)...)
 	cp.RegisterGRPC(gs)
+	cp.Listening(grpcLn.Addr(), httpLn.Addr())
 	return &servingControlPlane{cp: cp, httpLn: httpLn, grpcLn: grpcLn, grpc: gs}, nil
 }
 
@@ -105,6 +106,6 @@ func checkExposure(log *slog.Logger, metrics prometheus.Registerer, opts control
 // run starts the control plane's loops and its gRPC server in g; the HTTP
 // port is the caller's to serve.
 func (s *servingControlPlane) run(ctx context.Context, g *errgroup.Group) {
-	g.Go(func() error { s.cp.Run(ctx); return nil })
+	g.Go(func() error { return s.cp.Run(ctx) })
 	g.Go(func() error { return serveGRPC(ctx, s.grpcLn, s.grpc, 5*time.Second) })
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/smg-project/smg/controlplane"
 	"github.com/smg-project/smg/internal/backoff"
 	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/internal/cpconn"
 	"github.com/smg-project/smg/internal/promreg"
 	"github.com/smg-project/smg/router"
 	"github.com/smg-project/smg/router/watchclient"
@@ -42,7 +44,7 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := cli.NewFlagSet("router", "A stateless OpenAI-compatible router. It routes on the fleet snapshot the control\nplane pushes over the watch stream, skips vetoed workers, and steers or sheds.", stdout)
 	var c common
 	c.addFlags(fs, 30000)
-	cpAddr := fs.String("controlplane", "127.0.0.1:30002", "control plane gRPC address HOST:PORT")
+	cpAddr := fs.String("controlplane", "127.0.0.1:30002", "control plane gRPC address HOST:PORT; the replicas of a replicated control plane comma-separated (the router follows the leader)")
 	var rf routerFlags
 	rf.addFlags(fs)
 	ropts := router.DefaultOptions()
@@ -72,7 +74,7 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	conn, err := dialControlPlane(*cpAddr, ts.controlPlaneCreds())
+	conn, err := dialControlPlane(*cpAddr, ts.controlPlaneCreds(), log)
 	if err != nil {
 		ln.Close()
 		return err
@@ -100,8 +102,14 @@ func watchOptions(rf routerFlags, ropts router.Options) watchclient.Options {
 	return watchclient.Options{RouterID: rf.id, Token: rf.watchToken, StaleAfter: time.Duration(ropts.WorkerStaleSecs) * time.Second}
 }
 
-func dialControlPlane(addr string, creds credentials.TransportCredentials) (*grpc.ClientConn, error) {
-	return grpc.NewClient(addr,
+// dialControlPlane connects to the control plane's replicas (one or more,
+// comma-separated) and follows the leader among them.
+func dialControlPlane(addrs string, creds credentials.TransportCredentials, log *slog.Logger) (*cpconn.Conn, error) {
+	list, err := cpconn.ParseAddrs(addrs)
+	if err != nil {
+		return nil, err
+	}
+	return cpconn.Dial(list, log,
 		grpc.WithTransportCredentials(creds),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}),
 		// Redial a control plane that comes back within about a second.
@@ -154,7 +162,7 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	// The in-process router reaches the control plane over its own gRPC port,
 	// trusting exactly the certificate this process serves.
-	conn, err := dialControlPlane(dialAddr(cps.grpcLn), ts.selfCreds())
+	conn, err := dialControlPlane(dialAddr(cps.grpcLn), ts.selfCreds(), log)
 	if err != nil {
 		return err
 	}

@@ -34,7 +34,11 @@ func (s *Service) allowed(vals []string) bool {
 // RegisterGRPC serves the admin service on gs with the key checked for
 // every method of WorkerService's descriptor but the public ones, before
 // the request is decoded.
-func (s *Service) RegisterGRPC(gs grpc.ServiceRegistrar) {
+func (s *Service) RegisterGRPC(gs grpc.ServiceRegistrar) { s.RegisterGRPCWith(gs, s) }
+
+// RegisterGRPCWith registers impl (a front of s, such as a replica's
+// forwarder to its leader) behind s's key check.
+func (s *Service) RegisterGRPCWith(gs grpc.ServiceRegistrar, impl smgv1.WorkerServiceServer) {
 	desc := smgv1.WorkerService_ServiceDesc
 	desc.Methods = make([]grpc.MethodDesc, len(smgv1.WorkerService_ServiceDesc.Methods))
 	for i, m := range smgv1.WorkerService_ServiceDesc.Methods {
@@ -52,7 +56,7 @@ func (s *Service) RegisterGRPC(gs grpc.ServiceRegistrar) {
 	if len(desc.Streams) > 0 {
 		panic("admin: WorkerService has streams; guard them in RegisterGRPC")
 	}
-	gs.RegisterService(&desc, s)
+	gs.RegisterService(&desc, impl)
 }
 
 // requireKey guards the REST routes: the key is checked before the body is

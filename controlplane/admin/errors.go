@@ -70,3 +70,34 @@ func errorInfo(st *status.Status) *errdetails.ErrorInfo {
 	}
 	return nil
 }
+
+// Reasons of the 503 answers of a replicated control plane.
+const (
+	CodeNoLeader       = "NO_LEADER"
+	CodeOutcomeUnknown = "OUTCOME_UNKNOWN"
+)
+
+// RetryAfterSecs is the Retry-After of a write refused for want of a leader:
+// an election takes about a second.
+const RetryAfterSecs = 1
+
+// ErrNoLeader refuses a write that was not made because this control plane
+// does not lead (and no leader was reachable): 503 with Retry-After.
+func ErrNoLeader(msg string) error {
+	return unavailable(CodeNoLeader, msg)
+}
+
+// ErrOutcomeUnknown answers a write that entered the log but whose commit
+// was not seen, because leadership changed: it may be stored.
+func ErrOutcomeUnknown(msg string) error {
+	return unavailable(CodeOutcomeUnknown, msg)
+}
+
+func unavailable(reason, msg string) error {
+	st := status.New(codes.Unavailable, msg)
+	info := &errdetails.ErrorInfo{Reason: reason, Domain: errorDomain, Metadata: map[string]string{"retry_after": fmt.Sprint(RetryAfterSecs)}}
+	if withInfo, err := st.WithDetails(info); err == nil {
+		st = withInfo
+	}
+	return st.Err()
+}

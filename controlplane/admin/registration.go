@@ -13,6 +13,7 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/identity"
+	"google.golang.org/protobuf/proto"
 )
 
 // startRegistration runs a job in the background: resolve the overload
@@ -28,30 +29,19 @@ func (s *Service) startRegistration(job *registry.Job) {
 			s.setJob(job, "failed", err.Error())
 			return
 		}
-		s.setJob(job, "done", "registered")
 	}()
 }
 
 func (s *Service) setJob(job *registry.Job, state, msg string) {
-	_, err := s.reg.Update(func(t *registry.Txn) error {
-		cur := t.Job(job.WorkerID)
-		if cur == nil || cur.Spec != job.Spec {
-			return nil // superseded (the worker was deleted or re-registered)
-		}
-		c := *cur
-		c.State, c.Message, c.UpdatedAt = state, msg, s.now()
-		t.PutJob(&c)
-		return nil
-	})
-	if err != nil {
-		s.log.Error("Registration job state not stored", "worker_id", job.WorkerID, "state", state, "error", err)
+	c := &Change{Op: OpJob, WorkerID: job.WorkerID, Token: job.Token, State: state, Message: msg, At: s.now()}
+	if _, err := s.commit.Commit(s.ctx, c); err != nil {
+		s.log.Warn("Registration job state not stored", "worker_id", job.WorkerID, "state", state, "reason", err.Error())
 	}
 }
 
 func (s *Service) register(job *registry.Job) error {
 	spec := job.Spec
-	th, err := s.resolve(spec.GetOverload())
-	if err != nil {
+	if _, err := s.resolve(spec.GetOverload()); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.RegistrationTimeout)
@@ -61,37 +51,28 @@ func (s *Service) register(job *registry.Job) error {
 		return err
 	}
 	stored := s.withBootstrapPort(ctx, spec)
-	var old *registry.Worker
-	_, err = s.reg.Update(func(t *registry.Txn) error {
-		if cur := t.Job(job.WorkerID); cur == nil || cur.Spec != spec {
-			return errors.New("registration superseded")
-		}
-		if other := t.GetByURL(spec.GetUrl()); other != nil && other.ID != job.WorkerID {
-			return fmt.Errorf("a worker with url %q already exists", spec.GetUrl())
-		}
-		w := &registry.Worker{ID: job.WorkerID, Health: registry.HealthPending}
-		if old = t.Get(job.WorkerID); old != nil {
-			if job.Kind != "replace" {
-				return fmt.Errorf("worker %s already exists", job.WorkerID)
-			}
-			w = old.Clone()
-			if old.Spec.GetUrl() != spec.GetUrl() {
-				w.Health, w.Load, w.AgentNode = registry.HealthPending, nil, ""
-			}
-			clearOverload(w) // a replaced worker starts with no overload veto
-		} else if job.Kind == "replace" {
-			return fmt.Errorf("worker %s was removed", job.WorkerID)
-		}
-		w.Spec, w.Model, w.Type, w.Thresholds = stored, model, workerType(spec), th
-		t.Insert(w)
-		return nil
-	})
+	b, err := proto.Marshal(stored)
+	if err != nil {
+		return err
+	}
+	old, err := s.commit.Commit(s.ctx, &Change{Op: OpRegister, WorkerID: job.WorkerID, Token: job.Token, Spec: b, Model: model, At: s.now()})
 	if err != nil {
 		return err
 	}
 	s.removed(old) // the replaced record's series and state go
 	s.log.Info("Worker registered", "worker_id", job.WorkerID, "url", spec.GetUrl(), "model", model, "kind", job.Kind)
 	return nil
+}
+
+// ResumeJobs restarts every registration still pending or processing: a
+// new leader finishes the jobs its predecessor accepted.
+func (s *Service) ResumeJobs() {
+	for _, j := range s.reg.Snapshot().Jobs() {
+		if j.State == "pending" || j.State == "processing" {
+			s.log.Info("Resuming a registration accepted before the leader changed", "worker_id", j.WorkerID, "url", j.URL)
+			s.startRegistration(j)
+		}
+	}
 }
 
 func workerType(spec *smgv1.WorkerSpec) string {

@@ -23,7 +23,11 @@ const MaxBodyBytes = 1 << 20
 
 // RESTHandler serves the admin routes of smg_http.yaml with the spec's
 // snake_case JSON, in requests and responses, behind the admin key.
-func RESTHandler(svc *Service) (http.Handler, error) {
+func RESTHandler(svc *Service) (http.Handler, error) { return RESTHandlerWith(svc, svc) }
+
+// RESTHandlerWith serves impl (a front of svc, such as a replica's forwarder
+// to its leader) behind svc's key check.
+func RESTHandlerWith(svc *Service, impl smgv1.WorkerServiceServer) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
@@ -31,15 +35,24 @@ func RESTHandler(svc *Service) (http.Handler, error) {
 		}),
 		runtime.WithForwardResponseOption(setStatus),
 		runtime.WithOutgoingHeaderMatcher(func(key string) (string, bool) {
-			if key == "location" {
+			switch key {
+			case "location":
 				return "Location", true
+			case "smg-stale": // an answer from a replica that does not lead
+				return "X-Smg-Stale", true
 			}
 			return "", false
+		}),
+		runtime.WithIncomingHeaderMatcher(func(key string) (string, bool) {
+			if strings.EqualFold(key, "X-Smg-Read") { // "local": this replica's view
+				return "smg-read", true
+			}
+			return runtime.DefaultHeaderMatcher(key)
 		}),
 		runtime.WithErrorHandler(writeError),
 		runtime.WithRoutingErrorHandler(routingError),
 	)
-	if err := smgv1.RegisterWorkerServiceHandlerServer(context.Background(), mux, svc); err != nil {
+	if err := smgv1.RegisterWorkerServiceHandlerServer(context.Background(), mux, impl); err != nil {
 		return nil, err
 	}
 	return svc.requireKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -145,6 +158,9 @@ func writeError(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w h
 	}
 	code := runtime.HTTPStatusFromCode(st.Code())
 	reason := info.GetReason()
+	if ra := info.GetMetadata()["retry_after"]; ra != "" {
+		w.Header().Set("Retry-After", ra)
+	}
 	typ := "invalid_request_error"
 	switch {
 	case st.Code() == codes.InvalidArgument && info == nil && strings.Contains(st.Message(), "request body too large"):
@@ -155,6 +171,8 @@ func writeError(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w h
 		code = http.StatusConflict
 	case st.Code() == codes.Unauthenticated:
 		typ = "authentication_error"
+	case st.Code() == codes.Unavailable:
+		typ = "server_error"
 	case reason == "":
 		reason = st.Code().String()
 		typ = "server_error"

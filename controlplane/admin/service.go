@@ -50,6 +50,9 @@ type Options struct {
 	OnRemove func(old *registry.Worker)
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
+	// Committer makes admin changes durable; nil applies them to the
+	// registry at once (in memory).
+	Committer Committer
 }
 
 // Service implements smgv1.WorkerServiceServer.
@@ -57,6 +60,7 @@ type Service struct {
 	smgv1.UnimplementedWorkerServiceServer
 
 	reg      *registry.Registry
+	commit   Committer
 	opts     Options
 	resolve  ThresholdResolver
 	client   *http.Client
@@ -81,7 +85,11 @@ func New(reg *registry.Registry, opts Options, resolve ThresholdResolver, client
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Service{reg: reg, opts: opts, resolve: resolve, client: client, log: log, now: opts.Now,
+	commit := opts.Committer
+	if commit == nil {
+		commit = Local{Reg: reg, Resolve: resolve}
+	}
+	return &Service{reg: reg, commit: commit, opts: opts, resolve: resolve, client: client, log: log, now: opts.Now,
 		routers: opts.Routers, onRemove: opts.OnRemove, ctx: ctx, cancel: cancel}
 }
 
@@ -115,7 +123,7 @@ func (s *Service) CreateWorker(ctx context.Context, req *smgv1.CreateWorkerReque
 	if err := s.refuseSMG(ctx, spec.GetUrl()); err != nil {
 		return nil, err
 	}
-	id, err := s.submit(spec)
+	id, err := s.submit(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +140,7 @@ func (s *Service) Submit(spec *smgv1.WorkerSpec) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return s.submit(spec)
+	return s.submit(s.ctx, spec)
 }
 
 // prepare returns a validated copy of spec with its URL in canonical form.
@@ -150,24 +158,32 @@ func (s *Service) prepare(spec *smgv1.WorkerSpec) (*smgv1.WorkerSpec, error) {
 	return spec, nil
 }
 
-func (s *Service) submit(spec *smgv1.WorkerSpec) (string, error) {
+func (s *Service) submit(ctx context.Context, spec *smgv1.WorkerSpec) (string, error) {
 	id := WorkerID(spec.GetUrl())
-	job := &registry.Job{WorkerID: id, URL: spec.GetUrl(), Kind: "create", State: "pending", UpdatedAt: s.now(), Spec: spec}
-	_, err := s.reg.Update(func(t *registry.Txn) error {
-		if t.GetByURL(spec.GetUrl()) != nil || t.Get(id) != nil {
-			return errExists(spec.GetUrl())
-		}
-		if j := t.Job(id); j != nil && (j.State == "pending" || j.State == "processing") {
-			return errExists(spec.GetUrl())
-		}
-		t.PutJob(job)
-		return nil
-	})
+	job, err := s.startJob(ctx, id, "create", spec)
 	if err != nil {
 		return "", err
 	}
 	s.startRegistration(job)
 	return id, nil
+}
+
+// startJob commits the start of a registration job and returns it.
+func (s *Service) startJob(ctx context.Context, id, kind string, spec *smgv1.WorkerSpec) (*registry.Job, error) {
+	b, err := proto.Marshal(spec)
+	if err != nil {
+		return nil, errBadRequest("spec", "spec: %v", err)
+	}
+	c := &Change{Op: OpSubmit, WorkerID: id, Token: newToken(), Kind: kind, Spec: b, At: s.now()}
+	if _, err := s.commit.Commit(ctx, c); err != nil {
+		return nil, err
+	}
+	job := s.reg.Snapshot().Job(id)
+	if job == nil || job.Token != c.Token {
+		// Applied, then superseded already: run nothing, the later change wins.
+		return nil, errInProgress(id)
+	}
+	return job, nil
 }
 
 func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerRequest) (*smgv1.ReplaceWorkerResponse, error) {
@@ -179,20 +195,7 @@ func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerReq
 		return nil, err
 	}
 	id := req.GetWorkerId()
-	job := &registry.Job{WorkerID: id, URL: spec.GetUrl(), Kind: "replace", State: "pending", UpdatedAt: s.now(), Spec: spec}
-	_, err = s.reg.Update(func(t *registry.Txn) error {
-		if t.Get(id) == nil {
-			return errNotFound(id)
-		}
-		if other := t.GetByURL(spec.GetUrl()); other != nil && other.ID != id {
-			return errExists(spec.GetUrl())
-		}
-		if j := t.Job(id); j != nil && (j.State == "pending" || j.State == "processing") {
-			return errInProgress(id)
-		}
-		t.PutJob(job)
-		return nil
-	})
+	job, err := s.startJob(ctx, id, "replace", spec)
 	if err != nil {
 		return nil, err
 	}
@@ -212,43 +215,16 @@ func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerReque
 		return nil, err
 	}
 	id := req.GetWorkerId()
-	var url string
-	_, err := s.reg.Update(func(t *registry.Txn) error {
-		w := t.Get(id)
-		if w == nil {
-			return errNotFound(id)
-		}
-		c := w.Clone()
-		spec := proto.Clone(w.Spec).(*smgv1.WorkerSpec)
-		if u.Priority != nil {
-			spec.Priority = u.Priority
-		}
-		if u.Cost != nil {
-			spec.Cost = u.Cost
-		}
-		if u.Labels != nil {
-			spec.Labels = u.Labels
-		}
-		if u.ApiKey != nil {
-			spec.ApiKey = u.GetApiKey()
-		}
-		if u.LoadMonitorIntervalSecs != nil {
-			spec.LoadMonitorIntervalSecs = u.LoadMonitorIntervalSecs
-		}
-		if u.MaxRunningRequests != nil {
-			spec.MaxRunningRequests = u.MaxRunningRequests
-		}
-		if u.Node != nil {
-			spec.Node = u.GetNode()
-		}
-		c.Spec = spec
-		clearOverload(c) // the spec: PATCH replaces the worker, which clears its overload veto
-		url = spec.GetUrl()
-		t.Insert(c)
-		return nil
-	})
+	b, err := proto.Marshal(u)
 	if err != nil {
+		return nil, errBadRequest("update", "update: %v", err)
+	}
+	if _, err := s.commit.Commit(ctx, &Change{Op: OpUpdate, WorkerID: id, Update: b, At: s.now()}); err != nil {
 		return nil, err
+	}
+	var url string
+	if w := s.reg.Get(id); w != nil {
+		url = w.Spec.GetUrl()
 	}
 	loc := "/workers/" + id
 	accepted(ctx, loc)
@@ -257,7 +233,7 @@ func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerReque
 
 func (s *Service) DeleteWorker(ctx context.Context, req *smgv1.DeleteWorkerRequest) (*smgv1.DeleteWorkerResponse, error) {
 	id := req.GetWorkerId()
-	url, err := s.remove(id)
+	url, err := s.remove(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -270,21 +246,12 @@ func (s *Service) DeleteWorker(ctx context.Context, req *smgv1.DeleteWorkerReque
 // Remove deletes a worker without the admin key: the control plane's own
 // clean-up (the workers of an agent gone for good).
 func (s *Service) Remove(id string) error {
-	_, err := s.remove(id)
+	_, err := s.remove(s.ctx, id)
 	return err
 }
 
-func (s *Service) remove(id string) (string, error) {
-	var old *registry.Worker
-	_, err := s.reg.Update(func(t *registry.Txn) error {
-		old = t.Get(id)
-		if old == nil {
-			return errNotFound(id)
-		}
-		t.DeleteJob(id)
-		t.Delete(id)
-		return nil
-	})
+func (s *Service) remove(ctx context.Context, id string) (string, error) {
+	old, err := s.commit.Commit(ctx, &Change{Op: OpDelete, WorkerID: id, At: s.now()})
 	if err != nil {
 		return "", err
 	}

@@ -140,6 +140,9 @@ func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) {
 			defer wg.Done()
 			ok, why := c.probe(ctx, st.url, apiKey)
 			if ctx.Err() != nil {
+				c.mu.Lock()
+				st.inFlight = false // a later Run (the next term) probes it again
+				c.mu.Unlock()
 				return
 			}
 			c.record(id, st, ok, why)

@@ -114,6 +114,13 @@ func (w *Worker) Veto() (smgv1.Veto, string) {
 	return smgv1.Veto_VETO_UNSPECIFIED, ""
 }
 
+// Presumed returns a copy with the soft state of a worker nobody has judged
+// yet under a new leader: Ready, no load, no veto, no shares (the fail-open
+// direction), until its first probe or report says otherwise.
+func (w *Worker) Presumed() *Worker {
+	return &Worker{ID: w.ID, Spec: w.Spec, Model: w.Model, Type: w.Type, Thresholds: w.Thresholds, Health: HealthHealthy, ContactSeq: w.ContactSeq}
+}
+
 // Clone returns a shallow copy to modify before Insert.
 func (w *Worker) Clone() *Worker {
 	c := *w
@@ -129,6 +136,9 @@ type Job struct {
 	Message   string
 	UpdatedAt time.Time
 	Spec      *smgv1.WorkerSpec
+	// Token names this attempt, so that a later change of an older attempt
+	// (on this replica or another) is recognised as superseded.
+	Token string
 }
 
 const (
@@ -313,8 +323,20 @@ func New(epoch string, historyCap int) *Registry {
 		notify: make(chan struct{}), members: make(chan struct{})}
 }
 
-// Epoch identifies this registry's lifetime.
-func (r *Registry) Epoch() string { return r.epoch }
+// Epoch identifies this registry's lifetime (or its leader's term).
+func (r *Registry) Epoch() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.epoch
+}
+
+// SetEpoch starts a new epoch: a replica that becomes leader names its term,
+// so that a router never mixes revisions from two leaders.
+func (r *Registry) SetEpoch(epoch string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.epoch = epoch
+}
 
 // Revision is the revision of the last commit.
 func (r *Registry) Revision() uint64 {
@@ -446,6 +468,9 @@ func (t *Txn) DeleteJob(id string) {
 // Job returns a worker's job, or nil.
 func (t *Txn) Job(id string) *Job { return getJob(t.txn, id) }
 
+// Jobs returns every retained job.
+func (t *Txn) Jobs() []*Job { return listJobs(t.txn) }
+
 // mark records a changed worker. A slice, not a map: most transactions change
 // one worker, and a bulk one is rare enough for the linear search.
 func (t *Txn) mark(id string, deleted, loadOnly bool) {
@@ -522,8 +547,10 @@ func (s *Snapshot) Workers() []*Worker { return listWorkers(s.txn) }
 func (s *Snapshot) Job(id string) *Job { return getJob(s.txn, id) }
 
 // Jobs returns every retained job.
-func (s *Snapshot) Jobs() []*Job {
-	it, err := s.txn.Get(tableJobs, "id")
+func (s *Snapshot) Jobs() []*Job { return listJobs(s.txn) }
+
+func listJobs(txn *memdb.Txn) []*Job {
+	it, err := txn.Get(tableJobs, "id")
 	must(err)
 	var out []*Job
 	for o := it.Next(); o != nil; o = it.Next() {

@@ -1,0 +1,491 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+
+	"github.com/smg-project/smg/controlplane/admin"
+	"github.com/smg-project/smg/controlplane/registry"
+)
+
+// Leader is what a node runs while it leads.
+type Leader interface {
+	// Prepare readies the replica to lead in term (its soft state, its
+	// epoch) before it takes any stream.
+	Prepare(term uint64)
+	// Lead runs the leader's loops until ctx ends (leadership lost).
+	Lead(ctx context.Context)
+}
+
+// Node is one replica of the control plane's registry.
+type Node struct {
+	opts  Options
+	id    string
+	log   *slog.Logger
+	raft  *raft.Raft
+	fsm   *fsm
+	store *raftboltdb.BoltStore
+	trans *raft.NetworkTransport
+	obs   *raft.Observer
+
+	notify   chan bool
+	observed chan raft.Observation
+	adminKey string
+
+	mu       sync.Mutex
+	self     Member
+	leading  bool            // Prepare done: streams and writes are taken
+	leadCtx  context.Context // ends when leadership ends
+	ready    chan struct{}   // closed when this node takes up leading
+	term     uint64
+	changes  int // leader changes seen (metrics)
+	closed   bool
+	shutdown chan struct{}
+}
+
+// nodeFile records which node a data dir belongs to.
+type nodeFile struct {
+	NodeID string `json:"node_id"`
+}
+
+const (
+	nodeFileName = "node.json"
+	logFileName  = "raft.db"
+)
+
+// Open opens (or creates) the node's data dir and starts its Raft
+// instance. The registry is the one the FSM applies changes to; resolve
+// resolves a spec's thresholds as the admin API does.
+func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver, adminKey string, log *slog.Logger) (*Node, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	n := &Node{opts: opts, id: opts.nodeID(), log: log, fsm: newFSM(reg, resolve), adminKey: adminKey,
+		notify: make(chan bool, 16), observed: make(chan raft.Observation, 16), shutdown: make(chan struct{}), ready: make(chan struct{})}
+	if err := n.claimDataDir(); err != nil {
+		return nil, err
+	}
+	dir := opts.DataDir
+	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, logFileName), BoltOptions: &bbolt.Options{Timeout: time.Second}})
+	if err != nil {
+		return nil, fmt.Errorf("--data-dir %s: cannot open %s (corrupt, not a Raft log, or in use by another control plane): %v", dir, logFileName, err)
+	}
+	n.store = store
+	fail := func(err error) (*Node, error) {
+		if n.raft != nil {
+			_ = n.raft.Shutdown().Error()
+		}
+		if n.trans != nil {
+			_ = n.trans.Close()
+		}
+		_ = store.Close()
+		return nil, err
+	}
+	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: logWriter{log}, DisableTime: true})
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, 2, hlog)
+	if err != nil {
+		return fail(fmt.Errorf("--data-dir %s: snapshots: %v", dir, err))
+	}
+	cache, err := raft.NewLogCache(512, store)
+	if err != nil {
+		return fail(err)
+	}
+	ln, err := net.Listen("tcp", opts.RaftAddr)
+	if err != nil {
+		return fail(fmt.Errorf("--raft-addr %s: %v", opts.RaftAddr, err))
+	}
+	advertise := opts.advertise()
+	if _, port, _ := net.SplitHostPort(advertise); port == "0" {
+		host, _, _ := net.SplitHostPort(advertise)
+		_, p, _ := net.SplitHostPort(ln.Addr().String())
+		advertise = net.JoinHostPort(host, p)
+	}
+	n.trans = raft.NewNetworkTransportWithLogger(&streamLayer{ln: ln, advertise: addr(advertise)}, 3, 2*time.Second, hlog)
+
+	conf := raft.DefaultConfig()
+	conf.LocalID = raft.ServerID(n.id)
+	conf.HeartbeatTimeout = opts.HeartbeatTimeout
+	conf.ElectionTimeout = opts.ElectionTimeout
+	conf.LeaderLeaseTimeout = opts.LeaderLeaseTimeout
+	conf.CommitTimeout = 20 * time.Millisecond
+	conf.SnapshotThreshold = opts.SnapshotThreshold
+	conf.SnapshotInterval = 30 * time.Second
+	conf.NotifyCh = n.notify
+	conf.Logger = hlog
+
+	existing, err := raft.HasExistingState(cache, store, snaps)
+	if err != nil {
+		return fail(fmt.Errorf("--data-dir %s: %v", dir, err))
+	}
+	peers, _ := ParsePeers(opts.Peers)
+	if !existing && opts.Join == "" {
+		cfg := raft.Configuration{}
+		if len(peers) == 0 {
+			peers = map[string]string{n.id: advertise}
+		}
+		for id, a := range peers {
+			cfg.Servers = append(cfg.Servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(a)})
+		}
+		if err := raft.BootstrapCluster(conf, cache, store, snaps, n.trans, cfg); err != nil {
+			return fail(fmt.Errorf("bootstrap: %v", err))
+		}
+		log.Info("Bootstrapped a new cluster", "node_id", n.id, "voters", len(cfg.Servers))
+	}
+	r, err := raft.NewRaft(conf, n.fsm, cache, store, snaps, n.trans)
+	if err != nil {
+		return fail(fmt.Errorf("--data-dir %s: %v", dir, err))
+	}
+	n.raft = r
+	if existing {
+		if err := n.checkPeers(peers); err != nil {
+			return fail(err)
+		}
+	}
+	n.obs = raft.NewObserver(n.observed, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	r.RegisterObserver(n.obs)
+	go n.logLeaders()
+	return n, nil
+}
+
+// claimDataDir makes sure the data dir is this node's: a dir written for
+// another node id, or holding a log smg did not write, is refused.
+func (n *Node) claimDataDir() error {
+	dir := n.opts.DataDir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("--data-dir %s: %v", dir, err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, nodeFileName))
+	switch {
+	case err == nil:
+		var f nodeFile
+		if err := json.Unmarshal(b, &f); err != nil || f.NodeID == "" {
+			return fmt.Errorf("--data-dir %s: %s is corrupt (%v); it names the node that owns the directory", dir, nodeFileName, err)
+		}
+		if f.NodeID != n.id {
+			return fmt.Errorf("--data-dir %s belongs to node %q, not to this node (--node-id %s): give each node its own directory", dir, f.NodeID, n.id)
+		}
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("--data-dir %s: %v", dir, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, logFileName)); err == nil {
+		return fmt.Errorf("--data-dir %s holds a %s without %s: not a directory this control plane wrote", dir, logFileName, nodeFileName)
+	}
+	b, _ = json.Marshal(nodeFile{NodeID: n.id})
+	tmp := filepath.Join(dir, nodeFileName+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("--data-dir %s: %v", dir, err)
+	}
+	return os.Rename(tmp, filepath.Join(dir, nodeFileName))
+}
+
+// checkPeers compares --raft-peers with the stored configuration: every
+// listed node must be a member at the listed address. Members that joined
+// later are fine.
+func (n *Node) checkPeers(peers map[string]string) error {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return err
+	}
+	stored := map[string]string{}
+	for _, s := range f.Configuration().Servers {
+		stored[string(s.ID)] = string(s.Address)
+	}
+	if len(stored) > 0 {
+		if _, ok := stored[n.id]; !ok {
+			return fmt.Errorf("--data-dir %s: this node (%s) is not a member of the stored cluster configuration (%s)", n.opts.DataDir, n.id, formatPeers(stored))
+		}
+	}
+	for id, a := range peers {
+		if got, ok := stored[id]; !ok || got != a {
+			return fmt.Errorf("--raft-peers disagrees with the configuration stored in --data-dir %s: it lists %s=%s, the stored one is %s; the flag only bootstraps an empty dir: fix it or change membership through the leader", n.opts.DataDir, id, a, formatPeers(stored))
+		}
+	}
+	return nil
+}
+
+func formatPeers(m map[string]string) string {
+	var parts []string
+	for id, a := range m {
+		parts = append(parts, id+"="+a)
+	}
+	if len(parts) == 0 {
+		return "empty"
+	}
+	return strings.Join(parts, " ")
+}
+
+// ID is this node's id.
+func (n *Node) ID() string { return n.id }
+
+// Advertise sets how this node is reached (its gRPC and HTTP HOST:PORT,
+// with the host from --advertise-host).
+func (n *Node) Advertise(grpcPort, httpPort string) {
+	host := n.opts.advertiseHost()
+	n.mu.Lock()
+	n.self = Member{ID: n.id, GRPC: net.JoinHostPort(host, grpcPort), HTTP: net.JoinHostPort(host, httpPort)}
+	n.mu.Unlock()
+}
+
+// Run follows leadership until ctx ends: Prepare and Lead while this node
+// leads, and keeps its addresses known to the cluster (joining it first
+// when --join is set).
+func (n *Node) Run(ctx context.Context, l Leader) error {
+	errc := make(chan error, 1)
+	go func() { errc <- n.announce(ctx) }()
+	var cur *session
+	stop := func() {
+		if cur == nil {
+			return
+		}
+		n.mu.Lock()
+		n.leading = false
+		n.ready = make(chan struct{})
+		n.mu.Unlock()
+		cur.end()
+		cur = nil
+	}
+	defer stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			if err != nil {
+				return err
+			}
+			errc = nil
+		case lead := <-n.notify:
+			stop()
+			if !lead {
+				n.log.Warn("This control plane is no longer the leader: its loops stop, streams move to the new leader")
+				continue
+			}
+			// Every entry committed by earlier terms is applied before
+			// this node judges anything.
+			if err := n.raft.Barrier(n.opts.ApplyTimeout).Error(); err != nil {
+				n.log.Warn("Leadership not taken up: barrier failed", "error", err)
+				continue
+			}
+			term := n.raft.CurrentTerm()
+			l.Prepare(term)
+			cur = startSession(ctx, l)
+			n.mu.Lock()
+			n.leading, n.leadCtx, n.term = true, cur.ctx, term
+			close(n.ready)
+			n.mu.Unlock()
+			n.log.Info("This control plane is the leader", "node_id", n.id, "term", term)
+		}
+	}
+}
+
+// session is one term of leadership: the leader's loops and their context.
+type session struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startSession(parent context.Context, l Leader) *session {
+	ctx, cancel := context.WithCancel(parent)
+	s := &session{ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(s.done); l.Lead(ctx) }()
+	return s
+}
+
+func (s *session) end() {
+	s.cancel()
+	<-s.done
+}
+
+// Leading reports whether this node leads and has taken up its duties, with
+// a context that ends when it stops leading.
+func (n *Node) Leading() (context.Context, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.leadCtx, n.leading
+}
+
+// awaitLeading waits, within ctx and at most d, for a node that Raft has
+// elected to take up leading (Prepare takes a moment after the election).
+func (n *Node) awaitLeading(ctx context.Context, d time.Duration) bool {
+	if n.raft.State() != raft.Leader {
+		return false
+	}
+	n.mu.Lock()
+	ready := n.ready
+	n.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ready:
+		_, ok := n.Leading()
+		return ok
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return false
+}
+
+// LeaderMember returns the current leader's addresses, if a leader is known
+// and has announced them.
+func (n *Node) LeaderMember() (Member, bool) {
+	_, id := n.raft.LeaderWithID()
+	if id == "" {
+		return Member{}, false
+	}
+	if string(id) == n.id {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.self, n.self.GRPC != ""
+	}
+	return n.fsm.member(string(id))
+}
+
+// Commit replicates an admin change and returns its outcome on this
+// leader. Without leadership the change is refused (never half-written):
+// 503 with Retry-After.
+func (n *Node) Commit(ctx context.Context, c *admin.Change) (*registry.Worker, error) {
+	b, err := json.Marshal(entry{Change: c})
+	if err != nil {
+		return nil, err
+	}
+	timeout := n.opts.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl))
+	}
+	f := n.raft.Apply(b, timeout)
+	if err := f.Error(); err != nil {
+		return nil, applyError(err)
+	}
+	r, _ := f.Response().(result)
+	return r.old, r.err
+}
+
+// applyError turns a Raft apply failure into the admin API's answer: a
+// write that never entered the log is refused; one that did may still
+// commit under the next leader, and the answer says so.
+func applyError(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrEnqueueTimeout), errors.Is(err, raft.ErrRaftShutdown):
+		return admin.ErrNoLeader("this control plane is not the leader and the write was not made (" + err.Error() + "); retry")
+	default:
+		return admin.ErrOutcomeUnknown("leadership changed while the write was being committed (" + err.Error() + "): it may or may not be stored; read it back before retrying")
+	}
+}
+
+func (n *Node) apply(e entry) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	return n.raft.Apply(b, n.opts.ApplyTimeout).Error()
+}
+
+// logLeaders logs every leader change.
+func (n *Node) logLeaders() {
+	for {
+		select {
+		case <-n.shutdown:
+			return
+		case o := <-n.observed:
+			lo, _ := o.Data.(raft.LeaderObservation)
+			n.mu.Lock()
+			n.changes++
+			n.mu.Unlock()
+			if lo.LeaderID == "" {
+				n.log.Warn("Raft: no leader", "node_id", n.id, "term", n.raft.CurrentTerm())
+				continue
+			}
+			n.log.Info("Raft: leader changed", "leader", string(lo.LeaderID), "leader_raft_addr", string(lo.LeaderAddr), "term", n.raft.CurrentTerm(), "node_id", n.id)
+		}
+	}
+}
+
+// Close stops Raft and closes the data dir.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.mu.Unlock()
+	close(n.shutdown)
+	n.raft.DeregisterObserver(n.obs)
+	err := n.raft.Shutdown().Error()
+	_ = n.trans.Close()
+	return errors.Join(err, n.store.Close())
+}
+
+// logWriter sends Raft's own log lines to the control plane's logger.
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Warn(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+var _ io.Writer = logWriter{}
+
+// streamLayer is Raft's TCP transport with an advertised address that may
+// be a DNS name (a StatefulSet pod's), not only an IP.
+type streamLayer struct {
+	ln        net.Listener
+	advertise addr
+}
+
+func (s *streamLayer) Accept() (net.Conn, error) { return s.ln.Accept() }
+func (s *streamLayer) Close() error              { return s.ln.Close() }
+func (s *streamLayer) Addr() net.Addr            { return s.advertise }
+func (s *streamLayer) Dial(a raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	return net.DialTimeout("tcp", string(a), timeout)
+}
+
+type addr string
+
+func (addr) Network() string  { return "tcp" }
+func (a addr) String() string { return string(a) }
+
+// Handover hands leadership to another voter before this node stops (a
+// rolling upgrade, a drain), so the cluster does not wait out an election
+// timeout. Bounded; a node that does not lead does nothing.
+func (n *Node) Handover() {
+	if n.raft.State() != raft.Leader {
+		return
+	}
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil || len(f.Configuration().Servers) < 2 {
+		return
+	}
+	done := make(chan error, 1)
+	go func() { done <- n.raft.LeadershipTransfer().Error() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			n.log.Warn("Leadership transfer before stopping failed; the others elect a leader after their timeout", "error", err)
+		} else {
+			n.log.Info("Leadership handed over before stopping")
+		}
+	case <-time.After(2 * time.Second):
+		n.log.Warn("Leadership transfer before stopping timed out")
+	}
+}

@@ -1,0 +1,181 @@
+// Package cluster replicates the control plane's durable intent (worker
+// registrations, updates, deletions and registration outcomes) with
+// hashicorp/raft, its log and stable store in bbolt (raft-boltdb) and its
+// snapshots in files, all under --data-dir. Loads, evidence, verdicts and
+// shares are not replicated: they are the leader's soft state, rebuilt from
+// agents and polls after a handover.
+//
+// A node knows when it leads, which node leads and where to reach it, so
+// that followers forward admin calls to the leader and answer watch and
+// agent streams with the leader's address.
+package cluster
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/smg-project/smg/internal/cli"
+)
+
+// Defaults of the Raft timing. A follower starts an election after
+// HeartbeatTimeout..2×HeartbeatTimeout without the leader; with these, a new
+// leader is elected within about 1.5 s of the old one's loss on loopback.
+const (
+	DefaultHeartbeatTimeout   = 500 * time.Millisecond
+	DefaultElectionTimeout    = 500 * time.Millisecond
+	DefaultLeaderLeaseTimeout = 250 * time.Millisecond
+)
+
+// Options configure a replicated control plane. With no DataDir the control
+// plane keeps its registry in memory and none of the rest applies.
+type Options struct {
+	DataDir string
+	NodeID  string
+	// RaftAddr is where this node's Raft transport listens (HOST:PORT);
+	// RaftAdvertise is how the others reach it (default RaftAddr).
+	RaftAddr      string
+	RaftAdvertise string
+	// Peers is the first configuration, ID=HOST:PORT of every voter
+	// (this node included), used once: to bootstrap an empty data dir.
+	Peers cli.List
+	// Join is the HTTP URL of a running member to join through, instead of
+	// bootstrapping.
+	Join string
+	// AdvertiseHost names this node to routers, agents and the other
+	// nodes (its gRPC and HTTP ports are the control plane's). Default: the
+	// host of RaftAdvertise.
+	AdvertiseHost string
+
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	// ApplyTimeout bounds how long an admin write waits for its commit.
+	ApplyTimeout time.Duration
+	// SnapshotThreshold is how many log entries trigger a snapshot.
+	SnapshotThreshold uint64
+}
+
+// DefaultOptions returns the defaults.
+func DefaultOptions() Options {
+	return Options{
+		RaftAddr:           "127.0.0.1:30003",
+		HeartbeatTimeout:   DefaultHeartbeatTimeout,
+		ElectionTimeout:    DefaultElectionTimeout,
+		LeaderLeaseTimeout: DefaultLeaderLeaseTimeout,
+		ApplyTimeout:       5 * time.Second,
+		SnapshotThreshold:  1024,
+	}
+}
+
+// AddFlags registers the flags on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory of the durable registry (Raft log, stable store and snapshots); empty: registry in memory, lost at restart")
+	fs.StringVar(&o.NodeID, "node-id", o.NodeID, "this control plane's Raft node id (default: the host name); with --data-dir")
+	fs.StringVar(&o.RaftAddr, "raft-addr", o.RaftAddr, "HOST:PORT the Raft transport listens on; with --data-dir")
+	fs.StringVar(&o.RaftAdvertise, "raft-advertise", o.RaftAdvertise, "HOST:PORT the other nodes reach this node's Raft transport at (default: --raft-addr)")
+	fs.Var(&o.Peers, "raft-peers", "the first cluster: ID=HOST:PORT of every voter, this node included, space-separated; bootstraps an empty --data-dir once (none and no --join: a cluster of one)")
+	fs.StringVar(&o.Join, "join", o.Join, "HTTP URL of a running member (e.g. http://cp-0:30001): join its cluster instead of bootstrapping")
+	fs.StringVar(&o.AdvertiseHost, "advertise-host", o.AdvertiseHost, "host routers, agents and the other nodes reach this node's gRPC and HTTP ports at (default: the host of --raft-advertise)")
+	fs.DurationVar(&o.HeartbeatTimeout, "raft-heartbeat-timeout", o.HeartbeatTimeout, "time without the leader after which a follower starts an election")
+	fs.DurationVar(&o.ElectionTimeout, "raft-election-timeout", o.ElectionTimeout, "time a candidate waits for votes before a new election")
+	fs.DurationVar(&o.LeaderLeaseTimeout, "raft-leader-lease-timeout", o.LeaderLeaseTimeout, "time a leader without contact to a quorum keeps leading (<= the heartbeat timeout)")
+}
+
+// Enabled reports whether the registry is replicated (a data dir is set).
+func (o Options) Enabled() bool { return o.DataDir != "" }
+
+// Validate reports the first invalid option.
+func (o Options) Validate() error {
+	if !o.Enabled() {
+		if len(o.Peers) > 0 || o.Join != "" {
+			return errors.New("--raft-peers and --join need --data-dir")
+		}
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(o.RaftAddr); err != nil {
+		return fmt.Errorf("--raft-addr %q: %v", o.RaftAddr, err)
+	}
+	if o.RaftAdvertise != "" {
+		if host, _, err := net.SplitHostPort(o.RaftAdvertise); err != nil || host == "" || net.ParseIP(host).IsUnspecified() {
+			return fmt.Errorf("--raft-advertise %q must be HOST:PORT that other nodes can dial", o.RaftAdvertise)
+		}
+	}
+	if o.HeartbeatTimeout < 5*time.Millisecond || o.ElectionTimeout < 5*time.Millisecond {
+		return errors.New("--raft-heartbeat-timeout and --raft-election-timeout must be at least 5ms")
+	}
+	if o.LeaderLeaseTimeout <= 0 || o.LeaderLeaseTimeout > o.HeartbeatTimeout {
+		return fmt.Errorf("--raft-leader-lease-timeout must be positive and at most --raft-heartbeat-timeout (%s), got %s", o.HeartbeatTimeout, o.LeaderLeaseTimeout)
+	}
+	if len(o.Peers) > 0 && o.Join != "" {
+		return errors.New("--raft-peers bootstraps a new cluster and --join joins a running one: give one of them")
+	}
+	peers, err := ParsePeers(o.Peers)
+	if err != nil {
+		return err
+	}
+	if len(peers) > 0 {
+		id := o.nodeID()
+		addr, ok := peers[id]
+		if !ok {
+			return fmt.Errorf("--raft-peers does not list this node (--node-id %s)", id)
+		}
+		if addr != o.advertise() {
+			return fmt.Errorf("--raft-peers lists node %s at %s, but this node's Raft address is %s", id, addr, o.advertise())
+		}
+	}
+	return nil
+}
+
+// ParsePeers reads ID=HOST:PORT entries; ids and addresses must be unique.
+func ParsePeers(list []string) (map[string]string, error) {
+	peers := map[string]string{}
+	addrs := map[string]string{}
+	for _, p := range list {
+		id, addr, ok := strings.Cut(p, "=")
+		if !ok || id == "" {
+			return nil, fmt.Errorf("--raft-peers %q: want ID=HOST:PORT", p)
+		}
+		if host, _, err := net.SplitHostPort(addr); err != nil || host == "" {
+			return nil, fmt.Errorf("--raft-peers %q: address must be HOST:PORT", p)
+		}
+		if _, dup := peers[id]; dup {
+			return nil, fmt.Errorf("--raft-peers names node %s twice", id)
+		}
+		if other, dup := addrs[addr]; dup {
+			return nil, fmt.Errorf("--raft-peers gives nodes %s and %s the same address %s", other, id, addr)
+		}
+		peers[id], addrs[addr] = addr, id
+	}
+	return peers, nil
+}
+
+func (o Options) nodeID() string {
+	if o.NodeID != "" {
+		return o.NodeID
+	}
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "node"
+	}
+	return h
+}
+
+func (o Options) advertise() string {
+	if o.RaftAdvertise != "" {
+		return o.RaftAdvertise
+	}
+	return o.RaftAddr
+}
+
+func (o Options) advertiseHost() string {
+	if o.AdvertiseHost != "" {
+		return o.AdvertiseHost
+	}
+	host, _, _ := net.SplitHostPort(o.advertise())
+	return host
+}
