@@ -66,6 +66,7 @@ type servingControlPlane struct {
 }
 
 func openControlPlane(opts controlplane.Options, log *slog.Logger, metrics *prometheus.Registry, host string, httpPort, grpcPort int, ts *tlsSetup) (*servingControlPlane, error) {
+	opts.Cluster.PeerCreds = ts.peerCreds()
 	cp, err := controlplane.New(opts, log, metrics)
 	if err != nil {
 		return nil, err

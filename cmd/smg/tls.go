@@ -166,6 +166,17 @@ func (s *tlsSetup) controlPlaneCreds() credentials.TransportCredentials {
 	return credentials.NewTLS(tlsutil.ClientConfig(tlsutil.ClientOptions{Roots: s.cpCAs, ServerName: s.f.cpServerName, Cert: s.cpCert}))
 }
 
+// peerCreds dial another replica of this control plane (a follower hands
+// admin calls to the leader): TLS against --tls-client-ca-file (or the
+// system's roots) with this process's certificate as the client's, when
+// this process serves TLS.
+func (s *tlsSetup) peerCreds() credentials.TransportCredentials {
+	if s.server == nil {
+		return nil
+	}
+	return credentials.NewTLS(tlsutil.ClientConfig(tlsutil.ClientOptions{Roots: s.clientCAs, Cert: s.server}))
+}
+
 // selfCreds dial this process's own gRPC port (smg launch's in-process
 // router): TLS pinned to the certificate this process serves, so no CA is
 // needed and nothing else is trusted.

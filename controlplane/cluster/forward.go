@@ -72,7 +72,11 @@ func (f *Forwarder) client(addr string) (smgv1.WorkerServiceClient, error) {
 	c := f.conns[addr]
 	if c == nil {
 		var err error
-		c, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), backoff.DialOption(backoff.DefaultPolicy()))
+		creds := f.node.opts.PeerCreds
+		if creds == nil {
+			creds = insecure.NewCredentials()
+		}
+		c, err = grpc.NewClient(addr, grpc.WithTransportCredentials(creds), backoff.DialOption(backoff.DefaultPolicy()))
 		if err != nil {
 			return nil, err
 		}

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/credentials"
+
 	"github.com/smg-project/smg/internal/cli"
 )
 
@@ -58,6 +60,9 @@ type Options struct {
 	ApplyTimeout time.Duration
 	// SnapshotThreshold is how many log entries trigger a snapshot.
 	SnapshotThreshold uint64
+	// PeerCreds dial the leader's gRPC port to forward admin calls (the
+	// control plane's own TLS, when it serves TLS); nil: plaintext.
+	PeerCreds credentials.TransportCredentials
 }
 
 // DefaultOptions returns the defaults.
