@@ -11,6 +11,7 @@ import (
 
 	"github.com/smg-project/smg/internal/backoff"
 	"github.com/smg-project/smg/internal/cpconn"
+	"github.com/smg-project/smg/internal/workerurl"
 )
 
 // Defaults of Options.
@@ -96,7 +97,9 @@ func (o Options) Validate() error {
 	}
 	for _, u := range o.EngineURLs {
 		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
-			errs = append(errs, fmt.Errorf("--engine-urls %q: want an http:// or https:// URL", u))
+			errs = append(errs, fmt.Errorf("--engine-urls %q: want an http:// or https:// URL", workerurl.Redact(u)))
+		} else if _, err := workerurl.Normalize(u, workerurl.Options{AllowLinkLocal: true}); err != nil {
+			errs = append(errs, fmt.Errorf("--engine-urls: %v", err)) // credentials, bad ports: never echoed
 		}
 	}
 	if o.Register && len(o.EngineURLs) == 0 {

@@ -100,14 +100,16 @@ func TestOptionsValidate(t *testing.T) {
 		"no node":             {func(o *Options) { o.Node = "" }, "--node"},
 		"bad address":         {func(o *Options) { o.ControlPlane = "localhost" }, "--controlplane"},
 		"bad url":             {func(o *Options) { o.EngineURLs = []string{"127.0.0.1:8000"} }, "--engine-urls"},
+		"password in url":     {func(o *Options) { o.EngineURLs = []string{"http://u:hunter2@127.0.0.1:8000"} }, "--engine-urls"},
+		"port out of range":   {func(o *Options) { o.EngineURLs = []string{"http://127.0.0.1:99999"} }, "--engine-urls"},
 		"register nothing":    {func(o *Options) { o.EngineURLs = nil; o.Register = true }, "--register"},
 		"zero poll":           {func(o *Options) { o.PollInterval = 0 }, "--poll-interval"},
 		"heartbeat too large": {func(o *Options) { o.HeartbeatInterval = 15 * time.Second }, "--heartbeat-interval"},
 	} {
 		o := good
 		c.mut(&o)
-		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), c.flag) {
-			t.Errorf("%s: %v, want an error naming %s", name, err, c.flag)
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), c.flag) || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%s: %v, want an error naming %s (and no secret)", name, err, c.flag)
 		}
 	}
 }
