@@ -198,7 +198,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	}
 	// Collaborators go to the constructors, in dependency order; every
 	// component takes the one clock, opts.Now.
-	cp.Liveness = liveness.New(cp.Registry, liveness.Options{Rules: opts.Liveness, Now: opts.Now}, log, reg)
+	cp.Liveness = liveness.New(cp.Registry, liveness.Options{Rules: opts.Liveness, Now: opts.Now, Coalesce: true}, log, reg)
 	hopts := opts.Health
 	hopts.Now = opts.Now
 	cp.Health = health.New(cp.Registry, hopts, client, cp.Liveness, log)

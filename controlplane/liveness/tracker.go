@@ -40,13 +40,35 @@ type Tracker struct {
 	// inside registry transactions (so in commit order) and by Sweep.
 	mu     sync.Mutex
 	vetoed map[string]string
+
+	// With Coalesce, pushed records that leave the verdict as it is wait
+	// here, in order, for the next flush (or the next transaction that
+	// touches their worker), so a record costs a read, not a commit.
+	coalesce bool
+	pmu      sync.Mutex
+	pending  map[string][]timedRecord
 }
+
+// timedRecord is a pushed record not yet stored.
+type timedRecord struct {
+	rec judge.Record
+	at  time.Time
+}
+
+// DefaultFlushInterval bounds how long a coalesced record waits for its
+// commit (the ingester's load flush interval).
+const DefaultFlushInterval = 50 * time.Millisecond
 
 // Options configure a Tracker.
 type Options struct {
 	Rules judge.LivenessConfig
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
+	// Coalesce: a pushed record that leaves the verdict as it is is stored
+	// by the next flush (Run, every DefaultFlushInterval) instead of in a
+	// transaction of its own; one that changes it commits at once. Run
+	// must then be running.
+	Coalesce bool
 }
 
 // New returns a tracker; metrics register on m.
@@ -56,6 +78,7 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 	}
 	t := &Tracker{
 		reg: reg, rules: opts.Rules.Rules(), log: log, now: opts.Now, vetoed: map[string]string{},
+		coalesce: opts.Coalesce, pending: map[string][]timedRecord{},
 		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "smg_worker_stalled",
 			Help: "1 while the worker is excluded from routing by liveness, labeled with the reason (unreachable or wedged).",
@@ -69,18 +92,63 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 	return t
 }
 
-// Run sweeps every judge.SweepInterval until ctx ends.
+// Run sweeps every judge.SweepInterval, and with Coalesce flushes pending
+// records every DefaultFlushInterval, until ctx ends.
 func (t *Tracker) Run(ctx context.Context) {
 	tick := time.NewTicker(judge.SweepInterval)
 	defer tick.Stop()
+	var flush <-chan time.Time
+	if t.coalesce {
+		ft := time.NewTicker(DefaultFlushInterval)
+		defer ft.Stop()
+		flush = ft.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
+			t.Flush()
 			return
 		case <-tick.C:
 			t.Sweep(t.now())
+		case <-flush:
+			t.Flush()
 		}
 	}
+}
+
+// Flush stores every pending record, in one transaction.
+func (t *Tracker) Flush() {
+	t.pmu.Lock()
+	if len(t.pending) == 0 {
+		t.pmu.Unlock()
+		return
+	}
+	ids := make([]string, 0, len(t.pending))
+	for id := range t.pending {
+		ids = append(ids, id)
+	}
+	t.pmu.Unlock()
+	t.judgeAll(ids, func(int, *registry.Evidence) {})
+}
+
+// takePending removes and returns id's pending records.
+func (t *Tracker) takePending(id string) []timedRecord {
+	if !t.coalesce {
+		return nil
+	}
+	t.pmu.Lock()
+	defer t.pmu.Unlock()
+	recs := t.pending[id]
+	delete(t.pending, id)
+	return recs
+}
+
+// applyPushed moves ev by one pushed record.
+func (t *Tracker) applyPushed(ev *registry.Evidence, r timedRecord) {
+	if r.rec.Pushed {
+		ev.PushedAt = r.at
+	}
+	ev.Live.Record(r.at, r.rec, &t.rules)
 }
 
 // Sweep re-judges every Ready worker at now, in one transaction, and clears
@@ -88,6 +156,7 @@ func (t *Tracker) Run(ctx context.Context) {
 // registry dropped their evidence and veto as they went).
 func (t *Tracker) Sweep(now time.Time) {
 	var changes []change
+	t.Flush() // pending records are older than the sweep
 	_, err := t.reg.Update(func(txn *registry.Txn) error {
 		changes = changes[:0]
 		for _, w := range txn.Workers() {
@@ -128,9 +197,14 @@ type change struct {
 }
 
 // judgeAll moves the evidence of each Ready worker in ids with fn and
-// commits, in one transaction; the registry decides the verdicts.
+// commits, in one transaction; the registry decides the verdicts. The
+// workers' pending records, older than fn's evidence, go first.
 func (t *Tracker) judgeAll(ids []string, fn func(i int, ev *registry.Evidence)) {
 	var changes []change
+	pending := make([][]timedRecord, len(ids))
+	for i, id := range ids {
+		pending[i] = t.takePending(id)
+	}
 	_, err := t.reg.Update(func(txn *registry.Txn) error {
 		changes = changes[:0]
 		for i, id := range ids {
@@ -139,6 +213,9 @@ func (t *Tracker) judgeAll(ids []string, fn func(i int, ev *registry.Evidence)) 
 				continue // the rules judge Ready workers only
 			}
 			c := w.Clone()
+			for _, r := range pending[i] {
+				t.applyPushed(&c.Evidence, r)
+			}
 			fn(i, &c.Evidence)
 			changes = t.commit(txn, w, c, changes)
 		}
@@ -225,12 +302,35 @@ func (t *Tracker) Failure(workerID string, kind judge.FailureKind, now time.Time
 // Record ingests a load report's liveness side (pushed by an agent, or an
 // answered poll).
 func (t *Tracker) Record(workerID string, rec judge.Record, now time.Time) {
-	t.with(workerID, func(ev *registry.Evidence) {
-		if rec.Pushed {
-			ev.PushedAt = now
-		}
-		ev.Live.Record(now, rec, &t.rules)
-	})
+	if t.coalesce && t.pend(workerID, rec, now) {
+		return
+	}
+	t.with(workerID, func(ev *registry.Evidence) { t.applyPushed(ev, timedRecord{rec, now}) })
+}
+
+// pend keeps a pushed record for the next flush when, applied after the
+// worker's pending ones, it leaves the stored verdict as it is (a
+// prediction: the registry decides again at the flush). It reports false
+// when the record must commit at once.
+func (t *Tracker) pend(workerID string, rec judge.Record, now time.Time) bool {
+	w := t.reg.Get(workerID)
+	if w == nil || !w.Ready() || !rec.Pushed {
+		return false
+	}
+	t.pmu.Lock()
+	defer t.pmu.Unlock()
+	ev := w.Evidence // Live is plain data: this copy is ours
+	for _, r := range t.pending[workerID] {
+		t.applyPushed(&ev, r)
+	}
+	r := timedRecord{rec, now}
+	t.applyPushed(&ev, r)
+	v, c := ev.Live.Status()
+	if v2, c2 := w.Evidence.Live.Status(); v != v2 || c != c2 {
+		return false
+	}
+	t.pending[workerID] = append(t.pending[workerID], r)
+	return true
 }
 
 // RecentlyPushed tells the poller to skip a worker whose agent delivered a

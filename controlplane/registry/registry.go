@@ -368,7 +368,10 @@ func (r *Registry) MembershipChanged() <-chan struct{} {
 type Txn struct {
 	txn     *memdb.Txn
 	changed []Change // one entry per worker id, latest wins
-	rev     uint64   // the revision this transaction commits as
+	// index of changed by worker id, built once the transaction is large
+	// (a flush of every worker's load), where a search would be quadratic.
+	index map[string]int
+	rev   uint64 // the revision this transaction commits as
 	// last is the stored record Get or Insert saw last, so that the usual
 	// Get, Clone, Insert sequence looks the worker up once.
 	last *Worker
@@ -471,18 +474,39 @@ func (t *Txn) Job(id string) *Job { return getJob(t.txn, id) }
 // Jobs returns every retained job.
 func (t *Txn) Jobs() []*Job { return listJobs(t.txn) }
 
-// mark records a changed worker. A slice, not a map: most transactions change
-// one worker, and a bulk one is rare enough for the linear search.
+// mark records a changed worker. A slice searched in place while small (most
+// transactions change one worker), indexed by a map once it grows.
 func (t *Txn) mark(id string, deleted, loadOnly bool) {
-	for i := range t.changed {
-		if t.changed[i].WorkerID == id {
-			t.changed[i].Deleted = deleted
-			t.changed[i].LoadOnly = t.changed[i].LoadOnly && loadOnly
-			return
+	i, found := -1, false
+	if t.index != nil {
+		i, found = t.index[id]
+	} else {
+		for j := range t.changed {
+			if t.changed[j].WorkerID == id {
+				i, found = j, true
+				break
+			}
 		}
 	}
+	if found {
+		t.changed[i].Deleted = deleted
+		t.changed[i].LoadOnly = t.changed[i].LoadOnly && loadOnly
+		return
+	}
 	t.changed = append(t.changed, Change{Revision: t.rev, WorkerID: id, Deleted: deleted, LoadOnly: loadOnly})
+	switch {
+	case t.index != nil:
+		t.index[id] = len(t.changed) - 1
+	case len(t.changed) == markIndexAt:
+		t.index = make(map[string]int, 2*markIndexAt)
+		for j, c := range t.changed {
+			t.index[c.WorkerID] = j
+		}
+	}
 }
+
+// markIndexAt is the size at which mark indexes the changed workers.
+const markIndexAt = 16
 
 // Update runs fn in a write transaction. When fn returns nil and changed any
 // worker, the transaction commits under a new revision; otherwise it aborts.

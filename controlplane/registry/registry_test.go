@@ -309,3 +309,39 @@ func TestRoutingChangesSince(t *testing.T) {
 		t.Fatalf("ChangesSince(10) = %v, want b once, not LoadOnly", changes)
 	}
 }
+
+// A transaction changing many workers (a flush) records each once, latest
+// state wins, past the size at which changes are indexed.
+func TestBulkTransactionMarksEachWorkerOnce(t *testing.T) {
+	r := registry.New("e", 0)
+	var ws []*registry.Worker
+	for i := range 100 {
+		ws = append(ws, worker(fmt.Sprintf("w%03d", i), fmt.Sprintf("http://w%03d", i)))
+	}
+	insert(t, r, ws...)
+	rev, err := r.Update(func(tx *registry.Txn) error {
+		for round := range 2 {
+			for _, w := range ws {
+				c := tx.Get(w.ID).Clone()
+				c.LoadRevision++
+				if round == 1 && w.ID == "w050" {
+					c.ContactSeq++ // a routing change merged into load changes
+				}
+				tx.Insert(c)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	changes, _, _ := r.ChangesSince(rev - 1)
+	if len(changes) != 100 {
+		t.Fatalf("%d changes, want 100 (each worker once)", len(changes))
+	}
+	for _, c := range changes {
+		if c.LoadOnly != (c.WorkerID != "w050") {
+			t.Fatalf("%v: only w050 carries a routing change", c)
+		}
+	}
+}

@@ -1,0 +1,69 @@
+package liveness
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/controlplane/judge"
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+func coalescing(t *testing.T) (*Tracker, *registry.Registry) {
+	t.Helper()
+	_, reg, _ := setup(t, registry.HealthHealthy)
+	return New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: true}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()), reg
+}
+
+func pushedAt(reg *registry.Registry) time.Time { return reg.Snapshot().Get("w1").Evidence.PushedAt }
+
+// A pushed record that leaves the verdict as it is waits for the flush: no
+// transaction of its own.
+func TestCoalescedRecordWaitsForTheFlush(t *testing.T) {
+	tr, reg := coalescing(t)
+	tr.Record("w1", judge.Record{Pushed: true}, t0)
+	tr.Record("w1", judge.Record{Pushed: true, Waiting: 2}, t0.Add(50*time.Millisecond))
+	if !pushedAt(reg).IsZero() {
+		t.Fatal("a record that changes no verdict was stored before the flush")
+	}
+	tr.Flush()
+	if got := pushedAt(reg); !got.Equal(t0.Add(50 * time.Millisecond)) {
+		t.Fatalf("after the flush PushedAt = %v, want the latest record's time", got)
+	}
+}
+
+// A record that changes the verdict commits at once: contact re-admits an
+// unreachable worker without waiting for a flush.
+func TestCoalescedRecordThatFlipsCommitsAtOnce(t *testing.T) {
+	tr, reg := coalescing(t)
+	tr.Contact("w1", t0)
+	tr.Failure("w1", judge.ConnectionFailure, t0.Add(time.Second))
+	tr.Sweep(t0.Add(2 * time.Second))
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNREACHABLE {
+		t.Fatalf("liveness = %v, want unreachable", got)
+	}
+	tr.Record("w1", judge.Record{Pushed: true}, t0.Add(3*time.Second))
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNSPECIFIED {
+		t.Fatalf("after a record: liveness %v, want re-admitted at once", got)
+	}
+}
+
+// Pending records are older than any evidence that commits after them: a
+// transaction touching the worker stores them first, in order.
+func TestPendingRecordsGoBeforeLaterEvidence(t *testing.T) {
+	tr, reg := coalescing(t)
+	tr.Record("w1", judge.Record{Pushed: true}, t0)
+	tr.Failure("w1", judge.ConnectionFailure, t0.Add(100*time.Millisecond))
+	if got := pushedAt(reg); !got.Equal(t0) {
+		t.Fatalf("PushedAt = %v after a later failure committed, want the pending record's %v", got, t0)
+	}
+	// The failure came after the record's contact: the worker is
+	// unreachable once the stall bound passes without contact.
+	tr.Sweep(t0.Add(10 * time.Second))
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNREACHABLE {
+		t.Fatalf("liveness = %v, want unreachable: the failure must not be undone by the older record", got)
+	}
+}
