@@ -93,7 +93,8 @@ func TestSharedEncodingOverGRPC(t *testing.T) {
 		ws = append(ws, newWorker(fmt.Sprintf("w%d", i)))
 	}
 	put(t, reg, ws...)
-	h := start(t, reg, Options{HeartbeatInterval: time.Hour})
+	// Loads unpaced: every delta is the full one, whatever the clock.
+	h := start(t, reg, Options{HeartbeatInterval: time.Hour, LoadInterval: -1})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 
