@@ -40,9 +40,12 @@ type Server struct {
 	eng       atomic.Pointer[engine] // nil while killed
 	handlers  sync.WaitGroup
 
-	mu     sync.Mutex
-	fault  Fault
-	hs     *http.Server
+	mu    sync.Mutex
+	fault Fault
+	hs    *http.Server
+	// connMu guards conns alone: http.Server.Close (under mu, in killLocked)
+	// waits for its Serve loop, which may be in trackConn at that moment.
+	connMu sync.Mutex
 	conns  map[net.Conn]struct{}
 	timers map[*time.Timer]struct{}
 	closed bool
@@ -174,8 +177,8 @@ func (s *Server) serveLocked(ln net.Listener) {
 type connKey struct{}
 
 func (s *Server) trackConn(c net.Conn, st http.ConnState) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
 	switch st {
 	case http.StateNew:
 		s.conns[c] = struct{}{}
@@ -243,11 +246,13 @@ func (s *Server) applyLocked(f Fault, keep net.Conn) error {
 		e.setFault(f)
 	}
 	if f.Reset && !old.Reset && !f.Kill {
+		s.connMu.Lock()
 		for c := range s.conns {
 			if c != keep {
 				abortConn(c)
 			}
 		}
+		s.connMu.Unlock()
 	}
 	if f != old {
 		s.log.Info("fault set", "fault", fmt.Sprintf("%+v", f))
@@ -265,7 +270,9 @@ func (s *Server) killLocked() {
 	if e := s.eng.Swap(nil); e != nil {
 		e.close()
 	}
+	s.connMu.Lock()
 	clear(s.conns)
+	s.connMu.Unlock()
 }
 
 // Close stops the engine for good and waits for its handlers to return.
