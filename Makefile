@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 BIN := $(CURDIR)/.bin
-PLUGINS := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-grpc-gateway $(BIN)/protoc-gen-openapiv2
+PLUGINS := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-grpc-gateway $(BIN)/protoc-gen-openapiv2 $(BIN)/staticcheck
 TEST_FLAGS ?= -race -timeout 10m
 BENCH ?= .
 BENCHTIME ?= 1s
@@ -19,10 +19,11 @@ $(PLUGINS): tools/go.mod tools/go.sum
 		google.golang.org/protobuf/cmd/protoc-gen-go \
 		google.golang.org/grpc/cmd/protoc-gen-go-grpc \
 		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway \
-		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2
+		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2 \
+		honnef.co/go/tools/cmd/staticcheck
 	@touch $(PLUGINS)
 
-tools: $(PLUGINS) ## install the pinned code generators into .bin/
+tools: $(PLUGINS) ## install the pinned code generators and staticcheck into .bin/
 
 generate: $(PLUGINS) ## lint the protos and regenerate gen/
 	$(BIN)/buf lint
@@ -59,10 +60,12 @@ image-test: image ## run the image's sim, control plane, agent and router as con
 test: ## run every test with the race detector
 	$(GO) test $(TEST_FLAGS) ./...
 
-lint: $(PLUGINS) ## buf lint, go vet, gofmt
+lint: $(PLUGINS) ## buf lint, go mod tidy -diff, go vet, gofmt, staticcheck
 	$(BIN)/buf lint
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit the result"; exit 1; }
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(BIN)/staticcheck ./...
 
 bench: ## run the benchmarks
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./...

@@ -34,10 +34,10 @@ func WindowConfigs() []GatewayConfig {
 			Why: "running windows (8, reported by the engines), wait 0, queue 0; 1 router"},
 		{Name: "window-3r", Flags: windowFlags, SimArgs: sglang, Routers: 3,
 			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
-			Why: "the same, 3 routers sharing each window (client spreads requests over them)"},
+			Why:         "the same, 3 routers sharing each window (client spreads requests over them)"},
 		{Name: "window-3r-alone", Flags: alone, SimArgs: sglang, Routers: 3,
 			RouterFlags: append(append([]string{}, routerBase...), alone...),
-			Why: "the same 3 routers, each counting the whole window alone (`--worker-admission-window-mode per-router`)"},
+			Why:         "the same 3 routers, each counting the whole window alone (`--worker-admission-window-mode per-router`)"},
 	}
 }
 

@@ -221,7 +221,6 @@ func (f *fleet) register(url, node string) {
 func (f *fleet) engineURL(i int) string { return "http://" + f.engines[i].Addr(enginePort) }
 func (f *fleet) cpURL() string          { return "http://" + f.cp.Addr(cpHTTPPort) }
 func (f *fleet) routerURL(i int) string { return "http://" + f.routers[i].Addr(routerPort) }
-func (f *fleet) agentURL() string       { return "http://" + f.agent.Addr(agentPort) }
 
 func (f *fleet) start(name string, h *netlab.Host, args ...string) *proc {
 	f.t.Helper()

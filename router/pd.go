@@ -165,6 +165,7 @@ func jsonBatchLen(raw []byte) int64 {
 func injectBootstrap(body []byte, prefill *Worker, prompts int64) ([]byte, error) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) < 2 || trimmed[0] != '{' || trimmed[len(trimmed)-1] != '}' {
+		//lint:ignore ST1005 the message is sent to the client as it is, worded like the router's other answers
 		return nil, errors.New("Invalid JSON body: a prefill/decode request must be a JSON object")
 	}
 	host := prefill.URL

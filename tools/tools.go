@@ -1,6 +1,7 @@
 //go:build tools
 
-// Package tools pins the versions of the code generators `make generate` runs.
+// Package tools pins the versions of the code generators `make generate` runs
+// and of the linters `make lint` runs.
 package tools
 
 import (
@@ -9,4 +10,5 @@ import (
 	_ "github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2"
 	_ "google.golang.org/grpc/cmd/protoc-gen-go-grpc"
 	_ "google.golang.org/protobuf/cmd/protoc-gen-go"
+	_ "honnef.co/go/tools/cmd/staticcheck"
 )

@@ -62,7 +62,7 @@ func TestLoadsPacedVerdictsAtOnce(t *testing.T) {
 		noMessage(t, fs, "loads before the grid instant")
 
 		m = <-fs.sent
-		if m.GetDelta() == nil || m.Revision != reg.Revision() || time.Now().Sub(start.Truncate(time.Second)) != time.Second {
+		if m.GetDelta() == nil || m.Revision != reg.Revision() || time.Since(start.Truncate(time.Second)) != time.Second {
 			t.Fatalf("got %v at %v, want the loads' delta at the grid instant 1 s", m, time.Now())
 		}
 		var w1 *smgv1.RoutingWorker

@@ -19,7 +19,9 @@ import (
 // and the routers each see when an engine fails.
 func TestClassify(t *testing.T) {
 	wrap := func(err error) error { return &url.Error{Op: "Get", URL: "http://e:1/metrics", Err: err} }
-	opErr := func(op string, err error) error { return &net.OpError{Op: op, Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: err}} }
+	opErr := func(op string, err error) error {
+		return &net.OpError{Op: op, Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: err}}
+	}
 	for _, tc := range []struct {
 		name string
 		err  error

@@ -83,12 +83,6 @@ func (f *fakeTarget) latest() *router.Snapshot {
 	return f.snaps[len(f.snaps)-1]
 }
 
-func (f *fakeTarget) applies() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.snaps)
-}
-
 // waitFor blocks until cond holds of the latest snapshot (real-time tests;
 // the deadline only guards against a hang).
 func (f *fakeTarget) waitFor(t testing.TB, what string, cond func(*router.Snapshot) bool) *router.Snapshot {
