@@ -17,14 +17,13 @@ import (
 // haNode is one replica of a replicated control plane, on fixed ports and
 // its own data dir, so it can be killed and started again as itself.
 type haNode struct {
-	id                       string
-	http, grpc, raft         int
-	dir                      string
-	args                     []string
-	proc                     *proc
-	admin                    admin
-	stopped                  bool // SIGSTOPped
-	startedOnce, restartable bool
+	id               string
+	http, grpc, raft int
+	dir              string
+	args             []string
+	proc             *proc
+	admin            admin
+	stopped          bool // SIGSTOPped
 }
 
 // haCluster is several replicas.
