@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
 	"sync"
 
 	"github.com/hashicorp/raft"
@@ -82,17 +81,6 @@ func (f *fsm) member(id string) (Member, bool) {
 	defer f.mu.Unlock()
 	m, ok := f.members[id]
 	return m, ok
-}
-
-func (f *fsm) memberList() []Member {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := make([]Member, 0, len(f.members))
-	for _, m := range f.members {
-		out = append(out, m)
-	}
-	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
-	return out
 }
 
 // Snapshot captures the durable state. Raft calls it between Applies, so
