@@ -326,6 +326,7 @@ func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
 		Silence:       silence,
 		PrefillInHand: max(r.GetPrefillTokensInHand(), 0),
 		StepWire:      r.GetStepWire(),
+		Idle:          runsNothing(r.GetLoad()),
 	}
 	st.last[url] = lastRecord{rec: rec, at: now}
 	s.setAgentNode(w.ID, st.node)
@@ -338,6 +339,17 @@ func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
 		}
 	}
 	s.tr.Record(w.ID, rec, now)
+}
+
+// runsNothing reports whether a load shows ranks and none of them runs a
+// request (an empty load says nothing).
+func runsNothing(l *smgv1.EngineLoad) bool {
+	for _, r := range l.GetRanks() {
+		if r.GetRunningRequests() > 0 {
+			return false
+		}
+	}
+	return len(l.GetRanks()) > 0
 }
 
 func (s *Server) event(st *agentStream, e *smgv1.EngineEvent, now time.Time) {

@@ -17,6 +17,7 @@
 //	  stall 0 removes the silence requirement                         Rules.Stall
 //	When an Engine Freezes (wedged)                                   Liveness.Sweep
 //	  wedge bound (prefill in flight / measured rate, capped 120 s)   Liveness.Routers, Liveness.SetPrefillRate
+//	  no stretch while the engine itself runs nothing                 Record.Idle
 //	  a waiting queue without progress                                Liveness.Record + Liveness.Routers
 //	  a pile that grows or stands DeepPile deep                       Liveness.Routers
 //	  the engine's own silence, per wire                              Record.Silence, Record.StepWire

@@ -157,6 +157,10 @@ type Record struct {
 	// stats logging); false for token batches only (SGLang, TokenSpeed, vLLM
 	// with --disable-log-stats), where a long prefill is silent too.
 	StepWire bool
+	// Idle is true when the engine reports no request running: the prompts
+	// routers hold in flight on it are then not in prefill, so they do not
+	// stretch the wedge bound.
+	Idle bool
 }
 
 // RouterObservation is what the routers see of one worker, summed across
@@ -270,6 +274,7 @@ type Liveness struct {
 	engineSilent  time.Time // when the engine's reported silence began; zero: none
 	enginePrefill int64
 	stepWire      bool
+	engineIdle    bool
 
 	streams       int64
 	pileSince     time.Time // when the pile last went from empty to non-empty
@@ -322,6 +327,7 @@ func (l *Liveness) Record(now time.Time, rec Record, r *Rules) Change {
 	}
 	l.enginePrefill = rec.PrefillInHand
 	l.stepWire = rec.StepWire
+	l.engineIdle = rec.Idle
 	return l.judge(now, r)
 }
 
@@ -426,7 +432,11 @@ func (l *Liveness) unreachable(now time.Time, r *Rules) (Cause, bool) {
 func (l *Liveness) wedged(now time.Time, r *Rules) (Cause, bool) {
 	if l.streams > 0 {
 		silence := now.Sub(laterOf(l.lastProgress, l.pileSince))
-		bound := r.pileBound(max(l.prefillTokens, l.enginePrefill), l.prefillRate)
+		prefill := max(l.prefillTokens, l.enginePrefill)
+		if l.notPrefilling() {
+			prefill = 0 // the engine itself says so: the bound is the wedge bound
+		}
+		bound := r.pileBound(prefill, l.prefillRate)
 		if silence >= bound {
 			c := Cause{Silence: silence, Bound: bound, Streams: l.streams, PileLow: l.pileLow, Waiting: l.waiting}
 			switch {
@@ -440,6 +450,19 @@ func (l *Liveness) wedged(now time.Time, r *Rules) (Cause, bool) {
 		}
 	}
 	return l.engineSilence(now, r)
+}
+
+// notPrefilling reports whether the engine's own latest record, newer than
+// the pile and not refuted by progress since, says none of the prompts in
+// flight is being prefilled: it runs no request. The prefill stretch of the
+// wedge bound (up to BoundCap while no rate is measured) then does not
+// apply. (An engine on a step wire that takes no step reports its silence,
+// which the engine-silence rule bounds by the wedge bound already.)
+func (l *Liveness) notPrefilling() bool {
+	if l.recordAt.IsZero() || l.recordAt.Before(l.pileSince) || l.lastProgress.After(l.recordAt) {
+		return false
+	}
+	return l.engineIdle
 }
 
 // stillWedged holds a wedge veto while its evidence stands and returns the

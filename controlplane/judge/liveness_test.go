@@ -304,6 +304,22 @@ func TestWedgedEvidence(t *testing.T) {
 			{119999 * ms, sweep(), Live, 0},
 			{120 * s, sweep(), Wedged, CausePile},
 		}},
+		{name: "prompts in flight, no rate, and the engine itself runs nothing: the wedge bound (frozen fresh engine)", steps: []step{
+			{0, routers(2, never, 5000), Live, 0},
+			{0, record(Record{Pushed: true, Waiting: 2, Idle: true}), Live, 0}, // queued, nothing running: not in prefill
+			{2999 * ms, sweep(), Live, 0},
+			{3 * s, sweep(), Wedged, CauseWaitingQueue},
+		}},
+		{name: "an idle record older than the pile says nothing of its prompts: the cap stands", steps: []step{
+			{0, record(Record{Idle: true}), Live, 0},
+			{1 * s, routers(4, never, 5000), Live, 0},
+			{60 * s, sweep(), Live, 0},
+		}},
+		{name: "the engine running its prompts keeps the prefill stretch", steps: []step{
+			{0, routers(4, never, 5000), Live, 0},
+			{0, record(Record{Waiting: 0}), Live, 0}, // running, not idle
+			{60 * s, sweep(), Live, 0},
+		}},
 		{name: "the servicer's prefill in hand stretches the queue bound too", steps: []step{
 			{0, rate(1000), Live, 0},
 			{0, routers(1, never, 0), Live, 0},

@@ -350,9 +350,9 @@ func (t *Tracker) StopPushed(workerID string) {
 func (t *Tracker) PollAnswered(workerID string, now time.Time) { t.Contact(workerID, now) }
 
 // PollReport implements monitor.Observer: an answered poll is contact and
-// shows the waiting queue.
-func (t *Tracker) PollReport(workerID string, waiting int64, now time.Time) {
-	t.Record(workerID, judge.Record{Waiting: waiting}, now)
+// shows the waiting queue, and whether the engine runs anything.
+func (t *Tracker) PollReport(workerID string, waiting, running int64, now time.Time) {
+	t.Record(workerID, judge.Record{Waiting: waiting, Idle: running == 0}, now)
 }
 
 // PollTransportFailure implements monitor.Observer: an HTTP worker's failed

@@ -24,8 +24,9 @@ import (
 type Observer interface {
 	// PollAnswered: the engine answered without a usable report.
 	PollAnswered(workerID string, now time.Time)
-	// PollReport: the engine answered with a report showing waiting requests.
-	PollReport(workerID string, waiting int64, now time.Time)
+	// PollReport: the engine answered with a report showing its waiting and
+	// running requests.
+	PollReport(workerID string, waiting, running int64, now time.Time)
 	// PollTransportFailure: the poll's connection failed.
 	PollTransportFailure(workerID string, err error, now time.Time)
 }
@@ -281,7 +282,7 @@ func (m *Monitor) PollOnce(ctx context.Context, workerID string, r *engine.Reade
 		return
 	}
 	if m.observer != nil {
-		m.observer.PollReport(workerID, rep.Waiting(), now)
+		m.observer.PollReport(workerID, rep.Waiting(), rep.Running(), now)
 	}
 	m.ingested(workerID, m.ingest.Report(workerID, loadpb.FromReport(rep, now)))
 }
