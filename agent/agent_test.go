@@ -158,6 +158,22 @@ func (f *fakeCP) next(t *testing.T, what string, pred func(*smgv1.ReportRequest)
 	}
 }
 
+// nextWithin returns the first message matching pred within d, or nil.
+func (f *fakeCP) nextWithin(d time.Duration, pred func(*smgv1.ReportRequest) bool) *smgv1.ReportRequest {
+	wait := time.NewTimer(d)
+	defer wait.Stop()
+	for {
+		select {
+		case m := <-f.msgs:
+			if pred(m) {
+				return m
+			}
+		case <-wait.C:
+			return nil
+		}
+	}
+}
+
 func isHello(m *smgv1.ReportRequest) bool { return m.GetHello() != nil }
 
 func recordOf(url string) func(*smgv1.ReportRequest) bool {
@@ -280,18 +296,10 @@ func TestFrozenVLLMEngineReportsGrowingSilence(t *testing.T) {
 			t.Fatal("no record reporting silence from the frozen engine")
 		}
 		clk.Advance(5 * time.Second)
-		wait := time.After(time.Second)
-	read:
-		for {
-			select {
-			case m := <-cp.msgs:
-				if r := m.GetRecord(); r.GetWorkerUrl() == eng.URL() && r.GetEngineSilence().AsDuration() > 0 {
-					silent = r
-					break read
-				}
-			case <-wait:
-				break read
-			}
+		if m := cp.nextWithin(time.Second, func(m *smgv1.ReportRequest) bool {
+			return recordOf(eng.URL())(m) && m.GetRecord().GetEngineSilence().AsDuration() > 0
+		}); m != nil {
+			silent = m.GetRecord()
 		}
 	}
 	if s := silent.GetEngineSilence().AsDuration(); s%(5*time.Second) != 0 {
@@ -310,17 +318,45 @@ func TestFrozenVLLMEngineReportsGrowingSilence(t *testing.T) {
 	}
 }
 
-func TestSGLangRecordsCarryNoSilence(t *testing.T) {
+// SGLang's wires carry token batches only: the agent measures the engine's
+// silence from the KV tokens in use (/v1/loads) and sends it with step_wire
+// false, so the control plane stretches the bound for a long prefill.
+func TestFrozenSGLangEngineReportsSilenceOnItsTokenBatchWire(t *testing.T) {
 	cp := startFakeCP(t)
 	eng := engineSim(t, sim.FlavorSGLang)
 	newLoadGen(t).start(eng.URL())
-	runAgent(t, fastOpts(cp.addr, eng.URL()))
-	rec := cp.next(t, "an SGLang record", recordOf(eng.URL())).GetRecord()
-	if rec.GetStepWire() || rec.GetEngineSilence() != nil {
-		t.Fatalf("SGLang wire: step_wire %v, silence %v; want no silence figure at all", rec.GetStepWire(), rec.GetEngineSilence())
+	clk := newClock()
+	opts := fastOpts(cp.addr, eng.URL())
+	opts.Now = clk.Now
+	runAgent(t, opts)
+	rec := cp.next(t, "an SGLang record with a running request", func(m *smgv1.ReportRequest) bool {
+		return recordOf(eng.URL())(m) && m.GetRecord().GetLoad().GetRunningRequests() == 1
+	}).GetRecord()
+	if rec.GetStepWire() || rec.GetEngineSilence() == nil || rec.GetEngineSilence().AsDuration() != 0 {
+		t.Fatalf("producing SGLang engine: step_wire %v, silence %v; want a token-batch wire reporting zero silence",
+			rec.GetStepWire(), rec.GetEngineSilence())
 	}
 	if rec.GetLoad().GetSource() == "" || rec.GetObservedAt() == nil {
 		t.Fatalf("record lacks its load or time: %v", rec)
+	}
+	if err := eng.SetFault(sim.Fault{Freeze: true}); err != nil {
+		t.Fatal(err)
+	}
+	cp.next(t, "contact from the frozen engine", eventOf(eng.URL(), smgv1.EngineEventKind_ENGINE_EVENT_KIND_CONTACT))
+	for tries := 0; ; tries++ {
+		if tries == 10 {
+			t.Fatal("no record reporting silence from the frozen SGLang engine")
+		}
+		clk.Advance(5 * time.Second)
+		m := cp.nextWithin(time.Second, func(m *smgv1.ReportRequest) bool {
+			return recordOf(eng.URL())(m) && m.GetRecord().GetEngineSilence().AsDuration() > 0
+		})
+		if m != nil {
+			if r := m.GetRecord(); r.GetStepWire() {
+				t.Fatalf("silence sent as a step wire's: %v", r)
+			}
+			return
+		}
 	}
 }
 

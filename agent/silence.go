@@ -20,9 +20,12 @@ type silenceMeter struct {
 	movedAt time.Time // last step, or when held requests appeared
 }
 
-// observe returns the silence at now and whether the wire gives one.
+// observe returns the silence at now and whether the wire gives one: step
+// wires and token-batch wires (SGLang) do; on the latter a long prefill is
+// silent too, which the control plane allows for (the record's step_wire is
+// false).
 func (m *silenceMeter) observe(rep engine.Report, now time.Time) (time.Duration, bool) {
-	if !rep.StepWire {
+	if !rep.StepWire && !rep.BatchWire {
 		*m = silenceMeter{}
 		return 0, false
 	}

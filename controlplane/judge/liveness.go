@@ -495,7 +495,10 @@ func (l *Liveness) engineSilence(now time.Time, r *Rules) (Cause, bool) {
 		if l.prefillRate <= 0 {
 			return Cause{}, false // token-batch wire: no verdict before a rate is measured
 		}
-		bound = max(bound, r.prefillTime(2*float64(l.enginePrefill), l.prefillRate))
+		// The prefill in hand: the servicer's figure, or what the routers
+		// hold in prefill on the worker when the engine reports none (an
+		// agent reading SGLang's load endpoints sees no prompt tokens).
+		bound = max(bound, r.prefillTime(2*float64(max(l.enginePrefill, l.prefillTokens)), l.prefillRate))
 	}
 	silence := now.Sub(l.engineSilent)
 	if silence < bound {

@@ -351,6 +351,14 @@ func TestWedgedEvidence(t *testing.T) {
 			{4999 * ms, sweep(), Live, 0},
 			{5 * s, sweep(), Wedged, CauseEngineSilence},
 		}},
+		{name: "token-batch wire: the routers' prompts in prefill stretch it when the servicer reports none", steps: []step{
+			{0, rate(1000), Live, 0},
+			{0, routers(1, never, 3000), Live, 0},                      // 3,000 prompt tokens in flight: 2 × 3 s
+			{0, record(Record{Pushed: true, Silence: 1 * s}), Live, 0}, // an agent reading SGLang: no prefill figure
+			{2 * s, sweep(), Live, 0},
+			{4999 * ms, sweep(), Live, 0},
+			{5 * s, sweep(), Wedged, CauseEngineSilence},
+		}},
 		{name: "token-batch wire: never below wedge-secs", steps: []step{
 			{0, rate(1_000_000), Live, 0},
 			{0, record(Record{Pushed: true, Silence: 2999 * ms, PrefillInHand: 10}), Live, 0},

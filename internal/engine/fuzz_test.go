@@ -61,7 +61,7 @@ func checkReport(t *testing.T, in []byte, rep Report, err error, fields []field)
 			t.Fatalf("bad throughput: %+v", r)
 		}
 	}
-	if !(rep.StepCount >= 0) || math.IsInf(rep.StepCount, 0) || (rep.StepCount > 0 && !rep.StepWire) {
+	if !(rep.StepCount >= 0) || math.IsInf(rep.StepCount, 0) || (rep.StepCount > 0 && !rep.StepWire && !rep.BatchWire) || (rep.StepWire && rep.BatchWire) {
 		t.Fatalf("bad step counter %v/%v", rep.StepCount, rep.StepWire)
 	}
 	lower := bytes.ToLower(in) // JSON keys match case-insensitively
@@ -162,12 +162,15 @@ func parseSGLangLoadsStd(body []byte) (Report, error) {
 			GenThroughput      float64  `json:"gen_throughput"`
 			CacheHitRate       float64  `json:"cache_hit_rate"`
 			MaxRunningRequests float64  `json:"max_running_requests"`
+			NumUsedTokens      *float64 `json:"num_used_tokens"`
 		} `json:"loads"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
 		return Report{}, &ParseError{Wire: "sglang /v1/loads", Err: err}
 	}
 	s := rankSet{ranks: make([]Rank, 0, 8)}
+	var used float64
+	hasUsed := false
 	for i, l := range v.Loads {
 		e := loadsEntry{running: l.NumRunningReqs, waiting: l.NumWaitingReqs, usage: l.TokenUsage,
 			gen: l.GenThroughput, hitRate: l.CacheHitRate, maxRunning: l.MaxRunningRequests}
@@ -175,8 +178,15 @@ func parseSGLangLoadsStd(body []byte) (Report, error) {
 			e.dp, e.hasDP = *l.DPRank, true
 		}
 		addLoadsEntry(&s, e, i)
+		if l.NumUsedTokens != nil {
+			used, hasUsed = used+count64(*l.NumUsedTokens), true
+		}
 	}
-	return s.report(SourceSGLangLoads, "sglang /v1/loads: no ranks")
+	rep, err := s.report(SourceSGLangLoads, "sglang /v1/loads: no ranks")
+	if err == nil && hasUsed {
+		rep.StepCount, rep.BatchWire = used, true
+	}
+	return rep, err
 }
 
 func FuzzParseSGLangGetLoad(f *testing.F) {

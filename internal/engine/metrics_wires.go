@@ -67,7 +67,9 @@ var sglangWire = gaugeWire{
 // ParseSGLangMetrics reads an SGLang /metrics page (server run with
 // --enable-metrics). Every TP rank repeats its DP rank's values; one is read.
 // SGLang refreshes these gauges only on prefill batches and every
-// --decode-log-interval decode steps, so the page carries no step counter.
+// --decode-log-interval decode steps, so the page carries no step counter;
+// its prompt and generation token counters move with those batches, which
+// makes it a token-batch wire (BatchWire).
 func ParseSGLangMetrics(r io.Reader) (Report, error) {
 	fs, err := readFamilies(r)
 	if err != nil {
@@ -84,7 +86,16 @@ func fromSGLangMetrics(fs families) (Report, error) {
 	s := w.ranks(fs)
 	fs.annotate(s, "sglang:gen_throughput", w.rankLabels, sampleValue, func(r *Rank, v float64) { r.GenThroughput = rate(v) })
 	fs.annotate(s, "sglang:cache_hit_rate", w.rankLabels, sampleValue, func(r *Rank, v float64) { r.CacheHitRate = fraction(v) })
-	return s.report(w.source, "sglang metrics: no load gauges")
+	rep, err := s.report(w.source, "sglang metrics: no load gauges")
+	if err != nil {
+		return Report{}, err
+	}
+	if fs["sglang:prompt_tokens_total"] != nil || fs["sglang:generation_tokens_total"] != nil {
+		rep.StepCount = fs.sumRanks("sglang:prompt_tokens_total", w.rankLabels, sampleValue) +
+			fs.sumRanks("sglang:generation_tokens_total", w.rankLabels, sampleValue)
+		rep.BatchWire = true
+	}
+	return rep, nil
 }
 
 var tokenSpeedWire = gaugeWire{

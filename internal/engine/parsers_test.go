@@ -49,6 +49,7 @@ func TestParsersOnRecordedPayloads(t *testing.T) {
 		ranks     []Rank
 		stepCount float64
 		stepWire  bool
+		batchWire bool // the step count moves with token batches (SGLang)
 	}{
 		{
 			name: "vLLM v1, two DP engines", file: "vllm_v1_dp2.txt", parse: vllm, source: SourceVLLM,
@@ -69,10 +70,12 @@ func TestParsersOnRecordedPayloads(t *testing.T) {
 				{DPRank: 0, Waiting: 2, Running: 58, TokenUsage: 0.7362, GenThroughput: 2143.9, CacheHitRate: 0.3877, MaxRunning: 128},
 				{DPRank: 1, Waiting: 7, Running: 61, TokenUsage: 0.8713, GenThroughput: 2210.41, CacheHitRate: 0.4122, MaxRunning: 128},
 			},
+			stepCount: 201344 + 170112, batchWire: true, // KV tokens in use
 		},
 		{
 			name: "SGLang /get_load (num_reqs counts waiting too)", file: "sglang_get_load_dp2.json", parse: ParseSGLangGetLoad, source: SourceSGLangGetLoad,
-			ranks: []Rank{{DPRank: 0, Waiting: 3, Running: 11}, {DPRank: 1, Waiting: 0, Running: 9}},
+			ranks:     []Rank{{DPRank: 0, Waiting: 3, Running: 11}, {DPRank: 1, Waiting: 0, Running: 9}},
+			stepCount: 40122 + 20877, batchWire: true, // num_tokens: KV tokens in use
 		},
 		{
 			name: "SGLang /metrics, DP 2 x TP 2, tp_rank 0 read", file: "sglang_metrics_dp2_tp2.txt",
@@ -81,6 +84,7 @@ func TestParsersOnRecordedPayloads(t *testing.T) {
 				{DPRank: 0, Waiting: 6, Running: 40, TokenUsage: 0.81, GenThroughput: 1530.2, CacheHitRate: 0.52},
 				{DPRank: 1, Waiting: 1, Running: 35, TokenUsage: 0.62, GenThroughput: 1402.7, CacheHitRate: 0.47},
 			},
+			stepCount: 8.812034e+06 + 2.104411e+06, batchWire: true, // prompt + generation token counters
 		},
 		{
 			name: "TokenSpeed, two DP ranks", file: "tokenspeed_metrics.txt",
@@ -136,8 +140,8 @@ func TestParsersOnRecordedPayloads(t *testing.T) {
 			if !approxRanks(rep.Ranks, tc.ranks) {
 				t.Errorf("ranks =\n %+v\nwant\n %+v", rep.Ranks, tc.ranks)
 			}
-			if rep.StepCount != tc.stepCount || rep.StepWire != tc.stepWire {
-				t.Errorf("step = %v/%v, want %v/%v", rep.StepCount, rep.StepWire, tc.stepCount, tc.stepWire)
+			if rep.StepCount != tc.stepCount || rep.StepWire != tc.stepWire || rep.BatchWire != tc.batchWire {
+				t.Errorf("step = %v/%v/%v, want %v/%v/%v", rep.StepCount, rep.StepWire, rep.BatchWire, tc.stepCount, tc.stepWire, tc.batchWire)
 			}
 		})
 	}

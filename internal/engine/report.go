@@ -74,6 +74,11 @@ type Report struct {
 	// about progress between completions.
 	StepCount float64
 	StepWire  bool
+	// BatchWire is true for wires whose StepCount moves with token batches
+	// only (SGLang: prompt and generation token counters, or the KV tokens in
+	// use), so a long prefill is silent too: the control plane stretches the
+	// silence it allows on such a wire (the spec's token-batch rule).
+	BatchWire bool
 
 	counters []rankSample // by DP rank, for wires that export counters
 }

@@ -21,6 +21,8 @@ type loadsEntry struct {
 	hasDP                    bool
 	running, waiting, usage  float64
 	gen, hitRate, maxRunning float64
+	used                     float64 // num_used_tokens: KV tokens in use
+	hasUsed                  bool
 }
 
 // ParseSGLangLoads reads SGLang's /v1/loads JSON answer, one entry per DP
@@ -30,11 +32,14 @@ type loadsEntry struct {
 func ParseSGLangLoads(body []byte) (Report, error) {
 	s := jsonScanner{b: body}
 	ranks := rankSet{ranks: make([]Rank, 0, 8)} // one allocation for up to 8 DP ranks
+	var used float64                            // KV tokens in use, summed: the progress counter
+	hasUsed := false
 	top := func(key []byte) bool {
 		if !keyIs(key, "loads") {
 			return s.skip(2)
 		}
 		ranks.ranks = ranks.ranks[:0] // a repeated key: the last one counts
+		used, hasUsed = 0, false
 		if s.peek() == 'n' {
 			return s.lit("null")
 		}
@@ -48,6 +53,7 @@ func ParseSGLangLoads(body []byte) (Report, error) {
 				return false
 			}
 			addLoadsEntry(&ranks, e, i)
+			used, hasUsed = used+count64(e.used), hasUsed || e.hasUsed
 			return true
 		})
 	}
@@ -60,7 +66,21 @@ func ParseSGLangLoads(body []byte) (Report, error) {
 	if s.ws(); !ok || s.i != len(s.b) {
 		return Report{}, &ParseError{Wire: "sglang /v1/loads", Err: s.fail()}
 	}
-	return ranks.report(SourceSGLangLoads, "sglang /v1/loads: no ranks")
+	rep, err := ranks.report(SourceSGLangLoads, "sglang /v1/loads: no ranks")
+	if err == nil && hasUsed {
+		// The KV tokens in use move with every prefill chunk and decode
+		// step SGLang runs, and stand still when it produces nothing.
+		rep.StepCount, rep.BatchWire = used, true
+	}
+	return rep, err
+}
+
+// count64 is a non-negative finite count as a float (NaN, ±Inf, < 0: 0).
+func count64(v float64) float64 {
+	if !(v > 0) || math.IsInf(v, 1) {
+		return 0
+	}
+	return v
 }
 
 // loadsField reads one field of a /v1/loads entry.
@@ -84,6 +104,10 @@ func (s *jsonScanner) loadsField(key []byte, e *loadsEntry) bool {
 		dst = &e.hitRate
 	case "max_running_requests":
 		dst = &e.maxRunning
+	case "num_used_tokens":
+		set, ok := s.numOrNull(&e.used)
+		e.hasUsed = e.hasUsed || set
+		return ok
 	default:
 		return s.skip(4)
 	}
@@ -93,7 +117,7 @@ func (s *jsonScanner) loadsField(key []byte, e *loadsEntry) bool {
 }
 
 var loadsFieldNames = []string{"dp_rank", "num_running_reqs", "num_waiting_reqs", "token_usage",
-	"gen_throughput", "cache_hit_rate", "max_running_requests"}
+	"gen_throughput", "cache_hit_rate", "max_running_requests", "num_used_tokens"}
 
 // loadsFieldName maps a key to the field it fills, matching as encoding/json
 // does (case-insensitively); "" for keys this package does not read.
@@ -153,7 +177,7 @@ type sglangGetLoad struct {
 	DPRank         *float64 `json:"dp_rank"`
 	NumReqs        float64  `json:"num_reqs"`
 	NumWaitingReqs float64  `json:"num_waiting_reqs"`
-	NumTokens      float64  `json:"num_tokens"`
+	NumTokens      *float64 `json:"num_tokens"`
 }
 
 // ParseSGLangGetLoad reads SGLang's legacy /get_load answer: a list of
@@ -172,10 +196,15 @@ func ParseSGLangGetLoad(body []byte) (Report, error) {
 		return Report{}, &ParseError{Wire: "sglang /get_load", Err: err}
 	}
 	s := rankSet{ranks: make([]Rank, 0, len(list))}
+	var tokens float64
+	hasTokens := false
 	for i, l := range list {
 		dp, ok := jsonRank(l.DPRank, i)
 		if !ok || s.find(dp) != nil {
 			continue
+		}
+		if l.NumTokens != nil {
+			tokens, hasTokens = tokens+count64(*l.NumTokens), true
 		}
 		waiting := count(l.NumWaitingReqs)
 		running := count(l.NumReqs) - waiting
@@ -184,7 +213,11 @@ func ParseSGLangGetLoad(body []byte) (Report, error) {
 		}
 		*s.get(dp) = Rank{DPRank: dp, Waiting: waiting, Running: running}
 	}
-	return s.report(SourceSGLangGetLoad, "sglang /get_load: no ranks")
+	rep, err := s.report(SourceSGLangGetLoad, "sglang /get_load: no ranks")
+	if err == nil && hasTokens {
+		rep.StepCount, rep.BatchWire = tokens, true // KV tokens in use, as on /v1/loads
+	}
+	return rep, err
 }
 
 // jsonRank takes an entry's dp_rank, or its position when the field is absent.
