@@ -143,19 +143,11 @@ func (f *fakeCP) sayGoodbye() {
 // next returns the next message matching pred, skipping others; fails after 5 s.
 func (f *fakeCP) next(t *testing.T, what string, pred func(*smgv1.ReportRequest) bool) *smgv1.ReportRequest {
 	t.Helper()
-	deadline := time.NewTimer(5 * time.Second)
-	defer deadline.Stop()
-	for {
-		select {
-		case m := <-f.msgs:
-			if pred(m) {
-				return m
-			}
-		case <-deadline.C:
-			t.Fatalf("timed out waiting for %s", what)
-			return nil
-		}
+	m := f.nextWithin(5*time.Second, pred)
+	if m == nil {
+		t.Fatalf("timed out waiting for %s", what)
 	}
+	return m
 }
 
 // nextWithin returns the first message matching pred within d, or nil.
