@@ -128,6 +128,21 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 			p.n++
 		}
 	}
+	// Requests queued in the priority scheduler wait for a room on any
+	// regular windowed worker: their demand is spread over those workers too,
+	// by class, so the allocator grows this router's shares for them.
+	var sched [NumClasses]int64
+	var regular int64
+	if r.sched != nil && r.schedFromFleet {
+		for c, d := range r.sched.Demand() {
+			sched[c] = d.Waiting
+		}
+		for i := range v.workers {
+			if rooms, _ := r.windowRooms(&v.workers[i]); rooms > 0 && v.workers[i].Type != TypeDecode {
+				regular++
+			}
+		}
+	}
 	for i := range v.workers {
 		w := &v.workers[i]
 		if rooms, _ := r.windowRooms(w); rooms <= 0 {
@@ -135,6 +150,13 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 		}
 		st := v.states[i]
 		d := WindowDemand{WorkerID: w.ID, InFlight: st.gate.inFlight.Load()}
+		if regular > 0 && w.Type != TypeDecode {
+			for c, n := range sched {
+				share := (n + regular - 1) / regular
+				d.WaitingByClass[c] += share
+				d.Waiting += share
+			}
+		}
 		for _, wl := range st.waitlists() {
 			p := pools[wl]
 			for c, n := range p.waiting {

@@ -131,12 +131,19 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 
 	ctx, cancel := r.requestContext(req.Context())
 	defer cancel()
+	roomWait := time.Duration(r.opts.WorkerAdmissionWaitSecs) * time.Second
 	if ticket != nil {
 		var stop context.CancelFunc
 		ctx, stop = watchPreemption(ctx, ticket)
 		defer stop()
+		// Under the scheduler a request that still finds no room in its
+		// pool waits by its class's rules.
+		roomWait = r.sched.Config().Classes[ticket.Class()].QueueTimeout
 	}
-	q := request{model: f.Model, key: req.Header.Get(r.opts.DispatchKeyHeader), prompt: f.prompt()}
+	q := request{model: f.Model, key: req.Header.Get(r.opts.DispatchKeyHeader), prompt: f.prompt(), class: ClassDefault}
+	if ticket != nil {
+		q.class = int(ticket.Class())
+	}
 	streaming := f.Stream
 	promptTokens := int64(len(q.prompt) / r.opts.PromptBytesPerTokenGuess)
 
@@ -179,8 +186,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		var held *workerState // the worker whose room this attempt holds
 		if q.need > 0 {
 			waitFrom := r.clock()
-			g, res := r.acquireRoomAfter(ctx, v, p, i, out, f.Model, false, &q,
-				time.Duration(r.opts.WorkerAdmissionWaitSecs)*time.Second)
+			g, res := r.acquireRoomAfter(ctx, v, p, i, out, f.Model, false, &q, roomWait)
 			if res != gateAdmitted {
 				r.wm.wait.Observe(r.clock().Sub(waitFrom).Seconds())
 			}

@@ -35,6 +35,9 @@ type Router struct {
 	client   *http.Client
 	adm      *admission           // the rate limiting path (token bucket), when the scheduler is off
 	sched    *scheduler.Scheduler // the priority scheduler, when on and started
+	// schedFromFleet: the scheduler's capacity is the sum of this router's
+	// window shares, updated with every snapshot (else --max-concurrent-requests).
+	schedFromFleet bool
 	// completions meters answers that ended, for --retry-after-mode estimated.
 	completions *completionMeter
 
@@ -261,6 +264,9 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 		}
 	}
 	r.pokeAll() // a share that grew, or a new worker, has room for waiters
+	if r.sched != nil && r.schedFromFleet {
+		r.sched.SetCapacity(fleetCapacity(v, kept))
+	}
 }
 
 func (r *Router) allocSlot() uint32 {

@@ -42,10 +42,12 @@ func buildScheduler(opts Options, reg prometheus.Registerer) (*scheduler.Schedul
 		}
 	}
 	capacity := staticCapacity(opts)
-	if capacity == 0 {
-		return nil, errors.New("no capacity to admit against: set --max-concurrent-requests")
+	if fleetCapacitySource(opts) {
+		capacity = 0 // until the first snapshot grants shares; reservations scale to it
+	} else if capacity == 0 {
+		return nil, errors.New("no capacity to admit against: turn on --worker-admission-window (the fleet's windows) or set --max-concurrent-requests")
 	}
-	if capacity > 0 && cfg.ReservedTotal() > capacity {
+	if !fleetCapacitySource(opts) && cfg.ReservedTotal() > capacity {
 		return nil, fmt.Errorf("reservations over capacity: the classes reserve %d slots, --max-concurrent-requests is %d",
 			cfg.ReservedTotal(), capacity)
 	}
@@ -54,6 +56,29 @@ func buildScheduler(opts Options, reg prometheus.Registerer) (*scheduler.Schedul
 		return nil, fmt.Errorf("scheduler metrics: %w", err)
 	}
 	return scheduler.New(cfg, capacity, m), nil
+}
+
+// fleetCapacitySource: with running windows on, the scheduler admits
+// against the sum of the shares the control plane grants this router, so
+// its slots hold fleet-wide; otherwise against --max-concurrent-requests.
+func fleetCapacitySource(opts Options) bool { return opts.WorkerAdmissionWindow }
+
+// fleetCapacity is the sum of this router's gate limits over the workers
+// with a regular running window (its shares, or whole windows when no share
+// is allocated); Unlimited when one of them has no window (never gated).
+func fleetCapacity(v *view, workers []Worker) int64 {
+	var sum int64
+	for i := range workers {
+		if t := workers[i].Type; t == TypePrefill || t == TypeDecode {
+			continue
+		}
+		l := v.states[i].gate.limit.Load()
+		if l == unlimited {
+			return scheduler.Unlimited
+		}
+		sum += l
+	}
+	return sum
 }
 
 // staticCapacity is the scheduler's capacity when it does not come from the
@@ -78,7 +103,12 @@ func (r *Router) startScheduler(reg prometheus.Registerer) {
 		return
 	}
 	r.sched = s
-	r.log.Info("Priority scheduler on", "capacity", staticCapacity(r.opts), "config", r.opts.PrioritySchedulerConfig)
+	r.schedFromFleet = fleetCapacitySource(r.opts)
+	capacity := "--max-concurrent-requests"
+	if r.schedFromFleet {
+		capacity = "the sum of this router's window shares"
+	}
+	r.log.Info("Priority scheduler on", "capacity", capacity, "config", r.opts.PrioritySchedulerConfig)
 }
 
 // requestClass reads the caller's tenant and requested class and clamps it.

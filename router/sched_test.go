@@ -292,3 +292,47 @@ func TestSchedulerFailSafe(t *testing.T) {
 		})
 	}
 }
+
+// With running windows on, the scheduler's capacity is the sum of this
+// router's shares, live: a snapshot that grants more admits waiters, and the
+// requests waiting in the scheduler are reported by class as window demand
+// so the allocator can grow this router's shares for them.
+func TestSchedulerCapacityFromShares(t *testing.T) {
+	h, _ := schedHarness(t, -1, noReservations, func(o *Options) { o.WorkerAdmissionWindow = true })
+	release := make(chan struct{})
+	e := newEngine(t, "w", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		<-release
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	e2 := newEngine(t, "w2", e.srv.Config.Handler.ServeHTTP)
+	share := func(n int64) func(*Worker) {
+		return func(w *Worker) { w.AdmissionRooms = 4; w.WindowShare = n }
+	}
+	h.apply(e.worker(share(1)), e2.worker(share(1)))
+	answers := make(chan answer, 3)
+	for range 3 {
+		go func() { answers <- h.sendAs("sk-batch", "bulk", "bulk-job") }()
+	}
+	waitUntil(t, func() bool {
+		return h.metricValue("smg_scheduler_queue_depth", map[string]string{"class": "bulk"}) == 1 &&
+			e.hits.Load()+e2.hits.Load() == 2
+	})
+	if v := h.metricValue("smg_scheduler_utilization", nil); v != 1 {
+		t.Fatalf("utilization %v with 2 slots of 2 in flight", v)
+	}
+	for _, d := range h.r.Observations().Demand {
+		if d.WaitingByClass[ClassBulk] != 1 || d.Waiting != 1 || d.InFlight != 1 {
+			t.Fatalf("demand %+v: want the scheduler's waiting bulk request reported by class", d)
+		}
+	}
+	h.apply(e.worker(share(2)), e2.worker(share(1))) // the control plane grants one more room
+	waitUntil(t, func() bool { return e.hits.Load()+e2.hits.Load() == 3 })
+	close(release)
+	for range 3 {
+		if a := <-answers; a.status != http.StatusOK {
+			t.Fatalf("bulk request: %d %s", a.status, a.body)
+		}
+	}
+}
