@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -300,13 +301,17 @@ func TestSchedulerFailSafe(t *testing.T) {
 func TestSchedulerCapacityFromShares(t *testing.T) {
 	h, _ := schedHarness(t, -1, noReservations, func(o *Options) { o.WorkerAdmissionWindow = true })
 	release := make(chan struct{})
-	e := newEngine(t, "w", func(w http.ResponseWriter, r *http.Request) {
+	var once sync.Once
+	var hits atomic.Int64
+	handler := func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
+		hits.Add(1)
 		<-release
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
-	})
-	e2 := newEngine(t, "w2", e.srv.Config.Handler.ServeHTTP)
+	}
+	e, e2 := newEngine(t, "w", handler), newEngine(t, "w2", handler)
+	t.Cleanup(func() { once.Do(func() { close(release) }) }) // runs before the engines close
 	share := func(n int64) func(*Worker) {
 		return func(w *Worker) { w.AdmissionRooms = 4; w.WindowShare = n }
 	}
@@ -317,7 +322,7 @@ func TestSchedulerCapacityFromShares(t *testing.T) {
 	}
 	waitUntil(t, func() bool {
 		return h.metricValue("smg_scheduler_queue_depth", map[string]string{"class": "bulk"}) == 1 &&
-			e.hits.Load()+e2.hits.Load() == 2
+			hits.Load() == 2
 	})
 	if v := h.metricValue("smg_scheduler_utilization", nil); v != 1 {
 		t.Fatalf("utilization %v with 2 slots of 2 in flight", v)
@@ -328,8 +333,8 @@ func TestSchedulerCapacityFromShares(t *testing.T) {
 		}
 	}
 	h.apply(e.worker(share(2)), e2.worker(share(1))) // the control plane grants one more room
-	waitUntil(t, func() bool { return e.hits.Load()+e2.hits.Load() == 3 })
-	close(release)
+	waitUntil(t, func() bool { return hits.Load() == 3 })
+	once.Do(func() { close(release) })
 	for range 3 {
 		if a := <-answers; a.status != http.StatusOK {
 			t.Fatalf("bulk request: %d %s", a.status, a.body)
