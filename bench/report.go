@@ -118,12 +118,9 @@ func replaceBlock(path, name, content string) error {
 	return os.WriteFile(path, []byte(doc), 0o644)
 }
 
-// PublishOverload writes the tables into docs/benchmarks.md and the plots into docs/img.
+// PublishOverload writes the tables into docs/benchmarks.md; the benchmark
+// suite draws the plots (docs/img) it links to.
 func (s *Suite) PublishOverload(rep *OverloadReport) error {
-	img := filepath.Join(s.DocsDir, "img")
-	if err := PlotOverload(rep, img); err != nil {
-		return err
-	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "### Overload: 4 engines, 0.5× to 2× of measured capacity\n\n")
 	fmt.Fprintf(&b, "Fleet capacity (closed loop, %d clients, %.0f s): **%.1f req/s, %.0f output tokens/s**. "+
@@ -169,12 +166,9 @@ func metStr(ok bool) string {
 	return "**missed**"
 }
 
-// PublishFaults writes the fault table into docs/benchmarks.md and its plot into docs/img.
+// PublishFaults writes the fault table into docs/benchmarks.md; the
+// benchmark suite draws the plot (docs/img) it links to.
 func (s *Suite) PublishFaults(rep *FaultReport) error {
-	img := filepath.Join(s.DocsDir, "img")
-	if err := PlotFaults(rep, img); err != nil {
-		return err
-	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "### Faults: 4 engines at 1× capacity (%.1f req/s), one killed, then one frozen\n\n", rep.Rate)
 	fmt.Fprintf(&b, "Gateway: default protection (steer), `%s`. %.0f s run; load average %s at the start, %s at the end.",

@@ -97,6 +97,14 @@ func runOverload(ctx context.Context, s *bench.Suite) error {
 	if s.DocsDir == "" {
 		return nil
 	}
+	return publishOverload(s, rep)
+}
+
+// publishOverload writes the tables and draws the plots they link to.
+func publishOverload(s *bench.Suite, rep *bench.OverloadReport) error {
+	if err := plotOverload(rep, filepath.Join(s.DocsDir, "img")); err != nil {
+		return err
+	}
 	return s.PublishOverload(rep)
 }
 
@@ -109,7 +117,7 @@ func republish(s *bench.Suite) error {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		return err
 	}
-	return s.PublishOverload(&rep)
+	return publishOverload(s, &rep)
 }
 
 func runFaults(ctx context.Context, s *bench.Suite) error {
@@ -120,6 +128,9 @@ func runFaults(ctx context.Context, s *bench.Suite) error {
 	bench.WriteFaultTable(os.Stdout, rep)
 	if s.DocsDir == "" {
 		return nil
+	}
+	if err := plotFaults(rep, filepath.Join(s.DocsDir, "img")); err != nil {
+		return err
 	}
 	return s.PublishFaults(rep)
 }

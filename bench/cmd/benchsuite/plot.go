@@ -1,4 +1,6 @@
-package bench
+// Plots of the benchmark suite. They live here, not in package bench, so the
+// plotting stack (gonum/plot, fonts, PDF) is never linked into smg itself.
+package main
 
 import (
 	"fmt"
@@ -8,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/smg-project/smg/bench"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
@@ -15,8 +18,8 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 )
 
-// PlotOverload writes overload-ttft-p99.png and overload-goodput.png into dir.
-func PlotOverload(rep *OverloadReport, dir string) error {
+// plotOverload writes overload-ttft-p99.png and overload-goodput.png into dir.
+func plotOverload(rep *bench.OverloadReport, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -95,9 +98,9 @@ func hline(xs []float64, y float64, c color.Color) *plotter.Line {
 	return l
 }
 
-// PlotFaults writes faults-ttft.png into dir: TTFT of every completed request
+// plotFaults writes faults-ttft.png into dir: TTFT of every completed request
 // by its start time, p99 per second, failures, and a line at each fault.
-func PlotFaults(rep *FaultReport, dir string) error {
+func plotFaults(rep *bench.FaultReport, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -129,7 +132,7 @@ func PlotFaults(rep *FaultReport, dir string) error {
 	}
 	sort.Ints(secs)
 	for _, s := range secs {
-		p99 = append(p99, plotter.XY{X: float64(s) + 0.5, Y: math.Max(PercentilesOf(bins[s]).P99, 0.001)})
+		p99 = append(p99, plotter.XY{X: float64(s) + 0.5, Y: math.Max(bench.PercentilesOf(bins[s]).P99, 0.001)})
 	}
 	if len(ok) > 0 {
 		sc, err := plotter.NewScatter(ok)
