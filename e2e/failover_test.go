@@ -9,9 +9,13 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	cpadmin "github.com/smg-project/smg/controlplane/admin"
 )
 
 // haRouter runs `smg router` against every replica and waits for /readyz.
@@ -267,3 +271,158 @@ func checkEverywhere(t *testing.T, c *haCluster, present map[string]string, abse
 		})
 	}
 }
+
+// regOutcome is what a client learned of one write.
+type regOutcome int
+
+const (
+	outAcked   regOutcome = iota // 202: committed
+	outRefused                   // a definite refusal: never made
+	outUnknown                   // no answer, or an answer that says it may be stored
+)
+
+func classifyWrite(code int, body []byte, err error) regOutcome {
+	switch {
+	case err != nil && strings.Contains(err.Error(), "connection refused"):
+		return outRefused // never reached a replica
+	case err != nil:
+		return outUnknown
+	case code == http.StatusAccepted:
+		return outAcked
+	case code == http.StatusServiceUnavailable && strings.Contains(string(body), "OUTCOME_UNKNOWN"):
+		return outUnknown
+	case code >= 400 && code < 600:
+		return outRefused
+	}
+	return outUnknown
+}
+
+// A register check in the style of Jepsen's: while the leader is killed and
+// restarted again and again, clients register and delete workers through
+// every replica. Afterwards every replica holds the same registry: every
+// acknowledged registration that was not deleted is there (and done),
+// nothing refused is there, and every acknowledged deletion holds.
+func TestHARegistryThroughLeaderKills(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts leaders for about 20 s")
+	}
+	eng := fakeEngines(t)
+	c := startHACluster(t, 3)
+	c.leader(15 * time.Second)
+
+	type op struct {
+		url    string
+		reg    regOutcome
+		del    regOutcome // valid when deleted
+		delete bool
+	}
+	var (
+		mu   sync.Mutex
+		ops  []*op
+		stop = make(chan struct{})
+		wg   sync.WaitGroup
+	)
+	for client := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				nd := c.nodes[(client+i)%len(c.nodes)]
+				o := &op{url: fmt.Sprintf("%s/c%d-%d", eng.URL, client, i)}
+				code, b, err := nd.admin.do(http.MethodPost, "/workers", []byte(`{"url":"`+o.url+`"}`))
+				o.reg = classifyWrite(code, b, err)
+				if o.reg == outAcked && i%3 == 0 {
+					// Delete every third acknowledged worker, once its
+					// registration is done, through another replica.
+					id := workerIDOf(b)
+					other := c.nodes[(client+i+1)%len(c.nodes)]
+					for range 50 {
+						if st, err := jobStates(other.admin, false); err == nil && st[id] == "done" {
+							break
+						}
+						time.Sleep(50 * time.Millisecond) // polling the job, not an assertion
+					}
+					code, b, err := other.admin.do(http.MethodDelete, "/workers/"+id, nil)
+					o.delete, o.del = true, classifyWrite(code, b, err)
+				}
+				mu.Lock()
+				ops = append(ops, o)
+				mu.Unlock()
+				time.Sleep(20 * time.Millisecond) // pacing
+			}
+		}()
+	}
+	const kills = 5
+	for k := range kills {
+		time.Sleep(1500 * time.Millisecond) // writes under this leader (pacing)
+		l := c.leader(15 * time.Second)
+		l.proc.kill()
+		c.leader(15*time.Second, l)
+		c.start(l) // back as a follower, from its data dir
+		t.Logf("kill %d: %s killed and restarted", k+1, l.id)
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+
+	present := map[string]string{} // url -> id: must be on every replica, done
+	absent := map[string]bool{}    // ids that must be on none
+	var acked, refused, unknown, deleted int
+	for _, o := range ops {
+		id := workerIDFromURL(o.url)
+		switch o.reg {
+		case outAcked:
+			acked++
+		case outRefused:
+			refused++
+			absent[id] = true
+			continue
+		default:
+			unknown++
+			continue
+		}
+		switch {
+		case !o.delete || o.del == outRefused:
+			present[o.url] = id
+		case o.del == outAcked:
+			deleted++
+			absent[id] = true
+		}
+	}
+	t.Logf("%d registrations: %d acknowledged, %d refused, %d unknown; %d acknowledged deletions", len(ops), acked, refused, unknown, deleted)
+	if acked < 20 {
+		t.Errorf("only %d acknowledged registrations: the clients did not get through", acked)
+	}
+	checkEverywhere(t, c, present, absent)
+	// And the replicas agree with each other exactly.
+	var first map[string]string
+	for _, nd := range c.nodes {
+		st, err := jobStates(nd.admin, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == nil {
+			first = st
+			continue
+		}
+		if len(st) != len(first) {
+			t.Errorf("%s holds %d workers, %s %d", nd.id, len(st), c.nodes[0].id, len(first))
+		}
+	}
+}
+
+func workerIDOf(body []byte) string {
+	var r struct {
+		WorkerID string `json:"worker_id"`
+	}
+	_ = json.Unmarshal(body, &r)
+	return r.WorkerID
+}
+
+// workerIDFromURL is the id the control plane derives from a worker URL.
+func workerIDFromURL(url string) string { return cpadmin.WorkerID(url) }

@@ -131,6 +131,10 @@ func route[Req, Resp any](f *Forwarder, ctx context.Context, req Req, c call[Req
 		if !c.write {
 			return stale()
 		}
+		if strings.Contains(status.Convert(err).Message(), "connection refused") {
+			// Never sent: the old leader is gone and no new one is known yet.
+			return zero, admin.ErrNoLeader("the leader " + lm.ID + " is not reachable and no other leader is known yet; the write was not made; retry")
+		}
 		return zero, admin.ErrOutcomeUnknown("the leader " + lm.ID + " could not be reached (" + status.Convert(err).Message() + "): the write may or may not be stored; read it back before retrying")
 	}
 	pass := metadata.MD{}
