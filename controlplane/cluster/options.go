@@ -83,7 +83,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.NodeID, "node-id", o.NodeID, "this control plane's Raft node id (default: the host name); with --data-dir")
 	fs.StringVar(&o.RaftAddr, "raft-addr", o.RaftAddr, "HOST:PORT the Raft transport listens on; with --data-dir")
 	fs.StringVar(&o.RaftAdvertise, "raft-advertise", o.RaftAdvertise, "HOST:PORT the other nodes reach this node's Raft transport at (default: --raft-addr)")
-	fs.Var(&o.Peers, "raft-peers", "the first cluster: ID=HOST:PORT of every voter, this node included, space-separated; bootstraps an empty --data-dir once (none and no --join: a cluster of one)")
+	fs.Var(&o.Peers, "raft-peers", "the first cluster: ID=HOST:PORT of every voter, this node included, space- or comma-separated; bootstraps an empty --data-dir once (none and no --join: a cluster of one)")
 	fs.StringVar(&o.Join, "join", o.Join, "HTTP URL of a running member (e.g. http://cp-0:30001): join its cluster instead of bootstrapping")
 	fs.StringVar(&o.AdvertiseHost, "advertise-host", o.AdvertiseHost, "host routers, agents and the other nodes reach this node's gRPC and HTTP ports at (default: the host of --raft-advertise)")
 	fs.DurationVar(&o.HeartbeatTimeout, "raft-heartbeat-timeout", o.HeartbeatTimeout, "time without the leader after which a follower starts an election")
@@ -140,7 +140,11 @@ func (o Options) Validate() error {
 func ParsePeers(list []string) (map[string]string, error) {
 	peers := map[string]string{}
 	addrs := map[string]string{}
+	var entries []string
 	for _, p := range list {
+		entries = append(entries, strings.Split(p, ",")...)
+	}
+	for _, p := range entries {
 		id, addr, ok := strings.Cut(p, "=")
 		if !ok || id == "" {
 			return nil, fmt.Errorf("--raft-peers %q: want ID=HOST:PORT", p)

@@ -65,6 +65,11 @@ func TestManifestsRunOnLoopback(t *testing.T) {
 				set := map[string]string{"host": "127.0.0.1", "port": itoa(ports[cmd]["http"]), "controlplane": cpAddr}
 				if cmd == "controlplane" {
 					set["grpc-port"] = itoa(cpGRPC)
+					// A replicated control plane runs as a cluster of one on
+					// loopback: its own data dir, Raft on a free port.
+					raft := "127.0.0.1:" + itoa(freePort(t))
+					set["data-dir"], set["raft-addr"], set["raft-advertise"] = t.TempDir(), raft, raft
+					set["advertise-host"], set["raft-peers"] = "127.0.0.1", env["POD_NAME"]+"="+raft
 				}
 				_, flags, err := ParseArgs(w.Template.Spec.Containers[0].Args)
 				if err != nil {

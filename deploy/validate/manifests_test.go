@@ -1,6 +1,8 @@
 package validate
 
 import (
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -8,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
@@ -16,7 +19,7 @@ import (
 const repoRoot = "../.."
 
 // kustomizations are every directory rendered and checked.
-var kustomizations = []string{"../base", "../overlays/example", "../overlays/cert-manager"}
+var kustomizations = []string{"../base", "../overlays/example", "../overlays/cert-manager", "../overlays/ha"}
 
 // routes are the HTTP routes each subcommand serves that manifests may probe or
 // scrape; the live test proves each answers on the real binary.
@@ -36,9 +39,9 @@ func TestManifestsRenderAndDecodeStrictly(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(objs.Deployments) != 2 || len(objs.DaemonSets) != 1 || len(objs.HPAs) != 1 || len(objs.ServiceMonitors) != 1 {
-				t.Fatalf("want the control plane and router Deployments, the agent DaemonSet, one HPA and one ServiceMonitor; got %d, %d, %d, %d",
-					len(objs.Deployments), len(objs.DaemonSets), len(objs.HPAs), len(objs.ServiceMonitors))
+			if len(objs.Deployments)+len(objs.StatefulSets) != 2 || len(objs.DaemonSets) != 1 || len(objs.HPAs) != 1 || len(objs.ServiceMonitors) != 1 {
+				t.Fatalf("want the control plane (Deployment or StatefulSet) and router Deployment, the agent DaemonSet, one HPA and one ServiceMonitor; got %d, %d, %d, %d, %d",
+					len(objs.Deployments), len(objs.StatefulSets), len(objs.DaemonSets), len(objs.HPAs), len(objs.ServiceMonitors))
 			}
 			checkInvariants(t, objs)
 		})
@@ -223,13 +226,16 @@ func checkInvariants(t *testing.T, o *Objects) {
 			t.Fatalf("no workload runs 'smg %s'", cmd)
 		}
 	}
-	if byCmd["agent"].Kind != "DaemonSet" || byCmd["controlplane"].Kind != "Deployment" || byCmd["router"].Kind != "Deployment" {
-		t.Error("want the agent as a DaemonSet and the control plane and router as Deployments")
+	if cp := byCmd["controlplane"].Kind; byCmd["agent"].Kind != "DaemonSet" || (cp != "Deployment" && cp != "StatefulSet") || byCmd["router"].Kind != "Deployment" {
+		t.Error("want the agent as a DaemonSet, the router as a Deployment and the control plane as a Deployment (one in-memory replica) or a StatefulSet (replicated)")
 	}
 	checkControlPlane(t, o, byCmd["controlplane"])
+	checkReplicated(t, o, byCmd["controlplane"], cmdFlags["controlplane"])
 	cpGRPC := last(cmdFlags["controlplane"]["grpc-port"])
 	for _, cmd := range []string{"router", "agent"} {
-		checkControlPlaneAddress(t, o, cmd, last(cmdFlags[cmd]["controlplane"]), byCmd["controlplane"], cpGRPC)
+		for _, addr := range strings.Split(last(cmdFlags[cmd]["controlplane"]), ",") {
+			checkControlPlaneAddress(t, o, cmd, addr, byCmd["controlplane"], cpGRPC)
+		}
 	}
 	// The router's Retry-After is its own --load-monitor-interval: it must be the
 	// interval the control plane actually polls at.
@@ -388,6 +394,16 @@ func checkControlPlaneAddress(t *testing.T, o *Objects, cmd, addr string, cp Wor
 		t.Errorf("smg %s: --controlplane %q is not HOST:PORT", cmd, addr)
 		return
 	}
+	// A StatefulSet pod by name: <statefulset>-<i>.<its headless Service>.
+	if pod, svc, ok := strings.Cut(host, "."); ok && cp.Kind == "StatefulSet" {
+		for _, st := range o.StatefulSets {
+			i, err := strconv.Atoi(strings.TrimPrefix(pod, st.Name+"-"))
+			if st.Name != cp.Name || !strings.HasPrefix(pod, st.Name+"-") || err != nil || i < 0 || i >= int(*st.Spec.Replicas) || svc != st.Spec.ServiceName {
+				t.Errorf("smg %s: --controlplane %q is not a pod of StatefulSet/%s (<name>-<0..%d>.%s)", cmd, addr, st.Name, *st.Spec.Replicas-1, st.Spec.ServiceName)
+			}
+		}
+		host = svc
+	}
 	for _, s := range o.Services {
 		if s.Name != host {
 			continue
@@ -487,12 +503,10 @@ func checkScaling(t *testing.T, o *Objects, ws []Workload) {
 func checkServiceMonitor(t *testing.T, o *Objects) {
 	t.Helper()
 	for _, sm := range o.ServiceMonitors {
-		var scraped int
 		for _, s := range o.Services {
 			if !Selects(sm.Spec.Selector.MatchLabels, s.Labels) {
 				continue
 			}
-			scraped++
 			for _, ep := range sm.Spec.Endpoints {
 				if !slices.ContainsFunc(s.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == ep.Port }) {
 					t.Errorf("ServiceMonitor/%s: Service/%s has no port named %q", sm.Name, s.Name, ep.Port)
@@ -502,8 +516,18 @@ func checkServiceMonitor(t *testing.T, o *Objects) {
 				}
 			}
 		}
-		if scraped != len(o.Services) {
-			t.Errorf("ServiceMonitor/%s scrapes %d of the %d smg Services", sm.Name, scraped, len(o.Services))
+		// A Service left out must select pods another scraped Service
+		// reaches (the control plane's headless peers Service): every pod is
+		// scraped once.
+		for _, s := range o.Services {
+			if Selects(sm.Spec.Selector.MatchLabels, s.Labels) {
+				continue
+			}
+			if !slices.ContainsFunc(o.Services, func(other corev1.Service) bool {
+				return other.Name != s.Name && Selects(sm.Spec.Selector.MatchLabels, other.Labels) && maps.Equal(other.Spec.Selector, s.Spec.Selector)
+			}) {
+				t.Errorf("ServiceMonitor/%s does not scrape Service/%s, and no scraped Service selects its pods", sm.Name, s.Name)
+			}
 		}
 	}
 }
@@ -547,5 +571,86 @@ func write(t *testing.T, dir, name, content string) {
 	t.Helper()
 	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkReplicated: a replicated control plane is a StatefulSet of three with a
+// volume per replica for --data-dir, a headless Service naming each pod (with
+// the Raft port), --raft-peers listing exactly those pods, and a
+// PodDisruptionBudget that keeps a quorum. An in-memory one sets no --data-dir.
+func checkReplicated(t *testing.T, o *Objects, w Workload, flags map[string][]string) {
+	t.Helper()
+	dataDir := last(flags["data-dir"])
+	if w.Kind != "StatefulSet" {
+		if dataDir != "" {
+			t.Errorf("%s/%s: --data-dir on a Deployment: use the StatefulSet (overlays/ha) for a durable registry", w.Kind, w.Name)
+		}
+		return
+	}
+	var st *appsv1.StatefulSet
+	for i := range o.StatefulSets {
+		if o.StatefulSets[i].Name == w.Name {
+			st = &o.StatefulSets[i]
+		}
+	}
+	where := "StatefulSet/" + w.Name
+	if st.Spec.Replicas == nil || *st.Spec.Replicas != 3 {
+		t.Errorf("%s: want 3 replicas (a quorum survives one loss)", where)
+	}
+	if st.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
+		t.Errorf("%s: want podManagementPolicy Parallel: the replicas bootstrap together", where)
+	}
+	c := w.Template.Spec.Containers[0]
+	var claimed bool
+	for _, vm := range c.VolumeMounts {
+		for _, pvc := range st.Spec.VolumeClaimTemplates {
+			if vm.Name == pvc.Name && vm.MountPath == dataDir {
+				claimed = true
+			}
+		}
+	}
+	if dataDir == "" || !claimed {
+		t.Errorf("%s: --data-dir %q must be a volume from volumeClaimTemplates (one per replica)", where, dataDir)
+	}
+	raft, ok := containerPort(c, intstr.FromString("raft"))
+	if !ok {
+		t.Fatalf("%s: no container port named raft", where)
+	}
+	var headless bool
+	for _, s := range o.Services {
+		if s.Name == st.Spec.ServiceName && s.Spec.ClusterIP == corev1.ClusterIPNone && Selects(s.Spec.Selector, w.Template.Labels) {
+			for _, p := range s.Spec.Ports {
+				if p.TargetPort.String() == "raft" {
+					headless = true
+				}
+			}
+		}
+	}
+	if !headless {
+		t.Errorf("%s: serviceName %q must be a headless Service selecting it with the raft port", where, st.Spec.ServiceName)
+	}
+	var want []string
+	for i := range int(*st.Spec.Replicas) {
+		pod := fmt.Sprintf("%s-%d", st.Name, i)
+		want = append(want, fmt.Sprintf("%s=%s.%s:%d", pod, pod, st.Spec.ServiceName, raft))
+	}
+	var got []string
+	for _, v := range flags["raft-peers"] {
+		got = append(got, strings.Split(v, ",")...)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: --raft-peers %v, want every replica %v", where, got, want)
+	}
+	if last(flags["node-id"]) != "$(POD_NAME)" || last(flags["raft-advertise"]) != fmt.Sprintf("$(POD_NAME).%s:%d", st.Spec.ServiceName, raft) {
+		t.Errorf("%s: --node-id and --raft-advertise must name the pod ($(POD_NAME), $(POD_NAME).%s:%d)", where, st.Spec.ServiceName, raft)
+	}
+	var pdb bool
+	for _, p := range o.PDBs {
+		if p.Spec.Selector != nil && Selects(p.Spec.Selector.MatchLabels, w.Template.Labels) && p.Spec.MinAvailable != nil && p.Spec.MinAvailable.IntValue() == 2 {
+			pdb = true
+		}
+	}
+	if !pdb {
+		t.Errorf("%s: want a PodDisruptionBudget with minAvailable 2 (a quorum through drains)", where)
 	}
 }

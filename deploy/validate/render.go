@@ -27,6 +27,7 @@ import (
 type Objects struct {
 	Namespaces      []corev1.Namespace
 	Deployments     []appsv1.Deployment
+	StatefulSets    []appsv1.StatefulSet
 	DaemonSets      []appsv1.DaemonSet
 	Services        []corev1.Service
 	HPAs            []autoscalingv2.HorizontalPodAutoscaler
@@ -69,6 +70,8 @@ func (o *Objects) add(apiVersion, kind string, y []byte) error {
 		return decodeInto(y, &o.Namespaces)
 	case "apps/v1 Deployment":
 		return decodeInto(y, &o.Deployments)
+	case "apps/v1 StatefulSet":
+		return decodeInto(y, &o.StatefulSets)
 	case "apps/v1 DaemonSet":
 		return decodeInto(y, &o.DaemonSets)
 	case "v1 Service":
@@ -107,11 +110,14 @@ type Workload struct {
 	Template   corev1.PodTemplateSpec
 }
 
-// Workloads lists every Deployment and DaemonSet.
+// Workloads lists every Deployment, StatefulSet and DaemonSet.
 func (o *Objects) Workloads() []Workload {
 	var ws []Workload
 	for _, d := range o.Deployments {
 		ws = append(ws, Workload{"Deployment", d.Name, matchLabels(d.Spec.Selector.MatchLabels), d.Spec.Template})
+	}
+	for _, d := range o.StatefulSets {
+		ws = append(ws, Workload{"StatefulSet", d.Name, matchLabels(d.Spec.Selector.MatchLabels), d.Spec.Template})
 	}
 	for _, d := range o.DaemonSets {
 		ws = append(ws, Workload{"DaemonSet", d.Name, matchLabels(d.Spec.Selector.MatchLabels), d.Spec.Template})
