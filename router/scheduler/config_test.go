@@ -86,3 +86,14 @@ func TestParseConfigErrors(t *testing.T) {
 		t.Fatalf("empty document: %v", err)
 	}
 }
+
+// The example in docs/ is a valid configuration.
+func TestDocsExampleParses(t *testing.T) {
+	c, err := LoadConfig("../../docs/examples/priority-scheduler.yaml", DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxClass("auth:batch") != Bulk || c.APIKeys["sk-chat-app-example"] != "chat-app" || c.Classes[Interactive].Reserved != 16 {
+		t.Fatalf("example not applied: %+v", c)
+	}
+}
