@@ -3,7 +3,7 @@
 // clock, does no I/O, logs nothing and owns no metric; every call returns what
 // changed so the caller (the control plane) can log, count and commit it.
 //
-// Where each rule of the spec (overload-protection.txt) lives:
+// Where each rule of docs/overload-protection.md lives:
 //
 //	Signals (waiting >= threshold or mean token usage >= threshold)   Check
 //	When a Worker Does Not Report (fail open)                         NoReport
