@@ -55,6 +55,58 @@ type View struct {
 func (n *Node) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /cluster", n.serveView)
 	mux.HandleFunc("POST /cluster/join", n.serveJoin)
+	mux.HandleFunc("DELETE /cluster/members/{id}", n.serveRemove)
+}
+
+// serveRemove removes a member from the configuration (a replica lost for
+// good), on the leader; a follower hands the request to the leader.
+func (n *Node) serveRemove(w http.ResponseWriter, r *http.Request) {
+	if !n.authorized(r) {
+		admin.WriteJSONError(w, http.StatusUnauthorized, "authentication_error", admin.CodeUnauthorized, "missing or invalid admin API key", nil)
+		return
+	}
+	if n.raft.State() != raft.Leader {
+		n.toLeader(w, r, nil)
+		return
+	}
+	id := r.PathValue("id")
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		noLeader(w)
+		return
+	}
+	known := false
+	for _, s := range f.Configuration().Servers {
+		known = known || string(s.ID) == id
+	}
+	if !known {
+		admin.WriteJSONError(w, http.StatusNotFound, "invalid_request_error", "MEMBER_NOT_FOUND", "no member "+id+" in the cluster configuration", nil)
+		return
+	}
+	if err := n.raft.RemoveServer(raft.ServerID(id), 0, n.opts.ApplyTimeout).Error(); err != nil {
+		w.Header().Set("Retry-After", "1")
+		admin.WriteJSONError(w, http.StatusServiceUnavailable, "server_error", "NO_LEADER", "removing member "+id+": "+err.Error(), nil)
+		return
+	}
+	n.log.Info("Member removed from the cluster", "node_id", id)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok", "message": "member " + id + " removed"})
+}
+
+// toLeader hands a request to the leader's HTTP port (body already read
+// into body, or still in r), or answers 503 without one.
+func (n *Node) toLeader(w http.ResponseWriter, r *http.Request, body []byte) {
+	lm, ok := n.LeaderMember()
+	if !ok || lm.ID == n.id || r.Header.Get(forwardedHeader) != "" {
+		noLeader(w)
+		return
+	}
+	if body != nil {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	r.Header.Set(forwardedHeader, n.id)
+	target := &url.URL{Scheme: "http", Host: lm.HTTP}
+	(&httputil.ReverseProxy{Rewrite: func(p *httputil.ProxyRequest) { p.SetURL(target) }}).ServeHTTP(w, r)
 }
 
 func (n *Node) view() View {
@@ -116,15 +168,7 @@ func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if n.raft.State() != raft.Leader {
-		lm, ok := n.LeaderMember()
-		if !ok || r.Header.Get(forwardedHeader) != "" {
-			noLeader(w)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		r.Header.Set(forwardedHeader, n.id)
-		target := &url.URL{Scheme: "http", Host: lm.HTTP}
-		(&httputil.ReverseProxy{Rewrite: func(p *httputil.ProxyRequest) { p.SetURL(target) }}).ServeHTTP(w, r)
+		n.toLeader(w, r, body)
 		return
 	}
 	code, msg := n.join(req)
