@@ -55,12 +55,17 @@ func deadAddr(t *testing.T) string {
 	return a
 }
 
-func check(c *Conn) error {
+func check(c *Conn, opts ...grpc.CallOption) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{})
+	_, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{}, opts...)
 	return err
 }
+
+// onNewAddress is a call that waits for the channel to take up the address
+// the connection moved to (the switch is asynchronous, as a client's
+// reconnect backoff would wait for it).
+var onNewAddress = grpc.WaitForReady(true)
 
 func TestFollowerAnswerMovesTheConnectionToTheLeader(t *testing.T) {
 	leader := serve(t, &replica{})
@@ -76,7 +81,7 @@ func TestFollowerAnswerMovesTheConnectionToTheLeader(t *testing.T) {
 	if c.Current() != leader {
 		t.Fatalf("after the follower's answer the connection uses %s, want the leader %s", c.Current(), leader)
 	}
-	if err := check(c); err != nil {
+	if err := check(c, onNewAddress); err != nil {
 		t.Fatalf("second call, on the leader: %v", err)
 	}
 }
@@ -95,7 +100,7 @@ func TestUnreachableReplicaMovesToTheNextAddress(t *testing.T) {
 	if c.Current() != leader {
 		t.Fatalf("after a transport failure the connection uses %s, want the next address %s", c.Current(), leader)
 	}
-	if err := check(c); err != nil {
+	if err := check(c, onNewAddress); err != nil {
 		t.Fatalf("call on the next address: %v", err)
 	}
 }
