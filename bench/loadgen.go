@@ -40,7 +40,40 @@ type Config struct {
 	MaxRetries      int
 	TTFTObjective   time.Duration // goodput counts requests whose TTFT is at most this
 	Seed            uint64        // arrivals, prompt and output lengths
+	// Priorities, when set, gives each arrival a class drawn by weight: its
+	// x-smg-priority header and its API key (the tenant the router clamps by).
+	Priorities []PriorityShare
 }
+
+// PriorityShare is one class of a priority mix.
+type PriorityShare struct {
+	Class  string  `json:"class"`   // x-smg-priority value
+	Weight float64 `json:"weight"`  // relative share of arrivals
+	APIKey string  `json:"api_key"` // bearer token naming the tenant ("" none)
+}
+
+// pick draws a class by weight.
+func pickPriority(r *rand.Rand, mix []PriorityShare) *PriorityShare {
+	if len(mix) == 0 {
+		return nil
+	}
+	var total float64
+	for _, p := range mix {
+		total += p.Weight
+	}
+	x := r.Float64() * total
+	for i := range mix {
+		if x -= mix[i].Weight; x < 0 {
+			return &mix[i]
+		}
+	}
+	return &mix[len(mix)-1]
+}
+
+// refusalCodes are the router's explicit refusals a client may retry later:
+// the overload shed and the admission and scheduler answers.
+var refusalCodes = map[string]bool{ShedCode: true, "admission_queue_full": true, "admission_queue_timeout": true,
+	"scheduler_queue_full": true, "scheduler_queue_timeout": true, "scheduler_preempted": true}
 
 // Record is what one request did. Times are seconds from the start of the run.
 type Record struct {
@@ -52,6 +85,7 @@ type Record struct {
 	Attempts   int       `json:"attempts"`
 	RetryAfter int       `json:"retry_after,omitempty"` // Retry-After of the last refusal, seconds
 	Engine     string    `json:"engine,omitempty"`      // engine index from the simulator's response id
+	Priority   string    `json:"priority,omitempty"`    // x-smg-priority sent (priority mixes only)
 	TTFT       float64   `json:"ttft,omitempty"`        // first token, from Start
 	E2E        float64   `json:"e2e"`                   // from Start to the end (or the failure)
 	ITL        []float64 `json:"itl,omitempty"`         // gaps between token chunks, seconds
@@ -69,11 +103,13 @@ type Progress struct {
 
 // Result is a finished run.
 type Result struct {
-	Config   ConfigJSON `json:"config"`
-	Wall     float64    `json:"wall_seconds"` // until the last request ended
-	Records  []Record   `json:"records"`
-	Summary  Summary    `json:"summary"`
-	Scenario string     `json:"scenario,omitempty"`
+	Config  ConfigJSON `json:"config"`
+	Wall    float64    `json:"wall_seconds"` // until the last request ended
+	Records []Record   `json:"records"`
+	Summary Summary    `json:"summary"`
+	// ByClass summarises each class of a priority mix apart.
+	ByClass  map[string]Summary `json:"by_class,omitempty"`
+	Scenario string             `json:"scenario,omitempty"`
 }
 
 // ConfigJSON is Config as written into results.
@@ -139,8 +175,8 @@ func Run(ctx context.Context, client *http.Client, c Config, onProgress func(Pro
 		live    liveCounters
 	)
 	start := time.Now()
-	issue := func(prompt string, maxTokens int) {
-		rec := doRequest(ctx, client, c, start, prompt, maxTokens, &live)
+	issue := func(prompt string, maxTokens int, prio *PriorityShare) {
+		rec := doRequest(ctx, client, c, start, prompt, maxTokens, prio, &live)
 		live.finish(rec)
 		mu.Lock()
 		records = append(records, rec)
@@ -172,7 +208,7 @@ func Run(ctx context.Context, client *http.Client, c Config, onProgress func(Pro
 			go func() {
 				defer wg.Done()
 				for time.Now().Before(end) && ctx.Err() == nil {
-					issue(makePrompt(r, c.Prompt.Sample(r)), c.Output.Sample(r))
+					issue(makePrompt(r, c.Prompt.Sample(r)), c.Output.Sample(r), pickPriority(r, c.Priorities))
 				}
 			}()
 		}
@@ -184,6 +220,7 @@ func Run(ctx context.Context, client *http.Client, c Config, onProgress func(Pro
 				break
 			}
 			prompt, maxTokens := makePrompt(rng, c.Prompt.Sample(rng)), c.Output.Sample(rng)
+			prio := pickPriority(rng, c.Priorities)
 			if d := time.Until(next); d > 0 {
 				select {
 				case <-time.After(d):
@@ -193,7 +230,7 @@ func Run(ctx context.Context, client *http.Client, c Config, onProgress func(Pro
 			// Arrivals keep their schedule whatever the server does: a slow
 			// server must not slow the offered load.
 			wg.Add(1)
-			go func() { defer wg.Done(); issue(prompt, maxTokens) }()
+			go func() { defer wg.Done(); issue(prompt, maxTokens, prio) }()
 		}
 	}
 	wg.Wait()
@@ -205,6 +242,18 @@ func Run(ctx context.Context, client *http.Client, c Config, onProgress func(Pro
 	}
 	res := &Result{Config: c.json(), Wall: wall.Seconds(), Records: records}
 	res.Summary = Summarize(records, c.Duration, c.TTFTObjective)
+	if len(c.Priorities) > 0 {
+		res.ByClass = map[string]Summary{}
+		for _, p := range c.Priorities {
+			var mine []Record
+			for _, r := range records {
+				if r.Priority == p.Class {
+					mine = append(mine, r)
+				}
+			}
+			res.ByClass[p.Class] = Summarize(mine, c.Duration, c.TTFTObjective)
+		}
+	}
 	if c.Clients > 0 {
 		res.Summary.OfferedRate = 0
 	}
@@ -249,7 +298,8 @@ type chatMessage struct {
 
 // doRequest sends one streaming chat completion, retrying refusals when the
 // config honours Retry-After, and records what happened.
-func doRequest(ctx context.Context, client *http.Client, c Config, runStart time.Time, prompt string, maxTokens int, live *liveCounters) Record {
+func doRequest(ctx context.Context, client *http.Client, c Config, runStart time.Time, prompt string, maxTokens int,
+	prio *PriorityShare, live *liveCounters) Record {
 	url := c.URL
 	if n := live.sent.Add(1); len(c.URLs) > 0 {
 		url = c.URLs[(n-1)%int64(len(c.URLs))]
@@ -257,6 +307,14 @@ func doRequest(ctx context.Context, client *http.Client, c Config, runStart time
 	live.inFlight.Add(1)
 	t0 := time.Now()
 	rec := Record{Start: t0.Sub(runStart).Seconds(), MaxTokens: maxTokens}
+	var header http.Header
+	if prio != nil {
+		rec.Priority = prio.Class
+		header = http.Header{"X-Smg-Priority": {prio.Class}}
+		if prio.APIKey != "" {
+			header.Set("Authorization", "Bearer "+prio.APIKey)
+		}
+	}
 	ctx, cancel := context.WithDeadline(ctx, t0.Add(c.Timeout))
 	defer cancel()
 	body := chatRequest{Model: c.Model, Messages: []chatMessage{{Role: "user", Content: prompt}}, MaxTokens: maxTokens, Stream: true}
@@ -264,7 +322,7 @@ func doRequest(ctx context.Context, client *http.Client, c Config, runStart time
 	payload, _ := json.Marshal(body)
 	for {
 		rec.Attempts++
-		retryAfter, err := attempt(ctx, client, url, payload, t0, &rec, live)
+		retryAfter, err := attempt(ctx, client, url, payload, header, t0, &rec, live)
 		rec.E2E = time.Since(t0).Seconds()
 		if err == nil {
 			return rec
@@ -291,10 +349,14 @@ var errRefused = errors.New("refused")
 
 // attempt makes one HTTP call. It returns the Retry-After of a retryable
 // refusal (-1 when there is none) and an error when the request did not complete.
-func attempt(ctx context.Context, client *http.Client, url string, payload []byte, t0 time.Time, rec *Record, live *liveCounters) (int, error) {
+func attempt(ctx context.Context, client *http.Client, url string, payload []byte, header http.Header, t0 time.Time,
+	rec *Record, live *liveCounters) (int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(url, "/")+"/v1/chat/completions", bytes.NewReader(payload))
 	if err != nil {
 		return -1, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
@@ -305,7 +367,7 @@ func attempt(ctx context.Context, client *http.Client, url string, payload []byt
 	defer resp.Body.Close()
 	rec.Status = resp.StatusCode
 	rec.ErrorCode = resp.Header.Get("X-SMG-Error-Code")
-	rec.Shed = rec.ErrorCode == ShedCode
+	rec.Shed = refusalCodes[rec.ErrorCode]
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		ra := -1
@@ -313,7 +375,8 @@ func attempt(ctx context.Context, client *http.Client, url string, payload []byt
 			ra = v
 			rec.RetryAfter = v
 		}
-		if resp.StatusCode != http.StatusServiceUnavailable && resp.StatusCode != http.StatusTooManyRequests {
+		if resp.StatusCode != http.StatusServiceUnavailable && resp.StatusCode != http.StatusTooManyRequests &&
+			resp.StatusCode != http.StatusRequestTimeout {
 			ra = -1
 		}
 		if rec.Shed {

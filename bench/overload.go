@@ -19,6 +19,10 @@ type GatewayConfig struct {
 	// SimArgs are extra simulator flags (the window configurations run the
 	// SGLang flavor, whose engines report their running window).
 	SimArgs []string `json:"sim_args,omitempty"`
+	// SchedulerYAML, when set, is written to a file passed as
+	// --priority-scheduler-config; Priorities is the arrivals' class mix.
+	SchedulerYAML string          `json:"scheduler_yaml,omitempty"`
+	Priorities    []PriorityShare `json:"priorities,omitempty"`
 }
 
 // tunedWaiting is the waiting-requests ceiling of the tuned configuration: a
@@ -61,6 +65,8 @@ type OverloadRun struct {
 	// scheduling pass), the highest of any engine.
 	PeakRunning int `json:"peak_running"`
 	PeakWaiting int `json:"peak_waiting"`
+	// ByClass summarises each class of a priority mix apart.
+	ByClass map[string]Summary `json:"by_class,omitempty"`
 }
 
 // OverloadReport is the whole scenario.
@@ -100,7 +106,7 @@ const TTFTObjective = time.Second
 // each configuration, with a fresh fleet and gateway for every run.
 func (s *Suite) Overload(ctx context.Context) (*OverloadReport, error) {
 	began := time.Now()
-	rep := &OverloadReport{Configs: append(OverloadConfigs(s.TunedWaiting), WindowConfigs()...), Loads: []float64{0.5, 1, 1.5, 2},
+	rep := &OverloadReport{Configs: append(append(OverloadConfigs(s.TunedWaiting), WindowConfigs()...), PriorityConfigs()...), Loads: []float64{0.5, 1, 1.5, 2},
 		RunSeconds: 20, TimeoutSecs: 15, TTFTObjective: TTFTObjective.Seconds(), Started: began, LoadAvgStart: loadAvg()}
 	if s.AgentPoll > 0 {
 		rep.AgentPoll = s.AgentPoll.String()
@@ -159,7 +165,7 @@ func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64,
 	e.fleet.simStats(ctx, true) // the engines' high-water marks start now
 	cfg := Config{URL: e.gw.URL, URLs: e.urls, Rate: rate, Duration: time.Duration(rep.RunSeconds * float64(time.Second)),
 		Prompt: promptDist, Output: outputDist, Timeout: time.Duration(rep.TimeoutSecs * float64(time.Second)),
-		TTFTObjective: TTFTObjective, Seed: s.Seed + uint64(load*10)}
+		TTFTObjective: TTFTObjective, Seed: s.Seed + uint64(load*10), Priorities: gc.Priorities}
 	sampler := sampleWorkers(ctx, e.gw, e.fleet.URLs, time.Now(), 100*time.Millisecond)
 	res, err := Run(ctx, s.httpClient(), cfg, progressLogger(s, label))
 	samples := sampler.stop()
@@ -172,7 +178,8 @@ func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64,
 		return OverloadRun{}, err
 	}
 	run := OverloadRun{Config: gc.Name, Load: load, Rate: rate, Summary: res.Summary,
-		Trace: Trace(res.Records, samples, fleetSize, rep.RunSeconds), PeakRunning: peakRunning, PeakWaiting: peakWaiting}
+		Trace: Trace(res.Records, samples, fleetSize, rep.RunSeconds), PeakRunning: peakRunning, PeakWaiting: peakWaiting,
+		ByClass: res.ByClass}
 	for _, r := range res.Records {
 		if r.Shed && r.RetryAfter > 0 {
 			run.RetryAfterSeen++

@@ -116,7 +116,11 @@ func (s *Suite) start(ctx context.Context, flags []string) (*env, error) {
 // startConfig runs a fresh fleet, a gateway and the configuration's extra
 // routers.
 func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error) {
-	flags := gc.Flags
+	sched, err := schedulerFlags(gc)
+	if err != nil {
+		return nil, err
+	}
+	flags := append(append([]string{}, gc.Flags...), sched...)
 	f, err := StartFleet(ctx, s.Bin, fleetSize, append(s.simArgs(), gc.SimArgs...))
 	if err != nil {
 		return nil, err

@@ -121,7 +121,7 @@ func TestRunHonorsRetryAfter(t *testing.T) {
 		srv, calls := sseServer(t, 2, 2)
 		c := Config{URL: srv.URL, Timeout: 5 * time.Second, HonorRetryAfter: honor, MaxRetries: 3}
 		var live liveCounters
-		r := doRequest(context.Background(), NewHTTPClient(), c, time.Now(), "hello", 2, &live)
+		r := doRequest(context.Background(), NewHTTPClient(), c, time.Now(), "hello", 2, nil, &live)
 		s := Summarize([]Record{r}, time.Second, time.Second)
 		if honor && (!r.Completed || r.Attempts != 3 || calls.Load() != 3) {
 			t.Errorf("honoring Retry-After: %+v after %d calls; want completed on the 3rd attempt", r, calls.Load())

@@ -34,6 +34,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&c.MaxRetries, "max-retries", 3, "with --honor-retry-after: tries after the first")
 	fs.DurationVar(&c.TTFTObjective, "ttft-objective", time.Second, "goodput counts output tokens of requests whose time to first token is within this")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of arrivals and of prompt and output lengths")
+	fs.Var((*bench.PriorityMix)(&c.Priorities), "priority-mix",
+		"send each arrival with x-smg-priority drawn from this mix: class=weight[:api-key],... (e.g. bulk=1:sk-batch,interactive=1:sk-chat); the summary then also reports each class")
 	out := fs.String("out", "", "write the JSON result (config, per-request records, summary) to this file")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -47,6 +49,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	res.Summary.WriteTable(stdout, c.TTFTObjective)
+	for _, p := range c.Priorities {
+		if sm, ok := res.ByClass[p.Class]; ok {
+			fmt.Fprintf(stdout, "\nclass %s:\n", p.Class)
+			sm.WriteTable(stdout, c.TTFTObjective)
+		}
+	}
 	if *out != "" {
 		b, jerr := json.MarshalIndent(res, "", " ")
 		if jerr != nil {
