@@ -42,14 +42,15 @@ func (m *PriorityMix) Set(s string) error {
 }
 
 // priorityYAML is the scheduler configuration of the priority runs: two
-// tenants by API key, interactive may wait a little and preempt bulk that
-// has not started, bulk (and default) never wait in the router: with no
-// slot they are refused at once, so bulk takes the sheds. Reservations are
-// small against a fleet of 32 slots.
+// tenants by API key; no class waits in the router (a router queue only
+// moves latency): an interactive request that finds no slot preempts a bulk
+// request that has not sent its first byte, or is refused; bulk finding no
+// slot is refused at once, so bulk takes the sheds. A small reservation
+// keeps a few slots free for interactive arrivals.
 const priorityYAML = `
 classes:
   system: {reserved: 0}
-  interactive: {reserved: 4, queue_size: 256, queue_timeout_secs: 5}
+  interactive: {reserved: 4, queue_size: 0}
   default: {queue_size: 0}
   bulk: {queue_size: 0}
 api_keys:
@@ -72,7 +73,7 @@ func PriorityConfigs() []GatewayConfig {
 	flags := append(append([]string{}, windowFlags...), "--priority-scheduler-enabled")
 	return []GatewayConfig{{Name: "window-priority", Flags: flags, SimArgs: []string{"--flavor", "sglang"},
 		SchedulerYAML: priorityYAML, Priorities: benchMix,
-		Why: "window-1r with the priority scheduler (capacity = the router's shares): half bulk, half interactive; interactive waits up to 5 s and preempts bulk before its first byte, bulk never waits"}}
+		Why: "window-1r with the priority scheduler (capacity = the router's shares): half bulk, half interactive; no class waits in the router; interactive preempts bulk before its first byte"}}
 }
 
 // schedulerFlags writes a configuration's scheduler YAML into a temporary
