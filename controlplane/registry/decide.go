@@ -77,14 +77,6 @@ func VetoOf(v judge.Verdict) smgv1.Veto {
 	return smgv1.Veto_VETO_UNSPECIFIED
 }
 
-// Judged reports whether w's stored verdicts are what decide makes of its
-// stored evidence (the invariant every commit keeps; tests check it).
-func Judged(w *Worker) bool {
-	c := w.Clone()
-	decide(w, c)
-	return c.Overloaded == w.Overloaded && c.Liveness == w.Liveness && c.ContactSeq == w.ContactSeq
-}
-
 // sameVisible reports whether a and b look the same to routers and the
 // admin API, i.e. they differ at most in Evidence and Revision. A field
 // added to Worker must be added here (TestSameVisibleCoversEveryField).
