@@ -27,6 +27,7 @@ import (
 	"github.com/smg-project/smg/internal/engine"
 	"github.com/smg-project/smg/internal/loadpb"
 	"github.com/smg-project/smg/internal/netfail"
+	"github.com/smg-project/smg/internal/podwatch"
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
@@ -45,6 +46,8 @@ type Agent struct {
 	static  map[string]bool        // EngineURLs: never dropped by an assignment
 	pollCtx context.Context        // set by Run; pollers stop with it
 	wg      sync.WaitGroup         // pollers
+	pods    *podSet                // nil without --service-discovery
+	podW    *podwatch.Watcher
 }
 
 // engineSlot is one engine's latest state to report. Fields after cancel are
@@ -92,6 +95,12 @@ func New(opts Options, log *slog.Logger, metrics prometheus.Registerer) (*Agent,
 	for _, u := range opts.EngineURLs {
 		a.static[u] = true
 	}
+	if opts.Discovery.Enabled {
+		a.pods = &podSet{a: a, pods: map[string]podwatch.Pod{}}
+		if a.podW, err = a.newPodWatcher(); err != nil {
+			return nil, err
+		}
+	}
 	m.connected.WithLabelValues(opts.ControlPlane).Set(0)
 	return a, nil
 }
@@ -107,6 +116,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.startLocked(u)
 	}
 	a.mu.Unlock()
+	if a.podW != nil {
+		a.wg.Add(1)
+		go func() { defer a.wg.Done(); a.podW.Run(pollCtx) }()
+	}
 	defer func() {
 		stopPolls()
 		a.wg.Wait()
@@ -276,10 +289,7 @@ func (a *Agent) post(e *engineSlot, o outcome) {
 	}
 	a.mu.Unlock()
 	if o.msg != nil || o.contact {
-		select {
-		case a.wake <- struct{}{}:
-		default:
-		}
+		a.kick()
 	}
 }
 
@@ -290,6 +300,9 @@ func (a *Agent) pending(all bool, now time.Time) []*smgv1.ReportRequest {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var out []*smgv1.ReportRequest
+	if m := a.pods.messageLocked(all); m != nil {
+		out = append(out, m) // first: registrations start before records arrive
+	}
 	for _, u := range slices.Sorted(maps.Keys(a.engines)) {
 		e := a.engines[u]
 		switch {

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc/credentials"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/smg-project/smg/internal/podwatch"
 
 	"github.com/smg-project/smg/internal/backoff"
 	"github.com/smg-project/smg/internal/cpconn"
@@ -54,6 +57,11 @@ type Options struct {
 	Backoff backoff.Policy
 	// Now is the clock of engine silence and observation times (nil: time.Now).
 	Now func() time.Time
+	// Discovery finds the engine pods of Node (the --service-discovery
+	// flags); they are registered under Node, so Register is required.
+	Discovery podwatch.Options
+	// KubeClient lists and watches pods (nil: in-cluster credentials).
+	KubeClient kubernetes.Interface
 }
 
 // DefaultOptions returns the defaults; Node is left for the caller (the
@@ -64,6 +72,7 @@ func DefaultOptions() Options {
 		PollInterval:      DefaultPollInterval,
 		HeartbeatInterval: DefaultHeartbeatInterval,
 		Backoff:           backoff.DefaultPolicy(),
+		Discovery:         podwatch.DefaultOptions(),
 	}
 }
 
@@ -102,8 +111,14 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("--engine-urls: %v", err)) // credentials, bad ports: never echoed
 		}
 	}
-	if o.Register && len(o.EngineURLs) == 0 {
-		errs = append(errs, errors.New("--register needs --engine-urls"))
+	if o.Register && len(o.EngineURLs) == 0 && !o.Discovery.Enabled {
+		errs = append(errs, errors.New("--register needs --engine-urls or --service-discovery"))
+	}
+	if o.Discovery.Enabled && !o.Register {
+		errs = append(errs, errors.New("--service-discovery needs --register: the agent registers the engine pods it finds on its node"))
+	}
+	if err := o.Discovery.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if o.PollInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--poll-interval must be positive, got %s", o.PollInterval))

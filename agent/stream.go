@@ -186,8 +186,11 @@ func (a *Agent) send(stream grpc.BidiStreamingClient[smgv1.ReportRequest, smgv1.
 			return err
 		}
 		kind := "event"
-		if m.GetRecord() != nil {
+		switch {
+		case m.GetRecord() != nil:
 			kind = "record"
+		case m.GetPods() != nil:
+			kind = "pods"
 		}
 		a.m.sent.WithLabelValues(kind).Inc()
 	}

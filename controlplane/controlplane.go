@@ -25,10 +25,13 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/smg-project/smg/controlplane/admin"
 	"github.com/smg-project/smg/controlplane/agentsvc"
 	"github.com/smg-project/smg/controlplane/cluster"
+	"github.com/smg-project/smg/controlplane/discovery"
 	"github.com/smg-project/smg/controlplane/health"
 	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/judge"
@@ -40,6 +43,7 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/cli"
 	"github.com/smg-project/smg/internal/identity"
+	"github.com/smg-project/smg/internal/podwatch"
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
@@ -74,7 +78,11 @@ type Options struct {
 	Now func() time.Time
 	// Cluster: --data-dir and the replication flags; without a data dir the
 	// registry is in memory.
-	Cluster cluster.Options
+	Cluster   cluster.Options
+	Discovery podwatch.Options
+	// KubeClient lists and watches pods for --service-discovery (nil: the
+	// pod's in-cluster credentials).
+	KubeClient kubernetes.Interface
 }
 
 // DefaultOptions returns the spec's defaults.
@@ -86,6 +94,7 @@ func DefaultOptions() Options {
 		Liveness:            judge.DefaultLivenessConfig(),
 		RegistrationTimeout: 30 * time.Second,
 		Cluster:             cluster.DefaultOptions(),
+		Discovery:           podwatch.DefaultOptions(),
 	}
 }
 
@@ -114,6 +123,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"requests allowed to wait in an engine beyond its running window under --worker-admission-window (>= 0)")
 	fs.DurationVar(&o.RegistrationTimeout, "registration-timeout", o.RegistrationTimeout, "how long registration tries to reach a new engine before the registration fails")
 	o.Cluster.AddFlags(fs)
+	o.Discovery.AddFlags(fs)
 }
 
 // Validate reports the first invalid option with a clear message.
@@ -136,7 +146,10 @@ func (o Options) Validate() error {
 	if o.RegistrationTimeout <= 0 {
 		return fmt.Errorf("--registration-timeout must be positive, got %s", o.RegistrationTimeout)
 	}
-	return o.Cluster.Validate()
+	if err := o.Cluster.Validate(); err != nil {
+		return err
+	}
+	return o.Discovery.Validate()
 }
 
 // ControlPlane is a running control plane's components.
@@ -157,6 +170,10 @@ type ControlPlane struct {
 	Cluster *cluster.Node
 	Forward *cluster.Forwarder
 	metrics *prometheus.Registry
+	// Discovery reconciles discovered pods (this control plane's informers
+	// and agents') with the registry.
+	Discovery *discovery.Reconciler
+	kube      kubernetes.Interface // nil without --service-discovery
 
 	rest       http.Handler
 	grpcHealth *grpchealth.Server
@@ -220,6 +237,9 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		URL:     workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers},
 		Routers: cp.Watch, OnRemove: collector.Removed, Now: opts.Now, Committer: committer,
 	}, resolver(opts.Thresholds), client, log)
+	if err := cp.newDiscovery(reg); err != nil {
+		return nil, err
+	}
 	auth := agentsvc.TokenAuth{Shared: opts.AgentToken}
 	if opts.AgentTokenFile != "" {
 		nodes, err := agentsvc.LoadTokenFile(opts.AgentTokenFile)
@@ -238,6 +258,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 			},
 		},
 		Remove:    cp.Admin.Remove,
+		Discovery: cp.Discovery,
 		GoneAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
 		StreamEnded: func(ids []string) {
 			for _, id := range ids {
@@ -257,6 +278,47 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	}
 	cp.rest = rest
 	return cp, nil
+}
+
+// newDiscovery builds the reconciler of discovered pods and, with
+// --service-discovery, the informers that feed it.
+func (cp *ControlPlane) newDiscovery(reg prometheus.Registerer) error {
+	m, err := discovery.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	resolve := resolver(cp.opts.Thresholds)
+	h := cp.opts.Health
+	cp.Discovery = discovery.New(cp.Registry, cp.Admin, discovery.Options{
+		Grace: time.Duration(h.FailureThreshold*h.IntervalSecs) * time.Second,
+		Now:   cp.opts.Now,
+		CheckOverload: func(b *smgv1.OverloadBlock) error {
+			_, err := resolve(b)
+			return err
+		},
+	}, m, cp.log)
+	if !cp.opts.Discovery.Enabled {
+		return nil
+	}
+	client := cp.opts.KubeClient
+	if client == nil {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return fmt.Errorf("--service-discovery needs to run in a Kubernetes pod with a service account: %w", err)
+		}
+		if client, err = kubernetes.NewForConfig(cfg); err != nil {
+			return fmt.Errorf("--service-discovery: %w", err)
+		}
+	}
+	cp.kube = client
+	_, err = cp.podWatcher() // selectors checked now, not at the first term
+	return err
+}
+
+// podWatcher returns new informers over the pods --service-discovery selects;
+// each leader term runs its own (a watcher runs once).
+func (cp *ControlPlane) podWatcher() (*podwatch.Watcher, error) {
+	return podwatch.NewWatcher(cp.kube, cp.opts.Discovery, "", podwatch.SourceControlPlane, cp.Discovery, cp.log)
 }
 
 // resolver validates a worker's overload block and resolves its thresholds.
@@ -442,7 +504,17 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 		}
 	}
 	var wg sync.WaitGroup
-	wg.Add(5)
+	wg.Add(6)
+	go func() { defer wg.Done(); cp.Discovery.Run(ctx, time.Second) }()
+	if cp.kube != nil {
+		// Only the leader discovers: it alone writes the registry.
+		if pods, err := cp.podWatcher(); err != nil {
+			cp.log.Error("Service discovery not started", "error", err)
+		} else {
+			wg.Add(1)
+			go func() { defer wg.Done(); pods.Run(ctx) }()
+		}
+	}
 	go func() { defer wg.Done(); cp.Ingest.Run(ctx, ingest.DefaultFlushInterval) }()
 	go func() { defer wg.Done(); cp.Windows.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Monitor.Run(ctx) }()

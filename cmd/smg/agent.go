@@ -27,7 +27,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&opts.ControlPlane, "controlplane", opts.ControlPlane, "HOST:PORT of the control plane's gRPC port; the replicas of a replicated control plane comma-separated (the agent follows the leader)")
 	fs.StringVar(&opts.Node, "node", host, "name of this node; the control plane assigns it the workers registered with this node")
 	fs.Var(&engines, "engine-urls", "engines on this node, space-separated after one flag or repeated (e.g. http://127.0.0.1:8000)")
-	fs.BoolVar(&opts.Register, "register", false, "register the --engine-urls engines with the control plane under this node's name")
+	fs.BoolVar(&opts.Register, "register", false, "register the --engine-urls engines (and, with --service-discovery, the engine pods on this node) with the control plane under this node's name")
 	fs.DurationVar(&opts.PollInterval, "poll-interval", opts.PollInterval, "how often each engine is polled (Go duration; sub-second allowed, e.g. 250ms)")
 	fs.DurationVar(&opts.HeartbeatInterval, "heartbeat-interval", opts.HeartbeatInterval,
 		"longest quiet spell on the stream before a heartbeat (Go duration); keep well inside the control plane's --worker-stale-secs")
@@ -36,6 +36,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tf.addServer(fs)
 	tf.addControlPlaneClient(fs)
 	tf.addEngineClient(fs)
+	opts.Discovery.AddFlags(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}

@@ -95,6 +95,10 @@ func applyChange(t *registry.Txn, resolve ThresholdResolver, c *Change) (*regist
 	case OpDelete:
 		old := t.Get(c.WorkerID)
 		if old == nil {
+			if j := t.Job(c.WorkerID); j != nil && running(j) {
+				t.DeleteJob(c.WorkerID) // the registration finds itself superseded
+				return nil, nil
+			}
 			return nil, errNotFound(c.WorkerID)
 		}
 		t.DeleteJob(c.WorkerID)

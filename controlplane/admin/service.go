@@ -206,6 +206,22 @@ func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerReq
 		Message: "replacement of worker " + id + " started; follow it at " + loc}, nil
 }
 
+// Replace validates a complete spec and starts re-registering worker id with
+// it in the background; it is what PUT /workers/{id} runs, and service
+// discovery when a pod's role or annotations change.
+func (s *Service) Replace(id string, spec *smgv1.WorkerSpec) error {
+	spec, err := s.prepare(spec)
+	if err != nil {
+		return err
+	}
+	job, err := s.startJob(s.ctx, id, "replace", spec)
+	if err != nil {
+		return err
+	}
+	s.startRegistration(job)
+	return nil
+}
+
 func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerRequest) (*smgv1.UpdateWorkerResponse, error) {
 	u := req.GetUpdate()
 	if u == nil {
@@ -237,25 +253,35 @@ func (s *Service) DeleteWorker(ctx context.Context, req *smgv1.DeleteWorkerReque
 	if err != nil {
 		return nil, err
 	}
-	s.log.Info("Worker removed", "worker_id", id, "url", url)
 	loc := "/workers/" + id
 	accepted(ctx, loc)
 	return &smgv1.DeleteWorkerResponse{Status: "accepted", WorkerId: id, Url: url, Location: loc, Message: "worker " + id + " removed"}, nil
 }
 
-// Remove deletes a worker without the admin key: the control plane's own
-// clean-up (the workers of an agent gone for good).
+// Remove deletes a worker, or cancels its registration under way, without
+// the admin key: the control plane's own clean-up (the workers of an agent
+// gone for good, of a discovered pod gone).
 func (s *Service) Remove(id string) error {
 	_, err := s.remove(s.ctx, id)
 	return err
 }
 
 func (s *Service) remove(ctx context.Context, id string) (string, error) {
+	job := s.reg.Snapshot().Job(id)
 	old, err := s.commit.Commit(ctx, &Change{Op: OpDelete, WorkerID: id, At: s.now()})
 	if err != nil {
 		return "", err
 	}
+	if old == nil { // a registration under way, cancelled
+		url := ""
+		if job != nil {
+			url = job.URL
+		}
+		s.log.Info("Worker registration cancelled", "worker_id", id, "url", url)
+		return url, nil
+	}
 	s.removed(old)
+	s.log.Info("Worker removed", "worker_id", id, "url", old.Spec.GetUrl())
 	return old.Spec.GetUrl(), nil
 }
 

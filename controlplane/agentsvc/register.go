@@ -10,6 +10,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/podwatch"
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
@@ -112,6 +113,10 @@ func (s *Server) removeGone(node string) {
 	s.mu.Unlock()
 	if back {
 		return
+	}
+	if s.opts.Discovery != nil {
+		// The pods it discovered go with it (their workers are removed).
+		s.opts.Discovery.ReplaceSource(podwatch.SourceAgent(node), nil)
 	}
 	for _, w := range s.reg.Snapshot().Workers() {
 		if !registeredBy(w, node) {

@@ -24,12 +24,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/podwatch"
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
@@ -59,6 +61,15 @@ type Options struct {
 	// StreamEnded, when set, hears the workers an ended stream covered, so
 	// the poller can take them over at once.
 	StreamEnded func(workerIDs []string)
+	// Discovery, when set, registers the engine pods agents discover on
+	// their nodes.
+	Discovery DiscoverySink
+}
+
+// DiscoverySink takes the complete set of pods one source (an agent's node)
+// sees (discovery.Reconciler).
+type DiscoverySink interface {
+	ReplaceSource(source string, pods []podwatch.Pod)
 }
 
 // Server implements smgv1.AgentServiceServer.
@@ -270,6 +281,8 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.ReportRequest, sm
 					s.vouch(st, w, now)
 				}
 			}
+		case *smgv1.ReportRequest_Pods:
+			s.pods(st, m.Pods)
 		case *smgv1.ReportRequest_Hello:
 			s.log.Warn("Agent sent a second hello; ignored", "node", st.node)
 		}
@@ -418,6 +431,40 @@ func (s *Server) setAgentNode(id, node string) {
 	}); err != nil {
 		s.log.Error("Agent node not stored", "worker_id", id, "node", node, "error", err)
 	}
+}
+
+// pods hands the node's discovered pods to discovery, as workers of this
+// node (whatever node or source the agent wrote) so that this agent polls
+// them.
+func (s *Server) pods(st *agentStream, m *smgv1.DiscoveredPods) {
+	if s.opts.Discovery == nil || !s.current(st) {
+		return
+	}
+	source := podwatch.SourceAgent(st.node)
+	pods := make([]podwatch.Pod, 0, len(m.GetPods()))
+	for _, p := range m.GetPods() {
+		if p.GetName() == "" || p.GetNamespace() == "" {
+			s.log.Warn("Agent sent a pod without a name or namespace; ignored", "node", st.node)
+			continue
+		}
+		pod := podwatch.Pod{Namespace: p.GetNamespace(), Name: p.GetName(), IP: p.GetIp(), Ready: p.GetReady(),
+			Problem: p.GetProblem(), Warnings: p.GetWarnings()}
+		if p.GetSpec() != nil {
+			spec := proto.Clone(p.GetSpec()).(*smgv1.WorkerSpec)
+			spec.Node = st.node
+			spec.Labels = map[string]string{podwatch.LabelPod: pod.Name, podwatch.LabelNamespace: pod.Namespace, podwatch.LabelSource: source}
+			pod.Spec = spec
+		}
+		pods = append(pods, pod)
+	}
+	s.opts.Discovery.ReplaceSource(source, pods)
+}
+
+// current reports whether st is its node's latest stream.
+func (s *Server) current(st *agentStream) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nodes[st.node] == st
 }
 
 func (s *Server) addStream(st *agentStream) {

@@ -162,7 +162,9 @@ func orHTTP(s corev1.URIScheme) corev1.URIScheme {
 
 // rewriteArgs replaces the value of each flag in set and expands $(VAR).
 func rewriteArgs(args []string, set, env map[string]string) []string {
-	out := slices.Clone(args)
+	// Loopback has no Kubernetes API: discovery is checked by checkDiscovery
+	// and by smg's own tests with client-go's fake clientset.
+	out := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--service-discovery" })
 	for i := 1; i < len(out); i++ {
 		if v, ok := set[strings.TrimLeft(out[i], "-")]; ok && strings.HasPrefix(out[i], "-") && i+1 < len(out) {
 			out[i+1] = v

@@ -231,6 +231,7 @@ func checkInvariants(t *testing.T, o *Objects) {
 	}
 	checkControlPlane(t, o, byCmd["controlplane"])
 	checkReplicated(t, o, byCmd["controlplane"], cmdFlags["controlplane"])
+	checkDiscovery(t, o, byCmd["controlplane"], cmdFlags["controlplane"])
 	cpGRPC := last(cmdFlags["controlplane"]["grpc-port"])
 	for _, cmd := range []string{"router", "agent"} {
 		for _, addr := range strings.Split(last(cmdFlags[cmd]["controlplane"]), ",") {

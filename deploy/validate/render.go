@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
@@ -36,6 +37,11 @@ type Objects struct {
 	ServiceMonitors []monitoringv1.ServiceMonitor
 	Issuers         []certmanagerv1.Issuer
 	Certificates    []certmanagerv1.Certificate
+	ServiceAccounts []corev1.ServiceAccount
+	Roles           []rbacv1.Role
+	RoleBindings    []rbacv1.RoleBinding
+	ClusterRoles    []rbacv1.ClusterRole
+	ClusterBindings []rbacv1.ClusterRoleBinding
 	// Raw holds each object's rendered YAML under "Kind/name".
 	Raw map[string][]byte
 }
@@ -88,6 +94,16 @@ func (o *Objects) add(apiVersion, kind string, y []byte) error {
 		return decodeInto(y, &o.Issuers)
 	case "cert-manager.io/v1 Certificate":
 		return decodeInto(y, &o.Certificates)
+	case "v1 ServiceAccount":
+		return decodeInto(y, &o.ServiceAccounts)
+	case "rbac.authorization.k8s.io/v1 Role":
+		return decodeInto(y, &o.Roles)
+	case "rbac.authorization.k8s.io/v1 RoleBinding":
+		return decodeInto(y, &o.RoleBindings)
+	case "rbac.authorization.k8s.io/v1 ClusterRole":
+		return decodeInto(y, &o.ClusterRoles)
+	case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+		return decodeInto(y, &o.ClusterBindings)
 	}
 	return fmt.Errorf("unexpected apiVersion/kind %s %s: teach deploy/validate to decode it", apiVersion, kind)
 }

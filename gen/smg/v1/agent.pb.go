@@ -91,6 +91,7 @@ type ReportRequest struct {
 	//	*ReportRequest_Record
 	//	*ReportRequest_Event
 	//	*ReportRequest_Heartbeat
+	//	*ReportRequest_Pods
 	Msg           isReportRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -169,6 +170,15 @@ func (x *ReportRequest) GetHeartbeat() *AgentHeartbeat {
 	return nil
 }
 
+func (x *ReportRequest) GetPods() *DiscoveredPods {
+	if x != nil {
+		if x, ok := x.Msg.(*ReportRequest_Pods); ok {
+			return x.Pods
+		}
+	}
+	return nil
+}
+
 type isReportRequest_Msg interface {
 	isReportRequest_Msg()
 }
@@ -189,6 +199,10 @@ type ReportRequest_Heartbeat struct {
 	Heartbeat *AgentHeartbeat `protobuf:"bytes,4,opt,name=heartbeat,proto3,oneof"`
 }
 
+type ReportRequest_Pods struct {
+	Pods *DiscoveredPods `protobuf:"bytes,5,opt,name=pods,proto3,oneof"`
+}
+
 func (*ReportRequest_Hello) isReportRequest_Msg() {}
 
 func (*ReportRequest_Record) isReportRequest_Msg() {}
@@ -196,6 +210,151 @@ func (*ReportRequest_Record) isReportRequest_Msg() {}
 func (*ReportRequest_Event) isReportRequest_Msg() {}
 
 func (*ReportRequest_Heartbeat) isReportRequest_Msg() {}
+
+func (*ReportRequest_Pods) isReportRequest_Msg() {}
+
+// DiscoveredPods is the complete set of engine pods the agent's service
+// discovery sees on its node, sent after the hello and on every change. The
+// control plane registers and removes their workers under the agent's node.
+type DiscoveredPods struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pods          []*DiscoveredPod       `protobuf:"bytes,1,rep,name=pods,proto3" json:"pods,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiscoveredPods) Reset() {
+	*x = DiscoveredPods{}
+	mi := &file_smg_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiscoveredPods) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiscoveredPods) ProtoMessage() {}
+
+func (x *DiscoveredPods) ProtoReflect() protoreflect.Message {
+	mi := &file_smg_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiscoveredPods.ProtoReflect.Descriptor instead.
+func (*DiscoveredPods) Descriptor() ([]byte, []int) {
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DiscoveredPods) GetPods() []*DiscoveredPod {
+	if x != nil {
+		return x.Pods
+	}
+	return nil
+}
+
+// DiscoveredPod is one engine pod matched by a selector.
+type DiscoveredPod struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Ip        string                 `protobuf:"bytes,3,opt,name=ip,proto3" json:"ip,omitempty"`
+	Ready     bool                   `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`
+	// The worker the pod would be: url, worker_type, bootstrap_port, overload, labels.
+	Spec *WorkerSpec `protobuf:"bytes,5,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Why the pod cannot be registered (it matches several selectors).
+	Problem string `protobuf:"bytes,6,opt,name=problem,proto3" json:"problem,omitempty"`
+	// Bad annotations, ignored.
+	Warnings      []string `protobuf:"bytes,7,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiscoveredPod) Reset() {
+	*x = DiscoveredPod{}
+	mi := &file_smg_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiscoveredPod) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiscoveredPod) ProtoMessage() {}
+
+func (x *DiscoveredPod) ProtoReflect() protoreflect.Message {
+	mi := &file_smg_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiscoveredPod.ProtoReflect.Descriptor instead.
+func (*DiscoveredPod) Descriptor() ([]byte, []int) {
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *DiscoveredPod) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *DiscoveredPod) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DiscoveredPod) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *DiscoveredPod) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *DiscoveredPod) GetSpec() *WorkerSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *DiscoveredPod) GetProblem() string {
+	if x != nil {
+		return x.Problem
+	}
+	return ""
+}
+
+func (x *DiscoveredPod) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
 
 // AgentHello opens the stream.
 type AgentHello struct {
@@ -211,7 +370,7 @@ type AgentHello struct {
 
 func (x *AgentHello) Reset() {
 	*x = AgentHello{}
-	mi := &file_smg_v1_agent_proto_msgTypes[1]
+	mi := &file_smg_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -223,7 +382,7 @@ func (x *AgentHello) String() string {
 func (*AgentHello) ProtoMessage() {}
 
 func (x *AgentHello) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[1]
+	mi := &file_smg_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -236,7 +395,7 @@ func (x *AgentHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHello.ProtoReflect.Descriptor instead.
 func (*AgentHello) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AgentHello) GetNode() string {
@@ -279,7 +438,7 @@ type LoadRecord struct {
 
 func (x *LoadRecord) Reset() {
 	*x = LoadRecord{}
-	mi := &file_smg_v1_agent_proto_msgTypes[2]
+	mi := &file_smg_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +450,7 @@ func (x *LoadRecord) String() string {
 func (*LoadRecord) ProtoMessage() {}
 
 func (x *LoadRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[2]
+	mi := &file_smg_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +463,7 @@ func (x *LoadRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadRecord.ProtoReflect.Descriptor instead.
 func (*LoadRecord) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *LoadRecord) GetWorkerUrl() string {
@@ -362,7 +521,7 @@ type EngineEvent struct {
 
 func (x *EngineEvent) Reset() {
 	*x = EngineEvent{}
-	mi := &file_smg_v1_agent_proto_msgTypes[3]
+	mi := &file_smg_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +533,7 @@ func (x *EngineEvent) String() string {
 func (*EngineEvent) ProtoMessage() {}
 
 func (x *EngineEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[3]
+	mi := &file_smg_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +546,7 @@ func (x *EngineEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineEvent.ProtoReflect.Descriptor instead.
 func (*EngineEvent) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EngineEvent) GetWorkerUrl() string {
@@ -429,7 +588,7 @@ type AgentHeartbeat struct {
 
 func (x *AgentHeartbeat) Reset() {
 	*x = AgentHeartbeat{}
-	mi := &file_smg_v1_agent_proto_msgTypes[4]
+	mi := &file_smg_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -441,7 +600,7 @@ func (x *AgentHeartbeat) String() string {
 func (*AgentHeartbeat) ProtoMessage() {}
 
 func (x *AgentHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[4]
+	mi := &file_smg_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -454,7 +613,7 @@ func (x *AgentHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHeartbeat.ProtoReflect.Descriptor instead.
 func (*AgentHeartbeat) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AgentHeartbeat) GetWorkerUrls() []string {
@@ -477,7 +636,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_smg_v1_agent_proto_msgTypes[5]
+	mi := &file_smg_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -489,7 +648,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[5]
+	mi := &file_smg_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -502,7 +661,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReportResponse) GetMsg() isReportResponse_Msg {
@@ -557,7 +716,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_smg_v1_agent_proto_msgTypes[6]
+	mi := &file_smg_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -569,7 +728,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[6]
+	mi := &file_smg_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -582,7 +741,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Assignment) GetEngineUrls() []string {
@@ -602,7 +761,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_smg_v1_agent_proto_msgTypes[7]
+	mi := &file_smg_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +773,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[7]
+	mi := &file_smg_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +786,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -641,13 +800,24 @@ var File_smg_v1_agent_proto protoreflect.FileDescriptor
 
 const file_smg_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x12smg/v1/agent.proto\x12\x06smg.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11smg/v1/load.proto\"\xd5\x01\n" +
+	"\x12smg/v1/agent.proto\x12\x06smg.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11smg/v1/load.proto\x1a\x13smg/v1/worker.proto\"\x83\x02\n" +
 	"\rReportRequest\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.smg.v1.AgentHelloH\x00R\x05hello\x12,\n" +
 	"\x06record\x18\x02 \x01(\v2\x12.smg.v1.LoadRecordH\x00R\x06record\x12+\n" +
 	"\x05event\x18\x03 \x01(\v2\x13.smg.v1.EngineEventH\x00R\x05event\x126\n" +
-	"\theartbeat\x18\x04 \x01(\v2\x16.smg.v1.AgentHeartbeatH\x00R\theartbeatB\x05\n" +
-	"\x03msg\"]\n" +
+	"\theartbeat\x18\x04 \x01(\v2\x16.smg.v1.AgentHeartbeatH\x00R\theartbeat\x12,\n" +
+	"\x04pods\x18\x05 \x01(\v2\x16.smg.v1.DiscoveredPodsH\x00R\x04podsB\x05\n" +
+	"\x03msg\";\n" +
+	"\x0eDiscoveredPods\x12)\n" +
+	"\x04pods\x18\x01 \x03(\v2\x15.smg.v1.DiscoveredPodR\x04pods\"\xc5\x01\n" +
+	"\rDiscoveredPod\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x0e\n" +
+	"\x02ip\x18\x03 \x01(\tR\x02ip\x12\x14\n" +
+	"\x05ready\x18\x04 \x01(\bR\x05ready\x12&\n" +
+	"\x04spec\x18\x05 \x01(\v2\x12.smg.v1.WorkerSpecR\x04spec\x12\x18\n" +
+	"\aproblem\x18\x06 \x01(\tR\aproblem\x12\x1a\n" +
+	"\bwarnings\x18\a \x03(\tR\bwarnings\"]\n" +
 	"\n" +
 	"AgentHello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
@@ -708,40 +878,46 @@ func file_smg_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_smg_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_smg_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_smg_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_smg_v1_agent_proto_goTypes = []any{
 	(EngineEventKind)(0),          // 0: smg.v1.EngineEventKind
 	(*ReportRequest)(nil),         // 1: smg.v1.ReportRequest
-	(*AgentHello)(nil),            // 2: smg.v1.AgentHello
-	(*LoadRecord)(nil),            // 3: smg.v1.LoadRecord
-	(*EngineEvent)(nil),           // 4: smg.v1.EngineEvent
-	(*AgentHeartbeat)(nil),        // 5: smg.v1.AgentHeartbeat
-	(*ReportResponse)(nil),        // 6: smg.v1.ReportResponse
-	(*Assignment)(nil),            // 7: smg.v1.Assignment
-	(*Goodbye)(nil),               // 8: smg.v1.Goodbye
-	(*EngineLoad)(nil),            // 9: smg.v1.EngineLoad
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*DiscoveredPods)(nil),        // 2: smg.v1.DiscoveredPods
+	(*DiscoveredPod)(nil),         // 3: smg.v1.DiscoveredPod
+	(*AgentHello)(nil),            // 4: smg.v1.AgentHello
+	(*LoadRecord)(nil),            // 5: smg.v1.LoadRecord
+	(*EngineEvent)(nil),           // 6: smg.v1.EngineEvent
+	(*AgentHeartbeat)(nil),        // 7: smg.v1.AgentHeartbeat
+	(*ReportResponse)(nil),        // 8: smg.v1.ReportResponse
+	(*Assignment)(nil),            // 9: smg.v1.Assignment
+	(*Goodbye)(nil),               // 10: smg.v1.Goodbye
+	(*WorkerSpec)(nil),            // 11: smg.v1.WorkerSpec
+	(*EngineLoad)(nil),            // 12: smg.v1.EngineLoad
+	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 }
 var file_smg_v1_agent_proto_depIdxs = []int32{
-	2,  // 0: smg.v1.ReportRequest.hello:type_name -> smg.v1.AgentHello
-	3,  // 1: smg.v1.ReportRequest.record:type_name -> smg.v1.LoadRecord
-	4,  // 2: smg.v1.ReportRequest.event:type_name -> smg.v1.EngineEvent
-	5,  // 3: smg.v1.ReportRequest.heartbeat:type_name -> smg.v1.AgentHeartbeat
-	9,  // 4: smg.v1.LoadRecord.load:type_name -> smg.v1.EngineLoad
-	10, // 5: smg.v1.LoadRecord.engine_silence:type_name -> google.protobuf.Duration
-	11, // 6: smg.v1.LoadRecord.observed_at:type_name -> google.protobuf.Timestamp
-	0,  // 7: smg.v1.EngineEvent.kind:type_name -> smg.v1.EngineEventKind
-	11, // 8: smg.v1.EngineEvent.observed_at:type_name -> google.protobuf.Timestamp
-	7,  // 9: smg.v1.ReportResponse.assignment:type_name -> smg.v1.Assignment
-	8,  // 10: smg.v1.ReportResponse.goodbye:type_name -> smg.v1.Goodbye
-	1,  // 11: smg.v1.AgentService.Report:input_type -> smg.v1.ReportRequest
-	6,  // 12: smg.v1.AgentService.Report:output_type -> smg.v1.ReportResponse
-	12, // [12:13] is the sub-list for method output_type
-	11, // [11:12] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	4,  // 0: smg.v1.ReportRequest.hello:type_name -> smg.v1.AgentHello
+	5,  // 1: smg.v1.ReportRequest.record:type_name -> smg.v1.LoadRecord
+	6,  // 2: smg.v1.ReportRequest.event:type_name -> smg.v1.EngineEvent
+	7,  // 3: smg.v1.ReportRequest.heartbeat:type_name -> smg.v1.AgentHeartbeat
+	2,  // 4: smg.v1.ReportRequest.pods:type_name -> smg.v1.DiscoveredPods
+	3,  // 5: smg.v1.DiscoveredPods.pods:type_name -> smg.v1.DiscoveredPod
+	11, // 6: smg.v1.DiscoveredPod.spec:type_name -> smg.v1.WorkerSpec
+	12, // 7: smg.v1.LoadRecord.load:type_name -> smg.v1.EngineLoad
+	13, // 8: smg.v1.LoadRecord.engine_silence:type_name -> google.protobuf.Duration
+	14, // 9: smg.v1.LoadRecord.observed_at:type_name -> google.protobuf.Timestamp
+	0,  // 10: smg.v1.EngineEvent.kind:type_name -> smg.v1.EngineEventKind
+	14, // 11: smg.v1.EngineEvent.observed_at:type_name -> google.protobuf.Timestamp
+	9,  // 12: smg.v1.ReportResponse.assignment:type_name -> smg.v1.Assignment
+	10, // 13: smg.v1.ReportResponse.goodbye:type_name -> smg.v1.Goodbye
+	1,  // 14: smg.v1.AgentService.Report:input_type -> smg.v1.ReportRequest
+	8,  // 15: smg.v1.AgentService.Report:output_type -> smg.v1.ReportResponse
+	15, // [15:16] is the sub-list for method output_type
+	14, // [14:15] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_agent_proto_init() }
@@ -750,13 +926,15 @@ func file_smg_v1_agent_proto_init() {
 		return
 	}
 	file_smg_v1_load_proto_init()
+	file_smg_v1_worker_proto_init()
 	file_smg_v1_agent_proto_msgTypes[0].OneofWrappers = []any{
 		(*ReportRequest_Hello)(nil),
 		(*ReportRequest_Record)(nil),
 		(*ReportRequest_Event)(nil),
 		(*ReportRequest_Heartbeat)(nil),
+		(*ReportRequest_Pods)(nil),
 	}
-	file_smg_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
+	file_smg_v1_agent_proto_msgTypes[7].OneofWrappers = []any{
 		(*ReportResponse_Assignment)(nil),
 		(*ReportResponse_Goodbye)(nil),
 	}
@@ -766,7 +944,7 @@ func file_smg_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_smg_v1_agent_proto_rawDesc), len(file_smg_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
