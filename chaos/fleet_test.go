@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -62,6 +63,7 @@ const (
 	cpGRPCPort = 30002
 	agentPort  = 30003
 	routerPort = 30000
+	raftPort   = 30004
 )
 
 // proc is one smg process inside a host's namespace.
@@ -93,7 +95,8 @@ func (s *syncBuffer) String() string {
 type fleet struct {
 	t       *testing.T
 	lab     *netlab.Lab
-	cp      *netlab.Host
+	cp      *netlab.Host   // the control plane (the first replica when replicated)
+	cps     []*netlab.Host // every replica
 	routers []*netlab.Host
 	agent   *netlab.Host
 	engines []*netlab.Host
@@ -105,6 +108,8 @@ type fleet struct {
 
 type fleetOptions struct {
 	routers, engines int
+	replicas         int      // control planes; more than 1 replicates the registry with Raft
+	spare            int      // extra engines started but not registered (a scenario registers them)
 	cpArgs           []string // extra control-plane flags
 	routerArgs       []string // extra router flags
 	agentPoll        string
@@ -138,12 +143,22 @@ func newFleet(t *testing.T, id string, o fleetOptions) *fleet {
 		}
 		return h
 	}
-	f.cp = host("cp")
+	if o.replicas < 1 {
+		o.replicas = 1
+	}
+	for i := range o.replicas {
+		name := "cp"
+		if o.replicas > 1 {
+			name = fmt.Sprintf("cp%d", i+1)
+		}
+		f.cps = append(f.cps, host(name))
+	}
+	f.cp = f.cps[0]
 	for i := range o.routers {
 		f.routers = append(f.routers, host(fmt.Sprintf("r%d", i+1)))
 	}
 	f.agent = host("agent")
-	for i := range o.engines {
+	for i := range o.engines + o.spare {
 		f.engines = append(f.engines, host(fmt.Sprintf("e%d", i+1)))
 	}
 	f.client = host("client")
@@ -160,10 +175,27 @@ func newFleet(t *testing.T, id string, o fleetOptions) *fleet {
 	cpArgs := []string{"controlplane", "--host", f.cp.IP, "--port", fmt.Sprint(cpHTTPPort), "--grpc-port", fmt.Sprint(cpGRPCPort),
 		"--worker-stale-secs", staleSecs, "--worker-stall-secs", stallSecs, "--load-monitor-interval", "1",
 		"--health-check-interval-secs", "1"}
-	f.start("cp", f.cp, append(cpArgs, o.cpArgs...)...)
-	f.waitHTTP(f.cpURL()+"/health", 10*time.Second)
+	var peers []string
+	for i, h := range f.cps {
+		peers = append(peers, fmt.Sprintf("cp%d=%s", i+1, h.Addr(raftPort)))
+	}
+	for i, h := range f.cps {
+		args := append([]string{}, cpArgs...)
+		args[2] = h.IP // --host
+		if len(f.cps) > 1 {
+			args = append(args, "--data-dir", filepath.Join(f.t.TempDir(), "data"), "--node-id", fmt.Sprintf("cp%d", i+1),
+				"--raft-addr", h.Addr(raftPort), "--raft-peers", strings.Join(peers, ","))
+		}
+		f.start(h.Name, h, append(args, o.cpArgs...)...)
+	}
+	for _, h := range f.cps {
+		f.waitHTTP("http://"+h.Addr(cpHTTPPort)+"/health", 15*time.Second)
+	}
+	if len(f.cps) > 1 {
+		f.leader(15 * time.Second)
+	}
 	// Registered on the agent's node: the agent feeds only its node's workers.
-	for _, u := range urls {
+	for _, u := range urls[:o.engines] {
 		f.register(u, "agent")
 	}
 	poll := o.agentPoll
@@ -171,10 +203,10 @@ func newFleet(t *testing.T, id string, o fleetOptions) *fleet {
 		poll = "100ms"
 	}
 	f.start("agent", f.agent, append([]string{"agent", "--host", f.agent.IP, "--port", fmt.Sprint(agentPort),
-		"--controlplane", f.cp.Addr(cpGRPCPort), "--node", "agent", "--poll-interval", poll, "--engine-urls"}, urls...)...)
+		"--controlplane", f.cpAddrs(), "--node", "agent", "--poll-interval", poll, "--engine-urls"}, urls...)...)
 	for i, r := range f.routers {
 		f.start(fmt.Sprintf("r%d", i+1), r, append([]string{"router", "--host", r.IP, "--port", fmt.Sprint(routerPort),
-			"--controlplane", f.cp.Addr(cpGRPCPort), "--router-id", fmt.Sprintf("r%d", i+1),
+			"--controlplane", f.cpAddrs(), "--router-id", fmt.Sprintf("r%d", i+1),
 			"--worker-stale-secs", staleSecs, "--load-monitor-interval", "1"}, o.routerArgs...)...)
 	}
 	for i := range f.routers {
@@ -186,8 +218,8 @@ func newFleet(t *testing.T, id string, o fleetOptions) *fleet {
 		if err != nil {
 			return err
 		}
-		if len(ws) != len(f.engines) {
-			return fmt.Errorf("%d workers, want %d", len(ws), len(f.engines))
+		if len(ws) != o.engines {
+			return fmt.Errorf("%d workers, want %d", len(ws), o.engines)
 		}
 		for _, w := range ws {
 			if !w.Ready || w.Verdict.Vetoed || w.Agent != "agent" {
@@ -202,20 +234,95 @@ func newFleet(t *testing.T, id string, o fleetOptions) *fleet {
 // register submits a worker through the admin API and waits for its job.
 func (f *fleet) register(url, node string) {
 	f.t.Helper()
-	body := fmt.Sprintf(`{"url":%q,"node":%q}`, url, node)
+	// A 503 with Retry-After (no leader at this instant) is retried, as a client should.
+	f.eventually(15*time.Second, "register "+url, func() error {
+		a, err := f.post(f.cpURL()+"/workers", fmt.Sprintf(`{"url":%q,"node":%q}`, url, node))
+		if err != nil {
+			return err
+		}
+		if a.status != http.StatusAccepted {
+			var views []string
+			for _, h := range f.cps {
+				v, _ := f.cluster(h)
+				views = append(views, fmt.Sprintf("%+v", v))
+			}
+			return fmt.Errorf("%d %s (cluster: %s)", a.status, a.body, strings.Join(views, " "))
+		}
+		return nil
+	})
+}
+
+// post sends a JSON body and returns the answer with its headers.
+func (f *fleet) post(url, body string) (answer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.cpURL()+"/workers", strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := f.http.Do(req)
 	if err != nil {
-		f.t.Fatalf("register %s: %v", url, err)
+		return answer{}, err
 	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		f.t.Fatalf("register %s: %d %s", url, resp.StatusCode, b)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answer{status: resp.StatusCode, body: b, header: resp.Header}, err
+}
+
+// cpAddrs is the --controlplane value naming every replica.
+func (f *fleet) cpAddrs() string {
+	var a []string
+	for _, h := range f.cps {
+		a = append(a, h.Addr(cpGRPCPort))
 	}
+	return strings.Join(a, ",")
+}
+
+// clusterView is GET /cluster of one replica.
+type clusterView struct {
+	Node    string `json:"node"`
+	State   string `json:"state"`
+	Serving bool   `json:"serving"`
+	Term    uint64 `json:"term"`
+	Leader  string `json:"leader"`
+}
+
+func (f *fleet) cluster(h *netlab.Host) (clusterView, error) {
+	var v clusterView
+	a, err := f.get("http://" + h.Addr(cpHTTPPort) + "/cluster")
+	if err != nil {
+		return v, err
+	}
+	return v, json.Unmarshal(a.body, &v)
+}
+
+// leader waits until every replica names the same serving leader and returns it.
+func (f *fleet) leader(within time.Duration, except ...*netlab.Host) *netlab.Host {
+	f.t.Helper()
+	var found *netlab.Host
+	f.eventually(within, "one leader every replica names", func() error {
+		found = nil
+		id := ""
+		for _, h := range f.cps {
+			if slices.Contains(except, h) {
+				continue
+			}
+			v, err := f.cluster(h)
+			if err != nil {
+				return err
+			}
+			if v.Leader == "" || (id != "" && v.Leader != id) {
+				return fmt.Errorf("%s names leader %q", h.Name, v.Leader)
+			}
+			id = v.Leader
+			if v.State == "Leader" && v.Serving {
+				found = h
+			}
+		}
+		if found == nil || found.Name != id {
+			return fmt.Errorf("leader %q not serving among the replicas asked", id)
+		}
+		return nil
+	})
+	return found
 }
 
 func (f *fleet) engineURL(i int) string { return "http://" + f.engines[i].Addr(enginePort) }
@@ -289,6 +396,7 @@ func (f *fleet) eventually(within time.Duration, what string, check func() error
 type answer struct {
 	status int
 	body   []byte
+	header http.Header
 }
 
 func (f *fleet) get(url string) (answer, error) {
@@ -301,7 +409,7 @@ func (f *fleet) get(url string) (answer, error) {
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return answer{resp.StatusCode, b}, err
+	return answer{resp.StatusCode, b, resp.Header}, err
 }
 
 type worker struct {

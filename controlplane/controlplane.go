@@ -529,13 +529,16 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 
 // demote drops the soft state of a replica that stopped leading: its
 // verdicts and evidence are no one's truth any more (the next leader
-// rebuilds its own), and a later term of its own starts clean.
+// rebuilds its own), and a later term of its own starts clean. Workers go
+// back to presumed Ready with no veto, the fail-open direction: a router
+// still attached to this replica in the instant before its stream ends may
+// read this change, and must not see the fleet vanish (it did: Health
+// pending here took every worker out of routing until the router reached
+// the new leader; found by the chaos suite's leader partition).
 func (cp *ControlPlane) demote() {
 	_, _ = cp.Registry.Update(func(t *registry.Txn) error {
 		for _, w := range t.Workers() {
-			p := w.Presumed()
-			p.Health = registry.HealthPending
-			t.Insert(p)
+			t.Insert(w.Presumed())
 		}
 		return nil
 	})
