@@ -86,6 +86,9 @@ type OverloadReport struct {
 	LoadAvgEnd   string `json:"loadavg_end"`
 	// AgentPoll is the node agent's poll interval ("": no agent, HTTP polls).
 	AgentPoll string `json:"agent_poll,omitempty"`
+	// Notes say how the published report was put together when it was not
+	// one run (e.g. a configuration re-run and merged), printed with it.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Run finds one configuration at one load.

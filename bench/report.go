@@ -132,6 +132,9 @@ func (s *Suite) PublishOverload(rep *OverloadReport) error {
 		fmt.Fprintf(&b, "Load reaches the control plane from one `smg agent --poll-interval %s` covering all 4 engines "+
 			"(pushed records; the control plane's HTTP poller skips agent-fed workers).\n\n", rep.AgentPoll)
 	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(&b, "Note: %s\n\n", n)
+	}
 	fmt.Fprintf(&b, "| config | gateway flags (plus `%s`) |\n|---|---|\n", strings.Join(gatewayBase, " "))
 	for _, gc := range rep.Configs {
 		flags := strings.Join(gc.Flags, " ")

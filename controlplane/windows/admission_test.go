@@ -224,3 +224,27 @@ func TestAllocatorShrinkBeforeGrowByClass(t *testing.T) {
 		}
 	})
 }
+
+// TestPlanKeepsTheOddRoomWhereItIs: three routers all asking for more than a
+// window of 8 can share: the two rooms that do not split evenly stay with
+// the routers that hold them, whoever waits most this round (a moved room
+// idles for an acknowledgement's round trip).
+func TestPlanKeepsTheOddRoomWhereItIs(t *testing.T) {
+	in := []RouterInput{
+		{ID: "a", Demand: 8, Waiting: 5, Share: 3, Held: 3},
+		{ID: "b", Demand: 9, Waiting: 6, Share: 3, Held: 3},
+		{ID: "c", Demand: 20, Waiting: 18, Share: 2, Held: 2},
+	}
+	if got := Plan(8, in); !slices.Equal(got, []int64{3, 3, 2}) {
+		t.Fatalf("Plan = %v, want the shares kept at 3 3 2", got)
+	}
+	// A higher class still takes the odd rooms (once a and b acknowledge
+	// their lower shares).
+	in[2].WaitingByClass = []int64{0, 1, 17, 0}
+	if got := fairTargets(8, in); !slices.Equal(got, []int64{2, 2, 4}) {
+		t.Fatalf("targets = %v, want c (interactive waiting) to get both odd rooms", got)
+	}
+	if got := Plan(8, in); !slices.Equal(got, []int64{2, 2, 2}) {
+		t.Fatalf("Plan = %v, want a and b shrunk, c waiting for their acknowledgement", got)
+	}
+}

@@ -272,6 +272,13 @@ func (a *Allocator) planWorker(w *registry.Worker, window int64, ids []string, w
 		if !rs.gone {
 			ri.Demand, ri.Waiting = d.GetInFlight()+d.GetWaiting(), d.GetWaiting()
 			ri.WaitingByClass = d.GetWaitingByClass()
+			if ri.Waiting > 0 {
+				// A router that still waits (or refuses) uses its whole
+				// share: rooms that freed a moment before its report are
+				// not spare, and moving them would idle them for an
+				// acknowledgement's round trip.
+				ri.Demand = max(ri.Demand, g.share+ri.Waiting)
+			}
 		}
 		in = append(in, ri)
 	}

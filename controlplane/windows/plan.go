@@ -109,6 +109,18 @@ func classWaiting(r RouterInput) (out [numClasses]int64) {
 	return out
 }
 
+// compareClasses orders routers by the highest class they wait in (negative:
+// a first), whatever the amounts.
+func compareClasses(a, b RouterInput) int {
+	ca, cb := classWaiting(a), classWaiting(b)
+	for c := range numClasses {
+		if x := cmp.Compare(min(cb[c], 1), min(ca[c], 1)); x != 0 {
+			return x
+		}
+	}
+	return 0
+}
+
 // compareWaiting orders routers by who waits in the highest class first,
 // then by the most waiting (negative: a first).
 func compareWaiting(a, b RouterInput) int {
@@ -175,8 +187,18 @@ func fill(t, caps []int64, left int64, routers []RouterInput) int64 {
 		}
 		level := left / int64(len(unmet))
 		if level == 0 {
-			// Fewer rooms than routers asking: one each, most waiting first.
+			// Fewer rooms than routers asking: one each, to the highest
+			// class waiting first, then to routers that hold the room now
+			// (a room moved between routers idles for an acknowledgement's
+			// round trip, so equal askers keep what they have), then to
+			// the most waiting.
 			slices.SortStableFunc(unmet, func(a, b int) int {
+				if c := compareClasses(routers[a], routers[b]); c != 0 {
+					return c
+				}
+				if c := cmp.Compare(routers[b].Share-t[b], routers[a].Share-t[a]); c != 0 {
+					return c
+				}
 				if c := compareWaiting(routers[a], routers[b]); c != 0 {
 					return c
 				}
