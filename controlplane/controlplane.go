@@ -486,12 +486,14 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 // resumed.
 func (cp *ControlPlane) Prepare(term uint64) {
 	cp.Registry.SetEpoch(fmt.Sprintf("%s-t%d", cp.Cluster.ID(), term))
-	_, _ = cp.Registry.Update(func(t *registry.Txn) error {
+	if _, err := cp.Registry.Update(func(t *registry.Txn) error {
 		for _, w := range t.Workers() {
 			t.Insert(w.Presumed())
 		}
 		return nil
-	})
+	}); err != nil {
+		cp.log.Error("New leader could not presume its workers Ready", "error", err)
+	}
 	cp.Admin.ResumeJobs()
 }
 
@@ -536,11 +538,13 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 // pending here took every worker out of routing until the router reached
 // the new leader; found by the chaos suite's leader partition).
 func (cp *ControlPlane) demote() {
-	_, _ = cp.Registry.Update(func(t *registry.Txn) error {
+	if _, err := cp.Registry.Update(func(t *registry.Txn) error {
 		for _, w := range t.Workers() {
 			t.Insert(w.Presumed())
 		}
 		return nil
-	})
+	}); err != nil {
+		cp.log.Error("Former leader could not drop its soft state", "error", err)
+	}
 	cp.Liveness.Sweep(time.Now()) // drops the evidence of every worker not Ready
 }
