@@ -13,8 +13,16 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
-// BenchmarkRecord: one pushed record's liveness side over 1,000 Ready workers.
-func BenchmarkRecord(b *testing.B) {
+// BenchmarkRecord: one pushed record's liveness side over 1,000 Ready
+// workers, a registry transaction per record.
+func BenchmarkRecord(b *testing.B) { benchRecord(b, false) }
+
+// BenchmarkRecordCoalesced is the control plane's configuration: a record
+// that leaves the verdict as it is waits for the next flush, run every
+// 5,000 records as in the ingest benchmark.
+func BenchmarkRecordCoalesced(b *testing.B) { benchRecord(b, true) }
+
+func benchRecord(b *testing.B, coalesce bool) {
 	reg := registry.New("e", 0)
 	ids := make([]string, 1000)
 	reg.Update(func(tx *registry.Txn) error {
@@ -24,7 +32,7 @@ func BenchmarkRecord(b *testing.B) {
 		}
 		return nil
 	})
-	tr := New(reg, Options{Rules: judge.DefaultLivenessConfig()}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	tr := New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: coalesce}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	now := time.Unix(1700000000, 0)
 	b.ReportAllocs()
 	i := 0
@@ -32,5 +40,9 @@ func BenchmarkRecord(b *testing.B) {
 		now = now.Add(time.Millisecond)
 		tr.Record(ids[i%len(ids)], judge.Record{Pushed: true, Waiting: int64(i % 3), StepWire: true}, now)
 		i++
+		if coalesce && i%5000 == 0 {
+			tr.Flush()
+		}
 	}
+	tr.Flush()
 }
