@@ -45,7 +45,10 @@ func TestStoredVerdictIsTheJudgesOfTheStoredEvidence(t *testing.T) {
 	now := func() time.Time { return t0.Add(time.Duration(clock.Add(int64(time.Millisecond)))) }
 	log := slog.New(slog.DiscardHandler)
 	in := ingest.New(reg, ingest.Options{Coalesce: true}, log)
-	tr := liveness.New(reg, liveness.Options{Rules: judge.LivenessConfig{StallSecs: 0, WedgeSecs: 1, StaleSecs: 1}, Now: now}, log, prometheus.NewRegistry())
+	// Both coalesce, as in the control plane: pending loads and records are
+	// not stored evidence until a flush or a later transaction stores them.
+	tr := liveness.New(reg, liveness.Options{Rules: judge.LivenessConfig{StallSecs: 0, WedgeSecs: 1, StaleSecs: 1}, Now: now, Coalesce: true},
+		log, prometheus.NewRegistry())
 	hc := health.New(reg, health.Options{FailureThreshold: 1, SuccessThreshold: 1, IntervalSecs: 1, TimeoutSecs: 1, Endpoint: "/health", Now: now}, nil, tr, log)
 
 	var violations atomic.Int64
@@ -90,6 +93,7 @@ func TestStoredVerdictIsTheJudgesOfTheStoredEvidence(t *testing.T) {
 			},
 			func() { _ = in.NoReport(id) },
 			func() { in.Flush() },
+			func() { tr.Flush() },
 			func() { hc.Observe(id, "http://"+id, probeOK, "probe", now()) },
 			func() { tr.Sweep(now()) },
 		} {
@@ -105,6 +109,7 @@ func TestStoredVerdictIsTheJudgesOfTheStoredEvidence(t *testing.T) {
 	close(stop)
 	<-checked
 	in.Flush()
+	tr.Flush()
 	check()
 	if n := violations.Load(); n > 0 {
 		t.Fatalf("%d stored verdicts were not the judge's verdict of the stored evidence; first: %s", n, firstViolation.Load())
