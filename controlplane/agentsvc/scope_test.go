@@ -234,3 +234,21 @@ func TestGoneAgentsWorkersRemoved(t *testing.T) {
 }
 
 func scanner(s string) *bufio.Scanner { return bufio.NewScanner(strings.NewReader(s)) }
+
+// A record that arrives before its engine's registration is applied by the
+// first heartbeat after it: the agent sends records only on change, so the
+// worker would otherwise never be fed.
+func TestRecordBeforeRegistrationAppliedByTheNextHeartbeat(t *testing.T) {
+	h := start(t, defaultConfig())
+	const u = "http://127.0.0.1:9100"
+	st, _ := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1", EngineUrls: []string{u}})
+	send(t, st, record(u, 6))
+	send(t, st, record("http://127.0.0.1:9199", 6)) // not in the hello: never kept
+	h.put(t, worker("w1", u, ""))
+	send(t, st, &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Heartbeat{Heartbeat: &smgv1.AgentHeartbeat{WorkerUrls: []string{u}}}})
+	h.waitFor(t, "the early record applied", func(s *registry.Snapshot) bool {
+		w := s.Get("w1")
+		return w.AgentNode == "n1" && w.Load.GetWaitingRequests() == 6 && w.Overloaded
+	})
+	closeCleanly(t, st)
+}

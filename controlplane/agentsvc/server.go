@@ -147,6 +147,12 @@ type agentStream struct {
 	// heartbeat ("nothing changed since my last record") re-applies it.
 	// Only the receive goroutine touches it.
 	last map[string]lastRecord
+
+	// pending is the latest record of each of the hello's engines that was
+	// not registered yet when it arrived; the first contact or heartbeat
+	// after its registration applies it in full (the agent sends a record
+	// only when something changed). Only the receive goroutine touches it.
+	pending map[string]*smgv1.LoadRecord
 }
 
 type lastRecord struct {
@@ -200,7 +206,8 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 		return status.Errorf(codes.PermissionDenied, "agent: these credentials (token or client certificate) are for node %q, not %q (smg agent --node)", id.Node, hello.GetNode())
 	}
 	st := &agentStream{node: hello.GetNode(), peer: peerOf(ctx), own: dedup(canonical(hello.GetEngineUrls())),
-		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{}, last: map[string]lastRecord{}}
+		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{}, last: map[string]lastRecord{},
+		pending: map[string]*smgv1.LoadRecord{}}
 	s.log.Info("Agent connected", "node", st.node, "peer", st.peer, "engines", len(st.own), "register", hello.GetRegister())
 	s.addStream(st)
 	if hello.GetRegister() {
@@ -325,8 +332,12 @@ func (s *Server) onNode(st *agentStream, w *registry.Worker) bool {
 func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
 	w := s.worker(st, r.GetWorkerUrl())
 	if w == nil {
+		if u := canonicalURL(r.GetWorkerUrl()); slices.Contains(st.own, u) && s.reg.Snapshot().GetByURL(u) == nil {
+			st.pending[u] = r // bounded by the hello's engines
+		}
 		return
 	}
+	delete(st.pending, w.Spec.GetUrl())
 	url := w.Spec.GetUrl()
 	st.cover(url)
 	var silence time.Duration
@@ -401,6 +412,10 @@ func (s *Server) event(st *agentStream, e *smgv1.EngineEvent, now time.Time) {
 // poller does not take over from a live agent, and keeps an engine's silence
 // growing. Without a record on this stream it is plain contact.
 func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
+	if r, ok := st.pending[w.Spec.GetUrl()]; ok {
+		s.record(st, r, now) // registered since its record arrived
+		return
+	}
 	lr, ok := st.last[w.Spec.GetUrl()]
 	if !ok {
 		s.tr.Contact(w.ID, now)
