@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,82 +8,47 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/smg-project/smg/internal/testutil"
 )
 
-// Proc is a child smg process whose output is watched for the addresses it
-// prints when it starts.
+// Proc is a child smg process (internal/testutil's harness) whose output is
+// watched for the addresses it prints when it starts.
 type Proc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	mu   sync.Mutex
-	log  bytes.Buffer // stderr, kept for failure reports (bounded)
+	*testutil.Proc
+	done <-chan struct{}
 }
 
-// startProc runs bin with args and calls onLine with every stdout and stderr line.
+// startProc runs bin with args, in its own process group, and calls onLine
+// with every stdout and stderr line.
 func startProc(bin string, args []string, onLine func(string)) (*Proc, error) {
-	cmd := exec.Command(bin, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := cmd.StdoutPipe()
+	p, err := testutil.Start(filepath.Base(bin)+" "+firstArg(args), bin, args, testutil.Options{OnLine: onLine, Group: true})
 	if err != nil {
 		return nil, err
 	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &Proc{cmd: cmd, done: make(chan struct{})}
-	var wg sync.WaitGroup
-	scan := func(r io.Reader, keep bool) {
-		defer wg.Done()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			if keep {
-				p.mu.Lock()
-				if p.log.Len() < 1<<20 {
-					p.log.WriteString(line + "\n")
-				}
-				p.mu.Unlock()
-			}
-			onLine(line)
-		}
-	}
-	wg.Add(2)
-	go scan(stdout, false)
-	go scan(stderr, true)
-	go func() { wg.Wait(); _ = cmd.Wait(); close(p.done) }()
-	return p, nil
+	return &Proc{Proc: p, done: p.Done()}, nil
 }
 
-// Stop interrupts the process and kills it if it has not exited within grace.
+func firstArg(args []string) string {
+	if len(args) == 0 {
+		return ""
+	}
+	return args[0]
+}
+
+// Stop interrupts the process and kills its group if it has not exited
+// within grace.
 func (p *Proc) Stop(grace time.Duration) {
 	if p == nil {
 		return
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
-}
-
-// Log returns what the process wrote to stderr so far.
-func (p *Proc) Log() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
+	p.Proc.Stop(syscall.SIGINT, grace)
 }
 
 // Fleet is a running smg sim process with its engines' URLs.

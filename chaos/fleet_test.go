@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/smg-project/smg/internal/netlab"
+	"github.com/smg-project/smg/internal/testutil"
 )
 
 // smgBin is the binary every host runs (built once in TestMain).
@@ -74,22 +75,8 @@ type proc struct {
 	done chan struct{}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer = testutil.SyncBuffer
 
 // fleet is a lab with a control plane, routers, one agent, engines and a client host.
 type fleet struct {
@@ -358,12 +345,7 @@ func (f *fleet) stopAll() {
 	}
 }
 
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
+var tail = testutil.Tail
 
 func (f *fleet) waitHTTP(url string, within time.Duration) {
 	f.t.Helper()

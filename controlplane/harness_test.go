@@ -1,7 +1,6 @@
 package controlplane_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -21,26 +20,12 @@ import (
 	"github.com/smg-project/smg/controlplane"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/testutil"
 	"github.com/smg-project/smg/sim"
 )
 
 // syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testutil.SyncBuffer
 
 // harness is a running control plane: REST on an httptest server, gRPC on a
 // loopback listener, background loops running.

@@ -11,9 +11,9 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
+
+	"github.com/smg-project/smg/internal/testutil"
 )
 
 // smgBin is the binary under test, built by TestMain.
@@ -24,21 +24,9 @@ func TestMain(m *testing.M) {
 }
 
 func buildAndRun(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "smg-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	smgBin = filepath.Join(dir, "smg")
-	args := []string{"build", "-o", smgBin}
-	if os.Getenv("SMG_E2E_RACE") != "" {
-		args = append(args, "-race")
-	}
-	args = append(args, "github.com/smg-project/smg/cmd/smg")
-	build := exec.Command("go", args...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	defer testutil.Cleanup()
+	var err error
+	if smgBin, err = testutil.SMGBinary(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: building smg:", err)
 		return 1
 	}

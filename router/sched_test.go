@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/internal/testutil"
 )
 
 func running(n int64) func(*Worker) { return func(w *Worker) { w.Running = n } }
@@ -76,22 +77,8 @@ func schedHarness(t *testing.T, capacity int, doc string, mutate func(*Options))
 	return &harness{t: t, r: r, reg: reg, srv: srv}, logs
 }
 
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// lockedBuffer is a log sink safe for concurrent writers.
+type lockedBuffer = testutil.SyncBuffer
 
 // metricValue reads one series from the harness's registry (0 if absent).
 func (h *harness) metricValue(name string, labels map[string]string) float64 {

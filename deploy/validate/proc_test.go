@@ -1,20 +1,18 @@
 package validate
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/smg-project/smg/internal/testutil"
 )
 
 // requireTools turns a missing promtool or prometheus into a failure; CI
@@ -33,122 +31,35 @@ func tool(t *testing.T, name string) string {
 	return p
 }
 
-var build struct {
-	once sync.Once
-	path string
-	err  error
-}
-
 // smgBinary builds the smg binary from this repository once per test run
 // (SMG_BIN names a prebuilt one instead).
 func smgBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("SMG_BIN"); p != "" {
-		return p
-	}
-	build.once.Do(func() {
-		dir, err := os.MkdirTemp("", "smg-validate-")
-		if err != nil {
-			build.err = err
-			return
-		}
-		build.path = filepath.Join(dir, "smg")
-		cmd := exec.Command("go", "build", "-o", build.path, "./cmd/smg")
-		cmd.Dir = repoRoot
-		if out, err := cmd.CombinedOutput(); err != nil {
-			build.err = fmt.Errorf("go build ./cmd/smg: %v\n%s", err, out)
-		}
-	})
-	if build.err != nil {
-		t.Fatal(build.err)
-	}
-	return build.path
-}
-
-// proc is a child process whose output is kept for failure messages.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// start runs bin with args until the test ends (SIGTERM, then kill after 5 s).
-// On failure the test log shows the process's output.
-func start(t *testing.T, name, bin string, args ...string) *proc {
-	t.Helper()
-	p := &proc{name: name, cmd: exec.Command(bin, args...), out: &syncBuffer{}}
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	done := make(chan struct{})
-	go func() { _ = p.cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("--- output of %s %q:\n%s", name, args, tail(p.out.String(), 4000))
-		}
-	})
-	return p
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
-}
-
-// freePort asks the kernel for a free loopback port.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	bin, err := testutil.SMGBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return bin
 }
 
-// eventually polls check until it returns nil or the deadline passes. It waits
-// on real processes, so it polls real time, with a bound.
-func eventually(t *testing.T, within time.Duration, what string, check func() error) {
+// start runs bin with args until the test ends (SIGTERM, then kill after 5 s);
+// on failure the test log shows the process's stderr.
+func start(t *testing.T, name, bin string, args ...string) *testutil.Proc {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v: %v", what, within, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	p := testutil.StartT(t, name, bin, args...)
+	p.Grace = 5 * time.Second
+	return p
 }
+
+// freePort, eventually and tail are the harness's.
+var (
+	freePort   = func(t *testing.T) int { t.Helper(); return testutil.FreePort(t) }
+	eventually = func(t *testing.T, within time.Duration, what string, check func() error) {
+		t.Helper()
+		testutil.Eventually(t, within, what, check)
+	}
+	tail = testutil.Tail
+)
 
 // probeClient fetches like kubelet: https probes do not verify the certificate.
 var probeClient = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}

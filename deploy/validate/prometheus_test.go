@@ -26,7 +26,7 @@ func TestSpecQueriesAgainstPrometheus(t *testing.T) {
 	var engines []string
 	eventually(t, 10*time.Second, "sim prints its engine URLs", func() error {
 		engines = engines[:0]
-		sc := bufio.NewScanner(strings.NewReader(sim.out.String()))
+		sc := bufio.NewScanner(strings.NewReader(sim.Stdout()))
 		for sc.Scan() {
 			if strings.HasPrefix(sc.Text(), "http://") {
 				engines = append(engines, strings.TrimSpace(sc.Text()))
