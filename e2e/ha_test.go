@@ -315,3 +315,46 @@ func TestDataDirBadInput(t *testing.T) {
 		t.Errorf("corrupt log: want a clear error and no panic, got:\n%s", tail(out, 1500))
 	}
 }
+
+// A node joins a running cluster through any member (--join); a second node
+// claiming a node id already in use at another address is refused and
+// exits with the reason.
+func TestJoinAndNodeIDInUse(t *testing.T) {
+	c := startHACluster(t, 1)
+	first := c.leader(15 * time.Second)
+	joiner := &haNode{id: "cp1", http: freePort(t), grpc: freePort(t), raft: freePort(t), dir: filepath.Join(t.TempDir(), "cp1")}
+	joiner.admin = admin{base: fmt.Sprintf("http://127.0.0.1:%d", joiner.http)}
+	joiner.args = []string{"controlplane", "--port", strconv.Itoa(joiner.http), "--grpc-port", strconv.Itoa(joiner.grpc),
+		"--data-dir", joiner.dir, "--node-id", joiner.id, "--raft-addr", fmt.Sprintf("127.0.0.1:%d", joiner.raft), "--join", first.admin.base}
+	c.nodes = append(c.nodes, joiner)
+	c.start(joiner)
+	waitFor(t, 15*time.Second, "the joined node listed with its addresses", func() (bool, string) {
+		v, err := joiner.view()
+		if err != nil {
+			return false, err.Error()
+		}
+		ids := 0
+		for _, m := range v.Members {
+			if m.GRPC != "" {
+				ids++
+			}
+		}
+		return len(v.Members) == 2 && ids == 2 && v.Leader == first.id, fmt.Sprintf("%+v", v)
+	})
+	// Writes through the new member reach the leader.
+	eng := fakeEngines(t)
+	if _, _, err := register(joiner.admin, eng.URL+"/joined"); err != nil {
+		t.Fatal(err)
+	}
+
+	imposter := startSMG(t, "imposter", "controlplane", "--port", strconv.Itoa(freePort(t)), "--grpc-port", strconv.Itoa(freePort(t)),
+		"--data-dir", t.TempDir(), "--node-id", "cp1", "--raft-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--join", first.admin.base)
+	select {
+	case <-imposter.exited:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a node joining with an id in use kept running")
+	}
+	if out := imposter.stderr.String(); !strings.Contains(out, "node id cp1 is already a member") {
+		t.Errorf("want the reason named, got:\n%s", tail(out, 1500))
+	}
+}
