@@ -358,3 +358,87 @@ func TestJoinAndNodeIDInUse(t *testing.T) {
 		t.Errorf("want the reason named, got:\n%s", tail(out, 1500))
 	}
 }
+
+// The measured failure, repeated with --data-dir: workers registered
+// through the admin API, routers under steady load, the control plane killed
+// with SIGKILL and restarted 2 s later. The restarted control plane pushes
+// the registered workers (presumed Ready), not an empty fleet: every request
+// gets a full answer, none a 404 model_not_found or 503 no_available_workers.
+func TestDataDirRestartUnderLoadNoClientErrors(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts a control plane under load for several seconds")
+	}
+	sims := startSims(t, 2, "--itl-ms", "10")
+	c := startHACluster(t, 1, "--load-monitor-interval", "1", "--health-success-threshold", "1")
+	nd := c.nodes[0]
+	c.leader(15 * time.Second)
+	for _, u := range sims {
+		if _, _, err := register(nd.admin, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	routers := map[string]string{}
+	for i := range 2 {
+		id := fmt.Sprintf("dd-router-%d", i)
+		routers[id] = haRouter(t, id, fmt.Sprintf("127.0.0.1:%d", nd.grpc))
+	}
+	nd.admin.waitReady(t, sims...)
+	waitConverged(t, nd.admin, routers)
+	bases := []string{routers["dd-router-0"], routers["dd-router-1"]}
+
+	var (
+		mu      sync.Mutex
+		results []outcome
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+	)
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				stream := (w+i)%2 == 1
+				o := classify(chat(bases[(w+i)%2], 8, stream, 30*time.Second), stream)
+				mu.Lock()
+				results = append(results, o)
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(2 * time.Second) // load before the kill (pacing)
+	nd.proc.kill()
+	time.Sleep(2 * time.Second) // the outage
+	c.start(nd)
+	c.leader(15 * time.Second)
+	time.Sleep(3 * time.Second) // load after the restart, while the new leader rebuilds
+	close(stop)
+	wg.Wait()
+
+	codes := map[string]int{}
+	full := 0
+	for _, r := range results {
+		switch {
+		case r.full:
+			full++
+		case r.code != "":
+			codes[r.code]++
+		default:
+			codes["lost: "+r.problem]++
+		}
+	}
+	t.Logf("%d requests: %d full answers, errors %v", len(results), full, codes)
+	if len(codes) > 0 {
+		t.Errorf("requests failed across the restart: %v", codes)
+	}
+	// Same workers, same ids, after the restart; the routers follow the new epoch.
+	st, err := jobStates(nd.admin, false)
+	if err != nil || len(st) != 2 {
+		t.Fatalf("after the restart: %v %v, want the 2 registered workers", st, err)
+	}
+	waitConverged(t, nd.admin, routers)
+}
