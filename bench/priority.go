@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"bytes"
 	"fmt"
+	"sort"
 	"os"
 	"strconv"
 	"strings"
@@ -50,7 +52,7 @@ func (m *PriorityMix) Set(s string) error {
 const priorityYAML = `
 classes:
   system: {reserved: 0}
-  interactive: {reserved: 4, queue_size: 0}
+  interactive: {reserved: 16, queue_size: 64, queue_timeout_secs: 0.05}
   default: {queue_size: 0}
   bulk: {queue_size: 0}
 api_keys:
@@ -91,4 +93,52 @@ func schedulerFlags(gc GatewayConfig) ([]string, error) {
 		err = cerr
 	}
 	return []string{"--priority-scheduler-config", f.Name()}, err
+}
+
+// writePrioritySection adds the per-class table of the priority runs and the
+// issue's target: at 2×, interactive p99 TTFT within 1.3× of its 0.5× value,
+// and bulk taking the sheds.
+func writePrioritySection(b *bytes.Buffer, rep *OverloadReport) {
+	var runs []OverloadRun
+	for _, r := range rep.Runs {
+		if len(r.ByClass) > 0 {
+			runs = append(runs, r)
+		}
+	}
+	if len(runs) == 0 {
+		return
+	}
+	b.WriteString("\nPriority mix (half `bulk`, half `interactive` arrivals; TTFT from the client's send, router waits included):\n\n")
+	WritePriorityTable(b, runs)
+	for _, r := range runs {
+		if r.Load != 2 {
+			continue
+		}
+		low, ok := rep.Run(r.Config, 0.5)
+		if !ok {
+			continue
+		}
+		in, in0, bulk := r.ByClass["interactive"], low.ByClass["interactive"], r.ByClass["bulk"]
+		ratio := in.TTFT.P99 / in0.TTFT.P99
+		fmt.Fprintf(b, "\nTarget (%s at 2×): interactive p99 TTFT %s against %s at 0.5× (%.2f×, target ≤ 1.3×: %s); "+
+			"bulk takes the sheds: %d of %d refusals are bulk (%s).\n", r.Config, msStr(in.TTFT.P99), msStr(in0.TTFT.P99), ratio,
+			metStr(ratio <= 1.3), bulk.Shed, bulk.Shed+in.Shed, metStr(bulk.Shed > in.Shed))
+	}
+}
+
+// WritePriorityTable writes one row per class and run.
+func WritePriorityTable(b *bytes.Buffer, runs []OverloadRun) {
+	b.WriteString("| config | load | class | requests | completed | refused | TTFT p50 | TTFT p99 | goodput tok/s |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range runs {
+		classes := make([]string, 0, len(r.ByClass))
+		for c := range r.ByClass {
+			classes = append(classes, c)
+		}
+		sort.Strings(classes)
+		for _, c := range classes {
+			s := r.ByClass[c]
+			fmt.Fprintf(b, "| %s | %.1f× | %s | %d | %d | %d | %s | %s | %.0f |\n", r.Config, r.Load, c, s.Requests, s.Completed,
+				s.Shed, msStr(s.TTFT.P50), msStr(s.TTFT.P99), s.Goodput)
+		}
+	}
 }

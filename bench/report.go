@@ -152,6 +152,7 @@ func (s *Suite) PublishOverload(rep *OverloadReport) error {
 			t.P99High/t.P99Low, metStr(t.TTFTMet), 100*t.GoodputFraction, metStr(t.GoodMet))
 	}
 	writeWindowSection(&b, rep)
+	writePrioritySection(&b, rep)
 	b.WriteString("\n![TTFT p99 vs offered load](img/overload-ttft-p99.png)\n\n![Goodput vs offered load](img/overload-goodput.png)\n")
 	if run, ok := rep.Run("shed-tuned", 2); ok && len(run.Trace) > 0 {
 		b.WriteString("\nPer-second trace of shed-tuned at 2× (routed: requests that started that second, by engine; " +
