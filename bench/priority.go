@@ -3,8 +3,8 @@ package bench
 import (
 	"bytes"
 	"fmt"
-	"sort"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 )
