@@ -36,7 +36,7 @@ func TestOverloadSmoke(t *testing.T) {
 	// Starting the agent waits until the gateway shows every engine fed by
 	// its stream, so every run below covers the agent path.
 	s := &Suite{Bin: buildSMG(t), Short: true, Seed: 1, Log: &log, AgentPoll: 100 * time.Millisecond}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	rep, err := s.Overload(ctx)
 	if err != nil {
@@ -89,6 +89,14 @@ func TestOverloadSmoke(t *testing.T) {
 		}
 		if arrivals != run.Summary.Requests {
 			t.Errorf("%s at %.1fx: trace counts %d arrivals, summary %d requests", run.Config, run.Load, arrivals, run.Summary.Requests)
+		}
+	}
+	// The priority mix: both classes sent and summarised apart.
+	for _, load := range rep.Loads {
+		run, ok := rep.Run("window-priority", load)
+		if !ok || run.ByClass["bulk"].Requests == 0 || run.ByClass["interactive"].Requests == 0 ||
+			run.ByClass["bulk"].Requests+run.ByClass["interactive"].Requests != run.Summary.Requests {
+			t.Errorf("window-priority at %.1fx: per-class summaries %+v of %d requests", load, run.ByClass, run.Summary.Requests)
 		}
 	}
 	var table strings.Builder
