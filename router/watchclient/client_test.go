@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -229,8 +230,16 @@ func TestAppliesSnapshotThenDeltas(t *testing.T) {
 	if s.Workers[0].Veto != router.VetoNone || workerIDs(s) != "w1,w2" {
 		t.Fatalf("snapshot after delta = %+v", s)
 	}
-	if e, r := c.Revision(); e != "A" || r != rev || !c.Connected() {
-		t.Fatalf("Revision() = %s/%d connected=%v", e, r, c.Connected())
+	// The client records the revision just after publishing it (an ack
+	// must name an applied revision), so the target can see it first.
+	for deadline := time.Now().Add(5 * time.Second); ; runtime.Gosched() {
+		e, r := c.Revision()
+		if e == "A" && r == rev && c.Connected() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Revision() = %s/%d connected=%v", e, r, c.Connected())
+		}
 	}
 }
 
