@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/smg-project/smg/agent"
 	"github.com/smg-project/smg/internal/podwatch"
 	"github.com/smg-project/smg/router"
 	"github.com/smg-project/smg/router/watchclient"
@@ -161,4 +162,45 @@ func waitCond(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling a condition, not timing a rule
 	}
+}
+
+// An agent discovers the engine pods of its own node only (spec.nodeName),
+// registers them under its node through the control plane, and polls them;
+// a pod deleted from the node is removed.
+func TestAgentDiscoversThePodsOfItsNode(t *testing.T) {
+	port, sims := simPods(t, 2)
+	mine, other := enginePod("vllm-a", "127.0.0.2"), enginePod("vllm-b", "127.0.0.3")
+	mine.Spec.NodeName, other.Spec.NodeName = "node-a", "node-b"
+	client := fake.NewClientset(mine, other)
+	cpOpts := fastOptions()
+	cpOpts.AgentAnyModel = true // agents may register engines (their pods) at all
+	h := startCP(t, cpOpts)
+
+	opts := agent.DefaultOptions()
+	opts.ControlPlane, opts.Node, opts.Register, opts.PollInterval = h.addr, "node-a", true, 100*time.Millisecond
+	opts.Discovery.Enabled, opts.Discovery.Selector, opts.Discovery.Namespace, opts.Discovery.Port = true, "app=vllm", "inference", port
+	opts.KubeClient = client
+	a, err := agent.New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	url := sims[0].URL()
+	waitCond(t, "the node's pod registered under the node and fed by its agent", func() bool {
+		w := h.reg.Snapshot().GetByURL(url)
+		return w != nil && w.Spec.GetNode() == "node-a" && w.AgentNode == "node-a" && w.Load != nil &&
+			w.Spec.GetLabels()[podwatch.LabelSource] == podwatch.SourceAgent("node-a") && w.Spec.GetLabels()[podwatch.LabelPod] == "vllm-a"
+	})
+	if n := len(h.reg.Snapshot().Workers()); n != 1 {
+		t.Fatalf("%d workers: the other node's pod must not be registered by this agent", n)
+	}
+	if err := client.CoreV1().Pods("inference").Delete(context.Background(), "vllm-a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, "the deleted pod's worker removed", func() bool { return len(h.reg.Snapshot().Workers()) == 0 })
+	_ = sims[1]
 }

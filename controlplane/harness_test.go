@@ -38,6 +38,7 @@ type harness struct {
 	conn    *grpc.ClientConn
 	logs    *syncBuffer
 	key     string // sent as the bearer admin key by do
+	addr    string // the gRPC port (agents, routers)
 }
 
 // fastOptions keep tests quick: 1 s load polls, one probe to admit.
@@ -78,6 +79,7 @@ func startCP(t *testing.T, opts controlplane.Options) *harness {
 		t.Fatal(err)
 	}
 	h.grpc = smgv1.NewWorkerServiceClient(conn)
+	h.addr = ln.Addr().String()
 	h.conn = conn
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -132,10 +132,12 @@ func (s *Server) Close() {
 
 // agentStream is one agent's stream.
 type agentStream struct {
-	node  string
-	peer  string
-	own   []string // engines named in the hello
-	hosts *hostSet // where this node's engines may be
+	node string
+	peer string
+	own  []string // engines named in the hello
+
+	podsRefused bool     // the refusal of its discovered pods was logged (receive goroutine only)
+	hosts       *hostSet // where this node's engines may be
 
 	refusedMu sync.Mutex
 	refused   map[string]bool // engine URLs already logged as not on the node
@@ -453,6 +455,14 @@ func (s *Server) setAgentNode(id, node string) {
 // them.
 func (s *Server) pods(st *agentStream, m *smgv1.DiscoveredPods) {
 	if s.opts.Discovery == nil || !s.current(st) {
+		return
+	}
+	if p := s.opts.Registration; p.Discover == nil || (!p.AnyModel && len(p.Models) == 0) {
+		if !st.podsRefused {
+			st.podsRefused = true
+			s.log.Warn("Agent's discovered pods not registered: the control plane allows agents to register no model (--agent-models, --agent-register-any-model)",
+				"node", st.node, "pods", len(m.GetPods()))
+		}
 		return
 	}
 	source := podwatch.SourceAgent(st.node)
