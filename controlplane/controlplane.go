@@ -61,6 +61,9 @@ type Options struct {
 	Liveness            judge.LivenessConfig
 	AdminAPIKey         string
 	WatchToken          string
+	// WatchLoadInterval paces changes to a worker's load alone on the way
+	// to routers (--watch-load-interval; 0: at once). Verdicts go at once.
+	WatchLoadInterval   time.Duration
 	AgentToken          string
 	AgentTokenFile      string   // per-node agent tokens: "<token> <node> [<address>...]" per line
 	AgentModels         cli.List // models agents may register engines for
@@ -93,6 +96,7 @@ func DefaultOptions() Options {
 		Health:              health.DefaultOptions(),
 		Liveness:            judge.DefaultLivenessConfig(),
 		RegistrationTimeout: 30 * time.Second,
+		WatchLoadInterval:   watch.DefaultLoadInterval,
 		Cluster:             cluster.DefaultOptions(),
 		Discovery:           podwatch.DefaultOptions(),
 	}
@@ -109,6 +113,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.Liveness.AddFlags(fs)
 	fs.StringVar(&o.AdminAPIKey, "admin-api-key", o.AdminAPIKey, "when set, every admin route but /loads needs 'Authorization: Bearer <key>' (REST and gRPC)")
 	fs.StringVar(&o.WatchToken, "watch-token", o.WatchToken, "when set, routers must present it ('authorization: Bearer <token>') to watch")
+	fs.DurationVar(&o.WatchLoadInterval, "watch-load-interval", o.WatchLoadInterval,
+		"how often a change to a worker's load alone reaches routers, on a grid shared by every router (verdicts, health and window shares go at once); 0 sends every load at once")
 	fs.StringVar(&o.AgentToken, "agent-token", o.AgentToken,
 		"when set, agents may present it ('authorization: Bearer <token>') to push records; it names no node, so an agent's node is taken on trust (prefer --agent-token-file)")
 	fs.StringVar(&o.AgentTokenFile, "agent-token-file", o.AgentTokenFile,
@@ -142,6 +148,9 @@ func (o Options) Validate() error {
 	}
 	if o.AdmissionQueue < 0 {
 		return fmt.Errorf("--worker-admission-queue must be >= 0, got %d", o.AdmissionQueue)
+	}
+	if o.WatchLoadInterval < 0 {
+		return fmt.Errorf("--watch-load-interval must be >= 0, got %s", o.WatchLoadInterval)
 	}
 	if o.RegistrationTimeout <= 0 {
 		return fmt.Errorf("--registration-timeout must be positive, got %s", o.RegistrationTimeout)
@@ -230,8 +239,13 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 			return nil, err
 		}
 	}
+	loadInterval := opts.WatchLoadInterval
+	if loadInterval == 0 {
+		loadInterval = -1 // watch.Options: negative is "at once"
+	}
 	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness, Demand: cp.Windows, Now: opts.Now,
-		Settings: &smgv1.FleetSettings{LoadMonitorIntervalSecs: int32(opts.LoadMonitorInterval), WorkerStaleSecs: int32(opts.Liveness.StaleSecs)}}, log, reg)
+		LoadInterval: loadInterval,
+		Settings:     &smgv1.FleetSettings{LoadMonitorIntervalSecs: int32(opts.LoadMonitorInterval), WorkerStaleSecs: int32(opts.Liveness.StaleSecs)}}, log, reg)
 	cp.Admin = admin.New(cp.Registry, admin.Options{
 		APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout,
 		URL:     workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers},

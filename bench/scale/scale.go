@@ -54,6 +54,9 @@ type Config struct {
 	Joins       int     // routers joining during the window, timed
 	Warmup      time.Duration
 	Duration    time.Duration // the measurement window
+	// LoadInterval is the control plane's --watch-load-interval (0: its
+	// default).
+	LoadInterval time.Duration
 	// PerStream runs the watch server with per-stream encoding (the
 	// baseline shared frames are measured against).
 	PerStream bool
@@ -133,6 +136,7 @@ type Result struct {
 	KiBPerRouterSec  float64
 	Encoded, Sent    float64 // watch messages marshalled vs sent in the window
 	CPUPerSentUs     float64 // control-plane CPU per watch message sent, µs (everything it did)
+	LoadAvg          float64 // the machine's 1-minute load average at the window's end (other jobs included)
 	Errors           []string
 }
 
@@ -175,6 +179,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	opts := controlplane.DefaultOptions()
 	opts.LoadMonitorInterval = 3600 // agents cover every worker
 	opts.Health.IntervalSecs = 3600
+	if cfg.LoadInterval > 0 {
+		opts.WatchLoadInterval = cfg.LoadInterval
+	}
 	metrics := prometheus.NewRegistry()
 	cp, err := controlplane.New(opts, slog.New(flips), metrics)
 	if err != nil {
@@ -185,7 +192,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		// The baseline: the same server with shared frames off, in place of
 		// the one New built (its metrics on their own registry).
 		watchMetrics = prometheus.NewRegistry()
-		cp.Watch = watch.NewServer(cp.Registry, watch.Options{Sink: cp.Liveness, Demand: cp.Windows, EncodePerStream: true},
+		cp.Watch = watch.NewServer(cp.Registry, watch.Options{Sink: cp.Liveness, Demand: cp.Windows, EncodePerStream: true, LoadInterval: opts.WatchLoadInterval},
 			slog.New(flips), watchMetrics)
 	}
 	th := opts.Thresholds.Resolve(nil)
@@ -232,15 +239,19 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	// Settled: every worker has reported through its agent once and every
 	// router is watching; then the warmup.
-	settled := time.Now()
+	settled, told := time.Now(), time.Now()
 	for !fleetSettled(cp, cfg) {
+		if time.Since(told) > 10*time.Second {
+			told = time.Now()
+			fmt.Fprintf(logw, "scale %s: settling: %s\n", cfg.Name, settleState(cp))
+		}
 		select {
 		case <-time.After(200 * time.Millisecond):
 		case <-ctx.Done():
 			return nil, errors.Join(ctx.Err(), children.wait())
 		}
 		if time.Since(settled) > 2*time.Minute {
-			return nil, errors.Join(errors.New("scale: the fleet did not settle in 2 minutes"), children.wait())
+			return nil, errors.Join(fmt.Errorf("scale: the fleet did not settle in 2 minutes: %s", settleState(cp)), children.wait())
 		}
 	}
 	fmt.Fprintf(logw, "scale %s: fleet settled in %s\n", cfg.Name, time.Since(settled).Round(time.Millisecond))
@@ -297,6 +308,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.CPUCores = (cpu1 - cpu0).Seconds() / wall.Seconds()
 	res.HeapMiB = float64(ms1.HeapInuse) / (1 << 20)
 	res.RSSMiB = rssMiB()
+	res.LoadAvg = loadAvg()
 	res.Revisions = rev1 - rev0
 	res.ReportTarget = float64(cfg.Workers) * cfg.ReportRate
 	var routerMsgs, routerBytes int64
@@ -408,6 +420,23 @@ func fleetSettled(cp *controlplane.ControlPlane, cfg Config) bool {
 		}
 	}
 	return true
+}
+
+// settleState says how far the fleet has settled.
+func settleState(cp *controlplane.ControlPlane) string {
+	routers, agented, workers := 0, 0, 0
+	for _, r := range cp.Watch.Routers() {
+		if strings.HasPrefix(r.GetRouterId(), "router-") {
+			routers++
+		}
+	}
+	for _, w := range cp.Registry.Snapshot().Workers() {
+		workers++
+		if w.AgentNode != "" {
+			agented++
+		}
+	}
+	return fmt.Sprintf("%d routers watching, %d of %d workers reported by an agent", routers, agented, workers)
 }
 
 // children are the agent and router processes of one run.
@@ -574,4 +603,15 @@ func rssMiB() float64 {
 		}
 	}
 	return 0
+}
+
+// loadAvg is the machine's 1-minute load average (Linux; 0 elsewhere).
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var l float64
+	_, _ = fmt.Sscanf(string(b), "%f", &l)
+	return l
 }

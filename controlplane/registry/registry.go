@@ -214,16 +214,18 @@ type Change struct {
 	WorkerID string
 	Deleted  bool
 	// LoadOnly: only the worker's load report changed (Load, LoadRevision
-	// and the overload reason quoting it), so watchers may deliver it at
-	// their own pace; any other change is a routing change.
+	// and the overload reason quoting it), or the agent feeding it, so
+	// watchers may deliver it at their own pace; any other change is a
+	// routing change.
 	LoadOnly bool
 }
 
-// loadOnly reports whether b differs from a in its load report alone: a
-// with b's load is the same to routers as b.
+// loadOnly reports whether b differs from a only where routers need not
+// hear at once: its load report, or the agent that feeds it (not sent to
+// routers; a fleet of agents connecting sets it on every worker).
 func loadOnly(a, b *Worker) bool {
 	c := *a
-	c.Load, c.LoadRevision, c.OverloadReason = b.Load, b.LoadRevision, b.OverloadReason
+	c.Load, c.LoadRevision, c.OverloadReason, c.AgentNode = b.Load, b.LoadRevision, b.OverloadReason, b.AgentNode
 	return sameVisible(&c, b)
 }
 

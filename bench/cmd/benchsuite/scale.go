@@ -47,8 +47,9 @@ func scaleRuns(short bool) []scale.Config {
 		fan(100, false), fan(250, false), fan(500, false), fan(1000, false),
 		fan(500, true), fan(1000, true),
 		ingest(1000), ingest(2500), ingest(5000), ingest(10000),
+		// The full size, loads to routers at the spec's load refresh (10 s).
 		{Name: "full-N10000-R1000", Workers: 10000, Agents: 100, AgentProcs: 2, ReportRate: 20,
-			Routers: 1000, RouterProcs: 4, FlipRate: 10, Joins: 3},
+			Routers: 1000, RouterProcs: 4, FlipRate: 10, Joins: 3, LoadInterval: 10 * time.Second},
 	}
 }
 
@@ -79,17 +80,21 @@ func runScale(ctx context.Context, docs, raw string, short bool, only string, wi
 		runtime.GC()
 		debug.FreeOSMemory() // each run's memory figure is its own
 		res, err := scale.Run(ctx, c)
-		if err != nil {
-			return fmt.Errorf("%s: %w", c.Name, err)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil { // a run that cannot finish is a row saying why; the others still count
+			fmt.Fprintf(os.Stderr, "benchsuite: %s: %v\n", c.Name, err)
+			res = &scale.Result{Config: c, Errors: []string{err.Error()}}
 		}
 		results = append(results, res)
-	}
-	writeScaleTable(os.Stdout, results)
-	if err := os.MkdirAll(raw, 0o755); err == nil {
-		if b, err := json.MarshalIndent(results, "", " "); err == nil {
-			_ = os.WriteFile(filepath.Join(raw, "scale.json"), b, 0o644)
+		if err := os.MkdirAll(raw, 0o755); err == nil { // after every run: a long suite loses nothing
+			if b, err := json.MarshalIndent(results, "", " "); err == nil {
+				_ = os.WriteFile(filepath.Join(raw, "scale.json"), b, 0o644)
+			}
 		}
 	}
+	writeScaleTable(os.Stdout, results)
 	if short || docs == "" {
 		return nil
 	}
@@ -97,14 +102,14 @@ func runScale(ctx context.Context, docs, raw string, short bool, only string, wi
 }
 
 func writeScaleTable(w io.Writer, rs []*scale.Result) {
-	fmt.Fprintln(w, "| run | N workers | reports/s (target) | R routers | CP CPU (cores) | CP heap / RSS (MiB) | report→verdict p50 / p99 (ms) | verdict→all routers p50 / p99 (ms) | CP CPU per router per change (µs) | router lag p99 (revisions) | join p50 / max (ms), snapshot (KiB) | allocs per report | watch messages encoded / sent | CP CPU per message sent (µs) |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| run | N workers | reports/s (target) | R routers | CP CPU (cores) | CP heap / RSS (MiB) | report→verdict p50 / p99 (ms) | verdict→all routers p50 / p99 (ms) | CP CPU per router per change (µs) | router lag p99 (revisions) | join p50 / max (ms), snapshot (KiB) | allocs per report | watch messages encoded / sent | CP CPU per message sent (µs) | load avg |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rs {
 		c := r.Config
-		fmt.Fprintf(w, "| %s | %d | %.0f (%.0f) | %d | %.2f | %.0f / %.0f | %.1f / %.1f | %.1f / %.1f | %.1f | %.0f | %.0f / %.0f, %.0f | %.0f | %.0f / %.0f | %.1f |\n",
+		fmt.Fprintf(w, "| %s | %d | %.0f (%.0f) | %d | %.2f | %.0f / %.0f | %.1f / %.1f | %.1f / %.1f | %.1f | %.0f | %.0f / %.0f, %.0f | %.0f | %.0f / %.0f | %.1f | %.0f |\n",
 			c.Name, c.Workers, r.ReportsPerSec, r.ReportTarget, c.Routers, r.CPUCores, r.HeapMiB, r.RSSMiB,
 			r.ReportToVerdict.P50, r.ReportToVerdict.P99, r.VerdictToRouters.P50, r.VerdictToRouters.P99,
-			r.CPUPerRouterChangeUs, r.LagP99, r.Join.P50, r.Join.Max, r.SnapshotKiB, r.AllocsPerReport, r.Encoded, r.Sent, r.CPUPerSentUs)
+			r.CPUPerRouterChangeUs, r.LagP99, r.Join.P50, r.Join.Max, r.SnapshotKiB, r.AllocsPerReport, r.Encoded, r.Sent, r.CPUPerSentUs, r.LoadAvg)
 		if len(r.Errors) > 0 {
 			fmt.Fprintf(w, "|  | errors: %s |\n", strings.Join(r.Errors, "; "))
 		}
