@@ -309,6 +309,10 @@ type Registry struct {
 	// that track membership do not wake on every load report.
 	members      chan struct{}
 	membersTaken bool
+	// routed is closed at the next commit with a routing change (not
+	// LoadOnly), so watchers that pace loads do not wake on every flush.
+	routed      chan struct{}
+	routedTaken bool
 }
 
 // New returns an empty registry under the given epoch (chosen at start, so that
@@ -322,7 +326,7 @@ func New(epoch string, historyCap int) *Registry {
 		historyCap = DefaultHistory
 	}
 	return &Registry{db: db, epoch: epoch, history: newRing(historyCap), routing: newRing(historyCap),
-		notify: make(chan struct{}), members: make(chan struct{})}
+		notify: make(chan struct{}), members: make(chan struct{}), routed: make(chan struct{})}
 }
 
 // Epoch identifies this registry's lifetime (or its leader's term).
@@ -353,6 +357,15 @@ func (r *Registry) Changed() <-chan struct{} {
 	defer r.mu.Unlock()
 	r.notifyTaken = true
 	return r.notify
+}
+
+// RoutingChanged returns a channel closed at the next commit with a routing
+// change (one that is not LoadOnly).
+func (r *Registry) RoutingChanged() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.routedTaken = true
+	return r.routed
 }
 
 // MembershipChanged returns a channel closed at the next commit that adds or
@@ -525,11 +538,18 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 		return r.revision, nil
 	}
 	r.revision = t.rev
+	routed := false
 	for _, c := range t.changed {
 		r.history.add(c)
 		if !c.LoadOnly {
 			r.routing.add(c)
+			routed = true
 		}
+	}
+	if routed && r.routedTaken {
+		close(r.routed)
+		r.routed = make(chan struct{})
+		r.routedTaken = false
 	}
 	if r.notifyTaken { // nobody holds the channel: no need for a new one
 		close(r.notify)

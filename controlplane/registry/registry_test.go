@@ -345,3 +345,27 @@ func TestBulkTransactionMarksEachWorkerOnce(t *testing.T) {
 		}
 	}
 }
+
+// RoutingChanged wakes on a routing change, not on a load report alone.
+func TestRoutingChangedIgnoresLoads(t *testing.T) {
+	r := registry.New("e", 0)
+	insert(t, r, worker("a", "http://a"))
+	ch := r.RoutingChanged()
+	c := r.Snapshot().Get("a").Clone()
+	c.Load = &smgv1.EngineLoad{WaitingRequests: 3}
+	c.LoadRevision++
+	insert(t, r, c)
+	select {
+	case <-ch:
+		t.Fatal("RoutingChanged closed by a load report alone")
+	default:
+	}
+	c = r.Snapshot().Get("a").Clone()
+	c.ContactSeq++
+	insert(t, r, c)
+	select {
+	case <-ch:
+	default:
+		t.Fatal("RoutingChanged not closed by a routing change")
+	}
+}

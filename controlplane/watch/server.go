@@ -264,8 +264,17 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID s
 	loads.Stop()
 	defer loads.Stop()
 	confirmed := false // the router has heard from us on this stream
+	paced := s.opts.LoadInterval > 0
 	for {
-		changed := s.reg.Changed() // before reading, so no commit slips between
+		// Before reading, so no commit slips between. Pacing loads, the
+		// stream wakes for routing changes and for the load grid only, not
+		// for every flush of loads.
+		var changed <-chan struct{}
+		if paced {
+			changed = s.reg.RoutingChanged()
+		} else {
+			changed = s.reg.Changed()
+		}
 		snap := s.reg.Snapshot()
 		cur := snap.Revision
 		now := time.Now()
@@ -316,8 +325,11 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID s
 			last, needSnapshot, confirmed = cur, false, true
 			beat.Reset(s.opts.HeartbeatInterval)
 		}
-		if loadsAt != cur {
-			loads.Reset(nextLoad.Sub(now)) // loads are pending: send them on the grid
+		if paced {
+			if !now.Before(nextLoad) { // nothing was pending at this grid instant
+				nextLoad = s.loadGrid(now)
+			}
+			loads.Reset(nextLoad.Sub(now)) // look for loads at the next grid instant
 		}
 
 		select {
