@@ -39,6 +39,7 @@ func main() {
 	capacity := fs.Float64("capacity", 0, "overload: fleet capacity in req/s instead of calibrating (output tokens/s follow from the mean length)")
 	scaleConfig := fs.String("scale-config", "", `scale: run this one configuration (JSON of scale.Config, e.g. {"Workers":1000,"Agents":10,...}) and write no docs`)
 	scaleWindow := fs.Duration("scale-window", 10*time.Second, "scale: measurement window of each run")
+	scaleRepublish := fs.String("scale-republish", "", "scale: rewrite the docs table and plots from this results JSON (--raw's scale.json), without running")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
@@ -72,6 +73,8 @@ func main() {
 		err = runOverload(ctx, s)
 	case *suite == "faults":
 		err = runFaults(ctx, s)
+	case *suite == "scale" && *scaleRepublish != "":
+		err = republishScale(*scaleRepublish, *docs)
 	case *suite == "scale":
 		err = runScale(ctx, s.DocsDir, *raw, *short, *scaleConfig, *scaleWindow)
 	default:
