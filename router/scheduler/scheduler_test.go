@@ -224,8 +224,13 @@ func TestStartedRequestIsNeverPreempted(t *testing.T) {
 }
 
 // The race between a victim's first byte and its preemption: exactly one
-// wins, every time.
+// wins, every time (the preemptor that loses waits its queue timeout out on
+// the bubble's clock).
 func TestPreemptionRaceAgainstFirstByte(t *testing.T) {
+	synctest.Test(t, testPreemptionRace)
+}
+
+func testPreemptionRace(t *testing.T) {
 	cfg := plainConfig()
 	cfg.Classes[Interactive].CanPreempt = true
 	cfg.Classes[Interactive].QueueTimeout = time.Millisecond
