@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -327,4 +328,39 @@ func TestSchedulerCapacityFromShares(t *testing.T) {
 			t.Fatalf("bulk request: %d %s", a.status, a.body)
 		}
 	}
+}
+
+// In --retry-after-mode estimated a scheduler refusal says when a retry would
+// be admitted: the interval before any completion is seen, then (queued
+// ahead + 1) / completion rate, from the router's own completions.
+func TestSchedulerRefusalCarriesEstimate(t *testing.T) {
+	h, _ := schedHarness(t, 1, noReservations, func(o *Options) {
+		o.RetryAfterMode = RetryAfterEstimated
+		o.LoadMonitorInterval = 10
+	})
+	release := make(chan struct{})
+	e := newEngine(t, "w", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		<-release
+	})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	h.apply(e.worker())
+	now := time.Unix(10000, 0)
+	h.r.clock = func() time.Time { return now }
+	held := make(chan answer, 1)
+	go func() { held <- h.sendAs("", "", "hold the only slot") }()
+	waitUntil(t, func() bool { return e.hits.Load() == 1 })
+	if a := h.sendAs("", "", "x"); a.status != http.StatusTooManyRequests || a.header.Get("Retry-After") != "10" {
+		t.Fatalf("no completion seen: %d Retry-After %q, want 429 with the interval", a.status, a.header.Get("Retry-After"))
+	}
+	for range 100 { // 0.5 completions per second on the meter's 10 s time constant
+		now = now.Add(2 * time.Second)
+		h.r.completions.add(now)
+	}
+	if a := h.sendAs("", "", "x"); a.status != http.StatusTooManyRequests || a.header.Get("Retry-After") != "2" {
+		t.Fatalf("at ~0.5 completions/s with nobody queued: %d Retry-After %q, want 2", a.status, a.header.Get("Retry-After"))
+	}
+	once.Do(func() { close(release) })
+	<-held
 }
