@@ -1,12 +1,8 @@
 package agent
 
 import (
-	"fmt"
 	"maps"
 	"slices"
-
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/podwatch"
@@ -62,12 +58,9 @@ func (s *podSet) messageLocked(all bool) *smgv1.ReportRequest {
 func (a *Agent) newPodWatcher() (*podwatch.Watcher, error) {
 	client := a.opts.KubeClient
 	if client == nil {
-		cfg, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("--service-discovery needs to run in a Kubernetes pod with a service account: %w", err)
-		}
-		if client, err = kubernetes.NewForConfig(cfg); err != nil {
-			return nil, fmt.Errorf("--service-discovery: %w", err)
+		var err error
+		if client, err = podwatch.InCluster(); err != nil {
+			return nil, err
 		}
 	}
 	return podwatch.NewWatcher(client, a.opts.Discovery, a.opts.Node, podwatch.SourceAgent(a.opts.Node), a.pods, a.log)

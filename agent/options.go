@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/credentials"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/smg-project/smg/internal/podwatch"
 
@@ -61,7 +60,7 @@ type Options struct {
 	// flags); they are registered under Node, so Register is required.
 	Discovery podwatch.Options
 	// KubeClient lists and watches pods (nil: in-cluster credentials).
-	KubeClient kubernetes.Interface
+	KubeClient podwatch.Client
 }
 
 // DefaultOptions returns the defaults; Node is left for the caller (the

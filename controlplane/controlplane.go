@@ -25,8 +25,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/smg-project/smg/controlplane/admin"
 	"github.com/smg-project/smg/controlplane/agentsvc"
@@ -85,7 +83,7 @@ type Options struct {
 	Discovery podwatch.Options
 	// KubeClient lists and watches pods for --service-discovery (nil: the
 	// pod's in-cluster credentials).
-	KubeClient kubernetes.Interface
+	KubeClient podwatch.Client
 }
 
 // DefaultOptions returns the spec's defaults.
@@ -182,7 +180,7 @@ type ControlPlane struct {
 	// Discovery reconciles discovered pods (this control plane's informers
 	// and agents') with the registry.
 	Discovery *discovery.Reconciler
-	kube      kubernetes.Interface // nil without --service-discovery
+	kube      podwatch.Client // nil without --service-discovery
 
 	rest       http.Handler
 	grpcHealth *grpchealth.Server
@@ -316,12 +314,8 @@ func (cp *ControlPlane) newDiscovery(reg prometheus.Registerer) error {
 	}
 	client := cp.opts.KubeClient
 	if client == nil {
-		cfg, err := rest.InClusterConfig()
-		if err != nil {
-			return fmt.Errorf("--service-discovery needs to run in a Kubernetes pod with a service account: %w", err)
-		}
-		if client, err = kubernetes.NewForConfig(cfg); err != nil {
-			return fmt.Errorf("--service-discovery: %w", err)
+		if client, err = podwatch.InCluster(); err != nil {
+			return err
 		}
 	}
 	cp.kube = client

@@ -147,9 +147,7 @@ func TestPDRolesAndAnnotations(t *testing.T) {
 	if got := e.events("bad_annotation"); got != 3 {
 		t.Errorf("bad_annotation events = %v, want 3", got)
 	}
-	if e.pods("conflict") != 1 || e.events("conflict") != 1 {
-		t.Errorf("conflict pods = %v, events = %v", e.pods("conflict"), e.events("conflict"))
-	}
+	e.waitFor("the pod matching two roles counted as a conflict", func() bool { return e.pods("conflict") == 1 && e.events("conflict") == 1 })
 
 	// Relabelled from decode to prefill: the worker is re-registered as prefill.
 	e.edit("dec-b", func(p *corev1.Pod) { p.Labels = pre })

@@ -5,16 +5,42 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 )
+
+// Client reads pods: kubernetes.Interface (the fake clientset in tests) or
+// InCluster's core/v1-only client.
+type Client interface {
+	CoreV1() corev1client.CoreV1Interface
+}
+
+type coreClient struct{ c corev1client.CoreV1Interface }
+
+func (c coreClient) CoreV1() corev1client.CoreV1Interface { return c.c }
+
+// InCluster returns a client with the pod's service account credentials.
+func InCluster() (Client, error) {
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("--service-discovery needs to run in a Kubernetes pod with a service account: %w", err)
+	}
+	c, err := corev1client.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--service-discovery: %w", err)
+	}
+	return coreClient{c}, nil
+}
 
 // Sink hears of every matching pod. Calls come from one goroutine.
 type Sink interface {
@@ -35,7 +61,7 @@ type Watcher struct {
 	sink   Sink
 	log    *slog.Logger
 
-	factories []informers.SharedInformerFactory
+	informers []cache.SharedIndexInformer
 	roles     []roleInformer
 	queue     *workqueue.Typed[string]
 }
@@ -48,8 +74,10 @@ type roleInformer struct {
 
 // NewWatcher builds the informers; node, when set, limits them to the pods
 // of that node (spec.nodeName, for an agent). source names the watcher in
-// the sink's calls and on the workers' labels.
-func NewWatcher(client kubernetes.Interface, opts Options, node, source string, sink Sink, log *slog.Logger) (*Watcher, error) {
+// the sink's calls and on the workers' labels. client is the core/v1 client
+// only: the informer factory and the full clientset would link every API
+// group's informers, listers and clients into smg.
+func NewWatcher(client Client, opts Options, node, source string, sink Sink, log *slog.Logger) (*Watcher, error) {
 	roles, err := opts.Roles()
 	if err != nil {
 		return nil, err
@@ -65,9 +93,19 @@ func NewWatcher(client kubernetes.Interface, opts Options, node, source string, 
 				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
 			}
 		}
-		f := informers.NewSharedInformerFactoryWithOptions(client, opts.Resync,
-			informers.WithNamespace(opts.Namespace), informers.WithTweakListOptions(tweak))
-		inf := f.Core().V1().Pods().Informer()
+		pods := client.CoreV1().Pods(opts.Namespace)
+		lw := &cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				tweak(&o)
+				return pods.List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				tweak(&o)
+				return pods.Watch(ctx, o)
+			},
+		}
+		// The client says whether it lists by watch (a fake clientset does not).
+		inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, opts.Resync, cache.Indexers{})
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    w.enqueue,
 			UpdateFunc: func(_, obj any) { w.enqueue(obj) },
@@ -75,7 +113,7 @@ func NewWatcher(client kubernetes.Interface, opts Options, node, source string, 
 		}); err != nil {
 			return nil, err
 		}
-		w.factories = append(w.factories, f)
+		w.informers = append(w.informers, inf)
 		w.roles = append(w.roles, roleInformer{Role: r, store: inf.GetStore(), sync: inf.HasSynced})
 	}
 	return w, nil
@@ -94,10 +132,12 @@ func (w *Watcher) enqueue(obj any) {
 // 410 Gone is the informers' own.
 func (w *Watcher) Run(ctx context.Context) {
 	defer w.queue.ShutDown()
-	for _, f := range w.factories {
-		f.Start(ctx.Done())
-		defer f.Shutdown()
+	var running sync.WaitGroup
+	for _, inf := range w.informers {
+		running.Add(1)
+		go func() { defer running.Done(); inf.RunWithContext(ctx) }()
 	}
+	defer running.Wait()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
