@@ -47,9 +47,9 @@ func TestPodLifecycle(t *testing.T) {
 	if l := w.Spec.GetLabels(); l[podwatch.LabelPod] != "p0" || l[podwatch.LabelNamespace] != "default" || l[podwatch.LabelSource] != podwatch.SourceControlPlane {
 		t.Fatalf("labels = %v", l)
 	}
-	if e.events("added") != 1 || e.pods("ready") != 1 {
-		t.Fatalf("added = %v, ready pods = %v", e.events("added"), e.pods("ready"))
-	}
+	// The gauges follow the registration on the reconciler's goroutine: wait
+	// for them rather than read them the instant the worker appears.
+	e.waitFor("one added event and one ready pod", func() bool { return e.events("added") == 1 && e.pods("ready") == 1 })
 
 	// Losing Ready keeps the worker for as long as the health checker would.
 	e.edit("p0", func(p *corev1.Pod) { setReady(p, false) })
@@ -60,18 +60,14 @@ func TestPodLifecycle(t *testing.T) {
 	e.clock.Add(time.Second)
 	e.rc.Sweep()
 	e.waitState()
-	if e.events("removed") != 1 {
-		t.Fatalf("removed = %v", e.events("removed"))
-	}
+	e.waitFor("one removed event", func() bool { return e.events("removed") == 1 })
 
 	// Ready again: back. A new IP is a re-registration.
 	e.edit("p0", func(p *corev1.Pod) { setReady(p, true) })
 	e.waitState(e.url(0) + " regular")
 	e.edit("p0", func(p *corev1.Pod) { p.Status.PodIP = e.ips[1] })
 	e.waitState(e.url(1) + " regular")
-	if e.events("ip_changed") != 1 {
-		t.Fatalf("ip_changed = %v", e.events("ip_changed"))
-	}
+	e.waitFor("one ip_changed event", func() bool { return e.events("ip_changed") == 1 })
 
 	// Relabelled out of the selector: removed; back in: registered.
 	e.edit("p0", func(p *corev1.Pod) { p.Labels = map[string]string{"app": "other"} })
@@ -144,17 +140,13 @@ func TestPDRolesAndAnnotations(t *testing.T) {
 			t.Errorf("%s: overload %v thresholds %+v, want the gateway thresholds %+v", w.Spec.GetUrl(), w.Spec.GetOverload(), w.Thresholds, gw)
 		}
 	}
-	if got := e.events("bad_annotation"); got != 3 {
-		t.Errorf("bad_annotation events = %v, want 3", got)
-	}
+	e.waitFor("three bad_annotation events", func() bool { return e.events("bad_annotation") == 3 })
 	e.waitFor("the pod matching two roles counted as a conflict", func() bool { return e.pods("conflict") == 1 && e.events("conflict") == 1 })
 
 	// Relabelled from decode to prefill: the worker is re-registered as prefill.
 	e.edit("dec-b", func(p *corev1.Pod) { p.Labels = pre })
 	e.waitState(e.url(0)+" prefill", e.url(1)+" prefill", e.url(2)+" prefill", e.url(3)+" decode", e.url(4)+" decode")
-	if e.events("updated") != 1 {
-		t.Errorf("updated = %v", e.events("updated"))
-	}
+	e.waitFor("one updated event", func() bool { return e.events("updated") == 1 })
 	// The conflict resolved: registered.
 	e.edit("both", func(p *corev1.Pod) { p.Labels = dec })
 	e.waitState(e.url(0)+" prefill", e.url(1)+" prefill", e.url(2)+" prefill", e.url(3)+" decode", e.url(4)+" decode", e.url(5)+" decode")
