@@ -218,7 +218,7 @@ func failureTimes(ld *load, recs []record, cutAt, healAt time.Time) string {
 
 // The leader cut off from the routers but not from its peers: it stays the
 // leader; routers keep their snapshot, fail open only past the stale bound,
-// and are back within 2 s of the link returning; no request fails.
+// and are back within 3 s of the link returning; no request fails.
 func TestLeaderCutFromRouters(t *testing.T) {
 	f := newFleet(t, "lrout", fleetOptions{routers: 1, engines: 2, replicas: 3})
 	ldr := f.leader(10 * time.Second)
@@ -275,8 +275,11 @@ func TestLeaderCutFromRouters(t *testing.T) {
 	report(t, result{Scenario: "leader cut from the routers, not from its peers (drop, both ways, " + secs(cut) + ")",
 		Exclusion: fmt.Sprintf("fail open after %s", secs(failOpenAfter)), Recovery: secs(back), Requests: len(recs), Failed: fails,
 		Note: "followers name the leader; the router keeps its snapshot until the stale bound (4 s)"})
-	if back > 2*time.Second {
-		t.Errorf("the router was back %v after the link returned, want within 2 s", back)
+	// One hop more than the single control plane's 2 s: while cut, the router's
+	// connection cycles through the followers, which name the leader it cannot
+	// reach, so after the heal it may first have to come back from a follower.
+	if back > 3*time.Second {
+		t.Errorf("the router was back %v after the link returned, want within 3 s", back)
 	}
 	if n := total(fails); n > 0 {
 		t.Errorf("%d requests failed: %v", n, fails)
