@@ -225,51 +225,11 @@ func TestLeaderCutFromRouters(t *testing.T) {
 	cut := cutFor()
 	ld := f.startLoad(0, 8, cut+8*time.Second)
 	time.Sleep(2 * time.Second)
-	failOpen0, _ := f.metric(f.routerURL(0), "smg_router_fail_open_total")
-	fault, err := f.routers[0].Cut(ldr, 0, netlab.Drop, netlab.Both)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cutAt := time.Now()
-	var failOpenAfter time.Duration
-	for time.Since(cutAt) < cut {
-		if failOpenAfter == 0 {
-			if v, err := f.metric(f.routerURL(0), "smg_router_fail_open_total"); err == nil && v > failOpen0 {
-				failOpenAfter = time.Since(cutAt)
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err := fault.Heal(); err != nil {
-		t.Fatal(err)
-	}
-	healAt := time.Now()
+	failOpenAfter, healAt := f.cutRouterFrom(t, f.routers[0], ldr, cut)
 	if still := f.leader(5 * time.Second); still != ldr {
 		t.Errorf("the leader changed from %s to %s although it kept its peers", ldr.Name, still.Name)
 	}
-	var back time.Duration
-	f.eventually(10*time.Second, "router r1 back on the leader", func() error {
-		a, err := f.get("http://" + ldr.Addr(cpHTTPPort) + "/routers")
-		if err != nil {
-			return err
-		}
-		var body struct {
-			Routers []struct {
-				ID       string    `json:"router_id"`
-				LastSeen time.Time `json:"last_seen"`
-			} `json:"routers"`
-		}
-		if err := json.Unmarshal(a.body, &body); err != nil {
-			return err
-		}
-		for _, r := range body.Routers {
-			if r.ID == "r1" && r.LastSeen.After(healAt) {
-				back = time.Since(healAt)
-				return nil
-			}
-		}
-		return fmt.Errorf("r1 not seen since the heal")
-	})
+	back := f.routerSeenAfter(ldr, "r1", healAt, 10*time.Second)
 	recs := ld.wait(t)
 	fails := failures(recs)
 	report(t, result{Scenario: "leader cut from the routers, not from its peers (drop, both ways, " + secs(cut) + ")",

@@ -125,26 +125,8 @@ func TestRouterCutFromControlPlane(t *testing.T) {
 	ld := f.startLoad(0, 8, cut+8*time.Second)
 	time.Sleep(2 * time.Second) // steady load before the fault
 
-	failOpen0, _ := f.metric(f.routerURL(0), "smg_router_fail_open_total")
-	fault, err := r.Cut(f.cp, 0, netlab.Drop, netlab.Both)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cutAt := time.Now()
-	var failOpenAfter time.Duration
-	for time.Since(cutAt) < cut {
-		if failOpenAfter == 0 {
-			if v, err := f.metric(f.routerURL(0), "smg_router_fail_open_total"); err == nil && v > failOpen0 {
-				failOpenAfter = time.Since(cutAt)
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err := fault.Heal(); err != nil {
-		t.Fatal(err)
-	}
-	healAt := time.Now()
-	back := f.routerSeenAfter("r1", healAt, 10*time.Second)
+	failOpenAfter, healAt := f.cutRouterFrom(t, r, f.cp, cut)
+	back := f.routerSeenAfter(f.cp, "r1", healAt, 10*time.Second)
 	recs := ld.wait(t)
 	fails := failures(recs)
 	report(t, result{Scenario: "router cut from the control plane (drop, both ways, " + secs(cut) + ")",
@@ -161,13 +143,39 @@ func TestRouterCutFromControlPlane(t *testing.T) {
 	}
 }
 
-// routerSeenAfter waits until the control plane has heard from the router
+// cutRouterFrom drops every packet between router r and control plane cp
+// for cut, and returns how long after the cut the router failed open (0:
+// never) and when the link was healed.
+func (f *fleet) cutRouterFrom(t *testing.T, r, cp *netlab.Host, cut time.Duration) (failOpenAfter time.Duration, healAt time.Time) {
+	t.Helper()
+	url := "http://" + r.Addr(routerPort)
+	failOpen0, _ := f.metric(url, "smg_router_fail_open_total")
+	fault, err := r.Cut(cp, 0, netlab.Drop, netlab.Both)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cutAt := time.Now()
+	for time.Since(cutAt) < cut {
+		if failOpenAfter == 0 {
+			if v, err := f.metric(url, "smg_router_fail_open_total"); err == nil && v > failOpen0 {
+				failOpenAfter = time.Since(cutAt)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := fault.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	return failOpenAfter, time.Now()
+}
+
+// routerSeenAfter waits until control plane cp has heard from the router
 // after t0 (a report on a live or new watch stream) and returns how long that took.
-func (f *fleet) routerSeenAfter(id string, t0 time.Time, within time.Duration) time.Duration {
+func (f *fleet) routerSeenAfter(cp *netlab.Host, id string, t0 time.Time, within time.Duration) time.Duration {
 	f.t.Helper()
 	var took time.Duration
 	f.eventually(within, "router "+id+" back on the control plane", func() error {
-		a, err := f.get(f.cpURL() + "/routers")
+		a, err := f.get("http://" + cp.Addr(cpHTTPPort) + "/routers")
 		if err != nil {
 			return err
 		}
