@@ -129,7 +129,18 @@ func (t tlsFlags) load(log *slog.Logger, metrics prometheus.Registerer) (*tlsSet
 
 // watch reloads every file until ctx ends.
 func (s *tlsSetup) watch(ctx context.Context) {
-	tlsutil.Watch(ctx, s.server, s.cpCert, s.clientCAs, s.cpCAs, s.engCAs)
+	var items []tlsutil.Reloader
+	for _, kp := range []*tlsutil.KeyPair{s.server, s.cpCert} {
+		if kp != nil {
+			items = append(items, kp)
+		}
+	}
+	for _, p := range []*tlsutil.Pool{s.clientCAs, s.cpCAs, s.engCAs} {
+		if p != nil {
+			items = append(items, p)
+		}
+	}
+	tlsutil.Watch(ctx, items...)
 }
 
 // enabled reports whether this process serves TLS.

@@ -234,13 +234,13 @@ func (h *Host) Cut(peer *Host, port int, action Action, dir Direction) (*Fault, 
 	var specs [][]string
 	out := []string{"OUTPUT", "-d", peer.IP}
 	in := []string{"INPUT", "-s", peer.IP}
-	if action == Reject {
+	if action == Reject || port > 0 { // a TCP reset, or a port, needs the protocol named
 		out = append(out, "-p", "tcp")
 		in = append(in, "-p", "tcp")
 	}
 	if port > 0 {
-		out = append(out, "-p", "tcp", "--dport", fmt.Sprint(port))
-		in = append(in, "-p", "tcp", "--sport", fmt.Sprint(port))
+		out = append(out, "--dport", fmt.Sprint(port))
+		in = append(in, "--sport", fmt.Sprint(port))
 	}
 	switch dir {
 	case Both:
@@ -251,7 +251,7 @@ func (h *Host) Cut(peer *Host, port int, action Action, dir Direction) (*Fault, 
 		specs = [][]string{in}
 	}
 	for _, s := range specs {
-		rule := append(dedupProto(s), target...)
+		rule := append(s, target...)
 		if err := run(append([]string{"ip", "netns", "exec", h.NS, "iptables", "-I"}, rule...)...); err != nil {
 			_ = f.Heal()
 			return nil, err
@@ -271,23 +271,6 @@ func (f *Fault) Heal() error {
 	}
 	f.rules = nil
 	return errors.Join(errs...)
-}
-
-// dedupProto keeps one "-p tcp" when both a reject and a port asked for it.
-func dedupProto(s []string) []string {
-	var out []string
-	seen := false
-	for i := 0; i < len(s); i++ {
-		if s[i] == "-p" && i+1 < len(s) {
-			if seen {
-				i++
-				continue
-			}
-			seen = true
-		}
-		out = append(out, s[i])
-	}
-	return out
 }
 
 func run(args ...string) error {

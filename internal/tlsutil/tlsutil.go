@@ -235,18 +235,12 @@ func (p *Pool) CertPool() *x509.CertPool {
 	return p.pool
 }
 
-// reloader is anything Watch keeps fresh.
-type reloader interface{ Reload() error }
+// Reloader is anything Watch keeps fresh (a KeyPair or a Pool).
+type Reloader interface{ Reload() error }
 
-// Watch reloads each non-nil item every ReloadInterval until ctx ends.
-func Watch(ctx context.Context, items ...reloader) {
-	var live []reloader
-	for _, it := range items {
-		if it != nil && !isNilPtr(it) {
-			live = append(live, it)
-		}
-	}
-	if len(live) == 0 {
+// Watch reloads each item every ReloadInterval until ctx ends.
+func Watch(ctx context.Context, items ...Reloader) {
+	if len(items) == 0 {
 		return
 	}
 	t := time.NewTicker(ReloadInterval)
@@ -256,19 +250,9 @@ func Watch(ctx context.Context, items ...reloader) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			for _, it := range live {
+			for _, it := range items {
 				_ = it.Reload() // logged inside
 			}
 		}
 	}
-}
-
-func isNilPtr(r reloader) bool {
-	switch v := r.(type) {
-	case *KeyPair:
-		return v == nil
-	case *Pool:
-		return v == nil
-	}
-	return false
 }
