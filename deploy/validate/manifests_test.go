@@ -19,7 +19,7 @@ import (
 const repoRoot = "../.."
 
 // kustomizations are every directory rendered and checked.
-var kustomizations = []string{"../base", "../overlays/example", "../overlays/cert-manager", "../overlays/ha"}
+var kustomizations = []string{"../base", "../overlays/single", "../overlays/example", "../overlays/cert-manager"}
 
 // routes are the HTTP routes each subcommand serves that manifests may probe or
 // scrape; the live test proves each answers on the real binary.
@@ -44,6 +44,48 @@ func TestManifestsRenderAndDecodeStrictly(t *testing.T) {
 					len(objs.Deployments), len(objs.StatefulSets), len(objs.DaemonSets), len(objs.HPAs), len(objs.ServiceMonitors))
 			}
 			checkInvariants(t, objs)
+		})
+	}
+}
+
+// The two layouts: the base (and the overlays built on it) runs the control
+// plane as a StatefulSet of three; overlays/single as one in-memory replica,
+// with nothing of the replicated layout left over.
+func TestControlPlaneLayouts(t *testing.T) {
+	for dir, replicated := range map[string]bool{"../base": true, "../overlays/example": true, "../overlays/cert-manager": true, "../overlays/single": false} {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			o, err := Render(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ss, deps []string
+			for _, s := range o.StatefulSets {
+				ss = append(ss, s.Name)
+			}
+			for _, d := range o.Deployments {
+				deps = append(deps, d.Name)
+			}
+			slices.Sort(deps)
+			_, peers := o.Raw["Service/smg-controlplane-peers"]
+			_, pdb := o.Raw["PodDisruptionBudget/smg-controlplane"]
+			if replicated {
+				if !slices.Equal(ss, []string{"smg-controlplane"}) || !slices.Equal(deps, []string{"smg-router"}) || !peers || !pdb {
+					t.Errorf("want the control plane as StatefulSet/smg-controlplane with its peers Service and PodDisruptionBudget; got StatefulSets %v, Deployments %v, peers %v, PDB %v", ss, deps, peers, pdb)
+				}
+				return
+			}
+			if len(ss) != 0 || !slices.Equal(deps, []string{"smg-controlplane", "smg-router"}) || peers || pdb {
+				t.Errorf("want one control plane Deployment and nothing of the replicated layout; got StatefulSets %v, Deployments %v, peers %v, PDB %v", ss, deps, peers, pdb)
+			}
+			for _, np := range o.NetworkPolicies {
+				for _, r := range np.Spec.Ingress {
+					for _, p := range r.Ports {
+						if p.Port != nil && p.Port.String() == "raft" {
+							t.Errorf("NetworkPolicy/%s opens a Raft port the single replica does not have", np.Name)
+						}
+					}
+				}
+			}
 		})
 	}
 }
@@ -355,6 +397,12 @@ func checkControlPlane(t *testing.T, o *Objects, w Workload) {
 		if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 || d.Spec.Strategy.Type != "Recreate" {
 			t.Errorf("Deployment/%s: the control plane needs replicas 1 and strategy Recreate", d.Name)
 		}
+		// A budget of more than its one replica would block every drain.
+		for _, p := range o.PDBs {
+			if p.Spec.Selector != nil && Selects(p.Spec.Selector.MatchLabels, w.Template.Labels) && p.Spec.MinAvailable != nil && p.Spec.MinAvailable.IntValue() >= 1 {
+				t.Errorf("PodDisruptionBudget/%s keeps %s of the single control plane: no node could drain", p.Name, p.Spec.MinAvailable.String())
+			}
+		}
 	}
 	for _, h := range o.HPAs {
 		if h.Spec.ScaleTargetRef.Name == w.Name {
@@ -517,6 +565,14 @@ func checkServiceMonitor(t *testing.T, o *Objects) {
 				}
 			}
 		}
+		// Each pod is scraped through one Service only.
+		for i, a := range o.Services {
+			for _, b := range o.Services[i+1:] {
+				if Selects(sm.Spec.Selector.MatchLabels, a.Labels) && Selects(sm.Spec.Selector.MatchLabels, b.Labels) && maps.Equal(a.Spec.Selector, b.Spec.Selector) {
+					t.Errorf("ServiceMonitor/%s scrapes the same pods twice, through Service/%s and Service/%s", sm.Name, a.Name, b.Name)
+				}
+			}
+		}
 		// A Service left out must select pods another scraped Service
 		// reaches (the control plane's headless peers Service): every pod is
 		// scraped once.
@@ -584,7 +640,7 @@ func checkReplicated(t *testing.T, o *Objects, w Workload, flags map[string][]st
 	dataDir := last(flags["data-dir"])
 	if w.Kind != "StatefulSet" {
 		if dataDir != "" {
-			t.Errorf("%s/%s: --data-dir on a Deployment: use the StatefulSet (overlays/ha) for a durable registry", w.Kind, w.Name)
+			t.Errorf("%s/%s: --data-dir on a Deployment: use the base's StatefulSet for a durable registry", w.Kind, w.Name)
 		}
 		return
 	}

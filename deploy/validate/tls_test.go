@@ -141,10 +141,13 @@ func checkTLS(t *testing.T, o *Objects, byCmd map[string]Workload, cmdFlags map[
 			t.Errorf("%s: the control plane requires client certificates but --controlplane-cert-file is not set", cmd)
 		}
 		if cpServes && last(flags["controlplane-server-name"]) == "" {
-			host, _, _ := strings.Cut(last(flags["controlplane"]), ":")
-			for _, f := range tlsFiles(t, o, byCmd["controlplane"], cpFlags) {
-				if f.flag == "tls-cert-file" && !slices.Contains(f.cert.Spec.DNSNames, host) {
-					t.Errorf("%s dials %s, which Certificate/%s does not name (dnsNames %v)", cmd, host, f.cert.Name, f.cert.Spec.DNSNames)
+			// Every replica it may dial, or be sent to as the leader.
+			for _, addr := range strings.Split(last(flags["controlplane"]), ",") {
+				host, _, _ := strings.Cut(addr, ":")
+				for _, f := range tlsFiles(t, o, byCmd["controlplane"], cpFlags) {
+					if f.flag == "tls-cert-file" && !slices.Contains(f.cert.Spec.DNSNames, host) {
+						t.Errorf("%s dials %s, which Certificate/%s does not name (dnsNames %v)", cmd, host, f.cert.Name, f.cert.Spec.DNSNames)
+					}
 				}
 			}
 		}
