@@ -25,46 +25,23 @@ import (
 
 // pki is a throwaway CA and the certificates one TLS fleet needs, as files.
 type pki struct {
-	t      *testing.T
-	dir    string
-	ca     *testca.CA
+	*testca.Dir
 	caFile string
 	pool   *x509.CertPool
 }
 
 func newPKI(t *testing.T, name string) *pki {
 	t.Helper()
-	ca, err := testca.New(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	caFile, err := ca.WriteCA(dir, "ca")
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := testca.NewDir(t, name)
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	return &pki{t: t, dir: dir, ca: ca, caFile: caFile, pool: pool}
+	pool.AddCert(d.CA.Cert)
+	return &pki{Dir: d, caFile: d.CAFile, pool: pool}
 }
 
 // issue writes a certificate for loopback (server use) that may also serve
 // as a client certificate with the given common name.
 func (p *pki) issue(name, commonName string, mod ...func(*testca.Leaf)) (certFile, keyFile string, cert *x509.Certificate) {
-	p.t.Helper()
-	leaf := testca.Leaf{CommonName: commonName, DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Client: true}
-	for _, m := range mod {
-		m(&leaf)
-	}
-	c, err := p.ca.Issue(leaf)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	cf, kf, err := c.Write(p.dir, name)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	return cf, kf, c.Cert
+	return p.Issue(name, commonName, mod...)
 }
 
 func (p *pki) httpClient() *http.Client {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -28,6 +29,7 @@ func runControlPlane(ctx context.Context, args []string, stdout, stderr io.Write
 	tf.addServer(fs)
 	tf.addClientCA(fs)
 	tf.addEngineClient(fs)
+	tf.addRaft(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -67,6 +69,9 @@ type servingControlPlane struct {
 
 func openControlPlane(opts controlplane.Options, log *slog.Logger, metrics *prometheus.Registry, host string, httpPort, grpcPort int, ts *tlsSetup) (*servingControlPlane, error) {
 	opts.Cluster.PeerCreds = ts.peerCreds()
+	if opts.Cluster.TLS = ts.raftTLS(); opts.Cluster.TLS != nil && !opts.Cluster.Enabled() {
+		return nil, errors.New("--raft-tls-cert-file and the other --raft-tls-* flags need --data-dir (without it there is no Raft)")
+	}
 	cp, err := controlplane.New(opts, log, metrics)
 	if err != nil {
 		return nil, err

@@ -138,6 +138,7 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var tf tlsFlags
 	tf.addServer(fs)
 	tf.addEngineClient(fs)
+	tf.addRaft(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/smg-project/smg/controlplane/cluster"
 	"github.com/smg-project/smg/internal/tlsutil"
 )
 
@@ -29,6 +30,8 @@ type tlsFlags struct {
 
 	engineCAFile, engineServerName string // -> https:// engines
 	engineInsecure                 bool
+
+	raftCertFile, raftKeyFile, raftCAFile, raftServerName string // control plane <-> control plane (Raft, joins)
 }
 
 func (t *tlsFlags) addServer(fs *flag.FlagSet) {
@@ -47,6 +50,16 @@ func (t *tlsFlags) addControlPlaneClient(fs *flag.FlagSet) {
 	fs.StringVar(&t.cpKeyFile, "controlplane-key-file", "", "PEM private key of --controlplane-cert-file")
 }
 
+// addRaft declares the Raft transport's own TLS: its certificate is both a
+// server's and a client's, names a control plane, and is verified against a
+// CA that should sign control planes only (not the agents' and routers').
+func (t *tlsFlags) addRaft(fs *flag.FlagSet) {
+	fs.StringVar(&t.raftCertFile, "raft-tls-cert-file", "", "PEM certificate of this control plane on the Raft transport, served and presented to peers (mutual TLS; names smg:controlplane:NODE-ID; with --raft-tls-key-file and --raft-tls-ca-file; reloaded when the file changes; empty: Raft in plaintext)")
+	fs.StringVar(&t.raftKeyFile, "raft-tls-key-file", "", "PEM private key of --raft-tls-cert-file")
+	fs.StringVar(&t.raftCAFile, "raft-tls-ca-file", "", "PEM CA bundle that every Raft peer's certificate, and every joining node's, must verify against (a CA that signs control planes only)")
+	fs.StringVar(&t.raftServerName, "raft-tls-server-name", "", "name expected in every Raft peer's certificate when dialling it (empty: the host of the peer's Raft address)")
+}
+
 func (t *tlsFlags) addEngineClient(fs *flag.FlagSet) {
 	fs.StringVar(&t.engineCAFile, "engine-ca-file", "", "PEM CA bundle that verifies https:// engines (empty: the system's roots)")
 	fs.StringVar(&t.engineServerName, "engine-server-name", "", "name expected in every https:// engine's certificate (empty: each engine URL's host)")
@@ -60,6 +73,8 @@ type tlsSetup struct {
 	server                   *tlsutil.KeyPair
 	clientCAs, cpCAs, engCAs *tlsutil.Pool
 	cpCert                   *tlsutil.KeyPair
+	raftCert                 *tlsutil.KeyPair
+	raftCAs                  *tlsutil.Pool
 	f                        tlsFlags
 }
 
@@ -113,6 +128,18 @@ func (t tlsFlags) load(log *slog.Logger, metrics prometheus.Registerer) (*tlsSet
 	if t.engineInsecure && s.engCAs != nil {
 		return nil, errors.New("--engine-tls-insecure-skip-verify and --engine-ca-file contradict each other: pick one")
 	}
+	if s.raftCert, err = pair(t.raftCertFile, t.raftKeyFile, "raft-tls-cert-file", "raft-tls-key-file"); err != nil {
+		return nil, err
+	}
+	if s.raftCAs, err = pool(t.raftCAFile, "raft-tls-ca-file"); err != nil {
+		return nil, err
+	}
+	if (s.raftCert == nil) != (s.raftCAs == nil) {
+		return nil, errors.New("--raft-tls-cert-file, --raft-tls-key-file and --raft-tls-ca-file go together: Raft runs over mutual TLS, both sides verifying the other")
+	}
+	if t.raftServerName != "" && s.raftCert == nil {
+		return nil, errors.New("--raft-tls-server-name needs --raft-tls-cert-file, --raft-tls-key-file and --raft-tls-ca-file")
+	}
 	now := time.Now
 	if s.server != nil {
 		if err := tlsutil.RegisterExpiry(metrics, "server", s.server, now); err != nil {
@@ -124,23 +151,36 @@ func (t tlsFlags) load(log *slog.Logger, metrics prometheus.Registerer) (*tlsSet
 			return nil, err
 		}
 	}
+	if s.raftCert != nil {
+		if err := tlsutil.RegisterExpiry(metrics, "raft", s.raftCert, now); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
 // watch reloads every file until ctx ends.
 func (s *tlsSetup) watch(ctx context.Context) {
 	var items []tlsutil.Reloader
-	for _, kp := range []*tlsutil.KeyPair{s.server, s.cpCert} {
+	for _, kp := range []*tlsutil.KeyPair{s.server, s.cpCert, s.raftCert} {
 		if kp != nil {
 			items = append(items, kp)
 		}
 	}
-	for _, p := range []*tlsutil.Pool{s.clientCAs, s.cpCAs, s.engCAs} {
+	for _, p := range []*tlsutil.Pool{s.clientCAs, s.cpCAs, s.engCAs, s.raftCAs} {
 		if p != nil {
 			items = append(items, p)
 		}
 	}
 	tlsutil.Watch(ctx, items...)
+}
+
+// raftTLS is the Raft transport's TLS (nil: plaintext).
+func (s *tlsSetup) raftTLS() *cluster.TLS {
+	if s.raftCert == nil {
+		return nil
+	}
+	return &cluster.TLS{Cert: s.raftCert, CA: s.raftCAs, ServerName: s.f.raftServerName}
 }
 
 // enabled reports whether this process serves TLS.

@@ -184,6 +184,8 @@ func joinReason(code int) string {
 	switch code {
 	case http.StatusConflict:
 		return "NODE_ID_IN_USE"
+	case http.StatusForbidden:
+		return "MEMBER_NOT_AUTHENTICATED"
 	case http.StatusServiceUnavailable:
 		return "NO_LEADER"
 	}
@@ -204,6 +206,13 @@ func (n *Node) join(req JoinRequest) (int, string) {
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return http.StatusServiceUnavailable, err.Error()
+	}
+	if err := n.verifyMember(req.ID, req.RaftAddr); err != nil {
+		n.log.Warn("Join refused: the node did not prove it is a control plane of this cluster", "node_id", req.ID, "raft_addr", req.RaftAddr, "err", err)
+		if errors.Is(err, errUntrusted) {
+			return http.StatusForbidden, fmt.Sprintf("node %s at %s did not present a certificate from the cluster's Raft CA naming smg:%s:%s: %v", req.ID, req.RaftAddr, Role, req.ID, err)
+		}
+		return http.StatusServiceUnavailable, fmt.Sprintf("the leader cannot reach node %s's Raft address %s to check its certificate: %v", req.ID, req.RaftAddr, err)
 	}
 	known := false
 	for _, s := range f.Configuration().Servers {
@@ -248,7 +257,7 @@ func (n *Node) announce(ctx context.Context) error {
 			switch code {
 			case http.StatusOK:
 				bo.Reset()
-			case http.StatusConflict, http.StatusUnauthorized:
+			case http.StatusConflict, http.StatusUnauthorized, http.StatusForbidden:
 				return fmt.Errorf("joining the cluster: %s", msg)
 			default:
 				wait = bo.Next()

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -50,6 +51,11 @@ func (n *Node) RegisterMetrics(m prometheus.Registerer) error {
 			defer n.mu.Unlock()
 			return float64(n.changes)
 		}),
+	}
+	for dir, count := range map[string]*atomic.Uint64{"in": &n.layer.refusedIn, "out": &n.layer.refusedOut} {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "smg_controlplane_raft_tls_refused_total",
+			Help:        "Raft connections whose TLS handshake failed (no certificate, another CA, not a control plane, plaintext), by direction: in (accepted on the Raft port) or out (dialled peers and joining nodes).",
+			ConstLabels: prometheus.Labels{"direction": dir}}, func() float64 { return float64(count.Load()) }))
 	}
 	for _, c := range cs {
 		if err := m.Register(c); err != nil {

@@ -41,6 +41,7 @@ type Node struct {
 	fsm   *fsm
 	store *raftboltdb.BoltStore
 	trans *raft.NetworkTransport
+	layer *streamLayer
 	obs   *raft.Observer
 
 	notify   chan bool
@@ -115,7 +116,8 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 		_, p, _ := net.SplitHostPort(ln.Addr().String())
 		advertise = net.JoinHostPort(host, p)
 	}
-	n.trans = raft.NewNetworkTransportWithLogger(&streamLayer{ln: ln, advertise: addr(advertise)}, 3, 2*time.Second, hlog)
+	n.layer = newStreamLayer(ln, addr(advertise), opts.TLS, log)
+	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: n.layer, MaxPool: 3, Timeout: 2 * time.Second, Logger: hlog})
 
 	conf := raft.DefaultConfig()
 	conf.LocalID = raft.ServerID(n.id)
@@ -156,6 +158,7 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 			return fail(err)
 		}
 	}
+	n.warnPlaintext(peers)
 	n.obs = raft.NewObserver(n.observed, false, func(o *raft.Observation) bool {
 		_, ok := o.Data.(raft.LeaderObservation)
 		return ok
@@ -220,6 +223,22 @@ func (n *Node) checkPeers(peers map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// warnPlaintext says once, at start, that Raft runs in the clear when this
+// node has (or will have) peers and no --raft-tls-* files.
+func (n *Node) warnPlaintext(peers map[string]string) {
+	if n.opts.TLS != nil {
+		return
+	}
+	others := len(peers) > 1 || n.opts.Join != ""
+	if f := n.raft.GetConfiguration(); f.Error() == nil && len(f.Configuration().Servers) > 1 {
+		others = true
+	}
+	if others {
+		n.log.Warn("Raft traffic is plaintext: anyone who reaches the Raft port can read the registry or inject Raft RPCs (set --raft-tls-cert-file, --raft-tls-key-file and --raft-tls-ca-file; docs/ha.md#raft-security)",
+			"raft_addr", n.opts.RaftAddr)
+	}
 }
 
 func formatPeers(m map[string]string) string {
@@ -445,25 +464,6 @@ func (w logWriter) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = logWriter{}
-
-// streamLayer is Raft's TCP transport with an advertised address that may
-// be a DNS name (a StatefulSet pod's), not only an IP.
-type streamLayer struct {
-	ln        net.Listener
-	advertise addr
-}
-
-func (s *streamLayer) Accept() (net.Conn, error) { return s.ln.Accept() }
-func (s *streamLayer) Close() error              { return s.ln.Close() }
-func (s *streamLayer) Addr() net.Addr            { return s.advertise }
-func (s *streamLayer) Dial(a raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return net.DialTimeout("tcp", string(a), timeout)
-}
-
-type addr string
-
-func (addr) Network() string  { return "tcp" }
-func (a addr) String() string { return string(a) }
 
 // Handover hands leadership to another voter before this node stops (a
 // rolling upgrade, a drain), so the cluster does not wait out an election

@@ -60,6 +60,9 @@ type Options struct {
 	ApplyTimeout time.Duration
 	// SnapshotThreshold is how many log entries trigger a snapshot.
 	SnapshotThreshold uint64
+	// TLS secures the Raft transport and proves a joining node's identity
+	// (nil: plaintext).
+	TLS *TLS
 	// PeerCreds dial the leader's gRPC port to forward admin calls (the
 	// control plane's own TLS, when it serves TLS); nil: plaintext.
 	PeerCreds credentials.TransportCredentials

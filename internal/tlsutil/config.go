@@ -37,7 +37,8 @@ func ServerConfig(kp *KeyPair, clientCAs *Pool, nextProtos ...string) *tls.Confi
 	}
 	cfg.ClientAuth = tls.RequireAndVerifyClientCert
 	cfg.ClientCAs = clientCAs.CertPool()
-	// The bundle may be rotated: each handshake takes the one in use.
+	// The bundle may be rotated: each handshake takes the one in use (and
+	// whatever the caller set on cfg since, such as VerifyConnection).
 	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		c := cfg.Clone()
 		c.GetConfigForClient = nil
@@ -52,6 +53,9 @@ type ClientOptions struct {
 	Roots      *Pool    // CA bundle for the server's certificate; nil: the system's
 	ServerName string   // expected name in the server's certificate; "": the dialled host
 	Cert       *KeyPair // client certificate for mutual TLS; nil: none
+	// Check, when set, runs on the server's verified certificate (after
+	// the chain and name checks): an identity rule beyond "signed by Roots".
+	Check func(*x509.Certificate) error
 	// InsecureSkipVerify accepts any server certificate (engines with
 	// self-signed certificates only; never offered for the control plane).
 	InsecureSkipVerify bool
@@ -71,7 +75,7 @@ func ClientConfig(o ClientOptions) *tls.Config {
 	case o.Roots != nil:
 		// Go verifies against a fixed RootCAs; to follow a rotated bundle the
 		// check is done here, against the bundle in use, with the same rules.
-		roots := o.Roots
+		roots, check := o.Roots, o.Check
 		cfg.InsecureSkipVerify = true
 		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 			if len(cs.PeerCertificates) == 0 {
@@ -81,11 +85,22 @@ func ClientConfig(o ClientOptions) *tls.Config {
 			for _, c := range cs.PeerCertificates[1:] {
 				inter.AddCert(c)
 			}
-			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
-				Roots: roots.CertPool(), Intermediates: inter, DNSName: cs.ServerName,
+			// An IP address is not sent as SNI, so cs.ServerName is empty
+			// for one: the configured name is checked then.
+			name := cs.ServerName
+			if name == "" {
+				name = o.ServerName
+			}
+			if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
+				Roots: roots.CertPool(), Intermediates: inter, DNSName: name,
 				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-			})
-			return err
+			}); err != nil {
+				return err
+			}
+			if check != nil {
+				return check(cs.PeerCertificates[0])
+			}
+			return nil
 		}
 	}
 	return cfg
@@ -98,17 +113,18 @@ func Fingerprint(c *x509.Certificate) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Identity is who a client certificate names.
+// Identity is who a certificate names.
 type Identity struct {
-	Role string // "agent" or "router"
-	Name string // the agent's node or the router's id
+	Role string // "agent", "router" or "controlplane"
+	Name string // the agent's node, the router's id or the control plane's node id
 }
 
-// IdentityOf reads the identity a client certificate carries:
-//   - a SPIFFE ID URI SAN whose path ends in /agent/NODE or /router/ID
-//     (spiffe://example.org/ns/smg/agent/gpu-7), or else
-//   - a Subject common name smg:agent:NODE or smg:router:ID (the form
-//     Kubernetes uses for kubelets, system:node:NAME).
+// IdentityOf reads the identity a certificate carries:
+//   - a SPIFFE ID URI SAN whose path ends in /agent/NODE, /router/ID or
+//     /controlplane/ID (spiffe://example.org/ns/smg/agent/gpu-7), or else
+//   - a Subject common name smg:agent:NODE, smg:router:ID or
+//     smg:controlplane:ID (the form Kubernetes uses for kubelets,
+//     system:node:NAME).
 func IdentityOf(c *x509.Certificate) (Identity, error) {
 	for _, u := range c.URIs {
 		if id, ok := spiffeIdentity(u); ok {
@@ -119,7 +135,7 @@ func IdentityOf(c *x509.Certificate) (Identity, error) {
 		strings.HasPrefix(c.Subject.CommonName, "smg:") && validRole(role) && name != "" {
 		return Identity{Role: role, Name: name}, nil
 	}
-	return Identity{}, fmt.Errorf("the client certificate (subject %q) names no smg identity: want a URI SAN spiffe://DOMAIN/.../agent/NODE or .../router/ID, or the common name smg:agent:NODE or smg:router:ID", c.Subject.CommonName)
+	return Identity{}, fmt.Errorf("the certificate (subject %q) names no smg identity: want a URI SAN spiffe://DOMAIN/.../agent/NODE, .../router/ID or .../controlplane/ID, or the common name smg:agent:NODE, smg:router:ID or smg:controlplane:ID", c.Subject.CommonName)
 }
 
 func spiffeIdentity(u *url.URL) (Identity, bool) {
@@ -137,7 +153,7 @@ func spiffeIdentity(u *url.URL) (Identity, bool) {
 	return Identity{Role: role, Name: name}, true
 }
 
-func validRole(r string) bool { return r == "agent" || r == "router" }
+func validRole(r string) bool { return r == "agent" || r == "router" || r == "controlplane" }
 
 // PeerIdentity reads the identity of a gRPC peer authenticated with mutual
 // TLS; ok is false when the connection carried no verified client certificate.

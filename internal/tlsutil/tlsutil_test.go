@@ -265,6 +265,8 @@ func TestIdentityOf(t *testing.T) {
 		{testca.Leaf{URIs: []string{"spiffe://example.org/router/r-1"}}, tlsutil.Identity{Role: "router", Name: "r-1"}, true},
 		{testca.Leaf{CommonName: "smg:agent:gpu-9"}, tlsutil.Identity{Role: "agent", Name: "gpu-9"}, true},
 		{testca.Leaf{CommonName: "smg:router:edge-2"}, tlsutil.Identity{Role: "router", Name: "edge-2"}, true},
+		{testca.Leaf{CommonName: "smg:controlplane:cp0"}, tlsutil.Identity{Role: "controlplane", Name: "cp0"}, true},
+		{testca.Leaf{URIs: []string{"spiffe://example.org/ns/smg/controlplane/cp-1"}}, tlsutil.Identity{Role: "controlplane", Name: "cp-1"}, true},
 		// The URI SAN wins over the common name.
 		{testca.Leaf{CommonName: "smg:agent:cn", URIs: []string{"spiffe://d/agent/uri"}}, tlsutil.Identity{Role: "agent", Name: "uri"}, true},
 		{testca.Leaf{CommonName: "smg:router:*"}, tlsutil.Identity{Role: "router", Name: tlsutil.AnyName}, true},

@@ -151,3 +151,54 @@ func serial() *big.Int {
 	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
 	return n
 }
+
+// T is the part of testing.T that Dir uses.
+type T interface {
+	Helper()
+	Fatal(args ...any)
+	TempDir() string
+}
+
+// Dir is a CA whose certificates are written as files in a test's temporary
+// directory: what a test starting processes with --*-file flags needs.
+type Dir struct {
+	t      T
+	CA     *CA
+	Dir    string
+	CAFile string // the CA certificate, ca.crt
+}
+
+// NewDir makes a CA and writes it as ca.crt in a fresh temporary directory.
+func NewDir(t T, name string) *Dir {
+	t.Helper()
+	ca, err := New(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &Dir{t: t, CA: ca, Dir: t.TempDir()}
+	if d.CAFile, err = ca.WriteCA(d.Dir, "ca"); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// Issue writes a certificate for loopback (127.0.0.1 and localhost; server
+// and client use) with the common name, as NAME.crt and NAME.key; mod
+// adjusts the leaf first. Issuing a name again replaces its files (a
+// rotation).
+func (d *Dir) Issue(name, commonName string, mod ...func(*Leaf)) (certFile, keyFile string, cert *x509.Certificate) {
+	d.t.Helper()
+	leaf := Leaf{CommonName: commonName, DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Client: true}
+	for _, m := range mod {
+		m(&leaf)
+	}
+	c, err := d.CA.Issue(leaf)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	cf, kf, err := c.Write(d.Dir, name)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return cf, kf, c.Cert
+}
