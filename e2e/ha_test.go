@@ -179,7 +179,7 @@ func jobStates(a admin, local bool) (map[string]string, error) {
 	if local {
 		req.Header.Set("X-Smg-Read", "local")
 	}
-	resp, err := client.Do(req)
+	resp, err := a.httpClient().Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -24,8 +24,9 @@ const model = "sim-model" // the simulator's default model id
 
 // admin talks to a control plane's REST admin API (or smg launch's port).
 type admin struct {
-	base  string
-	token string // Authorization: Bearer token, when set
+	base   string
+	token  string       // Authorization: Bearer token, when set
+	client *http.Client // nil: the package's client
 }
 
 // workerView is the part of a GET /workers entry the tests read.
@@ -79,6 +80,13 @@ func (v *u64) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+func (a admin) httpClient() *http.Client {
+	if a.client != nil {
+		return a.client
+	}
+	return client
+}
+
 func (a admin) do(method, path string, body []byte) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -92,7 +100,7 @@ func (a admin) do(method, path string, body []byte) (int, []byte, error) {
 	if a.token != "" {
 		req.Header.Set("Authorization", "Bearer "+a.token)
 	}
-	resp, err := client.Do(req)
+	resp, err := a.httpClient().Do(req)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -68,7 +68,7 @@ type servingControlPlane struct {
 }
 
 func openControlPlane(opts controlplane.Options, log *slog.Logger, metrics *prometheus.Registry, host string, httpPort, grpcPort int, ts *tlsSetup) (*servingControlPlane, error) {
-	opts.Cluster.PeerCreds = ts.peerCreds()
+	opts.Cluster.PeerCreds, opts.Cluster.PeerHTTPTLS = ts.peerCreds(), ts.peerTLS()
 	if opts.Cluster.TLS = ts.raftTLS(); opts.Cluster.TLS != nil && !opts.Cluster.Enabled() {
 		return nil, errors.New("--raft-tls-cert-file and the other --raft-tls-* flags need --data-dir (without it there is no Raft)")
 	}

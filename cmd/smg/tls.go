@@ -222,10 +222,19 @@ func (s *tlsSetup) controlPlaneCreds() credentials.TransportCredentials {
 // system's roots) with this process's certificate as the client's, when
 // this process serves TLS.
 func (s *tlsSetup) peerCreds() credentials.TransportCredentials {
+	if cfg := s.peerTLS(); cfg != nil {
+		return credentials.NewTLS(cfg)
+	}
+	return nil
+}
+
+// peerTLS is the client configuration of peerCreds, also used for the
+// other replicas' HTTP ports (joins); nil when this process serves no TLS.
+func (s *tlsSetup) peerTLS() *tls.Config {
 	if s.server == nil {
 		return nil
 	}
-	return credentials.NewTLS(tlsutil.ClientConfig(tlsutil.ClientOptions{Roots: s.clientCAs, Cert: s.server}))
+	return tlsutil.ClientConfig(tlsutil.ClientOptions{Roots: s.clientCAs, Cert: s.server})
 }
 
 // selfCreds dial this process's own gRPC port (smg launch's in-process

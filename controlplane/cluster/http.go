@@ -105,8 +105,16 @@ func (n *Node) toLeader(w http.ResponseWriter, r *http.Request, body []byte) {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 	}
 	r.Header.Set(forwardedHeader, n.id)
-	target := &url.URL{Scheme: "http", Host: lm.HTTP}
-	(&httputil.ReverseProxy{Rewrite: func(p *httputil.ProxyRequest) { p.SetURL(target) }}).ServeHTTP(w, r)
+	target := &url.URL{Scheme: n.peerScheme(), Host: lm.HTTP}
+	(&httputil.ReverseProxy{Rewrite: func(p *httputil.ProxyRequest) { p.SetURL(target) }, Transport: n.peerHTTP.Transport}).ServeHTTP(w, r)
+}
+
+// peerScheme is how the other members' HTTP ports are reached.
+func (n *Node) peerScheme() string {
+	if n.opts.PeerHTTPTLS != nil {
+		return "https"
+	}
+	return "http"
 }
 
 func (n *Node) view() View {
@@ -246,7 +254,7 @@ func (n *Node) join(req JoinRequest) (int, string) {
 // leader refuses for a node id in use is fatal.
 func (n *Node) announce(ctx context.Context) error {
 	bo := backoff.New(backoff.Policy{Initial: 200 * time.Millisecond, Max: 2 * time.Second}, nil)
-	client := &http.Client{Timeout: 5 * time.Second}
+	client := n.peerHTTP
 	for {
 		n.mu.Lock()
 		self := n.self
@@ -279,7 +287,7 @@ func (n *Node) sendJoin(ctx context.Context, client *http.Client, self Member) (
 	}
 	target := ""
 	if lm, ok := n.LeaderMember(); ok {
-		target = "http://" + lm.HTTP
+		target = n.peerScheme() + "://" + lm.HTTP
 	} else if n.opts.Join != "" {
 		target = strings.TrimRight(n.opts.Join, "/")
 	} else {

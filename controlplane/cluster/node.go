@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,6 +48,7 @@ type Node struct {
 	notify   chan bool
 	observed chan raft.Observation
 	adminKey string
+	peerHTTP *http.Client // to the other members' HTTP ports
 
 	mu       sync.Mutex
 	self     Member
@@ -78,6 +80,7 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 	}
 	n := &Node{opts: opts, id: opts.nodeID(), log: log, fsm: newFSM(reg, resolve), adminKey: adminKey,
 		notify: make(chan bool, 16), observed: make(chan raft.Observation, 16), shutdown: make(chan struct{}), ready: make(chan struct{})}
+	n.peerHTTP = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: opts.PeerHTTPTLS, IdleConnTimeout: 90 * time.Second}}
 	if err := n.claimDataDir(); err != nil {
 		return nil, err
 	}
@@ -452,6 +455,7 @@ func (n *Node) Close() error {
 	n.raft.DeregisterObserver(n.obs)
 	err := n.raft.Shutdown().Error()
 	_ = n.trans.Close()
+	n.peerHTTP.CloseIdleConnections()
 	return errors.Join(err, n.store.Close())
 }
 

@@ -11,6 +11,7 @@
 package cluster
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -66,6 +67,10 @@ type Options struct {
 	// PeerCreds dial the leader's gRPC port to forward admin calls (the
 	// control plane's own TLS, when it serves TLS); nil: plaintext.
 	PeerCreds credentials.TransportCredentials
+	// PeerHTTPTLS, when set, reaches the other members' HTTP ports over
+	// https with it (joins, membership changes a follower hands on): the
+	// control plane serves its HTTP port over TLS. nil: http.
+	PeerHTTPTLS *tls.Config
 }
 
 // DefaultOptions returns the defaults.
@@ -87,7 +92,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.RaftAddr, "raft-addr", o.RaftAddr, "HOST:PORT the Raft transport listens on; with --data-dir")
 	fs.StringVar(&o.RaftAdvertise, "raft-advertise", o.RaftAdvertise, "HOST:PORT the other nodes reach this node's Raft transport at (default: --raft-addr)")
 	fs.Var(&o.Peers, "raft-peers", "the first cluster: ID=HOST:PORT of every voter, this node included, space- or comma-separated; bootstraps an empty --data-dir once (none and no --join: a cluster of one)")
-	fs.StringVar(&o.Join, "join", o.Join, "HTTP URL of a running member (e.g. http://cp-0:30001): join its cluster instead of bootstrapping")
+	fs.StringVar(&o.Join, "join", o.Join, "HTTP URL of a running member (e.g. http://cp-0:30001, https:// when the members serve TLS): join its cluster instead of bootstrapping")
 	fs.StringVar(&o.AdvertiseHost, "advertise-host", o.AdvertiseHost, "host routers, agents and the other nodes reach this node's gRPC and HTTP ports at (default: the host of --raft-advertise)")
 	fs.DurationVar(&o.HeartbeatTimeout, "raft-heartbeat-timeout", o.HeartbeatTimeout, "time without the leader after which a follower starts an election")
 	fs.DurationVar(&o.ElectionTimeout, "raft-election-timeout", o.ElectionTimeout, "time a candidate waits for votes before a new election")
