@@ -57,6 +57,9 @@ func openNode(t *testing.T, id, raftAddr string, peers []string, tl *TLS) *testN
 	t.Helper()
 	o := DefaultOptions()
 	o.DataDir, o.NodeID, o.RaftAddr, o.Peers, o.TLS = t.TempDir(), id, raftAddr, peers, tl
+	// Twice the defaults: a leader on a loaded 2-core box under -race
+	// should not lose its lease in the middle of a test's commits.
+	o.HeartbeatTimeout, o.ElectionTimeout, o.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
 	if len(peers) == 0 {
 		o.Join = "http://127.0.0.1:1" // never dialled: Run is not called
 	}
@@ -265,6 +268,10 @@ func TestRaftJoinNeedsTheClusterCertificate(t *testing.T) {
 	if code, msg := l.join(JoinRequest{ID: "cp1", RaftAddr: string(good.trans.LocalAddr())}); code != http.StatusOK {
 		t.Fatalf("join of a node with the cluster's certificate: %d %s", code, msg)
 	}
+	testutil.WaitFor(t, 10*time.Second, "cp1 to follow cp0", func() (bool, string) {
+		_, leader := good.raft.LeaderWithID()
+		return leader == "cp0" && good.raft.AppliedIndex() >= l.raft.AppliedIndex(), fmt.Sprintf("cp1 follows %q at %d", leader, good.raft.AppliedIndex())
+	})
 	commitAll(t, []*testNode{l, good})
 }
 
