@@ -293,6 +293,13 @@ const DefaultHistory = 4096
 type Registry struct {
 	db *memdb.MemDB
 
+	// latest is every worker's current record by id, updated as each
+	// commit lands (under mu, in commit order), so that Get, the hot
+	// path's read (several per agent record), is one map lookup instead
+	// of a memdb read transaction.
+	latestMu sync.RWMutex
+	latest   map[string]*Worker
+
 	mu       sync.Mutex // serializes writers and guards the fields below
 	epoch    string
 	revision uint64
@@ -325,7 +332,7 @@ func New(epoch string, historyCap int) *Registry {
 	if historyCap <= 0 {
 		historyCap = DefaultHistory
 	}
-	return &Registry{db: db, epoch: epoch, history: newRing(historyCap), routing: newRing(historyCap),
+	return &Registry{db: db, epoch: epoch, latest: map[string]*Worker{}, history: newRing(historyCap), routing: newRing(historyCap),
 		notify: make(chan struct{}), members: make(chan struct{}), routed: make(chan struct{})}
 }
 
@@ -393,6 +400,14 @@ type Txn struct {
 	// membership: a worker was added or removed, or its spec, model or
 	// health changed.
 	membership bool
+	// written is every record inserted (nil: deleted) by id, in order,
+	// for the registry's latest map.
+	written []written
+}
+
+type written struct {
+	id string
+	w  *Worker // nil: deleted
 }
 
 // Get returns a worker by id, or nil.
@@ -439,6 +454,7 @@ func (t *Txn) Insert(w *Worker) {
 	t.last = nil
 	must(t.txn.Insert(tableWorkers, w))
 	t.last = w
+	t.written = append(t.written, written{id: w.ID, w: w})
 	if visible {
 		t.mark(w.ID, false, old != nil && loadOnly(old, w))
 	}
@@ -453,6 +469,7 @@ func (t *Txn) Delete(id string) {
 	n, err := t.txn.DeleteAll(tableWorkers, "id", id)
 	must(err)
 	t.membership = t.membership || n > 0
+	t.written = append(t.written, written{id: id})
 	t.mark(id, true, false)
 }
 
@@ -534,6 +551,17 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 		return r.revision, err
 	}
 	t.txn.Commit()
+	if len(t.written) > 0 {
+		r.latestMu.Lock()
+		for _, e := range t.written {
+			if e.w == nil {
+				delete(r.latest, e.id)
+			} else {
+				r.latest[e.id] = e.w
+			}
+		}
+		r.latestMu.Unlock()
+	}
 	if len(t.changed) == 0 {
 		return r.revision, nil
 	}
@@ -570,8 +598,13 @@ type Snapshot struct {
 	txn      *memdb.Txn
 }
 
-// Get returns the current record of a worker, or nil, without a snapshot.
-func (r *Registry) Get(id string) *Worker { return getWorker(r.db.Txn(false), id) }
+// Get returns the current record of a worker, or nil, without a snapshot:
+// a map lookup, for the hot paths.
+func (r *Registry) Get(id string) *Worker {
+	r.latestMu.RLock()
+	defer r.latestMu.RUnlock()
+	return r.latest[id]
+}
 
 // Snapshot returns a read view of the current state.
 func (r *Registry) Snapshot() *Snapshot {

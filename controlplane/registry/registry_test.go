@@ -369,3 +369,61 @@ func TestRoutingChangedIgnoresLoads(t *testing.T) {
 		t.Fatal("RoutingChanged not closed by a routing change")
 	}
 }
+
+// Get reads a map kept beside the memdb tables: after any mix of inserts,
+// deletes and aborted transactions it returns exactly what a snapshot holds.
+func TestGetIsTheCommittedRecord(t *testing.T) {
+	r := registry.New("e", 0)
+	ids := []string{"a", "b", "c", "d"}
+	check := func(step int) {
+		t.Helper()
+		s := r.Snapshot()
+		for _, id := range ids {
+			if got, want := r.Get(id), s.Get(id); got != want {
+				t.Fatalf("step %d: Get(%q) = %v, the snapshot holds %v", step, id, got, want)
+			}
+		}
+	}
+	boom := errors.New("abort")
+	for step := range 200 {
+		id := ids[step%len(ids)]
+		var err error
+		switch step % 5 {
+		case 0, 1: // a write, visible or evidence only
+			_, err = r.Update(func(tx *registry.Txn) error {
+				w := tx.Get(id)
+				if w == nil {
+					w = worker(id, "http://"+id)
+				}
+				c := w.Clone()
+				c.Evidence.ProbePasses++
+				if step%3 == 0 {
+					c.Health = registry.HealthHealthy
+				}
+				tx.Insert(c)
+				return nil
+			})
+		case 2: // deleted, then back in the same transaction
+			_, err = r.Update(func(tx *registry.Txn) error {
+				tx.Delete(id)
+				tx.Insert(worker(id, "http://"+id+"/again"))
+				return nil
+			})
+		case 3:
+			_, err = r.Update(func(tx *registry.Txn) error { tx.Delete(id); return nil })
+		case 4: // aborted: nothing of it may show
+			_, err = r.Update(func(tx *registry.Txn) error {
+				tx.Insert(worker(id, "http://"+id+"/aborted"))
+				return boom
+			})
+			if !errors.Is(err, boom) {
+				t.Fatalf("aborted update returned %v", err)
+			}
+			err = nil
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(step)
+	}
+}
