@@ -150,12 +150,29 @@ type agentStream struct {
 	// Only the receive goroutine touches it.
 	last map[string]lastRecord
 
+	// known maps the URLs the agent sends, as it spells them, to the
+	// worker they named on this node, so a record costs one registry read
+	// (the worker's current record) instead of normalising its URL and
+	// looking it up. An entry holds while the worker's spec is the one it
+	// was found with (a new registration is another spec). Bounded by
+	// maxKnown; only the receive goroutine touches it.
+	known map[string]knownWorker
+
 	// pending is the latest record of each of the hello's engines that was
 	// not registered yet when it arrived; the first contact or heartbeat
 	// after its registration applies it in full (the agent sends a record
 	// only when something changed). Only the receive goroutine touches it.
 	pending map[string]*smgv1.LoadRecord
 }
+
+type knownWorker struct {
+	id   string
+	spec *smgv1.WorkerSpec
+}
+
+// maxKnown bounds a stream's known URLs: an agent covers its node's
+// engines, but may spell URLs any number of ways.
+const maxKnown = 16384
 
 type lastRecord struct {
 	rec judge.Record
@@ -209,7 +226,7 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 	}
 	st := &agentStream{node: hello.GetNode(), peer: peerOf(ctx), own: dedup(canonical(hello.GetEngineUrls())),
 		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{}, last: map[string]lastRecord{},
-		pending: map[string]*smgv1.LoadRecord{}}
+		known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{}}
 	s.log.Info("Agent connected", "node", st.node, "peer", st.peer, "engines", len(st.own), "register", hello.GetRegister())
 	s.addStream(st)
 	if hello.GetRegister() {
@@ -303,6 +320,12 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.ReportRequest, sm
 // one before its registration completes); another node's worker is refused
 // and logged once per stream: an agent speaks only for its own node.
 func (s *Server) worker(st *agentStream, url string) *registry.Worker {
+	if k, ok := st.known[url]; ok {
+		if w := s.reg.Get(k.id); w != nil && w.Spec == k.spec {
+			return w
+		}
+		delete(st.known, url)
+	}
 	w := s.reg.Snapshot().GetByURL(canonicalURL(url))
 	if w == nil {
 		s.log.Debug("Agent reported an engine that is not registered; ignored", "url", url)
@@ -319,6 +342,10 @@ func (s *Server) worker(st *agentStream, url string) *registry.Worker {
 		}
 		return nil
 	}
+	if len(st.known) >= maxKnown {
+		clear(st.known)
+	}
+	st.known[url] = knownWorker{id: w.ID, spec: w.Spec}
 	return w
 }
 
@@ -355,7 +382,7 @@ func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
 		Idle:          runsNothing(r.GetLoad()),
 	}
 	st.last[url] = lastRecord{rec: rec, at: now}
-	s.setAgentNode(w.ID, st.node)
+	s.setAgentNode(w, st.node)
 	// Like the poller, only Ready workers are judged for overload: a worker
 	// leaving Ready has its veto cleared and must not get it back from a
 	// record while it is out.
@@ -430,12 +457,13 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	s.tr.Record(w.ID, rec, now)
 }
 
-// setAgentNode records which node's agent feeds the worker; the registry is
-// written only when that changes.
-func (s *Server) setAgentNode(id, node string) {
-	if w := s.reg.Snapshot().Get(id); w == nil || w.AgentNode == node {
+// setAgentNode records which node's agent feeds the worker (w, as just
+// read); the registry is written only when that changes.
+func (s *Server) setAgentNode(w *registry.Worker, node string) {
+	if w.AgentNode == node {
 		return
 	}
+	id := w.ID
 	if _, err := s.reg.Update(func(t *registry.Txn) error {
 		w := t.Get(id)
 		if w == nil || w.AgentNode == node {

@@ -483,3 +483,47 @@ func BenchmarkRecords(b *testing.B) {
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "records/s")
 	_ = st.CloseSend()
 }
+
+// A stream remembers which worker a URL named (as the agent spells it), and
+// forgets it when the worker is registered again: a record then follows the
+// new registration, whichever node it is on.
+func TestKnownURLsFollowRegistrations(t *testing.T) {
+	h := start(t, defaultConfig())
+	h.put(t, worker("w1", "http://e1:8000", "n1"), worker("w2", "http://e2:8000", "n1"))
+	st, _ := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1"})
+	// synced waits until the stream has applied everything sent before it.
+	seq := int32(0)
+	synced := func() {
+		t.Helper()
+		seq++
+		want := seq
+		send(t, st, record("http://e2:8000", want))
+		h.waitFor(t, "the stream applied its records", func(s *registry.Snapshot) bool {
+			return s.Get("w2").Load.GetWaitingRequests() == want
+		})
+	}
+
+	send(t, st, record("http://e1:8000/", 6)) // another spelling of w1's URL
+	h.waitFor(t, "w1 overloaded", func(s *registry.Snapshot) bool { return s.Get("w1").Overloaded })
+
+	// w1 moves to node n2: this agent no longer speaks for it.
+	moved := worker("w1", "http://e1:8000", "n2")
+	h.put(t, moved)
+	send(t, st, record("http://e1:8000/", 1))
+	synced()
+	if w := h.reg.Get("w1"); w.Load != nil || w.AgentNode != "" {
+		t.Fatalf("a record about a worker now on another node was applied: load %v, agent node %q", w.Load, w.AgentNode)
+	}
+
+	// Removed, then registered again under another id on this node: the
+	// record goes to the new worker.
+	if _, err := h.reg.Update(func(tx *registry.Txn) error { tx.Delete("w1"); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	h.put(t, worker("w1b", "http://e1:8000", "n1"))
+	send(t, st, record("http://e1:8000/", 7))
+	h.waitFor(t, "the new worker gets the record", func(s *registry.Snapshot) bool {
+		return s.Get("w1b").Load.GetWaitingRequests() == 7 && s.Get("w1b").Overloaded
+	})
+	closeCleanly(t, st)
+}
