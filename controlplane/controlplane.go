@@ -197,7 +197,6 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp := &ControlPlane{opts: opts, log: log, metrics: reg}
 	cp.Registry = registry.New(newEpoch(), registry.DefaultHistory)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: opts.EngineTLS}}
-	cp.Ingest = ingest.New(cp.Registry, ingest.Options{Coalesce: true}, log)
 	collector := ingest.NewCollector(cp.Registry)
 	if err := reg.Register(collector); err != nil {
 		return nil, err
@@ -222,7 +221,11 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	}
 	// Collaborators go to the constructors, in dependency order; every
 	// component takes the one clock, opts.Now.
-	cp.Liveness = liveness.New(cp.Registry, liveness.Options{Rules: opts.Liveness, Now: opts.Now, Coalesce: true}, log, reg)
+	// One flush stores loads and liveness records, writing each reporting
+	// worker once, before every sweep (judge.SweepInterval).
+	cp.Liveness = liveness.New(cp.Registry, liveness.Options{Rules: opts.Liveness, Now: opts.Now, Coalesce: true,
+		Flush: func() { cp.Ingest.Flush() }}, log, reg)
+	cp.Ingest = ingest.New(cp.Registry, ingest.Options{Coalesce: true, Rider: cp.Liveness}, log)
 	hopts := opts.Health
 	hopts.Now = opts.Now
 	cp.Health = health.New(cp.Registry, hopts, client, cp.Liveness, log)
@@ -514,7 +517,7 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 		}
 	}
 	var wg sync.WaitGroup
-	wg.Add(6)
+	wg.Add(5)
 	go func() { defer wg.Done(); cp.Discovery.Run(ctx, time.Second) }()
 	if cp.kube != nil {
 		// Only the leader discovers: it alone writes the registry.
@@ -525,7 +528,7 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 			go func() { defer wg.Done(); pods.Run(ctx) }()
 		}
 	}
-	go func() { defer wg.Done(); cp.Ingest.Run(ctx, ingest.DefaultFlushInterval) }()
+	// cp.Liveness.Run flushes the ingester before every sweep.
 	go func() { defer wg.Done(); cp.Windows.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Monitor.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Health.Run(ctx) }()

@@ -26,7 +26,17 @@ import (
 // of the evidence stored with it. The previous design (the tracker deciding
 // under its own lock and committing afterwards) ended 1 to 15 of 20,000
 // such rounds with the tracker holding a verdict the registry did not.
+//
+// It runs with both wirings: each coalescing writer flushing on its own,
+// and the control plane's, where the ingester's flush stores the tracker's
+// pending records with the loads (ingest.Options.Rider, liveness.Options.Flush).
 func TestStoredVerdictIsTheJudgesOfTheStoredEvidence(t *testing.T) {
+	for _, oneFlush := range []bool{false, true} {
+		t.Run(fmt.Sprintf("one-flush=%v", oneFlush), func(t *testing.T) { testStoredVerdicts(t, oneFlush) })
+	}
+}
+
+func testStoredVerdicts(t *testing.T, oneFlush bool) {
 	const workers, rounds = 2, 3000
 	reg := registry.New("e", 0)
 	ids := make([]string, workers)
@@ -44,11 +54,19 @@ func TestStoredVerdictIsTheJudgesOfTheStoredEvidence(t *testing.T) {
 	var clock atomic.Int64
 	now := func() time.Time { return t0.Add(time.Duration(clock.Add(int64(time.Millisecond)))) }
 	log := slog.New(slog.DiscardHandler)
-	in := ingest.New(reg, ingest.Options{Coalesce: true}, log)
 	// Both coalesce, as in the control plane: pending loads and records are
 	// not stored evidence until a flush or a later transaction stores them.
-	tr := liveness.New(reg, liveness.Options{Rules: judge.LivenessConfig{StallSecs: 0, WedgeSecs: 1, StaleSecs: 1}, Now: now, Coalesce: true},
-		log, prometheus.NewRegistry())
+	var in *ingest.Ingester
+	lopts := liveness.Options{Rules: judge.LivenessConfig{StallSecs: 0, WedgeSecs: 1, StaleSecs: 1}, Now: now, Coalesce: true}
+	if oneFlush {
+		lopts.Flush = func() { in.Flush() }
+	}
+	tr := liveness.New(reg, lopts, log, prometheus.NewRegistry())
+	iopts := ingest.Options{Coalesce: true}
+	if oneFlush {
+		iopts.Rider = tr
+	}
+	in = ingest.New(reg, iopts, log)
 	hc := health.New(reg, health.Options{FailureThreshold: 1, SuccessThreshold: 1, IntervalSecs: 1, TimeoutSecs: 1, Endpoint: "/health", Now: now}, nil, tr, log)
 
 	var violations atomic.Int64

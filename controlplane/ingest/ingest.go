@@ -42,6 +42,21 @@ type Options struct {
 	// Coalesce: a report that leaves the verdict as it is waits for Flush
 	// (Run must then flush); otherwise every report commits at once.
 	Coalesce bool
+	// Rider, when set, has evidence of its own pending (the liveness
+	// tracker's coalesced records) that Flush stores in the same
+	// transaction and on the same record as the worker's load, so a flush
+	// clones and writes each worker once.
+	Rider Rider
+}
+
+// Rider is evidence pending elsewhere that a flush stores with the loads.
+// Flush calls it inside its registry transaction.
+type Rider interface {
+	// TakePending moves out every pending piece of evidence and returns
+	// the workers it concerns; apply moves c (a clone about to be
+	// inserted) by c.ID's pending evidence, and reports whether it changed
+	// c; stored follows the insert of c, which replaced w.
+	TakePending() (ids []string, apply func(c *registry.Worker) bool, stored func(t *registry.Txn, w, c *registry.Worker))
 }
 
 // New returns an Ingester writing to reg.
@@ -49,8 +64,13 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger) *Ingester {
 	return &Ingester{reg: reg, opts: opts, log: log, pending: map[string]*smgv1.EngineLoad{}}
 }
 
-// DefaultFlushInterval bounds how long a load-only update waits for its commit.
-const DefaultFlushInterval = 50 * time.Millisecond
+// DefaultFlushInterval bounds how long a load-only update waits for its
+// commit: the liveness sweep's interval, before which the control plane
+// flushes. Routers receive loads on their own grid (--watch-load-interval,
+// 1 s by default) and a flip commits at once, so the flush only has to be
+// within that grid: a worker reporting 20 times a second is written once
+// per 5 reports.
+const DefaultFlushInterval = judge.SweepInterval
 
 // Run flushes pending loads every interval until ctx ends, then once more.
 func (in *Ingester) Run(ctx context.Context, interval time.Duration) {
@@ -67,21 +87,53 @@ func (in *Ingester) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// Flush commits every pending load in one transaction. The registry decides
-// each verdict again from the load it stores, so a verdict that the world
-// moved under (thresholds, health) is right at the flush.
+// Flush commits every pending load in one transaction, with the Rider's
+// pending evidence: each worker is cloned and inserted once. The registry
+// decides each verdict again from what it stores, so a verdict that the
+// world moved under (thresholds, health) is right at the flush.
 func (in *Ingester) Flush() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if len(in.pending) == 0 {
+	if len(in.pending) == 0 && in.opts.Rider == nil {
 		return
 	}
 	var flips []flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		flips = flips[:0]
+		var ids []string
+		apply := func(*registry.Worker) bool { return false }
+		var stored func(*registry.Txn, *registry.Worker, *registry.Worker)
+		if in.opts.Rider != nil {
+			ids, apply, stored = in.opts.Rider.TakePending()
+		}
 		for id, load := range in.pending {
-			if f, err := store(t, id, load); err == nil && f.flipped {
+			w := t.Get(id)
+			if w == nil {
+				continue
+			}
+			c := w.Clone()
+			setLoad(c, load)
+			apply(c)
+			t.Insert(c)
+			if stored != nil {
+				stored(t, w, c)
+			}
+			if f := flipOf(w, c); f.flipped {
 				flips = append(flips, f)
+			}
+		}
+		for _, id := range ids {
+			if _, done := in.pending[id]; done {
+				continue
+			}
+			w := t.Get(id)
+			if w == nil {
+				continue
+			}
+			c := w.Clone()
+			if apply(c) {
+				t.Insert(c)
+				stored(t, w, c)
 			}
 		}
 		return nil
@@ -149,11 +201,16 @@ func store(t *registry.Txn, workerID string, load *smgv1.EngineLoad) (flip, erro
 		return flip{}, ErrUnknownWorker
 	}
 	c := w.Clone()
+	setLoad(c, load)
+	t.Insert(c)
+	return flipOf(w, c), nil
+}
+
+// setLoad stores a report on c, a clone.
+func setLoad(c *registry.Worker, load *smgv1.EngineLoad) {
 	c.Load = load
 	c.LoadRevision++
 	c.Evidence.NoReport = false
-	t.Insert(c)
-	return flipOf(w, c), nil
 }
 
 // flipOf describes the overload verdict change from w to c.

@@ -1,8 +1,11 @@
 package liveness
 
 import (
+	"context"
 	"log/slog"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,4 +69,61 @@ func TestPendingRecordsGoBeforeLaterEvidence(t *testing.T) {
 	if got := liveness(reg); got != smgv1.Veto_VETO_UNREACHABLE {
 		t.Fatalf("liveness = %v, want unreachable: the failure must not be undone by the older record", got)
 	}
+}
+
+// With Options.Flush, another writer's flush stores pending records (the
+// ingester's, with the loads); the sweep calls it first, and applies in its
+// own transaction the records that came since, before judging: a worker
+// that pushed a moment ago is never judged silent from older evidence.
+func TestSweepJudgesPendingRecordsWithOptionsFlush(t *testing.T) {
+	_, reg, _ := setup(t, registry.HealthHealthy)
+	flushes := 0
+	tr := New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: true, Flush: func() { flushes++ }},
+		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	stale := time.Duration(judge.DefaultStaleSecs) * time.Second
+
+	tr.Record("w1", judge.Record{Pushed: true}, t0)
+	tr.Sweep(t0.Add(stale - time.Second))
+	if got := pushedAt(reg); !got.Equal(t0) {
+		t.Fatalf("PushedAt = %v after the sweep, want the pending record's %v", got, t0)
+	}
+	last := t0.Add(stale - 500*time.Millisecond)
+	tr.Record("w1", judge.Record{Pushed: true}, last)
+	tr.Sweep(t0.Add(stale + time.Second)) // stale from the stored evidence alone
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNSPECIFIED {
+		t.Fatalf("liveness = %v, want live: the sweep judged without the record pushed 1.5 s before", got)
+	}
+	if got := pushedAt(reg); !got.Equal(last) {
+		t.Fatalf("PushedAt = %v, want %v", got, last)
+	}
+	if flushes != 2 {
+		t.Fatalf("Options.Flush ran %d times for 2 sweeps, want 2", flushes)
+	}
+}
+
+// With Options.Flush, Run flushes before every sweep and not on its own
+// 50 ms ticker: four flushes a second.
+func TestRunFlushesBeforeEverySweepWithOptionsFlush(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, reg, _ := setup(t, registry.HealthHealthy)
+		var flushes atomic.Int64
+		tr := New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: true, Flush: func() { flushes.Add(1) }},
+			slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+		tr.Record("w1", judge.Record{Pushed: true}, t0)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { tr.Run(ctx); close(done) }()
+		time.Sleep(judge.SweepInterval / 2)
+		synctest.Wait()
+		if !pushedAt(reg).IsZero() {
+			t.Fatal("the tracker flushed on its own ticker before the first sweep")
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got, want := flushes.Load(), int64(time.Second/judge.SweepInterval); got != want {
+			t.Fatalf("%d flushes after 1.125 s (a sweep every 250 ms), want %d", got, want)
+		}
+		cancel()
+		<-done
+	})
 }

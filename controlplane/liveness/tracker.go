@@ -45,8 +45,18 @@ type Tracker struct {
 	// here, in order, for the next flush (or the next transaction that
 	// touches their worker), so a record costs a read, not a commit.
 	coalesce bool
+	flush    func() // Options.Flush
 	pmu      sync.Mutex
-	pending  map[string][]timedRecord
+	pending  map[string]*pendingRecords
+}
+
+// pendingRecords are a worker's records waiting for a flush, in order, and
+// the evidence they make of base, the stored record they were predicted
+// against: a record that finds the same base stored applies itself alone.
+type pendingRecords struct {
+	recs []timedRecord
+	base *registry.Worker
+	ev   registry.Evidence
 }
 
 // timedRecord is a pushed record not yet stored.
@@ -56,7 +66,7 @@ type timedRecord struct {
 }
 
 // DefaultFlushInterval bounds how long a coalesced record waits for its
-// commit (the ingester's load flush interval).
+// commit when the tracker flushes on its own (without Options.Flush).
 const DefaultFlushInterval = 50 * time.Millisecond
 
 // Options configure a Tracker.
@@ -69,6 +79,11 @@ type Options struct {
 	// transaction of its own; one that changes it commits at once. Run
 	// must then be running.
 	Coalesce bool
+	// Flush, when set with Coalesce, is another writer's flush that stores
+	// the pending records (the ingester's, which stores them on the same
+	// record as the loads: ingest.Options.Rider). Run calls it before every
+	// sweep, every judge.SweepInterval, instead of flushing on its own.
+	Flush func()
 }
 
 // New returns a tracker; metrics register on m.
@@ -78,7 +93,7 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 	}
 	t := &Tracker{
 		reg: reg, rules: opts.Rules.Rules(), log: log, now: opts.Now, vetoed: map[string]string{},
-		coalesce: opts.Coalesce, pending: map[string][]timedRecord{},
+		coalesce: opts.Coalesce, flush: opts.Flush, pending: map[string]*pendingRecords{},
 		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "smg_worker_stalled",
 			Help: "1 while the worker is excluded from routing by liveness, labeled with the reason (unreachable or wedged).",
@@ -93,12 +108,13 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 }
 
 // Run sweeps every judge.SweepInterval, and with Coalesce flushes pending
-// records every DefaultFlushInterval, until ctx ends.
+// records every DefaultFlushInterval (with Options.Flush, before every
+// sweep), until ctx ends.
 func (t *Tracker) Run(ctx context.Context) {
 	tick := time.NewTicker(judge.SweepInterval)
 	defer tick.Stop()
 	var flush <-chan time.Time
-	if t.coalesce {
+	if t.coalesce && t.flush == nil {
 		ft := time.NewTicker(DefaultFlushInterval)
 		defer ft.Stop()
 		flush = ft.C
@@ -116,8 +132,13 @@ func (t *Tracker) Run(ctx context.Context) {
 	}
 }
 
-// Flush stores every pending record, in one transaction.
+// Flush stores every pending record, in one transaction (Options.Flush's
+// when set).
 func (t *Tracker) Flush() {
+	if t.flush != nil {
+		t.flush()
+		return
+	}
 	t.pmu.Lock()
 	if len(t.pending) == 0 {
 		t.pmu.Unlock()
@@ -138,9 +159,51 @@ func (t *Tracker) takePending(id string) []timedRecord {
 	}
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
-	recs := t.pending[id]
+	p := t.pending[id]
+	if p == nil {
+		return nil
+	}
 	delete(t.pending, id)
-	return recs
+	return p.recs
+}
+
+// take moves out every pending record.
+func (t *Tracker) take() map[string]*pendingRecords {
+	t.pmu.Lock()
+	defer t.pmu.Unlock()
+	if len(t.pending) == 0 {
+		return nil
+	}
+	taken := t.pending
+	t.pending = make(map[string]*pendingRecords, len(taken))
+	return taken
+}
+
+// TakePending implements ingest.Rider: the ingester's flush stores the
+// pending records on the same record as the worker's load, in its
+// transaction (so they go in order before any later transaction's).
+func (t *Tracker) TakePending() (ids []string, apply func(c *registry.Worker) bool, stored func(*registry.Txn, *registry.Worker, *registry.Worker)) {
+	taken := t.take()
+	ids = make([]string, 0, len(taken))
+	for id := range taken {
+		ids = append(ids, id)
+	}
+	apply = func(c *registry.Worker) bool {
+		p := taken[c.ID]
+		if p == nil || !c.Ready() {
+			return false // the rules judge Ready workers only
+		}
+		for _, r := range p.recs {
+			t.applyPushed(&c.Evidence, r)
+		}
+		return true
+	}
+	stored = func(_ *registry.Txn, w, c *registry.Worker) {
+		if c.Liveness != w.Liveness { // rare: the records were predicted to leave it
+			t.report(t.committed(w, c, nil), nil)
+		}
+	}
+	return ids, apply, stored
 }
 
 // applyPushed moves ev by one pushed record.
@@ -153,22 +216,33 @@ func (t *Tracker) applyPushed(ev *registry.Evidence, r timedRecord) {
 
 // Sweep re-judges every Ready worker at now, in one transaction, and clears
 // the metrics of vetoed workers that left Ready or were removed (the
-// registry dropped their evidence and veto as they went).
+// registry dropped their evidence and veto as they went). Pending records,
+// older than the sweep, go first: Options.Flush stores them with the loads,
+// and those that came since are applied in the sweep's transaction.
 func (t *Tracker) Sweep(now time.Time) {
 	var changes []change
-	t.Flush() // pending records are older than the sweep
+	if t.flush != nil {
+		t.flush()
+	}
 	_, err := t.reg.Update(func(txn *registry.Txn) error {
 		changes = changes[:0]
+		taken := t.take()
 		for _, w := range txn.Workers() {
 			if !w.Ready() {
 				continue
 			}
-			live := w.Evidence.Live
-			if !live.Sweep(now, &t.rules).Changed() {
+			ev := w.Evidence
+			p := taken[w.ID]
+			if p != nil {
+				for _, r := range p.recs {
+					t.applyPushed(&ev, r)
+				}
+			}
+			if !ev.Live.Sweep(now, &t.rules).Changed() && p == nil {
 				continue
 			}
 			c := w.Clone()
-			c.Evidence.Live = live
+			c.Evidence = ev
 			changes = t.commit(txn, w, c, changes)
 		}
 		return nil
@@ -236,6 +310,12 @@ func (t *Tracker) with(workerID string, fn func(ev *registry.Evidence)) {
 // metrics at once, so they follow the commit order.
 func (t *Tracker) commit(txn *registry.Txn, w, c *registry.Worker, changes []change) []change {
 	txn.Insert(c)
+	return t.committed(w, c, changes)
+}
+
+// committed updates the metrics after the insert of c (w moved on) when the
+// veto changed, and returns the change to log.
+func (t *Tracker) committed(w, c *registry.Worker, changes []change) []change {
 	if c.Liveness == w.Liveness {
 		return changes
 	}
@@ -322,9 +402,17 @@ func (t *Tracker) pend(workerID string, rec judge.Record, now time.Time) bool {
 	}
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
-	ev := w.Evidence // Live is plain data: this copy is ours
-	for _, r := range t.pending[workerID] {
-		t.applyPushed(&ev, r)
+	p := t.pending[workerID]
+	var ev registry.Evidence // Live is plain data: this copy is ours
+	if p != nil && p.base == w {
+		ev = p.ev // the pending records applied to w already
+	} else {
+		ev = w.Evidence
+		if p != nil {
+			for _, r := range p.recs {
+				t.applyPushed(&ev, r)
+			}
+		}
 	}
 	r := timedRecord{rec, now}
 	t.applyPushed(&ev, r)
@@ -332,7 +420,12 @@ func (t *Tracker) pend(workerID string, rec judge.Record, now time.Time) bool {
 	if v2, c2 := w.Evidence.Live.Status(); v != v2 || c != c2 {
 		return false
 	}
-	t.pending[workerID] = append(t.pending[workerID], r)
+	if p == nil {
+		p = &pendingRecords{}
+		t.pending[workerID] = p
+	}
+	p.recs = append(p.recs, r)
+	p.base, p.ev = w, ev
 	return true
 }
 

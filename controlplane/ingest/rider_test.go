@@ -1,0 +1,96 @@
+package ingest_test
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/judge"
+	"github.com/smg-project/smg/controlplane/liveness"
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// countingRider wraps the tracker and counts, per worker, the records it
+// was asked to move and the inserts that followed.
+type countingRider struct {
+	next           ingest.Rider
+	applied, saved map[string]int
+}
+
+func (r *countingRider) TakePending() ([]string, func(*registry.Worker) bool, func(*registry.Txn, *registry.Worker, *registry.Worker)) {
+	ids, apply, stored := r.next.TakePending()
+	return ids, func(c *registry.Worker) bool {
+			r.applied[c.ID]++
+			return apply(c)
+		}, func(t *registry.Txn, w, c *registry.Worker) {
+			r.saved[c.ID]++
+			stored(t, w, c)
+		}
+}
+
+// The control plane's flush stores a worker's pending load and its pending
+// liveness records on one record, in one transaction: each worker is moved
+// and inserted once, and one with records alone is written too.
+func TestFlushStoresTheRidersEvidenceWithTheLoad(t *testing.T) {
+	reg := registry.New("e", 0)
+	th := judge.DefaultGatewayThresholds().Resolve(nil)
+	if _, err := reg.Update(func(tx *registry.Txn) error {
+		for _, id := range []string{"w1", "w2", "w3"} {
+			tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Thresholds: th, Health: registry.HealthHealthy})
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_700_000_000, 0)
+	log := slog.New(slog.DiscardHandler)
+	var in *ingest.Ingester
+	tr := liveness.New(reg, liveness.Options{Rules: judge.DefaultLivenessConfig(), Now: func() time.Time { return t0 }, Coalesce: true,
+		Flush: func() { in.Flush() }}, log, prometheus.NewRegistry())
+	rider := &countingRider{next: tr, applied: map[string]int{}, saved: map[string]int{}}
+	in = ingest.New(reg, ingest.Options{Coalesce: true, Rider: rider}, log)
+
+	if err := in.Report("w1", load(2)); err != nil { // a load and records
+		t.Fatal(err)
+	}
+	tr.Record("w1", judge.Record{Pushed: true, Waiting: 2}, t0)
+	tr.Record("w1", judge.Record{Pushed: true, Waiting: 2}, t0.Add(50*time.Millisecond))
+	tr.Record("w2", judge.Record{Pushed: true}, t0.Add(20*time.Millisecond)) // records alone
+	if err := in.Report("w3", load(1)); err != nil {                         // a load alone
+		t.Fatal(err)
+	}
+	if w := reg.Get("w1"); w.Load != nil || !w.Evidence.PushedAt.IsZero() {
+		t.Fatal("evidence that changes no verdict was stored before the flush")
+	}
+	rev := reg.Revision()
+	tr.Flush() // Options.Flush: the ingester's
+
+	if got := reg.Revision(); got != rev+1 {
+		t.Fatalf("the flush committed %d revisions, want 1", got-rev)
+	}
+	w1 := reg.Get("w1")
+	if w1.Load.GetWaitingRequests() != 2 || !w1.Evidence.PushedAt.Equal(t0.Add(50*time.Millisecond)) {
+		t.Fatalf("w1: load %v, pushed at %v; want both the load and the latest record", w1.Load, w1.Evidence.PushedAt)
+	}
+	if w2 := reg.Get("w2"); !w2.Evidence.PushedAt.Equal(t0.Add(20 * time.Millisecond)) {
+		t.Fatalf("w2's records alone were not stored: pushed at %v", w2.Evidence.PushedAt)
+	}
+	if w3 := reg.Get("w3"); w3.Load.GetWaitingRequests() != 1 {
+		t.Fatalf("w3's load was not stored: %v", w3.Load)
+	}
+	for _, id := range []string{"w1", "w2", "w3"} {
+		if rider.applied[id] != 1 || rider.saved[id] != 1 {
+			t.Errorf("%s: moved %d times and inserted %d times by the flush, want once each", id, rider.applied[id], rider.saved[id])
+		}
+	}
+	// Nothing pending is left for a second flush.
+	rev = reg.Revision()
+	tr.Flush()
+	if reg.Revision() != rev {
+		t.Fatal("a second flush found evidence left over")
+	}
+}
