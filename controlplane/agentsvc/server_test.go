@@ -291,8 +291,11 @@ func TestStreamBreakIsAConnectionFailure(t *testing.T) {
 	send(t, st, record("http://127.0.0.1:8001", 0))
 	// The record's liveness side is applied last: wait for it, or the
 	// break's failure could precede the record's contact at the same instant.
+	// It changes evidence alone, which wakes no watcher: w2's record, applied
+	// after it, sets w2's agent node, which does.
+	send(t, st, record("http://e2:8000", 0))
 	h.waitFor(t, "record applied", func(s *registry.Snapshot) bool {
-		return s.Get("w1").AgentNode == "n1" && !s.Get("w1").Evidence.PushedAt.IsZero()
+		return s.Get("w1").AgentNode == "n1" && !s.Get("w1").Evidence.PushedAt.IsZero() && s.Get("w2").AgentNode == "n1"
 	})
 
 	cancel() // the agent vanishes without closing its side
