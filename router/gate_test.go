@@ -34,9 +34,39 @@ func (o *oneGate) acquire(ctx context.Context, need int64, wait time.Duration) g
 }
 
 func (o *oneGate) run(need int64, wait time.Duration) <-chan gateResult {
+	return o.runClass(need, wait, ClassDefault)
+}
+
+// runClass starts a waiter of class in the background.
+func (o *oneGate) runClass(need int64, wait time.Duration, class int) <-chan gateResult {
 	out := make(chan gateResult, 1)
-	go func() { out <- o.acquire(context.Background(), need, wait) }()
+	w := o.waiter(need)
+	w.class = class
+	go func() { _, res := o.wl.acquire(context.Background(), w, wait); out <- res }()
 	return out
+}
+
+// admittedNow fails unless res already holds "waited" (a freed room went to it).
+func admittedNow(t *testing.T, res <-chan gateResult, who string) {
+	t.Helper()
+	select {
+	case got := <-res:
+		if got != gateWaited {
+			t.Fatalf("%s: %v, want waited", who, got)
+		}
+	default:
+		t.Fatalf("the freed room did not go to the %s", who)
+	}
+}
+
+// stillWaiting fails if res already holds a result.
+func stillWaiting(t *testing.T, res <-chan gateResult, who string) {
+	t.Helper()
+	select {
+	case <-res:
+		t.Fatalf("the %s was admitted with no room", who)
+	default:
+	}
 }
 
 func (o *oneGate) release(need int64) {
@@ -106,26 +136,41 @@ func TestGateFreedRoomGoesToLongestWaiterAtOnce(t *testing.T) {
 		freed := time.Now()
 		o.release(1)
 		synctest.Wait()
-		select {
-		case got := <-first:
-			if got != gateWaited {
-				t.Fatalf("first waiter: %v, want waited", got)
-			}
-			if d := time.Since(freed); d != 0 {
-				t.Fatalf("dispatched %s after the room freed, want at once (event-driven)", d)
-			}
-		default:
-			t.Fatal("the freed room did not go to the longest waiter")
+		admittedNow(t, first, "longest waiter")
+		if d := time.Since(freed); d != 0 {
+			t.Fatalf("dispatched %s after the room freed, want at once (event-driven)", d)
 		}
-		select {
-		case <-second:
-			t.Fatal("the second waiter was admitted with no room")
-		default:
-		}
+		stillWaiting(t, second, "second waiter")
 		o.release(1)
 		if got := <-second; got != gateWaited {
 			t.Fatalf("second waiter: %v, want waited", got)
 		}
+	})
+}
+
+// Under the scheduler a pool's waiters are served highest class first: a
+// freed room goes to an interactive request that came after a bulk one.
+func TestGateFreedRoomGoesToTheHighestClass(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		o.acquire(context.Background(), 1, 0)
+		run := func(class int) <-chan gateResult {
+			res := o.runClass(1, time.Minute, class)
+			synctest.Wait()
+			return res
+		}
+		bulk := run(ClassBulk)
+		inter := run(ClassInteractive)
+		bulk2 := run(ClassBulk)
+		o.release(1)
+		synctest.Wait()
+		admittedNow(t, inter, "interactive waiter")
+		o.release(1)
+		synctest.Wait()
+		admittedNow(t, bulk, "first bulk waiter (FIFO within the class)")
+		stillWaiting(t, bulk2, "second bulk waiter")
+		o.release(1)
+		<-bulk2
 	})
 }
 

@@ -41,9 +41,9 @@ type roomGrant struct {
 	out outcome
 }
 
-// roomQueue orders the waiters of one pool. fifoQueue is the default (one
-// class, first come first served); the priority scheduler supplies its own.
-// Every method runs under the waitlist's lock.
+// roomQueue orders the waiters of one pool (classQueue: highest class first,
+// first come first served within a class). Every method runs under the
+// waitlist's lock.
 type roomQueue interface {
 	// push adds w; false refuses it (the queue is full: answer at once).
 	push(w *roomWaiter) bool
@@ -69,7 +69,7 @@ type waitlist struct {
 	refused [NumClasses]atomic.Int64
 }
 
-func newWaitlist() *waitlist { return &waitlist{queue: &fifoQueue{}} }
+func newWaitlist() *waitlist { return &waitlist{queue: &classQueue{}} }
 
 // acquire takes a room through w.try, waiting up to wait behind earlier
 // waiters. While anyone waits, a newcomer queues behind them even when a room
@@ -175,31 +175,54 @@ func (wl *waitlist) waitingByClass() (out [NumClasses]int64) {
 	return out
 }
 
-// fifoQueue is one first-come-first-served queue without a size limit (the
-// wait bound limits it).
-type fifoQueue struct{ q []*roomWaiter }
+// classQueue is one first-come-first-served queue per priority class; its
+// head is the oldest waiter of the highest class waiting, so a freed room
+// goes to an interactive request before a bulk one that came earlier. Without
+// the scheduler every waiter is ClassDefault: one FIFO. No size limit (the
+// wait bound, and the scheduler's queues, limit it).
+type classQueue struct{ q [NumClasses][]*roomWaiter }
 
-func (f *fifoQueue) push(w *roomWaiter) bool { f.q = append(f.q, w); return true }
-func (f *fifoQueue) len() int                { return len(f.q) }
-func (f *fifoQueue) head() *roomWaiter {
-	if len(f.q) == 0 {
-		return nil
-	}
-	return f.q[0]
+func (c *classQueue) push(w *roomWaiter) bool {
+	k := min(max(w.class, 0), NumClasses-1)
+	c.q[k] = append(c.q[k], w)
+	return true
 }
-func (f *fifoQueue) remove(w *roomWaiter) {
-	for i, q := range f.q {
-		if q == w {
-			copy(f.q[i:], f.q[i+1:])
-			f.q[len(f.q)-1] = nil
-			f.q = f.q[:len(f.q)-1]
+
+func (c *classQueue) len() int {
+	n := 0
+	for _, q := range c.q {
+		n += len(q)
+	}
+	return n
+}
+
+func (c *classQueue) head() *roomWaiter {
+	for _, q := range c.q {
+		if len(q) > 0 {
+			return q[0]
+		}
+	}
+	return nil
+}
+
+func (c *classQueue) remove(w *roomWaiter) {
+	k := min(max(w.class, 0), NumClasses-1)
+	q := c.q[k]
+	for i, x := range q {
+		if x == w {
+			copy(q[i:], q[i+1:])
+			q[len(q)-1] = nil
+			c.q[k] = q[:len(q)-1]
 			return
 		}
 	}
 }
-func (f *fifoQueue) each(fn func(*roomWaiter)) {
-	for _, w := range f.q {
-		fn(w)
+
+func (c *classQueue) each(fn func(*roomWaiter)) {
+	for _, q := range c.q {
+		for _, w := range q {
+			fn(w)
+		}
 	}
 }
 

@@ -19,6 +19,12 @@ type ClassConfig struct {
 	QueueTimeout        time.Duration // longest wait before 408
 	StarvationThreshold time.Duration // a head older than this is admitted next
 	CanPreempt          bool          // may cancel a lower class that has sent no byte yet
+	// ReserveDemand (smg's extension, off by default) makes the reservation
+	// follow the class's observed demand: at least Reserved, and as many
+	// slots as its arrivals keep busy (arrival rate × mean holding time,
+	// plus a margin), so a lower class does not take the slots this class's
+	// next arrivals need.
+	ReserveDemand bool
 }
 
 // Config is the scheduler's whole configuration: the classes, the tenants'
@@ -68,6 +74,7 @@ type fileClass struct {
 	QueueTimeoutSecs        *float64 `yaml:"queue_timeout_secs"`
 	StarvationThresholdSecs *float64 `yaml:"starvation_threshold_secs"`
 	CanPreempt              *bool    `yaml:"can_preempt"`
+	ReserveDemand           *bool    `yaml:"reserve_demand"`
 }
 
 type fileConfig struct {
@@ -130,6 +137,9 @@ func ParseConfig(data []byte, base Config) (Config, error) {
 		}
 		if fc.CanPreempt != nil {
 			cc.CanPreempt = *fc.CanPreempt
+		}
+		if fc.ReserveDemand != nil {
+			cc.ReserveDemand = *fc.ReserveDemand
 		}
 	}
 	for tenant, p := range f.TenantPolicies {

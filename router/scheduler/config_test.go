@@ -28,6 +28,7 @@ func TestParseConfig(t *testing.T) {
 classes:
   interactive:
     reserved: 4
+    reserve_demand: true
     queue_timeout_secs: 2.5
   bulk:
     can_preempt: false
@@ -42,10 +43,10 @@ api_keys:
 		t.Fatal(err)
 	}
 	in := c.Classes[Interactive]
-	if in.Reserved != 4 || in.QueueTimeout != 2500*time.Millisecond || in.QueueSize != 256 || !in.CanPreempt {
+	if in.Reserved != 4 || !in.ReserveDemand || in.QueueTimeout != 2500*time.Millisecond || in.QueueSize != 256 || !in.CanPreempt {
 		t.Fatalf("interactive %+v: set fields applied, others kept at their defaults", in)
 	}
-	if c.Classes[Bulk].QueueSize != 8 || c.MaxClass("auth:batch") != Bulk || c.MaxClass("auth:x") != Default {
+	if c.Classes[Bulk].QueueSize != 8 || c.Classes[Bulk].ReserveDemand || DefaultConfig().Classes[Interactive].ReserveDemand || c.MaxClass("auth:batch") != Bulk || c.MaxClass("auth:x") != Default {
 		t.Fatalf("bulk or tenant policy not applied: %+v", c)
 	}
 	h := http.Header{"Authorization": {"Bearer sk-batch"}, "X-Smg-Tenant-Id": {"vip"}}

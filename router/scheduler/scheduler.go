@@ -23,9 +23,10 @@ const (
 
 // Ticket is one admitted request's slot.
 type Ticket struct {
-	s     *Scheduler
-	class Class
-	elem  *list.Element // in s.running[class] while it holds the slot; guarded by s.mu
+	s        *Scheduler
+	class    Class
+	admitted time.Time     // when it took its slot
+	elem     *list.Element // in s.running[class] while it holds the slot; guarded by s.mu
 	// state decides, with one compare-and-swap, "first byte sent" against
 	// "chosen as victim".
 	state     atomic.Int32
@@ -88,6 +89,9 @@ func (t *Ticket) Release() {
 	s.inflight[t.class]--
 	s.total--
 	s.completions.Add(1)
+	now := time.Now()
+	s.demand[t.class].held(now.Sub(t.admitted))
+	s.refreshReservedLocked(now)
 	s.dispatchLocked()
 	s.publishLocked()
 }
@@ -106,8 +110,11 @@ type Scheduler struct {
 	m   *Metrics
 
 	mu       sync.Mutex
-	capacity int64 // Unlimited, or slots (may drop below total on a shrink)
-	reserved [NumClasses]int64
+	capacity int64             // Unlimited, or slots (may drop below total on a shrink)
+	static   [NumClasses]int64 // the configured reservations, scaled to the capacity
+	reserved [NumClasses]int64 // in force: static, or the class's demand with reserve_demand
+	demand   [NumClasses]classDemand
+	started  time.Time // when demand began to be counted
 	inflight [NumClasses]int64
 	total    int64
 	queues   [NumClasses]*list.List // of *waiter, oldest first
@@ -119,7 +126,7 @@ type Scheduler struct {
 // New builds a scheduler with cfg (validated by the caller) and an initial
 // capacity (Unlimited or >= 0). m may be nil in tests that read no metrics.
 func New(cfg Config, capacity int64, m *Metrics) *Scheduler {
-	s := &Scheduler{cfg: cfg, m: m}
+	s := &Scheduler{cfg: cfg, m: m, started: time.Now()}
 	for _, c := range Classes {
 		s.queues[c] = list.New()
 		s.running[c] = list.New()
@@ -160,14 +167,40 @@ func (s *Scheduler) SetCapacity(capacity int64) {
 // sum does not fit, instead of locking every lower class out.
 func (s *Scheduler) setCapacityLocked(capacity int64) {
 	s.capacity = capacity
-	sum := s.cfg.ReservedTotal()
 	for _, c := range Classes {
-		r := s.cfg.Classes[c].Reserved
-		if capacity != Unlimited && sum > capacity {
-			r = r * capacity / sum
-		}
-		s.reserved[c] = r
+		s.static[c] = s.cfg.Classes[c].Reserved
 	}
+	s.static = scaleToFit(s.static, capacity)
+	s.refreshReservedLocked(time.Now())
+}
+
+// refreshReservedLocked sets the reservations in force: the configured ones,
+// raised to the observed demand of every class with reserve_demand, scaled
+// down proportionally when they no longer fit the capacity.
+func (s *Scheduler) refreshReservedLocked(now time.Time) {
+	r := s.static
+	for _, c := range Classes {
+		if s.cfg.Classes[c].ReserveDemand {
+			r[c] = max(r[c], s.demand[c].slots(now, s.started))
+		}
+	}
+	s.reserved = scaleToFit(r, s.capacity)
+}
+
+// scaleToFit scales reservations down proportionally when their sum exceeds
+// the capacity.
+func scaleToFit(r [NumClasses]int64, capacity int64) [NumClasses]int64 {
+	var sum int64
+	for _, n := range r {
+		sum += n
+	}
+	if capacity == Unlimited || sum <= capacity {
+		return r
+	}
+	for c := range r {
+		r[c] = r[c] * capacity / sum
+	}
+	return r
 }
 
 // heldBackLocked is the higher classes' unused reservation, which class c
@@ -190,6 +223,10 @@ func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
 	arrived := time.Now()
 	cc := &s.cfg.Classes[c]
 	s.mu.Lock()
+	if cc.ReserveDemand {
+		s.demand[c].arrive(arrived)
+		s.refreshReservedLocked(arrived)
+	}
 	if s.queues[c].Len() == 0 && (s.fitsLocked(c) || cc.CanPreempt && s.preemptForLocked(c)) {
 		t := s.admitLocked(c)
 		s.publishLocked()
@@ -250,7 +287,7 @@ func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
 }
 
 func (s *Scheduler) admitLocked(c Class) *Ticket {
-	t := &Ticket{s: s, class: c, preempted: make(chan struct{})}
+	t := &Ticket{s: s, class: c, admitted: time.Now(), preempted: make(chan struct{})}
 	t.elem = s.running[c].PushBack(t)
 	s.inflight[c]++
 	s.total++

@@ -315,3 +315,94 @@ func TestCapacityGrantAdmitsWaiters(t *testing.T) {
 		}
 	})
 }
+
+// reserveDemandRun offers interactive arrivals at rate per second for 5 s
+// (each holding its slot for hold), then counts the bulk requests admitted
+// at once (bulk never queues) and returns them with interactive's
+// reservation then in force.
+func reserveDemandRun(t *testing.T, cfg Config, capacity int64, rate int, hold time.Duration) (bulk int, reserved int64) {
+	s := newTest(t, cfg, capacity)
+	var wg sync.WaitGroup
+	for range 5 * rate {
+		tk := mustAdmit(t, s, Interactive)
+		wg.Add(1)
+		go func() { defer wg.Done(); time.Sleep(hold); tk.Release() }()
+		time.Sleep(time.Second / time.Duration(rate))
+	}
+	time.Sleep(50 * time.Millisecond)
+	synctest.Wait()
+	for {
+		if _, r := s.Admit(context.Background(), Bulk); r != Admitted {
+			break
+		}
+		bulk++
+	}
+	s.mu.Lock()
+	reserved = s.reserved[Interactive]
+	s.mu.Unlock()
+	wg.Wait()
+	return bulk, reserved
+}
+
+// With reserve_demand, interactive's reservation follows its arrivals
+// (rate × holding time plus a margin): under a heavy interactive stream bulk
+// gets only what that leaves; under a light one, nearly everything; with the
+// key off, SMG's static reservation alone applies.
+func TestReserveDemandFollowsArrivals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := plainConfig()
+		cfg.Classes[Bulk].QueueSize = 0
+		static, _ := reserveDemandRun(t, cfg, 20, 10, time.Second)
+		if static != 11 { // 9 interactive in flight, nothing reserved
+			t.Fatalf("without reserve_demand bulk got %d slots, want the 11 free", static)
+		}
+		cfg.Classes[Interactive].ReserveDemand = true
+		heavy, r := reserveDemandRun(t, cfg, 20, 10, time.Second)
+		if r < 12 || r > 14 { // 10 slots of demand plus about sqrt(10)
+			t.Fatalf("interactive reservation %d under 10 req/s of 1 s each, want 12-14", r)
+		}
+		if want := 20 - int(r); heavy != want {
+			t.Fatalf("bulk got %d slots under heavy interactive demand, want %d (capacity - reservation)", heavy, want)
+		}
+		light, r := reserveDemandRun(t, cfg, 20, 2, time.Second)
+		if r > 4 || light != 20-int(r) {
+			t.Fatalf("light demand: reservation %d, bulk %d; want <= 4 and the rest", r, light)
+		}
+	})
+}
+
+// A demand reservation never exceeds the capacity, keeps the configured
+// floor, and falls back to it once the class's arrivals stop.
+func TestReserveDemandBoundsAndDecay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := plainConfig()
+		cfg.Classes[Interactive].ReserveDemand = true
+		cfg.Classes[Interactive].Reserved = 3
+		cfg.Classes[Bulk].QueueSize = 0
+		s := newTest(t, cfg, 8)
+		for range 40 { // 20/s of 1 s each: 20 slots of demand on 8
+			tk := mustAdmit(t, s, Interactive)
+			go func() { time.Sleep(time.Second); tk.Release() }()
+			time.Sleep(50 * time.Millisecond)
+		}
+		s.mu.Lock()
+		if r := s.reserved[Interactive]; r != 8 {
+			t.Errorf("reservation %d under demand far over capacity 8, want 8", r)
+		}
+		s.mu.Unlock()
+		time.Sleep(30 * time.Second) // the stream stopped; every slot freed
+		s.mu.Lock()
+		s.refreshReservedLocked(time.Now())
+		r := s.reserved[Interactive]
+		s.mu.Unlock()
+		if r != 3 {
+			t.Fatalf("reservation %d after the arrivals stopped, want the configured 3", r)
+		}
+		for range 5 {
+			mustAdmit(t, s, Bulk)
+		}
+		if _, res := s.Admit(context.Background(), Bulk); res != QueueFull {
+			t.Fatalf("bulk past capacity - reservation: %d, want refused", res)
+		}
+	})
+}

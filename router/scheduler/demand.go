@@ -1,0 +1,61 @@
+package scheduler
+
+import (
+	"math"
+	"time"
+)
+
+// demandTau is the memory of a class's arrival rate: a few seconds, so a
+// reservation that follows demand rises within a second or two of a surge of
+// the class's arrivals and falls back as they pass.
+const demandTau = 2 * time.Second
+
+// holdAlpha is the weight of one answer in a class's mean slot-holding time.
+const holdAlpha = 0.2
+
+// classDemand estimates the slots a class would keep busy if every one of its
+// arrivals were admitted (Little's law: arrival rate × mean holding time).
+// It is what a reservation that follows demand (reserve_demand) holds back
+// from lower classes. Guarded by the scheduler's lock.
+type classDemand struct {
+	arrivals float64   // exponentially decayed count of arrivals (each adds 1, decays by e^(-dt/tau))
+	last     time.Time // when arrivals was last decayed
+	hold     float64   // mean seconds an admitted request held its slot (0: none ended yet)
+}
+
+func (d *classDemand) decay(now time.Time) {
+	if dt := now.Sub(d.last); dt > 0 {
+		d.arrivals *= math.Exp(-dt.Seconds() / demandTau.Seconds())
+		d.last = now
+	}
+}
+
+// arrive counts one arrival at now.
+func (d *classDemand) arrive(now time.Time) {
+	d.decay(now)
+	d.arrivals++
+}
+
+// held folds one admitted request's slot time into the mean.
+func (d *classDemand) held(dt time.Duration) {
+	if d.hold == 0 {
+		d.hold = dt.Seconds()
+		return
+	}
+	d.hold += holdAlpha * (dt.Seconds() - d.hold)
+}
+
+// slots is the reservation the demand asks for at now, since is when the
+// counting began (the rate is corrected for a history shorter than tau):
+// the mean demand plus one standard deviation of a Poisson arrival count,
+// so a steady stream finds a free slot most of the time.
+func (d *classDemand) slots(now, since time.Time) int64 {
+	d.decay(now)
+	if d.hold <= 0 || d.arrivals <= 0 {
+		return 0
+	}
+	tau := demandTau.Seconds()
+	span := 1 - math.Exp(-max(now.Sub(since).Seconds(), 0.001)/tau)
+	mean := d.arrivals / (tau * span) * d.hold
+	return int64(math.Ceil(mean + math.Sqrt(mean)))
+}
