@@ -58,8 +58,9 @@ type Options struct {
 	// a worker is chosen only with room in this router's share, and a
 	// request that finds every eligible worker full waits for a room.
 	WorkerAdmissionWindow bool
-	// WorkerAdmissionWaitSecs bounds that wait (0: shed at once).
-	WorkerAdmissionWaitSecs int
+	// WorkerAdmissionWaitSecs bounds that wait in seconds, fractions allowed
+	// (0: shed at once).
+	WorkerAdmissionWaitSecs float64
 	// WorkerAdmissionWindowMode: PDWindowShared or PDWindowPerRouter, as for
 	// decode windows.
 	WorkerAdmissionWindowMode string
@@ -180,8 +181,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"how a decode window is counted: shared (within the share the control plane grants this router, bounded fleet-wide) or per-router (each router counts the whole window alone)")
 	boolean(&o.WorkerAdmissionWindow, "worker-admission-window",
 		"gate every worker on its running window (within this router's share): choose only workers with room; with none, wait for a room up to --worker-admission-wait-secs (off: as the spec)")
-	integer(&o.WorkerAdmissionWaitSecs, "worker-admission-wait-secs",
-		"seconds a request waits for room in its pool's running windows before 503 worker_overload_protection_shed (0 sheds at once)")
+	float(&o.WorkerAdmissionWaitSecs, "worker-admission-wait-secs",
+		"seconds (a `float`: fractions allowed, e.g. 0.05) a request waits for room in its pool's running windows before 503 worker_overload_protection_shed (0 sheds at once)")
 	str(&o.WorkerAdmissionWindowMode, "worker-admission-window-mode",
 		"how a worker's running window is counted: shared (within the share the control plane grants this router) or per-router (each router counts the whole window alone)")
 	boolean(&o.DisableCircuitBreaker, "disable-circuit-breaker", "turn off the per-worker circuit breaker")
@@ -250,8 +251,9 @@ func (o Options) Validate() error {
 	if o.PDWindowMode != PDWindowShared && o.PDWindowMode != PDWindowPerRouter {
 		bad("--pd-window-mode %q: must be %s or %s", o.PDWindowMode, PDWindowShared, PDWindowPerRouter)
 	}
-	if o.WorkerAdmissionWaitSecs < 0 {
-		bad("--worker-admission-wait-secs must be >= 0, got %d", o.WorkerAdmissionWaitSecs)
+	const maxWaitSecs = 86400 // a day: far past any request timeout, and no Duration overflow (NaN fails too)
+	if !(o.WorkerAdmissionWaitSecs >= 0 && o.WorkerAdmissionWaitSecs <= maxWaitSecs) {
+		bad("--worker-admission-wait-secs must be within [0, %d], got %v", maxWaitSecs, o.WorkerAdmissionWaitSecs)
 	}
 	if o.WorkerAdmissionWindowMode != PDWindowShared && o.WorkerAdmissionWindowMode != PDWindowPerRouter {
 		bad("--worker-admission-window-mode %q: must be %s or %s", o.WorkerAdmissionWindowMode, PDWindowShared, PDWindowPerRouter)

@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"flag"
+	"math"
 	"strings"
 	"testing"
 
@@ -32,12 +33,12 @@ func TestFlagsParseAndValidate(t *testing.T) {
 	o := DefaultOptions()
 	o.AddFlags(fs)
 	err := cli.Parse(fs, []string{"--policy", "power_of_two", "--worker-overload-shed", "--load-monitor-interval", "5",
-		"--cb-failure-threshold", "4", "--max-concurrent-requests", "8", "--disable-retries"})
+		"--cb-failure-threshold", "4", "--max-concurrent-requests", "8", "--disable-retries", "--worker-admission-wait-secs", "0.05"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o.Policy != "power_of_two" || !o.WorkerOverloadShed || o.LoadMonitorInterval != 5 ||
-		o.CBFailureThreshold != 4 || o.MaxConcurrentRequests != 8 || !o.DisableRetries {
+		o.CBFailureThreshold != 4 || o.MaxConcurrentRequests != 8 || !o.DisableRetries || o.WorkerAdmissionWaitSecs != 0.05 {
 		t.Fatalf("parsed %+v", o)
 	}
 	if err := cli.Parse(fs, []string{"--help"}); err != cli.ErrHelp {
@@ -57,6 +58,9 @@ func TestValidateRejects(t *testing.T) {
 		"max concurrent 0":              func(o *Options) { o.MaxConcurrentRequests = 0 },
 		"cb threshold 0":                func(o *Options) { o.CBFailureThreshold = 0 },
 		"jitter above 1":                func(o *Options) { o.RetryJitterFactor = 1.5 },
+		"admission wait negative":       func(o *Options) { o.WorkerAdmissionWaitSecs = -0.5 },
+		"admission wait NaN":            func(o *Options) { o.WorkerAdmissionWaitSecs = math.NaN() },
+		"admission wait over a day":     func(o *Options) { o.WorkerAdmissionWaitSecs = 1e12 },
 		"token usage threshold 0":       func(o *Options) { o.BalanceTokenUsageThreshold = 0 },
 		"token usage threshold above 1": func(o *Options) { o.BalanceTokenUsageThreshold = 1.5 },
 		"multiplier below 1":            func(o *Options) { o.RetryBackoffMultiplier = 0.5 },

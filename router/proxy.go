@@ -131,7 +131,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 
 	ctx, cancel := r.requestContext(req.Context())
 	defer cancel()
-	roomWait := time.Duration(r.opts.WorkerAdmissionWaitSecs) * time.Second
+	roomWait := time.Duration(r.opts.WorkerAdmissionWaitSecs * float64(time.Second))
 	if ticket != nil {
 		var stop context.CancelFunc
 		ctx, stop = watchPreemption(ctx, ticket)
