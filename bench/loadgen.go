@@ -24,16 +24,25 @@ const ShedCode = "worker_overload_protection_shed"
 // Config describes one load run.
 type Config struct {
 	URL string // base URL of the OpenAI-compatible server
-	// URLs, when set, spread requests over several servers (routers) in turn,
-	// as a client-side load balancer in front of them would.
-	URLs     []string
-	Model    string        // model field of each request
-	Rate     float64       // mean arrivals per second (Poisson); ignored when Clients > 0
-	Clients  int           // > 0: closed loop with this many clients instead of open-loop arrivals
-	Duration time.Duration // how long requests keep arriving
-	Prompt   Dist          // prompt tokens per request
-	Output   Dist          // max_tokens per request
-	Timeout  time.Duration // end-to-end bound on one request, retries included
+	// URLs, when set, spread requests over several servers (routers), as a
+	// client-side load balancer in front of them would: in turn, or by Spread.
+	URLs []string
+	// Spread is how requests are spread over URLs: SpreadRoundRobin (the
+	// default) or SpreadLeastOutstanding.
+	Spread string
+	// ShedFailover sends a request shed by one router (503
+	// worker_overload_protection_shed: nothing reached an engine) to the next
+	// router at once, each router once, as a load balancer retrying 503 on
+	// another upstream does (nginx proxy_next_upstream http_503, Envoy
+	// retry_on 503 with previous_hosts). TTFT still runs from the first send.
+	ShedFailover bool
+	Model        string        // model field of each request
+	Rate         float64       // mean arrivals per second (Poisson); ignored when Clients > 0
+	Clients      int           // > 0: closed loop with this many clients instead of open-loop arrivals
+	Duration     time.Duration // how long requests keep arriving
+	Prompt       Dist          // prompt tokens per request
+	Output       Dist          // max_tokens per request
+	Timeout      time.Duration // end-to-end bound on one request, retries included
 	// HonorRetryAfter makes a client that gets 503 or 429 with Retry-After wait
 	// that long and try again (up to MaxRetries times) within its Timeout.
 	HonorRetryAfter bool
@@ -143,7 +152,7 @@ func (c Config) validate() error {
 	case c.Prompt.Min < 1 || c.Output.Min < 1:
 		return errors.New("prompt and output lengths must be >= 1")
 	}
-	return nil
+	return validSpread(c.Spread)
 }
 
 // NewHTTPClient returns a client for many concurrent streams to one host.
@@ -175,8 +184,9 @@ func Run(ctx context.Context, client *http.Client, c Config, onProgress func(Pro
 		live    liveCounters
 	)
 	start := time.Now()
+	lb := newSpreader(c.URLs, c.Spread)
 	issue := func(prompt string, maxTokens int, prio *PriorityShare) {
-		rec := doRequest(ctx, client, c, start, prompt, maxTokens, prio, &live)
+		rec := doRequest(ctx, client, c, start, prompt, maxTokens, prio, &live, lb)
 		live.finish(rec)
 		mu.Lock()
 		records = append(records, rec)
@@ -299,11 +309,15 @@ type chatMessage struct {
 // doRequest sends one streaming chat completion, retrying refusals when the
 // config honours Retry-After, and records what happened.
 func doRequest(ctx context.Context, client *http.Client, c Config, runStart time.Time, prompt string, maxTokens int,
-	prio *PriorityShare, live *liveCounters) Record {
+	prio *PriorityShare, live *liveCounters, lb *spreader) Record {
 	url := c.URL
-	if n := live.sent.Add(1); len(c.URLs) > 0 {
-		url = c.URLs[(n-1)%int64(len(c.URLs))]
+	live.sent.Add(1)
+	first, done := lb.pick()
+	defer done()
+	if first >= 0 {
+		url = c.URLs[first]
 	}
+	hops := 0 // routers tried after the first (ShedFailover)
 	live.inFlight.Add(1)
 	t0 := time.Now()
 	rec := Record{Start: t0.Sub(runStart).Seconds(), MaxTokens: maxTokens}
@@ -332,7 +346,12 @@ func doRequest(ctx context.Context, client *http.Client, c Config, runStart time
 			rec.Error = "timeout"
 			return rec
 		}
-		if !c.HonorRetryAfter || retryAfter < 0 || rec.Attempts > c.MaxRetries {
+		if c.ShedFailover && first >= 0 && rec.ErrorCode == ShedCode && hops+1 < len(c.URLs) {
+			hops++
+			url = c.URLs[(first+hops)%len(c.URLs)]
+			continue
+		}
+		if !c.HonorRetryAfter || retryAfter < 0 || rec.Attempts-hops > c.MaxRetries {
 			return rec
 		}
 		select {

@@ -16,6 +16,11 @@ type GatewayConfig struct {
 	// beside smg launch's own router; the client spreads requests over all.
 	Routers     int      `json:"routers,omitempty"`
 	RouterFlags []string `json:"router_flags,omitempty"`
+	// Spread is how the client spreads requests over the routers
+	// (SpreadRoundRobin when empty).
+	Spread string `json:"spread,omitempty"`
+	// ShedFailover: the client sends a shed request on to the next router.
+	ShedFailover bool `json:"shed_failover,omitempty"`
 	// SimArgs are extra simulator flags (the window configurations run the
 	// SGLang flavor, whose engines report their running window).
 	SimArgs []string `json:"sim_args,omitempty"`
@@ -120,6 +125,13 @@ func (s *Suite) Overload(ctx context.Context) (*OverloadReport, error) {
 	if len(s.Loads) > 0 {
 		rep.Loads = s.Loads
 	}
+	if s.WindowWait != "" {
+		for i := range rep.Configs {
+			gc := &rep.Configs[i]
+			gc.Flags, gc.RouterFlags = withFlag(gc.Flags, "--worker-admission-wait-secs", s.WindowWait),
+				withFlag(gc.RouterFlags, "--worker-admission-wait-secs", s.WindowWait)
+		}
+	}
 	switch {
 	case s.Short:
 		// A short timeout bounds the unprotected 2× runs, whose queues
@@ -168,7 +180,8 @@ func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64,
 	e.fleet.simStats(ctx, true) // the engines' high-water marks start now
 	cfg := Config{URL: e.gw.URL, URLs: e.urls, Rate: rate, Duration: time.Duration(rep.RunSeconds * float64(time.Second)),
 		Prompt: promptDist, Output: outputDist, Timeout: time.Duration(rep.TimeoutSecs * float64(time.Second)),
-		TTFTObjective: TTFTObjective, Seed: s.Seed + uint64(load*10), Priorities: gc.Priorities}
+		TTFTObjective: TTFTObjective, Seed: s.Seed + uint64(load*10), Priorities: gc.Priorities, Spread: gc.Spread,
+		ShedFailover: gc.ShedFailover}
 	sampler := sampleWorkers(ctx, e.gw, e.fleet.URLs, time.Now(), 100*time.Millisecond)
 	res, err := Run(ctx, s.httpClient(), cfg, progressLogger(s, label))
 	samples := sampler.stop()
@@ -189,4 +202,16 @@ func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64,
 		}
 	}
 	return run, nil
+}
+
+// withFlag returns a copy of flags with the value of an existing flag
+// replaced (flags without it are returned as they are).
+func withFlag(flags []string, name, value string) []string {
+	out := slices.Clone(flags)
+	for i := 0; i+1 < len(out); i++ {
+		if out[i] == name {
+			out[i+1] = value
+		}
+	}
+	return out
 }

@@ -32,6 +32,9 @@ type Suite struct {
 	Capacity float64   // req/s instead of a calibration run
 	// TunedWaiting is the waiting ceiling of shed-tuned (0: tunedWaiting).
 	TunedWaiting int
+	// WindowWait, when set, replaces the router wait
+	// (--worker-admission-wait-secs) of every window configuration.
+	WindowWait string
 
 	client *http.Client
 }

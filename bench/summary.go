@@ -31,6 +31,11 @@ type Summary struct {
 	Goodput        float64        `json:"goodput"`          // output tokens/s of those
 	GoodputReqRate float64        `json:"goodput_req_rate"` // requests/s of those
 	ErrorKinds     map[string]int `json:"error_kinds,omitempty"`
+	// InFlight is the mean number of completed requests open (from the
+	// client's send to the end of the answer) over the same steady-state
+	// span: how many of the fleet's slots admitted work kept busy. Unlike
+	// tokens/s it does not slow down when other jobs take the CPU.
+	InFlight float64 `json:"in_flight"`
 }
 
 // Percentiles of a sample; zero when the sample is empty.
@@ -77,6 +82,7 @@ func Summarize(records []Record, window, ttftObjective time.Duration) Summary {
 			itl = append(itl, r.ITL...)
 			e2e = append(e2e, r.E2E)
 			s.OutputTokens += r.Tokens
+			s.InFlight += max(0, min(end, r.Start+r.E2E)-max(warm, r.Start))
 			inWindow := tokensBetween(r, warm, end)
 			s.Throughput += inWindow
 			if ttftObjective <= 0 || r.TTFT <= ttftObjective.Seconds() {
@@ -108,6 +114,7 @@ func Summarize(records []Record, window, ttftObjective time.Duration) Summary {
 		s.GoodputReqRate = float64(s.MetObjective) / secs
 		s.Throughput /= end - warm
 		s.Goodput /= end - warm
+		s.InFlight /= end - warm
 	}
 	s.TTFT, s.ITL, s.E2E = PercentilesOf(ttft), PercentilesOf(itl), PercentilesOf(e2e)
 	return s

@@ -46,11 +46,11 @@ func TestSummarizeCountsShedsErrorsAndGoodput(t *testing.T) {
 	// A 10 s window: warm-up 2 s. Each completed request streams 3 tokens.
 	itl := []float64{0.5, 0.5}
 	records := []Record{
-		{Start: 3, Status: 200, Completed: true, TTFT: 0.2, ITL: itl, Tokens: 3},        // meets 1 s
-		{Start: 4, Status: 200, Completed: true, TTFT: 2.0, ITL: itl, Tokens: 3},        // misses 1 s
-		{Start: 9.5, Status: 200, Completed: true, TTFT: 0.1, ITL: itl, Tokens: 3},      // 1 token inside window
-		{Start: 5, Status: 503, Shed: true, ErrorCode: ShedCode, RetryAfter: 1},         // shed
-		{Start: 5, Status: 503, ErrorCode: "no_available_workers", Error: "http 503 x"}, // 503 but an error
+		{Start: 3, Status: 200, Completed: true, TTFT: 0.2, ITL: itl, Tokens: 3, E2E: 1.2},   // meets 1 s
+		{Start: 4, Status: 200, Completed: true, TTFT: 2.0, ITL: itl, Tokens: 3, E2E: 3},     // misses 1 s
+		{Start: 9.5, Status: 200, Completed: true, TTFT: 0.1, ITL: itl, Tokens: 3, E2E: 1.1}, // 1 token inside window
+		{Start: 5, Status: 503, Shed: true, ErrorCode: ShedCode, RetryAfter: 1},              // shed
+		{Start: 5, Status: 503, ErrorCode: "no_available_workers", Error: "http 503 x"},      // 503 but an error
 		{Start: 6, Error: "timeout"},
 	}
 	s := Summarize(records, 10*time.Second, time.Second)
@@ -63,6 +63,10 @@ func TestSummarizeCountsShedsErrorsAndGoodput(t *testing.T) {
 	// Goodput: 3 tokens + 1 token inside [2, 10] from requests meeting 1 s, over 8 s.
 	if math.Abs(s.Goodput-4.0/8) > 1e-9 || math.Abs(s.Throughput-7.0/8) > 1e-9 {
 		t.Errorf("goodput %v throughput %v, want 0.5 and 0.875", s.Goodput, s.Throughput)
+	}
+	// Open requests: 1.2 + 3 + 0.5 s (the last cut at the window's end) over 8 s.
+	if math.Abs(s.InFlight-4.7/8) > 1e-9 {
+		t.Errorf("mean in flight %v, want %v", s.InFlight, 4.7/8)
 	}
 	if s.TTFT.N != 3 || s.TTFT.Max != 2.0 || s.ITL.N != 6 {
 		t.Errorf("latency samples: TTFT %+v ITL %+v", s.TTFT, s.ITL)
@@ -121,7 +125,7 @@ func TestRunHonorsRetryAfter(t *testing.T) {
 		srv, calls := sseServer(t, 2, 2)
 		c := Config{URL: srv.URL, Timeout: 5 * time.Second, HonorRetryAfter: honor, MaxRetries: 3}
 		var live liveCounters
-		r := doRequest(context.Background(), NewHTTPClient(), c, time.Now(), "hello", 2, nil, &live)
+		r := doRequest(context.Background(), NewHTTPClient(), c, time.Now(), "hello", 2, nil, &live, nil)
 		s := Summarize([]Record{r}, time.Second, time.Second)
 		if honor && (!r.Completed || r.Attempts != 3 || calls.Load() != 3) {
 			t.Errorf("honoring Retry-After: %+v after %d calls; want completed on the 3rd attempt", r, calls.Load())

@@ -34,7 +34,13 @@ func WindowConfigs() []GatewayConfig {
 			Why: "running windows (8, reported by the engines), wait 0, queue 0; 1 router"},
 		{Name: "window-3r", Flags: windowFlags, SimArgs: sglang, Routers: 3,
 			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
-			Why:         "the same, 3 routers sharing each window (client spreads requests over them)"},
+			Why:         "the same, 3 routers sharing each window (client spreads requests over them in turn)"},
+		{Name: "window-3r-lo", Flags: windowFlags, SimArgs: sglang, Routers: 3, Spread: SpreadLeastOutstanding,
+			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
+			Why:         "the same 3 routers sharing each window, the client sending each request to the router with the fewest of its requests open (least outstanding)"},
+		{Name: "window-3r-next", Flags: windowFlags, SimArgs: sglang, Routers: 3, ShedFailover: true,
+			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
+			Why:         "the same 3 routers sharing each window, in turn; a request shed by one router goes on to the next at once (each router once), as a balancer retrying 503 on another upstream"},
 		{Name: "window-3r-alone", Flags: alone, SimArgs: sglang, Routers: 3,
 			RouterFlags: append(append([]string{}, routerBase...), alone...),
 			Why:         "the same 3 routers, each counting the whole window alone (`--worker-admission-window-mode per-router`)"},
@@ -161,8 +167,9 @@ func writeWindowSection(b *bytes.Buffer, rep *OverloadReport) {
 	}
 	b.WriteString("\nRunning windows (`--worker-admission-window`): the engines' own high-water marks per run " +
 		"(`GET /sim/stats`: queue and running batch after each scheduling pass; window 8, allowance 0), " +
-		"TTFT measured by the client from its send, so any wait in a router counts:\n\n")
-	b.WriteString("| config | routers | load | TTFT p50 | TTFT p99 | goodput / capacity | 503 rate | engine peak running | engine peak waiting |\n|---|---|---|---|---|---|---|---|---|\n")
+		"TTFT measured by the client from its send, so any wait in a router counts; slots busy: the mean number of admitted requests open " +
+		"at the client over the steady state, against the fleet's slots (a measure that, unlike tokens/s, does not slow down when other jobs take the CPU):\n\n")
+	b.WriteString("| config | routers | load | TTFT p50 | TTFT p99 | goodput / capacity | slots busy | 503 rate | engine peak running | engine peak waiting |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rep.Runs {
 		var gc GatewayConfig
 		for _, c := range rep.Configs {
@@ -174,8 +181,9 @@ func writeWindowSection(b *bytes.Buffer, rep *OverloadReport) {
 			continue
 		}
 		s := r.Summary
-		fmt.Fprintf(b, "| %s | %d | %.1f× | %s | %s | %.0f%% | %.1f%% | %d | %d |\n", r.Config, max(1, gc.Routers), r.Load,
-			msStr(s.TTFT.P50), msStr(s.TTFT.P99), 100*s.Goodput/rep.Capacity.TokensPerSec, 100*s.Rate503, r.PeakRunning, r.PeakWaiting)
+		fmt.Fprintf(b, "| %s | %d | %.1f× | %s | %s | %.0f%% | %.1f of %d | %.1f%% | %d | %d |\n", r.Config, max(1, gc.Routers), r.Load,
+			msStr(s.TTFT.P50), msStr(s.TTFT.P99), 100*s.Goodput/rep.Capacity.TokensPerSec, s.InFlight, fleetSize*engineSlots,
+			100*s.Rate503, r.PeakRunning, r.PeakWaiting)
 	}
 	b.WriteString("\nTargets of issue 11 (at 2×: admitted p99 TTFT ≤ 1.3× its 0.5× value, goodput ≥ 97% of capacity; " +
 		"at every load: no engine running above its window nor waiting above the allowance):\n\n")

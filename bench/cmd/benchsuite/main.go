@@ -36,6 +36,7 @@ func main() {
 	loads := fs.String("loads", "", "overload: comma-separated multiples of capacity (empty: 0.5,1,1.5,2)")
 	replot := fs.Bool("republish", false, "overload: rewrite the docs tables and plots from the last full run's overload.json in --raw, without running")
 	tuned := fs.Int("tuned-waiting", 0, "overload: waiting-requests ceiling of shed-tuned (0: the benchmark's choice)")
+	windowWait := fs.String("window-wait", "", "overload: --worker-admission-wait-secs of every window configuration instead of the benchmark's")
 	capacity := fs.Float64("capacity", 0, "overload: fleet capacity in req/s instead of calibrating (output tokens/s follow from the mean length)")
 	scaleConfig := fs.String("scale-config", "", `scale: run this one configuration (JSON of scale.Config, e.g. {"Workers":1000,"Agents":10,...}) and write no docs`)
 	scaleWindow := fs.Duration("scale-window", 10*time.Second, "scale: measurement window of each run")
@@ -46,7 +47,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	s := &bench.Suite{Bin: *bin, RawDir: *raw, DocsDir: *docs, Short: *short, Seed: *seed, Log: os.Stderr,
-		AgentPoll: *agentPoll, Capacity: *capacity, TunedWaiting: *tuned}
+		AgentPoll: *agentPoll, Capacity: *capacity, TunedWaiting: *tuned, WindowWait: *windowWait}
 	if *only != "" {
 		s.Configs = strings.Split(*only, ",")
 	}
@@ -61,7 +62,7 @@ func main() {
 		}
 	}
 	// A partial run is for exploring: it must not overwrite the published docs.
-	if *short || *only != "" || *loads != "" || *capacity > 0 || *tuned > 0 {
+	if *short || *only != "" || *loads != "" || *capacity > 0 || *tuned > 0 || *windowWait != "" {
 		s.DocsDir = ""
 	}
 	start := time.Now()
