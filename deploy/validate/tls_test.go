@@ -24,6 +24,7 @@ import (
 var tlsFileFlags = []string{
 	"tls-cert-file", "tls-key-file", "tls-client-ca-file",
 	"controlplane-ca-file", "controlplane-cert-file", "controlplane-key-file", "engine-ca-file",
+	"raft-tls-cert-file", "raft-tls-key-file", "raft-tls-ca-file",
 }
 
 // secretKeys are the files cert-manager writes into a certificate's Secret.
@@ -111,6 +112,13 @@ func checkTLS(t *testing.T, o *Objects, byCmd map[string]Workload, cmdFlags map[
 				if !slices.Contains(usages, certmanagerv1.UsageServerAuth) {
 					t.Errorf("%s: --tls-cert-file from Certificate/%s without \"server auth\"", cmd, f.cert.Name)
 				}
+				// A follower presents it to the leader's gRPC port, which
+				// asks for client certificates.
+				if cmd == "controlplane" && mutual && last(flags["raft-peers"]) != "" && !slices.Contains(usages, certmanagerv1.UsageClientAuth) {
+					t.Errorf("controlplane: replicated with --tls-client-ca-file, but Certificate/%s lacks \"client auth\": followers could not forward admin calls to the leader", f.cert.Name)
+				}
+			case "raft-tls-cert-file":
+				checkRaftCert(t, f.cert, flags)
 			case "controlplane-cert-file":
 				if !slices.Contains(usages, certmanagerv1.UsageClientAuth) {
 					t.Errorf("%s: --controlplane-cert-file from Certificate/%s without \"client auth\"", cmd, f.cert.Name)
@@ -151,6 +159,34 @@ func checkTLS(t *testing.T, o *Objects, byCmd map[string]Workload, cmdFlags map[
 				}
 			}
 		}
+	}
+}
+
+// checkRaftCert: the Raft certificate is a server's and a client's, names a
+// control plane (docs/ha.md#raft-security), and names every replica's host as
+// --raft-peers gives it (the dialling replica checks the name it dialled). It
+// comes from a CA other than the one the agents' and routers' certificates
+// come from.
+func checkRaftCert(t *testing.T, c *certmanagerv1.Certificate, flags map[string][]string) {
+	t.Helper()
+	for _, u := range []certmanagerv1.KeyUsage{certmanagerv1.UsageServerAuth, certmanagerv1.UsageClientAuth} {
+		if !slices.Contains(c.Spec.Usages, u) {
+			t.Errorf("--raft-tls-cert-file from Certificate/%s without %q", c.Name, u)
+		}
+	}
+	if !strings.HasPrefix(c.Spec.CommonName, "smg:controlplane:") {
+		t.Errorf("--raft-tls-cert-file from Certificate/%s with common name %q, want smg:controlplane:<id or *>", c.Name, c.Spec.CommonName)
+	}
+	if last(flags["raft-tls-server-name"]) == "" {
+		for _, p := range strings.Split(last(flags["raft-peers"]), ",") {
+			_, addr, _ := strings.Cut(p, "=")
+			if host, _, _ := strings.Cut(addr, ":"); host != "" && !slices.Contains(c.Spec.DNSNames, host) {
+				t.Errorf("replicas dial %s for Raft, which Certificate/%s does not name (dnsNames %v)", host, c.Name, c.Spec.DNSNames)
+			}
+		}
+	}
+	if c.Spec.IssuerRef.Name == "smg-ca" {
+		t.Errorf("Certificate/%s: the Raft certificate comes from smg-ca, which signs agents and routers too; use a Raft-only CA", c.Name)
 	}
 }
 
