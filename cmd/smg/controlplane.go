@@ -47,7 +47,7 @@ func runControlPlane(ctx context.Context, args []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	log.Info("Control plane serving", "http", cps.httpLn.Addr().String(), "grpc", cps.grpcLn.Addr().String(), "tls", ts.enabled(), "mtls", ts.clientCAs != nil)
+	log.Info("Control plane serving", "http", cps.httpLn.Addr().String(), "grpc", cps.grpcLn.Addr().String(), "tls", ts.enabled(), "mtls", ts.clientCAs != nil, "raft_tls", ts.raftCert != nil)
 	ts.warnPlaintext("http", cps.httpLn)
 	ts.warnPlaintext("grpc", cps.grpcLn)
 	g, ctx := errgroup.WithContext(ctx)

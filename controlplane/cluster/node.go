@@ -119,7 +119,7 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 		_, p, _ := net.SplitHostPort(ln.Addr().String())
 		advertise = net.JoinHostPort(host, p)
 	}
-	n.layer = newStreamLayer(ln, addr(advertise), opts.TLS, log)
+	n.layer = newStreamLayer(ln, addr(advertise), opts.TLS, handshakeTimeout, log)
 	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: n.layer, MaxPool: 3, Timeout: 2 * time.Second, Logger: hlog})
 
 	conf := raft.DefaultConfig()

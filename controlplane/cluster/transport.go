@@ -95,13 +95,16 @@ type streamLayer struct {
 	// With TLS: handshaken connections, fed by serve.
 	conns                 chan net.Conn
 	acceptErr             chan error
+	handshakeTimeout      time.Duration
 	closed                chan struct{}
 	closeOnce             sync.Once
 	refusedIn, refusedOut atomic.Uint64
 }
 
-func newStreamLayer(ln net.Listener, advertise addr, t *TLS, log *slog.Logger) *streamLayer {
-	s := &streamLayer{ln: ln, advertise: advertise, tls: t, log: log, closed: make(chan struct{})}
+// newStreamLayer serves ln; with t, each accepted connection must finish
+// its TLS handshake within handshake.
+func newStreamLayer(ln net.Listener, advertise addr, t *TLS, handshake time.Duration, log *slog.Logger) *streamLayer {
+	s := &streamLayer{ln: ln, advertise: advertise, tls: t, log: log, closed: make(chan struct{}), handshakeTimeout: handshake}
 	if t != nil {
 		s.conns, s.acceptErr = make(chan net.Conn), make(chan error)
 		go s.serve(t.serverConfig())
@@ -132,7 +135,7 @@ func (s *streamLayer) serve(cfg *tls.Config) {
 		go func() {
 			defer func() { <-sem }()
 			tc := tls.Server(c, cfg)
-			ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), s.handshakeTimeout)
 			err := tc.HandshakeContext(ctx)
 			cancel()
 			if err != nil {

@@ -170,7 +170,7 @@ func rpcFrom(t *testing.T, tl *TLS, target string) error {
 	if err != nil {
 		t.Fatal(err)
 	}
-	layer := newStreamLayer(ln, addr(ln.Addr().String()), tl, slog.New(slog.DiscardHandler))
+	layer := newStreamLayer(ln, addr(ln.Addr().String()), tl, handshakeTimeout, slog.New(slog.DiscardHandler))
 	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: layer, MaxPool: 1, Timeout: 2 * time.Second})
 	defer trans.Close()
 	var resp raft.RequestVoteResponse
@@ -329,4 +329,29 @@ func TestRaftTLSRotation(t *testing.T) {
 		n.trans.CloseStreams()
 	}
 	commitAll(t, nodes)
+}
+
+// A connection that opens the Raft port and says nothing is dropped after
+// the handshake timeout, counted as refused, and holds nothing after.
+func TestRaftTLSSilentConnectionDropped(t *testing.T) {
+	pki := newRaftPKI(t, "cluster-ca")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := newStreamLayer(ln, addr(ln.Addr().String()), pki.tlsFor(t, "cp0", "smg:controlplane:cp0"), 100*time.Millisecond, slog.New(slog.DiscardHandler))
+	defer layer.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var b [1]byte
+	if _, err := c.Read(b[:]); !errors.Is(err, io.EOF) {
+		t.Fatalf("a silent connection: read %v, want the server to close it", err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the silent connection counted", func() (bool, string) {
+		return layer.refusedIn.Load() == 1, fmt.Sprint(layer.refusedIn.Load())
+	})
 }
