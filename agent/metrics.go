@@ -43,7 +43,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		}, []string{"outcome"}),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "smg_agent_messages_sent_total",
-			Help: "Messages sent to the control plane by kind: hello, record, event, heartbeat.",
+			Help: "Messages sent to the control plane by kind: hello, record, event, heartbeat (records counted one by one, also when several go in one message).",
 		}, []string{"kind"}),
 	}
 	if r == nil {

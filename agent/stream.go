@@ -102,6 +102,7 @@ func (a *Agent) session(ctx context.Context, client smgv1.AgentServiceClient) se
 	a.m.connects.Inc()
 
 	var established, goodbye atomic.Bool
+	var batching atomic.Bool    // the control plane accepts LoadRecords
 	done := make(chan error, 1) // the receiver's end: nil after a goodbye or a clean close
 	exited := make(chan struct{})
 	go func() {
@@ -121,6 +122,7 @@ func (a *Agent) session(ctx context.Context, client smgv1.AgentServiceClient) se
 					a.m.connected.WithLabelValues(a.opts.ControlPlane).Set(1)
 					a.log.Info("Connected to the control plane", "controlplane", a.opts.ControlPlane, "node", a.opts.Node)
 				}
+				batching.Store(m.Assignment.GetAcceptsRecords())
 				a.assign(m.Assignment.GetEngineUrls())
 			case *smgv1.ReportResponse_Goodbye:
 				goodbye.Store(true)
@@ -155,7 +157,7 @@ func (a *Agent) session(ctx context.Context, client smgv1.AgentServiceClient) se
 	for {
 		msgs := a.pending(all, a.opts.Now())
 		all = false
-		if err := a.send(stream, msgs); err != nil {
+		if err := a.send(stream, msgs, batching.Load()); err != nil {
 			return broken()
 		}
 		if len(msgs) > 0 {
@@ -173,35 +175,70 @@ func (a *Agent) session(ctx context.Context, client smgv1.AgentServiceClient) se
 		case err := <-done:
 			return result(err)
 		case <-ctx.Done():
-			a.closeStream(stream, done)
+			a.closeStream(stream, done, batching.Load())
 			return result(nil)
 		}
 	}
 }
 
-// send delivers msgs in order.
-func (a *Agent) send(stream grpc.BidiStreamingClient[smgv1.ReportRequest, smgv1.ReportResponse], msgs []*smgv1.ReportRequest) error {
+// send delivers msgs in order; with batch (the control plane accepts
+// LoadRecords), each run of records goes in one message.
+func (a *Agent) send(stream grpc.BidiStreamingClient[smgv1.ReportRequest, smgv1.ReportResponse], msgs []*smgv1.ReportRequest, batch bool) error {
+	if batch {
+		msgs = batched(msgs, maxBatch)
+	}
 	for _, m := range msgs {
 		if err := stream.Send(m); err != nil {
 			return err
 		}
-		kind := "event"
+		kind, n := "event", 1
 		switch {
 		case m.GetRecord() != nil:
 			kind = "record"
+		case m.GetRecords() != nil:
+			kind, n = "record", len(m.GetRecords().GetRecords())
 		case m.GetPods() != nil:
 			kind = "pods"
 		}
-		a.m.sent.WithLabelValues(kind).Inc()
+		a.m.sent.WithLabelValues(kind).Add(float64(n))
 	}
 	return nil
+}
+
+// maxBatch bounds the records in one message, far below gRPC's 4 MiB
+// message limit (a record is a few hundred bytes).
+const maxBatch = 1024
+
+// batched returns msgs with each run of consecutive records (at most max)
+// in one LoadRecords message; other messages keep their place.
+func batched(msgs []*smgv1.ReportRequest, max int) []*smgv1.ReportRequest {
+	out := make([]*smgv1.ReportRequest, 0, len(msgs))
+	var run *smgv1.LoadRecords
+	for _, m := range msgs {
+		r := m.GetRecord()
+		if r == nil {
+			out, run = append(out, m), nil
+			continue
+		}
+		if run == nil || len(run.Records) == max {
+			run = &smgv1.LoadRecords{}
+			out = append(out, &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Records{Records: run}})
+		}
+		run.Records = append(run.Records, r)
+	}
+	for i, m := range out { // a run of one is a plain record
+		if rs := m.GetRecords(); rs != nil && len(rs.Records) == 1 {
+			out[i] = &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Record{Record: rs.Records[0]}}
+		}
+	}
+	return out
 }
 
 // closeStream flushes what the pollers last posted, closes our side and waits
 // (bounded) for the control plane to end the stream: a clean end, which the
 // control plane does not count as a failure of the engines.
-func (a *Agent) closeStream(stream grpc.BidiStreamingClient[smgv1.ReportRequest, smgv1.ReportResponse], done <-chan error) {
-	if err := a.send(stream, a.pending(false, a.opts.Now())); err != nil {
+func (a *Agent) closeStream(stream grpc.BidiStreamingClient[smgv1.ReportRequest, smgv1.ReportResponse], done <-chan error, batch bool) {
+	if err := a.send(stream, a.pending(false, a.opts.Now()), batch); err != nil {
 		return
 	}
 	if err := stream.CloseSend(); err != nil {

@@ -263,7 +263,7 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, st *agentS
 		if first || !slices.Equal(urls, sent) {
 			st.cover(urls...)
 			if err := stream.SendMsg(&smgv1.ReportResponse{Msg: &smgv1.ReportResponse_Assignment{
-				Assignment: &smgv1.Assignment{EngineUrls: urls}}}); err != nil {
+				Assignment: &smgv1.Assignment{EngineUrls: urls, AcceptsRecords: true}}}); err != nil {
 				return err
 			}
 			sent, first = urls, false
@@ -299,6 +299,10 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.ReportRequest, sm
 		switch m := req.Msg.(type) {
 		case *smgv1.ReportRequest_Record:
 			s.record(st, m.Record, now)
+		case *smgv1.ReportRequest_Records:
+			for _, r := range m.Records.GetRecords() { // bounded by the message size limit
+				s.record(st, r, now)
+			}
 		case *smgv1.ReportRequest_Event:
 			s.event(st, m.Event, now)
 		case *smgv1.ReportRequest_Heartbeat:

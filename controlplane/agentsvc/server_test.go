@@ -530,3 +530,38 @@ func TestKnownURLsFollowRegistrations(t *testing.T) {
 	})
 	closeCleanly(t, st)
 }
+
+// The control plane says it accepts LoadRecords, and applies every record
+// of one as if each came alone, in order (latest wins).
+func TestLoadRecordsApplyEveryRecord(t *testing.T) {
+	h := start(t, defaultConfig())
+	h.put(t, worker("w1", "http://e1:8000", "n1"), worker("w2", "http://e2:8000", "n1"), worker("w3", "http://e3:8000", "n2"))
+	st, err := smgv1.NewAgentServiceClient(h.conn).Report(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(t, st, &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Hello{Hello: &smgv1.AgentHello{Node: "n1"}}})
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.GetAssignment().GetAcceptsRecords() {
+		t.Fatalf("assignment %v does not say the control plane accepts LoadRecords", resp)
+	}
+	var recs []*smgv1.LoadRecord
+	for _, r := range []*smgv1.ReportRequest{
+		record("http://e1:8000", 6), record("http://e2:8000", 2), record("http://e1:8000", 7),
+		record("http://e3:8000", 9), // another node's: refused, the others still apply
+	} {
+		recs = append(recs, r.GetRecord())
+	}
+	send(t, st, &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Records{Records: &smgv1.LoadRecords{Records: recs}}})
+	h.waitFor(t, "every record of the batch applied", func(s *registry.Snapshot) bool {
+		w1, w2 := s.Get("w1"), s.Get("w2")
+		return w1.Overloaded && w1.Load.GetWaitingRequests() == 7 && w2.Load.GetWaitingRequests() == 2 && w2.AgentNode == "n1"
+	})
+	if w3 := h.reg.Get("w3"); w3.Load != nil {
+		t.Fatalf("another node's worker took a record from the batch: %v", w3.Load)
+	}
+	closeCleanly(t, st)
+}

@@ -92,6 +92,7 @@ type ReportRequest struct {
 	//	*ReportRequest_Event
 	//	*ReportRequest_Heartbeat
 	//	*ReportRequest_Pods
+	//	*ReportRequest_Records
 	Msg           isReportRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -179,6 +180,15 @@ func (x *ReportRequest) GetPods() *DiscoveredPods {
 	return nil
 }
 
+func (x *ReportRequest) GetRecords() *LoadRecords {
+	if x != nil {
+		if x, ok := x.Msg.(*ReportRequest_Records); ok {
+			return x.Records
+		}
+	}
+	return nil
+}
+
 type isReportRequest_Msg interface {
 	isReportRequest_Msg()
 }
@@ -203,6 +213,10 @@ type ReportRequest_Pods struct {
 	Pods *DiscoveredPods `protobuf:"bytes,5,opt,name=pods,proto3,oneof"`
 }
 
+type ReportRequest_Records struct {
+	Records *LoadRecords `protobuf:"bytes,6,opt,name=records,proto3,oneof"`
+}
+
 func (*ReportRequest_Hello) isReportRequest_Msg() {}
 
 func (*ReportRequest_Record) isReportRequest_Msg() {}
@@ -212,6 +226,56 @@ func (*ReportRequest_Event) isReportRequest_Msg() {}
 func (*ReportRequest_Heartbeat) isReportRequest_Msg() {}
 
 func (*ReportRequest_Pods) isReportRequest_Msg() {}
+
+func (*ReportRequest_Records) isReportRequest_Msg() {}
+
+// LoadRecords is several load records in one message: an agent sends every
+// record due at once, and the control plane pays for one stream message
+// instead of one per record. Sent only to a control plane whose Assignment
+// says it accepts them (accepts_records); older ones would ignore it.
+type LoadRecords struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Records       []*LoadRecord          `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadRecords) Reset() {
+	*x = LoadRecords{}
+	mi := &file_smg_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadRecords) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadRecords) ProtoMessage() {}
+
+func (x *LoadRecords) ProtoReflect() protoreflect.Message {
+	mi := &file_smg_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadRecords.ProtoReflect.Descriptor instead.
+func (*LoadRecords) Descriptor() ([]byte, []int) {
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LoadRecords) GetRecords() []*LoadRecord {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
 
 // DiscoveredPods is the complete set of engine pods the agent's service
 // discovery sees on its node, sent after the hello and on every change. The
@@ -225,7 +289,7 @@ type DiscoveredPods struct {
 
 func (x *DiscoveredPods) Reset() {
 	*x = DiscoveredPods{}
-	mi := &file_smg_v1_agent_proto_msgTypes[1]
+	mi := &file_smg_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -237,7 +301,7 @@ func (x *DiscoveredPods) String() string {
 func (*DiscoveredPods) ProtoMessage() {}
 
 func (x *DiscoveredPods) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[1]
+	mi := &file_smg_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -250,7 +314,7 @@ func (x *DiscoveredPods) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredPods.ProtoReflect.Descriptor instead.
 func (*DiscoveredPods) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DiscoveredPods) GetPods() []*DiscoveredPod {
@@ -279,7 +343,7 @@ type DiscoveredPod struct {
 
 func (x *DiscoveredPod) Reset() {
 	*x = DiscoveredPod{}
-	mi := &file_smg_v1_agent_proto_msgTypes[2]
+	mi := &file_smg_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +355,7 @@ func (x *DiscoveredPod) String() string {
 func (*DiscoveredPod) ProtoMessage() {}
 
 func (x *DiscoveredPod) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[2]
+	mi := &file_smg_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +368,7 @@ func (x *DiscoveredPod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredPod.ProtoReflect.Descriptor instead.
 func (*DiscoveredPod) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DiscoveredPod) GetNamespace() string {
@@ -370,7 +434,7 @@ type AgentHello struct {
 
 func (x *AgentHello) Reset() {
 	*x = AgentHello{}
-	mi := &file_smg_v1_agent_proto_msgTypes[3]
+	mi := &file_smg_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +446,7 @@ func (x *AgentHello) String() string {
 func (*AgentHello) ProtoMessage() {}
 
 func (x *AgentHello) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[3]
+	mi := &file_smg_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +459,7 @@ func (x *AgentHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHello.ProtoReflect.Descriptor instead.
 func (*AgentHello) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AgentHello) GetNode() string {
@@ -438,7 +502,7 @@ type LoadRecord struct {
 
 func (x *LoadRecord) Reset() {
 	*x = LoadRecord{}
-	mi := &file_smg_v1_agent_proto_msgTypes[4]
+	mi := &file_smg_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -450,7 +514,7 @@ func (x *LoadRecord) String() string {
 func (*LoadRecord) ProtoMessage() {}
 
 func (x *LoadRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[4]
+	mi := &file_smg_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -463,7 +527,7 @@ func (x *LoadRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadRecord.ProtoReflect.Descriptor instead.
 func (*LoadRecord) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LoadRecord) GetWorkerUrl() string {
@@ -521,7 +585,7 @@ type EngineEvent struct {
 
 func (x *EngineEvent) Reset() {
 	*x = EngineEvent{}
-	mi := &file_smg_v1_agent_proto_msgTypes[5]
+	mi := &file_smg_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -533,7 +597,7 @@ func (x *EngineEvent) String() string {
 func (*EngineEvent) ProtoMessage() {}
 
 func (x *EngineEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[5]
+	mi := &file_smg_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -546,7 +610,7 @@ func (x *EngineEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineEvent.ProtoReflect.Descriptor instead.
 func (*EngineEvent) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *EngineEvent) GetWorkerUrl() string {
@@ -588,7 +652,7 @@ type AgentHeartbeat struct {
 
 func (x *AgentHeartbeat) Reset() {
 	*x = AgentHeartbeat{}
-	mi := &file_smg_v1_agent_proto_msgTypes[6]
+	mi := &file_smg_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +664,7 @@ func (x *AgentHeartbeat) String() string {
 func (*AgentHeartbeat) ProtoMessage() {}
 
 func (x *AgentHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[6]
+	mi := &file_smg_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +677,7 @@ func (x *AgentHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHeartbeat.ProtoReflect.Descriptor instead.
 func (*AgentHeartbeat) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AgentHeartbeat) GetWorkerUrls() []string {
@@ -636,7 +700,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_smg_v1_agent_proto_msgTypes[7]
+	mi := &file_smg_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +712,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[7]
+	mi := &file_smg_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +725,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReportResponse) GetMsg() isReportResponse_Msg {
@@ -708,15 +772,17 @@ func (*ReportResponse_Goodbye) isReportResponse_Msg() {}
 // Assignment lists the engines the agent must cover (its own plus those
 // registered with its node name).
 type Assignment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	EngineUrls    []string               `protobuf:"bytes,1,rep,name=engine_urls,json=engineUrls,proto3" json:"engine_urls,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	EngineUrls []string               `protobuf:"bytes,1,rep,name=engine_urls,json=engineUrls,proto3" json:"engine_urls,omitempty"`
+	// The control plane accepts LoadRecords (ReportRequest.records).
+	AcceptsRecords bool `protobuf:"varint,2,opt,name=accepts_records,json=acceptsRecords,proto3" json:"accepts_records,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_smg_v1_agent_proto_msgTypes[8]
+	mi := &file_smg_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -728,7 +794,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[8]
+	mi := &file_smg_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -741,7 +807,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Assignment) GetEngineUrls() []string {
@@ -749,6 +815,13 @@ func (x *Assignment) GetEngineUrls() []string {
 		return x.EngineUrls
 	}
 	return nil
+}
+
+func (x *Assignment) GetAcceptsRecords() bool {
+	if x != nil {
+		return x.AcceptsRecords
+	}
+	return false
 }
 
 // Goodbye tells a client the control plane is going away; reconnect at once.
@@ -761,7 +834,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_smg_v1_agent_proto_msgTypes[9]
+	mi := &file_smg_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +846,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_agent_proto_msgTypes[9]
+	mi := &file_smg_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +859,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_smg_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_smg_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -800,14 +873,17 @@ var File_smg_v1_agent_proto protoreflect.FileDescriptor
 
 const file_smg_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x12smg/v1/agent.proto\x12\x06smg.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11smg/v1/load.proto\x1a\x13smg/v1/worker.proto\"\x83\x02\n" +
+	"\x12smg/v1/agent.proto\x12\x06smg.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11smg/v1/load.proto\x1a\x13smg/v1/worker.proto\"\xb4\x02\n" +
 	"\rReportRequest\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.smg.v1.AgentHelloH\x00R\x05hello\x12,\n" +
 	"\x06record\x18\x02 \x01(\v2\x12.smg.v1.LoadRecordH\x00R\x06record\x12+\n" +
 	"\x05event\x18\x03 \x01(\v2\x13.smg.v1.EngineEventH\x00R\x05event\x126\n" +
 	"\theartbeat\x18\x04 \x01(\v2\x16.smg.v1.AgentHeartbeatH\x00R\theartbeat\x12,\n" +
-	"\x04pods\x18\x05 \x01(\v2\x16.smg.v1.DiscoveredPodsH\x00R\x04podsB\x05\n" +
+	"\x04pods\x18\x05 \x01(\v2\x16.smg.v1.DiscoveredPodsH\x00R\x04pods\x12/\n" +
+	"\arecords\x18\x06 \x01(\v2\x13.smg.v1.LoadRecordsH\x00R\arecordsB\x05\n" +
 	"\x03msg\";\n" +
+	"\vLoadRecords\x12,\n" +
+	"\arecords\x18\x01 \x03(\v2\x12.smg.v1.LoadRecordR\arecords\";\n" +
 	"\x0eDiscoveredPods\x12)\n" +
 	"\x04pods\x18\x01 \x03(\v2\x15.smg.v1.DiscoveredPodR\x04pods\"\xc5\x01\n" +
 	"\rDiscoveredPod\x12\x1c\n" +
@@ -849,11 +925,12 @@ const file_smg_v1_agent_proto_rawDesc = "" +
 	"assignment\x18\x01 \x01(\v2\x12.smg.v1.AssignmentH\x00R\n" +
 	"assignment\x12+\n" +
 	"\agoodbye\x18\x02 \x01(\v2\x0f.smg.v1.GoodbyeH\x00R\agoodbyeB\x05\n" +
-	"\x03msg\"-\n" +
+	"\x03msg\"V\n" +
 	"\n" +
 	"Assignment\x12\x1f\n" +
 	"\vengine_urls\x18\x01 \x03(\tR\n" +
-	"engineUrls\"!\n" +
+	"engineUrls\x12'\n" +
+	"\x0faccepts_records\x18\x02 \x01(\bR\x0eacceptsRecords\"!\n" +
 	"\aGoodbye\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason*\xbc\x01\n" +
 	"\x0fEngineEventKind\x12!\n" +
@@ -878,46 +955,49 @@ func file_smg_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_smg_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_smg_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_smg_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_smg_v1_agent_proto_goTypes = []any{
 	(EngineEventKind)(0),          // 0: smg.v1.EngineEventKind
 	(*ReportRequest)(nil),         // 1: smg.v1.ReportRequest
-	(*DiscoveredPods)(nil),        // 2: smg.v1.DiscoveredPods
-	(*DiscoveredPod)(nil),         // 3: smg.v1.DiscoveredPod
-	(*AgentHello)(nil),            // 4: smg.v1.AgentHello
-	(*LoadRecord)(nil),            // 5: smg.v1.LoadRecord
-	(*EngineEvent)(nil),           // 6: smg.v1.EngineEvent
-	(*AgentHeartbeat)(nil),        // 7: smg.v1.AgentHeartbeat
-	(*ReportResponse)(nil),        // 8: smg.v1.ReportResponse
-	(*Assignment)(nil),            // 9: smg.v1.Assignment
-	(*Goodbye)(nil),               // 10: smg.v1.Goodbye
-	(*WorkerSpec)(nil),            // 11: smg.v1.WorkerSpec
-	(*EngineLoad)(nil),            // 12: smg.v1.EngineLoad
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*LoadRecords)(nil),           // 2: smg.v1.LoadRecords
+	(*DiscoveredPods)(nil),        // 3: smg.v1.DiscoveredPods
+	(*DiscoveredPod)(nil),         // 4: smg.v1.DiscoveredPod
+	(*AgentHello)(nil),            // 5: smg.v1.AgentHello
+	(*LoadRecord)(nil),            // 6: smg.v1.LoadRecord
+	(*EngineEvent)(nil),           // 7: smg.v1.EngineEvent
+	(*AgentHeartbeat)(nil),        // 8: smg.v1.AgentHeartbeat
+	(*ReportResponse)(nil),        // 9: smg.v1.ReportResponse
+	(*Assignment)(nil),            // 10: smg.v1.Assignment
+	(*Goodbye)(nil),               // 11: smg.v1.Goodbye
+	(*WorkerSpec)(nil),            // 12: smg.v1.WorkerSpec
+	(*EngineLoad)(nil),            // 13: smg.v1.EngineLoad
+	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_smg_v1_agent_proto_depIdxs = []int32{
-	4,  // 0: smg.v1.ReportRequest.hello:type_name -> smg.v1.AgentHello
-	5,  // 1: smg.v1.ReportRequest.record:type_name -> smg.v1.LoadRecord
-	6,  // 2: smg.v1.ReportRequest.event:type_name -> smg.v1.EngineEvent
-	7,  // 3: smg.v1.ReportRequest.heartbeat:type_name -> smg.v1.AgentHeartbeat
-	2,  // 4: smg.v1.ReportRequest.pods:type_name -> smg.v1.DiscoveredPods
-	3,  // 5: smg.v1.DiscoveredPods.pods:type_name -> smg.v1.DiscoveredPod
-	11, // 6: smg.v1.DiscoveredPod.spec:type_name -> smg.v1.WorkerSpec
-	12, // 7: smg.v1.LoadRecord.load:type_name -> smg.v1.EngineLoad
-	13, // 8: smg.v1.LoadRecord.engine_silence:type_name -> google.protobuf.Duration
-	14, // 9: smg.v1.LoadRecord.observed_at:type_name -> google.protobuf.Timestamp
-	0,  // 10: smg.v1.EngineEvent.kind:type_name -> smg.v1.EngineEventKind
-	14, // 11: smg.v1.EngineEvent.observed_at:type_name -> google.protobuf.Timestamp
-	9,  // 12: smg.v1.ReportResponse.assignment:type_name -> smg.v1.Assignment
-	10, // 13: smg.v1.ReportResponse.goodbye:type_name -> smg.v1.Goodbye
-	1,  // 14: smg.v1.AgentService.Report:input_type -> smg.v1.ReportRequest
-	8,  // 15: smg.v1.AgentService.Report:output_type -> smg.v1.ReportResponse
-	15, // [15:16] is the sub-list for method output_type
-	14, // [14:15] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	5,  // 0: smg.v1.ReportRequest.hello:type_name -> smg.v1.AgentHello
+	6,  // 1: smg.v1.ReportRequest.record:type_name -> smg.v1.LoadRecord
+	7,  // 2: smg.v1.ReportRequest.event:type_name -> smg.v1.EngineEvent
+	8,  // 3: smg.v1.ReportRequest.heartbeat:type_name -> smg.v1.AgentHeartbeat
+	3,  // 4: smg.v1.ReportRequest.pods:type_name -> smg.v1.DiscoveredPods
+	2,  // 5: smg.v1.ReportRequest.records:type_name -> smg.v1.LoadRecords
+	6,  // 6: smg.v1.LoadRecords.records:type_name -> smg.v1.LoadRecord
+	4,  // 7: smg.v1.DiscoveredPods.pods:type_name -> smg.v1.DiscoveredPod
+	12, // 8: smg.v1.DiscoveredPod.spec:type_name -> smg.v1.WorkerSpec
+	13, // 9: smg.v1.LoadRecord.load:type_name -> smg.v1.EngineLoad
+	14, // 10: smg.v1.LoadRecord.engine_silence:type_name -> google.protobuf.Duration
+	15, // 11: smg.v1.LoadRecord.observed_at:type_name -> google.protobuf.Timestamp
+	0,  // 12: smg.v1.EngineEvent.kind:type_name -> smg.v1.EngineEventKind
+	15, // 13: smg.v1.EngineEvent.observed_at:type_name -> google.protobuf.Timestamp
+	10, // 14: smg.v1.ReportResponse.assignment:type_name -> smg.v1.Assignment
+	11, // 15: smg.v1.ReportResponse.goodbye:type_name -> smg.v1.Goodbye
+	1,  // 16: smg.v1.AgentService.Report:input_type -> smg.v1.ReportRequest
+	9,  // 17: smg.v1.AgentService.Report:output_type -> smg.v1.ReportResponse
+	17, // [17:18] is the sub-list for method output_type
+	16, // [16:17] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_agent_proto_init() }
@@ -933,8 +1013,9 @@ func file_smg_v1_agent_proto_init() {
 		(*ReportRequest_Event)(nil),
 		(*ReportRequest_Heartbeat)(nil),
 		(*ReportRequest_Pods)(nil),
+		(*ReportRequest_Records)(nil),
 	}
-	file_smg_v1_agent_proto_msgTypes[7].OneofWrappers = []any{
+	file_smg_v1_agent_proto_msgTypes[8].OneofWrappers = []any{
 		(*ReportResponse_Assignment)(nil),
 		(*ReportResponse_Goodbye)(nil),
 	}
@@ -944,7 +1025,7 @@ func file_smg_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_smg_v1_agent_proto_rawDesc), len(file_smg_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
