@@ -122,6 +122,7 @@ func (a *agent) run(ctx context.Context) error {
 	start := time.Now()
 	var due, next int64 // records due since start, sent since start
 	cursor := a.lo
+	var batch []*smgv1.LoadRecord
 	for {
 		select {
 		case <-ctx.Done():
@@ -142,36 +143,58 @@ func (a *agent) run(ctx context.Context) error {
 			if lag := due - next; lag > int64(a.hi-a.lo) {
 				next = due - int64(a.hi-a.lo)
 			}
+			// The round's records go in one message, as the agent sends
+			// every record due at once (LoadRecords).
+			batch = batch[:0]
 			for ; next < due; next++ {
-				if err := a.send(st, cursor, rng, now); err != nil {
-					return err
-				}
+				batch = append(batch, a.record(cursor, rng, now))
 				if cursor++; cursor == a.hi {
 					cursor = a.lo
 				}
+			}
+			if err := a.sendRecords(st, batch, now); err != nil {
+				return err
 			}
 		}
 	}
 }
 
-// send reports worker w's load: waiting over the threshold while flipped on.
+// send reports worker w's load.
 func (a *agent) send(st grpc.BidiStreamingClient[smgv1.ReportRequest, smgv1.ReportResponse], w int, rng *rand.Rand, now time.Time) error {
+	return a.sendRecords(st, []*smgv1.LoadRecord{a.record(w, rng, now)}, now)
+}
+
+// record is worker w's load: waiting over the threshold while flipped on.
+func (a *agent) record(w int, rng *rand.Rand, now time.Time) *smgv1.LoadRecord {
 	waiting := rng.Int32N(3)
 	if a.on[w-a.lo] {
 		waiting = a.spec.FlipOn
 	}
-	rec := &smgv1.LoadRecord{
+	return &smgv1.LoadRecord{
 		WorkerUrl: a.url(w),
 		Load: &smgv1.EngineLoad{Source: "scale", Ranks: []*smgv1.RankLoad{{
 			WaitingRequests: waiting, RunningRequests: 8 + rng.Int32N(8), TokenUsage: 0.1 + 0.4*rng.Float64(),
 		}}},
 		ObservedAt: timestamppb.New(now),
 	}
-	if err := st.Send(&smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Record{Record: rec}}); err != nil {
+}
+
+// sendRecords sends recs, in one message when there are several.
+func (a *agent) sendRecords(st grpc.BidiStreamingClient[smgv1.ReportRequest, smgv1.ReportResponse], recs []*smgv1.LoadRecord, now time.Time) error {
+	var msg *smgv1.ReportRequest
+	switch len(recs) {
+	case 0:
+		return nil
+	case 1:
+		msg = &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Record{Record: recs[0]}}
+	default:
+		msg = &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Records{Records: &smgv1.LoadRecords{Records: recs}}}
+	}
+	if err := st.Send(msg); err != nil {
 		return err
 	}
 	if a.win.contains(now) {
-		a.sent++
+		a.sent += int64(len(recs))
 	}
 	return nil
 }
