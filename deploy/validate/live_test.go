@@ -106,6 +106,11 @@ func TestManifestsRunOnLoopback(t *testing.T) {
 					url := fmt.Sprintf("%s://127.0.0.1:%d%s", scheme[cmd], ports[cmd]["http"], route)
 					eventually(t, 20*time.Second, cmd+" route "+route, func() error { return wantOK(ctx, url) })
 				}
+			}
+			// Scraped once every probe passed: the control plane exports a
+			// router's watch lag only once the router watches (a replicated
+			// control plane elects itself first), which its readiness says.
+			for _, cmd := range []string{"controlplane", "router", "agent"} {
 				_, page, err := get(ctx, fmt.Sprintf("%s://127.0.0.1:%d/metrics", scheme[cmd], ports[cmd]["http"]))
 				if err != nil {
 					t.Fatal(err)
