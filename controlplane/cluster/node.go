@@ -156,6 +156,7 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 		return fail(fmt.Errorf("--data-dir %s: %v", dir, err))
 	}
 	n.raft = r
+	n.layer.setMembers(func() map[string]string { m, _ := n.configuration(); return m })
 	if existing {
 		if err := n.checkPeers(peers); err != nil {
 			return fail(err)
@@ -207,13 +208,9 @@ func (n *Node) claimDataDir() error {
 // listed node must be a member at the listed address. Members that joined
 // later are fine.
 func (n *Node) checkPeers(peers map[string]string) error {
-	f := n.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
+	stored, err := n.configuration()
+	if err != nil {
 		return err
-	}
-	stored := map[string]string{}
-	for _, s := range f.Configuration().Servers {
-		stored[string(s.ID)] = string(s.Address)
 	}
 	if len(stored) > 0 {
 		if _, ok := stored[n.id]; !ok {
@@ -226,6 +223,19 @@ func (n *Node) checkPeers(peers map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// configuration is the latest configuration: node id -> Raft address.
+func (n *Node) configuration() (map[string]string, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for _, s := range f.Configuration().Servers {
+		m[string(s.ID)] = string(s.Address)
+	}
+	return m, nil
 }
 
 // warnPlaintext says once, at start, that Raft runs in the clear when this

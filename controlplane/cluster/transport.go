@@ -60,14 +60,14 @@ func checkPeer(c *x509.Certificate, want string) error {
 }
 
 // serverConfig is the accepting side: a client certificate the bundle in
-// use verifies, naming a control plane.
-func (t *TLS) serverConfig() *tls.Config {
+// use verifies, passing check.
+func (t *TLS) serverConfig(check func(*x509.Certificate) error) *tls.Config {
 	cfg := tlsutil.ServerConfig(t.Cert, t.CA)
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return errors.New("tls: the Raft peer presented no certificate")
 		}
-		return checkPeer(cs.PeerCertificates[0], "")
+		return check(cs.PeerCertificates[0])
 	}
 	return cfg
 }
@@ -99,6 +99,8 @@ type streamLayer struct {
 	closed                chan struct{}
 	closeOnce             sync.Once
 	refusedIn, refusedOut atomic.Uint64
+	// members gives the Raft configuration (id -> address) once Raft runs.
+	members atomic.Pointer[func() map[string]string]
 }
 
 // newStreamLayer serves ln; with t, each accepted connection must finish
@@ -107,9 +109,39 @@ func newStreamLayer(ln net.Listener, advertise addr, t *TLS, handshake time.Dura
 	s := &streamLayer{ln: ln, advertise: advertise, tls: t, log: log, closed: make(chan struct{}), handshakeTimeout: handshake}
 	if t != nil {
 		s.conns, s.acceptErr = make(chan net.Conn), make(chan error)
-		go s.serve(t.serverConfig())
+		go s.serve(t.serverConfig(s.checkMember))
 	}
 	return s
+}
+
+// setMembers tells the layer where to read the cluster's configuration.
+func (s *streamLayer) setMembers(f func() map[string]string) { s.members.Store(&f) }
+
+func (s *streamLayer) memberList() map[string]string {
+	if f := s.members.Load(); f != nil {
+		return (*f)()
+	}
+	return nil
+}
+
+// checkMember accepts a certificate naming a control plane that is a member
+// of the configuration (or AnyName): a member removed with DELETE
+// /cluster/members/{id} is cut off even while its certificate is valid. A
+// node that knows no configuration yet (waiting to be added) accepts any
+// control plane: the leader that adds it dials it first.
+func (s *streamLayer) checkMember(c *x509.Certificate) error {
+	if err := checkPeer(c, ""); err != nil {
+		return err
+	}
+	members := s.memberList()
+	if len(members) == 0 {
+		return nil
+	}
+	id, _ := tlsutil.IdentityOf(c)
+	if _, ok := members[id.Name]; !ok && id.Name != tlsutil.AnyName {
+		return fmt.Errorf("control plane %q is not a member of this cluster (members: %s)", id.Name, formatPeers(members))
+	}
+	return nil
 }
 
 // serve accepts TCP connections and hands each to Accept once its TLS
@@ -174,8 +206,16 @@ func (s *streamLayer) Close() error {
 
 func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
+// Dial reaches a member: its certificate must name the member the
+// configuration lists at that address.
 func (s *streamLayer) Dial(a raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return s.dial(string(a), "", timeout)
+	want := ""
+	for id, addr := range s.memberList() {
+		if addr == string(a) {
+			want = id
+		}
+	}
+	return s.dial(string(a), want, timeout)
 }
 
 // dial connects to a Raft address; with TLS, the peer must prove it is

@@ -192,10 +192,11 @@ func TestRaftTLSThreeNodesElectReplicateAndRefuseStrangers(t *testing.T) {
 	taddr := string(target.trans.LocalAddr())
 	term := target.raft.CurrentTerm()
 
-	// A node of the cluster CA connects (the check below can fail).
-	peer := pki.tlsFor(t, "peer", "smg:controlplane:cp9")
+	// A member's certificate of the cluster CA connects (the checks below
+	// can fail).
+	peer := pki.tlsFor(t, "peer", "smg:controlplane:cp1")
 	if _, err := rawDial(taddr, peer, peer); err != nil {
-		t.Fatalf("a certificate of the cluster CA naming a control plane was refused: %v", err)
+		t.Fatalf("a certificate of the cluster CA naming a member was refused: %v", err)
 	}
 	other := newRaftPKI(t, "other-ca")
 	for _, tc := range []struct {
@@ -211,6 +212,10 @@ func TestRaftTLSThreeNodesElectReplicateAndRefuseStrangers(t *testing.T) {
 			return err
 		}},
 		{"no client certificate", func() error { _, err := rawDial(taddr, nil, nil); return err }},
+		{"the cluster CA's certificate for a control plane that is no member", func() error {
+			_, err := rawDial(taddr, pki.tlsFor(t, "cp9", "smg:controlplane:cp9"), nil)
+			return err
+		}},
 		{"a Raft RPC from another CA's node", func() error { return rpcFrom(t, other.tlsFor(t, "o2", "smg:controlplane:cp1"), taddr) }},
 		{"a Raft RPC from a plaintext node", func() error { return rpcFrom(t, nil, taddr) }},
 	} {
@@ -231,6 +236,23 @@ func TestRaftTLSThreeNodesElectReplicateAndRefuseStrangers(t *testing.T) {
 	if got := target.raft.CurrentTerm(); got != term {
 		t.Errorf("term moved from %d to %d: an intruder's RPC reached Raft", term, got)
 	}
+
+	// A member removed from the configuration is cut off, its certificate
+	// still valid.
+	l := leaderOf(t, nodes)
+	var gone *testNode
+	for _, n := range nodes {
+		if n != l && n != target {
+			gone = n
+		}
+	}
+	if err := l.raft.RemoveServer(raft.ServerID(gone.id), 0, 5*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, gone.id+" refused once removed", func() (bool, string) {
+		_, err := rawDial(taddr, gone.opts.TLS, nil)
+		return err != nil && strings.Contains(target.log.String(), "is not a member of this cluster"), fmt.Sprint(err)
+	})
 
 	// A TLS node dialling a plaintext one is refused on its side too.
 	plain := openNode(t, "plain", "127.0.0.1:0", nil, nil)
@@ -287,7 +309,7 @@ func TestRaftTLSRotation(t *testing.T) {
 	leaderOf(t, nodes)
 	n0 := nodes[0]
 	addr0 := string(n0.trans.LocalAddr())
-	probe := pki.tlsFor(t, "probe", "smg:controlplane:probe")
+	probe := pki.tlsFor(t, "probe", "smg:controlplane:cp1")
 
 	// A new certificate for cp0, written over its files.
 	old := tlsutil.Fingerprint(tlsOf["cp0"].Cert.Leaf())
@@ -305,7 +327,7 @@ func TestRaftTLSRotation(t *testing.T) {
 
 	// A new CA: trusted once every bundle holds it.
 	next := newRaftPKI(t, "next-ca")
-	fromNext := next.tlsFor(t, "n", "smg:controlplane:cp7")
+	fromNext := next.tlsFor(t, "n", "smg:controlplane:cp2")
 	if _, err := rawDial(addr0, fromNext, nil); err == nil {
 		t.Fatal("a certificate of a CA not yet in the bundle was accepted")
 	}
