@@ -46,6 +46,8 @@ func runAgents(ctx context.Context, spec childSpec, win *window) (*childResult, 
 			mu.Lock()
 			defer mu.Unlock()
 			res.Sent += ag.sent
+			res.Due += ag.due
+			res.SendBlockedSecs += ag.blocked.Seconds()
 			res.Flips = append(res.Flips, ag.events...)
 			if err != nil && ctx.Err() == nil {
 				res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", ag.node, err))
@@ -86,7 +88,10 @@ type agent struct {
 	flips  []int  // flips sent per worker
 	flip   chan int
 	sent   int64 // records sent inside the window
-	events []flipEvent
+	due    int64 // records due inside the window
+	// blocked is the time spent inside Send in the window.
+	blocked time.Duration
+	events  []flipEvent
 }
 
 func (a *agent) url(w int) string { return workerURL(a.spec.URLBase, w) }
@@ -137,7 +142,11 @@ func (a *agent) run(ctx context.Context) error {
 				return err
 			}
 		case now := <-tick.C:
+			was := due
 			due = int64(now.Sub(start).Seconds() * rate)
+			if a.win.contains(now) {
+				a.due += due - was
+			}
 			// Behind by more than a round (the control plane pushed back):
 			// skip ahead rather than burst.
 			if lag := due - next; lag > int64(a.hi-a.lo) {
@@ -190,7 +199,10 @@ func (a *agent) sendRecords(st grpc.BidiStreamingClient[smgv1.ReportRequest, smg
 	default:
 		msg = &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Records{Records: &smgv1.LoadRecords{Records: recs}}}
 	}
-	if err := st.Send(msg); err != nil {
+	t0 := time.Now()
+	err := st.Send(msg)
+	a.blocked += a.win.overlap(t0, time.Now())
+	if err != nil {
 		return err
 	}
 	if a.win.contains(now) {

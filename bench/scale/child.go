@@ -40,9 +40,18 @@ type childSpec struct {
 
 // childResult is what a child prints on stdout when it ends.
 type childResult struct {
+	Role string
+	// CPUSecs is this process's CPU time over the window (user + system):
+	// what the clients cost, apart from the control plane.
+	CPUSecs float64
 	// agents
 	Sent  int64       // records sent inside the window
+	Due   int64       // records the rate asked for inside the window
 	Flips []flipEvent // every flip sent (the parent keeps those in the window)
+	// SendBlockedSecs: time the agent streams spent inside Send in the
+	// window, summed over streams (flow control: the control plane not
+	// reading shows here, a starved child does not).
+	SendBlockedSecs float64
 	// routers
 	Seen      map[string]*seenAgg // by flipKey: when the routers applied it
 	Messages  int64               // messages received inside the window, all routers
@@ -119,6 +128,8 @@ func runChild(ctx context.Context, raw []byte, in io.Reader, out io.Writer) erro
 		case <-ctx.Done():
 		}
 	}()
+	cpu := make(chan float64, 1)
+	go func() { cpu <- win.cpuSecs(ctx) }()
 	var res *childResult
 	var err error
 	switch spec.Role {
@@ -132,6 +143,7 @@ func runChild(ctx context.Context, raw []byte, in io.Reader, out io.Writer) erro
 	if err != nil {
 		return err
 	}
+	res.Role, res.CPUSecs = spec.Role, <-cpu
 	return json.NewEncoder(out).Encode(res)
 }
 
@@ -142,6 +154,36 @@ const grace = 2 * time.Second
 type window struct {
 	start, end atomic.Int64
 	set        chan struct{} // closed when sent
+}
+
+// cpuSecs is this process's CPU time from the window's start to its end (0
+// when ctx ends first).
+func (w *window) cpuSecs(ctx context.Context) float64 {
+	select {
+	case <-w.set:
+	case <-ctx.Done():
+		return 0
+	}
+	var at [2]time.Duration
+	for i, t := range []int64{w.start.Load(), w.end.Load()} {
+		select {
+		case <-time.After(time.Until(time.Unix(0, t))):
+		case <-ctx.Done():
+			return 0
+		}
+		at[i] = cpuTime()
+	}
+	return (at[1] - at[0]).Seconds()
+}
+
+// overlap is how much of [t0, t1] falls inside the window.
+func (w *window) overlap(t0, t1 time.Time) time.Duration {
+	s := w.start.Load()
+	if s == 0 {
+		return 0
+	}
+	lo, hi := max(t0.UnixNano(), s), min(t1.UnixNano(), w.end.Load())
+	return time.Duration(max(hi-lo, 0))
 }
 
 func (w *window) contains(t time.Time) bool {

@@ -66,6 +66,10 @@ type Config struct {
 	// CPUProfile, when set, is a file to write the control plane's CPU
 	// profile of the window to.
 	CPUProfile string
+	// Goroutines, when set, is a file to write the control plane's
+	// goroutines to (with their stacks) at the middle of the window: where
+	// a stalled stream waits.
+	Goroutines string
 	// Log receives progress (nil: discarded).
 	Log io.Writer `json:"-"`
 }
@@ -137,7 +141,16 @@ type Result struct {
 	Encoded, Sent    float64 // watch messages marshalled vs sent in the window
 	CPUPerSentUs     float64 // control-plane CPU per watch message sent, µs (everything it did)
 	LoadAvg          float64 // the machine's 1-minute load average at the window's end (other jobs included)
-	Errors           []string
+
+	// The clients, apart: the agent and router processes' CPU over the
+	// window (cores), the records the agents' rate asked for, and the share
+	// of the window an agent stream spent inside Send (flow control: the
+	// control plane not reading shows here, a starved agent process does
+	// not).
+	AgentCPUCores, RouterCPUCores float64
+	ReportsDuePerSec              float64
+	AgentSendBlocked              float64
+	Errors                        []string
 }
 
 // Run runs one configuration.
@@ -243,7 +256,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for !fleetSettled(cp, cfg) {
 		if time.Since(told) > 10*time.Second {
 			told = time.Now()
-			fmt.Fprintf(logw, "scale %s: settling: %s\n", cfg.Name, settleState(cp))
+			fmt.Fprintf(logw, "scale %s: settling: %s %v\n", cfg.Name, settleState(cp), flips.warnings())
 		}
 		select {
 		case <-time.After(200 * time.Millisecond):
@@ -251,7 +264,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, errors.Join(ctx.Err(), children.wait())
 		}
 		if time.Since(settled) > 2*time.Minute {
-			return nil, errors.Join(fmt.Errorf("scale: the fleet did not settle in 2 minutes: %s", settleState(cp)), children.wait())
+			return nil, errors.Join(fmt.Errorf("scale: the fleet did not settle in 2 minutes: %s; %s", settleState(cp), strings.Join(flips.warnings(), "; ")), children.wait())
 		}
 	}
 	fmt.Fprintf(logw, "scale %s: fleet settled in %s\n", cfg.Name, time.Since(settled).Round(time.Millisecond))
@@ -279,6 +292,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			}
 		}
 	}
+	if cfg.Goroutines != "" {
+		mid := time.AfterFunc(cfg.Duration/2, func() {
+			if f, err := os.Create(cfg.Goroutines); err == nil {
+				_ = pprof.Lookup("goroutine").WriteTo(f, 2)
+				f.Close()
+			}
+		})
+		defer mid.Stop()
+	}
 	var lags []float64
 	sample := time.NewTicker(250 * time.Millisecond)
 	for now := time.Now(); now.Before(end); now = time.Now() {
@@ -304,7 +326,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	wall := end.Sub(start)
 
 	results, cerr := children.results()
-	res := &Result{Config: cfg, Errors: cerr}
+	res := &Result{Config: cfg, Errors: append(cerr, flips.warnings()...)}
 	res.CPUCores = (cpu1 - cpu0).Seconds() / wall.Seconds()
 	res.HeapMiB = float64(ms1.HeapInuse) / (1 << 20)
 	res.RSSMiB = rssMiB()
@@ -315,7 +337,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	seen := map[string]*seenAgg{}
 	var sent []flipEvent
 	var joins []float64
+	var due int64
+	var blocked float64
 	for _, r := range results {
+		if r.Role == "agents" {
+			res.AgentCPUCores += r.CPUSecs / wall.Seconds()
+		} else {
+			res.RouterCPUCores += r.CPUSecs / wall.Seconds()
+		}
+		due += r.Due
+		blocked += r.SendBlockedSecs
 		res.Reports += r.Sent
 		sent = append(sent, r.Flips...)
 		routerMsgs += r.Messages
@@ -338,6 +369,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	res.ReportsPerSec = float64(res.Reports) / wall.Seconds()
+	res.ReportsDuePerSec = float64(due) / wall.Seconds()
+	res.AgentSendBlocked = blocked / wall.Seconds() / float64(cfg.Agents)
 	if res.Reports > 0 {
 		res.AllocsPerReport = float64(ms1.Mallocs-ms0.Mallocs) / float64(res.Reports)
 	}
@@ -372,8 +405,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if res.Sent > 0 {
 		res.CPUPerSentUs = (cpu1 - cpu0).Seconds() * 1e6 / res.Sent
 	}
-	fmt.Fprintf(logw, "scale %s: cpu %.2f cores, heap %.0f MiB, %.0f reports/s of %.0f, flips %d (%d to all routers), r->v p99 %.1f ms, v->routers p99 %.1f ms\n",
-		cfg.Name, res.CPUCores, res.HeapMiB, res.ReportsPerSec, res.ReportTarget, res.Flips, res.Delivered, res.ReportToVerdict.P99, res.VerdictToRouters.P99)
+	fmt.Fprintf(logw, "scale %s: cpu %.2f cores, heap %.0f MiB, %.0f reports/s of %.0f (%.0f due), flips %d (%d to all routers), r->v p99 %.1f ms, v->routers p99 %.1f ms; agents %.2f cores, %.0f%% of the time in Send; routers %.2f cores\n",
+		cfg.Name, res.CPUCores, res.HeapMiB, res.ReportsPerSec, res.ReportTarget, res.ReportsDuePerSec, res.Flips, res.Delivered, res.ReportToVerdict.P99, res.VerdictToRouters.P99,
+		res.AgentCPUCores, 100*res.AgentSendBlocked, res.RouterCPUCores)
 	return res, nil
 }
 
@@ -425,6 +459,7 @@ func fleetSettled(cp *controlplane.ControlPlane, cfg Config) bool {
 // settleState says how far the fleet has settled.
 func settleState(cp *controlplane.ControlPlane) string {
 	routers, agented, workers := 0, 0, 0
+	var missing []string
 	for _, r := range cp.Watch.Routers() {
 		if strings.HasPrefix(r.GetRouterId(), "router-") {
 			routers++
@@ -434,9 +469,11 @@ func settleState(cp *controlplane.ControlPlane) string {
 		workers++
 		if w.AgentNode != "" {
 			agented++
+		} else if len(missing) < 5 {
+			missing = append(missing, w.ID)
 		}
 	}
-	return fmt.Sprintf("%d routers watching, %d of %d workers reported by an agent", routers, agented, workers)
+	return fmt.Sprintf("%d routers watching, %d of %d workers reported by an agent (not yet: %v)", routers, agented, workers, missing)
 }
 
 // children are the agent and router processes of one run.
@@ -518,22 +555,37 @@ func (c *children) results() ([]*childResult, []string) {
 }
 
 // flipLog is the control plane's logger: it keeps the time each verdict
-// flip was committed (the ingester logs a flip right after its commit) and
+// flip was committed (the ingester logs a flip right after its commit),
+// counts warnings and errors by message (a run that logs them says so), and
 // drops everything else.
 type flipLog struct {
-	mu    sync.Mutex
-	count map[string]int   // flips per worker id
-	at    map[string]int64 // by flipKey
+	mu     sync.Mutex
+	count  map[string]int   // flips per worker id
+	at     map[string]int64 // by flipKey
+	warned map[string]*warning
 }
 
-func newFlipLog() *flipLog { return &flipLog{count: map[string]int{}, at: map[string]int64{}} }
+// warning is one message the control plane logged at Warn or above.
+type warning struct {
+	n     int
+	first string // the first one's attributes
+}
 
-func (l *flipLog) Enabled(_ context.Context, lv slog.Level) bool { return lv == slog.LevelInfo }
+func newFlipLog() *flipLog {
+	return &flipLog{count: map[string]int{}, at: map[string]int64{}, warned: map[string]*warning{}}
+}
+
+func (l *flipLog) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelInfo }
 func (l *flipLog) WithAttrs([]slog.Attr) slog.Handler            { return l }
 func (l *flipLog) WithGroup(string) slog.Handler                 { return l }
 
-// Handle records the ingester's "Worker overloaded" and "back in routing".
+// Handle records the ingester's "Worker overloaded" and "back in routing",
+// and counts warnings.
 func (l *flipLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		l.warn(r)
+		return nil
+	}
 	if !strings.HasPrefix(r.Message, "Worker overloaded") && !strings.HasPrefix(r.Message, "Worker under every threshold") {
 		return nil
 	}
@@ -554,6 +606,35 @@ func (l *flipLog) Handle(_ context.Context, r slog.Record) error {
 	l.count[id]++
 	l.at[flipKey(w, l.count[id])] = r.Time.UnixNano()
 	return nil
+}
+
+func (l *flipLog) warn(r slog.Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.warned[r.Message]
+	if w == nil {
+		var b strings.Builder
+		r.Attrs(func(a slog.Attr) bool {
+			fmt.Fprintf(&b, " %s", a)
+			return b.Len() < 200
+		})
+		w = &warning{first: b.String()}
+		l.warned[r.Message] = w
+	}
+	w.n++
+}
+
+// warnings lists what the control plane warned about, most frequent first.
+func (l *flipLog) warnings() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	msgs := slices.Collect(maps.Keys(l.warned))
+	slices.SortFunc(msgs, func(a, b string) int { return l.warned[b].n - l.warned[a].n })
+	var out []string
+	for _, m := range msgs {
+		out = append(out, fmt.Sprintf("control plane logged %dx %q (first:%s)", l.warned[m].n, m, l.warned[m].first))
+	}
+	return out
 }
 
 func (l *flipLog) committed() map[string]int64 {

@@ -427,3 +427,58 @@ func TestGetIsTheCommittedRecord(t *testing.T) {
 		check(step)
 	}
 }
+
+// TestReadersDoNotWaitForWriters: while a write transaction runs, every read
+// (snapshot, revision, epoch, wake-up channels, change history) returns at
+// once with the last commit's state; a thousand watch streams reading behind
+// a long flush convoyed the whole control plane (make bench-scale). The
+// commit then publishes its view before it wakes anyone.
+func TestReadersDoNotWaitForWriters(t *testing.T) {
+	r := registry.New("e", 0)
+	rev := insert(t, r, worker("a", "http://a"))
+	inside, release := make(chan struct{}), make(chan struct{})
+	done := make(chan uint64)
+	go func() {
+		rev, err := r.Update(func(tx *registry.Txn) error {
+			tx.Insert(worker("b", "http://b"))
+			close(inside)
+			<-release
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- rev
+	}()
+	<-inside // the writer holds its transaction open: none of these may block
+	snap := r.Snapshot()
+	if snap.Revision != rev || snap.Get("b") != nil || snap.Get("a") == nil || r.Revision() != rev || r.Epoch() != "e" {
+		t.Fatalf("during the write: snapshot at %d with b %v, revision %d: want the last commit (%d) only", snap.Revision, snap.Get("b"), r.Revision(), rev)
+	}
+	if changes, cur, ok := r.ChangesSince(rev - 1); !ok || cur != rev || len(changes) != 1 {
+		t.Fatalf("ChangesSince during the write: %v %d %v", changes, cur, ok)
+	}
+	changed, routed := r.Changed(), r.RoutingChanged()
+	close(release)
+	next := <-done
+	<-changed // closed by the commit, after the view was published:
+	<-routed
+	if s := r.Snapshot(); s.Revision != next || s.Get("b") == nil {
+		t.Fatalf("after the commit: snapshot at %d, b %v; want %d with b", s.Revision, s.Get("b"), next)
+	}
+}
+
+// TestInvisibleChangePublished: a commit that changes only evidence (no new
+// revision) still reaches readers.
+func TestInvisibleChangePublished(t *testing.T) {
+	r := registry.New("e", 0)
+	rev := insert(t, r, worker("a", "http://a"))
+	w := r.Snapshot().Get("a").Clone()
+	w.Evidence.NoReport = true
+	if got := insert(t, r, w); got != rev {
+		t.Fatalf("revision %d after an evidence-only change, want %d", got, rev)
+	}
+	if s := r.Snapshot(); s.Revision != rev || !s.Get("a").Evidence.NoReport {
+		t.Fatalf("snapshot at %d misses the evidence", s.Revision)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -120,4 +121,77 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// joinFleet is a registry of n workers shaped like the scale harness's
+// (URLs, model, thresholds, a load each).
+func joinFleet(b *testing.B, n int) *registry.Registry {
+	reg := registry.New("bench", 0)
+	ws := make([]*registry.Worker, n)
+	for i := range ws {
+		w := newWorker(fmt.Sprintf("w%05d", i))
+		w.Spec.Url = fmt.Sprintf("http://127.0.0.1:34567/w%05d", i)
+		w.Model = "scale-model"
+		w.Load = &smgv1.EngineLoad{WaitingRequests: int32(i % 3), RunningRequests: 8 + int32(i%8), TokenUsage: 0.1 + float64(i%40)/100}
+		w.LoadRevision = uint64(i)
+		ws[i] = w
+	}
+	put(b, reg, ws...)
+	return reg
+}
+
+// BenchmarkJoin10k is a router joining a 10,000-worker registry, in parts:
+// the control plane's side (build: the routing view of every worker;
+// encode: marshalling it; both once per revision, shared by every joiner),
+// the router's decode of the bytes, and a join end to end over loopback gRPC
+// (dial, hello, snapshot decoded) at a revision whose frame is already
+// encoded.
+func BenchmarkJoin10k(b *testing.B) {
+	const n = 10000
+	reg := joinFleet(b, n)
+	srv := NewServer(reg, Options{}, nil, nil)
+	snap := reg.Snapshot()
+	k := baseKey{reg.Epoch(), kindSnapshot, 0, snap.Revision}
+	build := func() *smgv1.WatchResponse {
+		b := &base{}
+		b.fill(snap.Workers())
+		return srv.message(k, b, "r")
+	}
+	msg := build()
+	raw, err := proto.Marshal(msg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("cp-build", func(b *testing.B) {
+		for b.Loop() {
+			build()
+		}
+	})
+	b.Run("cp-encode", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := proto.Marshal(msg); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(len(raw))/1024, "KiB")
+	})
+	b.Run("router-decode", func(b *testing.B) {
+		for b.Loop() {
+			var m smgv1.WatchResponse
+			if err := proto.Unmarshal(raw, &m); err != nil || len(m.GetSnapshot().GetWorkers()) != n {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("join-grpc", func(b *testing.B) {
+		h := start(b, reg, Options{})
+		for b.Loop() {
+			ctx, cancel := context.WithCancel(context.Background())
+			st := h.watch(b, ctx, &smgv1.WatchHello{RouterId: "joiner"})
+			if m := recv(b, st); len(m.GetSnapshot().GetWorkers()) != n {
+				b.Fatalf("first message %v: want the snapshot", m.GetMsg())
+			}
+			cancel()
+		}
+	})
 }

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/smg-project/smg/internal/tlsutil"
@@ -71,7 +72,8 @@ type Options struct {
 	// heartbeat carrying the revision is sent (default 1s).
 	HeartbeatInterval time.Duration
 	// MaxPending is how many changed workers one stream may be sent as a
-	// delta; beyond it the stream gets a snapshot instead (default 1024).
+	// delta; beyond it (and beyond half the fleet, whose delta would cost
+	// half a snapshot) the stream gets a snapshot instead (default 1024).
 	MaxPending int
 	// LoadInterval paces load reports: a change to a worker's load alone
 	// reaches a router at most once per LoadInterval (default 1s, well
@@ -123,6 +125,10 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	frames  *frames
+	// fleet is the number of workers in the latest snapshot built: a
+	// delta is sent up to half of it (a storm of verdicts on a large fleet
+	// must not turn every wake-up of every stream into a full snapshot).
+	fleet atomic.Int64
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed by Close: every stream says goodbye
@@ -131,13 +137,14 @@ type Server struct {
 	routers map[string]*routerRecord // by router id: the latest stream of each
 }
 
-// routerRecord is one connected router; fields after mu are guarded by Server.mu.
+// routerRecord is one connected router. Its acks and reports update it
+// without a lock (1,000 routers send 8,000 a second).
 type routerRecord struct {
 	id          string
 	peer        string
 	connectedAt time.Time
-	applied     uint64
-	lastSeen    time.Time
+	applied     atomic.Uint64
+	lastSeen    atomic.Int64 // Unix ns
 }
 
 // NewServer returns a WatchService over reg. metrics may be nil.
@@ -176,10 +183,10 @@ func (s *Server) Routers() []*smgv1.RouterInfo {
 		out = append(out, &smgv1.RouterInfo{
 			RouterId:        r.id,
 			Peer:            r.peer,
-			AppliedRevision: r.applied,
-			Lag:             lag(current, r.applied),
+			AppliedRevision: r.applied.Load(),
+			Lag:             lag(current, r.applied.Load()),
 			ConnectedAt:     timestamppb.New(r.connectedAt),
-			LastSeen:        timestamppb.New(r.lastSeen),
+			LastSeen:        timestamppb.New(time.Unix(0, r.lastSeen.Load())),
 		})
 	}
 	slices.SortFunc(out, func(a, b *smgv1.RouterInfo) int { return strings.Compare(a.RouterId, b.RouterId) })
@@ -373,7 +380,7 @@ func (s *Server) deltaBase(k baseKey, snap *registry.Snapshot) *base {
 			since = s.reg.RoutingChangesSince
 		}
 		changes, _, ok := since(k.from)
-		if !ok || len(changes) > s.opts.MaxPending {
+		if !ok || len(changes) > max(s.opts.MaxPending, int(s.fleet.Load()/2)) {
 			b.tooFar = true
 			return
 		}
@@ -399,7 +406,10 @@ func (s *Server) deltaBase(k baseKey, snap *registry.Snapshot) *base {
 // snapshotBase is the shared content of the snapshot at snap.Revision.
 func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
 	b := s.frames.base(k)
-	b.once.Do(func() { b.fill(snap.Workers()) })
+	b.once.Do(func() {
+		b.fill(snap.Workers())
+		s.fleet.Store(int64(len(b.workers)))
+	})
 	return b
 }
 
@@ -407,16 +417,19 @@ func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
 func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID string) error {
 	s.metrics.sent.WithLabelValues(k.kind.String()).Inc()
 	fr := s.frames.frame(frameKey{k, b.shareKey(routerID)})
-	return s.frames.send(stream, k.kind, fr, func() *smgv1.WatchResponse {
-		m := &smgv1.WatchResponse{Epoch: k.epoch, Revision: k.to}
-		workers := b.routingWorkers(routerID)
-		if k.kind == kindSnapshot {
-			m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: workers, Settings: s.opts.Settings}}
-		} else {
-			m.Msg = &smgv1.WatchResponse_Delta{Delta: &smgv1.WatchDelta{Upserts: workers, Removed: b.removed}}
-		}
-		return m
-	})
+	return s.frames.send(stream, k.kind, fr, func() *smgv1.WatchResponse { return s.message(k, b, routerID) })
+}
+
+// message is b's message under k as routerID sees it.
+func (s *Server) message(k baseKey, b *base, routerID string) *smgv1.WatchResponse {
+	m := &smgv1.WatchResponse{Epoch: k.epoch, Revision: k.to}
+	workers := b.routingWorkers(routerID)
+	if k.kind == kindSnapshot {
+		m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: workers, Settings: s.opts.Settings}}
+	} else {
+		m.Msg = &smgv1.WatchResponse_Delta{Delta: &smgv1.WatchDelta{Upserts: workers, Removed: b.removed}}
+	}
+	return m
 }
 
 // sendHeartbeat sends the shared heartbeat at rev.
@@ -466,11 +479,9 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smg
 }
 
 func (s *Server) touch(rec *routerRecord, now time.Time, applied uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	rec.lastSeen = now
+	rec.lastSeen.Store(now.UnixNano())
 	if applied != 0 {
-		rec.applied = applied
+		rec.applied.Store(applied)
 	}
 }
 
@@ -483,7 +494,8 @@ func (s *Server) addRouter(ctx context.Context, id string) *routerRecord {
 		id = addr // an anonymous router is known by its address
 	}
 	now := s.opts.Now()
-	rec := &routerRecord{id: id, peer: addr, connectedAt: now, lastSeen: now}
+	rec := &routerRecord{id: id, peer: addr, connectedAt: now}
+	rec.lastSeen.Store(now.UnixNano())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.routers[id] = rec // a reconnect replaces the stream the server has not seen end yet
@@ -507,9 +519,7 @@ func (s *Server) removeRouter(rec *routerRecord) {
 
 // applied is the revision rec last acked.
 func (s *Server) applied(rec *routerRecord) uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return rec.applied
+	return rec.applied.Load()
 }
 
 // authorize checks the bearer token when one is configured.

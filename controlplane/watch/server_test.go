@@ -478,35 +478,48 @@ func TestSlowStreamMergesByWorker(t *testing.T) {
 	})
 }
 
+// TestTooFarBehindGetsSnapshot: a stream behind by at most MaxPending
+// workers, or by at most half the fleet (a storm of verdicts on a large
+// fleet must not send every router a full snapshot at every wake-up), gets a
+// delta; further behind, a snapshot.
 func TestTooFarBehindGetsSnapshot(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		reg := registry.New(testEpoch, 0)
-		var ws []*registry.Worker
-		for i := range 10 {
-			ws = append(ws, newWorker(fmt.Sprintf("w%02d", i)))
-		}
-		put(t, reg, ws...)
-		s := NewServer(reg, Options{HeartbeatInterval: time.Hour, MaxPending: 3}, nil, nil)
-		fs := serveFake(t, s, &smgv1.WatchHello{RouterId: "r1"})
-		synctest.Wait() // blocked sending the first snapshot
-
-		for _, w := range ws[:3] { // three pending: still a delta
-			setOverloaded(t, reg, w.ID, true)
-		}
-		<-fs.sent
-		if m := <-fs.sent; m.GetDelta() == nil || len(m.GetDelta().Upserts) != 3 {
-			t.Fatalf("got %v, want a delta of 3 workers", m)
-		}
-		setOverloaded(t, reg, "w00", false)
-		synctest.Wait()        // blocked sending a delta of w00
-		for _, w := range ws { // eight verdicts change behind it (> MaxPending): a snapshot
-			setOverloaded(t, reg, w.ID, true)
-		}
-		if m := <-fs.sent; m.GetDelta() == nil || ids(m.GetDelta().Upserts) != "w00" {
-			t.Fatalf("got %v, want the delta of w00", m)
-		}
-		if m := <-fs.sent; m.GetSnapshot() == nil || m.Revision != reg.Revision() || len(m.GetSnapshot().Workers) != 10 {
-			t.Fatalf("got %v, want a snapshot of 10 workers at %d", m, reg.Revision())
-		}
-	})
+	for _, c := range []struct {
+		fleet, delta, snapshot int // fleet size; a delta of; a snapshot after
+	}{
+		{fleet: 10, delta: 3, snapshot: 6},   // > MaxPending (3) and > half the fleet
+		{fleet: 20, delta: 10, snapshot: 11}, // > MaxPending: still a delta up to half
+	} {
+		t.Run(fmt.Sprint(c.fleet), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				reg := registry.New(testEpoch, 0)
+				var ws []*registry.Worker
+				for i := range c.fleet {
+					ws = append(ws, newWorker(fmt.Sprintf("w%02d", i)))
+				}
+				put(t, reg, ws...)
+				s := NewServer(reg, Options{HeartbeatInterval: time.Hour, MaxPending: 3}, nil, nil)
+				fs := serveFake(t, s, &smgv1.WatchHello{RouterId: "r1"})
+				synctest.Wait() // blocked sending the first snapshot
+				for _, w := range ws[:c.delta] {
+					setOverloaded(t, reg, w.ID, true)
+				}
+				<-fs.sent
+				if m := <-fs.sent; m.GetDelta() == nil || len(m.GetDelta().Upserts) != c.delta {
+					t.Fatalf("got %v, want a delta of %d workers", m, c.delta)
+				}
+				last := ws[c.fleet-1].ID
+				setOverloaded(t, reg, last, true)
+				synctest.Wait() // blocked sending the delta of the last worker
+				for _, w := range ws[c.fleet-1-c.snapshot : c.fleet-1] {
+					setOverloaded(t, reg, w.ID, !reg.Snapshot().Get(w.ID).Overloaded)
+				}
+				if m := <-fs.sent; m.GetDelta() == nil || ids(m.GetDelta().Upserts) != last {
+					t.Fatalf("got %v, want the delta of %s", m, last)
+				}
+				if m := <-fs.sent; m.GetSnapshot() == nil || m.Revision != reg.Revision() || len(m.GetSnapshot().Workers) != c.fleet {
+					t.Fatalf("got %v, want a snapshot of %d workers at %d", m, c.fleet, reg.Revision())
+				}
+			})
+		})
+	}
 }
