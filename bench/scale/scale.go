@@ -151,6 +151,9 @@ type Result struct {
 	ReportsDuePerSec              float64
 	AgentSendBlocked              float64
 	Errors                        []string
+	// Warnings: what the control plane logged at Warn or above from the
+	// children's start to the window's end, most frequent first.
+	Warnings []string
 }
 
 // Run runs one configuration.
@@ -246,6 +249,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	specs := childSpecs(cfg, lis.Addr().String(), urlBase, th.WaitingRequests)
 	fmt.Fprintf(logw, "scale %s: %d workers, %d agents at %g reports/s each worker, %d routers in %d processes, %g flips/s; window %s\n",
 		cfg.Name, cfg.Workers, cfg.Agents, cfg.ReportRate, cfg.Routers, cfg.RouterProcs, cfg.FlipRate, cfg.Duration)
+	flips.counting.Store(true)
 	children, err := startChildren(cfg, specs)
 	if err != nil {
 		return nil, err
@@ -320,13 +324,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	sample.Stop()
 	stopProfile()
+	warnings := flips.warnings()
+	flips.counting.Store(false) // the streams ending after the window are no news
 	cpu1, rev1 := cpuTime(), cp.Registry.Revision()
 	var ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms1)
 	wall := end.Sub(start)
 
 	results, cerr := children.results()
-	res := &Result{Config: cfg, Errors: append(cerr, flips.warnings()...)}
+	res := &Result{Config: cfg, Errors: cerr, Warnings: warnings}
 	res.CPUCores = (cpu1 - cpu0).Seconds() / wall.Seconds()
 	res.HeapMiB = float64(ms1.HeapInuse) / (1 << 20)
 	res.RSSMiB = rssMiB()
@@ -563,6 +569,9 @@ type flipLog struct {
 	count  map[string]int   // flips per worker id
 	at     map[string]int64 // by flipKey
 	warned map[string]*warning
+	// counting: warnings are counted (from the children's start to the
+	// window's end).
+	counting atomic.Bool
 }
 
 // warning is one message the control plane logged at Warn or above.
@@ -583,7 +592,9 @@ func (l *flipLog) WithGroup(string) slog.Handler                 { return l }
 // and counts warnings.
 func (l *flipLog) Handle(_ context.Context, r slog.Record) error {
 	if r.Level >= slog.LevelWarn {
-		l.warn(r)
+		if l.counting.Load() {
+			l.warn(r)
+		}
 		return nil
 	}
 	if !strings.HasPrefix(r.Message, "Worker overloaded") && !strings.HasPrefix(r.Message, "Worker under every threshold") {

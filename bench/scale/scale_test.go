@@ -46,6 +46,9 @@ func TestScaleShort(t *testing.T) {
 	if res.CPUCores <= 0 || res.HeapMiB <= 0 || res.Revisions == 0 {
 		t.Errorf("cpu %.3f cores, heap %.1f MiB, revisions %d: want all measured", res.CPUCores, res.HeapMiB, res.Revisions)
 	}
+	if res.AgentCPUCores <= 0 || res.RouterCPUCores <= 0 || res.ReportsDuePerSec <= 0 {
+		t.Errorf("agents %.3f cores, routers %.3f cores, %.0f records due a second: want the clients measured", res.AgentCPUCores, res.RouterCPUCores, res.ReportsDuePerSec)
+	}
 	if res.Encoded <= 0 || res.Encoded >= res.Sent/2 {
 		t.Errorf("watch messages encoded %.0f for %.0f sent to %d routers: want each encoded once for many", res.Encoded, res.Sent, cfg.Routers)
 	}

@@ -113,6 +113,9 @@ func writeScaleTable(w io.Writer, rs []*scale.Result) {
 		if len(r.Errors) > 0 {
 			fmt.Fprintf(w, "|  | errors: %s |\n", strings.Join(r.Errors, "; "))
 		}
+		if len(r.Warnings) > 0 {
+			fmt.Fprintf(w, "|  | control plane warnings: %s |\n", strings.Join(r.Warnings, "; "))
+		}
 	}
 }
 
