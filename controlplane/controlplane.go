@@ -84,6 +84,10 @@ type Options struct {
 	// KubeClient lists and watches pods for --service-discovery (nil: the
 	// pod's in-cluster credentials).
 	KubeClient podwatch.Client
+	// WatchSent hears every delta and snapshot the watch server has
+	// written to a router (watch.Options.Sent; nil: none). The scale
+	// harness times the fan-out on the control plane's side with it.
+	WatchSent func(routerID string, revision uint64)
 }
 
 // DefaultOptions returns the spec's defaults.
@@ -245,8 +249,8 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		loadInterval = -1 // watch.Options: negative is "at once"
 	}
 	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness, Demand: cp.Windows, Now: opts.Now,
-		LoadInterval: loadInterval,
-		Settings:     &smgv1.FleetSettings{LoadMonitorIntervalSecs: int32(opts.LoadMonitorInterval), WorkerStaleSecs: int32(opts.Liveness.StaleSecs)}}, log, reg)
+		LoadInterval: loadInterval, Sent: opts.WatchSent,
+		Settings: &smgv1.FleetSettings{LoadMonitorIntervalSecs: int32(opts.LoadMonitorInterval), WorkerStaleSecs: int32(opts.Liveness.StaleSecs)}}, log, reg)
 	cp.Admin = admin.New(cp.Registry, admin.Options{
 		APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout,
 		URL:     workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers},

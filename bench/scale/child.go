@@ -69,10 +69,13 @@ type flipEvent struct {
 	At     int64 // Unix ns, just before the record was sent
 }
 
-// seenAgg is how many routers applied a flip, and the last of them.
+// seenAgg is how many routers applied a flip, the last of them, and the
+// lowest revision of a message that carried it (the flip's commit, or the
+// first commit after it that a stream picked up).
 type seenAgg struct {
-	Count int
-	Last  int64
+	Count  int
+	Last   int64
+	MinRev uint64
 }
 
 // joinSample is one router joining: time to its snapshot, and its size.

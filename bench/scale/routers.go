@@ -146,20 +146,21 @@ func (p *routerProc) watch(ctx context.Context, id string) {
 			}
 			over[w.index] = w.overload
 			flips[w.index]++
-			p.saw(flipKey(w.index, flips[w.index]), now)
+			p.saw(flipKey(w.index, flips[w.index]), now, m.revision)
 		}
 		held.Store(m.revision)
 	}
 }
 
-func (p *routerProc) saw(key string, at time.Time) {
+func (p *routerProc) saw(key string, at time.Time, rev uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	a := p.seen[key]
 	if a == nil {
-		a = &seenAgg{}
+		a = &seenAgg{MinRev: rev}
 		p.seen[key] = a
 	}
+	a.MinRev = min(a.MinRev, rev)
 	a.Count++
 	a.Last = max(a.Last, at.UnixNano())
 }

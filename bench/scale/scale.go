@@ -12,6 +12,7 @@ package scale
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -130,6 +131,9 @@ type Result struct {
 
 	ReportToVerdict  Quantiles // agent sent the record → control plane committed the flip
 	VerdictToRouters Quantiles // committed → the last router applied it
+	// VerdictSentAll: committed → the control plane's last Send of it
+	// returned (its own side of the fan-out, without the routers' receive).
+	VerdictSentAll Quantiles
 	// CPUPerRouterChangeUs: control-plane CPU per router per revision, µs.
 	CPUPerRouterChangeUs float64
 	LagP99, LagMax       float64 // revisions a router's ack trails the registry, sampled
@@ -194,6 +198,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	flips := newFlipLog()
 	opts := controlplane.DefaultOptions()
 	opts.LoadMonitorInterval = 3600 // agents cover every worker
+	sends := newSendLog()
+	opts.WatchSent = sends.sent
 	opts.Health.IntervalSecs = 3600
 	if cfg.LoadInterval > 0 {
 		opts.WatchLoadInterval = cfg.LoadInterval
@@ -284,6 +290,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	case <-ctx.Done():
 		return nil, errors.Join(ctx.Err(), children.wait())
 	}
+	sends.on.Store(true)
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	cpu0, rev0 := cpuTime(), cp.Registry.Revision()
@@ -332,6 +339,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	wall := end.Sub(start)
 
 	results, cerr := children.results()
+	sends.on.Store(false)
 	res := &Result{Config: cfg, Errors: cerr, Warnings: warnings}
 	res.CPUCores = (cpu1 - cpu0).Seconds() / wall.Seconds()
 	res.HeapMiB = float64(ms1.HeapInuse) / (1 << 20)
@@ -362,6 +370,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			if s := seen[k]; s != nil {
 				s.Count += a.Count
 				s.Last = max(s.Last, a.Last)
+				s.MinRev = min(s.MinRev, a.MinRev)
 			} else {
 				seen[k] = a
 			}
@@ -385,7 +394,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.MsgsPerRouterSec = float64(routerMsgs) / float64(cfg.Routers) / wall.Seconds()
 		res.KiBPerRouterSec = float64(routerBytes) / 1024 / float64(cfg.Routers) / wall.Seconds()
 	}
-	var r2v, v2r []float64
+	var r2v, v2r, v2s []float64
 	committed := flips.committed()
 	for _, f := range sent {
 		if f.At < start.UnixNano() || f.At >= end.UnixNano() {
@@ -400,9 +409,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if s := seen[flipKey(f.Worker, f.N)]; cfg.Routers > 0 && s != nil && s.Count >= cfg.Routers {
 			res.Delivered++
 			v2r = append(v2r, float64(s.Last-at)/1e6)
+			if done, ok := sends.allAt(s.MinRev, cfg.Routers); ok {
+				v2s = append(v2s, float64(done-at)/1e6)
+			}
 		}
 	}
-	res.ReportToVerdict, res.VerdictToRouters = quantiles(r2v), quantiles(v2r)
+	res.ReportToVerdict, res.VerdictToRouters, res.VerdictSentAll = quantiles(r2v), quantiles(v2r), quantiles(v2s)
 	res.Join = quantiles(joins)
 	lq := quantiles(lags)
 	res.LagP99, res.LagMax = lq.P99, lq.Max
@@ -411,8 +423,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if res.Sent > 0 {
 		res.CPUPerSentUs = (cpu1 - cpu0).Seconds() * 1e6 / res.Sent
 	}
-	fmt.Fprintf(logw, "scale %s: cpu %.2f cores, heap %.0f MiB, %.0f reports/s of %.0f (%.0f due), flips %d (%d to all routers), r->v p99 %.1f ms, v->routers p99 %.1f ms; agents %.2f cores, %.0f%% of the time in Send; routers %.2f cores\n",
-		cfg.Name, res.CPUCores, res.HeapMiB, res.ReportsPerSec, res.ReportTarget, res.ReportsDuePerSec, res.Flips, res.Delivered, res.ReportToVerdict.P99, res.VerdictToRouters.P99,
+	fmt.Fprintf(logw, "scale %s: cpu %.2f cores, heap %.0f MiB, %.0f reports/s of %.0f (%.0f due), flips %d (%d to all routers), r->v p99 %.1f ms, v->CP's last send p99 %.1f ms, v->routers p99 %.1f ms; agents %.2f cores, %.0f%% of the time in Send; routers %.2f cores\n",
+		cfg.Name, res.CPUCores, res.HeapMiB, res.ReportsPerSec, res.ReportTarget, res.ReportsDuePerSec, res.Flips, res.Delivered, res.ReportToVerdict.P99, res.VerdictSentAll.P99, res.VerdictToRouters.P99,
 		res.AgentCPUCores, 100*res.AgentSendBlocked, res.RouterCPUCores)
 	return res, nil
 }
@@ -558,6 +570,51 @@ func (c *children) results() ([]*childResult, []string) {
 		out = append(out, &r)
 	}
 	return out, errs
+}
+
+// sendLog is, per synthetic router, when the control plane's Send of each
+// delta or snapshot returned and the revision it brought the router to
+// (recorded from the window's start until the children end).
+type sendLog struct {
+	on     atomic.Bool
+	mu     sync.Mutex
+	byPeer map[string][]sendAt
+}
+
+type sendAt struct {
+	rev uint64
+	at  int64 // Unix ns
+}
+
+func newSendLog() *sendLog { return &sendLog{byPeer: map[string][]sendAt{}} }
+
+func (l *sendLog) sent(routerID string, rev uint64) {
+	if !l.on.Load() || !strings.HasPrefix(routerID, "router-") {
+		return
+	}
+	at := time.Now().UnixNano()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.byPeer[routerID] = append(l.byPeer[routerID], sendAt{rev, at})
+}
+
+// allAt is when the last of the routers was sent revision rev or a later
+// one (each router's log ascends in revision); ok=false if one never was.
+func (l *sendLog) allAt(rev uint64, routers int) (int64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.byPeer) < routers {
+		return 0, false
+	}
+	var last int64
+	for _, log := range l.byPeer {
+		i, _ := slices.BinarySearchFunc(log, rev, func(s sendAt, rev uint64) int { return cmp.Compare(s.rev, rev) })
+		if i == len(log) {
+			return 0, false
+		}
+		last = max(last, log[i].at)
+	}
+	return last, true
 }
 
 // flipLog is the control plane's logger: it keeps the time each verdict

@@ -37,6 +37,9 @@ func TestScaleShort(t *testing.T) {
 	if res.Flips == 0 || res.Delivered != res.Flips {
 		t.Errorf("flips committed %d, delivered to all %d routers %d: want every flip delivered", res.Flips, cfg.Routers, res.Delivered)
 	}
+	if res.VerdictSentAll.N != res.Delivered {
+		t.Errorf("control plane's side of the fan-out timed for %d of %d flips delivered", res.VerdictSentAll.N, res.Delivered)
+	}
 	if res.ReportToVerdict.N != res.Flips || res.VerdictToRouters.N != res.Delivered {
 		t.Errorf("latency samples %d and %d for %d flips", res.ReportToVerdict.N, res.VerdictToRouters.N, res.Flips)
 	}

@@ -92,6 +92,11 @@ type Options struct {
 	// must share with this control plane (nil: none sent, routers keep
 	// their flags).
 	Settings *smgv1.FleetSettings
+	// Sent, when set, hears every delta and snapshot once it is written to
+	// a router's stream, with the revision the router holds after it
+	// (measurements: the scale harness times the fan-out on the control
+	// plane's side). Calls come from stream goroutines, concurrently.
+	Sent func(routerID string, revision uint64)
 	// EncodePerStream turns the shared frames off: every stream builds and
 	// marshals its own messages. It exists as the baseline the scale
 	// benchmark measures shared encoding against; nothing else sets it.
@@ -417,7 +422,11 @@ func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
 func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID string) error {
 	s.metrics.sent.WithLabelValues(k.kind.String()).Inc()
 	fr := s.frames.frame(frameKey{k, b.shareKey(routerID)})
-	return s.frames.send(stream, k.kind, fr, func() *smgv1.WatchResponse { return s.message(k, b, routerID) })
+	err := s.frames.send(stream, k.kind, fr, func() *smgv1.WatchResponse { return s.message(k, b, routerID) })
+	if err == nil && s.opts.Sent != nil {
+		s.opts.Sent(routerID, k.to)
+	}
+	return err
 }
 
 // message is b's message under k as routerID sees it.

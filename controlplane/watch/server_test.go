@@ -523,3 +523,27 @@ func TestTooFarBehindGetsSnapshot(t *testing.T) {
 		})
 	}
 }
+
+// TestSentHearsEveryDeltaAndSnapshot: Options.Sent hears each delta and
+// snapshot written to a router, with the revision it brings the router to
+// (heartbeats are not news).
+func TestSentHearsEveryDeltaAndSnapshot(t *testing.T) {
+	type sent struct {
+		router string
+		rev    uint64
+	}
+	heard := make(chan sent, 8)
+	reg := registry.New(testEpoch, 0)
+	put(t, reg, newWorker("w1"))
+	h := start(t, reg, Options{HeartbeatInterval: time.Hour, Sent: func(id string, rev uint64) { heard <- sent{id, rev} }})
+	st := h.watch(t, t.Context(), &smgv1.WatchHello{RouterId: "r1"})
+	m := recv(t, st)
+	if got := <-heard; got != (sent{"r1", m.Revision}) || m.GetSnapshot() == nil {
+		t.Fatalf("heard %v for %v, want r1 at the snapshot's revision", got, m)
+	}
+	rev := setOverloaded(t, reg, "w1", true)
+	recv(t, st)
+	if got := <-heard; got != (sent{"r1", rev}) {
+		t.Fatalf("heard %v, want r1 at %d (the delta)", got, rev)
+	}
+}
