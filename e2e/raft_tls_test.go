@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"crypto/tls"
 	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/smg-project/smg/internal/tlsutil"
 )
 
 // joiner starts a control plane joining the cluster through base with the
@@ -149,8 +152,10 @@ func TestRaftTLSClusterReplicatesAndRefusesStrangers(t *testing.T) {
 func TestRaftTLSJoinOverHTTPS(t *testing.T) {
 	p := newPKI(t, "cluster-ca")
 	a := admin{client: p.httpClient()}
+	files := map[string][2]string{}
 	flags := func(id string) []string {
 		c, k, _ := p.issue(id, "smg:controlplane:"+id)
+		files[id] = [2]string{c, k}
 		return []string{"--tls-cert-file", c, "--tls-key-file", k, "--tls-client-ca-file", p.caFile,
 			"--raft-tls-cert-file", c, "--raft-tls-key-file", k, "--raft-tls-ca-file", p.caFile}
 	}
@@ -194,15 +199,39 @@ func TestRaftTLSJoinOverHTTPS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the registration done in every node's own replica", func() (bool, string) {
-		for _, nd := range nodes {
-			states, err := jobStates(nd.admin, true)
-			if err != nil || states[id] != "done" {
-				return false, fmt.Sprintf("%s: %q %v", nd.id, states[id], err)
+	everywhere := func(id string) {
+		t.Helper()
+		waitFor(t, 20*time.Second, "registration "+id+" done in every node's own replica", func() (bool, string) {
+			for _, nd := range nodes {
+				states, err := jobStates(nd.admin, true)
+				if err != nil || states[id] != "done" {
+					return false, fmt.Sprintf("%s: %q %v", nd.id, states[id], err)
+				}
 			}
-		}
-		return true, ""
+			return true, ""
+		})
+	}
+	everywhere(id)
+
+	// Rotation: cp0's files get a new certificate; its Raft port serves it
+	// within a reload (the process watches the --raft-tls-* files), and
+	// the cluster keeps replicating.
+	pair, err := tls.LoadX509KeyPair(files["cp1"][0], files["cp1"][1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	raftAddr := fmt.Sprintf("127.0.0.1:%d", first.raft)
+	old := serverFingerprint(t, raftAddr, p.pool, &pair, "")
+	_, _, rotated := p.issue("cp0", "smg:controlplane:cp0")
+	waitFor(t, 10*time.Second, "cp0's Raft port to serve the rotated certificate", func() (bool, string) {
+		now := serverFingerprint(t, raftAddr, p.pool, &pair, "")
+		return now == tlsutil.Fingerprint(rotated), fmt.Sprintf("serves %.12s (old %.12s)", now, old)
 	})
+	_, id2, err := register(first.admin, eng.URL+"/rotated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	everywhere(id2)
 }
 
 // grepLines returns the lines of s that contain sub.
