@@ -140,40 +140,51 @@ func joinFleet(b *testing.B, n int) *registry.Registry {
 	return reg
 }
 
-// BenchmarkJoin10k is a router joining a 10,000-worker registry, in parts:
-// the control plane's side (build: the routing view of every worker;
-// encode: marshalling it; both once per revision, shared by every joiner),
-// the router's decode of the bytes, and a join end to end over loopback gRPC
-// (dial, hello, snapshot decoded) at a revision whose frame is already
-// encoded.
+// BenchmarkJoin10k is a router joining a 10,000-worker registry, in parts.
+// The control plane's side, once per revision and shared by every joiner:
+// cp-every-worker converts and marshals every worker (the snapshot before
+// the per-worker encoding, and the per-stream baseline); cp-new-revision
+// builds the snapshot at a revision one worker away from the last one built
+// (the bytes of the 9,999 others kept). Then the router's decode of the
+// bytes, and a join end to end over loopback gRPC (dial, hello, snapshot
+// decoded) at a revision whose frame is already encoded.
 func BenchmarkJoin10k(b *testing.B) {
 	const n = 10000
 	reg := joinFleet(b, n)
 	srv := NewServer(reg, Options{}, nil, nil)
-	snap := reg.Snapshot()
-	k := baseKey{reg.Epoch(), kindSnapshot, 0, snap.Revision}
-	build := func() *smgv1.WatchResponse {
-		b := &base{}
-		b.fill(snap.Workers())
-		return srv.message(k, b, "r")
+	snapAt := func() (baseKey, *registry.Snapshot) {
+		snap := reg.Snapshot()
+		return baseKey{reg.Epoch(), kindSnapshot, 0, snap.Revision}, snap
 	}
-	msg := build()
-	raw, err := proto.Marshal(msg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Run("cp-build", func(b *testing.B) {
-		for b.Loop() {
-			build()
+	marshal := func(m *smgv1.WatchResponse) []byte {
+		raw, err := proto.Marshal(m)
+		if err != nil {
+			b.Fatal(err)
 		}
-	})
-	b.Run("cp-encode", func(b *testing.B) {
+		return raw
+	}
+	k1, snap1 := snapAt()
+	setOverloaded(b, reg, "w00042", true)
+	k2, snap2 := snapAt()
+	raw := marshal(srv.message(k2, srv.snapshotBase(k2, snap2), "r"))
+	b.Run("cp-every-worker", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := proto.Marshal(msg); err != nil {
-				b.Fatal(err)
-			}
+			bs := &base{}
+			bs.fill(snap1.Workers())
+			marshal(srv.message(k1, bs, "r"))
 		}
 		b.ReportMetric(float64(len(raw))/1024, "KiB")
+	})
+	b.Run("cp-new-revision", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			k, snap := k1, snap1
+			if i%2 == 1 {
+				k, snap = k2, snap2
+			}
+			bs := &base{}
+			bs.list(snap.Workers())
+			marshal(srv.message(k, bs, "r"))
+		}
 	})
 	b.Run("router-decode", func(b *testing.B) {
 		for b.Loop() {
@@ -183,7 +194,7 @@ func BenchmarkJoin10k(b *testing.B) {
 			}
 		}
 	})
-	b.Run("join-grpc", func(b *testing.B) {
+	join := func(b *testing.B) {
 		h := start(b, reg, Options{})
 		for b.Loop() {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -193,5 +204,6 @@ func BenchmarkJoin10k(b *testing.B) {
 			}
 			cancel()
 		}
-	})
+	}
+	b.Run("join-grpc", func(b *testing.B) { join(b) })
 }

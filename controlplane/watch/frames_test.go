@@ -174,3 +174,38 @@ func TestEncodePerStreamSharesNothing(t *testing.T) {
 		}
 	})
 }
+
+// A snapshot's workers go as bytes encoded worker by worker and kept across
+// revisions: what a router decodes is exactly every worker's RoutingWorker
+// as it sees it (its own window shares), at the snapshot's revision, never
+// a worker's bytes from an older record.
+func TestSnapshotBytesAreEachWorkerAsTheRouterSeesIt(t *testing.T) {
+	reg := registry.New(testEpoch, 0)
+	d := newWorker("d1")
+	d.Type = "decode"
+	d.Spec = &smgv1.WorkerSpec{Url: "http://d1", MaxRunningRequests: ptr(int32(64))}
+	d.WindowShare = map[string]int64{"r1": 16, "r2": 48}
+	put(t, reg, d, newWorker("w1"), newWorker("w2"))
+	s := NewServer(reg, Options{}, nil, nil)
+	check := func(router string) {
+		t.Helper()
+		snap := reg.Snapshot()
+		k := baseKey{testEpoch, kindSnapshot, 0, snap.Revision}
+		got, err := wireCopy(s.message(k, s.snapshotBase(k, snap), router))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := &smgv1.WatchSnapshot{Settings: s.opts.Settings}
+		for _, w := range snap.Workers() {
+			want.Workers = append(want.Workers, RoutingWorker(w, router))
+		}
+		if !proto.Equal(got.GetSnapshot(), want) || got.Revision != snap.Revision {
+			t.Fatalf("%s at %d decoded %v, want %v", router, snap.Revision, got, want)
+		}
+	}
+	check("r1")
+	check("r2")
+	setOverloaded(t, reg, "w2", true) // a new record for w2: its bytes are new
+	check("r1")
+	check("r3")
+}

@@ -412,7 +412,11 @@ func (s *Server) deltaBase(k baseKey, snap *registry.Snapshot) *base {
 func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
 	b := s.frames.base(k)
 	b.once.Do(func() {
-		b.fill(snap.Workers())
+		if s.frames.private {
+			b.fill(snap.Workers())
+		} else {
+			b.list(snap.Workers()) // encoded worker by worker (frames.snapshotWorkers)
+		}
 		s.fleet.Store(int64(len(b.workers)))
 	})
 	return b
@@ -432,11 +436,17 @@ func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID
 // message is b's message under k as routerID sees it.
 func (s *Server) message(k baseKey, b *base, routerID string) *smgv1.WatchResponse {
 	m := &smgv1.WatchResponse{Epoch: k.epoch, Revision: k.to}
-	workers := b.routingWorkers(routerID)
-	if k.kind == kindSnapshot {
-		m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: workers, Settings: s.opts.Settings}}
-	} else {
-		m.Msg = &smgv1.WatchResponse_Delta{Delta: &smgv1.WatchDelta{Upserts: workers, Removed: b.removed}}
+	switch {
+	case k.kind == kindSnapshot && b.common == nil && len(b.workers) > 0:
+		// The workers go as bytes already encoded, worker by worker: the
+		// same wire format as the repeated field (see snapshotWorkers).
+		snap := &smgv1.WatchSnapshot{Settings: s.opts.Settings}
+		snap.ProtoReflect().SetUnknown(s.frames.snapshotWorkers(b, routerID))
+		m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: snap}
+	case k.kind == kindSnapshot:
+		m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: b.routingWorkers(routerID), Settings: s.opts.Settings}}
+	default:
+		m.Msg = &smgv1.WatchResponse_Delta{Delta: &smgv1.WatchDelta{Upserts: b.routingWorkers(routerID), Removed: b.removed}}
 	}
 	return m
 }
