@@ -214,7 +214,7 @@ func (s *tlsSetup) controlPlaneCreds() credentials.TransportCredentials {
 	if s.cpCAs == nil {
 		return insecure.NewCredentials()
 	}
-	return credentials.NewTLS(tlsutil.ClientConfig(tlsutil.ClientOptions{Roots: s.cpCAs, ServerName: s.f.cpServerName, Cert: s.cpCert}))
+	return tlsutil.Credentials(tlsutil.ClientOptions{Roots: s.cpCAs, ServerName: s.f.cpServerName, Cert: s.cpCert})
 }
 
 // peerCreds dial another replica of this control plane (a follower hands
@@ -222,19 +222,19 @@ func (s *tlsSetup) controlPlaneCreds() credentials.TransportCredentials {
 // system's roots) with this process's certificate as the client's, when
 // this process serves TLS.
 func (s *tlsSetup) peerCreds() credentials.TransportCredentials {
-	if cfg := s.peerTLS(); cfg != nil {
-		return credentials.NewTLS(cfg)
+	if o := s.peerTLS(); o != nil {
+		return tlsutil.Credentials(*o)
 	}
 	return nil
 }
 
-// peerTLS is the client configuration of peerCreds, also used for the
-// other replicas' HTTP ports (joins); nil when this process serves no TLS.
-func (s *tlsSetup) peerTLS() *tls.Config {
+// peerTLS is how peerCreds verify, also used for the other replicas' HTTP
+// ports (joins); nil when this process serves no TLS.
+func (s *tlsSetup) peerTLS() *tlsutil.ClientOptions {
 	if s.server == nil {
 		return nil
 	}
-	return tlsutil.ClientConfig(tlsutil.ClientOptions{Roots: s.clientCAs, Cert: s.server})
+	return &tlsutil.ClientOptions{Roots: s.clientCAs, Cert: s.server}
 }
 
 // selfCreds dial this process's own gRPC port (smg launch's in-process

@@ -22,6 +22,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane/admin"
 	"github.com/smg-project/smg/controlplane/registry"
+	"github.com/smg-project/smg/internal/tlsutil"
 )
 
 // Leader is what a node runs while it leads.
@@ -80,7 +81,11 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 	}
 	n := &Node{opts: opts, id: opts.nodeID(), log: log, fsm: newFSM(reg, resolve), adminKey: adminKey,
 		notify: make(chan bool, 16), observed: make(chan raft.Observation, 16), shutdown: make(chan struct{}), ready: make(chan struct{})}
-	n.peerHTTP = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: opts.PeerHTTPTLS, IdleConnTimeout: 90 * time.Second}}
+	pt := &http.Transport{IdleConnTimeout: 90 * time.Second}
+	if opts.PeerHTTPTLS != nil {
+		pt.DialTLSContext = tlsutil.DialTLSContext(*opts.PeerHTTPTLS)
+	}
+	n.peerHTTP = &http.Client{Timeout: 5 * time.Second, Transport: pt}
 	if err := n.claimDataDir(); err != nil {
 		return nil, err
 	}

@@ -11,7 +11,6 @@
 package cluster
 
 import (
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/internal/tlsutil"
 )
 
 // Defaults of the Raft timing. A follower starts an election after
@@ -68,9 +68,9 @@ type Options struct {
 	// control plane's own TLS, when it serves TLS); nil: plaintext.
 	PeerCreds credentials.TransportCredentials
 	// PeerHTTPTLS, when set, reaches the other members' HTTP ports over
-	// https with it (joins, membership changes a follower hands on): the
-	// control plane serves its HTTP port over TLS. nil: http.
-	PeerHTTPTLS *tls.Config
+	// https, verified so (joins, membership changes a follower hands on):
+	// the control plane serves its HTTP port over TLS. nil: http.
+	PeerHTTPTLS *tlsutil.ClientOptions
 }
 
 // DefaultOptions returns the defaults.

@@ -106,6 +106,49 @@ func ClientConfig(o ClientOptions) *tls.Config {
 	return cfg
 }
 
+// forHost defaults the name to verify to the dialled host. Go sends no IP
+// address as SNI, so the check in ClientConfig sees no name for a server
+// dialled by IP unless it is configured: without this, any certificate of
+// the CA (an agent's, say) would pass for a server dialled by IP.
+func (o ClientOptions) forHost(hostport string) ClientOptions {
+	if o.ServerName == "" {
+		host, _, err := net.SplitHostPort(hostport)
+		if err != nil {
+			host = hostport
+		}
+		o.ServerName = host
+	}
+	return o
+}
+
+// DialTLSContext dials over TLS as ClientConfig verifies, the name defaulted
+// to each address's host (for http.Transport.DialTLSContext).
+func DialTLSContext(o ClientOptions) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		d := tls.Dialer{Config: ClientConfig(o.forHost(addr))}
+		return d.DialContext(ctx, network, addr)
+	}
+}
+
+// Credentials are gRPC client credentials that verify as ClientConfig does,
+// the name defaulted to each dial's authority host.
+func Credentials(o ClientOptions) credentials.TransportCredentials {
+	return hostCreds{credentials.NewTLS(ClientConfig(o)), o}
+}
+
+type hostCreds struct {
+	credentials.TransportCredentials
+	o ClientOptions
+}
+
+func (c hostCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return credentials.NewTLS(ClientConfig(c.o.forHost(authority))).ClientHandshake(ctx, authority, raw)
+}
+
+func (c hostCreds) Clone() credentials.TransportCredentials {
+	return hostCreds{c.TransportCredentials.Clone(), c.o}
+}
+
 // Fingerprint is the SHA-256 of a certificate's DER, in hex: how logs and
 // tests name a certificate.
 func Fingerprint(c *x509.Certificate) string {

@@ -345,3 +345,55 @@ func TestPeerNameBindsAgentsToTheirCertificate(t *testing.T) {
 		t.Errorf("no peer: %q, %v", got, err)
 	}
 }
+
+// A server dialled by IP must be named in the certificate too: Go sends no
+// IP as SNI, and a certificate of the same CA for another host (an agent's,
+// say) must not pass for the control plane at 127.0.0.1.
+func TestClientsCheckTheHostOfAServerDialledByIP(t *testing.T) {
+	dir := t.TempDir()
+	ca := newCA(t, "fleet")
+	caFile, err := ca.WriteCA(dir, "ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := tlsutil.LoadPool(caFile, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		leaf testca.Leaf
+		ok   bool
+	}{
+		{"named by IP", localhost, true},
+		{"another host's", testca.Leaf{CommonName: "gpu-7", DNSNames: []string{"gpu-7"}}, false},
+	} {
+		cf, kf := write(t, issue(t, ca, tc.leaf), dir, "srv")
+		kp, err := tlsutil.LoadKeyPair(cf, kf, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr, _ := serve(t, tlsutil.ServerConfig(kp, nil, "h2"))
+		o := tlsutil.ClientOptions{Roots: pool}
+		c, err := tlsutil.DialTLSContext(o)(context.Background(), "tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: https dial by IP: %v, want ok=%v", tc.name, err, tc.ok)
+		}
+		raw, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, _, err := tlsutil.Credentials(o).ClientHandshake(context.Background(), addr, raw)
+		if err == nil {
+			conn.Close()
+		} else {
+			raw.Close()
+		}
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: gRPC handshake by IP: %v, want ok=%v", tc.name, err, tc.ok)
+		}
+	}
+}
