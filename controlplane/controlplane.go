@@ -249,7 +249,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		loadInterval = -1 // watch.Options: negative is "at once"
 	}
 	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness, Demand: cp.Windows, Now: opts.Now,
-		LoadInterval: loadInterval, Sent: opts.WatchSent,
+		LoadInterval: loadInterval, Sent: opts.WatchSent, WarmUntil: cp.warmUntil(),
 		Settings: &smgv1.FleetSettings{LoadMonitorIntervalSecs: int32(opts.LoadMonitorInterval), WorkerStaleSecs: int32(opts.Liveness.StaleSecs)}}, log, reg)
 	cp.Admin = admin.New(cp.Registry, admin.Options{
 		APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout,
@@ -297,6 +297,25 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	}
 	cp.rest = rest
 	return cp, nil
+}
+
+// warmUntil is when an in-memory control plane's registry counts as
+// complete: it starts empty, and its workers come back as agents reconnect
+// and register them again (with backoff capped at 1 s), discovery relists
+// and --worker-urls register. Until then its snapshots tell routers to keep
+// the workers of the epoch they held (docs/ha.md). The bound is
+// --worker-stale-secs, the silence after which an agent's workers count as
+// gone anyway; 0 (the rule off) means no warm-up. A durable registry
+// (--data-dir) is complete at once.
+func (cp *ControlPlane) warmUntil() time.Time {
+	if cp.opts.Cluster.Enabled() || cp.opts.Liveness.StaleSecs <= 0 {
+		return time.Time{}
+	}
+	now := time.Now
+	if cp.opts.Now != nil {
+		now = cp.opts.Now
+	}
+	return now().Add(time.Duration(cp.opts.Liveness.StaleSecs) * time.Second)
 }
 
 // newDiscovery builds the reconciler of discovered pods and, with

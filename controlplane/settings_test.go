@@ -15,6 +15,16 @@ func TestWatchSnapshotCarriesTheControlPlaneSettings(t *testing.T) {
 	opts.LoadMonitorInterval = 3
 	opts.Liveness.StaleSecs = 9
 	h := startCP(t, opts)
+	got := h.firstSnapshot(t).GetSettings()
+	if got.GetLoadMonitorIntervalSecs() != 3 || got.GetWorkerStaleSecs() != 9 {
+		t.Fatalf("snapshot settings = %v, want load_monitor_interval_secs 3 and worker_stale_secs 9", got)
+	}
+}
+
+// firstSnapshot opens a watch as router r1 and returns the snapshot it is
+// sent first.
+func (h *harness) firstSnapshot(t *testing.T) *smgv1.WatchSnapshot {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	stream, err := smgv1.NewWatchServiceClient(h.conn).Watch(ctx)
@@ -28,8 +38,5 @@ func TestWatchSnapshotCarriesTheControlPlaneSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := msg.GetSnapshot().GetSettings()
-	if got.GetLoadMonitorIntervalSecs() != 3 || got.GetWorkerStaleSecs() != 9 {
-		t.Fatalf("snapshot settings = %v, want load_monitor_interval_secs 3 and worker_stale_secs 9", got)
-	}
+	return msg.GetSnapshot()
 }

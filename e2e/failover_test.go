@@ -317,46 +317,33 @@ func TestHARegistryThroughLeaderKills(t *testing.T) {
 		delete bool
 	}
 	var (
-		mu   sync.Mutex
-		ops  []*op
-		stop = make(chan struct{})
-		wg   sync.WaitGroup
+		mu  sync.Mutex
+		ops []*op
 	)
-	for client := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
+	stop := untilStopped(3, func(client, i int) {
+		nd := c.nodes[(client+i)%len(c.nodes)]
+		o := &op{url: fmt.Sprintf("%s/c%d-%d", eng.URL, client, i)}
+		code, b, err := nd.admin.do(http.MethodPost, "/workers", []byte(`{"url":"`+o.url+`"}`))
+		o.reg = classifyWrite(code, b, err)
+		if o.reg == outAcked && i%3 == 0 {
+			// Delete every third acknowledged worker, once its
+			// registration is done, through another replica.
+			id := workerIDOf(b)
+			other := c.nodes[(client+i+1)%len(c.nodes)]
+			for range 50 {
+				if st, err := jobStates(other.admin, false); err == nil && st[id] == "done" {
+					break
 				}
-				nd := c.nodes[(client+i)%len(c.nodes)]
-				o := &op{url: fmt.Sprintf("%s/c%d-%d", eng.URL, client, i)}
-				code, b, err := nd.admin.do(http.MethodPost, "/workers", []byte(`{"url":"`+o.url+`"}`))
-				o.reg = classifyWrite(code, b, err)
-				if o.reg == outAcked && i%3 == 0 {
-					// Delete every third acknowledged worker, once its
-					// registration is done, through another replica.
-					id := workerIDOf(b)
-					other := c.nodes[(client+i+1)%len(c.nodes)]
-					for range 50 {
-						if st, err := jobStates(other.admin, false); err == nil && st[id] == "done" {
-							break
-						}
-						time.Sleep(50 * time.Millisecond) // polling the job, not an assertion
-					}
-					code, b, err := other.admin.do(http.MethodDelete, "/workers/"+id, nil)
-					o.delete, o.del = true, classifyWrite(code, b, err)
-				}
-				mu.Lock()
-				ops = append(ops, o)
-				mu.Unlock()
-				time.Sleep(20 * time.Millisecond) // pacing
+				time.Sleep(50 * time.Millisecond) // polling the job, not an assertion
 			}
-		}()
-	}
+			code, b, err := other.admin.do(http.MethodDelete, "/workers/"+id, nil)
+			o.delete, o.del = true, classifyWrite(code, b, err)
+		}
+		mu.Lock()
+		ops = append(ops, o)
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond) // pacing
+	})
 	const kills = 5
 	for k := range kills {
 		time.Sleep(1500 * time.Millisecond) // writes under this leader (pacing)
@@ -367,8 +354,7 @@ func TestHARegistryThroughLeaderKills(t *testing.T) {
 		t.Logf("kill %d: %s killed and restarted", k+1, l.id)
 	}
 	time.Sleep(time.Second)
-	close(stop)
-	wg.Wait()
+	stop()
 
 	present := map[string]string{} // url -> id: must be on every replica, done
 	absent := map[string]bool{}    // ids that must be on none

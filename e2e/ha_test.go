@@ -389,35 +389,21 @@ func TestDataDirRestartUnderLoadNoClientErrors(t *testing.T) {
 	var (
 		mu      sync.Mutex
 		results []outcome
-		stop    = make(chan struct{})
-		wg      sync.WaitGroup
 	)
-	for w := range 6 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				stream := (w+i)%2 == 1
-				o := classify(chat(bases[(w+i)%2], 8, stream, 30*time.Second), stream)
-				mu.Lock()
-				results = append(results, o)
-				mu.Unlock()
-			}
-		}()
-	}
+	stop := untilStopped(6, func(w, i int) {
+		stream := (w+i)%2 == 1
+		o := classify(chat(bases[(w+i)%2], 8, stream, 30*time.Second), stream)
+		mu.Lock()
+		results = append(results, o)
+		mu.Unlock()
+	})
 	time.Sleep(2 * time.Second) // load before the kill (pacing)
 	nd.proc.kill()
 	time.Sleep(2 * time.Second) // the outage
 	c.start(nd)
 	c.leader(15 * time.Second)
 	time.Sleep(3 * time.Second) // load after the restart, while the new leader rebuilds
-	close(stop)
-	wg.Wait()
+	stop()
 
 	codes := map[string]int{}
 	full := 0

@@ -228,15 +228,24 @@ func chatBody(maxTokens int, stream bool) []byte {
 }
 
 func chatBodyWith(content string, maxTokens int, stream bool) []byte {
+	return chatBodyFor(model, content, maxTokens, stream)
+}
+
+func chatBodyFor(modelID, content string, maxTokens int, stream bool) []byte {
 	return []byte(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":%d,"stream":%v}`,
-		model, content, maxTokens, stream))
+		modelID, content, maxTokens, stream))
 }
 
 // chat sends one chat completion to base and reads the whole answer.
 func chat(base string, maxTokens int, stream bool, timeout time.Duration) answer {
+	return chatModel(base, model, maxTokens, stream, timeout)
+}
+
+// chatModel is chat for a given model id.
+func chatModel(base, modelID string, maxTokens int, stream bool, timeout time.Duration) answer {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(chatBody(maxTokens, stream)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(chatBodyFor(modelID, "hello there", maxTokens, stream)))
 	if err != nil {
 		return answer{err: err}
 	}

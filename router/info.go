@@ -51,6 +51,9 @@ type WorkerLoad struct {
 	Dispatched      int64 `json:"dispatched_since_report"`
 	Load            int64 `json:"load"`
 	StreamsInFlight int64 `json:"streams_in_flight"`
+	// Held: kept from the previous control plane epoch while the new one
+	// refills its registry (docs/ha.md).
+	Held bool `json:"held,omitempty"`
 }
 
 // LoadsResponse is the body of GET /loads.
@@ -76,7 +79,7 @@ func (r *Router) serveLoads(w http.ResponseWriter, _ *http.Request) {
 				WorkerID: wk.ID, URL: wk.URL, Model: wk.Model, WorkerType: typ, Healthy: wk.Healthy,
 				Veto: wk.Veto.String(), VetoReason: wk.VetoReason, Overloaded: wk.Overloaded, OverloadReason: wk.OverloadReason,
 				Waiting: wk.Waiting, Running: wk.Running, TokenUsage: wk.TokenUsage, MaxRunning: wk.MaxRunning,
-				Dispatched: d, Load: wk.Waiting + wk.Running + d, StreamsInFlight: st.streams.Load(),
+				Dispatched: d, Load: wk.Waiting + wk.Running + d, StreamsInFlight: st.streams.Load(), Held: wk.Held,
 			})
 		}
 	}

@@ -71,6 +71,9 @@ type Worker struct {
 	// (--worker-admission-window on the control plane; 0: none known). The
 	// router gates on it with --worker-admission-window.
 	AdmissionRooms int64
+	// Held: kept from the previous control plane epoch, without vetoes,
+	// while the new control plane refills its registry (warming_secs).
+	Held bool
 }
 
 // Snapshot is the fleet as the control plane last described it. The router

@@ -55,11 +55,13 @@ type baseKey struct {
 	to    uint64 // the revision the message brings the router to
 }
 
-// frameKey names one encoded message: its content and the asking router's
-// window shares of the per-router workers it lists ("" when none).
+// frameKey names one encoded message: its content, the asking router's
+// window shares of the per-router workers it lists ("" when none) and, for
+// a snapshot, the seconds of warm-up it announces.
 type frameKey struct {
 	baseKey
-	shares string
+	shares  string
+	warming int32
 }
 
 // base is a message's content read once from the registry: the workers at

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -97,6 +98,11 @@ type Options struct {
 	// (measurements: the scale harness times the fan-out on the control
 	// plane's side). Calls come from stream goroutines, concurrently.
 	Sent func(routerID string, revision uint64)
+	// WarmUntil is when this control plane's registry is complete: until
+	// then every snapshot says how many seconds are left (warming_secs),
+	// and routers keep the workers of their previous epoch that it lacks.
+	// Zero: complete from the start (a durable registry).
+	WarmUntil time.Time
 	// EncodePerStream turns the shared frames off: every stream builds and
 	// marshals its own messages. It exists as the baseline the scale
 	// benchmark measures shared encoding against; nothing else sets it.
@@ -425,30 +431,48 @@ func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
 // sendBase sends the message of b (under k) as routerID sees it.
 func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID string) error {
 	s.metrics.sent.WithLabelValues(k.kind.String()).Inc()
-	fr := s.frames.frame(frameKey{k, b.shareKey(routerID)})
-	err := s.frames.send(stream, k.kind, fr, func() *smgv1.WatchResponse { return s.message(k, b, routerID) })
+	var warming int32
+	if k.kind == kindSnapshot {
+		warming = s.warmingSecs()
+	}
+	fr := s.frames.frame(frameKey{k, b.shareKey(routerID), warming})
+	err := s.frames.send(stream, k.kind, fr, func() *smgv1.WatchResponse { return s.message(k, b, routerID, warming) })
 	if err == nil && s.opts.Sent != nil {
 		s.opts.Sent(routerID, k.to)
 	}
 	return err
 }
 
-// message is b's message under k as routerID sees it.
-func (s *Server) message(k baseKey, b *base, routerID string) *smgv1.WatchResponse {
+// message is b's message under k as routerID sees it (a snapshot saying
+// warming seconds of warm-up are left).
+func (s *Server) message(k baseKey, b *base, routerID string, warming int32) *smgv1.WatchResponse {
 	m := &smgv1.WatchResponse{Epoch: k.epoch, Revision: k.to}
 	switch {
 	case k.kind == kindSnapshot && b.common == nil && len(b.workers) > 0:
 		// The workers go as bytes already encoded, worker by worker: the
 		// same wire format as the repeated field (see snapshotWorkers).
-		snap := &smgv1.WatchSnapshot{Settings: s.opts.Settings}
+		snap := &smgv1.WatchSnapshot{Settings: s.opts.Settings, WarmingSecs: warming}
 		snap.ProtoReflect().SetUnknown(s.frames.snapshotWorkers(b, routerID))
 		m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: snap}
 	case k.kind == kindSnapshot:
-		m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: b.routingWorkers(routerID), Settings: s.opts.Settings}}
+		m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: b.routingWorkers(routerID), Settings: s.opts.Settings, WarmingSecs: warming}}
 	default:
 		m.Msg = &smgv1.WatchResponse_Delta{Delta: &smgv1.WatchDelta{Upserts: b.routingWorkers(routerID), Removed: b.removed}}
 	}
 	return m
+}
+
+// warmingSecs is how long the registry may still be incomplete, in whole
+// seconds rounded up (0: complete).
+func (s *Server) warmingSecs() int32 {
+	if s.opts.WarmUntil.IsZero() {
+		return 0
+	}
+	left := s.opts.WarmUntil.Sub(s.opts.Now())
+	if left <= 0 {
+		return 0
+	}
+	return int32(min((left+time.Second-1)/time.Second, math.MaxInt32))
 }
 
 // sendHeartbeat sends the shared heartbeat at rev.

@@ -6,7 +6,9 @@
 // the stream breaks it reconnects with backoff and resumes from the (epoch,
 // revision) it holds; while the control plane stays silent longer than
 // StaleAfter it tells the router to drop the vetoes (fail open) and keeps the
-// last snapshot.
+// last snapshot. When a new epoch's control plane says it is still warming up
+// (its registry refilling), it keeps the previous epoch's workers that the
+// new one lacks or has not judged healthy yet, for as long as it says.
 package watchclient
 
 import (
@@ -15,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -99,6 +102,12 @@ type Client struct {
 	stale      *time.Timer
 	staleAfter time.Duration         // opts.StaleAfter until the control plane sends its own
 	settings   *router.FleetSettings // the control plane's, from its last snapshot
+	// kept: workers of a previous epoch held while the current epoch warms
+	// up, each until this epoch lists it healthy or removes it, all until
+	// keepUntil (keepTimer).
+	kept      map[string]heldWorker
+	keepUntil time.Time
+	keepTimer *time.Timer
 
 	ackSignal chan struct{} // buffered 1: the sender acks the latest revision
 }
@@ -265,10 +274,12 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 	switch m := resp.Msg.(type) {
 	case *smgv1.WatchResponse_Snapshot:
 		c.adoptSettings(m.Snapshot.GetSettings())
+		c.keepPrevious(resp.Epoch != epoch, time.Duration(m.Snapshot.GetWarmingSecs())*time.Second)
 		next := make(map[string]heldWorker, len(m.Snapshot.GetWorkers()))
 		for _, w := range m.Snapshot.GetWorkers() {
 			contacts = c.noteContact(contacts, w)
 			next[w.GetWorkerId()] = heldWorker{routerWorker(w), w.GetContactSeq()}
+			c.judged(w)
 		}
 		c.workers, c.order = next, nil
 	case *smgv1.WatchResponse_Delta:
@@ -282,10 +293,15 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 				c.order = nil
 			}
 			c.workers[w.GetWorkerId()] = heldWorker{routerWorker(w), w.GetContactSeq()}
+			c.judged(w)
 		}
 		for _, id := range m.Delta.GetRemoved() {
 			if _, ok := c.workers[id]; ok {
 				delete(c.workers, id)
+				c.order = nil
+			}
+			if _, ok := c.kept[id]; ok { // deleted on the new control plane
+				delete(c.kept, id)
 				c.order = nil
 			}
 		}
@@ -336,21 +352,112 @@ func (c *Client) signalAck() {
 	}
 }
 
-// publish hands the router an immutable snapshot of the map. Caller holds applyMu.
+// publish hands the router an immutable snapshot of the map, with the kept
+// workers of a previous epoch in place of those the current one lacks or
+// has not judged healthy yet. Caller holds applyMu.
 func (c *Client) publish(epoch string, rev uint64) {
 	if c.order == nil {
-		c.order = make([]string, 0, len(c.workers))
+		c.order = make([]string, 0, len(c.workers)+len(c.kept))
 		for id := range c.workers {
 			c.order = append(c.order, id)
+		}
+		for id := range c.kept {
+			if _, ok := c.workers[id]; !ok {
+				c.order = append(c.order, id)
+			}
 		}
 		slices.Sort(c.order)
 	}
 	s := &router.Snapshot{Epoch: epoch, Revision: rev, Workers: make([]router.Worker, len(c.order)), Settings: c.settings}
 	for i, id := range c.order {
+		if k, ok := c.kept[id]; ok {
+			s.Workers[i] = k.w // kept only while this epoch has not listed it healthy
+			continue
+		}
 		s.Workers[i] = c.workers[id].w
 	}
 	c.target.Apply(s)
 	c.held, c.failedOpen = true, false
+}
+
+// keepPrevious decides at a snapshot which workers of the view held so far
+// stay while the control plane warms up (warming > 0): on a new epoch, every
+// worker of the view, vetoes dropped (the fail-open direction, as a new
+// leader presumes its workers); on a re-sync, those already kept. A complete
+// registry (warming 0) is the whole fleet: nothing is kept. Caller holds
+// applyMu.
+func (c *Client) keepPrevious(newEpoch bool, warming time.Duration) {
+	if warming <= 0 {
+		if len(c.kept) > 0 {
+			c.log.Info("Control plane registry complete; dropping the workers kept from the previous epoch it does not list", "kept", len(c.kept))
+		}
+		c.dropKept()
+		return
+	}
+	if newEpoch && c.held {
+		kept := make(map[string]heldWorker, len(c.workers)+len(c.kept))
+		maps.Copy(kept, c.kept)
+		for id, w := range c.workers {
+			if _, ok := kept[id]; !ok || w.w.Healthy {
+				kept[id] = heldWorker{w: keptWorker(w.w), contactSeq: w.contactSeq}
+			}
+		}
+		c.kept, c.order = kept, nil
+		c.log.Info("New control plane epoch still warming up; keeping the previous epoch's workers it does not list as healthy yet",
+			"workers", len(kept), "for", warming)
+	}
+	if len(c.kept) == 0 {
+		return
+	}
+	c.keepUntil = time.Now().Add(warming)
+	if c.keepTimer == nil {
+		c.keepTimer = time.AfterFunc(warming, c.keepExpired)
+		return
+	}
+	c.keepTimer.Reset(warming)
+}
+
+// keptWorker is w as kept from a previous epoch: no veto, marked held.
+func keptWorker(w router.Worker) router.Worker {
+	w.Veto, w.VetoReason, w.Overloaded, w.OverloadReason, w.Held = router.VetoNone, "", false, "", true
+	return w
+}
+
+// judged drops the kept copy of a worker the current epoch lists healthy:
+// from then on its verdicts are the current epoch's alone. Caller holds
+// applyMu.
+func (c *Client) judged(w *smgv1.RoutingWorker) {
+	if _, ok := c.kept[w.GetWorkerId()]; ok && w.GetHealthy() {
+		delete(c.kept, w.GetWorkerId())
+	}
+}
+
+// dropKept forgets every kept worker. Caller holds applyMu.
+func (c *Client) dropKept() {
+	if len(c.kept) > 0 {
+		c.order = nil
+	}
+	c.kept = nil
+	if c.keepTimer != nil {
+		c.keepTimer.Stop()
+	}
+}
+
+// keepExpired ends the warm-up hold: the kept workers the current epoch
+// still lacks leave the view. While failed open the next message from the
+// control plane publishes (publishing now would restore its vetoes).
+func (c *Client) keepExpired() {
+	c.applyMu.Lock()
+	defer c.applyMu.Unlock()
+	if len(c.kept) == 0 || time.Now().Before(c.keepUntil) {
+		return
+	}
+	c.log.Warn("Control plane warm-up over; dropping the workers kept from the previous epoch it did not list as healthy", "kept", len(c.kept))
+	c.dropKept()
+	if c.held && !c.failedOpen {
+		epoch, rev := c.Revision()
+		c.publish(epoch, rev)
+	}
 }
 
 // adoptSettings takes the control plane's settings from a snapshot: its
@@ -391,6 +498,9 @@ func (c *Client) stopStale() {
 	defer c.applyMu.Unlock()
 	if c.stale != nil {
 		c.stale.Stop()
+	}
+	if c.keepTimer != nil {
+		c.keepTimer.Stop()
 	}
 }
 

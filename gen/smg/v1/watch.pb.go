@@ -809,7 +809,16 @@ type WatchSnapshot struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Workers []*RoutingWorker       `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
 	// The control plane's settings that routers must share; always set.
-	Settings      *FleetSettings `protobuf:"bytes,2,opt,name=settings,proto3" json:"settings,omitempty"`
+	Settings *FleetSettings `protobuf:"bytes,2,opt,name=settings,proto3" json:"settings,omitempty"`
+	// The control plane's registry may still be incomplete for up to this
+	// many more seconds: an in-memory control plane that just started, whose
+	// workers come back as agents, discovery and --worker-urls register them
+	// again. A router that held another epoch's workers keeps those this
+	// snapshot lacks or does not list as healthy yet (held, without vetoes)
+	// until the new epoch lists them healthy or deletes them, or this long
+	// has passed. 0: the registry is complete (a durable one, or past its
+	// warm-up): take the snapshot as the whole fleet.
+	WarmingSecs   int32 `protobuf:"varint,3,opt,name=warming_secs,json=warmingSecs,proto3" json:"warming_secs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -856,6 +865,13 @@ func (x *WatchSnapshot) GetSettings() *FleetSettings {
 		return x.Settings
 	}
 	return nil
+}
+
+func (x *WatchSnapshot) GetWarmingSecs() int32 {
+	if x != nil {
+		return x.WarmingSecs
+	}
+	return 0
 }
 
 // FleetSettings are the values every router must take from its control
@@ -1076,10 +1092,11 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\n" +
 	"overloaded\x18\x14 \x01(\bR\n" +
 	"overloaded\x12'\n" +
-	"\x0foverload_reason\x18\x15 \x01(\tR\x0eoverloadReason\"s\n" +
+	"\x0foverload_reason\x18\x15 \x01(\tR\x0eoverloadReason\"\x96\x01\n" +
 	"\rWatchSnapshot\x12/\n" +
 	"\aworkers\x18\x01 \x03(\v2\x15.smg.v1.RoutingWorkerR\aworkers\x121\n" +
-	"\bsettings\x18\x02 \x01(\v2\x15.smg.v1.FleetSettingsR\bsettings\"x\n" +
+	"\bsettings\x18\x02 \x01(\v2\x15.smg.v1.FleetSettingsR\bsettings\x12!\n" +
+	"\fwarming_secs\x18\x03 \x01(\x05R\vwarmingSecs\"x\n" +
 	"\rFleetSettings\x12;\n" +
 	"\x1aload_monitor_interval_secs\x18\x01 \x01(\x05R\x17loadMonitorIntervalSecs\x12*\n" +
 	"\x11worker_stale_secs\x18\x02 \x01(\x05R\x0fworkerStaleSecs\"W\n" +
