@@ -238,7 +238,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		Observer: cp.Liveness, Skipper: cp.Liveness, Now: opts.Now,
 	}, log)
 	cp.Windows = windows.New(cp.Registry, windows.Options{StaleAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
-		Admission: opts.AdmissionWindow, Queue: int64(opts.AdmissionQueue), Now: opts.Now}, log, reg)
+		Warmup: windows.DefaultWarmup, HeldWarmup: windows.DefaultHeldWarmup, Admission: opts.AdmissionWindow, Queue: int64(opts.AdmissionQueue), Now: opts.Now}, log, reg)
 	if opts.AdmissionWindow {
 		if err := reg.Register(windows.NewCollector(cp.Registry)); err != nil {
 			return nil, err

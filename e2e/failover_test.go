@@ -19,11 +19,11 @@ import (
 )
 
 // haRouter runs `smg router` against every replica and waits for /readyz.
-func haRouter(t *testing.T, id, cpAddrs string) string {
+func haRouter(t *testing.T, id, cpAddrs string, extra ...string) string {
 	t.Helper()
 	port := freePort(t)
-	p := startSMG(t, id, "router", "--port", strconv.Itoa(port), "--controlplane", cpAddrs, "--router-id", id,
-		"--load-monitor-interval", "1")
+	p := startSMG(t, id, append([]string{"router", "--port", strconv.Itoa(port), "--controlplane", cpAddrs, "--router-id", id,
+		"--load-monitor-interval", "1"}, extra...)...)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	waitHTTP200(t, p, base+"/readyz")
 	return base

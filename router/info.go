@@ -54,6 +54,14 @@ type WorkerLoad struct {
 	// Held: kept from the previous control plane epoch while the new one
 	// refills its registry (docs/ha.md).
 	Held bool `json:"held,omitempty"`
+	// The running window this router gates the worker on and its share of
+	// it, as the control plane sent them (window_share: > 0 rooms, -1 none
+	// granted, 0 no allocator).
+	AdmissionRooms int64 `json:"admission_rooms,omitempty"`
+	WindowShare    int64 `json:"window_share,omitempty"`
+	// WindowInFlight is the rooms of the worker's window this router's
+	// requests occupy now (gated workers only).
+	WindowInFlight int64 `json:"window_in_flight,omitempty"`
 }
 
 // LoadsResponse is the body of GET /loads.
@@ -80,6 +88,7 @@ func (r *Router) serveLoads(w http.ResponseWriter, _ *http.Request) {
 				Veto: wk.Veto.String(), VetoReason: wk.VetoReason, Overloaded: wk.Overloaded, OverloadReason: wk.OverloadReason,
 				Waiting: wk.Waiting, Running: wk.Running, TokenUsage: wk.TokenUsage, MaxRunning: wk.MaxRunning,
 				Dispatched: d, Load: wk.Waiting + wk.Running + d, StreamsInFlight: st.streams.Load(), Held: wk.Held,
+				AdmissionRooms: wk.AdmissionRooms, WindowShare: wk.WindowShare, WindowInFlight: st.gate.inFlight.Load(),
 			})
 		}
 	}

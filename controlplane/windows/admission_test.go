@@ -193,14 +193,7 @@ func TestAllocatorShrinkBeforeGrowByClass(t *testing.T) {
 			}
 			return []*smgv1.DecodeDemand{{WorkerId: "w1", InFlight: inFlight, Waiting: w, WaitingByClass: byClass}}
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go a.Run(ctx)
-		round := func() map[string]int64 {
-			time.Sleep(DefaultInterval)
-			synctest.Wait()
-			return reg.Snapshot().Get("w1").WindowShare
-		}
+		round := runRounds(t, a, reg)
 		a.RouterDemand("r1", reg.Revision(), d(4), time.Now())
 		if s := round(); s["r1"] != 4 {
 			t.Fatalf("lone router: %v, want the whole window", s)

@@ -19,6 +19,13 @@ import (
 const (
 	DefaultInterval = 250 * time.Millisecond
 	DefaultWarmup   = time.Second
+	// DefaultHeldWarmup is the warm-up once a router reports rooms it still
+	// holds from a previous control plane (a failover or a restart): long
+	// enough for the other routers to reach the new leader and report theirs
+	// (they reconnect with backoff capped at 1 s through followers that name
+	// the leader; the e2e failover test saw up to about 3.5 s after the new
+	// leader served). Routers keep the shares they held meanwhile.
+	DefaultHeldWarmup = 5 * time.Second
 )
 
 // Options configure an Allocator.
@@ -28,9 +35,16 @@ type Options struct {
 	// StaleAfter is how long a disconnected router keeps its share before it
 	// returns to the others (--worker-stale-secs; 0: at once).
 	StaleAfter time.Duration
-	// Warmup is how long after start no share grows, so that routers that
-	// still hold rooms from a previous control plane report them first.
+	// Warmup is how long after Run starts (a control plane starting, or a
+	// replica taking the lead) no share grows, so that routers that still
+	// hold rooms from a previous control plane report them first. Zero: no
+	// warm-up; the control plane sets DefaultWarmup.
 	Warmup time.Duration
+	// HeldWarmup replaces Warmup once a router's first report in a run
+	// shows rooms in flight: routers of a previous control plane are
+	// reconnecting, and one not heard from yet may hold rooms too (0: no
+	// extension; the control plane sets DefaultHeldWarmup).
+	HeldWarmup time.Duration
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 	// Admission gives every regular worker a running window
@@ -50,6 +64,7 @@ type Allocator struct {
 	opts    Options
 	log     *slog.Logger
 	started time.Time
+	held    bool // a router's first report in this run showed rooms in flight
 	writes  prometheus.Counter
 
 	mu      sync.Mutex
@@ -120,6 +135,10 @@ func (a *Allocator) RouterDemand(routerID string, applied uint64, demand []*smgv
 	if rs == nil {
 		rs = &routerState{}
 		a.routers[routerID] = rs
+		if !a.held && slices.ContainsFunc(demand, func(d *smgv1.DecodeDemand) bool { return d.GetInFlight() > 0 }) {
+			a.held = true
+			a.log.Info("A router holds rooms from a previous control plane; shares grow after the longer warm-up", "router", routerID, "warmup", a.opts.HeldWarmup)
+		}
 	}
 	rs.gone, rs.reported, rs.applied = false, true, max(rs.applied, applied)
 	rs.demand = make(map[string]*smgv1.DecodeDemand, len(demand))
@@ -146,8 +165,22 @@ func (a *Allocator) RouterDisconnected(routerID string, now time.Time) {
 	}
 }
 
-// Run recomputes shares every Interval until ctx ends.
+// Run recomputes shares every Interval until ctx ends (a replica: while it
+// leads). The warm-up starts again with each run, and what a run learned of
+// routers, grants and windows goes with it: a later term starts clean, as
+// a new leader does.
 func (a *Allocator) Run(ctx context.Context) {
+	a.mu.Lock()
+	a.started = a.opts.Now()
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.held = false
+		clear(a.routers)
+		clear(a.grants)
+		clear(a.learned)
+		a.mu.Unlock()
+	}()
 	t := time.NewTicker(a.opts.Interval)
 	defer t.Stop()
 	for {
@@ -216,7 +249,11 @@ func (a *Allocator) expire(now time.Time) {
 // routers whose share decreased (their decrease awaits an acknowledgement).
 func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]update, map[string][]string) {
 	ids := slices.Sorted(maps.Keys(a.routers))
-	warm := now.Sub(a.started) >= a.opts.Warmup
+	warmup := a.opts.Warmup
+	if a.held {
+		warmup = max(warmup, a.opts.HeldWarmup)
+	}
+	warm := now.Sub(a.started) >= warmup
 	updates := make(map[string]update)
 	decreased := make(map[string][]string)
 	seen := make(map[string]bool)
@@ -265,7 +302,13 @@ func (a *Allocator) planWorker(w *registry.Worker, window int64, ids []string, w
 		d := rs.demand[w.ID]
 		g := byRouter[id]
 		if g == nil {
-			g = &grant{held: d.GetInFlight()}
+			// First heard of (in this term): what it reports in flight is
+			// what it holds, a share a previous control plane granted (a
+			// router keeping its share through a failover reports at least
+			// that share). It keeps it: adopted as its share, those rooms
+			// go to no other router, and shares move from there by the
+			// usual shrink-before-grow.
+			g = &grant{share: d.GetInFlight(), held: d.GetInFlight()}
 			byRouter[id] = g
 		}
 		ri := RouterInput{ID: id, Share: g.share, Held: max(g.share, g.held)}

@@ -108,8 +108,34 @@ type Client struct {
 	kept      map[string]heldWorker
 	keepUntil time.Time
 	keepTimer *time.Timer
+	// carried: the running window and share a worker had under the
+	// previous epoch, used while the current epoch has sent none for it
+	// yet (a new leader before its allocator ran), until carryUntil.
+	carried    map[string]window
+	carryUntil time.Time
 
 	ackSignal chan struct{} // buffered 1: the sender acks the latest revision
+}
+
+// window is what a router gates a worker on: its running window (a decode
+// worker's MaxRunning, a regular worker's AdmissionRooms) and this router's
+// share of it.
+type window struct {
+	decode                   bool
+	maxRunning, rooms, share int64
+}
+
+func windowOf(w router.Worker) window {
+	return window{w.Type == router.TypeDecode, w.MaxRunning, w.AdmissionRooms, w.WindowShare}
+}
+
+// known reports whether the control plane said anything about the window
+// the router gates the worker on.
+func (v window) known() bool {
+	if v.decode {
+		return v.maxRunning > 0 || v.share != 0
+	}
+	return v.rooms > 0 || v.share != 0
 }
 
 // heldWorker is a worker as last sent, converted once for the router.
@@ -253,7 +279,7 @@ func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[smgv1
 			if err != nil {
 				return
 			}
-			err = stream.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Report{Report: report(c.target.Observations())}})
+			err = stream.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Report{Report: report(c.withCarried(c.target.Observations()))}})
 		}
 		if err != nil {
 			return // Recv sees the same failure and ends the session
@@ -270,6 +296,7 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 	c.connected.Store(true)
 
 	epoch, _ := c.Revision()
+	expired := c.carryExpired()
 	var contacts []string
 	switch m := resp.Msg.(type) {
 	case *smgv1.WatchResponse_Snapshot:
@@ -280,6 +307,12 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 			contacts = c.noteContact(contacts, w)
 			next[w.GetWorkerId()] = heldWorker{routerWorker(w), w.GetContactSeq()}
 			c.judged(w)
+			c.carryWindow(w.GetWorkerId(), next[w.GetWorkerId()].w, resp.Epoch != epoch)
+		}
+		for id := range c.carried {
+			if _, ok := next[id]; !ok {
+				delete(c.carried, id)
+			}
 		}
 		c.workers, c.order = next, nil
 	case *smgv1.WatchResponse_Delta:
@@ -292,7 +325,9 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 			if _, ok := c.workers[w.GetWorkerId()]; !ok {
 				c.order = nil
 			}
-			c.workers[w.GetWorkerId()] = heldWorker{routerWorker(w), w.GetContactSeq()}
+			rw := routerWorker(w)
+			c.carryWindow(w.GetWorkerId(), rw, false)
+			c.workers[w.GetWorkerId()] = heldWorker{rw, w.GetContactSeq()}
 			c.judged(w)
 		}
 		for _, id := range m.Delta.GetRemoved() {
@@ -304,9 +339,10 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 				delete(c.kept, id)
 				c.order = nil
 			}
+			delete(c.carried, id)
 		}
 	case *smgv1.WatchResponse_Heartbeat:
-		if c.failedOpen {
+		if c.failedOpen || expired {
 			c.publish(epoch, c.heldRevision()) // the control plane is back: verdicts return
 		}
 		c.signalAck()
@@ -374,7 +410,11 @@ func (c *Client) publish(epoch string, rev uint64) {
 			s.Workers[i] = k.w // kept only while this epoch has not listed it healthy
 			continue
 		}
-		s.Workers[i] = c.workers[id].w
+		w := c.workers[id].w
+		if v, ok := c.carried[id]; ok {
+			w.MaxRunning, w.AdmissionRooms, w.WindowShare = max(w.MaxRunning, v.maxRunning), v.rooms, v.share
+		}
+		s.Workers[i] = w
 	}
 	c.target.Apply(s)
 	c.held, c.failedOpen = true, false
@@ -415,6 +455,75 @@ func (c *Client) keepPrevious(newEpoch bool, warming time.Duration) {
 		return
 	}
 	c.keepTimer.Reset(warming)
+}
+
+// carryWindow keeps the window and share the router held for a worker
+// that the control plane lists without them: a new leader before its
+// allocator ran or before the worker's first load report (no window), or
+// while it has granted this router nothing yet (share -1, its warm-up); or a
+// replica that stepped down and dropped its soft state in the instant
+// before the router's stream to it ended (no window). A failover never gives
+// a router more room than it held (an unknown window would not gate at all),
+// and a router keeps serving within what it held until the new leader
+// grants it a share (it adopts what the router reports holding). A granted
+// share (or a window without shares) ends the carry; the stale bound ends
+// them all. Within an epoch, a share of -1 is the allocator's word and
+// applies at once. Caller holds applyMu; c.workers is the view as held.
+func (c *Client) carryWindow(id string, next router.Worker, newEpoch bool) {
+	v := windowOf(next)
+	if v.share > 0 || (v.known() && v.share == 0) {
+		delete(c.carried, id) // the control plane's window from now on
+		return
+	}
+	if _, ok := c.carried[id]; ok {
+		return
+	}
+	old, ok := c.workers[id]
+	if !ok || !windowOf(old.w).known() || (v.known() && !newEpoch) {
+		return
+	}
+	if len(c.carried) == 0 {
+		c.log.Info("Control plane sent no window or share for a worker yet; keeping the window and share held", "worker", id)
+		c.carryUntil = time.Time{}
+		if c.staleAfter > 0 {
+			c.carryUntil = time.Now().Add(c.staleAfter)
+		}
+	}
+	if c.carried == nil {
+		c.carried = make(map[string]window)
+	}
+	c.carried[id] = windowOf(old.w)
+}
+
+// withCarried reports, for each worker whose share is carried from a
+// previous epoch, at least that share in flight: the new leader then counts
+// those rooms as held by this router (and grants them back to it) instead of
+// handing them to another router meanwhile.
+func (c *Client) withCarried(obs router.Observations) router.Observations {
+	c.applyMu.Lock()
+	defer c.applyMu.Unlock()
+	if len(c.carried) == 0 {
+		return obs
+	}
+	obs.Demand = slices.Clone(obs.Demand) // the router's own, not ours to change
+	for i := range obs.Demand {
+		if v, ok := c.carried[obs.Demand[i].WorkerID]; ok && v.share > 0 {
+			obs.Demand[i].InFlight = max(obs.Demand[i].InFlight, v.share)
+		}
+	}
+	return obs
+}
+
+// carryExpired drops the carried windows once the stale bound has passed
+// since the epoch began without the control plane sending them, and reports
+// whether it did (the view must be published again). Caller holds applyMu.
+func (c *Client) carryExpired() bool {
+	if len(c.carried) == 0 || c.carryUntil.IsZero() || time.Now().Before(c.carryUntil) {
+		return false
+	}
+	c.log.Warn("Control plane sent no window for workers past the stale bound; dropping the windows held from the previous epoch", "workers", len(c.carried))
+	c.carried = nil
+	return true
 }
 
 // keptWorker is w as kept from a previous epoch: no veto, marked held.
