@@ -166,12 +166,12 @@ func BenchmarkJoin10k(b *testing.B) {
 	k1, snap1 := snapAt()
 	setOverloaded(b, reg, "w00042", true)
 	k2, snap2 := snapAt()
-	raw := marshal(srv.message(k2, srv.snapshotBase(k2, snap2), "r"))
+	raw := marshal(srv.message(k2, srv.snapshotBase(k2, snap2), "r", 0))
 	b.Run("cp-every-worker", func(b *testing.B) {
 		for b.Loop() {
 			bs := &base{}
 			bs.fill(snap1.Workers())
-			marshal(srv.message(k1, bs, "r"))
+			marshal(srv.message(k1, bs, "r", 0))
 		}
 		b.ReportMetric(float64(len(raw))/1024, "KiB")
 	})
@@ -183,7 +183,7 @@ func BenchmarkJoin10k(b *testing.B) {
 			}
 			bs := &base{}
 			bs.list(snap.Workers())
-			marshal(srv.message(k, bs, "r"))
+			marshal(srv.message(k, bs, "r", 0))
 		}
 	})
 	b.Run("router-decode", func(b *testing.B) {

@@ -191,7 +191,7 @@ func TestSnapshotBytesAreEachWorkerAsTheRouterSeesIt(t *testing.T) {
 		t.Helper()
 		snap := reg.Snapshot()
 		k := baseKey{testEpoch, kindSnapshot, 0, snap.Revision}
-		got, err := wireCopy(s.message(k, s.snapshotBase(k, snap), router))
+		got, err := wireCopy(s.message(k, s.snapshotBase(k, snap), router, 0))
 		if err != nil {
 			t.Fatal(err)
 		}
