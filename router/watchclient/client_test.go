@@ -315,7 +315,9 @@ func TestThreeRoutersConverge(t *testing.T) {
 	for i := range 5 {
 		put(t, reg, newWorker(fmt.Sprint("w", i)))
 	}
-	srv := watch.NewServer(reg, watch.Options{}, nil, nil)
+	// Loads at once: a router at the final revision then holds every load
+	// (paced, a revision can name loads not sent yet, docs/watch.md).
+	srv := watch.NewServer(reg, watch.Options{LoadInterval: -1}, nil, nil)
 	p := startPlane(t, srv)
 	var targets []*fakeTarget
 	var clients []*Client
@@ -335,6 +337,11 @@ func TestThreeRoutersConverge(t *testing.T) {
 		if got := fmt.Sprintf("%+v", s.Workers); got != want {
 			t.Fatalf("router %d holds\n %s\nwant\n %s", i, got, want)
 		}
+		// The client records the revision right after publishing, under
+		// applyMu: wait for that message to be done with.
+		clients[i].applyMu.Lock()
+		//lint:ignore SA2001 an empty critical section is the barrier
+		clients[i].applyMu.Unlock()
 		if e, r := clients[i].Revision(); e != "A" || r != final {
 			t.Fatalf("router %d Revision() = %s/%d", i, e, r)
 		}
