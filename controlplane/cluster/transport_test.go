@@ -161,6 +161,10 @@ func rawDial(addr string, cert *TLS, roots *TLS) (*tls.ConnectionState, error) {
 	return &cs, nil
 }
 
+// intruderTerm is the term an intruder's RequestVote claims: far above any
+// the test's elections reach.
+const intruderTerm = 1 << 40
+
 // rpcFrom sends a Raft RPC to target through a transport with the given
 // TLS (nil: plaintext), as a node of another cluster or a plaintext node
 // would.
@@ -175,7 +179,7 @@ func rpcFrom(t *testing.T, tl *TLS, target string) error {
 	defer trans.Close()
 	var resp raft.RequestVoteResponse
 	return trans.RequestVote("intruder", raft.ServerAddress(target), &raft.RequestVoteRequest{
-		RPCHeader: raft.RPCHeader{ID: []byte("intruder"), Addr: []byte(ln.Addr().String())}, Term: 1 << 40,
+		RPCHeader: raft.RPCHeader{ID: []byte("intruder"), Addr: []byte(ln.Addr().String())}, Term: intruderTerm,
 	}, &resp)
 }
 
@@ -190,7 +194,6 @@ func TestRaftTLSThreeNodesElectReplicateAndRefuseStrangers(t *testing.T) {
 	}
 	target := nodes[0]
 	taddr := string(target.trans.LocalAddr())
-	term := target.raft.CurrentTerm()
 
 	// A member's certificate of the cluster CA connects (the checks below
 	// can fail).
@@ -225,16 +228,16 @@ func TestRaftTLSThreeNodesElectReplicateAndRefuseStrangers(t *testing.T) {
 		}
 		testutil.WaitFor(t, 5*time.Second, tc.name+" counted as refused", func() (bool, string) {
 			got := target.layer.refusedIn.Load()
-			return got == before+1, fmt.Sprintf("refused %d, want %d", got, before+1)
+			return got >= before+1, fmt.Sprintf("refused %d, want at least %d", got, before+1)
 		})
 	}
 	if !strings.Contains(target.log.String(), "Raft TLS handshake refused") {
 		t.Errorf("refusals not logged:\n%s", target.log.String())
 	}
-	// The intruders' RequestVote with a huge term reached no Raft: the
-	// term did not move.
-	if got := target.raft.CurrentTerm(); got != term {
-		t.Errorf("term moved from %d to %d: an intruder's RPC reached Raft", term, got)
+	// The intruders' RequestVote with a huge term reached no Raft: a node
+	// that saw it would have taken that term.
+	if got := target.raft.CurrentTerm(); got >= intruderTerm {
+		t.Errorf("term %d: an intruder's RPC reached Raft", got)
 	}
 
 	// A member removed from the configuration is cut off, its certificate
