@@ -3,6 +3,7 @@ package e2e
 import (
 	"crypto/tls"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -84,10 +85,7 @@ func TestRaftTLSClusterReplicatesAndRefusesStrangers(t *testing.T) {
 		return true, ""
 	})
 	eng := fakeEngines(t)
-	_, id, err := register(follower.admin, eng.URL+"/tls")
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := registerRetrying(t, follower.admin, eng.URL+"/tls")
 	replicated := func(nodes ...*haNode) func() (bool, string) {
 		return func() (bool, string) {
 			for _, nd := range nodes {
@@ -204,10 +202,7 @@ func TestRaftTLSJoinOverHTTPS(t *testing.T) {
 		return true, ""
 	})
 	eng := fakeEngines(t)
-	_, id, err := register(third.admin, eng.URL+"/https")
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := registerRetrying(t, third.admin, eng.URL+"/https")
 	everywhere := func(id string) {
 		t.Helper()
 		waitFor(t, 20*time.Second, "registration "+id+" done in every node's own replica", func() (bool, string) {
@@ -236,9 +231,26 @@ func TestRaftTLSJoinOverHTTPS(t *testing.T) {
 		now := serverFingerprint(t, raftAddr, p.pool, &pair, "")
 		return now == tlsutil.Fingerprint(rotated), fmt.Sprintf("serves %.12s (old %.12s)", now, old)
 	})
-	_, id2, err := register(first.admin, eng.URL+"/rotated")
-	if err != nil {
-		t.Fatal(err)
-	}
+	id2 := registerRetrying(t, first.admin, eng.URL+"/rotated")
 	everywhere(id2)
+}
+
+// registerRetrying registers a worker, retrying while the cluster answers
+// 503 NO_LEADER (the write was not made): a leader on a loaded box may step
+// down for a moment, and a client is told to retry.
+func registerRetrying(t *testing.T, a admin, url string) string {
+	t.Helper()
+	var id string
+	waitFor(t, 20*time.Second, "registering "+url, func() (bool, string) {
+		code, got, err := register(a, url)
+		if err != nil && code == http.StatusServiceUnavailable && strings.Contains(err.Error(), "NO_LEADER") {
+			return false, err.Error()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		id = got
+		return true, ""
+	})
+	return id
 }
