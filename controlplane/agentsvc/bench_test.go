@@ -43,7 +43,7 @@ func BenchmarkIngestRecords(b *testing.B) {
 		}
 		return nil
 	})
-	st := &agentStream{node: "n1", refused: map[string]bool{}, covered: map[string]bool{},
+	st := &agentStream{node: "n1", refused: map[string]bool{}, covered: map[string]bool{}, reported: map[string]bool{},
 		last: map[string]lastRecord{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{}}
 	rng := rand.New(rand.NewPCG(1, 2))
 	wires := make([][]byte, 4*workers)

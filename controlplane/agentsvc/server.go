@@ -145,6 +145,10 @@ type agentStream struct {
 	mu      sync.Mutex
 	covered map[string]bool // engine URLs assigned to or reported by this stream
 
+	// reported is the engine URLs the receive goroutine covered already
+	// (only it touches it), so a record takes no lock to cover its engine.
+	reported map[string]bool
+
 	// last is the latest record per engine URL, so that a contact or a
 	// heartbeat ("nothing changed since my last record") re-applies it.
 	// Only the receive goroutine touches it.
@@ -187,6 +191,15 @@ func (st *agentStream) cover(urls ...string) {
 	}
 }
 
+// coverReported covers url, reported by the agent; receive goroutine only.
+func (st *agentStream) coverReported(url string) {
+	if st.reported[url] {
+		return
+	}
+	st.reported[url] = true
+	st.cover(url)
+}
+
 func (st *agentStream) coveredURLs() []string {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -225,8 +238,8 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 		return status.Errorf(codes.PermissionDenied, "agent: these credentials (token or client certificate) are for node %q, not %q (smg agent --node)", id.Node, hello.GetNode())
 	}
 	st := &agentStream{node: hello.GetNode(), peer: peerOf(ctx), own: dedup(canonical(hello.GetEngineUrls())),
-		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{}, last: map[string]lastRecord{},
-		known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{}}
+		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{}, reported: map[string]bool{},
+		last: map[string]lastRecord{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{}}
 	s.log.Info("Agent connected", "node", st.node, "peer", st.peer, "engines", len(st.own), "register", hello.GetRegister())
 	s.addStream(st)
 	if hello.GetRegister() {
@@ -372,7 +385,7 @@ func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
 	}
 	delete(st.pending, w.Spec.GetUrl())
 	url := w.Spec.GetUrl()
-	st.cover(url)
+	st.coverReported(url)
 	var silence time.Duration
 	if r.GetEngineSilence() != nil {
 		silence = max(r.GetEngineSilence().AsDuration(), 0)
@@ -415,7 +428,7 @@ func (s *Server) event(st *agentStream, e *smgv1.EngineEvent, now time.Time) {
 		return
 	}
 	url := w.Spec.GetUrl()
-	st.cover(url)
+	st.coverReported(url)
 	switch e.GetKind() {
 	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_CONTACT:
 		s.vouch(st, w, now)
