@@ -378,7 +378,11 @@ func (s *Server) onNode(st *agentStream, w *registry.Worker) bool {
 func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
 	w := s.worker(st, r.GetWorkerUrl())
 	if w == nil {
-		if u := canonicalURL(r.GetWorkerUrl()); slices.Contains(st.own, u) && s.reg.Snapshot().GetByURL(u) == nil {
+		// Kept even if the engine's registration has landed since the
+		// lookup (checking again would drop the record, and an idle
+		// engine sends no other): the next contact applies it if the
+		// worker is on this node.
+		if u := canonicalURL(r.GetWorkerUrl()); slices.Contains(st.own, u) {
 			st.pending[u] = r // bounded by the hello's engines
 		}
 		return
