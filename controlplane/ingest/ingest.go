@@ -35,7 +35,20 @@ type Ingester struct {
 
 	mu      sync.Mutex                   // orders reports, flushes and no-reports
 	pending map[string]*smgv1.EngineLoad // by worker id, latest wins
+	// flushing is what the running Flush took from pending and has not
+	// stored yet; a newer report or no-report of a worker drops its entry.
+	flushing map[string]*smgv1.EngineLoad
+
+	fmu sync.Mutex // one Flush at a time
+
+	// betweenChunks, for tests, runs between a flush's transactions.
+	betweenChunks func()
 }
+
+// chunkSize is how many workers one flush transaction stores: a report
+// that flips a verdict waits for at most one chunk (a few milliseconds),
+// not for a flush of the whole fleet.
+const chunkSize = 1024
 
 // Options configure an Ingester.
 type Options struct {
@@ -50,18 +63,19 @@ type Options struct {
 }
 
 // Rider is evidence pending elsewhere that a flush stores with the loads.
-// Flush calls it inside its registry transaction.
 type Rider interface {
-	// TakePending moves out every pending piece of evidence and returns
-	// the workers it concerns; apply moves c (a clone about to be
-	// inserted) by c.ID's pending evidence, and reports whether it changed
-	// c; stored follows the insert of c, which replaced w.
-	TakePending() (ids []string, apply func(c *registry.Worker) bool, stored func(t *registry.Txn, w, c *registry.Worker))
+	// PendingIDs lists the workers with evidence pending now.
+	PendingIDs() []string
+	// Take moves out the pending evidence of ids; Flush calls it inside
+	// the transaction that stores it. apply moves c (a clone about to be
+	// inserted) by c.ID's evidence and reports whether it changed c;
+	// stored follows the insert of c, which replaced w.
+	Take(ids []string) (apply func(c *registry.Worker) bool, stored func(t *registry.Txn, w, c *registry.Worker))
 }
 
 // New returns an Ingester writing to reg.
 func New(reg *registry.Registry, opts Options, log *slog.Logger) *Ingester {
-	return &Ingester{reg: reg, opts: opts, log: log, pending: map[string]*smgv1.EngineLoad{}}
+	return &Ingester{reg: reg, opts: opts, log: log, pending: map[string]*smgv1.EngineLoad{}, flushing: map[string]*smgv1.EngineLoad{}}
 }
 
 // DefaultFlushInterval bounds how long a load-only update waits for its
@@ -87,58 +101,78 @@ func (in *Ingester) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// Flush commits every pending load in one transaction, with the Rider's
-// pending evidence: each worker is cloned and inserted once. The registry
-// decides each verdict again from what it stores, so a verdict that the
-// world moved under (thresholds, health) is right at the flush.
+// Flush commits every pending load, with the Rider's pending evidence:
+// each worker is cloned and inserted once, in transactions of chunkSize
+// workers, so that a report that flips a verdict never waits for more than
+// one of them. A load that a newer report or no-report replaced while the
+// flush ran is not stored. The registry decides each verdict again from
+// what it stores, so a verdict that the world moved under (thresholds,
+// health) is right at the flush.
 func (in *Ingester) Flush() {
+	in.fmu.Lock()
+	defer in.fmu.Unlock()
+	in.mu.Lock()
+	in.flushing, in.pending = in.pending, in.flushing // flushing is empty between flushes
+	ids := make([]string, 0, len(in.flushing))
+	for id := range in.flushing {
+		ids = append(ids, id)
+	}
+	if in.opts.Rider != nil {
+		for _, id := range in.opts.Rider.PendingIDs() {
+			if _, dup := in.flushing[id]; !dup {
+				ids = append(ids, id)
+			}
+		}
+	}
+	in.mu.Unlock()
+	for start := 0; start < len(ids); start += chunkSize {
+		if start > 0 && in.betweenChunks != nil {
+			in.betweenChunks()
+		}
+		in.storeChunk(ids[start:min(start+chunkSize, len(ids))])
+	}
+	in.mu.Lock()
+	clear(in.flushing)
+	in.mu.Unlock()
+}
+
+// storeChunk stores the pending load and the Rider's evidence of ids in one
+// transaction.
+func (in *Ingester) storeChunk(ids []string) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if len(in.pending) == 0 && in.opts.Rider == nil {
-		return
-	}
 	var flips []flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		flips = flips[:0]
-		var ids []string
 		apply := func(*registry.Worker) bool { return false }
-		var stored func(*registry.Txn, *registry.Worker, *registry.Worker)
+		stored := func(*registry.Txn, *registry.Worker, *registry.Worker) {}
 		if in.opts.Rider != nil {
-			ids, apply, stored = in.opts.Rider.TakePending()
+			apply, stored = in.opts.Rider.Take(ids)
 		}
-		for id, load := range in.pending {
+		for _, id := range ids {
+			load, hasLoad := in.flushing[id]
 			w := t.Get(id)
 			if w == nil {
 				continue
 			}
 			c := w.Clone()
-			setLoad(c, load)
-			apply(c)
-			t.Insert(c)
-			if stored != nil {
-				stored(t, w, c)
+			if hasLoad {
+				setLoad(c, load)
 			}
+			if !apply(c) && !hasLoad {
+				continue
+			}
+			t.Insert(c)
+			stored(t, w, c)
 			if f := flipOf(w, c); f.flipped {
 				flips = append(flips, f)
 			}
 		}
-		for _, id := range ids {
-			if _, done := in.pending[id]; done {
-				continue
-			}
-			w := t.Get(id)
-			if w == nil {
-				continue
-			}
-			c := w.Clone()
-			if apply(c) {
-				t.Insert(c)
-				stored(t, w, c)
-			}
-		}
 		return nil
 	})
-	clear(in.pending)
+	for _, id := range ids {
+		delete(in.flushing, id)
+	}
 	in.done(err, "flush", "")
 	for _, f := range flips {
 		in.logFlip(f)
@@ -158,6 +192,7 @@ func (in *Ingester) Report(workerID string, load *smgv1.EngineLoad) error {
 	load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	delete(in.flushing, workerID) // this report is newer than the load being flushed
 	if in.opts.Coalesce {
 		w := in.reg.Get(workerID)
 		if w == nil {
@@ -277,6 +312,7 @@ func (in *Ingester) NoReport(workerID string) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	delete(in.pending, workerID) // "no report" is newer than any pending load
+	delete(in.flushing, workerID)
 	var f flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		var err error
@@ -293,6 +329,7 @@ func (in *Ingester) Rebuild(why string) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	clear(in.pending)
+	clear(in.flushing)
 	n := 0
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		n = 0

@@ -1,6 +1,7 @@
 package ingest_test
 
 import (
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -21,9 +22,11 @@ type countingRider struct {
 	applied, saved map[string]int
 }
 
-func (r *countingRider) TakePending() ([]string, func(*registry.Worker) bool, func(*registry.Txn, *registry.Worker, *registry.Worker)) {
-	ids, apply, stored := r.next.TakePending()
-	return ids, func(c *registry.Worker) bool {
+func (r *countingRider) PendingIDs() []string { return r.next.PendingIDs() }
+
+func (r *countingRider) Take(ids []string) (func(*registry.Worker) bool, func(*registry.Txn, *registry.Worker, *registry.Worker)) {
+	apply, stored := r.next.Take(ids)
+	return func(c *registry.Worker) bool {
 			r.applied[c.ID]++
 			return apply(c)
 		}, func(t *registry.Txn, w, c *registry.Worker) {
@@ -92,5 +95,71 @@ func TestFlushStoresTheRidersEvidenceWithTheLoad(t *testing.T) {
 	tr.Flush()
 	if reg.Revision() != rev {
 		t.Fatal("a second flush found evidence left over")
+	}
+}
+
+// A flush stores a large fleet in transactions of a bounded size, so a
+// report that flips a verdict waits for one of them, not for all: one
+// arriving between two of them commits at once, and the older load it
+// replaced, not stored yet, is not stored after it.
+func TestFlushCommitsInChunksAndNewerReportsWin(t *testing.T) {
+	const workers = 2500 // three transactions of at most 1,024
+	reg := registry.New("e", 0)
+	th := judge.DefaultGatewayThresholds().Resolve(nil)
+	ids := make([]string, workers)
+	if _, err := reg.Update(func(tx *registry.Txn) error {
+		for i := range ids {
+			ids[i] = fmt.Sprintf("w%04d", i)
+			tx.Insert(&registry.Worker{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}, Model: "m", Thresholds: th, Health: registry.HealthHealthy})
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	in := ingest.New(reg, ingest.Options{Coalesce: true}, slog.New(slog.DiscardHandler))
+	for _, id := range ids {
+		if err := in.Report(id, load(1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rev := reg.Revision()
+	chunks := 0
+	var flipped string
+	ingest.BetweenChunks(in, func() {
+		chunks++
+		if chunks > 1 {
+			return
+		}
+		// Between the first two transactions: a report over the ceiling
+		// for a worker not stored yet commits at once.
+		for _, id := range ids {
+			if reg.Get(id).Load == nil {
+				flipped = id
+				break
+			}
+		}
+		if err := in.Report(flipped, load(20)); err != nil {
+			t.Fatal(err)
+		}
+		if w := reg.Get(flipped); !w.Overloaded || w.Load.GetWaitingRequests() != 20 {
+			t.Fatalf("a flip between two flush transactions did not commit at once: %+v", w)
+		}
+	})
+	in.Flush()
+	if got := reg.Revision() - rev; got != 3+1 { // three chunks and the flip
+		t.Fatalf("%d revisions for a flush of %d workers and one flip, want 4", got, workers)
+	}
+	for _, id := range ids {
+		w := reg.Get(id)
+		want := int32(1)
+		if id == flipped {
+			want = 20
+		}
+		if got := w.Load.GetWaitingRequests(); got != want {
+			t.Fatalf("%s: stored waiting %d, want %d", id, got, want)
+		}
+	}
+	if !reg.Get(flipped).Overloaded {
+		t.Fatal("the flush's older load undid the flip")
 	}
 }

@@ -179,15 +179,30 @@ func (t *Tracker) take() map[string]*pendingRecords {
 	return taken
 }
 
-// TakePending implements ingest.Rider: the ingester's flush stores the
-// pending records on the same record as the worker's load, in its
-// transaction (so they go in order before any later transaction's).
-func (t *Tracker) TakePending() (ids []string, apply func(c *registry.Worker) bool, stored func(*registry.Txn, *registry.Worker, *registry.Worker)) {
-	taken := t.take()
-	ids = make([]string, 0, len(taken))
-	for id := range taken {
+// PendingIDs implements ingest.Rider: the workers with records pending.
+func (t *Tracker) PendingIDs() []string {
+	t.pmu.Lock()
+	defer t.pmu.Unlock()
+	ids := make([]string, 0, len(t.pending))
+	for id := range t.pending {
 		ids = append(ids, id)
 	}
+	return ids
+}
+
+// Take implements ingest.Rider: the ingester's flush stores the pending
+// records of ids on the same record as the worker's load, in its
+// transaction (so they go in order before any later transaction's).
+func (t *Tracker) Take(ids []string) (apply func(c *registry.Worker) bool, stored func(*registry.Txn, *registry.Worker, *registry.Worker)) {
+	taken := make(map[string]*pendingRecords, len(ids))
+	t.pmu.Lock()
+	for _, id := range ids {
+		if p := t.pending[id]; p != nil {
+			taken[id] = p
+			delete(t.pending, id)
+		}
+	}
+	t.pmu.Unlock()
 	apply = func(c *registry.Worker) bool {
 		p := taken[c.ID]
 		if p == nil || !c.Ready() {
@@ -203,7 +218,7 @@ func (t *Tracker) TakePending() (ids []string, apply func(c *registry.Worker) bo
 			t.report(t.committed(w, c, nil), nil)
 		}
 	}
-	return ids, apply, stored
+	return apply, stored
 }
 
 // applyPushed moves ev by one pushed record.
