@@ -113,3 +113,25 @@ func TestFailoverKeepsTheWindowHeld(t *testing.T) {
 		}
 	})
 }
+
+// A worker kept through a second restart keeps the window it was published
+// with, the carried one included.
+func TestKeptWorkerKeepsItsCarriedWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fc, target := newFakeConn(), newTarget()
+		runBubbled(t, New(fc, target, Options{RouterID: "r1", StaleAfter: 15 * time.Second}, nil))
+		s := <-fc.streams
+		s.toClient <- snapshotMsg("E1", 5, windowed("w1", 4, 2))
+		synctest.Wait()
+		s = restart(s, fc)
+		s.toClient <- warmingSnapshot("E2", 1, 10, windowed("w1", 0, 0)) // healthy, no window yet: carried
+		synctest.Wait()
+		s = restart(s, fc)
+		s.toClient <- warmingSnapshot("E3", 1, 10) // lacks w1: kept
+		synctest.Wait()
+		w := target.view(t)["w1"]
+		if !w.Held || w.AdmissionRooms != 4 || w.WindowShare != 2 {
+			t.Fatalf("w1 = %+v, want it kept with the 4/2 window it held", w)
+		}
+	})
+}

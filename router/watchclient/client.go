@@ -129,6 +129,11 @@ func windowOf(w router.Worker) window {
 	return window{w.Type == router.TypeDecode, w.MaxRunning, w.AdmissionRooms, w.WindowShare}
 }
 
+// applyTo puts the window held into w.
+func (v window) applyTo(w *router.Worker) {
+	w.MaxRunning, w.AdmissionRooms, w.WindowShare = max(w.MaxRunning, v.maxRunning), v.rooms, v.share
+}
+
 // known reports whether the control plane said anything about the window
 // the router gates the worker on.
 func (v window) known() bool {
@@ -412,7 +417,7 @@ func (c *Client) publish(epoch string, rev uint64) {
 		}
 		w := c.workers[id].w
 		if v, ok := c.carried[id]; ok {
-			w.MaxRunning, w.AdmissionRooms, w.WindowShare = max(w.MaxRunning, v.maxRunning), v.rooms, v.share
+			v.applyTo(&w)
 		}
 		s.Workers[i] = w
 	}
@@ -439,7 +444,11 @@ func (c *Client) keepPrevious(newEpoch bool, warming time.Duration) {
 		maps.Copy(kept, c.kept)
 		for id, w := range c.workers {
 			if _, ok := kept[id]; !ok || w.w.Healthy {
-				kept[id] = heldWorker{w: keptWorker(w.w), contactSeq: w.contactSeq}
+				kw := keptWorker(w.w)
+				if v, ok := c.carried[id]; ok { // as published: the window it held
+					v.applyTo(&kw)
+				}
+				kept[id] = heldWorker{w: kw, contactSeq: w.contactSeq}
 			}
 		}
 		c.kept, c.order = kept, nil
