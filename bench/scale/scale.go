@@ -214,7 +214,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		// The baseline: the same server with shared frames off, in place of
 		// the one New built (its metrics on their own registry).
 		watchMetrics = prometheus.NewRegistry()
-		cp.Watch = watch.NewServer(cp.Registry, watch.Options{Sink: cp.Liveness, Demand: cp.Windows, EncodePerStream: true, LoadInterval: opts.WatchLoadInterval},
+		cp.Watch = watch.NewServer(cp.Registry, watch.Options{Sink: cp.Liveness, Demand: cp.Windows, EncodePerStream: true, LoadInterval: opts.WatchLoadInterval, Sent: sends.sent},
 			slog.New(flips), watchMetrics)
 	}
 	th := opts.Thresholds.Resolve(nil)
