@@ -199,6 +199,16 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// ReservesDemand reports whether any class's reservation follows its demand.
+func (c Config) ReservesDemand() bool {
+	for _, cc := range c.Classes {
+		if cc.ReserveDemand {
+			return true
+		}
+	}
+	return false
+}
+
 // ReservedTotal is the sum of every class's reservation.
 func (c Config) ReservedTotal() int64 {
 	var n int64

@@ -178,6 +178,10 @@ func (s *Scheduler) setCapacityLocked(capacity int64) {
 // raised to the observed demand of every class with reserve_demand, scaled
 // down proportionally when they no longer fit the capacity.
 func (s *Scheduler) refreshReservedLocked(now time.Time) {
+	if !s.cfg.ReservesDemand() {
+		s.reserved = s.static
+		return
+	}
 	r := s.static
 	for _, c := range Classes {
 		if s.cfg.Classes[c].ReserveDemand {
@@ -225,8 +229,8 @@ func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
 	s.mu.Lock()
 	if cc.ReserveDemand {
 		s.demand[c].arrive(arrived)
-		s.refreshReservedLocked(arrived)
 	}
+	s.refreshReservedLocked(arrived) // a demand reservation decays between arrivals of its class
 	if s.queues[c].Len() == 0 && (s.fitsLocked(c) || cc.CanPreempt && s.preemptForLocked(c)) {
 		t := s.admitLocked(c)
 		s.publishLocked()
@@ -299,6 +303,7 @@ func (s *Scheduler) admitLocked(c Class) *Ticket {
 // unused slot), then one head per class per pass, highest class first.
 func (s *Scheduler) dispatchLocked() {
 	now := time.Now()
+	s.refreshReservedLocked(now)
 	for progress := true; progress; {
 		progress = false
 		for c := Bulk; ; c-- {
