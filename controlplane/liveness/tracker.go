@@ -246,18 +246,22 @@ func (t *Tracker) Sweep(now time.Time) {
 			if !w.Ready() {
 				continue
 			}
-			ev := w.Evidence
 			p := taken[w.ID]
-			if p != nil {
-				for _, r := range p.recs {
-					t.applyPushed(&ev, r)
+			if p == nil { // the usual case: copy only the liveness evidence
+				live := w.Evidence.Live
+				if !live.Sweep(now, &t.rules).Changed() {
+					continue
 				}
-			}
-			if !ev.Live.Sweep(now, &t.rules).Changed() && p == nil {
+				c := w.Clone()
+				c.Evidence.Live = live
+				changes = t.commit(txn, w, c, changes)
 				continue
 			}
 			c := w.Clone()
-			c.Evidence = ev
+			for _, r := range p.recs {
+				t.applyPushed(&c.Evidence, r)
+			}
+			c.Evidence.Live.Sweep(now, &t.rules)
 			changes = t.commit(txn, w, c, changes)
 		}
 		return nil
@@ -436,7 +440,8 @@ func (t *Tracker) pend(workerID string, rec judge.Record, now time.Time) bool {
 		return false
 	}
 	if p == nil {
-		p = &pendingRecords{}
+		// Room for the records of one flush interval at a typical cadence.
+		p = &pendingRecords{recs: make([]timedRecord, 0, 8)}
 		t.pending[workerID] = p
 	}
 	p.recs = append(p.recs, r)
