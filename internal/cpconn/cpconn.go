@@ -98,16 +98,7 @@ func (c *Conn) Observe(err error) {
 	if !ok || st.Code() != codes.Unavailable {
 		return
 	}
-	var target string
-	for _, d := range st.Details() {
-		info, ok := d.(*errdetails.ErrorInfo)
-		if !ok || info.GetDomain() != errorDomain {
-			continue
-		}
-		if info.GetReason() == reasonNotLeader {
-			target = info.GetMetadata()["leader"]
-		}
-	}
+	target := LeaderNamed(err)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if target == "" {
@@ -123,6 +114,22 @@ func (c *Conn) Observe(err error) {
 	c.log.Info("Moving to another control plane replica", "from", c.cur, "to", target, "reason", st.Message())
 	c.cur = target
 	c.r.UpdateState(resolver.State{Addresses: []resolver.Address{address(target)}})
+}
+
+// LeaderNamed is the leader's address when err is a follower's answer
+// naming it ("" otherwise): the next call goes there, so a caller may retry
+// at once instead of backing off.
+func LeaderNamed(err error) string {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == errorDomain && info.GetReason() == reasonNotLeader {
+			return info.GetMetadata()["leader"]
+		}
+	}
+	return ""
 }
 
 func (c *Conn) unaryInterceptor(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
