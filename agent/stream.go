@@ -49,6 +49,7 @@ func (a *Agent) connect(ctx context.Context) error {
 	client := smgv1.NewAgentServiceClient(conn)
 	retry := backoff.New(a.opts.Backoff, nil)
 	failing := false // warned already; further failed attempts log at debug
+	var redirects cpconn.Redirects
 	for {
 		res := a.session(ctx, client)
 		if ctx.Err() != nil {
@@ -63,6 +64,10 @@ func (a *Agent) connect(ctx context.Context) error {
 		}
 		if res.goodbye {
 			a.log.Info("Control plane said goodbye; reconnecting", "controlplane", a.opts.ControlPlane)
+			continue
+		}
+		if leader := redirects.AtOnce(res.err); leader != "" { // a follower named the leader
+			a.log.Info("Sent to the leader; reconnecting now", "leader", leader)
 			continue
 		}
 		wait := retry.Next()

@@ -132,6 +132,23 @@ func LeaderNamed(err error) string {
 	return ""
 }
 
+// Redirects decides, for a caller's reconnect loop, whether a failed
+// attempt may be retried at once: when a follower named the leader (the
+// connection already points there), once in a row, so replicas that
+// disagree cannot make it spin. The zero value is ready.
+type Redirects struct{ last bool }
+
+// AtOnce reports the leader named by err when the next attempt may go at
+// once, "" when the caller should back off.
+func (r *Redirects) AtOnce(err error) string {
+	if leader := LeaderNamed(err); leader != "" && !r.last {
+		r.last = true
+		return leader
+	}
+	r.last = false
+	return ""
+}
+
 func (c *Conn) unaryInterceptor(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	c.Observe(err)

@@ -25,9 +25,7 @@ func (r *replica) Check(context.Context, *healthpb.HealthCheckRequest) (*healthp
 	if r.leader == "" {
 		return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
 	}
-	st := status.New(codes.Unavailable, "not the leader")
-	st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: reasonNotLeader, Domain: errorDomain, Metadata: map[string]string{"leader": r.leader}})
-	return nil, st.Err()
+	return nil, notLeaderErr(r.leader)
 }
 
 func serve(t *testing.T, r *replica) string {
@@ -127,6 +125,35 @@ func TestParseAddrs(t *testing.T) {
 	for _, bad := range []string{"", " , ", "a:1,nohost", "a:1,b"} {
 		if _, err := ParseAddrs(bad); err == nil {
 			t.Errorf("ParseAddrs(%q) accepted", bad)
+		}
+	}
+}
+
+// notLeaderErr is a follower's answer naming leader.
+func notLeaderErr(leader string) error {
+	st := status.New(codes.Unavailable, "not the leader")
+	st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: reasonNotLeader, Domain: errorDomain, Metadata: map[string]string{"leader": leader}})
+	return st.Err()
+}
+
+// A reconnect loop goes at once to a leader a follower named, but not twice
+// in a row; anything else backs off.
+func TestRedirectsAtOnce(t *testing.T) {
+	var r Redirects
+	for i, step := range []struct {
+		err  error
+		want string
+	}{
+		{notLeaderErr("b:2"), "b:2"},
+		{notLeaderErr("c:3"), ""}, // in a row: back off
+		{notLeaderErr("b:2"), "b:2"},
+		{status.Error(codes.Unavailable, "connection refused"), ""},
+		{status.Error(codes.Unavailable, "no leader yet"), ""},
+		{notLeaderErr(""), ""}, // names nobody
+		{notLeaderErr("b:2"), "b:2"},
+	} {
+		if got := r.AtOnce(step.err); got != step.want {
+			t.Fatalf("step %d: AtOnce = %q, want %q", i, got, step.want)
 		}
 	}
 }

@@ -183,7 +183,7 @@ var errGoodbye = errors.New("control plane said goodbye")
 func (c *Client) Run(ctx context.Context) error {
 	defer c.stopStale()
 	retry := backoff.New(c.opts.Backoff, c.opts.Rand)
-	redirected := false // the last attempt went at once to a leader a follower named
+	var redirects cpconn.Redirects
 	for {
 		heard, err := c.session(ctx)
 		if ctx.Err() != nil {
@@ -199,15 +199,10 @@ func (c *Client) Run(ctx context.Context) error {
 				continue
 			}
 		}
-		// A follower named the leader: go there at once (the connection
-		// already points at it), once per failed attempt in a row, so
-		// replicas that disagree cannot make it spin.
-		if leader := cpconn.LeaderNamed(err); leader != "" && !redirected {
-			redirected = true
+		if leader := redirects.AtOnce(err); leader != "" { // a follower named the leader
 			c.log.Info("Sent to the leader; reconnecting now", "leader", leader)
 			continue
 		}
-		redirected = false
 		wait := retry.Next()
 		c.log.Warn("Watch stream lost; reconnecting", "err", err, "in", wait)
 		if !backoff.Sleep(ctx, wait) {
