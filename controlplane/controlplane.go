@@ -6,7 +6,6 @@ package controlplane
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -42,6 +41,7 @@ import (
 	"github.com/smg-project/smg/internal/cli"
 	"github.com/smg-project/smg/internal/identity"
 	"github.com/smg-project/smg/internal/podwatch"
+	"github.com/smg-project/smg/internal/tlsutil"
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
@@ -50,7 +50,7 @@ type Options struct {
 	WorkerURLs cli.List
 	// EngineTLS verifies https:// engines for polls, probes and discovery
 	// (nil: Go's defaults). Set by the command from --engine-ca-file and friends.
-	EngineTLS           *tls.Config
+	EngineTLS           *tlsutil.ClientOptions
 	PrefillURLs         cli.List // PD prefill engines: URL [BOOTSTRAP_PORT] ...
 	DecodeURLs          cli.List // PD decode engines
 	LoadMonitorInterval int      // seconds, > 0
@@ -200,7 +200,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	}
 	cp := &ControlPlane{opts: opts, log: log, metrics: reg}
 	cp.Registry = registry.New(newEpoch(), registry.DefaultHistory)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: opts.EngineTLS}}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, DialTLSContext: opts.EngineTLS.DialTLS(nil)}}
 	collector := ingest.NewCollector(cp.Registry)
 	if err := reg.Register(collector); err != nil {
 		return nil, err

@@ -1,13 +1,14 @@
 package router
 
 import (
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/smg-project/smg/internal/tlsutil"
 )
 
 // Policy names accepted by --policy.
@@ -109,7 +110,7 @@ type Options struct {
 	UpstreamDialTimeout        time.Duration
 	// EngineTLS verifies https:// engines (nil: Go's defaults, the system's
 	// roots). Set by the command from --engine-ca-file and friends.
-	EngineTLS                *tls.Config
+	EngineTLS                *tlsutil.ClientOptions
 	MaxIdleConnsPerWorker    int
 	PromptBytesPerTokenGuess int // estimate of prompt tokens in flight from body bytes
 }

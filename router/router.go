@@ -145,7 +145,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 			MaxIdleConnsPerHost: opts.MaxIdleConnsPerWorker,
 			IdleConnTimeout:     90 * time.Second,
 			DisableCompression:  true, // pass bodies through as the engine sent them
-			TLSClientConfig:     opts.EngineTLS,
+			DialTLSContext:      opts.EngineTLS.DialTLS(dialer),
 			ForceAttemptHTTP2:   false,
 		},
 		// Redirects are the client's business, as with any reverse proxy.

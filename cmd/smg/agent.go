@@ -51,8 +51,8 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	opts.TransportCredentials = ts.controlPlaneCreds()
-	if cfg := ts.engineTLS(); cfg != nil {
-		opts.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second, TLSClientConfig: cfg}}
+	if o := ts.engineTLS(); o != nil {
+		opts.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second, DialTLSContext: o.DialTLS(nil)}}
 	}
 	a, err := agent.New(opts, log, metrics)
 	if err != nil {

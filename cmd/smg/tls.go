@@ -254,13 +254,13 @@ func (s *tlsSetup) selfCreds() credentials.TransportCredentials {
 	return credentials.NewTLS(cfg)
 }
 
-// engineTLS is the client configuration for https:// engines (nil: Go's
-// defaults, the system's roots).
-func (s *tlsSetup) engineTLS() *tls.Config {
+// engineTLS says how https:// engines are verified (nil: Go's defaults, the
+// system's roots).
+func (s *tlsSetup) engineTLS() *tlsutil.ClientOptions {
 	if s.engCAs == nil && !s.f.engineInsecure && s.f.engineServerName == "" {
 		return nil
 	}
-	return tlsutil.ClientConfig(tlsutil.ClientOptions{Roots: s.engCAs, ServerName: s.f.engineServerName, InsecureSkipVerify: s.f.engineInsecure})
+	return &tlsutil.ClientOptions{Roots: s.engCAs, ServerName: s.f.engineServerName, InsecureSkipVerify: s.f.engineInsecure}
 }
 
 // warnPlaintext says loudly when a listener off loopback runs without TLS.

@@ -124,8 +124,21 @@ func (o ClientOptions) forHost(hostport string) ClientOptions {
 // DialTLSContext dials over TLS as ClientConfig verifies, the name defaulted
 // to each address's host (for http.Transport.DialTLSContext).
 func DialTLSContext(o ClientOptions) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return o.DialTLS(nil)
+}
+
+// DialTLS is DialTLSContext over the given dialer (its timeout and keep-alive;
+// nil: the zero dialer), or nil for nil options (an http.Transport's
+// defaults). An http.Transport cannot do this with TLSClientConfig alone: the
+// name it fills in for a server dialled by IP is not the one the bundle check
+// sees, so only the chain would be verified.
+func (o *ClientOptions) DialTLS(nd *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if o == nil {
+		return nil
+	}
+	opts := *o
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		d := tls.Dialer{Config: ClientConfig(o.forHost(addr))}
+		d := tls.Dialer{NetDialer: nd, Config: ClientConfig(opts.forHost(addr))}
 		return d.DialContext(ctx, network, addr)
 	}
 }
