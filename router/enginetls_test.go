@@ -17,16 +17,8 @@ import (
 // issued for another host does not pass for it (Go sends no IP as SNI, so a
 // bundle check on the transport's TLSClientConfig saw no name at all).
 func TestHTTPSEngineDialledByIPMustBeNamedInItsCertificate(t *testing.T) {
-	dir := t.TempDir()
-	ca, err := testca.New("engines")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile, err := ca.WriteCA(dir, "ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := tlsutil.LoadPool(caFile, slog.New(slog.DiscardHandler))
+	ca := testca.NewDir(t, "engines")
+	pool, err := tlsutil.LoadPool(ca.CAFile, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +31,7 @@ func TestHTTPSEngineDialledByIPMustBeNamedInItsCertificate(t *testing.T) {
 		{"another host's", testca.Leaf{CommonName: "gpu-7", DNSNames: []string{"gpu-7"}}, http.StatusBadGateway},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			issued, err := ca.Issue(tc.leaf)
+			issued, err := ca.CA.Issue(tc.leaf)
 			if err != nil {
 				t.Fatal(err)
 			}
