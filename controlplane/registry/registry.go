@@ -405,14 +405,14 @@ type Txn struct {
 	// membership: a worker was added or removed, or its spec, model or
 	// health changed.
 	membership bool
-	// written is every record inserted (nil: deleted) by id, in order,
-	// for the registry's latest map.
-	written []written
-}
-
-type written struct {
-	id string
-	w  *Worker // nil: deleted
+	// committed is the registry's latest map, which only a writer (this
+	// transaction, under the registry's lock) changes; written is every
+	// record this transaction inserted (nil: deleted) by id. Get reads
+	// them, not memdb: a memdb read in a write transaction drops the radix
+	// tree's cache of the nodes it already copied, so the next insert
+	// copies its whole path again.
+	committed map[string]*Worker
+	written   map[string]*Worker
 }
 
 // Get returns a worker by id, or nil.
@@ -420,7 +420,10 @@ func (t *Txn) Get(id string) *Worker {
 	if t.last != nil && t.last.ID == id {
 		return t.last
 	}
-	w := getWorker(t.txn, id)
+	w, mine := t.written[id]
+	if !mine {
+		w = t.committed[id]
+	}
 	if w != nil {
 		t.last = w
 	}
@@ -428,7 +431,14 @@ func (t *Txn) Get(id string) *Worker {
 }
 
 // GetByURL returns a worker by URL, or nil.
-func (t *Txn) GetByURL(url string) *Worker { return getWorkerByURL(t.txn, url) }
+func (t *Txn) GetByURL(url string) *Worker {
+	o, err := t.txn.First(tableURLs, "id", url)
+	must(err)
+	if o == nil {
+		return nil
+	}
+	return t.Get(o.(*urlEntry).WorkerID)
+}
 
 // Workers returns every worker.
 func (t *Txn) Workers() []*Worker { return listWorkers(t.txn) }
@@ -459,7 +469,7 @@ func (t *Txn) Insert(w *Worker) {
 	t.last = nil
 	must(t.txn.Insert(tableWorkers, w))
 	t.last = w
-	t.written = append(t.written, written{id: w.ID, w: w})
+	t.wrote(w.ID, w)
 	if visible {
 		t.mark(w.ID, false, old != nil && loadOnly(old, w))
 	}
@@ -474,8 +484,16 @@ func (t *Txn) Delete(id string) {
 	n, err := t.txn.DeleteAll(tableWorkers, "id", id)
 	must(err)
 	t.membership = t.membership || n > 0
-	t.written = append(t.written, written{id: id})
+	t.wrote(id, nil)
 	t.mark(id, true, false)
+}
+
+// wrote records that id's record is now w (nil: deleted).
+func (t *Txn) wrote(id string, w *Worker) {
+	if t.written == nil {
+		t.written = map[string]*Worker{}
+	}
+	t.written[id] = w
 }
 
 // deleteURL drops w's URL entry if it still points at w.
@@ -550,7 +568,7 @@ const markIndexAt = 16
 func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t := &Txn{txn: r.db.Txn(true), rev: r.revision + 1}
+	t := &Txn{txn: r.db.Txn(true), rev: r.revision + 1, committed: r.latest}
 	if err := fn(t); err != nil {
 		t.txn.Abort()
 		return r.revision, err
@@ -558,11 +576,11 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	t.txn.Commit()
 	if len(t.written) > 0 {
 		r.latestMu.Lock()
-		for _, e := range t.written {
-			if e.w == nil {
-				delete(r.latest, e.id)
+		for id, w := range t.written {
+			if w == nil {
+				delete(r.latest, id)
 			} else {
-				r.latest[e.id] = e.w
+				r.latest[id] = w
 			}
 		}
 		r.latestMu.Unlock()
