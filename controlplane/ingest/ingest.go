@@ -15,6 +15,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -125,6 +126,10 @@ func (in *Ingester) Flush() {
 		}
 	}
 	in.mu.Unlock()
+	// In key order, each transaction writes one stretch of the id index's
+	// radix tree: the inner nodes a chunk copies are its own, not copied
+	// again by every chunk as map order would have it.
+	slices.Sort(ids)
 	for start := 0; start < len(ids); start += chunkSize {
 		if start > 0 && in.betweenChunks != nil {
 			in.betweenChunks()
