@@ -91,7 +91,14 @@ has_series() { # url, prefix: the page is read whole before grep (no SIGPIPE on 
 	grep -q "^$2" <<<"$page"
 }
 has_series "http://127.0.0.1:$router/metrics" smg_ || fail "router /metrics has no smg_ series"
-has_series "http://127.0.0.1:$cphttp/metrics" smg_engine_ || fail "control plane /metrics has no smg_engine_ series"
+# The engine's load reaches the control plane's registry within a poll and a
+# flush (100 ms + 250 ms) of the worker turning Ready; allow a few seconds.
+engine_series=
+for _ in $(seq 1 50); do
+	if has_series "http://127.0.0.1:$cphttp/metrics" smg_engine_; then engine_series=1; break; fi
+	sleep 0.1
+done
+[[ -n $engine_series ]] || fail "control plane /metrics has no smg_engine_ series within 5 s"
 has_series "http://127.0.0.1:$agent/metrics" smg_ || fail "agent /metrics has no smg_ series"
 
 echo "== SIGTERM drains the router: the stream in flight ends whole, then the router exits 0"

@@ -181,6 +181,11 @@ const maxKnown = 16384
 type lastRecord struct {
 	rec judge.Record
 	at  time.Time
+	// unjudged is the record's load while the worker was not Ready (only
+	// Ready workers are judged): the first contact after it turns Ready
+	// ingests it, since an agent sends a load only when it changes and an
+	// idle engine's may never change again.
+	unjudged *smgv1.EngineLoad
 }
 
 func (st *agentStream) cover(urls ...string) {
@@ -402,17 +407,25 @@ func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
 		StepWire:      r.GetStepWire(),
 		Idle:          runsNothing(r.GetLoad()),
 	}
-	st.last[url] = lastRecord{rec: rec, at: now}
+	last := lastRecord{rec: rec, at: now}
 	s.setAgentNode(w, st.node)
 	// Like the poller, only Ready workers are judged for overload: a worker
 	// leaving Ready has its veto cleared and must not get it back from a
 	// record while it is out.
 	if w.Ready() {
-		if err := s.in.Report(w.ID, r.GetLoad()); err != nil {
-			s.log.Debug("Agent record not ingested", "worker_id", w.ID, "url", url, "error", err)
-		}
+		s.ingest(w, r.GetLoad())
+	} else {
+		last.unjudged = r.GetLoad()
 	}
+	st.last[url] = last
 	s.tr.Record(w.ID, rec, now)
+}
+
+// ingest hands load to the ingester, which takes ownership of it.
+func (s *Server) ingest(w *registry.Worker, load *smgv1.EngineLoad) {
+	if err := s.in.Report(w.ID, load); err != nil {
+		s.log.Debug("Agent record not ingested", "worker_id", w.ID, "url", w.Spec.GetUrl(), "error", err)
+	}
 }
 
 // runsNothing reports whether a load shows ranks and none of them runs a
@@ -470,6 +483,11 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	if !ok {
 		s.tr.Contact(w.ID, now)
 		return
+	}
+	if lr.unjudged != nil && w.Ready() {
+		s.ingest(w, lr.unjudged)
+		lr.unjudged = nil
+		st.last[w.Spec.GetUrl()] = lr
 	}
 	rec := lr.rec
 	if rec.Silence > 0 && now.After(lr.at) {

@@ -565,3 +565,30 @@ func TestLoadRecordsApplyEveryRecord(t *testing.T) {
 	}
 	closeCleanly(t, st)
 }
+
+// An agent sends a load only when it changes: a record that arrived while
+// the worker was not Ready (and so was not judged) is judged at the first
+// contact after the worker turns Ready, not left out until the load moves.
+func TestRecordBeforeReadyIsJudgedAtTheNextContact(t *testing.T) {
+	h := start(t, defaultConfig())
+	w := worker("w1", "http://127.0.0.1:8001", "")
+	w.Health = registry.HealthPending
+	h.put(t, w)
+	st, _ := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1"})
+
+	send(t, st, record("http://127.0.0.1:8001", 6))
+	h.waitFor(t, "the record seen (agent node set)", func(s *registry.Snapshot) bool { return s.Get("w1").AgentNode == "n1" })
+	if got := h.reg.Snapshot().Get("w1"); got.Load != nil || got.Overloaded {
+		t.Fatalf("a worker not Ready was judged: load %v, overloaded %v", got.Load, got.Overloaded)
+	}
+	ready := h.reg.Snapshot().Get("w1").Clone()
+	ready.Health = registry.HealthHealthy
+	h.put(t, ready)
+
+	send(t, st, event("http://127.0.0.1:8001", smgv1.EngineEventKind_ENGINE_EVENT_KIND_CONTACT))
+	h.waitFor(t, "the unchanged load judged at the contact", func(s *registry.Snapshot) bool {
+		w := s.Get("w1")
+		return w.Load.GetWaitingRequests() == 6 && w.Overloaded
+	})
+	closeCleanly(t, st)
+}

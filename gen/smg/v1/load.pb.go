@@ -183,10 +183,13 @@ type EngineLoad struct {
 	// Mean KV token usage over ranks (the token usage signal).
 	TokenUsage float64 `protobuf:"fixed64,5,opt,name=token_usage,json=tokenUsage,proto3" json:"token_usage,omitempty"`
 	// Running window (0: not reported).
-	MaxRunningRequests int32                  `protobuf:"varint,6,opt,name=max_running_requests,json=maxRunningRequests,proto3" json:"max_running_requests,omitempty"`
-	ReportedAt         *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=reported_at,json=reportedAt,proto3" json:"reported_at,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	MaxRunningRequests int32 `protobuf:"varint,6,opt,name=max_running_requests,json=maxRunningRequests,proto3" json:"max_running_requests,omitempty"`
+	// When this load was reported. An agent sends a load only when it
+	// changes, so a steady engine's reported_at is the time of its last
+	// change, not of its last contact (liveness is in the verdict).
+	ReportedAt    *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=reported_at,json=reportedAt,proto3" json:"reported_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EngineLoad) Reset() {
