@@ -303,8 +303,20 @@ func TestFrozenVLLMEngineReportsGrowingSilence(t *testing.T) {
 	want := silent.GetEngineSilence().AsDuration() + clk.Now().Sub(silent.GetObservedAt().AsTime())
 	cp.cutOff()
 	cp.restore()
-	cp.next(t, "hello after the reconnect", isHello)
-	again := cp.next(t, "the latest record re-sent", recordOf(eng.URL())).GetRecord()
+	hello := cp.next(t, "hello after the reconnect", isHello)
+	resent := cp.next(t, "the latest record re-sent", recordOf(eng.URL()))
+	again := resent.GetRecord()
+	// Every message carries the agent's clock when sent (the control plane
+	// measures its own reading lag with it), a re-sent record too, whose
+	// observed_at stays the time of its poll.
+	for _, m := range []*smgv1.ReportRequest{hello, resent} {
+		if m.GetSentAt() == nil || !m.GetSentAt().AsTime().Equal(clk.Now()) {
+			t.Fatalf("sent_at %v, want the agent's clock %v", m.GetSentAt(), clk.Now())
+		}
+	}
+	if !again.GetObservedAt().AsTime().Before(clk.Now()) {
+		t.Fatalf("re-sent record observed at %v, want its poll's time, before %v", again.GetObservedAt().AsTime(), clk.Now())
+	}
 	if got := again.GetEngineSilence().AsDuration(); got != want || got < silent.GetEngineSilence().AsDuration()+3*time.Second {
 		t.Fatalf("re-sent silence %v, want %v: the figure grows while the engine stays frozen", got, want)
 	}

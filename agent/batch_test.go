@@ -64,7 +64,7 @@ func TestRecordsDueAtOnceGoInOneMessage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a := &Agent{m: m}
+		a := &Agent{m: m, opts: Options{Now: newClock().Now}}
 		st := &sentStream{}
 		if err := a.send(st, msgs, tc.batch); err != nil {
 			t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/backoff"
@@ -151,7 +152,7 @@ func (a *Agent) session(ctx context.Context, client smgv1.AgentServiceClient) se
 	}
 
 	hello := &smgv1.AgentHello{Node: a.opts.Node, EngineUrls: a.opts.EngineURLs, Register: a.opts.Register}
-	if err := stream.Send(&smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Hello{Hello: hello}}); err != nil {
+	if err := stream.Send(a.stamped(&smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Hello{Hello: hello}})); err != nil {
 		return broken()
 	}
 	a.m.sent.WithLabelValues("hello").Inc()
@@ -172,7 +173,7 @@ func (a *Agent) session(ctx context.Context, client smgv1.AgentServiceClient) se
 		case <-a.wake:
 		case <-beat.C:
 			hb := &smgv1.AgentHeartbeat{WorkerUrls: a.answering()}
-			if err := stream.Send(&smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Heartbeat{Heartbeat: hb}}); err != nil {
+			if err := stream.Send(a.stamped(&smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Heartbeat{Heartbeat: hb}})); err != nil {
 				return broken()
 			}
 			a.m.sent.WithLabelValues("heartbeat").Inc()
@@ -193,7 +194,7 @@ func (a *Agent) send(stream grpc.BidiStreamingClient[smgv1.ReportRequest, smgv1.
 		msgs = batched(msgs, maxBatch)
 	}
 	for _, m := range msgs {
-		if err := stream.Send(m); err != nil {
+		if err := stream.Send(a.stamped(m)); err != nil {
 			return err
 		}
 		kind, n := "event", 1
@@ -208,6 +209,13 @@ func (a *Agent) send(stream grpc.BidiStreamingClient[smgv1.ReportRequest, smgv1.
 		a.m.sent.WithLabelValues(kind).Add(float64(n))
 	}
 	return nil
+}
+
+// stamped returns m (a shallow copy: slots keep their messages for a
+// resend) carrying the agent's clock at sending, which the control plane
+// compares across the stream to tell how far behind it reads.
+func (a *Agent) stamped(m *smgv1.ReportRequest) *smgv1.ReportRequest {
+	return &smgv1.ReportRequest{Msg: m.Msg, SentAt: timestamppb.New(a.opts.Now())}
 }
 
 // maxBatch bounds the records in one message, far below gRPC's 4 MiB

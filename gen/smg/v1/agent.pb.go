@@ -93,7 +93,12 @@ type ReportRequest struct {
 	//	*ReportRequest_Heartbeat
 	//	*ReportRequest_Pods
 	//	*ReportRequest_Records
-	Msg           isReportRequest_Msg `protobuf_oneof:"msg"`
+	Msg isReportRequest_Msg `protobuf_oneof:"msg"`
+	// The agent's clock when it sent this message. The control plane never
+	// stamps evidence with it; it compares it, on one stream, with the sent_at
+	// of earlier messages to tell how far behind its own reading of the stream
+	// is (docs/agent.md, "Reading behind"). Unset by older agents.
+	SentAt        *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -185,6 +190,13 @@ func (x *ReportRequest) GetRecords() *LoadRecords {
 		if x, ok := x.Msg.(*ReportRequest_Records); ok {
 			return x.Records
 		}
+	}
+	return nil
+}
+
+func (x *ReportRequest) GetSentAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SentAt
 	}
 	return nil
 }
@@ -873,14 +885,15 @@ var File_smg_v1_agent_proto protoreflect.FileDescriptor
 
 const file_smg_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x12smg/v1/agent.proto\x12\x06smg.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11smg/v1/load.proto\x1a\x13smg/v1/worker.proto\"\xb4\x02\n" +
+	"\x12smg/v1/agent.proto\x12\x06smg.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11smg/v1/load.proto\x1a\x13smg/v1/worker.proto\"\xe9\x02\n" +
 	"\rReportRequest\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.smg.v1.AgentHelloH\x00R\x05hello\x12,\n" +
 	"\x06record\x18\x02 \x01(\v2\x12.smg.v1.LoadRecordH\x00R\x06record\x12+\n" +
 	"\x05event\x18\x03 \x01(\v2\x13.smg.v1.EngineEventH\x00R\x05event\x126\n" +
 	"\theartbeat\x18\x04 \x01(\v2\x16.smg.v1.AgentHeartbeatH\x00R\theartbeat\x12,\n" +
 	"\x04pods\x18\x05 \x01(\v2\x16.smg.v1.DiscoveredPodsH\x00R\x04pods\x12/\n" +
-	"\arecords\x18\x06 \x01(\v2\x13.smg.v1.LoadRecordsH\x00R\arecordsB\x05\n" +
+	"\arecords\x18\x06 \x01(\v2\x13.smg.v1.LoadRecordsH\x00R\arecords\x123\n" +
+	"\asent_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAtB\x05\n" +
 	"\x03msg\";\n" +
 	"\vLoadRecords\x12,\n" +
 	"\arecords\x18\x01 \x03(\v2\x12.smg.v1.LoadRecordR\arecords\";\n" +
@@ -969,10 +982,10 @@ var file_smg_v1_agent_proto_goTypes = []any{
 	(*ReportResponse)(nil),        // 9: smg.v1.ReportResponse
 	(*Assignment)(nil),            // 10: smg.v1.Assignment
 	(*Goodbye)(nil),               // 11: smg.v1.Goodbye
-	(*WorkerSpec)(nil),            // 12: smg.v1.WorkerSpec
-	(*EngineLoad)(nil),            // 13: smg.v1.EngineLoad
-	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*WorkerSpec)(nil),            // 13: smg.v1.WorkerSpec
+	(*EngineLoad)(nil),            // 14: smg.v1.EngineLoad
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
 }
 var file_smg_v1_agent_proto_depIdxs = []int32{
 	5,  // 0: smg.v1.ReportRequest.hello:type_name -> smg.v1.AgentHello
@@ -981,23 +994,24 @@ var file_smg_v1_agent_proto_depIdxs = []int32{
 	8,  // 3: smg.v1.ReportRequest.heartbeat:type_name -> smg.v1.AgentHeartbeat
 	3,  // 4: smg.v1.ReportRequest.pods:type_name -> smg.v1.DiscoveredPods
 	2,  // 5: smg.v1.ReportRequest.records:type_name -> smg.v1.LoadRecords
-	6,  // 6: smg.v1.LoadRecords.records:type_name -> smg.v1.LoadRecord
-	4,  // 7: smg.v1.DiscoveredPods.pods:type_name -> smg.v1.DiscoveredPod
-	12, // 8: smg.v1.DiscoveredPod.spec:type_name -> smg.v1.WorkerSpec
-	13, // 9: smg.v1.LoadRecord.load:type_name -> smg.v1.EngineLoad
-	14, // 10: smg.v1.LoadRecord.engine_silence:type_name -> google.protobuf.Duration
-	15, // 11: smg.v1.LoadRecord.observed_at:type_name -> google.protobuf.Timestamp
-	0,  // 12: smg.v1.EngineEvent.kind:type_name -> smg.v1.EngineEventKind
-	15, // 13: smg.v1.EngineEvent.observed_at:type_name -> google.protobuf.Timestamp
-	10, // 14: smg.v1.ReportResponse.assignment:type_name -> smg.v1.Assignment
-	11, // 15: smg.v1.ReportResponse.goodbye:type_name -> smg.v1.Goodbye
-	1,  // 16: smg.v1.AgentService.Report:input_type -> smg.v1.ReportRequest
-	9,  // 17: smg.v1.AgentService.Report:output_type -> smg.v1.ReportResponse
-	17, // [17:18] is the sub-list for method output_type
-	16, // [16:17] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	12, // 6: smg.v1.ReportRequest.sent_at:type_name -> google.protobuf.Timestamp
+	6,  // 7: smg.v1.LoadRecords.records:type_name -> smg.v1.LoadRecord
+	4,  // 8: smg.v1.DiscoveredPods.pods:type_name -> smg.v1.DiscoveredPod
+	13, // 9: smg.v1.DiscoveredPod.spec:type_name -> smg.v1.WorkerSpec
+	14, // 10: smg.v1.LoadRecord.load:type_name -> smg.v1.EngineLoad
+	15, // 11: smg.v1.LoadRecord.engine_silence:type_name -> google.protobuf.Duration
+	12, // 12: smg.v1.LoadRecord.observed_at:type_name -> google.protobuf.Timestamp
+	0,  // 13: smg.v1.EngineEvent.kind:type_name -> smg.v1.EngineEventKind
+	12, // 14: smg.v1.EngineEvent.observed_at:type_name -> google.protobuf.Timestamp
+	10, // 15: smg.v1.ReportResponse.assignment:type_name -> smg.v1.Assignment
+	11, // 16: smg.v1.ReportResponse.goodbye:type_name -> smg.v1.Goodbye
+	1,  // 17: smg.v1.AgentService.Report:input_type -> smg.v1.ReportRequest
+	9,  // 18: smg.v1.AgentService.Report:output_type -> smg.v1.ReportResponse
+	18, // [18:19] is the sub-list for method output_type
+	17, // [17:18] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_agent_proto_init() }
