@@ -64,6 +64,11 @@ type Options struct {
 	// Discovery, when set, registers the engine pods agents discover on
 	// their nodes.
 	Discovery DiscoverySink
+	// Applying, when set, runs in each stream's receive loop after a
+	// message is read and before it is applied. Tests and the scale harness
+	// block in it to hold a stream unread, as a control plane stuck on its
+	// own locks or starved of CPU does.
+	Applying func()
 }
 
 // DiscoverySink takes the complete set of pods one source (an agent's node)
@@ -135,6 +140,13 @@ type agentStream struct {
 	node string
 	peer string
 	own  []string // engines named in the hello
+
+	// read is how far the control plane has read the stream (the liveness
+	// sweep tells the agent's silence from its own lag with it); heard is
+	// the message being applied, as its evidence is heard. Only the receive
+	// goroutine sets heard.
+	read  *liveness.Stream
+	heard judge.Heard
 
 	podsRefused bool     // the refusal of its discovered pods was logged (receive goroutine only)
 	hosts       *hostSet // where this node's engines may be
@@ -244,7 +256,8 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 	}
 	st := &agentStream{node: hello.GetNode(), peer: peerOf(ctx), own: dedup(canonical(hello.GetEngineUrls())),
 		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{}, reported: map[string]bool{},
-		last: map[string]lastRecord{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{}}
+		last: map[string]lastRecord{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{},
+		read: s.tr.OpenStream()}
 	s.log.Info("Agent connected", "node", st.node, "peer", st.peer, "engines", len(st.own), "register", hello.GetRegister())
 	s.addStream(st)
 	if hello.GetRegister() {
@@ -314,6 +327,14 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.ReportRequest, sm
 			return
 		}
 		now := s.opts.Now()
+		var sentAt time.Time
+		if ts := req.GetSentAt(); ts != nil {
+			sentAt = ts.AsTime()
+		}
+		st.heard = st.read.Read(now, sentAt)
+		if s.opts.Applying != nil {
+			s.opts.Applying()
+		}
 		switch m := req.Msg.(type) {
 		case *smgv1.ReportRequest_Record:
 			s.record(st, m.Record, now)
@@ -334,6 +355,7 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.ReportRequest, sm
 		case *smgv1.ReportRequest_Hello:
 			s.log.Warn("Agent sent a second hello; ignored", "node", st.node)
 		}
+		st.read.Applied()
 	}
 }
 
@@ -406,6 +428,7 @@ func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
 		PrefillInHand: max(r.GetPrefillTokensInHand(), 0),
 		StepWire:      r.GetStepWire(),
 		Idle:          runsNothing(r.GetLoad()),
+		Heard:         st.heard,
 	}
 	last := lastRecord{rec: rec, at: now}
 	s.setAgentNode(w, st.node)
@@ -458,7 +481,7 @@ func (s *Server) event(st *agentStream, e *smgv1.EngineEvent, now time.Time) {
 		if err := s.in.NoReport(w.ID); err != nil {
 			s.log.Debug("Agent no-report not ingested", "worker_id", w.ID, "url", url, "error", err)
 		}
-		s.tr.Contact(w.ID, now)
+		s.tr.Heard(w.ID, st.heard, now)
 	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_TIMEOUT:
 		delete(st.last, url)
 		if err := s.in.NoReport(w.ID); err != nil {
@@ -481,7 +504,7 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	}
 	lr, ok := st.last[w.Spec.GetUrl()]
 	if !ok {
-		s.tr.Contact(w.ID, now)
+		s.tr.Heard(w.ID, st.heard, now)
 		return
 	}
 	if lr.unjudged != nil && w.Ready() {
@@ -490,6 +513,7 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 		st.last[w.Spec.GetUrl()] = lr
 	}
 	rec := lr.rec
+	rec.Heard = st.heard
 	if rec.Silence > 0 && now.After(lr.at) {
 		rec.Silence += now.Sub(lr.at)
 	}
@@ -576,6 +600,7 @@ func (s *Server) addStream(st *agentStream) {
 // for its engines: a replaced stream ending later neither records failures
 // nor clears the feeding node.
 func (s *Server) endStream(st *agentStream, broke bool) {
+	s.tr.CloseStream(st.read) // its engines' silence is the control plane's clock's again
 	s.mu.Lock()
 	current := s.nodes[st.node] == st
 	if current {

@@ -50,6 +50,7 @@ func (c *clock) Advance(d time.Duration) {
 type harness struct {
 	reg   *registry.Registry
 	srv   *Server
+	tr    *liveness.Tracker
 	conn  *grpc.ClientConn
 	clock *clock
 
@@ -79,6 +80,7 @@ func start(t testing.TB, cfg config) *harness {
 	}
 	opts := cfg.opts
 	opts.Token, opts.Now = cfg.token, h.clock.Now
+	h.tr = tr
 	h.srv = New(h.reg, ingest.New(h.reg, ingest.Options{}, discard()), tr, submit, opts, discard())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -43,7 +43,7 @@ func BenchmarkSweep1000(b *testing.B) {
 	for b.Loop() {
 		now = now.Add(SweepInterval)
 		for i := range ls {
-			if ls[i].Sweep(now, &r).Changed() {
+			if ls[i].Sweep(now, nil, &r).Changed() {
 				sinkBool = !sinkBool
 			}
 		}
@@ -72,7 +72,7 @@ func TestHotPathsDoNotAllocate(t *testing.T) {
 		"Sweep": func() {
 			now = now.Add(SweepInterval)
 			for i := range ls {
-				ls[i].Sweep(now, &r)
+				ls[i].Sweep(now, nil, &r)
 			}
 		},
 		"Record": func() { ls[0].Record(now, Record{Pushed: true, Waiting: 2, Silence: time.Second}, &r) },

@@ -82,6 +82,7 @@ func (c LivenessConfig) Rules() Rules {
 		Stall:    time.Duration(c.StallSecs) * time.Second,
 		Wedge:    time.Duration(c.WedgeSecs) * time.Second,
 		Stale:    time.Duration(c.StaleSecs) * time.Second,
+		ReadLag:  time.Duration(c.StaleSecs) * time.Second,
 		DeepPile: DeepPile,
 		BoundCap: BoundCap,
 	}
@@ -89,9 +90,14 @@ func (c LivenessConfig) Rules() Rules {
 
 // Rules are the liveness thresholds; build them with LivenessConfig.Rules.
 type Rules struct {
-	Stall    time.Duration // silence after a connection failure; 0: none needed
-	Wedge    time.Duration // wedge bound floor; 0 disables the wedge rule
-	Stale    time.Duration // total silence of a pushing worker; 0 disables
+	Stall time.Duration // silence after a connection failure; 0: none needed
+	Wedge time.Duration // wedge bound floor; 0 disables the wedge rule
+	Stale time.Duration // total silence of a pushing worker; 0 disables
+	// ReadLag caps the silence put down to the control plane reading an
+	// agent's stream late (StreamRead): the stale rule and the engine's
+	// silence veto a worker at most ReadLag later than on the control
+	// plane's clock alone, whatever the agent's clock says. 0: no credit.
+	ReadLag  time.Duration
 	DeepPile int64         // streams in flight that are evidence without growth
 	BoundCap time.Duration // cap on the prefill-stretched bound
 }
@@ -161,6 +167,31 @@ type Record struct {
 	// routers hold in flight on it are then not in prefill, so they do not
 	// stretch the wedge bound.
 	Idle bool
+	// Heard is the agent stream that carried the record (zero: a poll).
+	Heard Heard
+}
+
+// Heard names the agent stream that carried a piece of evidence and the
+// agent's clock when it sent it (ReportRequest.sent_at). The agent's clock
+// never stamps evidence: it is only compared with the same agent's clock
+// on later messages of the same stream (StreamRead).
+type Heard struct {
+	Stream uint64    // the stream's id, unique in the process; 0: none
+	SentAt time.Time // zero: the agent did not say (an older agent)
+}
+
+// StreamRead is how far the control plane has read one agent stream, at a
+// sweep. Read against the Heard of a worker's latest evidence on it, it
+// tells how much of the worker's silence on the control plane's clock is
+// the control plane not reading: the growth of the stream's read lag (its
+// newest message's ReadAt-SentAt against the evidence's), plus the time the
+// receive loop has been busy applying its newest message instead of
+// reading (Busy). Rules.ReadLag caps that credit.
+type StreamRead struct {
+	Stream uint64
+	ReadAt time.Time // the control plane's clock when its newest message was read
+	SentAt time.Time // the agent's clock on that message
+	Busy   bool      // the receive loop has been applying it since ReadAt
 }
 
 // RouterObservation is what the routers see of one worker, summed across
@@ -205,6 +236,9 @@ type Cause struct {
 	PileLow int64         // the pile grew from this
 	Waiting int64         // the waiting queue
 	Never   bool          // CauseTransport: nothing ever heard
+	// Unread is the silence not counted because the control plane was
+	// behind reading the agent's stream (CauseStale, CauseEngineSilence).
+	Unread time.Duration
 }
 
 // String is the human cause for "Worker vetoed by liveness" and
@@ -217,7 +251,7 @@ func (c Cause) String() string {
 		}
 		return "connection failed and nothing heard for " + c.Silence.String() + " (stall " + c.Bound.String() + ")"
 	case CauseStale:
-		return "nothing heard on any channel for " + c.Silence.String() + " after pushed load records (stale " + c.Bound.String() + ")"
+		return "nothing heard on any channel for " + c.Silence.String() + " after pushed load records (stale " + c.Bound.String() + ")" + c.unread()
 	case CauseWaitingQueue:
 		return "waiting queue of " + itoa(c.Waiting) + " with " + itoa(c.Streams) + " streaming requests in flight and no progress for " +
 			c.Silence.String() + " (bound " + c.Bound.String() + ")"
@@ -229,7 +263,7 @@ func (c Cause) String() string {
 		return itoa(c.Streams) + " streaming requests in flight (" + shape + ") and no progress for " +
 			c.Silence.String() + " (bound " + c.Bound.String() + ")"
 	case CauseEngineSilence:
-		return "engine reports no output for " + c.Silence.String() + " while holding streaming requests (bound " + c.Bound.String() + ")"
+		return "engine reports no output for " + c.Silence.String() + " while holding streaming requests (bound " + c.Bound.String() + ")" + c.unread()
 	case CauseContact:
 		return "contact"
 	case CauseProgress:
@@ -242,6 +276,13 @@ func (c Cause) String() string {
 	return ""
 }
 
+func (c Cause) unread() string {
+	if c.Unread <= 0 {
+		return ""
+	}
+	return "; " + c.Unread.String() + " more not counted: the control plane was behind reading the agent's stream"
+}
+
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
 
 // Change is the result of every Liveness method: the verdict now, the one
@@ -251,6 +292,9 @@ type Change struct {
 	Verdict  Verdict
 	Previous Verdict
 	Cause    Cause
+	// Held: a sweep found a stale or engine-silence veto due on the control
+	// plane's clock alone and held it off for the read credit.
+	Held bool
 }
 
 // Changed reports whether the verdict moved, i.e. whether to log, count and
@@ -268,6 +312,15 @@ type Liveness struct {
 	lastContact time.Time
 	failedAt    time.Time // latest connection failure not yet followed by contact
 	pushed      bool
+
+	// The latest evidence read on an agent stream: which stream, when the
+	// control plane read it, when the agent sent it (its clock).
+	heardStream uint64
+	heardAt     time.Time
+	heardSent   time.Time
+	// staleContact is lastContact when the stale veto was set: the veto
+	// holds until newer contact, whatever the read credit does meanwhile.
+	staleContact time.Time
 
 	waiting       int64
 	recordAt      time.Time
@@ -291,6 +344,10 @@ type Liveness struct {
 // Status returns the current verdict and its cause.
 func (l *Liveness) Status() (Verdict, Cause) { return l.verdict, l.cause }
 
+// HeardStream is the agent stream of the worker's latest agent evidence (0:
+// none); the caller passes that stream's read state to Sweep.
+func (l *Liveness) HeardStream() uint64 { return l.heardStream }
+
 // Pushed reports whether the worker has pushed a load record (and so is judged
 // by the stale rule).
 func (l *Liveness) Pushed() bool { return l.pushed }
@@ -300,7 +357,26 @@ func (l *Liveness) Pushed() bool { return l.pushed }
 // not clear wedged, which needs progress.
 func (l *Liveness) Contact(now time.Time, r *Rules) Change {
 	l.contact(now)
-	return l.judge(now, r)
+	return l.judge(now, r, nil, false)
+}
+
+// Heard records contact at now read on an agent stream (h): an answered
+// poll or heartbeat the agent vouches for. Like Contact, it clears
+// unreachable at once.
+func (l *Liveness) Heard(now time.Time, h Heard, r *Rules) Change {
+	l.contact(now)
+	l.heard(now, h)
+	return l.judge(now, r, nil, true) // the stream's newest evidence: no credit
+}
+
+// heard notes evidence read at now on h's stream; evidence without the
+// agent's clock gets no credit.
+func (l *Liveness) heard(now time.Time, h Heard) {
+	if h.Stream == 0 || h.SentAt.IsZero() {
+		l.heardStream = 0
+		return
+	}
+	l.heardStream, l.heardAt, l.heardSent = h.Stream, now, h.SentAt
 }
 
 // Failure records a failure at now. Only ConnectionFailure arms unreachable:
@@ -310,7 +386,7 @@ func (l *Liveness) Failure(now time.Time, kind FailureKind, r *Rules) Change {
 	if kind == ConnectionFailure && now.After(l.failedAt) {
 		l.failedAt = now
 	}
-	return l.judge(now, r)
+	return l.judge(now, r, nil, false)
 }
 
 // Record ingests a load report received at now (a pushed record or an
@@ -328,7 +404,11 @@ func (l *Liveness) Record(now time.Time, rec Record, r *Rules) Change {
 	l.enginePrefill = rec.PrefillInHand
 	l.stepWire = rec.StepWire
 	l.engineIdle = rec.Idle
-	return l.judge(now, r)
+	if rec.Heard.Stream != 0 || rec.Pushed {
+		l.heard(now, rec.Heard)
+	}
+	// The record is the newest evidence: nothing since it went unread.
+	return l.judge(now, r, nil, true)
 }
 
 // Routers ingests the routers' summed view of the worker at now. A newer
@@ -354,7 +434,7 @@ func (l *Liveness) Routers(now time.Time, o RouterObservation, r *Rules) Change 
 		l.pileLow = min(l.pileLow, o.Streams)
 	}
 	l.prefillTokens = max(o.PrefillTokens, 0)
-	return l.judge(now, r)
+	return l.judge(now, r, nil, false)
 }
 
 // SetPrefillRate records the prefill rate measured on the worker, in prompt
@@ -366,8 +446,43 @@ func (l *Liveness) SetPrefillRate(tokensPerSecond float64) {
 	}
 }
 
-// Sweep re-judges the worker at now; the caller runs it every SweepInterval.
-func (l *Liveness) Sweep(now time.Time, r *Rules) Change { return l.judge(now, r) }
+// Sweep re-judges the worker at now; the caller runs it every SweepInterval
+// with how far it has read the agent stream the worker's latest agent
+// evidence came on (nil: that stream is gone, or there is none). Silence
+// the stream's read lag accounts for does not count, up to r.ReadLag.
+// Only sweeps know the stream, so only a sweep enters the stale veto or the
+// engine-silence veto before r.ReadLag has passed on top of its bound.
+func (l *Liveness) Sweep(now time.Time, s *StreamRead, r *Rules) Change {
+	return l.judge(now, r, s, true)
+}
+
+// readCredit is how much of the silence since the worker's latest agent
+// evidence the control plane spent behind on that evidence's stream, capped
+// at r.ReadLag. known is false outside sweeps: the credit is then taken
+// at its cap, so no call vetoes before a sweep would.
+func (l *Liveness) readCredit(now time.Time, s *StreamRead, known bool, r *Rules) time.Duration {
+	if l.heardStream == 0 || r.ReadLag <= 0 {
+		return 0
+	}
+	if !known {
+		return r.ReadLag
+	}
+	if s == nil || s.Stream != l.heardStream || s.SentAt.IsZero() {
+		return 0
+	}
+	// Each term is bounded first, so no lie about time overflows the sum.
+	c := span(s.ReadAt.Sub(s.SentAt)) - span(l.heardAt.Sub(l.heardSent))
+	if s.Busy {
+		c += span(now.Sub(s.ReadAt))
+	}
+	return min(max(c, 0), r.ReadLag)
+}
+
+// span bounds d to a year either way.
+func span(d time.Duration) time.Duration {
+	const year = 365 * 24 * time.Hour
+	return min(max(d, -year), year)
+}
 
 // contact notes contact at t; it answers a connection failure not after t.
 func (l *Liveness) contact(t time.Time) {
@@ -379,13 +494,18 @@ func (l *Liveness) contact(t time.Time) {
 	}
 }
 
-// judge sets the verdict from the evidence at now. Unreachable takes
-// precedence and drops a wedge veto (its streams are gone with the
-// connection); a wedge veto is entered on evidence and held until progress,
-// an empty pile, or an engine record no longer reporting silence.
-func (l *Liveness) judge(now time.Time, r *Rules) Change {
+// judge sets the verdict from the evidence at now (s and known: see
+// readCredit). Unreachable takes precedence and drops a wedge veto (its
+// streams are gone with the connection); a wedge veto is entered on
+// evidence and held until progress, an empty pile, or an engine record no
+// longer reporting silence.
+func (l *Liveness) judge(now time.Time, r *Rules, s *StreamRead, known bool) Change {
 	prev := l.verdict
-	if c, ok := l.unreachable(now, r); ok {
+	credit := l.readCredit(now, s, known, r)
+	if c, ok := l.unreachable(now, credit, r); ok {
+		if c.Kind == CauseStale && (prev != Unreachable || l.cause.Kind != CauseStale) {
+			l.staleContact = l.lastContact
+		}
 		l.verdict, l.cause = Unreachable, c
 		return Change{Verdict: Unreachable, Previous: prev, Cause: c}
 	}
@@ -397,7 +517,7 @@ func (l *Liveness) judge(now time.Time, r *Rules) Change {
 			}
 			return Change{Verdict: Wedged, Previous: prev, Cause: l.cause}
 		}
-		if c, ok := l.wedged(now, r); ok {
+		if c, ok := l.wedged(now, credit, r); ok {
 			l.verdict, l.cause, l.progressAtVeto = Wedged, c, l.lastProgress
 			return Change{Verdict: Wedged, Previous: prev, Cause: c}
 		}
@@ -406,11 +526,23 @@ func (l *Liveness) judge(now time.Time, r *Rules) Change {
 	if prev != Live {
 		l.cause = Cause{Kind: CauseContact} // out of unreachable (or a wedge with the rule off)
 	}
-	return Change{Verdict: Live, Previous: prev, Cause: l.cause}
+	return Change{Verdict: Live, Previous: prev, Cause: l.cause, Held: known && credit > 0 && l.dueWithoutCredit(now, r)}
 }
 
-// unreachable applies the transport rule, then the stale rule.
-func (l *Liveness) unreachable(now time.Time, r *Rules) (Cause, bool) {
+// dueWithoutCredit reports whether the stale or the engine-silence veto
+// would be due on the control plane's clock alone.
+func (l *Liveness) dueWithoutCredit(now time.Time, r *Rules) bool {
+	if l.pushed && r.Stale > 0 && now.Sub(l.lastContact) >= r.Stale {
+		return true
+	}
+	_, ok := l.engineSilence(now, 0, r)
+	return ok && r.Wedge > 0
+}
+
+// unreachable applies the transport rule, on the control plane's clock
+// alone (a broken stream is no reading lag), then the stale rule, whose
+// silence since the latest agent evidence does not count the credit.
+func (l *Liveness) unreachable(now time.Time, credit time.Duration, r *Rules) (Cause, bool) {
 	silence := now.Sub(l.lastContact)
 	if !l.failedAt.IsZero() {
 		// Once set, only contact at or after the failure lifts it: a token
@@ -422,14 +554,25 @@ func (l *Liveness) unreachable(now time.Time, r *Rules) (Cause, bool) {
 			return Cause{Kind: CauseTransport, Silence: silence, Bound: r.Stall, Never: l.lastContact.IsZero()}, true
 		}
 	}
-	if l.pushed && r.Stale > 0 && silence >= r.Stale {
-		return Cause{Kind: CauseStale, Silence: silence, Bound: r.Stale}, true
+	if !l.pushed || r.Stale <= 0 {
+		return Cause{}, false
+	}
+	if l.verdict == Unreachable && l.cause.Kind == CauseStale && !l.lastContact.After(l.staleContact) {
+		return l.cause, true // held until contact: a credit that grows lifts no veto
+	}
+	heard := l.lastContact
+	if l.heardStream != 0 {
+		heard = laterOf(heard, l.heardAt.Add(credit))
+	}
+	if silence := now.Sub(heard); silence >= r.Stale {
+		return Cause{Kind: CauseStale, Silence: silence, Bound: r.Stale, Unread: heard.Sub(l.lastContact)}, true
 	}
 	return Cause{}, false
 }
 
-// wedged looks for any of the three kinds of evidence.
-func (l *Liveness) wedged(now time.Time, r *Rules) (Cause, bool) {
+// wedged looks for any of the three kinds of evidence; credit applies to
+// the engine's silence extrapolated from a record read on an agent stream.
+func (l *Liveness) wedged(now time.Time, credit time.Duration, r *Rules) (Cause, bool) {
 	if l.streams > 0 {
 		silence := now.Sub(laterOf(l.lastProgress, l.pileSince))
 		prefill := max(l.prefillTokens, l.enginePrefill)
@@ -449,7 +592,7 @@ func (l *Liveness) wedged(now time.Time, r *Rules) (Cause, bool) {
 			}
 		}
 	}
-	return l.engineSilence(now, r)
+	return l.engineSilence(now, credit, r)
 }
 
 // notPrefilling reports whether the engine's own latest record, newer than
@@ -474,7 +617,7 @@ func (l *Liveness) stillWedged(now time.Time, r *Rules) (Cause, bool) {
 	if l.streams > 0 { // a silent pile of our own
 		return Cause{}, true
 	}
-	if _, ok := l.engineSilence(now, r); ok {
+	if _, ok := l.engineSilence(now, 0, r); ok { // held on the control plane's clock
 		return Cause{}, true
 	}
 	if l.cause.Kind == CauseEngineSilence {
@@ -485,8 +628,10 @@ func (l *Liveness) stillWedged(now time.Time, r *Rules) (Cause, bool) {
 
 // engineSilence applies the engine's own silence, extrapolated from its last
 // record: the engine has produced nothing since engineSilent. Progress seen
-// after that record refutes it until the next record.
-func (l *Liveness) engineSilence(now time.Time, r *Rules) (Cause, bool) {
+// after that record refutes it until the next record. The extrapolation
+// does not count credit when the record came on an agent stream: a record
+// saying the engine stepped again may be waiting unread.
+func (l *Liveness) engineSilence(now time.Time, credit time.Duration, r *Rules) (Cause, bool) {
 	if l.engineSilent.IsZero() || l.lastProgress.After(l.recordAt) {
 		return Cause{}, false
 	}
@@ -500,11 +645,14 @@ func (l *Liveness) engineSilence(now time.Time, r *Rules) (Cause, bool) {
 		// agent reading SGLang's load endpoints sees no prompt tokens).
 		bound = max(bound, r.prefillTime(2*float64(max(l.enginePrefill, l.prefillTokens)), l.prefillRate))
 	}
-	silence := now.Sub(l.engineSilent)
+	if l.heardStream == 0 || !l.heardAt.Equal(l.recordAt) {
+		credit = 0 // a poll's record, or one re-read since on no stream
+	}
+	silence := now.Sub(l.engineSilent) - credit
 	if silence < bound {
 		return Cause{}, false
 	}
-	return Cause{Kind: CauseEngineSilence, Silence: silence, Bound: bound, Streams: l.streams}, true
+	return Cause{Kind: CauseEngineSilence, Silence: silence, Bound: bound, Streams: l.streams, Unread: credit}, true
 }
 
 // pileBound is the wedge bound for the pile and queue evidence: Wedge or,

@@ -64,13 +64,13 @@ func routers(streams int64, progress time.Duration, prefill int64) event {
 }
 
 func sweep() event {
-	return event{"sweep", func(l *Liveness, now time.Time, r *Rules) Change { return l.Sweep(now, r) }}
+	return event{"sweep", func(l *Liveness, now time.Time, r *Rules) Change { return l.Sweep(now, nil, r) }}
 }
 
 func rate(tokensPerSecond float64) event {
 	return event{fmt.Sprintf("rate(%v)", tokensPerSecond), func(l *Liveness, now time.Time, r *Rules) Change {
 		l.SetPrefillRate(tokensPerSecond)
-		return l.Sweep(now, r)
+		return l.Sweep(now, nil, r)
 	}}
 }
 
@@ -488,7 +488,7 @@ func TestSlowWorkerNeverFlaps(t *testing.T) {
 		}
 		changes = append(changes,
 			l.Routers(at, RouterObservation{Streams: 8 + int64(now/s)%3, LastProgress: t0.Add(lastToken), PrefillTokens: 500}, &r),
-			l.Sweep(at, &r))
+			l.Sweep(at, nil, &r))
 		for _, ch := range changes {
 			if ch.Verdict != Live || ch.Changed() {
 				t.Fatalf("at %v: %v (%q), want live throughout", now, ch.Verdict, ch.Cause)
@@ -525,7 +525,7 @@ func TestCauseStrings(t *testing.T) {
 }
 
 func TestLivenessConfig(t *testing.T) {
-	if got := DefaultLivenessConfig().Rules(); got != (Rules{Stall: 2 * s, Wedge: 3 * s, Stale: 15 * s, DeepPile: 4, BoundCap: 120 * s}) {
+	if got := DefaultLivenessConfig().Rules(); got != (Rules{Stall: 2 * s, Wedge: 3 * s, Stale: 15 * s, ReadLag: 15 * s, DeepPile: 4, BoundCap: 120 * s}) {
 		t.Fatalf("default rules %+v", got)
 	}
 	for _, c := range []struct {

@@ -35,6 +35,10 @@ type Tracker struct {
 
 	stalled     *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
+	held        prometheus.Gauge
+
+	// streams are the open agent streams and how far each is read.
+	streams streams
 
 	// vetoed is the URL of each worker whose veto the metrics show; written
 	// inside registry transactions (so in commit order) and by Sweep.
@@ -103,7 +107,11 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 			Help: "Times the worker was vetoed by liveness, by reason.",
 		}, []string{"worker", "reason"}),
 	}
-	m.MustRegister(t.stalled, t.transitions)
+	t.held = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "smg_liveness_held_for_read_lag_workers",
+		Help: "Workers whose stale or engine-silence veto the last liveness sweep held off because the control plane is behind reading their agent's stream (the silence it has not read is not counted, up to --worker-stale-secs more).",
+	})
+	m.MustRegister(t.stalled, t.transitions, t.held)
 	return t
 }
 
@@ -233,14 +241,17 @@ func (t *Tracker) applyPushed(ev *registry.Evidence, r timedRecord) {
 // the metrics of vetoed workers that left Ready or were removed (the
 // registry dropped their evidence and veto as they went). Pending records,
 // older than the sweep, go first: Options.Flush stores them with the loads,
-// and those that came since are applied in the sweep's transaction.
+// and those that came since are applied in the sweep's transaction. Each
+// worker is judged with how far its agent's stream is read.
 func (t *Tracker) Sweep(now time.Time) {
 	var changes []change
 	if t.flush != nil {
 		t.flush()
 	}
+	reads := t.readStates()
+	held := 0
 	_, err := t.reg.Update(func(txn *registry.Txn) error {
-		changes = changes[:0]
+		changes, held = changes[:0], 0
 		taken := t.take()
 		for _, w := range txn.Workers() {
 			if !w.Ready() {
@@ -249,7 +260,11 @@ func (t *Tracker) Sweep(now time.Time) {
 			p := taken[w.ID]
 			if p == nil { // the usual case: copy only the liveness evidence
 				live := w.Evidence.Live
-				if !live.Sweep(now, &t.rules).Changed() {
+				ch := live.Sweep(now, reads[live.HeardStream()], &t.rules)
+				if ch.Held {
+					held++
+				}
+				if !ch.Changed() {
 					continue
 				}
 				c := w.Clone()
@@ -261,11 +276,16 @@ func (t *Tracker) Sweep(now time.Time) {
 			for _, r := range p.recs {
 				t.applyPushed(&c.Evidence, r)
 			}
-			c.Evidence.Live.Sweep(now, &t.rules)
+			if c.Evidence.Live.Sweep(now, reads[c.Evidence.Live.HeardStream()], &t.rules).Held {
+				held++
+			}
 			changes = t.commit(txn, w, c, changes)
 		}
 		return nil
 	})
+	if err == nil {
+		t.held.Set(float64(held))
+	}
 	t.report(changes, err)
 	snap := t.reg.Snapshot()
 	t.mu.Lock()
