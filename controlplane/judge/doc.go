@@ -23,6 +23,7 @@
 //	  the engine's own silence, per wire                              Record.Silence, Record.StepWire
 //	  every way the veto ends                                         Liveness.Sweep (Cause says which)
 //	When a Worker Goes Silent Entirely (stale → unreachable)          Record.Pushed, Liveness.Sweep
+//	  silence the control plane has not read is not counted (capped)  Heard, StreamRead, Rules.ReadLag
 //
 // Leaving Ready, removal and replacement are the caller's business: the
 // registry (registry.decide) drops the worker's Liveness and clears its
