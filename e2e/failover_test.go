@@ -108,6 +108,7 @@ func TestHAFailoverUnderLoad(t *testing.T) {
 	}
 	time.Sleep(4 * time.Second) // steady load before the kill (pacing, not an assertion)
 
+	leader = c.leader(10 * time.Second) // leadership may have moved since (a loaded box)
 	killed := time.Now()
 	leader.proc.kill()
 	next := c.leader(10*time.Second, leader)
@@ -197,6 +198,7 @@ func TestHAPausedLeaderStepsDown(t *testing.T) {
 		}
 	}
 	reg(old.admin, eng.URL+"/before")
+	old = c.leader(10 * time.Second) // leadership may have moved since (a loaded box)
 	oldView, err := old.view()
 	if err != nil {
 		t.Fatal(err)

@@ -136,6 +136,7 @@ func TestHAWindowSharesAcrossFailover(t *testing.T) {
 	time.Sleep(2 * time.Second) // steady load before the kill (pacing)
 	steady := getSimStats(t, engine, false)
 
+	leader = c.leader(10 * time.Second) // leadership may have moved since (a loaded box)
 	held := map[int]int64{} // what each router held before the kill
 	before := sample()
 	for _, s := range before {

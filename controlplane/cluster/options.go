@@ -28,10 +28,14 @@ import (
 // Defaults of the Raft timing. A follower starts an election after
 // HeartbeatTimeout..2×HeartbeatTimeout without the leader; with these, a new
 // leader is elected within about 1.5 s of the old one's loss on loopback.
+// The lease equals the heartbeat timeout (its maximum): a shorter one made a
+// leader on a CPU-starved node step down on a 300 ms scheduling stall, with
+// an election and a new watch epoch for nothing, while the followers would
+// still have waited for it.
 const (
 	DefaultHeartbeatTimeout   = 500 * time.Millisecond
 	DefaultElectionTimeout    = 500 * time.Millisecond
-	DefaultLeaderLeaseTimeout = 250 * time.Millisecond
+	DefaultLeaderLeaseTimeout = 500 * time.Millisecond
 )
 
 // Options configure a replicated control plane. With no DataDir the control
