@@ -395,13 +395,21 @@ func (cp *ControlPlane) RegisterGRPC(s *grpc.Server) {
 	reflection.Register(s)
 }
 
-// ServerOptions are the gRPC server options the control plane needs: a
-// replica serves watch and agent streams only while it leads.
+// ServerOptions are the gRPC server options the control plane needs: its
+// transport's (TransportOptions) and, replicated, an interceptor (a replica
+// serves watch and agent streams only while it leads).
 func (cp *ControlPlane) ServerOptions() []grpc.ServerOption {
+	opts := TransportOptions()
 	if cp.Cluster == nil {
-		return nil
+		return opts
 	}
-	return []grpc.ServerOption{grpc.ChainStreamInterceptor(cp.Cluster.StreamInterceptor())}
+	return append(opts, grpc.ChainStreamInterceptor(cp.Cluster.StreamInterceptor()))
+}
+
+// TransportOptions are the gRPC transport options of the control plane's
+// server (the scale harness's floor uses the same).
+func TransportOptions() []grpc.ServerOption {
+	return nil
 }
 
 // Listening tells a replicated control plane the ports it serves on, which

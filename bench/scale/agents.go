@@ -63,7 +63,10 @@ func runAgents(ctx context.Context, spec childSpec, win *window) (*childResult, 
 				select {
 				case <-ctx.Done():
 					return
-				case <-t.C:
+				case now := <-t.C:
+					if !win.flips(now) { // the quiet window: loads only
+						continue
+					}
 				}
 				w := spec.Lo + next
 				next = (next + 1) % n

@@ -42,8 +42,9 @@ type childSpec struct {
 type childResult struct {
 	Role string
 	// CPUSecs is this process's CPU time over the window (user + system):
-	// what the clients cost, apart from the control plane.
-	CPUSecs float64
+	// what the clients cost, apart from the control plane; QuietCPUSecs
+	// over the quiet window before it.
+	CPUSecs, QuietCPUSecs float64
 	// agents
 	Sent  int64       // records sent inside the window
 	Due   int64       // records the rate asked for inside the window
@@ -117,11 +118,12 @@ func runChild(ctx context.Context, raw []byte, in io.Reader, out io.Writer) erro
 	defer cancel()
 	win := &window{set: make(chan struct{})}
 	go func() {
-		var start, end int64
-		if _, err := fmt.Fscan(in, &start, &end); err != nil {
+		var quiet, start, end int64
+		if _, err := fmt.Fscan(in, &quiet, &start, &end); err != nil {
 			cancel() // the parent went away
 			return
 		}
+		win.quiet.Store(quiet)
 		win.start.Store(start)
 		win.end.Store(end)
 		close(win.set)
@@ -131,7 +133,7 @@ func runChild(ctx context.Context, raw []byte, in io.Reader, out io.Writer) erro
 		case <-ctx.Done():
 		}
 	}()
-	cpu := make(chan float64, 1)
+	cpu := make(chan [2]float64, 1)
 	go func() { cpu <- win.cpuSecs(ctx) }()
 	var res *childResult
 	var err error
@@ -146,37 +148,46 @@ func runChild(ctx context.Context, raw []byte, in io.Reader, out io.Writer) erro
 	if err != nil {
 		return err
 	}
-	res.Role, res.CPUSecs = spec.Role, <-cpu
+	c := <-cpu
+	res.Role, res.QuietCPUSecs, res.CPUSecs = spec.Role, c[0], c[1]
 	return json.NewEncoder(out).Encode(res)
 }
 
 // grace is how long children run past the window.
 const grace = 2 * time.Second
 
-// window is the measurement window, Unix ns, once the parent has sent it.
+// window is the measurement window, Unix ns, once the parent has sent it:
+// [start, end), and before it the quiet window [quiet, start) in which no
+// verdict flips (quiet == start: none).
 type window struct {
-	start, end atomic.Int64
-	set        chan struct{} // closed when sent
+	quiet, start, end atomic.Int64
+	set               chan struct{} // closed when sent
 }
 
-// cpuSecs is this process's CPU time from the window's start to its end (0
-// when ctx ends first).
-func (w *window) cpuSecs(ctx context.Context) float64 {
+// cpuSecs is this process's CPU time over the quiet window and over the
+// window (zeros when ctx ends first).
+func (w *window) cpuSecs(ctx context.Context) [2]float64 {
 	select {
 	case <-w.set:
 	case <-ctx.Done():
-		return 0
+		return [2]float64{}
 	}
-	var at [2]time.Duration
-	for i, t := range []int64{w.start.Load(), w.end.Load()} {
+	var at [3]time.Duration
+	for i, t := range []int64{w.quiet.Load(), w.start.Load(), w.end.Load()} {
 		select {
 		case <-time.After(time.Until(time.Unix(0, t))):
 		case <-ctx.Done():
-			return 0
+			return [2]float64{}
 		}
 		at[i] = cpuTime()
 	}
-	return (at[1] - at[0]).Seconds()
+	return [2]float64{(at[1] - at[0]).Seconds(), (at[2] - at[1]).Seconds()}
+}
+
+// flips says whether verdicts may flip at t: any time but the quiet window.
+func (w *window) flips(t time.Time) bool {
+	n, q := t.UnixNano(), w.quiet.Load()
+	return q == 0 || n < q || n >= w.start.Load()
 }
 
 // overlap is how much of [t0, t1] falls inside the window.

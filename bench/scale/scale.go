@@ -61,6 +61,18 @@ type Config struct {
 	// PerStream runs the watch server with per-stream encoding (the
 	// baseline shared frames are measured against).
 	PerStream bool
+	// SkipQuiet leaves out the quiet window: by default, when verdicts
+	// flip, the window is preceded by one of the same length in which none
+	// does (the agents report loads, the routers ack and report), and the
+	// difference is the marginal cost of the flips.
+	SkipQuiet bool
+	// Floor runs the floor instead of the control plane: a bare gRPC
+	// server with the control plane's server options sending each change,
+	// one pre-encoded delta of a verdict flip's size, to the R routers
+	// (Workers, Routers, RouterProcs and FlipRate count; no agents). What
+	// it costs is gRPC's and the kernel's; the control plane's figures
+	// divided by it are what is ours.
+	Floor bool
 	// Command starts a child process that calls MaybeChild first thing
 	// (nil: this executable again).
 	Command func() *exec.Cmd `json:"-"`
@@ -134,9 +146,18 @@ type Result struct {
 	// VerdictSentAll: committed → the control plane's last Send of it
 	// returned (its own side of the fan-out, without the routers' receive).
 	VerdictSentAll Quantiles
-	// CPUPerRouterChangeUs: control-plane CPU per router per revision, µs.
+	// CPUPerRouterChangeUs: control-plane CPU per router per revision, µs
+	// (everything it did: an upper bound).
 	CPUPerRouterChangeUs float64
-	LagP99, LagMax       float64 // revisions a router's ack trails the registry, sampled
+	// The quiet window before the window (same length, no flips): the
+	// control plane's CPU (cores), revisions and watch messages sent in
+	// it, the routers' CPU; Marginal: the window minus the quiet window,
+	// what the flips alone cost.
+	QuietCPUCores, QuietRouterCPUCores float64
+	QuietRevisions                     uint64
+	QuietSent                          float64
+	Marginal                           Marginal
+	LagP99, LagMax                     float64 // revisions a router's ack trails the registry, sampled
 
 	Join             Quantiles // a router dialling → holding its snapshot
 	SnapshotKiB      float64
@@ -165,9 +186,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	logw := cfg.Log
-	if logw == nil {
-		logw = io.Discard
+	if cfg.Log == nil {
+		cfg.Log = io.Discard
 	}
 	if cfg.Command == nil {
 		exe, err := os.Executable()
@@ -176,6 +196,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		cfg.Command = func() *exec.Cmd { return exec.Command(exe) }
 	}
+	if cfg.Floor {
+		return runFloor(ctx, cfg)
+	}
+	logw := cfg.Log
 
 	// Worker URLs point at one loopback stub answering every probe, so the
 	// health checker keeps them Ready and the poller gets an answer.
@@ -231,7 +255,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(cp.ServerOptions()...)
 	cp.RegisterGRPC(gs)
 	go gs.Serve(lis)
 	defer gs.Stop()
@@ -278,23 +302,37 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	fmt.Fprintf(logw, "scale %s: fleet settled in %s\n", cfg.Name, time.Since(settled).Round(time.Millisecond))
-	start := time.Now().Add(cfg.Warmup)
-	end := start.Add(cfg.Duration)
-	if err := children.window(start, end); err != nil {
+	quiet, start, end := cfg.windows(time.Now())
+	if err := children.window(quiet, start, end); err != nil {
 		return nil, errors.Join(err, children.wait())
 	}
 
-	// The window: CPU, allocations and revisions at both ends, lag sampled.
-	select {
-	case <-time.After(time.Until(start)):
-	case <-ctx.Done():
-		return nil, errors.Join(ctx.Err(), children.wait())
+	// The quiet window, then the window: CPU, allocations and revisions at
+	// both ends, lag sampled.
+	now := func() phase {
+		return sample(cp.Registry.Revision(), counterSum(watchMetrics, "smg_watch_messages_sent_total"))
+	}
+	var q0 phase
+	for i, at := range []time.Time{quiet, start} {
+		if i == 1 && at.Equal(quiet) {
+			break
+		}
+		select {
+		case <-time.After(time.Until(at)):
+		case <-ctx.Done():
+			return nil, errors.Join(ctx.Err(), children.wait())
+		}
+		if i == 0 {
+			q0 = now()
+		}
 	}
 	sends.on.Store(true)
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
-	cpu0, rev0 := cpuTime(), cp.Registry.Revision()
-	enc0, sent0 := counterSum(watchMetrics, "smg_watch_messages_encoded_total"), counterSum(watchMetrics, "smg_watch_messages_sent_total")
+	w0 := now()
+	cpu0, rev0 := w0.cpu, w0.revs
+	enc0, sent0 := counterSum(watchMetrics, "smg_watch_messages_encoded_total"), w0.sent
+	quietPhase := since(q0, w0, start.Sub(quiet))
 	stopProfile := func() {}
 	if cfg.CPUProfile != "" {
 		if f, err := os.Create(cfg.CPUProfile); err == nil {
@@ -333,7 +371,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	stopProfile()
 	warnings := flips.warnings()
 	flips.counting.Store(false) // the streams ending after the window are no news
-	cpu1, rev1 := cpuTime(), cp.Registry.Revision()
+	w1 := now()
+	cpu1, rev1 := w1.cpu, w1.revs
 	var ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms1)
 	wall := end.Sub(start)
@@ -358,6 +397,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			res.AgentCPUCores += r.CPUSecs / wall.Seconds()
 		} else {
 			res.RouterCPUCores += r.CPUSecs / wall.Seconds()
+			if quietPhase.wall > 0 {
+				res.QuietRouterCPUCores += r.QuietCPUSecs / quietPhase.wall.Seconds()
+			}
 		}
 		due += r.Due
 		blocked += r.SendBlockedSecs
@@ -366,15 +408,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		routerMsgs += r.Messages
 		routerBytes += r.Bytes
 		res.Errors = append(res.Errors, r.Errors...)
-		for k, a := range r.Seen {
-			if s := seen[k]; s != nil {
-				s.Count += a.Count
-				s.Last = max(s.Last, a.Last)
-				s.MinRev = min(s.MinRev, a.MinRev)
-			} else {
-				seen[k] = a
-			}
-		}
+		mergeSeen(seen, r.Seen)
 		for _, j := range r.Joins {
 			joins = append(joins, j.Millis)
 			res.SnapshotKiB = float64(j.Bytes) / 1024
@@ -423,10 +457,50 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if res.Sent > 0 {
 		res.CPUPerSentUs = (cpu1 - cpu0).Seconds() * 1e6 / res.Sent
 	}
+	res.quiet(quietPhase, since(w0, w1, wall))
+	fmt.Fprintf(logw, "scale %s: %.1f µs per router per change (marginal %.1f), %.1f µs per message (marginal %.1f, %.2f writes, %.2f reads); quiet window cpu %.2f cores, routers %.2f cores; load %.1f\n",
+		cfg.Name, res.CPUPerRouterChangeUs, res.Marginal.PerRouterChangeUs, res.CPUPerSentUs, res.Marginal.PerSentUs, res.Marginal.WritesPerSent, res.Marginal.ReadsPerSent,
+		res.QuietCPUCores, res.QuietRouterCPUCores, res.LoadAvg)
 	fmt.Fprintf(logw, "scale %s: cpu %.2f cores, heap %.0f MiB, %.0f reports/s of %.0f (%.0f due), flips %d (%d to all routers), r->v p99 %.1f ms, v->CP's last send p99 %.1f ms, v->routers p99 %.1f ms; agents %.2f cores, %.0f%% of the time in Send; routers %.2f cores\n",
 		cfg.Name, res.CPUCores, res.HeapMiB, res.ReportsPerSec, res.ReportTarget, res.ReportsDuePerSec, res.Flips, res.Delivered, res.ReportToVerdict.P99, res.VerdictSentAll.P99, res.VerdictToRouters.P99,
 		res.AgentCPUCores, 100*res.AgentSendBlocked, res.RouterCPUCores)
 	return res, nil
+}
+
+// mergeSeen adds one router process's flips seen to seen.
+func mergeSeen(seen, more map[string]*seenAgg) {
+	for k, a := range more {
+		if s := seen[k]; s != nil {
+			s.Count += a.Count
+			s.Last = max(s.Last, a.Last)
+			s.MinRev = min(s.MinRev, a.MinRev)
+		} else {
+			seen[k] = a
+		}
+	}
+}
+
+// windows are the quiet window [quiet, start) and the window [start, end)
+// of a run whose fleet settled at now: after the warmup, the quiet window
+// (unless skipped or nothing flips: then quiet == start), then the window.
+func (c Config) windows(now time.Time) (quiet, start, end time.Time) {
+	quiet = now.Add(c.Warmup)
+	start = quiet
+	if !c.SkipQuiet && c.FlipRate > 0 {
+		start = quiet.Add(c.Duration)
+	}
+	return quiet, start, start.Add(c.Duration)
+}
+
+// quiet fills the quiet window's figures and the marginal cost of the
+// window's flips.
+func (r *Result) quiet(q, w phase) {
+	if q.wall <= 0 {
+		return
+	}
+	r.QuietCPUCores = q.cpu.Seconds() / q.wall.Seconds()
+	r.QuietRevisions, r.QuietSent = q.revs, q.sent
+	r.Marginal = marginal(q, w, r.Config.Routers)
 }
 
 // childSpecs splits the workers over the agent processes and the routers
@@ -442,6 +516,12 @@ func childSpecs(cfg Config, addr, urlBase string, threshold int64) []childSpec {
 			FlipRate: cfg.FlipRate * float64(hi-lo) / float64(cfg.Workers), FlipOn: int32(threshold + 10)})
 		agentBase += agents
 	}
+	return append(specs, routerSpecs(cfg, addr)...)
+}
+
+// routerSpecs splits the routers over the router processes.
+func routerSpecs(cfg Config, addr string) []childSpec {
+	var specs []childSpec
 	base := 0
 	for p := range cfg.RouterProcs {
 		n := (p+1)*cfg.Routers/cfg.RouterProcs - p*cfg.Routers/cfg.RouterProcs
@@ -501,10 +581,10 @@ type children struct {
 	ins  []io.WriteCloser
 }
 
-// window tells every child the measurement window.
-func (c *children) window(start, end time.Time) error {
+// window tells every child the quiet window and the measurement window.
+func (c *children) window(quiet, start, end time.Time) error {
 	for _, in := range c.ins {
-		if _, err := fmt.Fprintf(in, "%d %d\n", start.UnixNano(), end.UnixNano()); err != nil {
+		if _, err := fmt.Fprintf(in, "%d %d %d\n", quiet.UnixNano(), start.UnixNano(), end.UnixNano()); err != nil {
 			return err
 		}
 	}

@@ -20,17 +20,7 @@ func TestMain(m *testing.M) {
 func TestScaleShort(t *testing.T) {
 	cfg := Config{Name: "short", Workers: 200, Agents: 4, AgentProcs: 1, ReportRate: 5,
 		Routers: 20, RouterProcs: 2, FlipRate: 10, Joins: 2, Warmup: 2 * time.Second, Duration: 3 * time.Second}
-	if testing.Verbose() {
-		cfg.Log = os.Stderr
-	}
-	res, err := Run(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.Errors) > 0 {
-		t.Fatalf("errors: %v", res.Errors)
-	}
-	t.Logf("%+v", res)
+	res := runShort(t, cfg)
 	if res.Reports == 0 || res.AllocsPerReport <= 0 {
 		t.Errorf("reports %d, allocations per report %.1f: want reports counted", res.Reports, res.AllocsPerReport)
 	}
@@ -55,4 +45,59 @@ func TestScaleShort(t *testing.T) {
 	if res.Encoded <= 0 || res.Encoded >= res.Sent/2 {
 		t.Errorf("watch messages encoded %.0f for %.0f sent to %d routers: want each encoded once for many", res.Encoded, res.Sent, cfg.Routers)
 	}
+	// The quiet window: the same fleet without flips, so fewer revisions
+	// and messages than the window, CPU measured.
+	if res.QuietCPUCores <= 0 || res.QuietRouterCPUCores <= 0 || res.QuietRevisions >= res.Revisions || res.QuietSent >= res.Sent {
+		t.Errorf("quiet window: cpu %.3f cores, routers %.3f cores, %d revisions of %d, %.0f messages of %.0f: want measured, fewer than the window's",
+			res.QuietCPUCores, res.QuietRouterCPUCores, res.QuietRevisions, res.Revisions, res.QuietSent, res.Sent)
+	}
+	if res.Marginal.WritesPerSent <= 0 {
+		t.Errorf("marginal write system calls per message %.2f: want counted", res.Marginal.WritesPerSent)
+	}
+}
+
+// TestFloorShort runs the floor (a bare gRPC server sending one pre-encoded
+// delta per change to every router) in CI: every change reaches every router,
+// each is encoded once and sent once to each router, nothing changes in the
+// quiet window, and the costs are measured.
+func TestFloorShort(t *testing.T) {
+	cfg := Config{Name: "floor-short", Floor: true, Workers: 200, Agents: 1, AgentProcs: 1,
+		Routers: 20, RouterProcs: 2, FlipRate: 10, Warmup: 2 * time.Second, Duration: 3 * time.Second}
+	res := runShort(t, cfg)
+	if res.Flips == 0 || res.Delivered != res.Flips || res.VerdictToRouters.N != res.Flips || res.VerdictSentAll.N != res.Flips {
+		t.Errorf("changes %d, delivered to all %d routers %d, timed %d and %d: want every change delivered and timed",
+			res.Flips, cfg.Routers, res.Delivered, res.VerdictToRouters.N, res.VerdictSentAll.N)
+	}
+	if res.Encoded != float64(res.Revisions) {
+		t.Errorf("encoded %.0f for %d changes: want each once", res.Encoded, res.Revisions)
+	}
+	// Each change of the window goes once to each router; a change made
+	// just before the window may be sent in it, one at its end after it.
+	if lo, hi := float64(cfg.Routers)*float64(res.Revisions-1), float64(cfg.Routers)*float64(res.Revisions+1); res.Sent < lo || res.Sent > hi {
+		t.Errorf("sent %.0f for %d changes to %d routers: want within [%.0f, %.0f]", res.Sent, res.Revisions, cfg.Routers, lo, hi)
+	}
+	if res.QuietRevisions != 0 || res.QuietSent != 0 {
+		t.Errorf("quiet window: %d changes, %.0f messages: want none", res.QuietRevisions, res.QuietSent)
+	}
+	if res.CPUCores <= 0 || res.QuietCPUCores <= 0 || res.RouterCPUCores <= 0 || res.CPUPerRouterChangeUs <= 0 || res.Marginal.WritesPerSent <= 0 {
+		t.Errorf("cpu %.3f cores (quiet %.3f), routers %.3f cores, %.1f µs per router per change, %.2f writes per message: want all measured",
+			res.CPUCores, res.QuietCPUCores, res.RouterCPUCores, res.CPUPerRouterChangeUs, res.Marginal.WritesPerSent)
+	}
+}
+
+// runShort runs cfg, failing the test on an error.
+func runShort(t *testing.T, cfg Config) *Result {
+	t.Helper()
+	if testing.Verbose() {
+		cfg.Log = os.Stderr
+	}
+	res, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Errors) > 0 {
+		t.Fatalf("errors: %v", res.Errors)
+	}
+	t.Logf("%+v", res)
+	return res
 }

@@ -39,12 +39,19 @@ func scaleRuns(short bool) []scale.Config {
 		return scale.Config{Name: name, Workers: 1000, Agents: 10, AgentProcs: 1, ReportRate: 0.5,
 			Routers: r, RouterProcs: 4, FlipRate: 20, Joins: 3, PerStream: perStream}
 	}
+	// The floor beside each fan-out run: a bare gRPC server sending the same
+	// changes to the same routers (scale.Config.Floor).
+	floor := func(r int) scale.Config {
+		c := fan(r, false)
+		c.Name, c.Floor = fmt.Sprintf("floor-R%d", r), true
+		return c
+	}
 	ingest := func(n int) scale.Config {
 		return scale.Config{Name: fmt.Sprintf("ingest-N%d", n), Workers: n, Agents: max(n/100, 1), AgentProcs: 2,
 			ReportRate: 20, Routers: 10, RouterProcs: 1, FlipRate: 10, Joins: 3}
 	}
 	return []scale.Config{
-		fan(100, false), fan(250, false), fan(500, false), fan(1000, false),
+		fan(100, false), floor(100), fan(250, false), floor(250), fan(500, false), floor(500), fan(1000, false), floor(1000),
 		fan(500, true), fan(1000, true),
 		ingest(1000), ingest(2500), ingest(5000), ingest(10000),
 		// The full size, loads to routers at the spec's load refresh (10 s).
@@ -102,14 +109,15 @@ func runScale(ctx context.Context, docs, raw string, short bool, only string, wi
 }
 
 func writeScaleTable(w io.Writer, rs []*scale.Result) {
-	fmt.Fprintln(w, "| run | N workers | reports/s (target) | R routers | CP CPU (cores) | agents / routers CPU (cores) | CP heap / RSS (MiB) | report→verdict p50 / p99 (ms) | verdict→CP's last send p50 / p99 (ms) | verdict→all routers p50 / p99 (ms) | CP CPU per router per change (µs) | router lag p99 (revisions) | join p50 / max (ms), snapshot (KiB) | allocs per report | watch messages encoded / sent | CP CPU per message sent (µs) | load avg |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| run | N workers | reports/s (target) | R routers | CP CPU (cores) | agents / routers CPU (cores) | CP heap / RSS (MiB) | report→verdict p50 / p99 (ms) | verdict→CP's last send p50 / p99 (ms) | verdict→all routers p50 / p99 (ms) | CP CPU per router per change (µs) | marginal: CP CPU per router per change (µs), × the floor | marginal: writes / reads per message sent | router lag p99 (revisions) | join p50 / max (ms), snapshot (KiB) | allocs per report | watch messages encoded / sent | CP CPU per message sent (µs) | load avg |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rs {
 		c := r.Config
-		fmt.Fprintf(w, "| %s | %d | %.0f (%.0f) | %d | %.2f | %.2f / %.2f | %.0f / %.0f | %.1f / %.1f | %.1f / %.1f | %.1f / %.1f | %.1f | %.0f | %.0f / %.0f, %.0f | %.0f | %.0f / %.0f | %.1f | %.0f |\n",
+		fmt.Fprintf(w, "| %s | %d | %.0f (%.0f) | %d | %.2f | %.2f / %.2f | %.0f / %.0f | %.1f / %.1f | %.1f / %.1f | %.1f / %.1f | %.1f | %s | %.2f / %.2f | %.0f | %.0f / %.0f, %.0f | %.0f | %.0f / %.0f | %.1f | %.0f |\n",
 			c.Name, c.Workers, r.ReportsPerSec, r.ReportTarget, c.Routers, r.CPUCores, r.AgentCPUCores, r.RouterCPUCores, r.HeapMiB, r.RSSMiB,
 			r.ReportToVerdict.P50, r.ReportToVerdict.P99, r.VerdictSentAll.P50, r.VerdictSentAll.P99, r.VerdictToRouters.P50, r.VerdictToRouters.P99,
-			r.CPUPerRouterChangeUs, r.LagP99, r.Join.P50, r.Join.Max, r.SnapshotKiB, r.AllocsPerReport, r.Encoded, r.Sent, r.CPUPerSentUs, r.LoadAvg)
+			r.CPUPerRouterChangeUs, againstFloor(r, rs), r.Marginal.WritesPerSent, r.Marginal.ReadsPerSent,
+			r.LagP99, r.Join.P50, r.Join.Max, r.SnapshotKiB, r.AllocsPerReport, r.Encoded, r.Sent, r.CPUPerSentUs, r.LoadAvg)
 		if len(r.Errors) > 0 {
 			fmt.Fprintf(w, "|  | errors: %s |\n", strings.Join(r.Errors, "; "))
 		}
@@ -117,6 +125,21 @@ func writeScaleTable(w io.Writer, rs []*scale.Result) {
 			fmt.Fprintf(w, "|  | control plane warnings: %s |\n", strings.Join(r.Warnings, "; "))
 		}
 	}
+}
+
+// againstFloor is r's marginal CPU per router per change and, when the
+// results hold a floor run with as many routers, its ratio to the floor's.
+func againstFloor(r *scale.Result, rs []*scale.Result) string {
+	m := r.Marginal.PerRouterChangeUs
+	if r.Config.Floor {
+		return fmt.Sprintf("%.1f (the floor)", m)
+	}
+	for _, f := range rs {
+		if f.Config.Floor && f.Config.Routers == r.Config.Routers && f.Marginal.PerRouterChangeUs > 0 {
+			return fmt.Sprintf("%.1f, %.2fx", m, m/f.Marginal.PerRouterChangeUs)
+		}
+	}
+	return fmt.Sprintf("%.1f", m)
 }
 
 const (
@@ -203,7 +226,8 @@ func plotScale(rs []*scale.Result, dir string) error {
 	if err := draw("scale-routers.png", "Verdict fan-out, 1,000 workers, 20 flips/s: cost per message against R (flat = linear)",
 		"routers watching (R)", "control-plane CPU per watch message sent (µs)",
 		"shared encoding", series("fanout-", false, routers, perSent),
-		"per-stream encoding (before)", series("fanout-", true, routers, perSent)); err != nil {
+		"per-stream encoding (before)", series("fanout-", true, routers, perSent),
+		"bare gRPC floor", series("floor-", false, routers, perSent)); err != nil {
 		return err
 	}
 	return draw("scale-workers.png", "Ingestion, 20 reports/s per worker via agents: cost per report against N (flat = linear)",
