@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/router/watchclient"
 )
 
 // ackInterval is how often a synthetic router acks and reports, like the
@@ -61,8 +62,13 @@ func (p *routerProc) fail(id string, err error) {
 	}
 }
 
+// dialOptions are the router's (watchclient.DialOptions) on loopback.
+func (p *routerProc) dialOptions() []grpc.DialOption {
+	return append(watchclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
 func (p *routerProc) dial(ctx context.Context, id string) (*grpc.ClientConn, grpc.BidiStreamingClient[smgv1.WatchRequest, smgv1.WatchResponse], error) {
-	conn, err := grpc.NewClient(p.spec.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(p.spec.Addr, p.dialOptions()...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -83,7 +89,7 @@ func (p *routerProc) dial(ctx context.Context, id string) (*grpc.ClientConn, grp
 // The router's decode is timed apart (joins, and the watch package's
 // BenchmarkJoin10k).
 func (p *routerProc) watch(ctx context.Context, id string) {
-	conn, err := grpc.NewClient(p.spec.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(p.spec.Addr, p.dialOptions()...)
 	if err != nil {
 		p.fail(id, err)
 		return

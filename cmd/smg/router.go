@@ -109,12 +109,12 @@ func dialControlPlane(addrs string, creds credentials.TransportCredentials, log 
 	if err != nil {
 		return nil, err
 	}
-	return cpconn.Dial(list, log,
+	return cpconn.Dial(list, log, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}),
 		// Redial a control plane that comes back within about a second.
 		backoff.DialOption(backoff.DefaultPolicy()),
-	)
+	}, watchclient.DialOptions()...)...)
 }
 
 func ignoreCanceled(err error) error {
