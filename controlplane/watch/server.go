@@ -13,6 +13,7 @@ package watch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -143,6 +144,10 @@ type Server struct {
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed by Close: every stream says goodbye
+	// closed is done when closing is closed (a stream's context hears it
+	// through context.AfterFunc, one case less in its loop's select).
+	closed     context.Context
+	closeStrms context.CancelFunc
 
 	mu      sync.Mutex
 	routers map[string]*routerRecord // by router id: the latest stream of each
@@ -170,6 +175,7 @@ func NewServer(reg *registry.Registry, opts Options, log *slog.Logger, metrics p
 		closing: make(chan struct{}),
 		routers: make(map[string]*routerRecord),
 	}
+	s.closed, s.closeStrms = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s, metrics)
 	s.frames = newFrames(func(k frameKind) { s.metrics.encoded.WithLabelValues(k.String()).Inc() })
 	s.frames.private = s.opts.EncodePerStream
@@ -180,7 +186,7 @@ func NewServer(reg *registry.Registry, opts Options, log *slog.Logger, metrics p
 // reconnect at once, to another replica or to this one restarted) and ends
 // them. It does not wait: grpc.Server.GracefulStop waits for the handlers.
 func (s *Server) Close() {
-	s.closeOnce.Do(func() { close(s.closing) })
+	s.closeOnce.Do(func() { close(s.closing); s.closeStrms() })
 }
 
 // Routers lists the routers watching, by id, with their lag behind the
@@ -248,10 +254,14 @@ func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1
 	s.log.Info("router watching", "router", rec.id, "peer", rec.peer,
 		"epoch", hello.GetEpoch(), "revision", hello.GetRevision())
 
-	recvErr := make(chan error, 1) // buffered: the receiver never waits on us
-	go s.receive(stream, rec, recvErr)
+	// The stream's loop waits on one context for everything that ends it:
+	// the stream's end, the receiver's error (its cause) and Close.
+	sctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	defer context.AfterFunc(s.closed, func() { stop(errClosing) })()
+	go s.receive(stream, rec, stop)
 
-	err = s.serve(ctx, stream, rec.id, hello, recvErr)
+	err = s.serve(sctx, stream, rec.id, hello)
 	s.log.Info("router stream ended", "router", rec.id, "err", err)
 	return err
 }
@@ -265,7 +275,13 @@ func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1
 // streams at one revision still share frames): until then a delta carries
 // the routing changes alone and the stream remembers, as loadsAt, the
 // revision up to which loads were sent.
-func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID string, hello *smgv1.WatchHello, recvErr <-chan error) error {
+//
+// One timer wakes the stream, at the earlier of its heartbeat (quiet for
+// HeartbeatInterval) and the next load-grid instant; ctx ends it (its cause:
+// errClosing on Close, errRecv from the receiver). Every router wakes its
+// stream at every routing change: the fewer channels its select waits on,
+// the less each wake-up costs.
+func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID string, hello *smgv1.WatchHello) error {
 	epoch := s.reg.Epoch()
 	// A router holding this epoch resumes from its revision; ChangesSince
 	// tells whether the history still reaches back that far.
@@ -276,11 +292,9 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID s
 	}
 	loadsAt := last        // every change up to it, loads included, was sent
 	var nextLoad time.Time // loads may go from then on
-	beat := time.NewTimer(s.opts.HeartbeatInterval)
-	defer beat.Stop()
-	loads := time.NewTimer(time.Hour) // armed while loads wait for nextLoad
-	loads.Stop()
-	defer loads.Stop()
+	beatAt := time.Now().Add(s.opts.HeartbeatInterval)
+	wake := time.NewTimer(s.opts.HeartbeatInterval)
+	defer wake.Stop()
 	confirmed := false // the router has heard from us on this stream
 	paced := s.opts.LoadInterval > 0
 	for {
@@ -331,42 +345,53 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID s
 				return err
 			}
 			sent, loadsAt, nextLoad = true, cur, s.loadGrid(now)
-		case !sent && !confirmed:
-			// Resumed with nothing new: confirm the revision it holds.
+		case !sent && (!confirmed || !now.Before(beatAt)):
+			// Resumed with nothing new, or quiet for HeartbeatInterval:
+			// confirm the revision it holds.
 			if err := s.sendHeartbeat(stream, epoch, last); err != nil {
 				return err
 			}
-			confirmed = true
-			beat.Reset(s.opts.HeartbeatInterval)
+			confirmed, beatAt = true, now.Add(s.opts.HeartbeatInterval)
 		}
 		if sent {
 			last, needSnapshot, confirmed = cur, false, true
-			beat.Reset(s.opts.HeartbeatInterval)
+			beatAt = now.Add(s.opts.HeartbeatInterval)
 		}
+		next := beatAt
 		if paced {
 			if !now.Before(nextLoad) { // nothing was pending at this grid instant
 				nextLoad = s.loadGrid(now)
 			}
-			loads.Reset(nextLoad.Sub(now)) // look for loads at the next grid instant
+			if nextLoad.Before(next) { // look for loads at the next grid instant
+				next = nextLoad
+			}
 		}
+		wake.Reset(next.Sub(now))
 
 		select {
 		case <-changed:
-		case <-loads.C:
-		case <-beat.C:
-			if err := s.sendHeartbeat(stream, epoch, last); err != nil {
-				return err
-			}
-			beat.Reset(s.opts.HeartbeatInterval)
-		case <-s.closing:
-			return stream.SendMsg(s.goodbye(last))
-		case err := <-recvErr:
-			return err
+		case <-wake.C:
 		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+			switch cause := context.Cause(ctx); {
+			case errors.Is(cause, errClosing):
+				return stream.SendMsg(s.goodbye(last))
+			case errors.As(cause, new(errRecv)):
+				return cause.(errRecv).err
+			default:
+				return status.FromContextError(ctx.Err()).Err()
+			}
 		}
 	}
 }
+
+// errClosing ends a stream's context on Close: the stream says goodbye.
+var errClosing = errors.New("watch: control plane closing")
+
+// errRecv ends a stream's context when its receiver stops: err is what the
+// stream returns (nil: the router closed its side).
+type errRecv struct{ err error }
+
+func (e errRecv) Error() string { return fmt.Sprintf("watch: receive: %v", e.err) }
 
 // loadGrid is the next instant after now at which loads may go: a multiple
 // of LoadInterval, the same for every stream (now itself when pacing is off).
@@ -430,7 +455,7 @@ func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
 
 // sendBase sends the message of b (under k) as routerID sees it.
 func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID string) error {
-	s.metrics.sent.WithLabelValues(k.kind.String()).Inc()
+	s.metrics.sentBy[k.kind.String()].Inc()
 	var warming int32
 	if k.kind == kindSnapshot {
 		warming = s.warmingSecs()
@@ -477,7 +502,7 @@ func (s *Server) warmingSecs() int32 {
 
 // sendHeartbeat sends the shared heartbeat at rev.
 func (s *Server) sendHeartbeat(stream grpc.ServerStream, epoch string, rev uint64) error {
-	s.metrics.sent.WithLabelValues("heartbeat").Inc()
+	s.metrics.sentBy["heartbeat"].Inc()
 	k := baseKey{epoch, kindHeartbeat, 0, rev}
 	return s.frames.send(stream, kindHeartbeat, s.frames.frame(frameKey{baseKey: k}), func() *smgv1.WatchResponse {
 		return &smgv1.WatchResponse{Epoch: epoch, Revision: rev, Msg: &smgv1.WatchResponse_Heartbeat{Heartbeat: &smgv1.WatchHeartbeat{}}}
@@ -485,7 +510,7 @@ func (s *Server) sendHeartbeat(stream grpc.ServerStream, epoch string, rev uint6
 }
 
 func (s *Server) goodbye(rev uint64) *smgv1.WatchResponse {
-	s.metrics.sent.WithLabelValues("goodbye").Inc()
+	s.metrics.sentBy["goodbye"].Inc()
 	return &smgv1.WatchResponse{
 		Epoch: s.reg.Epoch(), Revision: rev,
 		Msg: &smgv1.WatchResponse_Goodbye{Goodbye: &smgv1.Goodbye{Reason: "control plane shutting down"}},
@@ -493,14 +518,14 @@ func (s *Server) goodbye(rev uint64) *smgv1.WatchResponse {
 }
 
 // receive reads acks and reports until the stream ends.
-func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1.WatchResponse], rec *routerRecord, done chan<- error) {
+func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1.WatchResponse], rec *routerRecord, done context.CancelCauseFunc) {
 	for {
 		req, err := stream.Recv()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = nil // the router closed its side: end the stream cleanly
 			}
-			done <- err
+			done(errRecv{err})
 			return
 		}
 		now := s.opts.Now()

@@ -413,6 +413,22 @@ func TestCloseSaysGoodbye(t *testing.T) {
 	}
 }
 
+// A router that closes its side ends its stream cleanly (an OK status, no
+// goodbye), and the stream's loop does not outlive it (goleak).
+func TestRouterClosingItsSideEndsTheStream(t *testing.T) {
+	reg := registry.New(testEpoch, 0)
+	put(t, reg, newWorker("w1"))
+	h := start(t, reg, Options{HeartbeatInterval: time.Hour})
+	st := h.watch(t, t.Context(), &smgv1.WatchHello{RouterId: "r1"})
+	recv(t, st) // snapshot
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after CloseSend: got %v, %v; want io.EOF (the server ended the stream with OK)", m, err)
+	}
+}
+
 // fakeStream hands each sent message to the test, blocking like a stream
 // whose client does not read.
 type fakeStream struct {
@@ -464,7 +480,7 @@ func serveFake(t *testing.T, s *Server, hello *smgv1.WatchHello) *fakeStream {
 	ctx, cancel := context.WithCancel(t.Context())
 	fs := &fakeStream{ctx: ctx, sent: make(chan *smgv1.WatchResponse)}
 	var wg sync.WaitGroup
-	wg.Go(func() { s.serve(ctx, fs, hello.GetRouterId(), hello, nil) })
+	wg.Go(func() { s.serve(ctx, fs, hello.GetRouterId(), hello) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	return fs
 }
