@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,20 @@ type floorServer struct {
 
 	streams atomic.Int64 // streams watching
 	sends   atomic.Int64 // messages sent
+
+	// oneWriter: write writes every change to every stream (the streams'
+	// goroutines only wait); kick wakes it.
+	oneWriter bool
+	kick      chan struct{}
+	watching  []*floorStream // under mu
+}
+
+// floorStream is a stream written by the one writer.
+type floorStream struct {
+	id     string
+	stream grpc.ServerStream
+	last   uint64 // revision sent (the writer's alone)
+	gone   atomic.Bool
 }
 
 // floorFrame is one change's delta, encoded by the first stream to send it.
@@ -51,8 +66,51 @@ type floorFrame struct {
 	err  error
 }
 
-func newFloorServer(sent func(string, uint64)) *floorServer {
-	return &floorServer{sent: sent, changed: make(chan struct{})}
+func newFloorServer(sent func(string, uint64), oneWriter bool) *floorServer {
+	return &floorServer{sent: sent, changed: make(chan struct{}), oneWriter: oneWriter, kick: make(chan struct{}, 1)}
+}
+
+// write is the one writer: at each change, every stream in turn is sent
+// what it lacks.
+func (f *floorServer) write(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.kick:
+		}
+		f.mu.Lock()
+		streams := slices.Clone(f.watching)
+		f.mu.Unlock()
+		cur, _ := f.current()
+		for _, st := range streams {
+			for ; !st.gone.Load() && st.last < cur; st.last++ {
+				if f.send(st.stream, st.id, st.last+1) != nil {
+					break
+				}
+			}
+		}
+	}
+}
+
+// send writes revision rev's delta to stream, encoding it if no stream has.
+func (f *floorServer) send(stream grpc.ServerStream, id string, rev uint64) error {
+	fr := f.frame(rev)
+	fr.once.Do(func() {
+		fr.prep = &grpc.PreparedMsg{}
+		fr.err = fr.prep.Encode(stream, fr.msg)
+	})
+	if fr.err != nil {
+		return fr.err
+	}
+	if err := stream.SendMsg(fr.prep); err != nil {
+		return err
+	}
+	f.sends.Add(1)
+	if f.sent != nil {
+		f.sent(id, rev)
+	}
+	return nil
 }
 
 // floorEpoch is the epoch of the floor's messages.
@@ -69,6 +127,10 @@ func (f *floorServer) change(w int, overloaded bool) uint64 {
 		Msg: &smgv1.WatchResponse_Delta{Delta: &smgv1.WatchDelta{Upserts: []*smgv1.RoutingWorker{rw}}}}})
 	close(f.changed)
 	f.changed = make(chan struct{})
+	select {
+	case f.kick <- struct{}{}:
+	default: // the writer will see this change too
+	}
 	return rev
 }
 
@@ -118,6 +180,14 @@ func (f *floorServer) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, 
 		}
 	}()
 	last, changed := f.current()
+	if f.oneWriter {
+		st := &floorStream{id: id, stream: stream, last: last}
+		f.mu.Lock()
+		f.watching = append(f.watching, st)
+		f.mu.Unlock()
+		defer st.gone.Store(true)
+		changed = nil // the writer sends; this goroutine waits for the end
+	}
 	for {
 		select {
 		case <-changed:
@@ -132,20 +202,8 @@ func (f *floorServer) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, 
 		var cur uint64
 		cur, changed = f.current()
 		for ; last < cur; last++ {
-			fr := f.frame(last + 1)
-			fr.once.Do(func() {
-				fr.prep = &grpc.PreparedMsg{}
-				fr.err = fr.prep.Encode(stream, fr.msg)
-			})
-			if fr.err != nil {
-				return fr.err
-			}
-			if err := stream.SendMsg(fr.prep); err != nil {
+			if err := f.send(stream, id, last+1); err != nil {
 				return err
-			}
-			f.sends.Add(1)
-			if f.sent != nil {
-				f.sent(id, last+1)
 			}
 		}
 	}
@@ -158,7 +216,12 @@ func runFloor(ctx context.Context, cfg Config) (*Result, error) {
 	logw := cfg.Log
 	cfg.Joins = 0 // the floor has no snapshot to join with
 	sends := newSendLog()
-	fs := newFloorServer(sends.sent)
+	fs := newFloorServer(sends.sent, cfg.FloorOneWriter)
+	writeCtx, stopWriter := context.WithCancel(ctx)
+	defer stopWriter()
+	if cfg.FloorOneWriter {
+		go fs.write(writeCtx)
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err

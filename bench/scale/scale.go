@@ -73,6 +73,11 @@ type Config struct {
 	// it costs is gRPC's and the kernel's; the control plane's figures
 	// divided by it are what is ours.
 	Floor bool
+	// FloorOneWriter: the floor's changes are written to every stream in
+	// turn by one goroutine instead of each stream's own, woken (what the
+	// wake-up of R goroutines per change costs). A slow router would hold
+	// every other: a lower bound, not a design.
+	FloorOneWriter bool
 	// Command starts a child process that calls MaybeChild first thing
 	// (nil: this executable again).
 	Command func() *exec.Cmd `json:"-"`

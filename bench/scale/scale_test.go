@@ -1,6 +1,7 @@
 package scale
 
 import (
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -61,7 +62,15 @@ func TestScaleShort(t *testing.T) {
 // each is encoded once and sent once to each router, nothing changes in the
 // quiet window, and the costs are measured.
 func TestFloorShort(t *testing.T) {
-	cfg := Config{Name: "floor-short", Floor: true, Workers: 200, Agents: 1, AgentProcs: 1,
+	for _, oneWriter := range []bool{false, true} {
+		t.Run(fmt.Sprintf("one writer %v", oneWriter), func(t *testing.T) {
+			testFloorShort(t, oneWriter)
+		})
+	}
+}
+
+func testFloorShort(t *testing.T, oneWriter bool) {
+	cfg := Config{Name: "floor-short", Floor: true, FloorOneWriter: oneWriter, Workers: 200, Agents: 1, AgentProcs: 1,
 		Routers: 20, RouterProcs: 2, FlipRate: 10, Warmup: 2 * time.Second, Duration: 3 * time.Second}
 	res := runShort(t, cfg)
 	if res.Flips == 0 || res.Delivered != res.Flips || res.VerdictToRouters.N != res.Flips || res.VerdictSentAll.N != res.Flips {
