@@ -63,8 +63,8 @@ func runAgents(ctx context.Context, spec childSpec, win *window) (*childResult, 
 				select {
 				case <-ctx.Done():
 					return
-				case now := <-t.C:
-					if !win.flips(now) { // the quiet window: loads only
+				case <-t.C:
+					if !win.flips(time.Now()) { // the quiet window: loads only
 						continue
 					}
 				}

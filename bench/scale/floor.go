@@ -270,7 +270,8 @@ func runFloor(ctx context.Context, cfg Config) (*Result, error) {
 				select {
 				case <-flipCtx.Done():
 					return
-				case now := <-t.C:
+				case <-t.C:
+					now := time.Now() // not the tick's: a starved process reads it late
 					if now.After(end) {
 						return
 					}

@@ -85,8 +85,10 @@ func testFloorShort(t *testing.T, oneWriter bool) {
 	if lo, hi := float64(cfg.Routers)*float64(res.Revisions-1), float64(cfg.Routers)*float64(res.Revisions+1); res.Sent < lo || res.Sent > hi {
 		t.Errorf("sent %.0f for %d changes to %d routers: want within [%.0f, %.0f]", res.Sent, res.Revisions, cfg.Routers, lo, hi)
 	}
-	if res.QuietRevisions != 0 || res.QuietSent != 0 {
-		t.Errorf("quiet window: %d changes, %.0f messages: want none", res.QuietRevisions, res.QuietSent)
+	// None in the quiet window but one made as it began (the change and the
+	// sample at the window's edge race).
+	if res.QuietRevisions > 1 || res.QuietSent > float64(cfg.Routers) {
+		t.Errorf("quiet window: %d changes, %.0f messages: want none (one at its edge)", res.QuietRevisions, res.QuietSent)
 	}
 	if res.CPUCores <= 0 || res.QuietCPUCores <= 0 || res.RouterCPUCores <= 0 || res.CPUPerRouterChangeUs <= 0 || res.Marginal.WritesPerSent <= 0 {
 		t.Errorf("cpu %.3f cores (quiet %.3f), routers %.3f cores, %.1f µs per router per change, %.2f writes per message: want all measured",
