@@ -88,6 +88,11 @@ type Options struct {
 	// written to a router (watch.Options.Sent; nil: none). The scale
 	// harness times the fan-out on the control plane's side with it.
 	WatchSent func(routerID string, revision uint64)
+	// AgentApplying runs in each agent stream's receive loop between
+	// reading a message and applying it (agentsvc.Options.Applying; nil:
+	// none). The scale harness blocks in it to model a control plane that
+	// has stopped reading its agents.
+	AgentApplying func()
 }
 
 // DefaultOptions returns the spec's defaults.
@@ -278,6 +283,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		},
 		Remove:    cp.Admin.Remove,
 		Discovery: cp.Discovery,
+		Applying:  opts.AgentApplying,
 		GoneAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
 		StreamEnded: func(ids []string) {
 			for _, id := range ids {

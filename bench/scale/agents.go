@@ -203,6 +203,9 @@ func (a *agent) sendRecords(st grpc.BidiStreamingClient[smgv1.ReportRequest, smg
 		msg = &smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Records{Records: &smgv1.LoadRecords{Records: recs}}}
 	}
 	t0 := time.Now()
+	if !a.spec.NoClock {
+		msg.SentAt = timestamppb.New(t0) // as the agent does: the control plane measures its read lag with it
+	}
 	err := st.Send(msg)
 	a.blocked += a.win.overlap(t0, time.Now())
 	if err != nil {

@@ -30,6 +30,7 @@ type childSpec struct {
 	FlipRate    float64 // this process's flips per second
 	FlipOn      int32   // waiting requests reported while flipped on (over the threshold)
 	FlipSpacing time.Duration
+	NoClock     bool // send no sent_at (Config.AgentsNoClock)
 
 	// routers: Routers watch streams, the first named RouterBase; Joins
 	// timed joins spread over the window.

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 
 	"github.com/smg-project/smg/controlplane"
@@ -88,6 +89,16 @@ type Config struct {
 	// goroutines to (with their stacks) at the middle of the window: where
 	// a stalled stream waits.
 	Goroutines string
+	// ReadPause, when set, stops every agent stream's receive loop in the
+	// control plane for this long, 1 s into the window, between reading a
+	// message and applying it (controlplane.Options.AgentApplying): a
+	// control plane stuck on its own locks, its agents' records queued
+	// unread. Give the window --worker-stale-secs more to see its vetoes.
+	ReadPause time.Duration
+	// AgentsNoClock: the synthetic agents send no sent_at, as agents did
+	// before it, so the control plane judges their silence on its own clock
+	// alone (the baseline ReadPause is compared with).
+	AgentsNoClock bool
 	// Log receives progress (nil: discarded).
 	Log io.Writer `json:"-"`
 }
@@ -172,6 +183,13 @@ type Result struct {
 	CPUPerSentUs     float64 // control-plane CPU per watch message sent, µs (everything it did)
 	LoadAvg          float64 // the machine's 1-minute load average at the window's end (other jobs included)
 
+	// UnreachableVetoes: liveness vetoes as unreachable in the window
+	// (smg_worker_stall_transitions_total); HeldMax: the most workers one
+	// sweep held a veto off for because the control plane was behind
+	// reading their agent's stream (smg_liveness_held_for_read_lag_workers,
+	// sampled every 250 ms).
+	UnreachableVetoes, HeldMax float64
+
 	// The clients, apart: the agent and router processes' CPU over the
 	// window (cores), the records the agents' rate asked for, and the share
 	// of the window an agent stream spent inside Send (flow control: the
@@ -232,6 +250,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	opts.Health.IntervalSecs = 3600
 	if cfg.LoadInterval > 0 {
 		opts.WatchLoadInterval = cfg.LoadInterval
+	}
+	var pause readPause
+	if cfg.ReadPause > 0 {
+		opts.AgentApplying = pause.wait
 	}
 	metrics := prometheus.NewRegistry()
 	cp, err := controlplane.New(opts, slog.New(flips), metrics)
@@ -332,6 +354,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	sends.on.Store(true)
+	pause.set(start.Add(time.Second), cfg.ReadPause)
+	vetoes0 := counterWhere(metrics, "smg_worker_stall_transitions_total", "reason", "unreachable")
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	w0 := now()
@@ -356,6 +380,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		defer mid.Stop()
 	}
 	var lags []float64
+	var heldMax float64
 	sample := time.NewTicker(250 * time.Millisecond)
 	for now := time.Now(); now.Before(end); now = time.Now() {
 		select {
@@ -371,6 +396,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				lags = append(lags, float64(r.GetLag()))
 			}
 		}
+		heldMax = max(heldMax, gaugeSum(metrics, "smg_liveness_held_for_read_lag_workers"))
 	}
 	sample.Stop()
 	stopProfile()
@@ -384,7 +410,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	results, cerr := children.results()
 	sends.on.Store(false)
-	res := &Result{Config: cfg, Errors: cerr, Warnings: warnings}
+	res := &Result{Config: cfg, Errors: cerr, Warnings: warnings, HeldMax: heldMax,
+		UnreachableVetoes: counterWhere(metrics, "smg_worker_stall_transitions_total", "reason", "unreachable") - vetoes0}
 	res.CPUCores = (cpu1 - cpu0).Seconds() / wall.Seconds()
 	res.HeapMiB = float64(ms1.HeapInuse) / (1 << 20)
 	res.RSSMiB = rssMiB()
@@ -469,6 +496,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	fmt.Fprintf(logw, "scale %s: cpu %.2f cores, heap %.0f MiB, %.0f reports/s of %.0f (%.0f due), flips %d (%d to all routers), r->v p99 %.1f ms, v->CP's last send p99 %.1f ms, v->routers p99 %.1f ms; agents %.2f cores, %.0f%% of the time in Send; routers %.2f cores\n",
 		cfg.Name, res.CPUCores, res.HeapMiB, res.ReportsPerSec, res.ReportTarget, res.ReportsDuePerSec, res.Flips, res.Delivered, res.ReportToVerdict.P99, res.VerdictSentAll.P99, res.VerdictToRouters.P99,
 		res.AgentCPUCores, 100*res.AgentSendBlocked, res.RouterCPUCores)
+	fmt.Fprintf(logw, "scale %s: liveness: %.0f unreachable vetoes in the window, at most %.0f workers held off for the read lag (read pause %s, agents' clock %v); %d revisions, %.0f watch messages sent\n",
+		cfg.Name, res.UnreachableVetoes, res.HeldMax, cfg.ReadPause, !cfg.AgentsNoClock, res.Revisions, res.Sent)
 	return res, nil
 }
 
@@ -518,7 +547,7 @@ func childSpecs(cfg Config, addr, urlBase string, threshold int64) []childSpec {
 		agents := (p+1)*cfg.Agents/cfg.AgentProcs - p*cfg.Agents/cfg.AgentProcs
 		specs = append(specs, childSpec{Role: "agents", Addr: addr,
 			Lo: lo, Hi: hi, Agents: agents, AgentBase: agentBase, URLBase: urlBase, ReportRate: cfg.ReportRate,
-			FlipRate: cfg.FlipRate * float64(hi-lo) / float64(cfg.Workers), FlipOn: int32(threshold + 10)})
+			FlipRate: cfg.FlipRate * float64(hi-lo) / float64(cfg.Workers), FlipOn: int32(threshold + 10), NoClock: cfg.AgentsNoClock})
 		agentBase += agents
 	}
 	return append(specs, routerSpecs(cfg, addr)...)
@@ -797,6 +826,22 @@ func (l *flipLog) committed() map[string]int64 {
 }
 
 func counterSum(g prometheus.Gatherer, name string) float64 {
+	return counterWhere(g, name, "", "")
+}
+
+// counterWhere sums a counter's series whose label has value.
+func counterWhere(g prometheus.Gatherer, name, label, value string) float64 {
+	return metricSum(g, name, label, value, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
+}
+
+// gaugeSum sums a gauge's series.
+func gaugeSum(g prometheus.Gatherer, name string) float64 {
+	return metricSum(g, name, "", "", func(m *dto.Metric) float64 { return m.GetGauge().GetValue() })
+}
+
+// metricSum sums val over name's series whose label has value (label "":
+// every series).
+func metricSum(g prometheus.Gatherer, name, label, value string, val func(*dto.Metric) float64) float64 {
 	mfs, err := g.Gather()
 	if err != nil {
 		return 0
@@ -807,10 +852,36 @@ func counterSum(g prometheus.Gatherer, name string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue()
+			if label == "" || slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == label && l.GetValue() == value }) {
+				sum += val(m)
+			}
 		}
 	}
 	return sum
+}
+
+// readPause holds every agent stream's receive loop from one instant for a
+// while (Config.ReadPause).
+type readPause struct {
+	from, to atomic.Int64 // Unix ns; 0: no pause
+}
+
+func (p *readPause) set(from time.Time, d time.Duration) {
+	if d > 0 {
+		p.to.Store(from.Add(d).UnixNano())
+		p.from.Store(from.UnixNano())
+	}
+}
+
+// wait blocks a receive loop that reads inside the pause until its end.
+func (p *readPause) wait() {
+	from := p.from.Load()
+	if from == 0 {
+		return
+	}
+	if now, to := time.Now().UnixNano(), p.to.Load(); now >= from && now < to {
+		time.Sleep(time.Duration(to - now))
+	}
 }
 
 // cpuTime is this process's user plus system CPU time.
