@@ -825,6 +825,7 @@ func (l *flipLog) committed() map[string]int64 {
 	return maps.Clone(l.at)
 }
 
+// counterSum sums a counter's series.
 func counterSum(g prometheus.Gatherer, name string) float64 {
 	return counterWhere(g, name, "", "")
 }
