@@ -53,7 +53,8 @@ func benchIngestRecords(b *testing.B, workers int) {
 		return nil
 	})
 	st := &agentStream{node: "n1", refused: map[string]bool{}, covered: map[string]bool{}, reported: map[string]bool{},
-		last: map[string]lastRecord{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{}}
+		last: map[string]lastRecord{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{},
+		read: tr.OpenStream()}
 	rng := rand.New(rand.NewPCG(1, 2))
 	wires := make([][]byte, 4*workers)
 	for i := range wires {
@@ -65,11 +66,9 @@ func benchIngestRecords(b *testing.B, workers int) {
 	}
 	i, ticks := 0, 0
 	step := func() {
-		req := &smgv1.ReportRequest{}
-		if err := proto.Unmarshal(wires[i%len(wires)], req); err != nil {
+		if err := s.handle(st, wires[i%len(wires)], now); err != nil {
 			b.Fatal(err)
 		}
-		s.record(st, req.GetRecord(), now)
 		i++
 		if i%perFlush == 0 {
 			now = now.Add(50 * time.Millisecond)

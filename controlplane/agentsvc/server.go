@@ -179,6 +179,12 @@ type agentStream struct {
 	// after its registration applies it in full (the agent sends a record
 	// only when something changed). Only the receive goroutine touches it.
 	pending map[string]*smgv1.LoadRecord
+
+	// dec decodes the records of the agent's messages, and scratch holds a
+	// record proto.Unmarshal decoded; only the receive goroutine touches
+	// them.
+	dec     recordsDecoder
+	scratch wireRecord
 }
 
 type knownWorker struct {
@@ -317,8 +323,13 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, st *agentS
 // receive applies the agent's messages until the stream ends; io.EOF (the
 // agent closed its side) ends it cleanly with a nil error.
 func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smgv1.ReportResponse], st *agentStream, done chan<- error) {
+	raw := &rawRequest{}
 	for {
-		req, err := stream.Recv()
+		err := stream.RecvMsg(raw)
+		if err == nil {
+			err = s.handle(st, raw.buf, s.opts.Now())
+			raw.release()
+		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = nil
@@ -326,37 +337,58 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.ReportRequest, sm
 			done <- err
 			return
 		}
-		now := s.opts.Now()
-		var sentAt time.Time
+	}
+}
+
+// handle applies one message, b its wire bytes: records are decoded by the
+// stream's own decoder, anything else by proto.Unmarshal. A malformed
+// message is the error gRPC's codec would have given.
+func (s *Server) handle(st *agentStream, b []byte, now time.Time) error {
+	recs, sentAt, ok := st.dec.decode(b)
+	var req *smgv1.ReportRequest
+	if !ok {
+		req = &smgv1.ReportRequest{}
+		if err := proto.Unmarshal(b, req); err != nil {
+			return status.Errorf(codes.Internal, "grpc: failed to unmarshal the received message: %v", err)
+		}
 		if ts := req.GetSentAt(); ts != nil {
 			sentAt = ts.AsTime()
 		}
-		st.heard = st.read.Read(now, sentAt)
-		if s.opts.Applying != nil {
-			s.opts.Applying()
-		}
-		switch m := req.Msg.(type) {
-		case *smgv1.ReportRequest_Record:
-			s.record(st, m.Record, now)
-		case *smgv1.ReportRequest_Records:
-			for _, r := range m.Records.GetRecords() { // bounded by the message size limit
-				s.record(st, r, now)
-			}
-		case *smgv1.ReportRequest_Event:
-			s.event(st, m.Event, now)
-		case *smgv1.ReportRequest_Heartbeat:
-			for _, u := range m.Heartbeat.GetWorkerUrls() {
-				if w := s.worker(st, u); w != nil {
-					s.vouch(st, w, now)
-				}
-			}
-		case *smgv1.ReportRequest_Pods:
-			s.pods(st, m.Pods)
-		case *smgv1.ReportRequest_Hello:
-			s.log.Warn("Agent sent a second hello; ignored", "node", st.node)
-		}
-		st.read.Applied()
 	}
+	st.heard = st.read.Read(now, sentAt)
+	if s.opts.Applying != nil {
+		s.opts.Applying()
+	}
+	defer st.read.Applied()
+	if ok {
+		for _, r := range recs { // bounded by the message size limit
+			s.record(st, r, now)
+		}
+		return nil
+	}
+	switch m := req.Msg.(type) {
+	case *smgv1.ReportRequest_Record:
+		st.scratch.setProto(m.Record)
+		s.record(st, &st.scratch, now)
+	case *smgv1.ReportRequest_Records:
+		for _, r := range m.Records.GetRecords() { // bounded by the message size limit
+			st.scratch.setProto(r)
+			s.record(st, &st.scratch, now)
+		}
+	case *smgv1.ReportRequest_Event:
+		s.event(st, m.Event, now)
+	case *smgv1.ReportRequest_Heartbeat:
+		for _, u := range m.Heartbeat.GetWorkerUrls() {
+			if w := s.worker(st, u); w != nil {
+				s.vouch(st, w, now)
+			}
+		}
+	case *smgv1.ReportRequest_Pods:
+		s.pods(st, m.Pods)
+	case *smgv1.ReportRequest_Hello:
+		s.log.Warn("Agent sent a second hello; ignored", "node", st.node)
+	}
+	return nil
 }
 
 // worker returns the registered worker with url if it is on the stream's
@@ -402,15 +434,16 @@ func (s *Server) onNode(st *agentStream, w *registry.Worker) bool {
 	return st.hosts.contains(workerurl.Host(w.Spec.GetUrl()))
 }
 
-func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
-	w := s.worker(st, r.GetWorkerUrl())
+// record applies one record; r is the stream's, reused by the next one.
+func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
+	w := s.recordWorker(st, r.url)
 	if w == nil {
 		// Kept even if the engine's registration has landed since the
 		// lookup (checking again would drop the record, and an idle
 		// engine sends no other): the next contact applies it if the
 		// worker is on this node.
-		if u := canonicalURL(r.GetWorkerUrl()); slices.Contains(st.own, u) {
-			st.pending[u] = r // bounded by the hello's engines
+		if u := canonicalURL(string(r.url)); slices.Contains(st.own, u) {
+			st.pending[u] = r.own() // bounded by the hello's engines
 		}
 		return
 	}
@@ -418,16 +451,16 @@ func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
 	url := w.Spec.GetUrl()
 	st.coverReported(url)
 	var silence time.Duration
-	if r.GetEngineSilence() != nil {
-		silence = max(r.GetEngineSilence().AsDuration(), 0)
+	if r.silence != nil {
+		silence = max(r.silence.AsDuration(), 0)
 	}
 	rec := judge.Record{
 		Pushed:        true,
-		Waiting:       int64(r.GetLoad().GetWaitingRequests()),
+		Waiting:       int64(r.load.GetWaitingRequests()),
 		Silence:       silence,
-		PrefillInHand: max(r.GetPrefillTokensInHand(), 0),
-		StepWire:      r.GetStepWire(),
-		Idle:          runsNothing(r.GetLoad()),
+		PrefillInHand: max(r.prefill, 0),
+		StepWire:      r.stepWire,
+		Idle:          runsNothing(r.load),
 		Heard:         st.heard,
 	}
 	last := lastRecord{rec: rec, at: now}
@@ -436,17 +469,28 @@ func (s *Server) record(st *agentStream, r *smgv1.LoadRecord, now time.Time) {
 	// leaving Ready has its veto cleared and must not get it back from a
 	// record while it is out.
 	if w.Ready() {
-		s.ingest(w, r.GetLoad())
-	} else {
-		last.unjudged = r.GetLoad()
+		s.ingest(w, r.load)
+	} else if r.load != nil {
+		last.unjudged = proto.CloneOf(r.load)
 	}
 	st.last[url] = last
 	s.tr.Record(w.ID, rec, now)
 }
 
-// ingest hands load to the ingester, which takes ownership of it.
+// recordWorker is worker for a record's URL, without copying the URL when
+// the stream knows it.
+func (s *Server) recordWorker(st *agentStream, url []byte) *registry.Worker {
+	if k, ok := st.known[string(url)]; ok {
+		if w := s.reg.Get(k.id); w != nil && w.Spec == k.spec {
+			return w
+		}
+	}
+	return s.worker(st, string(url))
+}
+
+// ingest hands a copy of load to the ingester (load stays the caller's).
 func (s *Server) ingest(w *registry.Worker, load *smgv1.EngineLoad) {
-	if err := s.in.Report(w.ID, load); err != nil {
+	if err := s.in.ReportCopy(w.ID, load); err != nil {
 		s.log.Debug("Agent record not ingested", "worker_id", w.ID, "url", w.Spec.GetUrl(), "error", err)
 	}
 }
@@ -499,7 +543,8 @@ func (s *Server) event(st *agentStream, e *smgv1.EngineEvent, now time.Time) {
 // growing. Without a record on this stream it is plain contact.
 func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	if r, ok := st.pending[w.Spec.GetUrl()]; ok {
-		s.record(st, r, now) // registered since its record arrived
+		st.scratch.setProto(r)
+		s.record(st, &st.scratch, now) // registered since its record arrived
 		return
 	}
 	lr, ok := st.last[w.Spec.GetUrl()]

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -190,11 +192,22 @@ func (in *Ingester) storeChunk(ids []string) {
 // token usage averaged), whatever aggregates the sender filled in. Only Ready
 // workers get a veto (the registry's rule).
 func (in *Ingester) Report(workerID string, load *smgv1.EngineLoad) error {
+	return in.report(workerID, load, false)
+}
+
+// ReportCopy is Report of a copy of load, which stays the caller's (an agent
+// stream decodes into memory it reuses). The copy reuses the memory of the
+// worker's pending load when it has one, so a worker reporting several
+// times per flush allocates once per flush, not once per report.
+func (in *Ingester) ReportCopy(workerID string, load *smgv1.EngineLoad) error {
+	return in.report(workerID, load, true)
+}
+
+func (in *Ingester) report(workerID string, load *smgv1.EngineLoad, copied bool) error {
 	if load == nil || len(load.GetRanks()) == 0 {
 		return in.NoReport(workerID)
 	}
 	waiting, usage := Signals(load.GetRanks())
-	load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	delete(in.flushing, workerID) // this report is newer than the load being flushed
@@ -206,11 +219,23 @@ func (in *Ingester) Report(workerID string, load *smgv1.EngineLoad) error {
 		// A prediction only: the registry decides again at the flush.
 		over, _ := judge.Check(waiting, usage, w.Thresholds)
 		if (over && w.Ready()) == w.Overloaded && !w.Evidence.NoReport {
+			if copied {
+				load = CopyLoad(in.pending[workerID], load) // the pending load is ours alone
+			}
+			setSignals(load, waiting, usage)
 			in.pending[workerID] = load // the verdict stands: commit with the next flush
 			return nil
 		}
+		if p := in.pending[workerID]; p != nil && copied {
+			load = CopyLoad(p, load) // stored below: no longer pending
+			copied = false
+		}
 		delete(in.pending, workerID) // this report is newer
 	}
+	if copied {
+		load = CopyLoad(nil, load)
+	}
+	setSignals(load, waiting, usage)
 	var f flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		var err error
@@ -222,6 +247,63 @@ func (in *Ingester) Report(workerID string, load *smgv1.EngineLoad) error {
 	}
 	in.logFlip(f)
 	return nil
+}
+
+// setSignals writes the signals computed from load's ranks over the
+// aggregates its sender filled in.
+func setSignals(load *smgv1.EngineLoad, waiting int64, usage float64) {
+	load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
+}
+
+// loadBlock is a copied load with room for one rank and its timestamp: one
+// allocation for the common load.
+type loadBlock struct {
+	load  smgv1.EngineLoad
+	ranks [1]*smgv1.RankLoad
+	rank  smgv1.RankLoad
+	at    timestamppb.Timestamp
+}
+
+// CopyLoad copies every field of src into dst, reusing dst's ranks and
+// timestamp (dst must be the caller's alone), or into a new load when dst
+// is nil, and returns it. Unknown fields are not copied.
+func CopyLoad(dst, src *smgv1.EngineLoad) *smgv1.EngineLoad {
+	var blk *loadBlock
+	if dst == nil {
+		blk = &loadBlock{}
+		dst = &blk.load
+		dst.Ranks = blk.ranks[:0]
+		dst.ReportedAt = &blk.at
+	}
+	dst.Source = src.GetSource()
+	dst.WaitingRequests, dst.RunningRequests = src.GetWaitingRequests(), src.GetRunningRequests()
+	dst.TokenUsage, dst.MaxRunningRequests = src.GetTokenUsage(), src.GetMaxRunningRequests()
+	if at := src.GetReportedAt(); at != nil {
+		if dst.ReportedAt == nil {
+			dst.ReportedAt = &timestamppb.Timestamp{}
+		}
+		dst.ReportedAt.Seconds, dst.ReportedAt.Nanos = at.GetSeconds(), at.GetNanos()
+	} else {
+		dst.ReportedAt = nil
+	}
+	ranks := dst.Ranks[:0]
+	for i, s := range src.GetRanks() {
+		var r *smgv1.RankLoad
+		switch {
+		case i < cap(ranks) && ranks[:i+1][i] != nil:
+			r = ranks[:i+1][i]
+		case i == 0 && blk != nil:
+			r = &blk.rank
+		default:
+			r = &smgv1.RankLoad{}
+		}
+		r.DpRank, r.WaitingRequests, r.RunningRequests = s.GetDpRank(), s.GetWaitingRequests(), s.GetRunningRequests()
+		r.TokenUsage, r.GenThroughput, r.CacheHitRate = s.GetTokenUsage(), s.GetGenThroughput(), s.GetCacheHitRate()
+		r.MaxRunningRequests = s.GetMaxRunningRequests()
+		ranks = append(ranks, r)
+	}
+	dst.Ranks = ranks
+	return dst
 }
 
 // flip is a verdict change to log after the commit.

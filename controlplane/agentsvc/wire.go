@@ -1,0 +1,389 @@
+package agentsvc
+
+import (
+	"errors"
+	"math"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// rawRequest receives a ReportRequest's wire bytes: gRPC's proto codec
+// unmarshals through protobuf-go, which calls the Unmarshal method of a
+// message that has one (the legacy proto.Unmarshaler), so the stream gets
+// the bytes and decodes its records itself (recordsDecoder) into memory it
+// reuses. The codec frees its buffer when Unmarshal returns: the bytes are
+// copied into buf, which the next message reuses.
+type rawRequest struct{ buf []byte }
+
+func (r *rawRequest) Reset()         { r.buf = r.buf[:0] }
+func (r *rawRequest) String() string { return "agentsvc.rawRequest" }
+func (r *rawRequest) ProtoMessage()  {}
+
+// Unmarshal keeps a copy of b.
+func (r *rawRequest) Unmarshal(b []byte) error {
+	r.buf = append(r.buf[:0], b...)
+	return nil
+}
+
+// maxKeptBuffer bounds the receive buffer a stream keeps between messages:
+// one large message (up to gRPC's 4 MiB limit) must not pin its size for
+// the life of the stream.
+const maxKeptBuffer = 256 << 10
+
+// release drops a buffer grown past maxKeptBuffer.
+func (r *rawRequest) release() {
+	if cap(r.buf) > maxKeptBuffer {
+		r.buf = nil
+	}
+}
+
+// wireRecord is a LoadRecord as the stream reads it: url aliases the
+// message's bytes, and load, silence and observedAt point into the record's
+// own buffers, reused by the next message. Nothing of it may be kept: the
+// ingester copies the load (ingest.ReportCopy), and own makes a
+// LoadRecord to keep.
+type wireRecord struct {
+	url        []byte
+	load       *smgv1.EngineLoad      // nil, or &loadBuf
+	silence    *durationpb.Duration   // nil, or &silenceBuf
+	observedAt *timestamppb.Timestamp // nil, or &observedBuf
+	stepWire   bool
+	prefill    int64
+
+	loadBuf     smgv1.EngineLoad
+	reportedBuf timestamppb.Timestamp
+	silenceBuf  durationpb.Duration
+	observedBuf timestamppb.Timestamp
+}
+
+// maxKeptRanks bounds the ranks a record keeps for reuse.
+const maxKeptRanks = 64
+
+func (r *wireRecord) reset() {
+	r.url, r.load, r.silence, r.observedAt = nil, nil, nil, nil
+	r.stepWire, r.prefill = false, 0
+}
+
+// setProto makes r the record p (decoded by proto.Unmarshal); r aliases p.
+func (r *wireRecord) setProto(p *smgv1.LoadRecord) {
+	r.url = append(r.url[:0], p.GetWorkerUrl()...)
+	r.load, r.silence, r.observedAt = p.GetLoad(), p.GetEngineSilence(), p.GetObservedAt()
+	r.stepWire, r.prefill = p.GetStepWire(), p.GetPrefillTokensInHand()
+}
+
+// own returns a LoadRecord of r's content that the caller may keep.
+func (r *wireRecord) own() *smgv1.LoadRecord {
+	p := &smgv1.LoadRecord{WorkerUrl: string(r.url), StepWire: r.stepWire, PrefillTokensInHand: r.prefill}
+	if r.load != nil {
+		p.Load = proto.CloneOf(r.load)
+	}
+	if r.silence != nil {
+		p.EngineSilence = proto.CloneOf(r.silence)
+	}
+	if r.observedAt != nil {
+		p.ObservedAt = proto.CloneOf(r.observedAt)
+	}
+	return p
+}
+
+// recordsDecoder decodes a ReportRequest that carries load records (a
+// LoadRecords, or one LoadRecord) into records it reuses: the hot path
+// costs no allocation per record. It accepts what proto.Unmarshal accepts
+// and yields what it yields, unknown fields left out (FuzzDecodeRecords).
+type recordsDecoder struct {
+	recs   []*wireRecord
+	source string // the latest load source, reused while it repeats
+	sent   timestamppb.Timestamp
+}
+
+// errWire is a record proto.Unmarshal would reject; the caller decodes the
+// message with proto.Unmarshal again for its error.
+var errWire = errors.New("agentsvc: malformed record")
+
+// maxKeptRecords bounds the records a decoder keeps for reuse.
+const maxKeptRecords = 4096
+
+// decode returns the records of b when b is a ReportRequest whose every
+// field is a LoadRecords (merged, as proto.Unmarshal merges them: their
+// records in order) or whose one field is a LoadRecord, with or without its
+// sent_at (zero when unset); ok is false for any other message (a hello, an
+// event, a heartbeat, pods, a mix), and for a malformed one (errWire:
+// proto.Unmarshal says why).
+func (d *recordsDecoder) decode(b []byte) (recs []*wireRecord, sentAt time.Time, ok bool) {
+	if len(d.recs) > maxKeptRecords {
+		d.recs = nil
+	}
+	single, batches := 0, 0
+	for rest := b; len(rest) > 0; {
+		num, typ, n := protowire.ConsumeTag(rest)
+		if n < 0 || typ != protowire.BytesType {
+			return nil, sentAt, false
+		}
+		switch num {
+		case 2:
+			single++
+		case 6:
+			batches++
+		case 7: // sent_at
+		default:
+			return nil, sentAt, false
+		}
+		rest = rest[n:]
+		if n = protowire.ConsumeFieldValue(num, typ, rest); n < 0 {
+			return nil, sentAt, false
+		}
+		rest = rest[n:]
+	}
+	if !(single == 1 && batches == 0) && !(single == 0 && batches > 0) {
+		return nil, sentAt, false
+	}
+	n, hasSent := 0, false
+	d.sent.Seconds, d.sent.Nanos = 0, 0
+	for len(b) > 0 {
+		num, _, tn := protowire.ConsumeTag(b)
+		v, vn := protowire.ConsumeBytes(b[tn:])
+		b = b[tn+vn:]
+		var err error
+		switch num {
+		case 2:
+			err = d.record(v, n)
+			n++
+		case 6:
+			n, err = d.records(v, n)
+		default:
+			hasSent = true
+			err = secondsNanos(v, &d.sent.Seconds, &d.sent.Nanos)
+		}
+		if err != nil {
+			return nil, sentAt, false
+		}
+	}
+	if hasSent {
+		sentAt = d.sent.AsTime()
+	}
+	return d.recs[:n], sentAt, true
+}
+
+// next returns the reused record at index n, reset.
+func (d *recordsDecoder) next(n int) *wireRecord {
+	if n == len(d.recs) {
+		d.recs = append(d.recs, &wireRecord{})
+	}
+	r := d.recs[n]
+	r.reset()
+	return r
+}
+
+// records decodes a LoadRecords into the records from index n on and
+// returns the index after its last.
+func (d *recordsDecoder) records(b []byte, n int) (int, error) {
+	err := eachField(b, func(f wireField) error {
+		if !f.is(1, protowire.BytesType) {
+			return nil
+		}
+		n++
+		return d.record(f.p, n-1)
+	})
+	return n, err
+}
+
+// record decodes a LoadRecord into the record at index n.
+func (d *recordsDecoder) record(b []byte, n int) error {
+	r := d.next(n)
+	return eachField(b, func(f wireField) error {
+		switch {
+		case f.is(1, protowire.BytesType):
+			if !utf8.Valid(f.p) {
+				return errWire
+			}
+			r.url = f.p
+		case f.is(2, protowire.BytesType):
+			if r.load == nil { // a second occurrence merges into the first
+				ranks := r.loadBuf.Ranks[:0]
+				if cap(ranks) > maxKeptRanks {
+					ranks = nil
+				}
+				r.loadBuf.Reset()
+				r.loadBuf.Ranks = ranks
+				r.load = &r.loadBuf
+			}
+			return d.load(f.p, r.load, &r.reportedBuf)
+		case f.is(3, protowire.BytesType):
+			if r.silence == nil {
+				r.silenceBuf.Reset()
+				r.silence = &r.silenceBuf
+			}
+			return secondsNanos(f.p, &r.silence.Seconds, &r.silence.Nanos)
+		case f.is(4, protowire.VarintType):
+			r.stepWire = f.v != 0
+		case f.is(5, protowire.VarintType):
+			r.prefill = int64(f.v)
+		case f.is(6, protowire.BytesType):
+			if r.observedAt == nil {
+				r.observedBuf.Reset()
+				r.observedAt = &r.observedBuf
+			}
+			return secondsNanos(f.p, &r.observedAt.Seconds, &r.observedAt.Nanos)
+		}
+		return nil
+	})
+}
+
+// load decodes an EngineLoad into l, merging (as a repeated occurrence
+// merges); its reported_at goes to ts.
+func (d *recordsDecoder) load(b []byte, l *smgv1.EngineLoad, ts *timestamppb.Timestamp) error {
+	return eachField(b, func(f wireField) error {
+		switch {
+		case f.is(1, protowire.BytesType):
+			if !utf8.Valid(f.p) {
+				return errWire
+			}
+			if string(f.p) != d.source {
+				d.source = string(f.p)
+			}
+			l.Source = d.source
+		case f.is(2, protowire.BytesType):
+			return rank(f.p, nextRank(l))
+		case f.is(3, protowire.VarintType):
+			l.WaitingRequests = int32(f.v)
+		case f.is(4, protowire.VarintType):
+			l.RunningRequests = int32(f.v)
+		case f.is(5, protowire.Fixed64Type):
+			l.TokenUsage = math.Float64frombits(f.v)
+		case f.is(6, protowire.VarintType):
+			l.MaxRunningRequests = int32(f.v)
+		case f.is(7, protowire.BytesType):
+			if l.ReportedAt == nil {
+				ts.Reset()
+				l.ReportedAt = ts
+			}
+			return secondsNanos(f.p, &l.ReportedAt.Seconds, &l.ReportedAt.Nanos)
+		}
+		return nil
+	})
+}
+
+// nextRank appends a rank to l, reusing a RankLoad left past its length by
+// an earlier record.
+func nextRank(l *smgv1.EngineLoad) *smgv1.RankLoad {
+	n := len(l.Ranks)
+	if n < cap(l.Ranks) {
+		l.Ranks = l.Ranks[:n+1]
+		if r := l.Ranks[n]; r != nil {
+			r.Reset()
+			return r
+		}
+	} else {
+		l.Ranks = append(l.Ranks, nil)
+	}
+	r := &smgv1.RankLoad{}
+	l.Ranks[n] = r
+	return r
+}
+
+// rank decodes a RankLoad into r.
+func rank(b []byte, r *smgv1.RankLoad) error {
+	return eachField(b, func(f wireField) error {
+		switch {
+		case f.is(1, protowire.VarintType):
+			r.DpRank = int32(f.v)
+		case f.is(2, protowire.VarintType):
+			r.WaitingRequests = int32(f.v)
+		case f.is(3, protowire.VarintType):
+			r.RunningRequests = int32(f.v)
+		case f.is(4, protowire.Fixed64Type):
+			r.TokenUsage = math.Float64frombits(f.v)
+		case f.is(5, protowire.Fixed64Type):
+			r.GenThroughput = math.Float64frombits(f.v)
+		case f.is(6, protowire.Fixed64Type):
+			r.CacheHitRate = math.Float64frombits(f.v)
+		case f.is(7, protowire.VarintType):
+			r.MaxRunningRequests = int32(f.v)
+		}
+		return nil
+	})
+}
+
+// secondsNanos decodes a Timestamp or a Duration (the same two fields),
+// merging into seconds and nanos.
+func secondsNanos(b []byte, seconds *int64, nanos *int32) error {
+	return eachField(b, func(f wireField) error {
+		switch {
+		case f.is(1, protowire.VarintType):
+			*seconds = int64(f.v)
+		case f.is(2, protowire.VarintType):
+			*nanos = int32(f.v)
+		}
+		return nil
+	})
+}
+
+// eachField calls fn with each field of the message b, in order.
+func eachField(b []byte, fn func(f wireField) error) error {
+	for len(b) > 0 {
+		f, n, err := nextField(b)
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+		if err := fn(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wireField is one field of a message: a varint or fixed64 value in v, a
+// length-delimited one in p.
+type wireField struct {
+	num protowire.Number
+	typ protowire.Type
+	v   uint64
+	p   []byte
+}
+
+// is reports whether f is field num of wire type typ: a known field of
+// another wire type is an unknown field to proto.Unmarshal (kept there,
+// dropped here), as is any other number.
+func (f wireField) is(num protowire.Number, typ protowire.Type) bool {
+	return f.num == num && f.typ == typ
+}
+
+// nextField reads the first field of b and returns its length, rejecting
+// what proto.Unmarshal rejects: a field number out of range, an end-group
+// tag (no group is open in a message field), a truncated or overlong value,
+// a group never closed.
+func nextField(b []byte) (f wireField, n int, err error) {
+	t, tn := protowire.ConsumeVarint(b)
+	if tn < 0 {
+		return f, 0, errWire
+	}
+	num, typ := t>>3, protowire.Type(t&7)
+	if num < uint64(protowire.MinValidNumber) || num > uint64(protowire.MaxValidNumber) || typ == protowire.EndGroupType {
+		return f, 0, errWire
+	}
+	f.num, f.typ = protowire.Number(num), typ
+	b = b[tn:]
+	var vn int
+	switch typ {
+	case protowire.VarintType:
+		f.v, vn = protowire.ConsumeVarint(b)
+	case protowire.Fixed64Type:
+		f.v, vn = protowire.ConsumeFixed64(b)
+	case protowire.BytesType:
+		f.p, vn = protowire.ConsumeBytes(b)
+	default: // groups and fixed32: no field read here has them
+		vn = protowire.ConsumeFieldValue(f.num, typ, b)
+	}
+	if vn < 0 {
+		return f, 0, errWire
+	}
+	return f, tn + vn, nil
+}
