@@ -137,7 +137,7 @@ func TestHAWindowSharesAcrossFailover(t *testing.T) {
 	steady := getSimStats(t, engine, false)
 
 	leader = c.leader(10 * time.Second) // leadership may have moved since (a loaded box)
-	held := map[int]int64{} // what each router held before the kill
+	held := map[int]int64{}             // what each router held before the kill
 	before := sample()
 	for _, s := range before {
 		held[s.router] = s.limit
