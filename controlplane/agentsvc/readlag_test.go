@@ -183,3 +183,28 @@ func TestCutOffStreamIsVetoedWhileItsReceiveLoopIsHeld(t *testing.T) {
 		t.Fatalf("the heartbeat read before the break lifted the veto: %v", got)
 	}
 }
+
+// A lying agent (its clock frozen) that keeps the stream busy with another
+// worker's records but stops mentioning w1 holds w1 in routing at most
+// --worker-stale-secs longer: vetoed at 30 s, not before.
+func TestLyingAgentHoldsASilentWorkerAtMostTheBound(t *testing.T) {
+	r := startReadLag(t, true)
+	r.put(t, worker("w2", "http://127.0.0.1:8002", ""))
+	r.send(t, 0, record(lagURL, 0))
+	for at := time.Duration(0); at < 30*time.Second; at += time.Second {
+		r.send(t, 0, record("http://127.0.0.1:8002", int32(at/time.Second)%3)) // sent_at frozen at 0
+		r.waitFor(t, "w2's record applied", func(s *registry.Snapshot) bool {
+			return s.Get("w2").Load.GetWaitingRequests() == int32(at/time.Second)%3
+		})
+		r.tr.Sweep(r.clock.Now())
+		if got := r.liveness(); got != smgv1.Veto_VETO_UNSPECIFIED {
+			t.Fatalf("w1 vetoed %v after %v: before the stale bound plus the cap", got, at)
+		}
+		r.clock.Advance(time.Second)
+	}
+	r.tr.Sweep(r.clock.Now())
+	if got := r.liveness(); got != smgv1.Veto_VETO_UNREACHABLE {
+		t.Fatalf("w1, silent 30 s behind a frozen clock: liveness %v, want unreachable", got)
+	}
+	closeCleanly(t, r.st)
+}
