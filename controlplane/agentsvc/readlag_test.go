@@ -8,7 +8,6 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
@@ -20,9 +19,42 @@ type gate struct {
 	held    bool
 	entered chan struct{}
 	release chan struct{}
+	applied int           // messages the receive loop is done with
+	more    chan struct{} // closed when applied grows
 }
 
-func newGate() *gate { return &gate{entered: make(chan struct{}, 1), release: make(chan struct{})} }
+func newGate() *gate {
+	return &gate{entered: make(chan struct{}, 1), release: make(chan struct{}), more: make(chan struct{})}
+}
+
+// done is the Applied hook.
+func (g *gate) done() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.applied++
+	close(g.more)
+	g.more = make(chan struct{})
+}
+
+// waitApplied waits until the receive loop is done with n messages.
+func (g *gate) waitApplied(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.NewTimer(5 * time.Second)
+	defer deadline.Stop()
+	for {
+		g.mu.Lock()
+		got, more := g.applied, g.more
+		g.mu.Unlock()
+		if got >= n {
+			return
+		}
+		select {
+		case <-more:
+		case <-deadline.C:
+			t.Fatalf("the receive loop applied %d messages, want %d", got, n)
+		}
+	}
+}
 
 func (g *gate) hold() {
 	g.mu.Lock()
@@ -64,6 +96,7 @@ type readLagHarness struct {
 	cancel context.CancelFunc
 	agent  time.Time // the agent's clock at the start
 	stamp  bool      // the agent sends sent_at (older agents do not)
+	sent   int       // messages sent after the hello
 }
 
 const lagURL = "http://127.0.0.1:8001"
@@ -72,7 +105,7 @@ func startReadLag(t *testing.T, stamp bool) *readLagHarness {
 	t.Helper()
 	g := newGate()
 	cfg := defaultConfig()
-	cfg.opts.Applying = g.applying
+	cfg.opts.Applying, cfg.opts.Applied = g.applying, g.done
 	h := start(t, cfg)
 	t.Cleanup(g.open) // before the server stops (cleanups run last first)
 	h.put(t, worker("w1", lagURL, ""))
@@ -88,6 +121,14 @@ func (r *readLagHarness) send(t *testing.T, d time.Duration, m *smgv1.ReportRequ
 		m.SentAt = timestamppb.New(r.agent.Add(d))
 	}
 	send(t, r.st, m)
+	r.sent++
+}
+
+// applied waits until the control plane is done with every message sent:
+// the stream is read to the end and its receive loop waits for more.
+func (r *readLagHarness) applied(t *testing.T) {
+	t.Helper()
+	r.gate.waitApplied(t, r.sent)
 }
 
 func heartbeat(urls ...string) *smgv1.ReportRequest {
@@ -113,10 +154,7 @@ func TestStreamReadLateVetoesNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := startReadLag(t, tc.stamp)
 			r.send(t, 0, record(lagURL, 0))
-			r.waitFor(t, "record applied", func(s *registry.Snapshot) bool {
-				w := s.Get("w1")
-				return w.AgentNode == "n1" && !w.Evidence.PushedAt.IsZero()
-			})
+			r.applied(t)
 
 			r.gate.hold()
 			r.send(t, 500*time.Millisecond, heartbeat(lagURL))
@@ -133,11 +171,11 @@ func TestStreamReadLateVetoesNothing(t *testing.T) {
 			}
 
 			r.gate.open()
-			r.send(t, 21*time.Second, record(lagURL, 6)) // over the ceiling: commits when applied, after the queue
-			r.waitFor(t, "the queue applied, up to the last record", func(s *registry.Snapshot) bool {
-				w := s.Get("w1")
-				return w.Overloaded && w.Liveness == smgv1.Veto_VETO_UNSPECIFIED
-			})
+			r.send(t, 21*time.Second, record(lagURL, 6)) // over the ceiling
+			r.applied(t)
+			if w := r.reg.Snapshot().Get("w1"); !w.Overloaded || w.Liveness != smgv1.Veto_VETO_UNSPECIFIED {
+				t.Fatalf("the queue applied: overloaded %v, liveness %v; want the last record's load and no veto", w.Overloaded, w.Liveness)
+			}
 
 			// The agent really goes silent, its stream open and read to the end.
 			r.clock.Advance(15*time.Second - time.Millisecond)
@@ -163,7 +201,7 @@ func TestCutOffStreamIsVetoedWhileItsReceiveLoopIsHeld(t *testing.T) {
 	ended := make(chan string, 1)
 	r.srv.ended = func(node string) { ended <- node }
 	r.send(t, 0, record(lagURL, 0))
-	r.waitFor(t, "record applied", func(s *registry.Snapshot) bool { return s.Get("w1").AgentNode == "n1" })
+	r.applied(t)
 
 	r.gate.hold()
 	r.send(t, time.Second, heartbeat(lagURL))
@@ -191,11 +229,10 @@ func TestLyingAgentHoldsASilentWorkerAtMostTheBound(t *testing.T) {
 	r := startReadLag(t, true)
 	r.put(t, worker("w2", "http://127.0.0.1:8002", ""))
 	r.send(t, 0, record(lagURL, 0))
+	r.applied(t)
 	for at := time.Duration(0); at < 30*time.Second; at += time.Second {
 		r.send(t, 0, record("http://127.0.0.1:8002", int32(at/time.Second)%3)) // sent_at frozen at 0
-		r.waitFor(t, "w2's record applied", func(s *registry.Snapshot) bool {
-			return s.Get("w2").Load.GetWaitingRequests() == int32(at/time.Second)%3
-		})
+		r.applied(t)
 		r.tr.Sweep(r.clock.Now())
 		if got := r.liveness(); got != smgv1.Veto_VETO_UNSPECIFIED {
 			t.Fatalf("w1 vetoed %v after %v: before the stale bound plus the cap", got, at)

@@ -69,6 +69,9 @@ type Options struct {
 	// block in it to hold a stream unread, as a control plane stuck on its
 	// own locks or starved of CPU does.
 	Applying func()
+	// Applied, when set, runs when the receive loop is done with a message
+	// (tests: the stream is read up to it).
+	Applied func()
 }
 
 // DiscoverySink takes the complete set of pods one source (an agent's node)
@@ -359,7 +362,12 @@ func (s *Server) handle(st *agentStream, b []byte, now time.Time) error {
 	if s.opts.Applying != nil {
 		s.opts.Applying()
 	}
-	defer st.read.Applied()
+	defer func() {
+		st.read.Applied()
+		if s.opts.Applied != nil {
+			s.opts.Applied()
+		}
+	}()
 	if ok {
 		for _, r := range recs { // bounded by the message size limit
 			s.record(st, r, now)
