@@ -220,7 +220,11 @@ func (in *Ingester) report(workerID string, load *smgv1.EngineLoad, copied bool)
 		over, _ := judge.Check(waiting, usage, w.Thresholds)
 		if (over && w.Ready()) == w.Overloaded && !w.Evidence.NoReport {
 			if copied {
-				load = CopyLoad(in.pending[workerID], load) // the pending load is ours alone
+				if p := in.pending[workerID]; p != nil {
+					setSignals(CopyLoad(p, load), waiting, usage) // the pending load is ours alone
+					return nil
+				}
+				load = CopyLoad(nil, load)
 			}
 			setSignals(load, waiting, usage)
 			in.pending[workerID] = load // the verdict stands: commit with the next flush

@@ -52,6 +52,7 @@ type Tracker struct {
 	flush    func() // Options.Flush
 	pmu      sync.Mutex
 	pending  map[string]*pendingRecords
+	free     []*pendingRecords // stored, for newPending to reuse
 }
 
 // pendingRecords are a worker's records waiting for a flush, in order, and
@@ -219,6 +220,7 @@ func (t *Tracker) Take(ids []string) (apply func(c *registry.Worker) bool, store
 		for _, r := range p.recs {
 			t.applyPushed(&c.Evidence, r)
 		}
+		t.recycle(p)
 		return true
 	}
 	stored = func(_ *registry.Txn, w, c *registry.Worker) {
@@ -442,32 +444,66 @@ func (t *Tracker) pend(workerID string, rec judge.Record, now time.Time) bool {
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
 	p := t.pending[workerID]
-	var ev registry.Evidence // Live is plain data: this copy is ours
-	if p != nil && p.base == w {
-		ev = p.ev // the pending records applied to w already
-	} else {
-		ev = w.Evidence
-		if p != nil {
-			for _, r := range p.recs {
-				t.applyPushed(&ev, r)
-			}
+	listed := p != nil
+	if !listed {
+		p = t.newPending()
+	}
+	if p.base != w {
+		// p.ev is the pending records applied to the stored record: made
+		// again when that changed (a flush or any commit of the worker),
+		// and moved in place by each record that pends (Evidence holds
+		// pointers: a copy per record costs more than the rule).
+		p.ev = w.Evidence
+		for _, r := range p.recs {
+			t.applyPushed(&p.ev, r)
 		}
+		p.base = w
 	}
 	r := timedRecord{rec, now}
-	t.applyPushed(&ev, r)
-	v, c := ev.Live.Status()
+	t.applyPushed(&p.ev, r)
+	v, c := p.ev.Live.Status()
 	if v2, c2 := w.Evidence.Live.Status(); v != v2 || c != c2 {
+		p.base = nil // p.ev holds a record p.recs does not: made again if p stays
+		if !listed {
+			t.free = append(t.free, p)
+		}
 		return false
 	}
-	if p == nil {
-		// Room for the records of one flush interval at a typical cadence.
-		p = &pendingRecords{recs: make([]timedRecord, 0, 8)}
+	if !listed {
 		t.pending[workerID] = p
 	}
 	p.recs = append(p.recs, r)
-	p.base, p.ev = w, ev
 	return true
 }
+
+// newPending returns pending records to fill, recycled when it can (pmu
+// held): a worker's records pend once per flush.
+func (t *Tracker) newPending() *pendingRecords {
+	if n := len(t.free); n > 0 {
+		p := t.free[n-1]
+		t.free = t.free[:n-1]
+		return p
+	}
+	// Room for the records of one flush interval at a typical cadence.
+	return &pendingRecords{recs: make([]timedRecord, 0, 8)}
+}
+
+// recycle keeps p, whose records are stored, for newPending.
+func (t *Tracker) recycle(p *pendingRecords) {
+	p.recs, p.base, p.ev = p.recs[:0], nil, registry.Evidence{}
+	if cap(p.recs) > 64 {
+		return // a burst's room is not kept
+	}
+	t.pmu.Lock()
+	defer t.pmu.Unlock()
+	if len(t.free) < maxFree {
+		t.free = append(t.free, p)
+	}
+}
+
+// maxFree bounds the recycled pending records (one per worker at most is
+// in use per flush).
+const maxFree = 1 << 16
 
 // RecentlyPushed tells the poller to skip a worker whose agent delivered a
 // record within the interval (the poll takes over when records stop).
