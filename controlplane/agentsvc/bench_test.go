@@ -52,8 +52,8 @@ func benchIngestRecords(b *testing.B, workers int) {
 		}
 		return nil
 	})
-	st := &agentStream{node: "n1", refused: map[string]bool{}, covered: map[string]bool{}, reported: map[string]bool{},
-		last: map[string]lastRecord{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{},
+	st := &agentStream{node: "n1", refused: map[string]bool{}, covered: map[string]bool{},
+		engines: map[string]*engineState{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{},
 		read: tr.OpenStream()}
 	rng := rand.New(rand.NewPCG(1, 2))
 	wires := make([][]byte, 4*workers)

@@ -160,14 +160,9 @@ type agentStream struct {
 	mu      sync.Mutex
 	covered map[string]bool // engine URLs assigned to or reported by this stream
 
-	// reported is the engine URLs the receive goroutine covered already
-	// (only it touches it), so a record takes no lock to cover its engine.
-	reported map[string]bool
-
-	// last is the latest record per engine URL, so that a contact or a
-	// heartbeat ("nothing changed since my last record") re-applies it.
-	// Only the receive goroutine touches it.
-	last map[string]lastRecord
+	// engines is what the receive goroutine keeps of each engine it heard
+	// of, by URL (canonical); only it touches it.
+	engines map[string]*engineState
 
 	// known maps the URLs the agent sends, as it spells them, to the
 	// worker they named on this node, so a record costs one registry read
@@ -191,8 +186,20 @@ type agentStream struct {
 }
 
 type knownWorker struct {
-	id   string
-	spec *smgv1.WorkerSpec
+	id     string
+	spec   *smgv1.WorkerSpec
+	engine *engineState // of spec's URL: a record reaches it without another lookup
+}
+
+// engineState is what a stream keeps of one engine.
+type engineState struct {
+	// reported: the agent reported it and the stream covers it already, so
+	// a record takes no lock to cover its engine.
+	reported bool
+	// last is the latest record, so that a contact or a heartbeat
+	// ("nothing changed since my last record") re-applies it.
+	last    lastRecord
+	hasLast bool
 }
 
 // maxKnown bounds a stream's known URLs: an agent covers its node's
@@ -217,12 +224,22 @@ func (st *agentStream) cover(urls ...string) {
 	}
 }
 
-// coverReported covers url, reported by the agent; receive goroutine only.
-func (st *agentStream) coverReported(url string) {
-	if st.reported[url] {
+// engine returns the state of the engine url (canonical).
+func (st *agentStream) engine(url string) *engineState {
+	e := st.engines[url]
+	if e == nil {
+		e = &engineState{}
+		st.engines[url] = e
+	}
+	return e
+}
+
+// coverReported covers e's engine, url, reported by the agent.
+func (st *agentStream) coverReported(e *engineState, url string) {
+	if e.reported {
 		return
 	}
-	st.reported[url] = true
+	e.reported = true
 	st.cover(url)
 }
 
@@ -264,8 +281,8 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 		return status.Errorf(codes.PermissionDenied, "agent: these credentials (token or client certificate) are for node %q, not %q (smg agent --node)", id.Node, hello.GetNode())
 	}
 	st := &agentStream{node: hello.GetNode(), peer: peerOf(ctx), own: dedup(canonical(hello.GetEngineUrls())),
-		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{}, reported: map[string]bool{},
-		last: map[string]lastRecord{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{},
+		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{},
+		engines: map[string]*engineState{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{},
 		read: s.tr.OpenStream()}
 	s.log.Info("Agent connected", "node", st.node, "peer", st.peer, "engines", len(st.own), "register", hello.GetRegister())
 	s.addStream(st)
@@ -404,16 +421,22 @@ func (s *Server) handle(st *agentStream, b []byte, now time.Time) error {
 // one before its registration completes); another node's worker is refused
 // and logged once per stream: an agent speaks only for its own node.
 func (s *Server) worker(st *agentStream, url string) *registry.Worker {
+	w, _ := s.workerEngine(st, url)
+	return w
+}
+
+// workerEngine is worker, with the state of its engine.
+func (s *Server) workerEngine(st *agentStream, url string) (*registry.Worker, *engineState) {
 	if k, ok := st.known[url]; ok {
 		if w := s.reg.Get(k.id); w != nil && w.Spec == k.spec {
-			return w
+			return w, k.engine
 		}
 		delete(st.known, url)
 	}
 	w := s.reg.Snapshot().GetByURL(canonicalURL(url))
 	if w == nil {
 		s.log.Debug("Agent reported an engine that is not registered; ignored", "url", url)
-		return nil
+		return nil, nil
 	}
 	if !s.onNode(st, w) {
 		st.refusedMu.Lock()
@@ -424,13 +447,14 @@ func (s *Server) worker(st *agentStream, url string) *registry.Worker {
 			s.log.Warn("Agent reported a worker that is not on its node; its records and events are ignored",
 				"node", st.node, "peer", st.peer, "worker_id", w.ID, "url", w.Spec.GetUrl(), "worker_node", w.Spec.GetNode())
 		}
-		return nil
+		return nil, nil
 	}
 	if len(st.known) >= maxKnown {
 		clear(st.known)
 	}
-	st.known[url] = knownWorker{id: w.ID, spec: w.Spec}
-	return w
+	e := st.engine(w.Spec.GetUrl())
+	st.known[url] = knownWorker{id: w.ID, spec: w.Spec, engine: e}
+	return w, e
 }
 
 // onNode reports whether w is on the stream's node: its spec names the
@@ -444,7 +468,7 @@ func (s *Server) onNode(st *agentStream, w *registry.Worker) bool {
 
 // record applies one record; r is the stream's, reused by the next one.
 func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
-	w := s.recordWorker(st, r.url)
+	w, e := s.recordWorker(st, r.url)
 	if w == nil {
 		// Kept even if the engine's registration has landed since the
 		// lookup (checking again would drop the record, and an idle
@@ -455,9 +479,9 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 		}
 		return
 	}
-	delete(st.pending, w.Spec.GetUrl())
 	url := w.Spec.GetUrl()
-	st.coverReported(url)
+	delete(st.pending, url)
+	st.coverReported(e, url)
 	var silence time.Duration
 	if r.silence != nil {
 		silence = max(r.silence.AsDuration(), 0)
@@ -481,19 +505,19 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	} else if r.load != nil {
 		last.unjudged = proto.CloneOf(r.load)
 	}
-	st.last[url] = last
+	e.last, e.hasLast = last, true
 	s.tr.Record(w.ID, rec, now)
 }
 
 // recordWorker is worker for a record's URL, without copying the URL when
 // the stream knows it.
-func (s *Server) recordWorker(st *agentStream, url []byte) *registry.Worker {
+func (s *Server) recordWorker(st *agentStream, url []byte) (*registry.Worker, *engineState) {
 	if k, ok := st.known[string(url)]; ok {
 		if w := s.reg.Get(k.id); w != nil && w.Spec == k.spec {
-			return w
+			return w, k.engine
 		}
 	}
-	return s.worker(st, string(url))
+	return s.workerEngine(st, string(url))
 }
 
 // ingest hands a copy of load to the ingester (load stays the caller's).
@@ -515,27 +539,27 @@ func runsNothing(l *smgv1.EngineLoad) bool {
 }
 
 func (s *Server) event(st *agentStream, e *smgv1.EngineEvent, now time.Time) {
-	w := s.worker(st, e.GetWorkerUrl())
+	w, eng := s.workerEngine(st, e.GetWorkerUrl())
 	if w == nil {
 		return
 	}
 	url := w.Spec.GetUrl()
-	st.coverReported(url)
+	st.coverReported(eng, url)
 	switch e.GetKind() {
 	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_CONTACT:
 		s.vouch(st, w, now)
 	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE:
-		delete(st.last, url)
+		eng.hasLast = false
 		s.log.Debug("Agent reports a transport failure", "worker_id", w.ID, "url", url, "detail", e.GetDetail())
 		s.tr.Failure(w.ID, judge.ConnectionFailure, now)
 	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_NO_REPORT:
-		delete(st.last, url)
+		eng.hasLast = false
 		if err := s.in.NoReport(w.ID); err != nil {
 			s.log.Debug("Agent no-report not ingested", "worker_id", w.ID, "url", url, "error", err)
 		}
 		s.tr.Heard(w.ID, st.heard, now)
 	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_TIMEOUT:
-		delete(st.last, url)
+		eng.hasLast = false
 		if err := s.in.NoReport(w.ID); err != nil {
 			s.log.Debug("Agent timeout not ingested", "worker_id", w.ID, "url", url, "error", err)
 		}
@@ -555,15 +579,15 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 		s.record(st, &st.scratch, now) // registered since its record arrived
 		return
 	}
-	lr, ok := st.last[w.Spec.GetUrl()]
-	if !ok {
+	e := st.engines[w.Spec.GetUrl()]
+	if e == nil || !e.hasLast {
 		s.tr.Heard(w.ID, st.heard, now)
 		return
 	}
+	lr := &e.last
 	if lr.unjudged != nil && w.Ready() {
 		s.ingest(w, lr.unjudged)
 		lr.unjudged = nil
-		st.last[w.Spec.GetUrl()] = lr
 	}
 	rec := lr.rec
 	rec.Heard = st.heard
