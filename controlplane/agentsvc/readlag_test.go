@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/smg-project/smg/controlplane/judge"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
@@ -124,6 +125,16 @@ func (r *readLagHarness) send(t *testing.T, d time.Duration, m *smgv1.ReportRequ
 	r.sent++
 }
 
+// pass lets d pass on the control plane's clock, sweeping every
+// judge.SweepInterval as the control plane does (a sweep much later than
+// that is a stall of the process, which the streams are credited with).
+func (r *readLagHarness) pass(d time.Duration) {
+	for end := r.clock.Now().Add(d); r.clock.Now().Before(end); {
+		r.clock.Advance(min(judge.SweepInterval, end.Sub(r.clock.Now())))
+		r.tr.Sweep(r.clock.Now())
+	}
+}
+
 // applied waits until the control plane is done with every message sent:
 // the stream is read to the end and its receive loop waits for more.
 func (r *readLagHarness) applied(t *testing.T) {
@@ -162,10 +173,7 @@ func TestStreamReadLateVetoesNothing(t *testing.T) {
 			for i := 1; i <= 10; i++ {
 				r.send(t, time.Duration(i)*2*time.Second, heartbeat(lagURL)) // queued unread
 			}
-			for range 4 { // 20 s pass on the control plane's clock, sweeping
-				r.clock.Advance(5 * time.Second)
-				r.tr.Sweep(r.clock.Now())
-			}
+			r.pass(20 * time.Second)
 			if got := r.liveness(); got != tc.wantVeto {
 				t.Fatalf("after 20 s not reading: liveness %v, want %v", got, tc.wantVeto)
 			}
@@ -178,13 +186,11 @@ func TestStreamReadLateVetoesNothing(t *testing.T) {
 			}
 
 			// The agent really goes silent, its stream open and read to the end.
-			r.clock.Advance(15*time.Second - time.Millisecond)
-			r.tr.Sweep(r.clock.Now())
+			r.pass(15*time.Second - judge.SweepInterval)
 			if got := r.liveness(); got != smgv1.Veto_VETO_UNSPECIFIED {
 				t.Fatalf("vetoed before the stale bound: %v", got)
 			}
-			r.clock.Advance(time.Millisecond)
-			r.tr.Sweep(r.clock.Now())
+			r.pass(judge.SweepInterval)
 			if got := r.liveness(); got != smgv1.Veto_VETO_UNREACHABLE {
 				t.Fatalf("silent for the stale bound: liveness %v, want unreachable", got)
 			}
@@ -209,14 +215,12 @@ func TestCutOffStreamIsVetoedWhileItsReceiveLoopIsHeld(t *testing.T) {
 	r.clock.Advance(time.Second)
 	r.cancel() // the agent vanishes
 	<-ended
-	r.clock.Advance(2 * time.Second) // --worker-stall-secs
-	r.tr.Sweep(r.clock.Now())
+	r.pass(2 * time.Second) // --worker-stall-secs
 	if got := r.liveness(); got != smgv1.Veto_VETO_UNREACHABLE {
 		t.Fatalf("cut-off agent's worker: liveness %v, want unreachable", got)
 	}
 	r.gate.open()
-	r.clock.Advance(time.Second)
-	r.tr.Sweep(r.clock.Now())
+	r.pass(time.Second)
 	if got := r.liveness(); got != smgv1.Veto_VETO_UNREACHABLE {
 		t.Fatalf("the heartbeat read before the break lifted the veto: %v", got)
 	}
@@ -237,7 +241,8 @@ func TestLyingAgentHoldsASilentWorkerAtMostTheBound(t *testing.T) {
 		if got := r.liveness(); got != smgv1.Veto_VETO_UNSPECIFIED {
 			t.Fatalf("w1 vetoed %v after %v: before the stale bound plus the cap", got, at)
 		}
-		r.clock.Advance(time.Second)
+		r.pass(time.Second - judge.SweepInterval)
+		r.clock.Advance(judge.SweepInterval)
 	}
 	r.tr.Sweep(r.clock.Now())
 	if got := r.liveness(); got != smgv1.Veto_VETO_UNREACHABLE {

@@ -186,12 +186,15 @@ type Heard struct {
 // the control plane not reading: the growth of the stream's read lag (its
 // newest message's ReadAt-SentAt against the evidence's), plus the time the
 // receive loop has been busy applying its newest message instead of
-// reading (Busy). Rules.ReadLag caps that credit.
+// reading (Busy), or, while it waits for the next message, the time the
+// process itself stood still since (Stalled: messages that arrived then
+// are not read yet). Rules.ReadLag caps that credit.
 type StreamRead struct {
-	Stream uint64
-	ReadAt time.Time // the control plane's clock when its newest message was read
-	SentAt time.Time // the agent's clock on that message
-	Busy   bool      // the receive loop has been applying it since ReadAt
+	Stream  uint64
+	ReadAt  time.Time     // the control plane's clock when its newest message was read
+	SentAt  time.Time     // the agent's clock on that message
+	Busy    bool          // the receive loop has been applying it since ReadAt
+	Stalled time.Duration // the process stood still this long since ReadAt
 }
 
 // RouterObservation is what the routers see of one worker, summed across
@@ -472,8 +475,10 @@ func (l *Liveness) readCredit(now time.Time, s *StreamRead, known bool, r *Rules
 	}
 	// Each term is bounded first, so no lie about time overflows the sum.
 	c := span(s.ReadAt.Sub(s.SentAt)) - span(l.heardAt.Sub(l.heardSent))
-	if s.Busy {
+	if s.Busy { // the time it has been busy includes any stall
 		c += span(now.Sub(s.ReadAt))
+	} else {
+		c += span(s.Stalled)
 	}
 	return min(max(c, 0), r.ReadLag)
 }

@@ -38,6 +38,15 @@ func sweepReadAt(read time.Duration, sentAt time.Time, busy bool) event {
 		func(l *Liveness, now time.Time, r *Rules) Change { return l.Sweep(now, &v, r) }}
 }
 
+// sweepStalled sweeps with stream 1 waiting for its next message since it
+// read one sent at agent time sent at read, the process stood still for
+// stalled since.
+func sweepStalled(read, sent, stalled time.Duration) event {
+	v := StreamRead{Stream: 1, ReadAt: t0.Add(read), SentAt: agentT0.Add(sent), Stalled: stalled}
+	return event{fmt.Sprintf("sweep(read %v, sent %v, stalled %v)", read, sent, stalled),
+		func(l *Liveness, now time.Time, r *Rules) Change { return l.Sweep(now, &v, r) }}
+}
+
 // sweepGone sweeps after the worker's stream ended (no read state).
 func sweepGone() event {
 	return event{"sweep(stream gone)", func(l *Liveness, now time.Time, r *Rules) Change { return l.Sweep(now, nil, r) }}
@@ -64,6 +73,12 @@ func TestReadLateVetoesNothing(t *testing.T) {
 			{20 * s, sweepRead(20*s, 2*s, false), Live, 0},
 			{25 * s, sweepRead(24*s, 3*s, false), Live, 0},
 			{26 * s, heardRec(4 * s), Live, 0},
+		}},
+		{name: "the process stood still 20 s: the first sweep after it comes before the stream is read", steps: []step{
+			{0, heardRec(0), Live, 0},
+			{1 * s, sweepStalled(500*ms, 500*ms, 0), Live, 0},
+			{21 * s, sweepStalled(500*ms, 500*ms, 19750*ms), Live, 0},
+			{21010 * ms, heardRec(1 * s), Live, 0},
 		}},
 		{name: "the engine's silence is not extrapolated over the unread stretch", steps: []step{
 			{0, silentRec(0, 1*s), Live, 0},
@@ -150,6 +165,7 @@ func TestLyingAgentDelaysTheVetoByReadLagAtMost(t *testing.T) {
 		lie("a clock that jumps back", heardRec(0), func(at time.Duration) event { return sweepRead(at-10*ms, -time.Hour, false) }),
 		lie("a clock that jumps back to year 1", heardRec(0), func(at time.Duration) event { return sweepReadAt(at-10*ms, time.Time{}.Add(time.Second), false) }),
 		lie("a receive loop that never returns", heardRec(0), func(time.Duration) event { return sweepRead(500*ms, 500*ms, true) }),
+		lie("a process that keeps standing still", heardRec(0), func(at time.Duration) event { return sweepStalled(500*ms, 500*ms, at) }),
 		{name: "a clock that jumps forward costs no credit", steps: []step{
 			{0, heardRec(0), Live, 0},
 			{14999 * ms, sweepRead(14*s, 14*s+time.Hour, false), Live, 0},

@@ -2,6 +2,7 @@ package liveness
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/smg-project/smg/controlplane/judge"
@@ -14,20 +15,23 @@ import (
 // not read what the agent sent" (judge.StreamRead). Open one with
 // Tracker.OpenStream.
 type Stream struct {
-	id uint64
+	id     uint64
+	stalls *atomic.Int64 // the tracker's: process stall time so far, ns
 
-	mu     sync.Mutex
-	readAt time.Time
-	sentAt time.Time
-	busy   bool
+	mu          sync.Mutex
+	readAt      time.Time
+	sentAt      time.Time
+	busy        bool
+	stallAtRead int64 // *stalls when the newest message was read
 }
 
 // Read notes a message read at now (the control plane's clock) that the
 // agent sent at sentAt (its clock; zero: not said). The stream is busy until
 // Applied. It returns what evidence from the message is heard as.
 func (s *Stream) Read(now, sentAt time.Time) judge.Heard {
+	stalls := s.stalls.Load()
 	s.mu.Lock()
-	s.readAt, s.sentAt, s.busy = now, sentAt, true
+	s.readAt, s.sentAt, s.busy, s.stallAtRead = now, sentAt, true, stalls
 	s.mu.Unlock()
 	return judge.Heard{Stream: s.id, SentAt: sentAt}
 }
@@ -41,16 +45,41 @@ func (s *Stream) Applied() {
 }
 
 func (s *Stream) state() *judge.StreamRead {
+	stalls := s.stalls.Load()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return &judge.StreamRead{Stream: s.id, ReadAt: s.readAt, SentAt: s.sentAt, Busy: s.busy}
+	return &judge.StreamRead{Stream: s.id, ReadAt: s.readAt, SentAt: s.sentAt, Busy: s.busy,
+		Stalled: time.Duration(stalls - s.stallAtRead)}
 }
 
-// streams are the open agent streams.
+// streams are the open agent streams, and how long the process has stood
+// still: a sweep that comes much later than its interval (the process was
+// paused, frozen or starved of CPU) counts the excess, so a stream waiting
+// for its next message is not taken as read up to now by a sweep that runs
+// before its receive loop had a chance to read what arrived meanwhile.
 type streams struct {
-	mu   sync.Mutex
-	next uint64
-	open map[uint64]*Stream
+	mu        sync.Mutex
+	next      uint64
+	open      map[uint64]*Stream
+	stalls    atomic.Int64 // ns
+	lastSweep time.Time
+}
+
+// stallAfter is how late a sweep must come to count as a stall of the
+// process (scheduling jitter is not one).
+const stallAfter = 4 * judge.SweepInterval
+
+// swept notes a sweep at now and counts the time since the previous one
+// beyond its interval, when it came stallAfter late or more.
+func (ss *streams) swept(now time.Time) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if gap := now.Sub(ss.lastSweep); !ss.lastSweep.IsZero() && gap >= stallAfter {
+		ss.stalls.Add(int64(gap - judge.SweepInterval))
+	}
+	if now.After(ss.lastSweep) {
+		ss.lastSweep = now
+	}
 }
 
 // OpenStream registers a new agent stream; close it with CloseStream when
@@ -59,7 +88,7 @@ func (t *Tracker) OpenStream() *Stream {
 	t.streams.mu.Lock()
 	defer t.streams.mu.Unlock()
 	t.streams.next++
-	s := &Stream{id: t.streams.next}
+	s := &Stream{id: t.streams.next, stalls: &t.streams.stalls}
 	if t.streams.open == nil {
 		t.streams.open = map[uint64]*Stream{}
 	}
@@ -74,8 +103,9 @@ func (t *Tracker) CloseStream(s *Stream) {
 	delete(t.streams.open, s.id)
 }
 
-// readStates returns every open stream's read state, for one sweep.
-func (t *Tracker) readStates() map[uint64]*judge.StreamRead {
+// readStates returns every open stream's read state, for one sweep at now.
+func (t *Tracker) readStates(now time.Time) map[uint64]*judge.StreamRead {
+	t.streams.swept(now)
 	t.streams.mu.Lock()
 	open := make([]*Stream, 0, len(t.streams.open))
 	for _, s := range t.streams.open {

@@ -51,3 +51,52 @@ func TestSweepHoldsTheStaleVetoForAStreamBehind(t *testing.T) {
 		t.Fatalf("a closed stream's worker not vetoed at the stale bound: %v", got)
 	}
 }
+
+// A sweep that comes long after the previous one (the process was paused or
+// starved) runs before the receive loops have read what arrived meanwhile:
+// the stall is credited to every stream not read since, up to the cap.
+func TestSweepAfterAStallOfTheProcessWaitsForTheStreams(t *testing.T) {
+	tr, reg, _ := setup(t, registry.HealthHealthy)
+	agent := t0.Add(-time.Hour)
+	st := tr.OpenStream()
+	tr.Record("w1", judge.Record{Pushed: true, Heard: st.Read(t0, agent)}, t0)
+	st.Applied() // waiting for the next message
+	at := t0
+	for ; at.Before(t0.Add(5 * time.Second)); at = at.Add(judge.SweepInterval) {
+		tr.Sweep(at)
+	}
+	at = at.Add(20 * time.Second) // the process stood still
+	tr.Sweep(at)
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNSPECIFIED {
+		t.Fatalf("vetoed by the first sweep after a 20 s stall: %v", got)
+	}
+	// The stall's credit is capped: a stream that reads nothing more is
+	// vetoed at most 15 s (the cap) after the stale bound.
+	for ; at.Before(t0.Add(30 * time.Second)); at = at.Add(judge.SweepInterval) {
+		tr.Sweep(at)
+		if got := liveness(reg); got != smgv1.Veto_VETO_UNSPECIFIED {
+			t.Fatalf("vetoed at %v, before the stale bound plus the cap", at.Sub(t0))
+		}
+	}
+	tr.Sweep(at)
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNREACHABLE {
+		t.Fatalf("a silent stream after a stall, at %v: %v, want unreachable", at.Sub(t0), got)
+	}
+}
+
+// Sweeps on time count no stall: a stream waiting for its next message, read
+// to the end, is taken as silent from its last message.
+func TestSweepsOnTimeCountNoStall(t *testing.T) {
+	tr, reg, _ := setup(t, registry.HealthHealthy)
+	st := tr.OpenStream()
+	tr.Record("w1", judge.Record{Pushed: true, Heard: st.Read(t0, t0)}, t0)
+	st.Applied()
+	at := t0
+	for ; at.Before(t0.Add(15 * time.Second)); at = at.Add(900 * time.Millisecond) { // late, not stalled
+		tr.Sweep(at)
+	}
+	tr.Sweep(t0.Add(15 * time.Second))
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNREACHABLE {
+		t.Fatalf("silent 15 s, swept on time: %v, want unreachable", got)
+	}
+}

@@ -250,7 +250,7 @@ func (t *Tracker) Sweep(now time.Time) {
 	if t.flush != nil {
 		t.flush()
 	}
-	reads := t.readStates()
+	reads := t.readStates(now)
 	held := 0
 	_, err := t.reg.Update(func(txn *registry.Txn) error {
 		changes, held = changes[:0], 0
