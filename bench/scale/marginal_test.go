@@ -52,3 +52,28 @@ func TestSince(t *testing.T) {
 		t.Errorf("since = %+v; want %+v", got, want)
 	}
 }
+
+// allAt is when the last router was sent a revision at or past rev.
+func TestSendLogAllAt(t *testing.T) {
+	l := newSendLog()
+	l.on.Store(true)
+	l.sent("router-00000", 3)
+	l.sent("router-00001", 2)
+	l.sent("joiner-0-0", 9) // not a synthetic router: not logged
+	if _, ok := l.allAt(3, 2); ok {
+		t.Error("allAt(3): router-00001 was never sent 3 or later, want not ok")
+	}
+	l.sent("router-00001", 5)
+	at, ok := l.allAt(3, 2)
+	if !ok {
+		t.Fatal("allAt(3) not ok after both routers were sent 3 or later")
+	}
+	var want int64
+	l.byPeer.Range(func(_, p any) bool { want = max(want, p.(*peerLog).log[len(p.(*peerLog).log)-1].at); return true })
+	if at != want {
+		t.Errorf("allAt(3) = %d, want the later send %d", at, want)
+	}
+	if _, ok := l.allAt(3, 3); ok {
+		t.Error("allAt with 3 routers of which 2 logged: want not ok")
+	}
+}

@@ -708,11 +708,17 @@ func (c *children) results() ([]*childResult, []string) {
 
 // sendLog is, per synthetic router, when the control plane's Send of each
 // delta or snapshot returned and the revision it brought the router to
-// (recorded from the window's start until the children end).
+// (recorded from the window's start until the children end). It runs in
+// the measured process, once per router per change: each router's log has
+// its own lock, so the streams do not queue on one.
 type sendLog struct {
 	on     atomic.Bool
-	mu     sync.Mutex
-	byPeer map[string][]sendAt
+	byPeer sync.Map // router id → *peerLog
+}
+
+type peerLog struct {
+	mu  sync.Mutex
+	log []sendAt
 }
 
 type sendAt struct {
@@ -720,33 +726,43 @@ type sendAt struct {
 	at  int64 // Unix ns
 }
 
-func newSendLog() *sendLog { return &sendLog{byPeer: map[string][]sendAt{}} }
+func newSendLog() *sendLog { return &sendLog{} }
 
 func (l *sendLog) sent(routerID string, rev uint64) {
 	if !l.on.Load() || !strings.HasPrefix(routerID, "router-") {
 		return
 	}
 	at := time.Now().UnixNano()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.byPeer[routerID] = append(l.byPeer[routerID], sendAt{rev, at})
+	p, ok := l.byPeer.Load(routerID)
+	if !ok {
+		p, _ = l.byPeer.LoadOrStore(routerID, &peerLog{})
+	}
+	pl := p.(*peerLog)
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	pl.log = append(pl.log, sendAt{rev, at})
 }
 
 // allAt is when the last of the routers was sent revision rev or a later
 // one (each router's log ascends in revision); ok=false if one never was.
 func (l *sendLog) allAt(rev uint64, routers int) (int64, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.byPeer) < routers {
-		return 0, false
-	}
 	var last int64
-	for _, log := range l.byPeer {
-		i, _ := slices.BinarySearchFunc(log, rev, func(s sendAt, rev uint64) int { return cmp.Compare(s.rev, rev) })
-		if i == len(log) {
-			return 0, false
+	peers, all := 0, true
+	l.byPeer.Range(func(_, p any) bool {
+		pl := p.(*peerLog)
+		pl.mu.Lock()
+		defer pl.mu.Unlock()
+		peers++
+		i, _ := slices.BinarySearchFunc(pl.log, rev, func(s sendAt, rev uint64) int { return cmp.Compare(s.rev, rev) })
+		if i == len(pl.log) {
+			all = false
+			return false
 		}
-		last = max(last, log[i].at)
+		last = max(last, pl.log[i].at)
+		return true
+	})
+	if !all || peers < routers {
+		return 0, false
 	}
 	return last, true
 }
