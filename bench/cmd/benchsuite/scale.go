@@ -29,6 +29,7 @@ func scaleRuns(short bool) []scale.Config {
 	if short {
 		return []scale.Config{
 			{Name: "short", Workers: 200, Agents: 4, AgentProcs: 1, ReportRate: 5, Routers: 20, RouterProcs: 2, FlipRate: 10, Joins: 2},
+			{Name: "floor-short", Floor: true, Workers: 200, Agents: 4, AgentProcs: 1, Routers: 20, RouterProcs: 2, FlipRate: 10},
 		}
 	}
 	fan := func(r int, perStream bool) scale.Config {
