@@ -70,10 +70,10 @@ type Rider interface {
 	// PendingIDs lists the workers with evidence pending now.
 	PendingIDs() []string
 	// Take moves out the pending evidence of ids; Flush calls it inside
-	// the transaction that stores it. apply moves c (a clone about to be
-	// inserted) by c.ID's evidence and reports whether it changed c;
+	// the transaction that stores it. apply moves c (a clone of w about to
+	// be inserted) by c.ID's evidence and reports whether it changed c;
 	// stored follows the insert of c, which replaced w.
-	Take(ids []string) (apply func(c *registry.Worker) bool, stored func(t *registry.Txn, w, c *registry.Worker))
+	Take(ids []string) (apply func(w, c *registry.Worker) bool, stored func(t *registry.Txn, w, c *registry.Worker))
 }
 
 // New returns an Ingester writing to reg.
@@ -151,7 +151,7 @@ func (in *Ingester) storeChunk(ids []string) {
 	var flips []flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		flips = flips[:0]
-		apply := func(*registry.Worker) bool { return false }
+		apply := func(_, _ *registry.Worker) bool { return false }
 		stored := func(*registry.Txn, *registry.Worker, *registry.Worker) {}
 		if in.opts.Rider != nil {
 			apply, stored = in.opts.Rider.Take(ids)
@@ -166,7 +166,7 @@ func (in *Ingester) storeChunk(ids []string) {
 			if hasLoad {
 				setLoad(c, load)
 			}
-			if !apply(c) && !hasLoad {
+			if !apply(w, c) && !hasLoad {
 				continue
 			}
 			t.Insert(c)

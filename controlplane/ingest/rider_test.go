@@ -24,11 +24,11 @@ type countingRider struct {
 
 func (r *countingRider) PendingIDs() []string { return r.next.PendingIDs() }
 
-func (r *countingRider) Take(ids []string) (func(*registry.Worker) bool, func(*registry.Txn, *registry.Worker, *registry.Worker)) {
+func (r *countingRider) Take(ids []string) (func(w, c *registry.Worker) bool, func(*registry.Txn, *registry.Worker, *registry.Worker)) {
 	apply, stored := r.next.Take(ids)
-	return func(c *registry.Worker) bool {
+	return func(w, c *registry.Worker) bool {
 			r.applied[c.ID]++
-			return apply(c)
+			return apply(w, c)
 		}, func(t *registry.Txn, w, c *registry.Worker) {
 			r.saved[c.ID]++
 			stored(t, w, c)

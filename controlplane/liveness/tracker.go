@@ -202,7 +202,7 @@ func (t *Tracker) PendingIDs() []string {
 // Take implements ingest.Rider: the ingester's flush stores the pending
 // records of ids on the same record as the worker's load, in its
 // transaction (so they go in order before any later transaction's).
-func (t *Tracker) Take(ids []string) (apply func(c *registry.Worker) bool, stored func(*registry.Txn, *registry.Worker, *registry.Worker)) {
+func (t *Tracker) Take(ids []string) (apply func(w, c *registry.Worker) bool, stored func(*registry.Txn, *registry.Worker, *registry.Worker)) {
 	taken := make(map[string]*pendingRecords, len(ids))
 	t.pmu.Lock()
 	for _, id := range ids {
@@ -212,13 +212,19 @@ func (t *Tracker) Take(ids []string) (apply func(c *registry.Worker) bool, store
 		}
 	}
 	t.pmu.Unlock()
-	apply = func(c *registry.Worker) bool {
+	apply = func(w, c *registry.Worker) bool {
 		p := taken[c.ID]
 		if p == nil || !c.Ready() {
 			return false // the rules judge Ready workers only
 		}
-		for _, r := range p.recs {
-			t.applyPushed(&c.Evidence, r)
+		if p.base == w {
+			// p.ev is w's evidence moved by every record already (the
+			// prediction's work): the records touch these two fields.
+			c.Evidence.Live, c.Evidence.PushedAt = p.ev.Live, p.ev.PushedAt
+		} else {
+			for _, r := range p.recs {
+				t.applyPushed(&c.Evidence, r)
+			}
 		}
 		t.recycle(p)
 		return true
