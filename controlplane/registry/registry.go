@@ -57,6 +57,17 @@ type Worker struct {
 	Evidence Evidence
 
 	Revision uint64 // revision of the last change to this record
+
+	// key is ID as the id index's key, made once and shared by clones
+	// (a flush inserts every reporting worker four times a second); set by
+	// Txn.Insert on the record it inserts, read by the index.
+	key idKey
+}
+
+// idKey is the id index's key of id.
+type idKey struct {
+	id  string
+	key []byte
 }
 
 // Admission is a worker's running window under --worker-admission-window,
@@ -187,6 +198,9 @@ func (workerIDIndexer) FromObject(obj any) (bool, []byte, error) {
 	w, ok := obj.(*Worker)
 	if !ok {
 		return false, nil, fmt.Errorf("unexpected %T", obj)
+	}
+	if w.key.id == w.ID && w.key.key != nil {
+		return true, w.key.key, nil
 	}
 	return true, stringKey(w.ID), nil
 }
@@ -465,6 +479,9 @@ func (t *Txn) Insert(w *Worker) {
 		w.Revision = t.rev
 	} else {
 		w.Revision = old.Revision
+	}
+	if w.key.id != w.ID || w.key.key == nil {
+		w.key = idKey{id: w.ID, key: stringKey(w.ID)}
 	}
 	t.last = nil
 	must(t.txn.Insert(tableWorkers, w))
