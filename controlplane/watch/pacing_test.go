@@ -118,3 +118,73 @@ func TestLoadIntervalOff(t *testing.T) {
 		}
 	})
 }
+
+// recvAfter runs each of do, then receives the next message and says how
+// long it took from before do.
+func recvAfter(fs *fakeStream, do ...func()) (*smgv1.WatchResponse, time.Duration) {
+	start := time.Now()
+	for _, f := range do {
+		f()
+	}
+	m := <-fs.sent
+	return m, time.Since(start)
+}
+
+// A removal followed at once by a load of another worker (the e2e flake's
+// DELETE): the removal goes at once, possibly naming the load's revision
+// (the stream may read after both commits), and the load follows on the
+// grid; the router ends at the registry's revision with every change.
+func TestRemovalThenLoadOfAnotherWorker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New(testEpoch, 0)
+		put(t, reg, newWorker("w1"), newWorker("w2"))
+		s := NewServer(reg, Options{HeartbeatInterval: time.Hour, LoadInterval: time.Second}, nil, nil)
+		start := time.Now() // a whole second: the bubble's clock starts at midnight
+		fs := serveFake(t, s, &smgv1.WatchHello{RouterId: "r1"})
+		<-fs.sent // snapshot at 0: loads may go from 1 s
+
+		time.Sleep(200 * time.Millisecond)
+		removed := remove(t, reg, "w2")
+		loaded := setLoad(t, reg, "w1", 5)
+		m, took := recvAfter(fs)
+		if m.GetDelta() == nil || len(m.GetDelta().Removed) != 1 || (m.Revision != removed && m.Revision != loaded) || took != 0 {
+			t.Fatalf("got %v after %v, want the removal of w2 at once", m, took)
+		}
+		m = <-fs.sent
+		if m.GetDelta() == nil || m.Revision != loaded || ids(m.GetDelta().Upserts) != "w1" ||
+			m.GetDelta().Upserts[0].WaitingRequests != 5 || time.Since(start) != time.Second {
+			t.Fatalf("got %v at %v, want w1's load at %d on the grid instant 1 s", m, time.Since(start), loaded)
+		}
+		noMessage(t, fs, "nothing pending")
+	})
+}
+
+// A wake-up that finds loads alone pending (here a heartbeat) sends no empty
+// routing delta and loses nothing: the heartbeat names the revision the
+// router holds, and the loads follow at the grid instant.
+func TestPendingLoadSurvivesAHeartbeat(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New(testEpoch, 0)
+		held := put(t, reg, newWorker("w1"))
+		s := NewServer(reg, Options{HeartbeatInterval: 300 * time.Millisecond, LoadInterval: time.Second}, nil, nil)
+		start := time.Now() // a whole second: the bubble's clock starts at midnight
+		fs := serveFake(t, s, &smgv1.WatchHello{RouterId: "r1"})
+		<-fs.sent // snapshot at 0: loads may go from 1 s
+
+		time.Sleep(100 * time.Millisecond)
+		rev := setLoad(t, reg, "w1", 3)
+		if m, took := recvAfter(fs); m.GetHeartbeat() == nil || m.Revision != held || took != 200*time.Millisecond {
+			t.Fatalf("got %v after %v, want a heartbeat at %d at 300 ms", m, took, held)
+		}
+		for {
+			m, _ := recvAfter(fs)
+			if m.GetHeartbeat() != nil {
+				continue
+			}
+			if m.GetDelta() == nil || m.Revision != rev || ids(m.GetDelta().Upserts) != "w1" || time.Since(start) != time.Second {
+				t.Fatalf("got %v at %v, want the load's delta at %d on the grid instant 1 s", m, time.Since(start), rev)
+			}
+			break
+		}
+	})
+}

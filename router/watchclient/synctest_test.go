@@ -337,6 +337,48 @@ func TestAcksAndReports(t *testing.T) {
 	})
 }
 
+// Acks held by the throttle are never lost: applies and heartbeats that
+// arrive while one is held fold into it, and the next report tick acks the
+// latest revision applied (an ack stuck a revision behind would show the
+// router lagging on GET /routers, and window shares wait for acks).
+func TestHeldAckNamesTheLatestRevision(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fc, target := newFakeConn(), newTarget()
+		runBubbled(t, New(fc, target, Options{RouterID: "r1"}, nil))
+		s := <-fc.streams
+		s.toClient <- snapshotMsg("E", 3, overloaded("w1"))
+		if a := s.next(t, isAck).GetAck(); a.Revision != 3 {
+			t.Fatalf("ack = %v, want 3", a)
+		}
+		time.Sleep(50 * time.Millisecond)
+		s.toClient <- deltaMsg("E", 4, overloaded("w2"))
+		s.toClient <- heartbeatMsg("E", 4)
+		s.toClient <- deltaMsg("E", 5, overloaded("w3"))
+		s.toClient <- heartbeatMsg("E", 5)
+		synctest.Wait()
+		for len(s.sent) > 0 {
+			if r := <-s.sent; r.GetAck() != nil {
+				t.Fatalf("ack %v within the report interval", r)
+			}
+		}
+		time.Sleep(200 * time.Millisecond) // the report tick
+		if a := s.next(t, isAck).GetAck(); a.Revision != 5 {
+			t.Fatalf("ack = %v, want 5", a)
+		}
+		// Quiet from then on: heartbeats at the revision held ack nothing new.
+		for range 3 {
+			time.Sleep(time.Second)
+			s.toClient <- heartbeatMsg("E", 5)
+		}
+		synctest.Wait()
+		for len(s.sent) > 0 {
+			if r := <-s.sent; r.GetAck() != nil {
+				t.Fatalf("ack %v again for the revision already acked", r)
+			}
+		}
+	})
+}
+
 func TestContactSeenOnContactSeqIncrease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fc, target := newFakeConn(), newTarget()
