@@ -188,3 +188,31 @@ func TestPendingLoadSurvivesAHeartbeat(t *testing.T) {
 		}
 	})
 }
+
+// The cause of the TestThreeRoutersConverge flake, as designed: paced, a
+// load reaches a router at the next grid instant, up to LoadInterval after
+// it committed, and the router's revision names it only then. The built-in
+// load monitor commits every poll (load_revision moves even when an idle
+// engine's figures do not), so with its polls landing 15 ms after each grid
+// instant every router is a revision behind for 985 ms of every second
+// (GET /routers lag 1), with nothing else happening; a check that wants every
+// router at the control plane's revision needs loads sent at once.
+func TestLoadsJustAfterTheGridWaitForTheNextInstant(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New(testEpoch, 0)
+		put(t, reg, newWorker("w1"))
+		s := NewServer(reg, Options{HeartbeatInterval: time.Hour, LoadInterval: time.Second}, nil, nil)
+		fs := serveFake(t, s, &smgv1.WatchHello{RouterId: "r1"})
+		<-fs.sent // snapshot at 0: loads may go from 1 s
+
+		time.Sleep(1015 * time.Millisecond)
+		for i := range 3 {
+			rev := setLoad(t, reg, "w1", int32(i+1))
+			m, took := recvAfter(fs)
+			if m.GetDelta() == nil || m.Revision != rev || took != 985*time.Millisecond {
+				t.Fatalf("poll %d: got %v after %v, want its delta at %d on the next grid instant, 985 ms later", i, m, took, rev)
+			}
+			time.Sleep(15 * time.Millisecond) // the next poll
+		}
+	})
+}
