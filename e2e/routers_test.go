@@ -94,29 +94,32 @@ func fleetView(entries map[string]string) string {
 }
 
 // waitConverged waits until the control plane lists exactly the given routers,
-// each at the current revision with lag 0, and every router's own snapshot
-// (GET /loads) is at that revision and shows the control plane's workers with
-// the control plane's overload vetoes. The revision is never still for long:
-// the load monitor commits every poll (load_revision moves even when an idle
-// engine's figures do not), and with loads paced (the default
-// --watch-load-interval) routers hold each poll's revision only from the next
-// instant of the grid to the next poll, a few ms when the polls land just
-// after the grid (docs/watch.md, Loads paced). With --watch-load-interval 0
-// they hold it within milliseconds (TestThreeRoutersConverge); a paced
-// control plane converges here only in those windows.
+// each having applied (acked, and shown on its own GET /loads) at least the
+// revision the control plane was at when the wait began, and every router's
+// snapshot shows the control plane's Ready workers with its overload vetoes.
+// "At least", not "at": the revision is never still for long (the load monitor
+// commits every poll; load_revision moves even when an idle engine's figures
+// do not), and with loads paced (the default --watch-load-interval) routers
+// hold each poll's revision only from the next instant of the grid to the next
+// poll, a few ms when the polls land just after the grid (docs/watch.md, Loads
+// paced). A new epoch (a failover) restarts the count: the target follows it.
 func waitConverged(t *testing.T, cp admin, routers map[string]string) {
 	t.Helper()
+	var target uint64
 	waitFor(t, 20*time.Second, "routers to converge", func() (bool, string) {
 		rev, rs, err := cp.routers()
 		if err != nil {
 			return false, err.Error()
 		}
+		if target == 0 || rev < target {
+			target = rev
+		}
 		if len(rs) != len(routers) {
 			return false, fmt.Sprintf("control plane lists %d routers, want %d: %+v", len(rs), len(routers), rs)
 		}
 		for _, r := range rs {
-			if _, ok := routers[r.RouterID]; !ok || uint64(r.AppliedRevision) != rev || r.Lag != 0 {
-				return false, fmt.Sprintf("router %s applied %d lag %d, control plane at %d", r.RouterID, r.AppliedRevision, r.Lag, rev)
+			if _, ok := routers[r.RouterID]; !ok || uint64(r.AppliedRevision) < target {
+				return false, fmt.Sprintf("router %s applied %d, control plane at %d (want at least %d)", r.RouterID, r.AppliedRevision, rev, target)
 			}
 		}
 		ws, err := cp.workers()
@@ -134,8 +137,8 @@ func waitConverged(t *testing.T, cp admin, routers map[string]string) {
 			if err != nil {
 				return false, err.Error()
 			}
-			if l.Revision != rev {
-				return false, fmt.Sprintf("router %s snapshot at %d, control plane at %d", id, l.Revision, rev)
+			if l.Revision < target {
+				return false, fmt.Sprintf("router %s snapshot at %d, want at least %d", id, l.Revision, target)
 			}
 			have := map[string]string{}
 			for _, w := range l.Workers {
@@ -146,10 +149,6 @@ func waitConverged(t *testing.T, cp admin, routers map[string]string) {
 			if fleetView(have) != fleetView(want) {
 				return false, fmt.Sprintf("router %s sees [%s], control plane [%s]", id, fleetView(have), fleetView(want))
 			}
-		}
-		// Nothing moved while we looked.
-		if rev2, _, err := cp.routers(); err != nil || rev2 != rev {
-			return false, fmt.Sprintf("revision moved from %d during the check", rev)
 		}
 		return true, ""
 	})

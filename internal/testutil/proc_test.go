@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"syscall"
@@ -133,5 +134,25 @@ func TestEventuallyTimesOutWithTheLastReason(t *testing.T) {
 	}
 	if port := FreePort(t); port <= 0 {
 		t.Fatalf("FreePort = %d", port)
+	}
+}
+
+func TestFreePortIsBelowTheEphemeralRangeAndNeverRepeated(t *testing.T) {
+	first := ephemeralFirst()
+	seen := map[int]bool{}
+	for range 50 {
+		p := FreePort(t)
+		if p < portFloor || p >= first {
+			t.Fatalf("port %d outside [%d, %d)", p, portFloor, first)
+		}
+		if seen[p] {
+			t.Fatalf("port %d handed out twice", p)
+		}
+		seen[p] = true
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			t.Fatalf("port %d not bindable: %v", p, err)
+		}
+		ln.Close()
 	}
 }

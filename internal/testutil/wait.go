@@ -2,22 +2,9 @@ package testutil
 
 import (
 	"errors"
-	"net"
 	"net/http"
 	"time"
 )
-
-// FreePort returns a loopback port that was free a moment ago. Another
-// process may take it before the caller's binds: a small race tests accept.
-func FreePort(t T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // pollEvery is how often the waits below poll real processes: they wait on
 // state another process reaches, with a bound, and assert no timing.
