@@ -214,7 +214,16 @@ type lastRecord struct {
 	// ingests it, since an agent sends a load only when it changes and an
 	// idle engine's may never change again.
 	unjudged *smgv1.EngineLoad
+	// confirmed is when a contact last moved the worker's load revision
+	// (ingest.Refresh), at most once per refreshEvery.
+	confirmed time.Time
 }
+
+// refreshEvery bounds how often a contact ("answered, nothing changed")
+// moves a worker's load revision: routers see loads on a grid of
+// --watch-load-interval (1 s by default), so more often would be writes
+// nobody sees.
+const refreshEvery = time.Second
 
 func (st *agentStream) cover(urls ...string) {
 	st.mu.Lock()
@@ -585,9 +594,17 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 		return
 	}
 	lr := &e.last
-	if lr.unjudged != nil && w.Ready() {
+	switch {
+	case lr.unjudged != nil && w.Ready():
 		s.ingest(w, lr.unjudged)
 		lr.unjudged = nil
+		lr.confirmed = now
+	case w.Ready() && now.Sub(lr.at) >= refreshEvery && now.Sub(lr.confirmed) >= refreshEvery:
+		// The engine answered with the load stored: a new report of it.
+		if err := s.in.Refresh(w.ID); err != nil {
+			s.log.Debug("Agent contact not ingested", "worker_id", w.ID, "error", err)
+		}
+		lr.confirmed = now
 	}
 	rec := lr.rec
 	rec.Heard = st.heard

@@ -594,3 +594,47 @@ func TestRecordBeforeReadyIsJudgedAtTheNextContact(t *testing.T) {
 	})
 	closeCleanly(t, st)
 }
+
+// An agent says "contact" when its engine answers with the load it last
+// sent; routers count dispatches since the worker's last load revision, so
+// a contact moves the revision (the load as it is), at most once a second.
+func TestContactMovesTheLoadRevisionAtMostOnceASecond(t *testing.T) {
+	h := start(t, defaultConfig())
+	h.put(t, worker("w1", "http://127.0.0.1:8001", ""))
+	st, _ := h.open(t, t.Context(), &smgv1.AgentHello{Node: "n1"})
+
+	send(t, st, record("http://127.0.0.1:8001", 1))
+	h.waitFor(t, "the record stored", func(s *registry.Snapshot) bool { return s.Get("w1").Load.GetWaitingRequests() == 1 })
+	first := h.reg.Snapshot().Get("w1")
+
+	contact := func() {
+		t.Helper()
+		send(t, st, event("http://127.0.0.1:8001", smgv1.EngineEventKind_ENGINE_EVENT_KIND_CONTACT))
+	}
+	// Within a second of the record: contact only (the marker below is a
+	// record of another engine, applied after the contact on this stream).
+	h.clock.Advance(500 * time.Millisecond)
+	contact()
+	h.put(t, worker("w2", "http://127.0.0.1:8002", ""))
+	send(t, st, record("http://127.0.0.1:8002", 1))
+	h.waitFor(t, "the marker record", func(s *registry.Snapshot) bool { return s.Get("w2").Load != nil })
+	if got := h.reg.Snapshot().Get("w1").LoadRevision; got != first.LoadRevision {
+		t.Fatalf("a contact 0.5 s after the record moved the load revision %d -> %d", first.LoadRevision, got)
+	}
+
+	h.clock.Advance(600 * time.Millisecond) // 1.1 s after the record
+	contact()
+	h.waitFor(t, "the load revision moved by the contact", func(s *registry.Snapshot) bool {
+		w := s.Get("w1")
+		return w.LoadRevision == first.LoadRevision+1 && w.Load.GetWaitingRequests() == 1
+	})
+
+	h.clock.Advance(500 * time.Millisecond) // 0.5 s after the last move
+	contact()
+	send(t, st, record("http://127.0.0.1:8002", 2))
+	h.waitFor(t, "the second marker", func(s *registry.Snapshot) bool { return s.Get("w2").Load.GetWaitingRequests() == 2 })
+	if got := h.reg.Snapshot().Get("w1").LoadRevision; got != first.LoadRevision+1 {
+		t.Fatalf("two moves within a second: load revision %d, want %d", got, first.LoadRevision+1)
+	}
+	closeCleanly(t, st)
+}

@@ -107,3 +107,58 @@ func TestRunFlushesWithinTheInterval(t *testing.T) {
 		<-done
 	})
 }
+
+// A contact ("the engine answered with the load you have") moves the load
+// revision at the next flush with the load as it is, so routers start their
+// dispatch counts again; a pending load moves it once, and a no-report
+// (no load to confirm) not at all.
+func TestRefreshMovesTheLoadRevisionAtTheFlush(t *testing.T) {
+	in, reg := coalescing(t)
+	if err := in.Report("w1", load(2)); err != nil {
+		t.Fatal(err)
+	}
+	in.Flush()
+	before := reg.Get("w1")
+
+	if err := in.Refresh("w1"); err != nil {
+		t.Fatal(err)
+	}
+	if reg.Get("w1").LoadRevision != before.LoadRevision {
+		t.Fatal("a refresh committed before the flush")
+	}
+	in.Flush()
+	after := reg.Get("w1")
+	if after.LoadRevision != before.LoadRevision+1 || after.Load != before.Load || after.Overloaded {
+		t.Fatalf("after the flush: load revision %d (want %d), same load %v, overloaded %v",
+			after.LoadRevision, before.LoadRevision+1, after.Load == before.Load, after.Overloaded)
+	}
+	in.Flush()
+	if reg.Get("w1").LoadRevision != after.LoadRevision {
+		t.Fatal("a refresh moved the load revision at two flushes")
+	}
+
+	// A refresh with a newer load pending: one move, the new load.
+	if err := in.Report("w1", load(3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Refresh("w1"); err != nil {
+		t.Fatal(err)
+	}
+	in.Flush()
+	if w := reg.Get("w1"); w.LoadRevision != after.LoadRevision+1 || w.Load.GetWaitingRequests() != 3 {
+		t.Fatalf("load revision %d (want %d), waiting %d (want 3)", w.LoadRevision, after.LoadRevision+1, w.Load.GetWaitingRequests())
+	}
+
+	// After a no-report there is no load to confirm.
+	if err := in.NoReport("w1"); err != nil {
+		t.Fatal(err)
+	}
+	rev := reg.Get("w1").LoadRevision
+	if err := in.Refresh("w1"); err != nil {
+		t.Fatal(err)
+	}
+	in.Flush()
+	if reg.Get("w1").LoadRevision != rev {
+		t.Fatal("a refresh after a no-report moved the load revision")
+	}
+}

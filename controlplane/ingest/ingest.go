@@ -41,6 +41,9 @@ type Ingester struct {
 	// flushing is what the running Flush took from pending and has not
 	// stored yet; a newer report or no-report of a worker drops its entry.
 	flushing map[string]*smgv1.EngineLoad
+	// refresh holds workers whose engine answered its poll with the load
+	// already stored (Refresh); bumping has the running Flush's share.
+	refresh, bumping map[string]struct{}
 
 	fmu sync.Mutex // one Flush at a time
 
@@ -78,7 +81,8 @@ type Rider interface {
 
 // New returns an Ingester writing to reg.
 func New(reg *registry.Registry, opts Options, log *slog.Logger) *Ingester {
-	return &Ingester{reg: reg, opts: opts, log: log, pending: map[string]*smgv1.EngineLoad{}, flushing: map[string]*smgv1.EngineLoad{}}
+	return &Ingester{reg: reg, opts: opts, log: log, pending: map[string]*smgv1.EngineLoad{}, flushing: map[string]*smgv1.EngineLoad{},
+		refresh: map[string]struct{}{}, bumping: map[string]struct{}{}}
 }
 
 // DefaultFlushInterval bounds how long a load-only update waits for its
@@ -116,13 +120,20 @@ func (in *Ingester) Flush() {
 	defer in.fmu.Unlock()
 	in.mu.Lock()
 	in.flushing, in.pending = in.pending, in.flushing // flushing is empty between flushes
-	ids := make([]string, 0, len(in.flushing))
+	in.bumping, in.refresh = in.refresh, in.bumping   // so is bumping
+	ids := make([]string, 0, len(in.flushing)+len(in.bumping))
 	for id := range in.flushing {
 		ids = append(ids, id)
 	}
+	for id := range in.bumping {
+		if _, dup := in.flushing[id]; !dup {
+			ids = append(ids, id)
+		}
+	}
 	if in.opts.Rider != nil {
 		for _, id := range in.opts.Rider.PendingIDs() {
-			if _, dup := in.flushing[id]; !dup {
+			_, dup := in.flushing[id]
+			if _, bump := in.bumping[id]; !dup && !bump {
 				ids = append(ids, id)
 			}
 		}
@@ -140,6 +151,7 @@ func (in *Ingester) Flush() {
 	}
 	in.mu.Lock()
 	clear(in.flushing)
+	clear(in.bumping)
 	in.mu.Unlock()
 }
 
@@ -163,10 +175,15 @@ func (in *Ingester) storeChunk(ids []string) {
 				continue
 			}
 			c := w.Clone()
-			if hasLoad {
+			_, bump := in.bumping[id]
+			bump = bump && !hasLoad && refreshable(w)
+			switch {
+			case hasLoad:
 				setLoad(c, load)
+			case bump:
+				c.LoadRevision++
 			}
-			if !apply(w, c) && !hasLoad {
+			if !apply(w, c) && !hasLoad && !bump {
 				continue
 			}
 			t.Insert(c)
@@ -179,6 +196,7 @@ func (in *Ingester) storeChunk(ids []string) {
 	})
 	for _, id := range ids {
 		delete(in.flushing, id)
+		delete(in.bumping, id)
 	}
 	in.done(err, "flush", "")
 	for _, f := range flips {
@@ -398,12 +416,52 @@ func Signals(ranks []*smgv1.RankLoad) (waiting int64, tokenUsage float64) {
 	return waiting, tokenUsage / float64(len(ranks))
 }
 
+// Refresh records a poll whose engine answered with the load already stored
+// (an agent sends a load only when it changes, and says "contact" when it
+// did not): the worker's LoadRevision moves, with its load as it is, at the
+// next flush (at once without Coalesce), unless a newer load does it first.
+// Routers count their dispatches to a worker since its last report
+// (least_load, power_of_two, the waiting cap) and start again when the load
+// revision moves; without this, an engine whose figures stay the same
+// between polls (requests that start and end between them) would collect
+// dispatches without end and be routed around.
+func (in *Ingester) Refresh(workerID string) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if _, ok := in.pending[workerID]; ok {
+		return nil // the pending load moves it
+	}
+	if in.opts.Coalesce {
+		in.refresh[workerID] = struct{}{}
+		return nil
+	}
+	_, err := in.reg.Update(func(t *registry.Txn) error {
+		w := t.Get(workerID)
+		if w == nil {
+			return ErrUnknownWorker
+		}
+		if refreshable(w) {
+			c := w.Clone()
+			c.LoadRevision++
+			t.Insert(c)
+		}
+		return nil
+	})
+	return err
+}
+
+// refreshable: w holds a load that its engine's answer may confirm (not a
+// no-report, which clears the verdict until a load arrives).
+func refreshable(w *registry.Worker) bool { return w.Load != nil && !w.Evidence.NoReport }
+
 // NoReport records a poll that produced no report: the overload veto clears.
 func (in *Ingester) NoReport(workerID string) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	delete(in.pending, workerID) // "no report" is newer than any pending load
 	delete(in.flushing, workerID)
+	delete(in.refresh, workerID)
+	delete(in.bumping, workerID)
 	var f flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		var err error
