@@ -422,6 +422,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	warnings := flips.warnings()
 	flips.counting.Store(false) // the streams ending after the window are no news
+	// Read before the children end: their agent streams breaking at the
+	// end are connection failures, and a worker silent for the stall bound
+	// by then (every one reporting every 2 s or less often) is vetoed.
+	vetoes := counterWhere(metrics, "smg_worker_stall_transitions_total", "reason", "unreachable") - vetoes0
 	w1 := now()
 	cpu1, rev1 := w1.cpu, w1.revs
 	var ms1 runtime.MemStats
@@ -431,7 +435,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	results, cerr := children.results()
 	sends.on.Store(false)
 	res := &Result{Config: cfg, Errors: cerr, Warnings: warnings, HeldMax: heldMax,
-		UnreachableVetoes: counterWhere(metrics, "smg_worker_stall_transitions_total", "reason", "unreachable") - vetoes0}
+		UnreachableVetoes: vetoes}
 	res.CPUCores = (cpu1 - cpu0).Seconds() / wall.Seconds()
 	res.HeapMiB = float64(ms1.HeapInuse) / (1 << 20)
 	res.RSSMiB = rssMiB()
