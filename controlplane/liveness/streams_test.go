@@ -30,6 +30,9 @@ func TestSweepHoldsTheStaleVetoForAStreamBehind(t *testing.T) {
 	if v := testutil.ToFloat64(tr.held); v != 1 {
 		t.Fatalf("smg_liveness_held_for_read_lag_workers = %v, want 1", v)
 	}
+	if got := tr.HeldForReadLag(); got != 1 { // what the last sweep set the gauge to
+		t.Fatalf("HeldForReadLag = %v while one worker is held, want 1", got)
+	}
 	if n := testutil.CollectAndCount(m, "smg_liveness_held_for_read_lag_workers"); n != 1 {
 		t.Fatalf("gauge not registered: %d series", n)
 	}
@@ -39,6 +42,9 @@ func TestSweepHoldsTheStaleVetoForAStreamBehind(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(tr.held); v != 0 {
 		t.Fatalf("gauge %v after the veto, want 0", v)
+	}
+	if got := tr.HeldForReadLag(); got != 0 {
+		t.Fatalf("HeldForReadLag = %v after the veto, want 0", got)
 	}
 
 	tr.Heard("w1", st.Read(t0.Add(32*time.Second), agent.Add(32*time.Second)), t0.Add(32*time.Second))
