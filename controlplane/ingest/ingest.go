@@ -17,6 +17,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -44,8 +45,15 @@ type Ingester struct {
 	// refresh holds workers whose engine answered its poll with the load
 	// already stored (Refresh); bumping has the running Flush's share.
 	refresh, bumping map[string]struct{}
+	// inflight is what the running flush transaction stores, by worker
+	// id: the transaction runs without mu, so reports go on meanwhile,
+	// and a report, no-report or rebuild that commits at once marks the
+	// entry superseded (under mu, before it commits: the transaction,
+	// holding the registry's lock, reads the mark before that commit).
+	inflight map[string]*chunkLoad
 
-	fmu sync.Mutex // one Flush at a time
+	fmu   sync.Mutex  // one Flush at a time
+	chunk []chunkLoad // the running flush's transaction (fmu held)
 
 	// betweenChunks, for tests, runs between a flush's transactions.
 	betweenChunks func()
@@ -82,7 +90,7 @@ type Rider interface {
 // New returns an Ingester writing to reg.
 func New(reg *registry.Registry, opts Options, log *slog.Logger) *Ingester {
 	return &Ingester{reg: reg, opts: opts, log: log, pending: map[string]*smgv1.EngineLoad{}, flushing: map[string]*smgv1.EngineLoad{},
-		refresh: map[string]struct{}{}, bumping: map[string]struct{}{}}
+		refresh: map[string]struct{}{}, bumping: map[string]struct{}{}, inflight: map[string]*chunkLoad{}}
 }
 
 // DefaultFlushInterval bounds how long a load-only update waits for its
@@ -155,11 +163,46 @@ func (in *Ingester) Flush() {
 	in.mu.Unlock()
 }
 
+// chunkLoad is what a flush transaction stores for one worker besides the
+// Rider's evidence.
+type chunkLoad struct {
+	id   string
+	load *smgv1.EngineLoad // nil: none
+	bump bool              // Refresh: move the load revision
+	// superseded: a newer report, no-report or rebuild commits (set under
+	// mu before it does, read by the transaction): neither is stored.
+	superseded atomic.Bool
+}
+
+// supersede marks what the running flush transaction holds of id as
+// replaced by something newer (mu held).
+func (in *Ingester) supersede(id string) {
+	delete(in.flushing, id)
+	if e := in.inflight[id]; e != nil {
+		e.superseded.Store(true)
+	}
+}
+
 // storeChunk stores the pending load and the Rider's evidence of ids in one
-// transaction.
+// transaction. It holds mu only to take the loads and to let go of them, not
+// while the transaction runs: a fleet's reports go on (pending, or waiting
+// for the registry when they flip a verdict) instead of stopping behind it.
 func (in *Ingester) storeChunk(ids []string) {
+	if cap(in.chunk) < len(ids) {
+		in.chunk = make([]chunkLoad, chunkSize)
+	}
+	ents := in.chunk[:len(ids)]
 	in.mu.Lock()
-	defer in.mu.Unlock()
+	for i, id := range ids {
+		e := &ents[i]
+		e.id, e.load = id, in.flushing[id]
+		_, e.bump = in.bumping[id]
+		e.superseded.Store(false)
+		delete(in.flushing, id)
+		delete(in.bumping, id)
+		in.inflight[id] = e
+	}
+	in.mu.Unlock()
 	var flips []flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		flips = flips[:0]
@@ -168,18 +211,19 @@ func (in *Ingester) storeChunk(ids []string) {
 		if in.opts.Rider != nil {
 			apply, stored = in.opts.Rider.Take(ids)
 		}
-		for _, id := range ids {
-			load, hasLoad := in.flushing[id]
-			w := t.Get(id)
+		for i := range ents {
+			e := &ents[i]
+			w := t.Get(e.id)
 			if w == nil {
 				continue
 			}
 			c := w.Clone()
-			_, bump := in.bumping[id]
-			bump = bump && !hasLoad && refreshable(w)
+			newer := e.superseded.Load()
+			hasLoad := e.load != nil && !newer
+			bump := e.bump && !newer && !hasLoad && refreshable(w)
 			switch {
 			case hasLoad:
-				setLoad(c, load)
+				setLoad(c, e.load)
 			case bump:
 				c.LoadRevision++
 			}
@@ -194,14 +238,52 @@ func (in *Ingester) storeChunk(ids []string) {
 		}
 		return nil
 	})
-	for _, id := range ids {
-		delete(in.flushing, id)
-		delete(in.bumping, id)
+	in.mu.Lock()
+	for i := range ents {
+		delete(in.inflight, ents[i].id)
+		ents[i].load = nil
 	}
-	in.done(err, "flush", "")
+	// A report that came while the transaction ran was judged against
+	// the record before it; where the transaction flipped the verdict
+	// (the world moved since its load was judged), a newer pending load
+	// may flip it back: it commits now, as it would have at once.
+	var again []flip
 	for _, f := range flips {
+		if p := in.pending[f.workerID]; p != nil && !in.stands(f.workerID, p) {
+			delete(in.pending, f.workerID)
+			if g, err := in.commit(f.workerID, p); err == nil {
+				again = append(again, g)
+			}
+		}
+	}
+	in.mu.Unlock()
+	in.done(err, "flush", "")
+	for _, f := range append(flips, again...) {
 		in.logFlip(f)
 	}
+}
+
+// stands reports whether load (its signals set) leaves id's stored verdict
+// as it is, a prediction only: the registry decides again when it stores
+// it. An unknown worker's does not stand.
+func (in *Ingester) stands(id string, load *smgv1.EngineLoad) bool {
+	w := in.reg.Get(id)
+	if w == nil {
+		return false
+	}
+	over, _ := judge.Check(int64(load.GetWaitingRequests()), load.GetTokenUsage(), w.Thresholds)
+	return (over && w.Ready()) == w.Overloaded && !w.Evidence.NoReport
+}
+
+// commit stores load (its signals set) for id in a transaction of its own.
+func (in *Ingester) commit(id string, load *smgv1.EngineLoad) (flip, error) {
+	var f flip
+	_, err := in.reg.Update(func(t *registry.Txn) error {
+		var err error
+		f, err = store(t, id, load)
+		return err
+	})
+	return f, err
 }
 
 // Report ingests one load report for a worker and takes ownership of load. A
@@ -228,7 +310,6 @@ func (in *Ingester) report(workerID string, load *smgv1.EngineLoad, copied bool)
 	waiting, usage := Signals(load.GetRanks())
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	delete(in.flushing, workerID) // this report is newer than the load being flushed
 	if in.opts.Coalesce {
 		w := in.reg.Get(workerID)
 		if w == nil {
@@ -254,16 +335,14 @@ func (in *Ingester) report(workerID string, load *smgv1.EngineLoad, copied bool)
 		}
 		delete(in.pending, workerID) // this report is newer
 	}
+	// Committed now: a load that a flush holds is older and must not be
+	// stored after it (a pending report leaves it be: it is stored after).
+	in.supersede(workerID)
 	if copied {
 		load = CopyLoad(nil, load)
 	}
 	setSignals(load, waiting, usage)
-	var f flip
-	_, err := in.reg.Update(func(t *registry.Txn) error {
-		var err error
-		f, err = store(t, workerID, load)
-		return err
-	})
+	f, err := in.commit(workerID, load)
 	if err != nil {
 		return err
 	}
@@ -459,7 +538,7 @@ func (in *Ingester) NoReport(workerID string) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	delete(in.pending, workerID) // "no report" is newer than any pending load
-	delete(in.flushing, workerID)
+	in.supersede(workerID)
 	delete(in.refresh, workerID)
 	delete(in.bumping, workerID)
 	var f flip
@@ -479,6 +558,9 @@ func (in *Ingester) Rebuild(why string) {
 	defer in.mu.Unlock()
 	clear(in.pending)
 	clear(in.flushing)
+	for _, e := range in.inflight {
+		e.superseded.Store(true)
+	}
 	n := 0
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		n = 0
