@@ -6,8 +6,6 @@
 package registry
 
 import (
-	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,17 +55,6 @@ type Worker struct {
 	Evidence Evidence
 
 	Revision uint64 // revision of the last change to this record
-
-	// key is ID as the id index's key, made once and shared by clones
-	// (a flush inserts every reporting worker four times a second); set by
-	// Txn.Insert on the record it inserts, read by the index.
-	key idKey
-}
-
-// idKey is the id index's key of id.
-type idKey struct {
-	id  string
-	key []byte
 }
 
 // Admission is a worker's running window under --worker-admission-window,
@@ -154,22 +141,15 @@ type Job struct {
 }
 
 const (
-	tableWorkers = "workers"
-	tableURLs    = "urls"
-	tableJobs    = "jobs"
+	tableURLs = "urls"
+	tableJobs = "jobs"
 )
 
-// The workers table has one index, so that a load report (the hot path)
-// rewrites one radix tree; the URL lookup lives in its own table, written only
-// when a worker's URL appears, changes or goes.
+// The workers live in a tree of their own (tree.go), which a load report
+// (the hot path) writes; go-memdb keeps the URL lookup, written only when a
+// worker's URL appears, changes or goes, and the registration jobs.
 func schema() *memdb.DBSchema {
 	return &memdb.DBSchema{Tables: map[string]*memdb.TableSchema{
-		tableWorkers: {
-			Name: tableWorkers,
-			Indexes: map[string]*memdb.IndexSchema{
-				"id": {Name: "id", Unique: true, Indexer: workerIDIndexer{}},
-			},
-		},
 		tableURLs: {
 			Name: tableURLs,
 			Indexes: map[string]*memdb.IndexSchema{
@@ -189,38 +169,6 @@ func schema() *memdb.DBSchema {
 type urlEntry struct {
 	URL      string
 	WorkerID string
-}
-
-// workerIDIndexer indexes workers by ID without reflection.
-type workerIDIndexer struct{}
-
-func (workerIDIndexer) FromObject(obj any) (bool, []byte, error) {
-	w, ok := obj.(*Worker)
-	if !ok {
-		return false, nil, fmt.Errorf("unexpected %T", obj)
-	}
-	if w.key.id == w.ID && w.key.key != nil {
-		return true, w.key.key, nil
-	}
-	return true, stringKey(w.ID), nil
-}
-
-func (workerIDIndexer) FromArgs(args ...any) ([]byte, error) {
-	if len(args) != 1 {
-		return nil, errors.New("one argument expected")
-	}
-	s, ok := args[0].(string)
-	if !ok {
-		return nil, fmt.Errorf("string expected, got %T", args[0])
-	}
-	return stringKey(s), nil
-}
-
-// stringKey is memdb's string key: the bytes and a NUL terminator.
-func stringKey(s string) []byte {
-	b := make([]byte, len(s)+1)
-	copy(b, s)
-	return b
 }
 
 // Change is one committed change to a worker.
@@ -315,12 +263,17 @@ type Registry struct {
 	latestMu sync.RWMutex
 	latest   map[string]*Worker
 
-	// mu serializes writers. Readers never take it: a write transaction
+	// mu serializes writers, and guards tree (the latest commit's
+	// workers), mem (its memdb read view) and gen (the last transaction's
+	// number). Readers never take it: a write transaction
 	// (a flush of every worker's load) may hold it for milliseconds, and a
 	// thousand watch streams reading behind it convoyed the whole control
 	// plane, agent streams included (make bench-scale, 10,000 workers and
 	// 1,000 routers).
-	mu sync.Mutex
+	mu   sync.Mutex
+	tree *tree
+	mem  *memdb.Txn
+	gen  uint64
 	// view is the latest commit's read view (revision and memdb root),
 	// published by the writer before it wakes anyone, so Snapshot and
 	// Revision are one atomic load.
@@ -361,9 +314,10 @@ func New(epoch string, historyCap int) *Registry {
 		historyCap = DefaultHistory
 	}
 	r := &Registry{db: db, latest: map[string]*Worker{}, history: newRing(historyCap), routing: newRing(historyCap),
-		notify: make(chan struct{}), members: make(chan struct{}), routed: make(chan struct{})}
+		notify: make(chan struct{}), members: make(chan struct{}), routed: make(chan struct{}),
+		tree: &tree{}, mem: db.Txn(false)}
 	r.epoch.Store(&epoch)
-	r.view.Store(&Snapshot{txn: db.Txn(false)})
+	r.view.Store(&Snapshot{txn: r.mem, workers: r.tree})
 	return r
 }
 
@@ -407,7 +361,12 @@ func (r *Registry) MembershipChanged() <-chan struct{} {
 // A memdb error inside a transaction is an index error on the static schema,
 // a programming bug: the registry panics rather than hand it to callers.
 type Txn struct {
-	txn     *memdb.Txn
+	db  *memdb.MemDB
+	txn *memdb.Txn // the URL and job tables' write transaction, begun by mem
+	// tree is the workers as this transaction leaves them, written in
+	// place once copied (gen is this transaction's number).
+	tree    *tree
+	gen     uint64
 	changed []Change // one entry per worker id, latest wins
 	// index of changed by worker id, built once the transaction is large
 	// (a flush of every worker's load), where a search would be quadratic.
@@ -444,9 +403,18 @@ func (t *Txn) Get(id string) *Worker {
 	return w
 }
 
+// mem returns the memdb write transaction, begun on first use: most
+// transactions (a flush, a record) write no URL or job.
+func (t *Txn) mem() *memdb.Txn {
+	if t.txn == nil {
+		t.txn = t.db.Txn(true)
+	}
+	return t.txn
+}
+
 // GetByURL returns a worker by URL, or nil.
 func (t *Txn) GetByURL(url string) *Worker {
-	o, err := t.txn.First(tableURLs, "id", url)
+	o, err := t.mem().First(tableURLs, "id", url)
 	must(err)
 	if o == nil {
 		return nil
@@ -455,7 +423,7 @@ func (t *Txn) GetByURL(url string) *Worker {
 }
 
 // Workers returns every worker.
-func (t *Txn) Workers() []*Worker { return listWorkers(t.txn) }
+func (t *Txn) Workers() []*Worker { return t.tree.list() }
 
 // Insert stores w (a fresh or cloned record, never a stored one) after
 // deciding its verdicts from its evidence (decide): the stored verdict is
@@ -469,7 +437,7 @@ func (t *Txn) Insert(w *Worker) {
 		if old != nil {
 			t.deleteURL(old)
 		}
-		must(t.txn.Insert(tableURLs, &urlEntry{URL: w.Spec.GetUrl(), WorkerID: w.ID}))
+		must(t.mem().Insert(tableURLs, &urlEntry{URL: w.Spec.GetUrl(), WorkerID: w.ID}))
 	}
 	if old == nil || old.Spec != w.Spec || old.Model != w.Model || old.Health != w.Health {
 		t.membership = true
@@ -480,11 +448,8 @@ func (t *Txn) Insert(w *Worker) {
 	} else {
 		w.Revision = old.Revision
 	}
-	if w.key.id != w.ID || w.key.key == nil {
-		w.key = idKey{id: w.ID, key: stringKey(w.ID)}
-	}
-	t.last = nil
-	must(t.txn.Insert(tableWorkers, w))
+	t.tree = t.tree.writable(t.gen)
+	t.tree.put(w, t.gen)
 	t.last = w
 	t.wrote(w.ID, w)
 	if visible {
@@ -498,9 +463,8 @@ func (t *Txn) Delete(id string) {
 		t.deleteURL(old)
 	}
 	t.last = nil
-	n, err := t.txn.DeleteAll(tableWorkers, "id", id)
-	must(err)
-	t.membership = t.membership || n > 0
+	t.tree = t.tree.writable(t.gen)
+	t.membership = t.tree.del(id, t.gen) || t.membership
 	t.wrote(id, nil)
 	t.mark(id, true, false)
 }
@@ -515,12 +479,12 @@ func (t *Txn) wrote(id string, w *Worker) {
 
 // deleteURL drops w's URL entry if it still points at w.
 func (t *Txn) deleteURL(w *Worker) {
-	o, err := t.txn.First(tableURLs, "id", w.Spec.GetUrl())
+	o, err := t.mem().First(tableURLs, "id", w.Spec.GetUrl())
 	must(err)
 	if o == nil || o.(*urlEntry).WorkerID != w.ID {
 		return
 	}
-	must(t.txn.Delete(tableURLs, o))
+	must(t.mem().Delete(tableURLs, o))
 }
 
 // must panics on a memdb error: the schema is static, so an index error is a
@@ -532,19 +496,19 @@ func must(err error) {
 }
 
 // PutJob stores a registration job (jobs are not part of the watched state).
-func (t *Txn) PutJob(j *Job) { must(t.txn.Insert(tableJobs, j)) }
+func (t *Txn) PutJob(j *Job) { must(t.mem().Insert(tableJobs, j)) }
 
 // DeleteJob removes a worker's job.
 func (t *Txn) DeleteJob(id string) {
-	_, err := t.txn.DeleteAll(tableJobs, "id", id)
+	_, err := t.mem().DeleteAll(tableJobs, "id", id)
 	must(err)
 }
 
 // Job returns a worker's job, or nil.
-func (t *Txn) Job(id string) *Job { return getJob(t.txn, id) }
+func (t *Txn) Job(id string) *Job { return getJob(t.mem(), id) }
 
 // Jobs returns every retained job.
-func (t *Txn) Jobs() []*Job { return listJobs(t.txn) }
+func (t *Txn) Jobs() []*Job { return listJobs(t.mem()) }
 
 // mark records a changed worker. A slice searched in place while small (most
 // transactions change one worker), indexed by a map once it grows.
@@ -585,12 +549,19 @@ const markIndexAt = 16
 func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t := &Txn{txn: r.db.Txn(true), rev: r.revision + 1, committed: r.latest}
+	r.gen++
+	t := &Txn{db: r.db, tree: r.tree, gen: r.gen, rev: r.revision + 1, committed: r.latest}
 	if err := fn(t); err != nil {
-		t.txn.Abort()
+		if t.txn != nil {
+			t.txn.Abort()
+		}
 		return r.revision, err
 	}
-	t.txn.Commit()
+	if t.txn != nil {
+		t.txn.Commit()
+		r.mem = r.db.Txn(false)
+	}
+	r.tree = t.tree
 	if len(t.written) > 0 {
 		r.latestMu.Lock()
 		for id, w := range t.written {
@@ -609,11 +580,11 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	if len(t.changed) == 0 {
 		// Nothing routers see, but the records did change (evidence):
 		// readers get them under the same revision.
-		r.view.Store(&Snapshot{Revision: r.revision, txn: r.db.Txn(false)})
+		r.view.Store(&Snapshot{Revision: r.revision, txn: r.mem, workers: r.tree})
 		return r.revision, nil
 	}
 	r.revision = t.rev
-	r.view.Store(&Snapshot{Revision: r.revision, txn: r.db.Txn(false)})
+	r.view.Store(&Snapshot{Revision: r.revision, txn: r.mem, workers: r.tree})
 	routed := false
 	for _, c := range t.changed {
 		r.history.add(c)
@@ -643,7 +614,8 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 // Snapshot is a consistent read view at one revision.
 type Snapshot struct {
 	Revision uint64
-	txn      *memdb.Txn
+	txn      *memdb.Txn // URLs and jobs
+	workers  *tree
 }
 
 // Get returns the current record of a worker, or nil, without a snapshot:
@@ -659,13 +631,20 @@ func (r *Registry) Get(id string) *Worker {
 func (r *Registry) Snapshot() *Snapshot { return r.view.Load() }
 
 // Get returns a worker by id, or nil.
-func (s *Snapshot) Get(id string) *Worker { return getWorker(s.txn, id) }
+func (s *Snapshot) Get(id string) *Worker { return s.workers.get(id) }
 
 // GetByURL returns a worker by URL, or nil.
-func (s *Snapshot) GetByURL(url string) *Worker { return getWorkerByURL(s.txn, url) }
+func (s *Snapshot) GetByURL(url string) *Worker {
+	o, err := s.txn.First(tableURLs, "id", url)
+	must(err)
+	if o == nil {
+		return nil
+	}
+	return s.workers.get(o.(*urlEntry).WorkerID)
+}
 
 // Workers returns every worker, ordered by id.
-func (s *Snapshot) Workers() []*Worker { return listWorkers(s.txn) }
+func (s *Snapshot) Workers() []*Worker { return s.workers.list() }
 
 // Job returns a worker's registration job, or nil.
 func (s *Snapshot) Job(id string) *Job { return getJob(s.txn, id) }
@@ -709,24 +688,6 @@ func (r *Registry) since(h *ring, rev uint64) ([]Change, uint64, bool) {
 	return changes, r.revision, ok
 }
 
-func getWorker(txn *memdb.Txn, id string) *Worker {
-	o, err := txn.First(tableWorkers, "id", id)
-	must(err)
-	if o == nil {
-		return nil
-	}
-	return o.(*Worker)
-}
-
-func getWorkerByURL(txn *memdb.Txn, url string) *Worker {
-	o, err := txn.First(tableURLs, "id", url)
-	must(err)
-	if o == nil {
-		return nil
-	}
-	return getWorker(txn, o.(*urlEntry).WorkerID)
-}
-
 func getJob(txn *memdb.Txn, id string) *Job {
 	o, err := txn.First(tableJobs, "id", id)
 	must(err)
@@ -734,14 +695,4 @@ func getJob(txn *memdb.Txn, id string) *Job {
 		return nil
 	}
 	return o.(*Job)
-}
-
-func listWorkers(txn *memdb.Txn) []*Worker {
-	it, err := txn.Get(tableWorkers, "id")
-	must(err)
-	var out []*Worker
-	for o := it.Next(); o != nil; o = it.Next() {
-		out = append(out, o.(*Worker))
-	}
-	return out
 }

@@ -1,0 +1,112 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// checkTree asserts t's shape: leaves ordered and bounded, none empty, n
+// their total, and the workers it holds exactly want (id -> record).
+func checkTree(t *testing.T, tr *tree, want map[string]*Worker, what string) {
+	t.Helper()
+	n, prev := 0, ""
+	for li, l := range tr.leaves {
+		if len(l.ws) == 0 || len(l.ws) > maxLeaf {
+			t.Fatalf("%s: leaf %d holds %d workers, want 1 to %d", what, li, len(l.ws), maxLeaf)
+		}
+		for _, w := range l.ws {
+			if n > 0 && w.ID <= prev {
+				t.Fatalf("%s: %q after %q: out of order", what, w.ID, prev)
+			}
+			prev = w.ID
+			n++
+			if want[w.ID] != w {
+				t.Fatalf("%s: holds %q as %p, want %p", what, w.ID, w, want[w.ID])
+			}
+		}
+	}
+	if n != len(want) || tr.n != n {
+		t.Fatalf("%s: %d workers (counted %d), want %d", what, n, tr.n, len(want))
+	}
+	for id, w := range want {
+		if tr.get(id) != w {
+			t.Fatalf("%s: get(%q) is not its record", what, id)
+		}
+	}
+	ids := slices.Sorted(maps.Keys(want))
+	for i, w := range tr.list() {
+		if w.ID != ids[i] {
+			t.Fatalf("%s: list[%d] = %q, want %q", what, i, w.ID, ids[i])
+		}
+	}
+}
+
+// Random transactions (inserts, replacements, deletes; some aborted) keep
+// the workers exact, and every snapshot taken on the way keeps what it
+// held: a transaction writes only the leaves it copied.
+func TestTreeFollowsTransactionsAndSnapshotsStay(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	r := New("e", 0)
+	model := map[string]*Worker{}
+	type kept struct {
+		snap *Snapshot
+		want map[string]*Worker
+	}
+	var snaps []kept
+	errAbort := errors.New("abort")
+	for round := range 120 {
+		next := maps.Clone(model)
+		abort := rng.IntN(10) == 0
+		_, err := r.Update(func(tx *Txn) error {
+			for range 1 + rng.IntN(200) {
+				id := fmt.Sprintf("w-%04d", rng.IntN(1500))
+				switch old := tx.Get(id); {
+				case old != nil && rng.IntN(4) == 0:
+					tx.Delete(id)
+					delete(next, id)
+				case old != nil:
+					c := old.Clone()
+					c.LoadRevision++
+					tx.Insert(c)
+					next[id] = c
+				default:
+					w := &Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}}
+					tx.Insert(w)
+					next[id] = w
+				}
+			}
+			checkTree(t, tx.tree, next, fmt.Sprintf("round %d, inside", round))
+			if abort {
+				return errAbort
+			}
+			return nil
+		})
+		if abort != (err != nil) {
+			t.Fatalf("round %d: abort %v, err %v", round, abort, err)
+		}
+		if !abort {
+			model = next
+		}
+		checkTree(t, r.Snapshot().workers, model, fmt.Sprintf("round %d", round))
+		if round%10 == 0 {
+			snaps = append(snaps, kept{r.Snapshot(), model})
+		}
+	}
+	for i, k := range snaps {
+		checkTree(t, k.snap.workers, k.want, fmt.Sprintf("snapshot %d, later", i))
+		for id, w := range k.want {
+			if k.snap.GetByURL("http://"+id) != w {
+				t.Fatalf("snapshot %d, later: GetByURL of %s is not its record", i, id)
+			}
+		}
+	}
+	if len(model) < 2*maxLeaf {
+		t.Fatalf("only %d workers: the test never split leaves", len(model))
+	}
+}
