@@ -72,32 +72,88 @@ func TestPendingRecordsGoBeforeLaterEvidence(t *testing.T) {
 }
 
 // With Options.Flush, another writer's flush stores pending records (the
-// ingester's, with the loads); the sweep calls it first, and applies in its
-// own transaction the records that came since, before judging: a worker
-// that pushed a moment ago is never judged silent from older evidence.
+// ingester's, with the loads); the sweep calls it first, and judges the
+// records that came since with the stored evidence: a worker that pushed a
+// moment ago is never judged silent from older evidence. Those records are
+// stored only with a verdict they move; otherwise the next flush stores
+// them (the sweep wrote every such worker a second time).
 func TestSweepJudgesPendingRecordsWithOptionsFlush(t *testing.T) {
 	_, reg, _ := setup(t, registry.HealthHealthy)
-	flushes := 0
-	tr := New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: true, Flush: func() { flushes++ }},
-		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	flushes, flushOn := 0, true
+	var tr *Tracker
+	tr = New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: true, Flush: func() {
+		flushes++
+		if flushOn {
+			riderFlush(t, tr, reg)
+		}
+	}}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	stale := time.Duration(judge.DefaultStaleSecs) * time.Second
 
 	tr.Record("w1", judge.Record{Pushed: true}, t0)
-	tr.Sweep(t0.Add(stale - time.Second))
+	tr.Sweep(t0.Add(time.Second))
 	if got := pushedAt(reg); !got.Equal(t0) {
-		t.Fatalf("PushedAt = %v after the sweep, want the pending record's %v", got, t0)
+		t.Fatalf("PushedAt = %v after the sweep's flush, want the pending record's %v", got, t0)
 	}
+	// A record after the flush: the sweep judges it, and writes nothing.
+	flushOn = false
 	last := t0.Add(stale - 500*time.Millisecond)
 	tr.Record("w1", judge.Record{Pushed: true}, last)
+	stored, rev := reg.Get("w1"), reg.Revision()
 	tr.Sweep(t0.Add(stale + time.Second)) // stale from the stored evidence alone
 	if got := liveness(reg); got != smgv1.Veto_VETO_UNSPECIFIED {
 		t.Fatalf("liveness = %v, want live: the sweep judged without the record pushed 1.5 s before", got)
 	}
-	if got := pushedAt(reg); !got.Equal(last) {
-		t.Fatalf("PushedAt = %v, want %v", got, last)
+	if reg.Get("w1") != stored || reg.Revision() != rev {
+		t.Fatal("the sweep wrote a worker whose pending record moved no verdict")
 	}
-	if flushes != 2 {
-		t.Fatalf("Options.Flush ran %d times for 2 sweeps, want 2", flushes)
+	if ids := tr.PendingIDs(); len(ids) != 1 || ids[0] != "w1" {
+		t.Fatalf("pending after the sweep: %v, want w1's record kept for the next flush", ids)
+	}
+	flushOn = true
+	tr.Sweep(t0.Add(stale + 2*time.Second))
+	if got := pushedAt(reg); !got.Equal(last) {
+		t.Fatalf("PushedAt = %v after the next flush, want %v", got, last)
+	}
+	// A record after the flush that does not keep the worker from going
+	// stale: the sweep stores it with the veto.
+	flushOn = false
+	later := last.Add(time.Second)
+	tr.Record("w1", judge.Record{Pushed: true}, later)
+	tr.Sweep(later.Add(stale + time.Second))
+	if got := liveness(reg); got == smgv1.Veto_VETO_UNSPECIFIED {
+		t.Fatal("not vetoed: silent for longer than the stale bound after its last record")
+	}
+	if got := pushedAt(reg); !got.Equal(later) {
+		t.Fatalf("PushedAt = %v with the veto, want the record it was judged with (%v)", got, later)
+	}
+	if ids := tr.PendingIDs(); len(ids) != 0 {
+		t.Fatalf("pending after the veto's commit: %v, want none", ids)
+	}
+	if flushes != 4 {
+		t.Fatalf("Options.Flush ran %d times for 4 sweeps, want 4", flushes)
+	}
+}
+
+// riderFlush stores tr's pending records as the ingester's flush does
+// (ingest.Options.Rider): Take inside one transaction.
+func riderFlush(t *testing.T, tr *Tracker, reg *registry.Registry) {
+	t.Helper()
+	ids := tr.PendingIDs()
+	if _, err := reg.Update(func(tx *registry.Txn) error {
+		apply, stored := tr.Take(ids)
+		for _, id := range ids {
+			w := tx.Get(id)
+			if w == nil {
+				continue
+			}
+			if c := w.Clone(); apply(w, c) {
+				tx.Insert(c)
+				stored(tx, w, c)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -176,16 +176,23 @@ func (t *Tracker) takePending(id string) []timedRecord {
 	return p.recs
 }
 
-// take moves out every pending record.
-func (t *Tracker) take() map[string]*pendingRecords {
+// predicted returns w's liveness evidence moved by its pending records
+// (w is the stored record), and whether it has any.
+func (t *Tracker) predicted(w *registry.Worker) (judge.Liveness, bool) {
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
-	if len(t.pending) == 0 {
-		return nil
+	p := t.pending[w.ID]
+	if p == nil || len(p.recs) == 0 {
+		return w.Evidence.Live, false
 	}
-	taken := t.pending
-	t.pending = make(map[string]*pendingRecords, len(taken))
-	return taken
+	if p.base == w {
+		return p.ev.Live, true // the prediction's work, done already
+	}
+	ev := w.Evidence
+	for _, r := range p.recs {
+		t.applyPushed(&ev, r)
+	}
+	return ev.Live, true
 }
 
 // PendingIDs implements ingest.Rider: the workers with records pending.
@@ -249,7 +256,10 @@ func (t *Tracker) applyPushed(ev *registry.Evidence, r timedRecord) {
 // the metrics of vetoed workers that left Ready or were removed (the
 // registry dropped their evidence and veto as they went). Pending records,
 // older than the sweep, go first: Options.Flush stores them with the loads,
-// and those that came since are applied in the sweep's transaction. Each
+// and those that came since are judged with the stored evidence, stored
+// only when the verdict moves (else they wait for the next flush: a fleet
+// reporting 20 times a second has records pending for most workers by the
+// time the flush is done, and storing them would write each twice). Each
 // worker is judged with how far its agent's stream is read.
 func (t *Tracker) Sweep(now time.Time) {
 	var changes []change
@@ -260,33 +270,31 @@ func (t *Tracker) Sweep(now time.Time) {
 	held := 0
 	_, err := t.reg.Update(func(txn *registry.Txn) error {
 		changes, held = changes[:0], 0
-		taken := t.take()
 		for _, w := range txn.Workers() {
 			if !w.Ready() {
 				continue
 			}
-			p := taken[w.ID]
-			if p == nil { // the usual case: copy only the liveness evidence
-				live := w.Evidence.Live
-				ch := live.Sweep(now, reads[live.HeardStream()], &t.rules)
-				if ch.Held {
-					held++
-				}
-				if !ch.Changed() {
-					continue
-				}
-				c := w.Clone()
+			// A copy of the liveness evidence only, unless it moves.
+			live, pending := t.predicted(w)
+			ch := live.Sweep(now, reads[live.HeardStream()], &t.rules)
+			if ch.Held {
+				held++
+			}
+			if !ch.Changed() && (!pending || sameStatus(&live, &w.Evidence.Live)) {
+				continue
+			}
+			c := w.Clone()
+			if !pending {
 				c.Evidence.Live = live
 				changes = t.commit(txn, w, c, changes)
 				continue
 			}
-			c := w.Clone()
-			for _, r := range p.recs {
+			// The records go first, stored with the verdict they move
+			// (with any that pended since the prediction).
+			for _, r := range t.takePending(w.ID) {
 				t.applyPushed(&c.Evidence, r)
 			}
-			if c.Evidence.Live.Sweep(now, reads[c.Evidence.Live.HeardStream()], &t.rules).Held {
-				held++
-			}
+			c.Evidence.Live.Sweep(now, reads[c.Evidence.Live.HeardStream()], &t.rules)
 			changes = t.commit(txn, w, c, changes)
 		}
 		return nil
@@ -307,6 +315,14 @@ func (t *Tracker) Sweep(now time.Time) {
 	}
 	t.mu.Unlock()
 	t.report(gone, nil)
+}
+
+// sameStatus reports whether a and b hold the same verdict for the same
+// cause (what routers and the admin API see of them).
+func sameStatus(a, b *judge.Liveness) bool {
+	va, ca := a.Status()
+	vb, cb := b.Status()
+	return va == vb && ca == cb
 }
 
 // change is a committed liveness veto change, to log.
