@@ -5,6 +5,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,13 +37,9 @@ func BenchmarkIngestRecords(b *testing.B) {
 	}
 }
 
-func benchIngestRecords(b *testing.B, workers int) {
-	perFlush := workers // every worker reports once per 50 ms tick
-	reg := registry.New("e", 0)
-	now := time.Unix(1_700_000_000, 0)
-	clk := func() time.Time { return now }
-	in, tr := pipeline(reg, clk)
-	s := New(reg, in, tr, nil, Options{Now: clk}, discard())
+// benchFleet registers workers Ready workers (never overloaded) on node n1
+// and returns their URLs.
+func benchFleet(reg *registry.Registry, workers int) []string {
 	urls := make([]string, workers)
 	reg.Update(func(t *registry.Txn) error {
 		for i := range urls {
@@ -52,16 +51,37 @@ func benchIngestRecords(b *testing.B, workers int) {
 		}
 		return nil
 	})
-	st := &agentStream{node: "n1", refused: map[string]bool{}, covered: map[string]bool{},
+	return urls
+}
+
+// benchStream is an agent stream of node n1, as Report opens it.
+func benchStream(tr *liveness.Tracker) *agentStream {
+	return &agentStream{node: "n1", refused: map[string]bool{}, covered: map[string]bool{},
 		engines: map[string]*engineState{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{},
 		read: tr.OpenStream()}
+}
+
+// benchRecord is a load record of url as the harness's agents send it.
+func benchRecord(url string, rng *rand.Rand, now time.Time) *smgv1.LoadRecord {
+	return &smgv1.LoadRecord{WorkerUrl: url, StepWire: true,
+		EngineSilence: durationpb.New(0), ObservedAt: timestamppb.New(now),
+		Load: &smgv1.EngineLoad{Source: "bench", Ranks: []*smgv1.RankLoad{{
+			WaitingRequests: rng.Int32N(4), RunningRequests: 8 + rng.Int32N(8), TokenUsage: 0.1 + 0.4*rng.Float64()}}}}
+}
+
+func benchIngestRecords(b *testing.B, workers int) {
+	perFlush := workers // every worker reports once per 50 ms tick
+	reg := registry.New("e", 0)
+	now := time.Unix(1_700_000_000, 0)
+	clk := func() time.Time { return now }
+	in, tr := pipeline(reg, clk)
+	s := New(reg, in, tr, nil, Options{Now: clk}, discard())
+	urls := benchFleet(reg, workers)
+	st := benchStream(tr)
 	rng := rand.New(rand.NewPCG(1, 2))
 	wires := make([][]byte, 4*workers)
 	for i := range wires {
-		rec := &smgv1.LoadRecord{WorkerUrl: urls[i%workers], StepWire: true,
-			EngineSilence: durationpb.New(0), ObservedAt: timestamppb.New(now),
-			Load: &smgv1.EngineLoad{Source: "bench", Ranks: []*smgv1.RankLoad{{
-				WaitingRequests: rng.Int32N(4), RunningRequests: 8 + rng.Int32N(8), TokenUsage: 0.1 + 0.4*rng.Float64()}}}}
+		rec := benchRecord(urls[i%workers], rng, now)
 		wires[i], _ = proto.Marshal(&smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Record{Record: rec}})
 	}
 	i, ticks := 0, 0
@@ -87,6 +107,94 @@ func benchIngestRecords(b *testing.B, workers int) {
 		step()
 	}
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op")
+}
+
+// BenchmarkIngestStreams is BenchmarkIngestRecords as the scale harness's
+// ingest-N10000 row feeds it: 10,000 workers reporting 20 times a second
+// over 100 agent streams, each its own goroutine, each message a batch of
+// 10 records (an agent's 5 ms round), the flushes and sweeps running
+// concurrently with the streams on the simulated clock. Where the focused
+// benchmark shows a record's own work, this one shows what the streams
+// contend for. ns/op and cpu-ns/op are per report.
+func BenchmarkIngestStreams(b *testing.B) {
+	const workers, streams, batch = 10000, 100, 10
+	reg := registry.New("e", 0)
+	var clock atomic.Int64
+	clock.Store(time.Unix(1_700_000_000, 0).UnixNano())
+	clk := func() time.Time { return time.Unix(0, clock.Load()) }
+	in, tr := pipeline(reg, clk)
+	s := New(reg, in, tr, nil, Options{Now: clk}, discard())
+	urls := benchFleet(reg, workers)
+	per := workers / streams
+	type feed struct {
+		st    *agentStream
+		wires [][]byte // 4 rounds of its workers' records, batch a message
+		next  int
+	}
+	feeds := make([]*feed, streams)
+	for k := range feeds {
+		f := &feed{st: benchStream(tr)}
+		rng := rand.New(rand.NewPCG(uint64(k), 2))
+		for range 4 {
+			for i := 0; i < per; i += batch {
+				msg := &smgv1.LoadRecords{}
+				for j := i; j < i+batch; j++ {
+					msg.Records = append(msg.Records, benchRecord(urls[k*per+j], rng, clk()))
+				}
+				w, _ := proto.Marshal(&smgv1.ReportRequest{Msg: &smgv1.ReportRequest_Records{Records: msg}})
+				f.wires = append(f.wires, w)
+			}
+		}
+		feeds[k] = f
+	}
+	// A round is 50 ms: every worker reports once, every stream sends its
+	// per/batch messages; the 250 ms sweep (flush first) runs alongside
+	// the next round, as the control plane's loops do.
+	round := func() {
+		now := clk()
+		var wg sync.WaitGroup
+		for _, f := range feeds {
+			wg.Go(func() {
+				for range per / batch {
+					if err := s.handle(f.st, f.wires[f.next%len(f.wires)], now); err != nil {
+						b.Error(err)
+					}
+					f.next++
+				}
+			})
+		}
+		wg.Wait()
+	}
+	sweeps := 0
+	var sweep sync.WaitGroup
+	tickRound := func() {
+		round()
+		sweep.Wait()
+		now := time.Unix(0, clock.Add(int64(50*time.Millisecond)))
+		if sweeps++; sweeps%5 == 0 {
+			sweep.Go(func() { tr.Sweep(now) })
+		}
+	}
+	for range 5 { // the steady state (agent nodes stored, first records)
+		tickRound()
+	}
+	sweep.Wait()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	rev0 := reg.Revision()
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	reports := 0
+	for reports < b.N {
+		tickRound()
+		reports += workers
+	}
+	sweep.Wait()
+	b.StopTimer()
+	runtime.ReadMemStats(&m1)
+	b.ReportMetric(float64(cpuTime()-cpu0)/float64(reports), "cpu-ns/report")
+	b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/float64(reports), "allocs/report")
+	b.ReportMetric(float64(reg.Revision()-rev0)*float64(workers)/float64(reports), "commits/round")
 }
 
 // cpuTime is the process's user and system CPU time (the garbage

@@ -183,6 +183,13 @@ type agentStream struct {
 	// them.
 	dec     recordsDecoder
 	scratch wireRecord
+
+	// reports and pushed are the records of the message being applied,
+	// handed to the ingester and the tracker together (applyRecords): a
+	// lock each per message instead of per record. Only the receive
+	// goroutine touches them.
+	reports []ingest.Reported
+	pushed  []liveness.Pushed
 }
 
 type knownWorker struct {
@@ -398,17 +405,20 @@ func (s *Server) handle(st *agentStream, b []byte, now time.Time) error {
 		for _, r := range recs { // bounded by the message size limit
 			s.record(st, r, now)
 		}
+		s.applyRecords(st, now)
 		return nil
 	}
 	switch m := req.Msg.(type) {
 	case *smgv1.ReportRequest_Record:
 		st.scratch.setProto(m.Record)
 		s.record(st, &st.scratch, now)
+		s.applyRecords(st, now)
 	case *smgv1.ReportRequest_Records:
 		for _, r := range m.Records.GetRecords() { // bounded by the message size limit
 			st.scratch.setProto(r)
 			s.record(st, &st.scratch, now)
 		}
+		s.applyRecords(st, now)
 	case *smgv1.ReportRequest_Event:
 		s.event(st, m.Event, now)
 	case *smgv1.ReportRequest_Heartbeat:
@@ -475,7 +485,10 @@ func (s *Server) onNode(st *agentStream, w *registry.Worker) bool {
 	return st.hosts.contains(workerurl.Host(w.Spec.GetUrl()))
 }
 
-// record applies one record; r is the stream's, reused by the next one.
+// record takes in one record; r is the stream's, reused by the next
+// message (its load stays valid until then). Its load and its liveness
+// side wait in the stream's batch for applyRecords, which the caller runs
+// before the message is done.
 func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	w, e := s.recordWorker(st, r.url)
 	if w == nil {
@@ -510,12 +523,32 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	// leaving Ready has its veto cleared and must not get it back from a
 	// record while it is out.
 	if w.Ready() {
-		s.ingest(w, r.load)
+		st.reports = append(st.reports, ingest.Reported{WorkerID: w.ID, Load: r.load})
 	} else if r.load != nil {
 		last.unjudged = proto.CloneOf(r.load)
 	}
 	e.last, e.hasLast = last, true
-	s.tr.Record(w.ID, rec, now)
+	st.pushed = append(st.pushed, liveness.Pushed{WorkerID: w.ID, Rec: rec})
+}
+
+// applyRecords hands the records that record took in to the ingester and
+// then to the tracker, each in order. A record's load and its liveness side
+// are independent verdicts (load and thresholds; the evidence), so the
+// order between the two batches changes neither.
+func (s *Server) applyRecords(st *agentStream, now time.Time) {
+	if len(st.reports) > 0 {
+		s.in.ReportCopies(st.reports, func(i int, err error) {
+			s.log.Debug("Agent record not ingested", "worker_id", st.reports[i].WorkerID, "error", err)
+		})
+	}
+	if len(st.pushed) > 0 {
+		s.tr.RecordAll(st.pushed, now)
+	}
+	clear(st.reports) // no load kept past its message
+	st.reports, st.pushed = st.reports[:0], st.pushed[:0]
+	if cap(st.pushed) > maxKeptRecords { // one huge message must not pin its size
+		st.reports, st.pushed = nil, nil
+	}
 }
 
 // recordWorker is worker for a record's URL, without copying the URL when
@@ -586,6 +619,7 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	if r, ok := st.pending[w.Spec.GetUrl()]; ok {
 		st.scratch.setProto(r)
 		s.record(st, &st.scratch, now) // registered since its record arrived
+		s.applyRecords(st, now)
 		return
 	}
 	e := st.engines[w.Spec.GetUrl()]

@@ -303,13 +303,38 @@ func (in *Ingester) ReportCopy(workerID string, load *smgv1.EngineLoad) error {
 	return in.report(workerID, load, true)
 }
 
-func (in *Ingester) report(workerID string, load *smgv1.EngineLoad, copied bool) error {
-	if load == nil || len(load.GetRanks()) == 0 {
-		return in.NoReport(workerID)
-	}
-	waiting, usage := Signals(load.GetRanks())
+// Reported is one load report of a batch (ReportCopies).
+type Reported struct {
+	WorkerID string
+	Load     *smgv1.EngineLoad
+}
+
+// ReportCopies is ReportCopy of each report in order, under one hold of the
+// ingester's lock: an agent's message carries many records, and a lock taken
+// per record is one that every agent stream contends for. failed, when set,
+// hears each report's error (as ReportCopy would return it).
+func (in *Ingester) ReportCopies(reps []Reported, failed func(i int, err error)) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	for i, r := range reps {
+		if err := in.reportLocked(r.WorkerID, r.Load, true); err != nil && failed != nil {
+			failed(i, err)
+		}
+	}
+}
+
+func (in *Ingester) report(workerID string, load *smgv1.EngineLoad, copied bool) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.reportLocked(workerID, load, copied)
+}
+
+// reportLocked is report with in.mu held.
+func (in *Ingester) reportLocked(workerID string, load *smgv1.EngineLoad, copied bool) error {
+	if load == nil || len(load.GetRanks()) == 0 {
+		return in.noReportLocked(workerID)
+	}
+	waiting, usage := Signals(load.GetRanks())
 	if in.opts.Coalesce {
 		w := in.reg.Get(workerID)
 		if w == nil {
@@ -537,6 +562,11 @@ func refreshable(w *registry.Worker) bool { return w.Load != nil && !w.Evidence.
 func (in *Ingester) NoReport(workerID string) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	return in.noReportLocked(workerID)
+}
+
+// noReportLocked is NoReport with in.mu held.
+func (in *Ingester) noReportLocked(workerID string) error {
 	delete(in.pending, workerID) // "no report" is newer than any pending load
 	in.supersede(workerID)
 	delete(in.refresh, workerID)

@@ -454,17 +454,64 @@ func (t *Tracker) Record(workerID string, rec judge.Record, now time.Time) {
 	t.with(workerID, func(ev *registry.Evidence) { t.applyPushed(ev, timedRecord{rec, now}) })
 }
 
+// Pushed is one record of a batch (RecordAll).
+type Pushed struct {
+	WorkerID string
+	Rec      judge.Record
+}
+
+// RecordAll is Record of each record in order, all received at now (one
+// agent message): the records that pend take the pending records' lock once
+// per run instead of once each (every agent stream contends for it). A
+// record that must commit does so in its place, before the next is tried.
+func (t *Tracker) RecordAll(recs []Pushed, now time.Time) {
+	for i := 0; i < len(recs); i++ {
+		if t.coalesce {
+			t.pmu.Lock()
+			for ; i < len(recs) && t.pendLocked(t.pendable(recs[i].WorkerID, recs[i].Rec), recs[i].WorkerID, recs[i].Rec, now); i++ {
+			}
+			t.pmu.Unlock()
+			if i == len(recs) {
+				return
+			}
+		}
+		r := timedRecord{recs[i].Rec, now}
+		t.with(recs[i].WorkerID, func(ev *registry.Evidence) { t.applyPushed(ev, r) })
+	}
+}
+
 // pend keeps a pushed record for the next flush when, applied after the
 // worker's pending ones, it leaves the stored verdict as it is (a
 // prediction: the registry decides again at the flush). It reports false
 // when the record must commit at once.
 func (t *Tracker) pend(workerID string, rec judge.Record, now time.Time) bool {
-	w := t.reg.Get(workerID)
-	if w == nil || !w.Ready() || !rec.Pushed {
+	w := t.pendable(workerID, rec)
+	if w == nil {
 		return false
 	}
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
+	return t.pendLocked(w, workerID, rec, now)
+}
+
+// pendable returns the stored record of workerID if rec may pend: a pushed
+// record of a Ready worker.
+func (t *Tracker) pendable(workerID string, rec judge.Record) *registry.Worker {
+	if !rec.Pushed {
+		return nil
+	}
+	if w := t.reg.Get(workerID); w != nil && w.Ready() {
+		return w
+	}
+	return nil
+}
+
+// pendLocked is pend with pmu held, w the worker's stored record as
+// pendable returned it (nil: the record must commit).
+func (t *Tracker) pendLocked(w *registry.Worker, workerID string, rec judge.Record, now time.Time) bool {
+	if w == nil {
+		return false
+	}
 	p := t.pending[workerID]
 	listed := p != nil
 	if !listed {
