@@ -124,6 +124,17 @@ func (p *routerProc) watch(ctx context.Context, id string) {
 	}()
 	var over []bool        // by worker index: held with an overload veto
 	flips := map[int]int{} // flips applied per worker
+	// What this router saw, merged into the process's record when it ends:
+	// routers sharing a process must not share a lock per message (real
+	// routers are processes of their own).
+	var seen []sawFlip
+	var messages, bytes, snapshots int64
+	defer func() {
+		p.snapshots.Add(snapshots)
+		p.messages.Add(messages)
+		p.bytes.Add(bytes)
+		p.sawAll(seen)
+	}()
 	var m scanned
 	for {
 		if err := st.RecvMsg(&m); err != nil {
@@ -134,11 +145,11 @@ func (p *routerProc) watch(ctx context.Context, id string) {
 		}
 		now := time.Now()
 		if m.snapshot {
-			p.snapshots.Add(1)
+			snapshots++
 		}
 		if p.win.contains(now) {
-			p.messages.Add(1)
-			p.bytes.Add(int64(m.size))
+			messages++
+			bytes += int64(m.size)
 		}
 		for _, w := range m.workers {
 			if w.index < 0 {
@@ -152,23 +163,35 @@ func (p *routerProc) watch(ctx context.Context, id string) {
 			}
 			over[w.index] = w.overload
 			flips[w.index]++
-			p.saw(flipKey(w.index, flips[w.index]), now, m.revision)
+			seen = append(seen, sawFlip{w.index, flips[w.index], now.UnixNano(), m.revision})
 		}
 		held.Store(m.revision)
 	}
 }
 
-func (p *routerProc) saw(key string, at time.Time, rev uint64) {
+// sawFlip is one router applying a flip (the worker's n-th) at (Unix ns),
+// holding rev.
+type sawFlip struct {
+	worker, n int
+	at        int64
+	rev       uint64
+}
+
+// sawAll merges one router's flips into the process's record.
+func (p *routerProc) sawAll(flips []sawFlip) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	a := p.seen[key]
-	if a == nil {
-		a = &seenAgg{MinRev: rev}
-		p.seen[key] = a
+	for _, f := range flips {
+		key := flipKey(f.worker, f.n)
+		a := p.seen[key]
+		if a == nil {
+			a = &seenAgg{MinRev: f.rev}
+			p.seen[key] = a
+		}
+		a.MinRev = min(a.MinRev, f.rev)
+		a.Count++
+		a.Last = max(a.Last, f.at)
 	}
-	a.MinRev = min(a.MinRev, rev)
-	a.Count++
-	a.Last = max(a.Last, at.UnixNano())
 }
 
 // joins times spec.Joins routers joining, spread over the window: from

@@ -62,6 +62,11 @@ type Config struct {
 	// PerStream runs the watch server with per-stream encoding (the
 	// baseline shared frames are measured against).
 	PerStream bool
+	// Writers and LoadPhases, when set, are the watch server's
+	// (watch.Options: Writers -1 writes every stream from its own
+	// goroutine; LoadPhases 1 puts every stream on one load grid): to
+	// measure what each of them changes.
+	Writers, LoadPhases int
 	// SkipQuiet leaves out the quiet window: by default, when verdicts
 	// flip, the window is preceded by one of the same length in which none
 	// does (the agents report loads, the routers ack and report), and the
@@ -266,11 +271,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	watchMetrics := metrics
-	if cfg.PerStream {
-		// The baseline: the same server with shared frames off, in place of
-		// the one New built (its metrics on their own registry).
+	if cfg.PerStream || cfg.Writers != 0 || cfg.LoadPhases != 0 {
+		// The baseline, or a variant: the same server with shared frames
+		// off, or other writers or load phases, in place of the one New
+		// built (its metrics on their own registry).
 		watchMetrics = prometheus.NewRegistry()
-		cp.Watch = watch.NewServer(cp.Registry, watch.Options{Sink: cp.Liveness, Demand: cp.Windows, EncodePerStream: true, LoadInterval: opts.WatchLoadInterval, Sent: sends.sent},
+		cp.Watch = watch.NewServer(cp.Registry, watch.Options{Sink: cp.Liveness, Demand: cp.Windows, EncodePerStream: cfg.PerStream,
+			Writers: cfg.Writers, LoadPhases: cfg.LoadPhases, LoadInterval: opts.WatchLoadInterval, Sent: sends.sent},
 			slog.New(flips), watchMetrics)
 	}
 	th := opts.Thresholds.Resolve(nil)
@@ -428,6 +435,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	vetoes := counterWhere(metrics, "smg_worker_stall_transitions_total", "reason", "unreachable") - vetoes0
 	w1 := now()
 	cpu1, rev1 := w1.cpu, w1.revs
+	shared := metricSum(watchMetrics, "smg_watch_shared_streams", "", "", func(m *dto.Metric) float64 { return m.GetGauge().GetValue() })
+	stalls := counterSum(watchMetrics, "smg_watch_writer_stalls_total")
 	var ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms1)
 	wall := end.Sub(start)
@@ -485,6 +494,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.KiBPerRouterSec = float64(routerBytes) / 1024 / float64(cfg.Routers) / wall.Seconds()
 	}
 	var r2v, v2r, v2s []float64
+	var slowest []slowFlip
 	committed := flips.committed()
 	for _, f := range sent {
 		if f.At < start.UnixNano() || f.At >= end.UnixNano() {
@@ -501,10 +511,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			v2r = append(v2r, float64(s.Last-at)/1e6)
 			if done, ok := sends.allAt(s.MinRev, cfg.Routers); ok {
 				v2s = append(v2s, float64(done-at)/1e6)
+				slowest = append(slowest, slowFlip{at, done - at, s.Last - at})
 			}
 		}
 	}
 	res.ReportToVerdict, res.VerdictToRouters, res.VerdictSentAll = quantiles(r2v), quantiles(v2r), quantiles(v2s)
+	logSlowest(logw, cfg.Name, slowest)
 	res.Join = quantiles(joins)
 	lq := quantiles(lags)
 	res.LagP99, res.LagMax = lq.P99, lq.Max
@@ -520,6 +532,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	fmt.Fprintf(logw, "scale %s: cpu %.2f cores, heap %.0f MiB, %.0f reports/s of %.0f (%.0f due), flips %d (%d to all routers), r->v p99 %.1f ms, v->CP's last send p99 %.1f ms, v->routers p99 %.1f ms; agents %.2f cores, %.0f%% of the time in Send; routers %.2f cores\n",
 		cfg.Name, res.CPUCores, res.HeapMiB, res.ReportsPerSec, res.ReportTarget, res.ReportsDuePerSec, res.Flips, res.Delivered, res.ReportToVerdict.P99, res.VerdictSentAll.P99, res.VerdictToRouters.P99,
 		res.AgentCPUCores, 100*res.AgentSendBlocked, res.RouterCPUCores)
+	fmt.Fprintf(logw, "scale %s: watch: %.0f of %d streams on the shared writers at the window's end, %.0f sends stalled a writer (since the start)\n",
+		cfg.Name, shared, cfg.Routers, stalls)
 	fmt.Fprintf(logw, "scale %s: liveness: %.0f unreachable vetoes in the window, at most %.0f workers held off for the read lag (read pause %s, agents' clock %v); %d revisions, %.0f watch messages sent\n",
 		cfg.Name, res.UnreachableVetoes, res.HeldMax, cfg.ReadPause, !cfg.AgentsNoClock, res.Revisions, res.Sent)
 	return res, nil
@@ -955,4 +969,23 @@ func loadAvg() float64 {
 	var l float64
 	_, _ = fmt.Sscanf(string(b), "%f", &l)
 	return l
+}
+
+// slowFlip is one flip's fan-out: committed at (Unix ns), then the control
+// plane's last send of it and the last router's receipt, after at.
+type slowFlip struct {
+	at             int64
+	sent, received int64
+}
+
+// logSlowest logs the slowest flips to reach every router, with where in
+// its second each was committed (the load grid's instants are whole
+// seconds plus each phase's offset) and how much of the time the control
+// plane's side took.
+func logSlowest(w io.Writer, name string, flips []slowFlip) {
+	slices.SortFunc(flips, func(a, b slowFlip) int { return cmp.Compare(b.received, a.received) })
+	for _, f := range flips[:min(5, len(flips))] {
+		fmt.Fprintf(w, "scale %s: slow flip committed at +%d ms in its second: last send %.1f ms, last router %.1f ms\n",
+			name, time.Duration(f.at)%time.Second/time.Millisecond, float64(f.sent)/1e6, float64(f.received)/1e6)
+	}
 }

@@ -81,6 +81,7 @@ type frame struct {
 	once sync.Once
 	msg  *smgv1.WatchResponse
 	prep *grpc.PreparedMsg // nil: the stream could not prepare messages (send msg itself)
+	size int               // msg's encoded size
 }
 
 // frames caches the bases and frames of the newest revisions. Entries for a
@@ -249,11 +250,13 @@ func marshalWorker(w *smgv1.RoutingWorker) []byte {
 	return b
 }
 
-// send writes fr to stream, encoding it first if no stream has yet. build
-// makes the message; it runs once per frame.
-func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, build func() *smgv1.WatchResponse) error {
+// send writes fr to stream, encoding it first if no stream has yet, and
+// says how many bytes the message is. build makes the message; it runs once
+// per frame.
+func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, build func() *smgv1.WatchResponse) (int, error) {
 	fr.once.Do(func() {
 		fr.msg = build()
+		fr.size = proto.Size(fr.msg)
 		prep := &grpc.PreparedMsg{}
 		// A stream without gRPC's RPC info (an in-memory test stream) cannot
 		// prepare: each send then marshals msg itself.
@@ -265,7 +268,7 @@ func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, build
 		}
 	})
 	if fr.prep == nil {
-		return stream.SendMsg(fr.msg)
+		return fr.size, stream.SendMsg(fr.msg)
 	}
-	return stream.SendMsg(fr.prep)
+	return fr.size, stream.SendMsg(fr.prep)
 }

@@ -1,6 +1,10 @@
 package watch
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics of the watch server. Router lag is computed at scrape time from the
 // router records, so it is always measured against the current revision.
@@ -35,10 +39,28 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for _, kind := range []string{"snapshot", "delta", "heartbeat"} {
 		m.encoded.WithLabelValues(kind)
 	}
+	shared := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "smg_watch_shared_streams",
+		Help: "Watch streams written by the shared writers (the rest are written by their own goroutine: routers behind on their acks, or whose send stalled).",
+	}, s.poolGauge(func(p *pool) *atomic.Int64 { return &p.shared }))
+	stalls := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "smg_watch_writer_stalls_total",
+		Help: "Sends to a router that blocked a shared writer for longer than its bound (20 ms): the writer's other streams went to a new writer, the router's stream to its own goroutine.",
+	}, s.poolGauge(func(p *pool) *atomic.Int64 { return &p.stalls }))
 	if reg != nil {
-		reg.MustRegister(m.streams, m.sent, m.encoded, lagCollector{s})
+		reg.MustRegister(m.streams, m.sent, m.encoded, shared, stalls, lagCollector{s})
 	}
 	return m
+}
+
+// poolGauge reads one of the shared writers' counts (0 without them).
+func (s *Server) poolGauge(v func(*pool) *atomic.Int64) func() float64 {
+	return func() float64 {
+		if s.pool == nil {
+			return 0
+		}
+		return float64(v(s.pool).Load())
+	}
 }
 
 var lagDesc = prometheus.NewDesc("smg_router_watch_lag",

@@ -2,21 +2,33 @@
 // to routers (a full snapshot, then deltas and heartbeats, each under the
 // registry's epoch and revision) and takes back what only routers see.
 //
-// Each stream runs its own loop, Consul style: read the registry, send, wait
-// for the next commit or heartbeat tick. The registry never waits on a stream:
-// a slow router simply wakes up later and is sent every worker changed since
-// the revision it was last sent, each once in its latest state, or a snapshot
-// when that would be more than MaxPending workers or the history no longer
-// reaches back that far. Nothing is queued per stream.
+// Each stream is served by passes, Consul style: read the registry, send,
+// look again at the next commit or heartbeat tick. The registry never waits
+// on a stream: a slow router is simply served later and is sent every worker
+// changed since the revision it was last sent, each once in its latest
+// state, or a snapshot when that would be more than MaxPending workers or the
+// history no longer reaches back that far. Nothing is queued per stream.
+//
+// A stream's passes run on its own goroutine until its router keeps up (has
+// acked all but half of WriterBudget), then on one of a few shared writers
+// that, at each change, serve every stream of their shard in turn: one
+// goroutine wake-up per writer instead of one per router. A router that
+// falls behind goes back to its own goroutine; one whose send blocks a
+// writer for WriterStall is cut loose by a watchdog (writers.go). Messages
+// are encoded once and shared by every stream at the same revisions
+// (frames.go); load-only changes go on a grid of LoadInterval in LoadPhases
+// phases.
 package watch
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"math"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -42,6 +54,7 @@ const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultMaxPending        = 1024
 	DefaultLoadInterval      = time.Second
+	DefaultLoadPhases        = 10
 )
 
 // ObservationSink takes what routers report. Calls come from stream
@@ -84,6 +97,25 @@ type Options struct {
 	// 50 ms flush of N workers' loads would go to every router. Negative:
 	// loads go at once too.
 	LoadInterval time.Duration
+	// LoadPhases spreads the load grid: streams fall in LoadPhases groups
+	// by router id, group g's instants offset by g*LoadInterval/LoadPhases,
+	// so that no single instant carries every router's load delta (a
+	// routing change would wait behind R of them); the streams of a group
+	// still share frames (default 10; 1: one grid for every stream).
+	LoadPhases int
+	// Writers is how many shared writer goroutines send to the streams
+	// whose routers keep up (writers.go): one goroutine wakes per writer
+	// at a change, not one per router (default GOMAXPROCS; negative: every
+	// stream is written by its own goroutine).
+	Writers int
+	// WriterBudget is how many bytes of deltas and snapshots a router may
+	// leave unacked and still be written by a shared writer (default
+	// 128 KiB); beyond it its stream's own goroutine writes to it.
+	WriterBudget int64
+	// WriterStall is how long one send may block a shared writer before
+	// the writer's other streams go to a new writer and the stalled
+	// stream to its own goroutine (default 20 ms).
+	WriterStall time.Duration
 	// Sink receives router observations (nil: dropped).
 	Sink ObservationSink
 	// Demand receives routers' decode window demand (nil: dropped).
@@ -120,6 +152,18 @@ func (o Options) withDefaults() Options {
 	if o.LoadInterval == 0 {
 		o.LoadInterval = DefaultLoadInterval
 	}
+	if o.LoadPhases <= 0 {
+		o.LoadPhases = DefaultLoadPhases
+	}
+	if o.Writers == 0 {
+		o.Writers = runtime.GOMAXPROCS(0)
+	}
+	if o.WriterBudget <= 0 {
+		o.WriterBudget = DefaultWriterBudget
+	}
+	if o.WriterStall <= 0 {
+		o.WriterStall = DefaultWriterStall
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -137,6 +181,7 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	frames  *frames
+	pool    *pool // shared writers; nil: every stream writes itself
 	// fleet is the number of workers in the latest snapshot built: a
 	// delta is sent up to half of it (a storm of verdicts on a large fleet
 	// must not turn every wake-up of every stream into a full snapshot).
@@ -176,9 +221,12 @@ func NewServer(reg *registry.Registry, opts Options, log *slog.Logger, metrics p
 		routers: make(map[string]*routerRecord),
 	}
 	s.closed, s.closeStrms = context.WithCancel(context.Background())
-	s.metrics = newMetrics(s, metrics)
 	s.frames = newFrames(func(k frameKind) { s.metrics.encoded.WithLabelValues(k.String()).Inc() })
 	s.frames.private = s.opts.EncodePerStream
+	if s.opts.Writers > 0 && !s.opts.EncodePerStream {
+		s.pool = newPool(s, s.opts.Writers)
+	}
+	s.metrics = newMetrics(s, metrics)
 	return s
 }
 
@@ -261,127 +309,259 @@ func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1
 	defer context.AfterFunc(s.closed, func() { stop(errClosing) })()
 	go s.receive(stream, rec, stop)
 
-	err = s.serve(sctx, stream, rec.id, hello)
+	err = s.serve(sctx, stream, rec, hello)
 	s.log.Info("router stream ended", "router", rec.id, "err", err)
 	return err
 }
 
-// serve is the stream's loop: read → send → wait. What it sends comes from
-// the shared frames: a stream never marshals a delta, snapshot or heartbeat
-// that another stream at the same revisions already has.
-//
-// Routing changes go at once. Changes to a worker's load alone go at most
-// once per LoadInterval, on a grid of instants shared by every stream (so
-// streams at one revision still share frames): until then a delta carries
-// the routing changes alone and the stream remembers, as loadsAt, the
-// revision up to which loads were sent.
-//
-// One timer wakes the stream, at the earlier of its heartbeat (quiet for
-// HeartbeatInterval) and the next load-grid instant; ctx ends it (its cause:
-// errClosing on Close, errRecv from the receiver). Every router wakes its
-// stream at every routing change: the fewer channels its select waits on,
-// the less each wake-up costs.
-func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, routerID string, hello *smgv1.WatchHello) error {
-	epoch := s.reg.Epoch()
-	// A router holding this epoch resumes from its revision; ChangesSince
-	// tells whether the history still reaches back that far.
-	needSnapshot := hello.GetEpoch() != epoch
-	var last uint64 // revision the router holds after our last send
-	if !needSnapshot {
-		last = hello.GetRevision()
-	}
-	loadsAt := last        // every change up to it, loads included, was sent
-	var nextLoad time.Time // loads may go from then on
-	beatAt := time.Now().Add(s.opts.HeartbeatInterval)
+// serve runs one stream until it ends. A stream starts on its own goroutine
+// (this one), which sends the snapshot or the changes since the router's
+// revision; once the router has acked all but WriterBudget/2 of the bytes
+// sent, the stream joins a shared writer (writers.go) and this goroutine
+// only waits, for the stream's end or for the writer to hand the stream
+// back (the router fell WriterBudget behind, a send stalled, or it failed).
+// Whoever holds the stream runs the same pass over it: read the registry,
+// send what the router lacks, say when to look again.
+func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, rec *routerRecord, hello *smgv1.WatchHello) error {
+	w := s.newWatcher(stream, rec, hello)
 	wake := time.NewTimer(s.opts.HeartbeatInterval)
 	defer wake.Stop()
-	confirmed := false // the router has heard from us on this stream
-	paced := s.opts.LoadInterval > 0
 	for {
 		// Before reading, so no commit slips between. Pacing loads, the
 		// stream wakes for routing changes and for the load grid only, not
 		// for every flush of loads.
-		var changed <-chan struct{}
-		if paced {
-			changed = s.reg.RoutingChanged()
-		} else {
-			changed = s.reg.Changed()
-		}
-		snap := s.reg.Snapshot()
-		cur := snap.Revision
+		changed := s.changed()
 		now := time.Now()
-		sent := false // the router holds cur after this pass
-		switch {
-		case needSnapshot:
-		case loadsAt != cur && !now.Before(nextLoad): // everything since loadsAt
-			k := baseKey{epoch, kindDelta, loadsAt, cur}
-			if b := s.deltaBase(k, snap); b.tooFar {
-				needSnapshot = true
-			} else if err := s.sendBase(stream, k, b, routerID); err != nil {
-				return err
-			} else {
-				sent, loadsAt, nextLoad = true, cur, s.loadGrid(now)
-			}
-		case cur != last: // routing changes only; loads wait for nextLoad
-			k := baseKey{epoch, kindRouting, last, cur}
-			switch b := s.deltaBase(k, snap); {
-			case b.tooFar:
-				needSnapshot = true
-			case len(b.workers)+len(b.removed) == 0: // loads alone: nothing to send yet
-			default:
-				if err := s.sendBase(stream, k, b, routerID); err != nil {
-					return err
+		w.mu.Lock()
+		next, err := w.pass(now)
+		share := err == nil && w.mayShare(now)
+		w.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if share {
+			s.pool.add(w)
+			select {
+			case back := <-w.back:
+				if back.err != nil {
+					return back.err
 				}
-				if b.complete && loadsAt == last {
-					loadsAt = cur // no load was left behind
-				}
-				sent = true
-			}
-		}
-		switch {
-		case needSnapshot:
-			k := baseKey{epoch, kindSnapshot, 0, cur}
-			if err := s.sendBase(stream, k, s.snapshotBase(k, snap), routerID); err != nil {
-				return err
-			}
-			sent, loadsAt, nextLoad = true, cur, s.loadGrid(now)
-		case !sent && (!confirmed || !now.Before(beatAt)):
-			// Resumed with nothing new, or quiet for HeartbeatInterval:
-			// confirm the revision it holds.
-			if err := s.sendHeartbeat(stream, epoch, last); err != nil {
-				return err
-			}
-			confirmed, beatAt = true, now.Add(s.opts.HeartbeatInterval)
-		}
-		if sent {
-			last, needSnapshot, confirmed = cur, false, true
-			beatAt = now.Add(s.opts.HeartbeatInterval)
-		}
-		next := beatAt
-		if paced {
-			if !now.Before(nextLoad) { // nothing was pending at this grid instant
-				nextLoad = s.loadGrid(now)
-			}
-			if nextLoad.Before(next) { // look for loads at the next grid instant
-				next = nextLoad
+				continue // back on this goroutine: look again at once
+			case <-ctx.Done():
+				s.pool.remove(w) // waits out a shared writer's send on it
+				return w.end(ctx)
 			}
 		}
 		wake.Reset(next.Sub(now))
-
 		select {
 		case <-changed:
 		case <-wake.C:
 		case <-ctx.Done():
-			switch cause := context.Cause(ctx); {
-			case errors.Is(cause, errClosing):
-				return stream.SendMsg(s.goodbye(last))
-			case errors.As(cause, new(errRecv)):
-				return cause.(errRecv).err
-			default:
-				return status.FromContextError(ctx.Err()).Err()
-			}
+			w.mu.Lock()
+			w.gone = true
+			w.mu.Unlock()
+			return w.end(ctx)
 		}
 	}
+}
+
+// changed is the channel closed at the next change a stream must look at:
+// routing changes when loads are paced (the load grid's instants are
+// timed), every change otherwise.
+func (s *Server) changed() <-chan struct{} {
+	if s.opts.LoadInterval > 0 {
+		return s.reg.RoutingChanged()
+	}
+	return s.reg.Changed()
+}
+
+// watcher is one stream's state between passes. Only the goroutine holding
+// the stream (its own, or the shared writer it belongs to) touches it, under
+// mu; a shared writer holds mu through its pass, so the stream's goroutine
+// taking mu waits out any send on it.
+type watcher struct {
+	s      *Server
+	stream grpc.ServerStream // the stream, timed for the stall watchdog (writerStream)
+	id     string
+	rec    *routerRecord // acks; nil in tests that serve a fake stream alone
+	epoch  string
+	phase  time.Duration // the stream's offset on the load grid
+	back   chan handBack // buffered 1: a shared writer hands the stream back
+
+	mu           sync.Mutex
+	gone         bool   // the stream ended: nobody sends on it again
+	needSnapshot bool   // the router's epoch or revision cannot be resumed
+	last         uint64 // revision the router holds after our last send
+	loadsAt      uint64 // every change up to it, loads included, was sent
+	nextLoad     time.Time
+	beatAt       time.Time
+	confirmed    bool // the router has heard from us on this stream
+	// Bytes of deltas and snapshots sent and acked (heartbeats repeat a
+	// revision the router does not ack again: they do not count). marks
+	// are the sends not yet acked: (revision, bytes sent up to it).
+	sentBytes, ackedBytes int64
+	marks                 []ackMark
+	// A stream a send stalled on stays on its own goroutine until
+	// sharedAgain, each stall doubling the wait (stallWait).
+	sharedAgain time.Time
+	stallWait   time.Duration
+	// Shared writers' bookkeeping: the shard it joined (set by its own
+	// goroutine), the writer in a pass on it, when it is due next.
+	shard *shard
+	by    *writer
+	due   time.Time
+}
+
+type ackMark struct {
+	rev   uint64
+	bytes int64
+}
+
+// handBack is a shared writer giving a stream back to its goroutine: err
+// when a send on it failed (the stream ends with it).
+type handBack struct {
+	err error
+}
+
+func (s *Server) newWatcher(stream grpc.ServerStream, rec *routerRecord, hello *smgv1.WatchHello) *watcher {
+	epoch := s.reg.Epoch()
+	w := &watcher{s: s, id: rec.id, rec: rec, epoch: epoch, back: make(chan handBack, 1),
+		phase: s.loadPhase(rec.id)}
+	w.stream = &writerStream{ServerStream: stream, w: w}
+	// A router holding this epoch resumes from its revision; ChangesSince
+	// tells whether the history still reaches back that far.
+	w.needSnapshot = hello.GetEpoch() != epoch
+	if !w.needSnapshot {
+		w.last = hello.GetRevision()
+	}
+	w.loadsAt = w.last
+	w.beatAt = time.Now().Add(s.opts.HeartbeatInterval)
+	return w
+}
+
+// end is what the stream returns once ctx is done (its cause: errClosing
+// on Close, errRecv from the receiver). The caller holds the stream alone.
+func (w *watcher) end(ctx context.Context) error {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errClosing):
+		return w.stream.SendMsg(w.s.goodbye(w.last))
+	case errors.As(cause, new(errRecv)):
+		return cause.(errRecv).err
+	default:
+		return status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// pass is one look at the registry: send the router what it lacks, and say
+// when to look again without a routing change (the heartbeat or the
+// stream's next load-grid instant).
+//
+// Routing changes go at once. Changes to a worker's load alone go at most
+// once per LoadInterval, on a grid of instants shared by the streams of one
+// load phase (so they still share frames): until then a delta carries the
+// routing changes alone and the stream remembers, as loadsAt, the revision
+// up to which loads were sent.
+func (w *watcher) pass(now time.Time) (time.Time, error) {
+	s := w.s
+	snap := s.reg.Snapshot()
+	cur := snap.Revision
+	sent := false // the router holds cur after this pass
+	switch {
+	case w.needSnapshot:
+	case w.loadsAt != cur && !now.Before(w.nextLoad): // everything since loadsAt
+		k := baseKey{w.epoch, kindDelta, w.loadsAt, cur}
+		if b := s.deltaBase(k, snap); b.tooFar {
+			w.needSnapshot = true
+		} else if err := w.sendBase(k, b); err != nil {
+			return now, err
+		} else {
+			sent, w.loadsAt, w.nextLoad = true, cur, s.loadGrid(now, w.phase)
+		}
+	case cur != w.last: // routing changes only; loads wait for nextLoad
+		k := baseKey{w.epoch, kindRouting, w.last, cur}
+		switch b := s.deltaBase(k, snap); {
+		case b.tooFar:
+			w.needSnapshot = true
+		case len(b.workers)+len(b.removed) == 0: // loads alone: nothing to send yet
+		default:
+			if err := w.sendBase(k, b); err != nil {
+				return now, err
+			}
+			if b.complete && w.loadsAt == w.last {
+				w.loadsAt = cur // no load was left behind
+			}
+			sent = true
+		}
+	}
+	switch {
+	case w.needSnapshot:
+		k := baseKey{w.epoch, kindSnapshot, 0, cur}
+		if err := w.sendBase(k, s.snapshotBase(k, snap)); err != nil {
+			return now, err
+		}
+		sent, w.loadsAt, w.nextLoad = true, cur, s.loadGrid(now, w.phase)
+	case !sent && (!w.confirmed || !now.Before(w.beatAt)):
+		// Resumed with nothing new, or quiet for HeartbeatInterval:
+		// confirm the revision it holds.
+		if err := s.sendHeartbeat(w.stream, w.epoch, w.last); err != nil {
+			return now, err
+		}
+		w.confirmed, w.beatAt = true, now.Add(s.opts.HeartbeatInterval)
+	}
+	if sent {
+		w.last, w.needSnapshot, w.confirmed = cur, false, true
+		w.beatAt = now.Add(s.opts.HeartbeatInterval)
+	}
+	next := w.beatAt
+	if s.opts.LoadInterval > 0 {
+		if !now.Before(w.nextLoad) { // nothing was pending at this grid instant
+			w.nextLoad = s.loadGrid(now, w.phase)
+		}
+		if w.nextLoad.Before(next) { // look for loads at the next grid instant
+			next = w.nextLoad
+		}
+	}
+	return next, nil
+}
+
+// sendBase sends b's message under k and counts its bytes as not yet acked.
+func (w *watcher) sendBase(k baseKey, b *base) error {
+	n, err := w.s.sendBase(w.stream, k, b, w.id)
+	if err != nil {
+		return err
+	}
+	w.sentBytes += int64(n)
+	if len(w.marks) == maxMarks { // merge into the newest: acks count a little late
+		w.marks = w.marks[:maxMarks-1]
+	}
+	w.marks = append(w.marks, ackMark{k.to, w.sentBytes})
+	return nil
+}
+
+// maxMarks bounds the sends remembered for acks (a router that never acks).
+const maxMarks = 64
+
+// unacked is how many bytes of deltas and snapshots the router has not
+// acked: an upper bound on what sits in the connection's buffers and
+// gRPC's flow-control window for this stream.
+func (w *watcher) unacked() int64 {
+	if w.rec == nil {
+		return w.sentBytes
+	}
+	applied := w.rec.applied.Load()
+	i := 0
+	for ; i < len(w.marks) && w.marks[i].rev <= applied; i++ {
+		w.ackedBytes = w.marks[i].bytes
+	}
+	w.marks = w.marks[:copy(w.marks, w.marks[i:])]
+	return w.sentBytes - w.ackedBytes
+}
+
+// mayShare says whether the stream may go to a shared writer now: shared
+// writers are on, no send stalled on it lately, and the router has acked
+// all but half the budget (so that a writer does not hand it back at once).
+func (w *watcher) mayShare(now time.Time) bool {
+	return w.s.pool != nil && !now.Before(w.sharedAgain) && w.unacked() <= w.s.opts.WriterBudget/2
 }
 
 // errClosing ends a stream's context on Close: the stream says goodbye.
@@ -393,13 +573,26 @@ type errRecv struct{ err error }
 
 func (e errRecv) Error() string { return fmt.Sprintf("watch: receive: %v", e.err) }
 
-// loadGrid is the next instant after now at which loads may go: a multiple
-// of LoadInterval, the same for every stream (now itself when pacing is off).
-func (s *Server) loadGrid(now time.Time) time.Time {
+// loadGrid is the next instant after now at which loads may go to a stream
+// of the given phase: a multiple of LoadInterval plus the phase, the same for
+// every stream of the phase (now itself when pacing is off).
+func (s *Server) loadGrid(now time.Time, phase time.Duration) time.Time {
 	if s.opts.LoadInterval < 0 {
 		return now
 	}
-	return now.Truncate(s.opts.LoadInterval).Add(s.opts.LoadInterval)
+	return now.Add(-phase).Truncate(s.opts.LoadInterval).Add(s.opts.LoadInterval + phase)
+}
+
+// loadPhase is routerID's offset on the load grid: one of LoadPhases
+// evenly spaced offsets, by a hash of the id.
+func (s *Server) loadPhase(routerID string) time.Duration {
+	if s.opts.LoadInterval <= 0 || s.opts.LoadPhases <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(routerID))
+	g := time.Duration(h.Sum32() % uint32(s.opts.LoadPhases))
+	return g * (s.opts.LoadInterval / time.Duration(s.opts.LoadPhases))
 }
 
 // deltaBase is the shared content of the delta k (kindDelta: every change;
@@ -453,19 +646,20 @@ func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
 	return b
 }
 
-// sendBase sends the message of b (under k) as routerID sees it.
-func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID string) error {
+// sendBase sends the message of b (under k) as routerID sees it, and says
+// how many bytes it was.
+func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID string) (int, error) {
 	s.metrics.sentBy[k.kind.String()].Inc()
 	var warming int32
 	if k.kind == kindSnapshot {
 		warming = s.warmingSecs()
 	}
 	fr := s.frames.frame(frameKey{k, b.shareKey(routerID), warming})
-	err := s.frames.send(stream, k.kind, fr, func() *smgv1.WatchResponse { return s.message(k, b, routerID, warming) })
+	n, err := s.frames.send(stream, k.kind, fr, func() *smgv1.WatchResponse { return s.message(k, b, routerID, warming) })
 	if err == nil && s.opts.Sent != nil {
 		s.opts.Sent(routerID, k.to)
 	}
-	return err
+	return n, err
 }
 
 // message is b's message under k as routerID sees it (a snapshot saying
@@ -504,9 +698,10 @@ func (s *Server) warmingSecs() int32 {
 func (s *Server) sendHeartbeat(stream grpc.ServerStream, epoch string, rev uint64) error {
 	s.metrics.sentBy["heartbeat"].Inc()
 	k := baseKey{epoch, kindHeartbeat, 0, rev}
-	return s.frames.send(stream, kindHeartbeat, s.frames.frame(frameKey{baseKey: k}), func() *smgv1.WatchResponse {
+	_, err := s.frames.send(stream, kindHeartbeat, s.frames.frame(frameKey{baseKey: k}), func() *smgv1.WatchResponse {
 		return &smgv1.WatchResponse{Epoch: epoch, Revision: rev, Msg: &smgv1.WatchResponse_Heartbeat{Heartbeat: &smgv1.WatchHeartbeat{}}}
 	})
+	return err
 }
 
 func (s *Server) goodbye(rev uint64) *smgv1.WatchResponse {

@@ -480,7 +480,7 @@ func serveFake(t *testing.T, s *Server, hello *smgv1.WatchHello) *fakeStream {
 	ctx, cancel := context.WithCancel(t.Context())
 	fs := &fakeStream{ctx: ctx, sent: make(chan *smgv1.WatchResponse)}
 	var wg sync.WaitGroup
-	wg.Go(func() { s.serve(ctx, fs, hello.GetRouterId(), hello) })
+	wg.Go(func() { s.serve(ctx, fs, &routerRecord{id: hello.GetRouterId()}, hello) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	return fs
 }

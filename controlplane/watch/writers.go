@@ -1,0 +1,356 @@
+package watch
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+)
+
+// Shared writers. A routing change must reach every router: with a goroutine
+// per stream that is one goroutine wake-up per router per change, about a
+// third of what a change costs the control plane at 1,000 routers. Instead a
+// few writer goroutines (Options.Writers, GOMAXPROCS by default) each own a
+// shard of the streams and, at each change, run every stream of their shard
+// in turn through the same pass a stream's own goroutine would.
+//
+// One writer for many streams must not let one router hold the others back.
+// gRPC's SendMsg blocks once a stream's write quota (64 KiB of messages not
+// yet taken by the connection's writer) is used up, which happens only when
+// the router stops taking bytes: its flow-control window is spent or its
+// socket is full. So:
+//
+//   - A stream is written by a shared writer only while its router has
+//     acked all but WriterBudget bytes of the deltas and snapshots sent to
+//     it (routers ack the revision they applied). A router that falls behind
+//     honestly is handed back to its stream's own goroutine, which blocks
+//     alone; once the router has acked all but half the budget, the stream
+//     rejoins a writer.
+//   - A router that acks without reading (or whose socket fills under the
+//     budget) can still make a send block. A watchdog, armed while a writer
+//     runs a round, sees a send outlast WriterStall: it gives the rest of
+//     the round (and the shard) to a new writer; the stalled writer becomes
+//     that stream's own until its send returns, then hands the stream back
+//     to its goroutine, where it stays for a while (1 s, doubling with each
+//     stall, up to a minute). The others wait at most WriterStall, once.
+//
+// A stream is held by one goroutine at a time: a writer holds the watcher's
+// mutex through its pass, hands the stream back over the watcher's channel,
+// and the stream's goroutine takes the mutex before it returns (so the
+// handler never returns while a writer is inside SendMsg on its stream).
+
+// Defaults for the shared writers' Options.
+const (
+	DefaultWriterBudget = 128 << 10
+	DefaultWriterStall  = 20 * time.Millisecond
+)
+
+// stallWaitMin and stallWaitMax bound how long a stream a send stalled on
+// stays on its own goroutine.
+const (
+	stallWaitMin = time.Second
+	stallWaitMax = time.Minute
+)
+
+// stallLeeway bounds how long a watchdog running late waits on a send, in
+// WriterStalls.
+const stallLeeway = 4
+
+// writerTick is the granularity of a writer's timed rounds (heartbeats and
+// the load grid): streams due within one tick are served together.
+const writerTick = 10 * time.Millisecond
+
+// pool is the shared writers, one per shard.
+type pool struct {
+	s      *Server
+	shards []*shard
+	next   atomic.Uint64 // round robin over the shards
+	shared atomic.Int64  // streams held by shared writers (metrics)
+	stalls atomic.Int64  // sends that outlasted WriterStall (metrics)
+	// joined, when set, hears each stream joining a writer (tests).
+	joined func(routerID string)
+}
+
+// shard is a set of streams and the writer serving them.
+type shard struct {
+	p       *pool
+	mu      sync.Mutex
+	members []*watcher
+	w       *writer       // the running writer; nil when the shard is empty
+	kick    chan struct{} // buffered 1: the members changed: a round over all
+}
+
+// writer is one goroutine serving a shard's streams, until its shard is
+// empty or the watchdog replaces it.
+type writer struct {
+	sh    *shard
+	round []*watcher
+
+	mu        sync.Mutex
+	active    bool      // in a round: the watchdog's timer is armed
+	cur       *watcher  // the stream a send is on; nil between sends
+	since     time.Time // when that send began
+	abandoned bool      // the watchdog gave the shard to a new writer
+	watchdog  *time.Timer
+	checkAt   time.Time // when the watchdog should run next
+}
+
+func newPool(s *Server, writers int) *pool {
+	p := &pool{s: s}
+	for range writers {
+		p.shards = append(p.shards, &shard{p: p, kick: make(chan struct{}, 1)})
+	}
+	return p
+}
+
+// add gives w, held by its own goroutine, to a shared writer.
+func (p *pool) add(w *watcher) {
+	sh := p.shards[p.next.Add(1)%uint64(len(p.shards))]
+	w.shard = sh
+	sh.mu.Lock()
+	sh.members = append(sh.members, w)
+	if sh.w == nil {
+		sh.start()
+	} else {
+		sh.poke()
+	}
+	sh.mu.Unlock()
+	p.shared.Add(1)
+	if p.joined != nil {
+		p.joined(w.id)
+	}
+}
+
+// remove takes w out of its writer's shard when its stream ends, and waits
+// out any pass on it; nobody sends on it afterwards.
+func (p *pool) remove(w *watcher) {
+	w.shard.drop(w)
+	w.mu.Lock()
+	w.gone = true
+	w.mu.Unlock()
+}
+
+// drop takes w out of the shard (no-op if it is not in it).
+func (sh *shard) drop(w *watcher) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if i := slices.Index(sh.members, w); i >= 0 {
+		sh.members = slices.Delete(sh.members, i, i+1)
+		sh.p.shared.Add(-1)
+		sh.poke() // an empty shard's writer ends
+	}
+}
+
+// start runs a new writer for the shard. Caller holds sh.mu.
+func (sh *shard) start() {
+	wr := &writer{sh: sh}
+	sh.w = wr
+	go wr.run()
+}
+
+func (sh *shard) poke() {
+	select {
+	case sh.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run serves the shard: a round over every stream at each routing change
+// (or change of membership), over the streams due at their heartbeat or
+// load-grid instant otherwise.
+func (wr *writer) run() {
+	s := wr.sh.p.s
+	wake := time.NewTimer(time.Hour)
+	defer wake.Stop()
+	all := true
+	for {
+		changed := s.changed()
+		wr.sh.mu.Lock()
+		if wr.sh.w != wr || len(wr.sh.members) == 0 {
+			if wr.sh.w == wr {
+				wr.sh.w = nil
+			}
+			wr.sh.mu.Unlock()
+			return
+		}
+		wr.round = append(wr.round[:0], wr.sh.members...)
+		wr.sh.mu.Unlock()
+		next, ok := wr.serve(all)
+		clear(wr.round) // do not keep ended streams alive
+		if !ok {
+			return
+		}
+		now := time.Now()
+		wake.Reset(next.Sub(now))
+		select {
+		case <-changed:
+			all = true
+		case <-wr.sh.kick:
+			all = true
+		case <-wake.C:
+			all = false
+		}
+	}
+}
+
+// serve runs one round: each stream of the round (all, or those due) through
+// a pass. It returns when the next timed round is due, or false when the
+// watchdog replaced this writer.
+func (wr *writer) serve(all bool) (time.Time, bool) {
+	s := wr.sh.p.s
+	wr.mu.Lock()
+	wr.active = true
+	wr.arm(time.Now(), s.opts.WriterStall)
+	wr.mu.Unlock()
+	defer func() {
+		wr.mu.Lock()
+		wr.active = false
+		wr.watchdog.Stop()
+		wr.mu.Unlock()
+	}()
+	now := time.Now()
+	next := now.Add(time.Hour)
+	due := now.Add(writerTick)
+	for _, w := range wr.round {
+		w.mu.Lock()
+		if w.gone || (!all && w.due.After(due)) {
+			if !w.gone {
+				next = minTime(next, w.due)
+			}
+			w.mu.Unlock()
+			continue
+		}
+		w.by = wr
+		t := time.Now()
+		n, err := w.pass(t)
+		w.by, w.due = nil, n
+		if wr.isAbandoned() {
+			// The watchdog gave the shard to a new writer while this send
+			// stalled: the stream goes back to its goroutine for a while.
+			w.stalled(time.Now())
+			w.mu.Unlock()
+			w.back <- handBack{}
+			return now, false
+		}
+		var back *handBack
+		switch {
+		case err != nil:
+			back = &handBack{err: err}
+		case w.unacked() > s.opts.WriterBudget:
+			back = &handBack{}
+		}
+		w.mu.Unlock()
+		if back != nil {
+			wr.sh.drop(w)
+			w.back <- *back
+			continue
+		}
+		next = minTime(next, n)
+	}
+	// Serve streams due within a tick of each other together.
+	return next.Add(writerTick - 1).Truncate(writerTick), true
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// send is SendMsg on w's stream, timed for the watchdog.
+func (wr *writer) send(w *watcher, stream grpc.ServerStream, m any) error {
+	wr.mu.Lock()
+	wr.cur, wr.since = w, time.Now()
+	wr.mu.Unlock()
+	err := stream.SendMsg(m)
+	wr.mu.Lock()
+	wr.cur = nil
+	wr.mu.Unlock()
+	return err
+}
+
+// arm sets the watchdog to look in wait. Caller holds wr.mu.
+func (wr *writer) arm(now time.Time, wait time.Duration) {
+	wr.checkAt = now.Add(wait)
+	if wr.watchdog == nil {
+		wr.watchdog = time.AfterFunc(wait, wr.check)
+	} else {
+		wr.watchdog.Reset(wait)
+	}
+}
+
+func (wr *writer) isAbandoned() bool {
+	wr.mu.Lock()
+	defer wr.mu.Unlock()
+	return wr.abandoned
+}
+
+// check is the watchdog: a send that has lasted WriterStall makes the
+// writer give its shard to a new one, without the stream the send is on.
+// A watchdog that itself runs late says the process is short of CPU, not
+// that the router stopped reading (the writer too may simply not have run):
+// it looks again, up to stallLeeway times WriterStall into the send.
+func (wr *writer) check() {
+	stall := wr.sh.p.s.opts.WriterStall
+	wr.mu.Lock()
+	if !wr.active || wr.abandoned {
+		wr.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	late := now.Sub(wr.checkAt)
+	wait := stall
+	if wr.cur != nil {
+		in := now.Sub(wr.since)
+		wait = stall - in
+		if wait <= 0 && late > stall/2 && in < stallLeeway*stall {
+			wait = stall / 2
+		}
+	}
+	if wait > 0 {
+		wr.arm(now, wait)
+		wr.mu.Unlock()
+		return
+	}
+	wr.abandoned = true
+	stuck := wr.cur
+	wr.mu.Unlock()
+
+	sh := wr.sh
+	sh.p.stalls.Add(1)
+	sh.p.s.log.Info("watch: a send to a router stalled; its stream leaves the shared writer for a while",
+		"router", stuck.id, "stall", stall)
+	sh.mu.Lock()
+	if i := slices.Index(sh.members, stuck); i >= 0 {
+		sh.members = slices.Delete(sh.members, i, i+1)
+		sh.p.shared.Add(-1)
+	}
+	if sh.w == wr {
+		sh.start()
+	}
+	sh.mu.Unlock()
+}
+
+// stalled keeps w on its own goroutine for a while after a send on it
+// outlasted WriterStall. Caller holds w.mu.
+func (w *watcher) stalled(now time.Time) {
+	w.stallWait = min(max(2*w.stallWait, stallWaitMin), stallWaitMax)
+	w.sharedAgain = now.Add(w.stallWait)
+}
+
+// writerStream is a stream whose sends, when a shared writer makes them,
+// are timed for its watchdog.
+type writerStream struct {
+	grpc.ServerStream
+	w *watcher
+}
+
+func (ws *writerStream) SendMsg(m any) error {
+	if wr := ws.w.by; wr != nil {
+		return wr.send(ws.w, ws.ServerStream, m)
+	}
+	return ws.ServerStream.SendMsg(m)
+}

@@ -1,0 +1,296 @@
+package watch
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// manyWorkers is n new workers named prefix0, prefix1, ...
+func manyWorkers(prefix string, n int) []*registry.Worker {
+	ws := make([]*registry.Worker, n)
+	for i := range ws {
+		ws[i] = newWorker(fmt.Sprint(prefix, i))
+	}
+	return ws
+}
+
+// A router that stops reading never holds the other routers of its shared
+// writer back: one that keeps acking (its acks lie: modelled by a budget it
+// never reaches) blocks one send, which the watchdog cuts short after
+// WriterStall; one that stops acking too leaves the writer by the budget
+// before any send on it can block. Either way it gets everything once it
+// reads again.
+func TestSharedWriterLeavesABlockedRouterBehind(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		budget int64
+		stalls float64
+	}{
+		{"acks without reading: the watchdog", 1 << 30, 1},
+		{"stops acking: the budget", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := registry.New(testEpoch, 0)
+			put(t, reg, newWorker("w0"))
+			h := start(t, reg, Options{HeartbeatInterval: time.Hour, LoadInterval: -1, Writers: 1, WriterBudget: tc.budget})
+			joined := make(chan string, 100)
+			h.srv.pool.joined = func(id string) { joined <- id }
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+
+			// The blocked router: the smallest flow-control window gRPC
+			// allows, so that a few hundred KiB unread block a send.
+			conn, err := grpc.NewClient(h.conn.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			bad := (&harness{srv: h.srv, conn: conn}).watch(t, ctx, &smgv1.WatchHello{RouterId: "bad"})
+			recv(t, bad)
+			if id := <-joined; id != "bad" {
+				t.Fatalf("%s joined the writer first", id)
+			}
+			good := h.watch(t, ctx, &smgv1.WatchHello{RouterId: "good"})
+			recv(t, good)
+			if id := <-joined; id != "good" {
+				t.Fatalf("%s joined, want good", id)
+			}
+
+			// 3,000 workers join: a snapshot of about 200 KiB, which the
+			// blocked router does not read.
+			big := put(t, reg, manyWorkers("n", 3000)...)
+			if m := recv(t, good); m.GetSnapshot() == nil || m.Revision != big {
+				t.Fatalf("good got %v, want the snapshot at %d", m.GetRevision(), big)
+			}
+			// The next change: the writer reaches the blocked router first.
+			var last uint64
+			for i := range 5 {
+				last = setOverloaded(t, reg, "w0", i%2 == 0)
+				if m := recv(t, good); m.GetDelta() == nil || m.Revision != last {
+					t.Fatalf("good got %v, want the delta at %d", m, last)
+				}
+			}
+			if n := counter(t, h, "smg_watch_writer_stalls_total"); n != tc.stalls {
+				t.Fatalf("stalls = %v, want %v", n, tc.stalls)
+			}
+			// Reading again, the blocked router catches up.
+			for {
+				m := recv(t, bad)
+				if m.Revision == last {
+					break
+				}
+				if m.Revision > last {
+					t.Fatalf("bad got revision %d past %d", m.Revision, last)
+				}
+			}
+		})
+	}
+}
+
+// counter reads a metric of h's registry.
+func counter(t *testing.T, h *harness, name string) float64 {
+	t.Helper()
+	mfs, err := h.metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// routerView is a test router's view: each worker's veto, applied from the
+// messages it receives, and the revision it holds.
+type routerView struct {
+	rev   uint64
+	vetos map[string]smgv1.Veto
+}
+
+// apply applies m to v; a message must never take the router back.
+func (v *routerView) apply(m *smgv1.WatchResponse) error {
+	if m.Revision < v.rev {
+		return fmt.Errorf("revision %d after %d", m.Revision, v.rev)
+	}
+	switch {
+	case m.GetSnapshot() != nil:
+		v.vetos = map[string]smgv1.Veto{}
+		for _, w := range m.GetSnapshot().Workers {
+			v.vetos[w.WorkerId] = w.Veto
+		}
+	case m.GetDelta() != nil:
+		for _, w := range m.GetDelta().Upserts {
+			v.vetos[w.WorkerId] = w.Veto
+		}
+		for _, id := range m.GetDelta().Removed {
+			delete(v.vetos, id)
+		}
+	}
+	v.rev = m.Revision
+	return nil
+}
+
+// Routers joining and leaving while shared writers run their rounds, each
+// acking what it applied: every router still watching ends at the
+// registry's revision with its exact view, applying deltas in order (a
+// delta meant for another revision would leave a view that differs).
+func TestSharedWritersConverge(t *testing.T) {
+	reg := registry.New(testEpoch, 0)
+	put(t, reg, manyWorkers("w", 20)...)
+	h := start(t, reg, Options{HeartbeatInterval: time.Hour, LoadInterval: -1, Writers: 2})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+
+	var mu sync.Mutex
+	views := map[string]*routerView{}
+	progress := make(chan struct{}, 1) // poked at every message applied
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	run := func(id string, ctx context.Context) {
+		st := h.watch(t, ctx, &smgv1.WatchHello{RouterId: id})
+		v := &routerView{}
+		mu.Lock()
+		views[id] = v
+		mu.Unlock()
+		wg.Go(func() {
+			for {
+				m, err := st.Recv()
+				if err != nil {
+					if ctx.Err() == nil {
+						errs <- fmt.Errorf("%s: %v", id, err)
+					}
+					return
+				}
+				mu.Lock()
+				err = v.apply(m)
+				mu.Unlock()
+				if err != nil {
+					errs <- fmt.Errorf("%s: %v", id, err)
+					return
+				}
+				select {
+				case progress <- struct{}{}:
+				default:
+				}
+				st.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Ack{Ack: &smgv1.WatchAck{Revision: m.Revision}}})
+			}
+		})
+	}
+	for i := range 10 {
+		run(fmt.Sprint("r", i), ctx)
+	}
+	left := map[string]bool{}
+	type leaver struct {
+		id    string
+		leave context.CancelFunc
+	}
+	var leavers []leaver
+	for i := range 200 {
+		switch {
+		case i%50 == 25:
+			remove(t, reg, fmt.Sprint("w", i%20))
+		case i%50 == 26:
+			put(t, reg, newWorker(fmt.Sprint("w", (i-1)%20)))
+		default:
+			setOverloaded(t, reg, fmt.Sprint("w", i%20), i%3 == 0)
+		}
+		switch i % 20 {
+		case 5: // a router joins mid-run and stays
+			run(fmt.Sprint("join", i), ctx)
+		case 10: // a router joins and leaves a few changes later
+			lctx, leave := context.WithCancel(ctx)
+			id := fmt.Sprint("leave", i)
+			run(id, lctx)
+			leavers = append(leavers, leaver{id, leave})
+		case 15:
+			mu.Lock()
+			left[leavers[0].id] = true
+			mu.Unlock()
+			leavers[0].leave()
+			leavers = leavers[1:]
+		}
+	}
+	last := reg.Revision()
+	converged := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for id, v := range views {
+			if !left[id] && v.rev != last {
+				return false
+			}
+		}
+		return true
+	}
+	for !converged() {
+		select {
+		case <-progress:
+		case err := <-errs:
+			t.Fatal(err)
+		case <-ctx.Done():
+			t.Fatal("routers did not converge")
+		}
+	}
+	for _, l := range leavers {
+		l.leave()
+	}
+	cancel()
+	wg.Wait()
+
+	want := map[string]smgv1.Veto{}
+	for _, w := range reg.Snapshot().Workers() {
+		want[w.ID] = RoutingWorker(w, "").Veto
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, v := range views {
+		if left[id] {
+			continue
+		}
+		if v.rev != last || fmt.Sprint(v.vetos) != fmt.Sprint(want) {
+			t.Fatalf("%s at %d holds %v, want %d with %v", id, v.rev, v.vetos, last, want)
+		}
+	}
+}
+
+// Loads go on a grid per phase: a router in phase 7 of 10 gets them 0.7 s
+// into each second, one in phase 0 on the second.
+func TestLoadPhasesSpreadTheGrid(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New(testEpoch, 0)
+		put(t, reg, newWorker("w1"))
+		s := NewServer(reg, Options{HeartbeatInterval: time.Hour, LoadInterval: time.Second, LoadPhases: 10}, nil, nil)
+		if p := s.loadPhase("r1"); p != 0 {
+			t.Fatalf("r1's phase %v, want 0", p)
+		}
+		if p := s.loadPhase("r2"); p != 700*time.Millisecond {
+			t.Fatalf("r2's phase %v, want 700ms", p)
+		}
+		start := time.Now() // midnight
+		r1 := serveFake(t, s, &smgv1.WatchHello{RouterId: "r1"})
+		r2 := serveFake(t, s, &smgv1.WatchHello{RouterId: "r2"})
+		<-r1.sent
+		<-r2.sent
+		time.Sleep(100 * time.Millisecond)
+		rev := setLoad(t, reg, "w1", 3)
+		if m := <-r2.sent; m.Revision != rev || time.Since(start) != 700*time.Millisecond {
+			t.Fatalf("r2 got %v at %v, want the load at 700ms", m, time.Since(start))
+		}
+		if m := <-r1.sent; m.Revision != rev || time.Since(start) != time.Second {
+			t.Fatalf("r1 got %v at %v, want the load at 1s", m, time.Since(start))
+		}
+	})
+}
