@@ -177,10 +177,8 @@ func (t *Tracker) takePending(id string) []timedRecord {
 }
 
 // predicted returns w's liveness evidence moved by its pending records
-// (w is the stored record), and whether it has any.
+// (w is the stored record), and whether it has any (pmu held).
 func (t *Tracker) predicted(w *registry.Worker) (judge.Liveness, bool) {
-	t.pmu.Lock()
-	defer t.pmu.Unlock()
 	p := t.pending[w.ID]
 	if p == nil || len(p.recs) == 0 {
 		return w.Evidence.Live, false
@@ -263,6 +261,7 @@ func (t *Tracker) applyPushed(ev *registry.Evidence, r timedRecord) {
 // worker is judged with how far its agent's stream is read.
 func (t *Tracker) Sweep(now time.Time) {
 	var changes []change
+	var moved []sweptWorker
 	if t.flush != nil {
 		t.flush()
 	}
@@ -270,32 +269,43 @@ func (t *Tracker) Sweep(now time.Time) {
 	held := 0
 	_, err := t.reg.Update(func(txn *registry.Txn) error {
 		changes, held = changes[:0], 0
-		for _, w := range txn.Workers() {
-			if !w.Ready() {
-				continue
+		workers := txn.Workers()
+		for start := 0; start < len(workers); start += sweepBatch {
+			// Judged under the pending records' lock, a batch at a time:
+			// every agent stream takes it per record.
+			moved = moved[:0]
+			t.pmu.Lock()
+			for _, w := range workers[start:min(start+sweepBatch, len(workers))] {
+				if !w.Ready() {
+					continue
+				}
+				// A copy of the liveness evidence only, unless it moves.
+				live, pending := t.predicted(w)
+				ch := live.Sweep(now, reads[live.HeardStream()], &t.rules)
+				if ch.Held {
+					held++
+				}
+				if ch.Changed() || pending && !sameStatus(&live, &w.Evidence.Live) {
+					moved = append(moved, sweptWorker{w: w, live: live, pending: pending})
+				}
 			}
-			// A copy of the liveness evidence only, unless it moves.
-			live, pending := t.predicted(w)
-			ch := live.Sweep(now, reads[live.HeardStream()], &t.rules)
-			if ch.Held {
-				held++
+			t.pmu.Unlock()
+			for i := range moved {
+				m := &moved[i]
+				c := m.w.Clone()
+				if !m.pending {
+					c.Evidence.Live = m.live
+					changes = t.commit(txn, m.w, c, changes)
+					continue
+				}
+				// The records go first, stored with the verdict they
+				// move (with any that pended since the prediction).
+				for _, r := range t.takePending(m.w.ID) {
+					t.applyPushed(&c.Evidence, r)
+				}
+				c.Evidence.Live.Sweep(now, reads[c.Evidence.Live.HeardStream()], &t.rules)
+				changes = t.commit(txn, m.w, c, changes)
 			}
-			if !ch.Changed() && (!pending || sameStatus(&live, &w.Evidence.Live)) {
-				continue
-			}
-			c := w.Clone()
-			if !pending {
-				c.Evidence.Live = live
-				changes = t.commit(txn, w, c, changes)
-				continue
-			}
-			// The records go first, stored with the verdict they move
-			// (with any that pended since the prediction).
-			for _, r := range t.takePending(w.ID) {
-				t.applyPushed(&c.Evidence, r)
-			}
-			c.Evidence.Live.Sweep(now, reads[c.Evidence.Live.HeardStream()], &t.rules)
-			changes = t.commit(txn, w, c, changes)
 		}
 		return nil
 	})
@@ -315,6 +325,18 @@ func (t *Tracker) Sweep(now time.Time) {
 	}
 	t.mu.Unlock()
 	t.report(gone, nil)
+}
+
+// sweepBatch is how many workers a sweep judges per hold of the pending
+// records' lock.
+const sweepBatch = 256
+
+// sweptWorker is a worker whose verdict the sweep moves, with its evidence
+// as judged.
+type sweptWorker struct {
+	w       *registry.Worker
+	live    judge.Liveness
+	pending bool
 }
 
 // sameStatus reports whether a and b hold the same verdict for the same

@@ -1,5 +1,6 @@
 // Package registry is the control plane's state store: workers, their resolved
-// thresholds, latest load report and verdicts, in go-memdb. Every write
+// thresholds, latest load report and verdicts (in a copy-on-write tree, with
+// URLs and registration jobs in go-memdb). Every write
 // transaction tracks its changes and commits them under one new revision, kept
 // in a bounded history so that watchers can ask for the changes since a
 // revision they hold.
