@@ -100,3 +100,105 @@ func sameWorker(a, b *registry.Worker) error {
 	}
 	return nil
 }
+
+// A coalescing tracker never holds back a verdict: fed the same evidence as
+// one that commits every record, its registry shows the same veto and
+// reason after every step (a record pends only when it leaves them as they
+// are), and the same evidence once flushed.
+func TestCoalescingHoldsBackNoVerdict(t *testing.T) {
+	ids := []string{"w1", "w2"}
+	open := func(coalesce bool) (*Tracker, *registry.Registry) {
+		reg := registry.New("e", 0)
+		if _, err := reg.Update(func(txn *registry.Txn) error {
+			for _, id := range ids {
+				txn.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Type: "regular",
+					Health: registry.HealthHealthy})
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: coalesce}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()), reg
+	}
+	changes := 0
+	for seed := range uint64(300) {
+		rng := rand.New(rand.NewPCG(seed, 5))
+		trA, regA := open(true)
+		trB, regB := open(false)
+		now := t0
+		for step := range 80 {
+			now = now.Add(time.Duration(rng.IntN(1500)) * time.Millisecond)
+			id := ids[rng.IntN(len(ids))]
+			switch rng.IntN(7) {
+			case 0:
+				trA.Failure(id, judge.ConnectionFailure, now)
+				trB.Failure(id, judge.ConnectionFailure, now)
+			case 1:
+				trA.Sweep(now)
+				trB.Sweep(now)
+			case 2:
+				rep := &smgv1.RouterReport{Workers: []*smgv1.WorkerObservation{{WorkerId: id,
+					StreamsInFlight: int32(rng.IntN(6)), Contact: rng.IntN(3) == 0}}}
+				trA.RouterObservations("r1", rep, now)
+				trB.RouterObservations("r1", rep, now)
+			default:
+				rec := judge.Record{Pushed: rng.IntN(10) != 0, Waiting: int64(rng.IntN(3)), StepWire: rng.IntN(4) != 0,
+					Idle: rng.IntN(2) == 0, Silence: time.Duration(rng.IntN(4)) * 1500 * time.Millisecond,
+					Heard: judge.Heard{Stream: 1, SentAt: now.Add(-time.Millisecond)}}
+				before := regB.Get(id).Liveness
+				trA.Record(id, rec, now)
+				trB.Record(id, rec, now)
+				if regB.Get(id).Liveness != before {
+					changes++
+				}
+			}
+			for _, id := range ids {
+				a, b := regA.Get(id), regB.Get(id)
+				if a.Liveness != b.Liveness || a.LivenessReason != b.LivenessReason {
+					t.Fatalf("seed %d step %d: %s: veto %v %q coalescing, %v %q committing every record",
+						seed, step, id, a.Liveness, a.LivenessReason, b.Liveness, b.LivenessReason)
+				}
+			}
+		}
+		trA.Flush()
+		for _, id := range ids {
+			a, b := regA.Get(id), regB.Get(id)
+			if !reflect.DeepEqual(a.Evidence.Live, b.Evidence.Live) || !a.Evidence.PushedAt.Equal(b.Evidence.PushedAt) {
+				t.Fatalf("seed %d: %s: flushed evidence differs:\n%+v\n%+v", seed, id, a.Evidence.Live, b.Evidence.Live)
+			}
+		}
+	}
+	if changes < 100 {
+		t.Fatalf("%d verdict changes by records in all runs: the test does not exercise records that flip", changes)
+	}
+}
+
+// A record that pends is judged against the stored verdict even when the
+// stored record changed under its pending ones (a sweep that committed while
+// they pended): pending contact that the new stored evidence lacks
+// re-admits at the next record, at once.
+func TestRecordAfterTheStoredRecordMovedUnderPendingOnes(t *testing.T) {
+	tr, reg := coalescing(t)
+	rules := judge.DefaultLivenessConfig().Rules()
+	tr.Record("w1", judge.Record{Pushed: true}, t0)
+	tr.Flush()
+	tr.Record("w1", judge.Record{Pushed: true}, t0.Add(14*time.Second)) // pends: live
+	// A sweep's transaction that began before that record: it judges the
+	// stored evidence alone (stale at 15 s), leaving the record pending.
+	stale := t0.Add(16 * time.Second)
+	if _, err := reg.Update(func(txn *registry.Txn) error {
+		c := txn.Get("w1").Clone()
+		c.Evidence.Live.Sweep(stale, nil, &rules)
+		txn.Insert(c)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNREACHABLE {
+		t.Fatalf("liveness = %v after the sweep, want unreachable (stale)", got)
+	}
+	tr.Record("w1", judge.Record{Pushed: true}, stale.Add(10*time.Millisecond))
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNSPECIFIED {
+		t.Fatalf("liveness = %v after a record, want re-admitted at once, not at the next flush", got)
+	}
+}

@@ -539,21 +539,28 @@ func (t *Tracker) pendLocked(w *registry.Worker, workerID string, rec judge.Reco
 	if !listed {
 		p = t.newPending()
 	}
+	// The stored verdict: p.ev's while p.base is w (every record in p
+	// left it as it was, and a record that did not unsets p.base), which
+	// spares a read of w's evidence, far from the lines the record moves.
+	var v2 judge.Verdict
+	var c2 judge.Cause
 	if p.base != w {
 		// p.ev is the pending records applied to the stored record: made
 		// again when that changed (a flush or any commit of the worker),
 		// and moved in place by each record that pends (Evidence holds
 		// pointers: a copy per record costs more than the rule).
 		p.ev = w.Evidence
+		v2, c2 = p.ev.Live.Status()
 		for _, r := range p.recs {
 			t.applyPushed(&p.ev, r)
 		}
 		p.base = w
+	} else {
+		v2, c2 = p.ev.Live.Status()
 	}
 	r := timedRecord{rec, now}
 	t.applyPushed(&p.ev, r)
-	v, c := p.ev.Live.Status()
-	if v2, c2 := w.Evidence.Live.Status(); v != v2 || c != c2 {
+	if v, c := p.ev.Live.Status(); v != v2 || c != c2 {
 		p.base = nil // p.ev holds a record p.recs does not: made again if p stays
 		if !listed {
 			t.free = append(t.free, p)
