@@ -47,9 +47,13 @@ func (t *benchTarget) Observations() router.Observations { return router.Observa
 // BenchmarkVerdictFanout100 measures, per verdict change committed to the
 // registry, the time until all 100 routers watching over loopback gRPC (one
 // connection each, the real watch client) have applied it: with the shared
-// encoding, and with the per-stream baseline side by side.
+// encoding and the shared writers, with each stream its own writer, and with
+// the per-stream baseline side by side.
 func BenchmarkVerdictFanout100(b *testing.B) {
 	b.Run("shared", func(b *testing.B) { benchFanout(b, Options{}) })
+	// Shared frames, every stream written by its own goroutine (the
+	// design before the shared writers).
+	b.Run("own-goroutines", func(b *testing.B) { benchFanout(b, Options{Writers: -1}) })
 	b.Run("per-stream", func(b *testing.B) { benchFanout(b, Options{EncodePerStream: true}) })
 }
 

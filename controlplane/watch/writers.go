@@ -190,7 +190,14 @@ func (wr *writer) run() {
 		case <-wr.sh.kick:
 			all = true
 		case <-wake.C:
-			all = false
+			// Only the streams due, unless a change came too (select
+			// picks either when both are ready).
+			select {
+			case <-changed:
+				all = true
+			default:
+				all = false
+			}
 		}
 	}
 }

@@ -117,8 +117,9 @@ func counter(t *testing.T, h *harness, name string) float64 {
 // routerView is a test router's view: each worker's veto, applied from the
 // messages it receives, and the revision it holds.
 type routerView struct {
-	rev   uint64
-	vetos map[string]smgv1.Veto
+	rev     uint64
+	vetos   map[string]smgv1.Veto
+	goodbye bool
 }
 
 // apply applies m to v; a message must never take the router back.
@@ -127,6 +128,9 @@ func (v *routerView) apply(m *smgv1.WatchResponse) error {
 		return fmt.Errorf("revision %d after %d", m.Revision, v.rev)
 	}
 	switch {
+	case m.GetGoodbye() != nil:
+		v.goodbye = true
+		return nil
 	case m.GetSnapshot() != nil:
 		v.vetos = map[string]smgv1.Veto{}
 		for _, w := range m.GetSnapshot().Workers {
@@ -177,6 +181,7 @@ func TestSharedWritersConverge(t *testing.T) {
 				}
 				mu.Lock()
 				err = v.apply(m)
+				bye := v.goodbye
 				mu.Unlock()
 				if err != nil {
 					errs <- fmt.Errorf("%s: %v", id, err)
@@ -185,6 +190,9 @@ func TestSharedWritersConverge(t *testing.T) {
 				select {
 				case progress <- struct{}{}:
 				default:
+				}
+				if bye {
+					return
 				}
 				st.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Ack{Ack: &smgv1.WatchAck{Revision: m.Revision}}})
 			}
@@ -225,25 +233,42 @@ func TestSharedWritersConverge(t *testing.T) {
 		}
 	}
 	last := reg.Revision()
-	converged := func() bool {
+	// all says whether every router still watching is in the state ok.
+	all := func(ok func(*routerView) bool) bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for id, v := range views {
-			if !left[id] && v.rev != last {
+			if !left[id] && !ok(v) {
 				return false
 			}
 		}
 		return true
 	}
-	for !converged() {
-		select {
-		case <-progress:
-		case err := <-errs:
-			t.Fatal(err)
-		case <-ctx.Done():
-			t.Fatal("routers did not converge")
+	waitAll := func(what string, ok func(*routerView) bool) {
+		t.Helper()
+		for !all(ok) {
+			select {
+			case <-progress:
+			case err := <-errs:
+				t.Fatal(err)
+			case <-ctx.Done():
+				t.Fatalf("routers did not %s", what)
+			}
 		}
 	}
+	waitAll("converge", func(v *routerView) bool { return v.rev == last })
+	mu.Lock()
+	final := map[string]routerView{}
+	for id, v := range views {
+		final[id] = *v
+	}
+	mu.Unlock()
+	// Close: every router gets a goodbye, those held by a shared writer too.
+	if h.srv.pool.shared.Load() == 0 {
+		t.Fatal("no stream on a shared writer")
+	}
+	h.srv.Close()
+	waitAll("hear goodbye", func(v *routerView) bool { return v.goodbye })
 	for _, l := range leavers {
 		l.leave()
 	}
@@ -254,9 +279,7 @@ func TestSharedWritersConverge(t *testing.T) {
 	for _, w := range reg.Snapshot().Workers() {
 		want[w.ID] = RoutingWorker(w, "").Veto
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for id, v := range views {
+	for id, v := range final {
 		if left[id] {
 			continue
 		}
@@ -293,4 +316,39 @@ func TestLoadPhasesSpreadTheGrid(t *testing.T) {
 			t.Fatalf("r1 got %v at %v, want the load at 1s", m, time.Since(start))
 		}
 	})
+}
+
+// A change committed at the instant a writer's timer fires for another
+// stream's heartbeat still reaches every stream at once: the writer's timed
+// round serves only the streams due, so it must notice the change too.
+func TestChangeAtATimedRoundReachesEveryStream(t *testing.T) {
+	for range 20 {
+		synctest.Test(t, func(t *testing.T) {
+			reg := registry.New(testEpoch, 0)
+			put(t, reg, newWorker("w1"))
+			s := NewServer(reg, Options{HeartbeatInterval: time.Second, LoadInterval: -1, Writers: 1}, nil, nil)
+			ctx, cancel := context.WithCancel(t.Context())
+			var wg sync.WaitGroup
+			defer func() { cancel(); wg.Wait() }()
+			serve := func(id string) *fakeStream {
+				fs := &fakeStream{ctx: ctx, sent: make(chan *smgv1.WatchResponse, 100)}
+				wg.Go(func() { s.serve(ctx, fs, &routerRecord{id: id}, &smgv1.WatchHello{RouterId: id}) })
+				return fs
+			}
+			start := time.Now()
+			r1 := serve("r1") // heartbeats at 1 s, 2 s
+			time.Sleep(500 * time.Millisecond)
+			serve("r2") // heartbeat at 1.5 s
+			time.Sleep(time.Second)
+			rev := setOverloaded(t, reg, "w1", true) // at 1.5 s, with r2's heartbeat
+			for m := range r1.sent {
+				if m.GetDelta() != nil {
+					if m.Revision != rev || time.Since(start) != 1500*time.Millisecond {
+						t.Fatalf("r1 got the delta at %d after %v, want %d at 1.5s", m.Revision, time.Since(start), rev)
+					}
+					break
+				}
+			}
+		})
+	}
 }
