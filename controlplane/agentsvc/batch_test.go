@@ -48,7 +48,11 @@ func TestBatchAppliesAsRecordsOneByOne(t *testing.T) {
 		a, b := open(), open() // batches; one record a message
 		for step := range 30 {
 			now = now.Add(time.Duration(rng.IntN(400)) * time.Millisecond)
-			recs := make([]*smgv1.LoadRecord, 1+rng.IntN(10))
+			n := 1 + rng.IntN(10)
+			if step%10 == 9 {
+				n = maxApply + 1 + rng.IntN(2*maxApply) // more than one hold of the locks
+			}
+			recs := make([]*smgv1.LoadRecord, n)
 			for i := range recs {
 				recs[i] = benchRecord(urls[rng.IntN(len(urls))], rng, now)
 				recs[i].Load.Ranks[0].WaitingRequests = int32(rng.IntN(8)) // the ceiling is 4
@@ -79,6 +83,9 @@ func TestBatchAppliesAsRecordsOneByOne(t *testing.T) {
 					wa.AgentNode != wb.AgentNode || !proto.Equal(wa.Load, wb.Load) || !reflect.DeepEqual(wa.Evidence, wb.Evidence) {
 					t.Fatalf("seed %d step %d: %s differs:\nbatched %+v\none by one %+v", seed, step, id, wa, wb)
 				}
+			}
+			if c := cap(a.st.pushed); c > maxApply {
+				t.Fatalf("seed %d step %d: the stream's batch grew to %d records, past %d per hold of the locks", seed, step, c, maxApply)
 			}
 			if !reflect.DeepEqual(a.st.pending, b.st.pending) {
 				t.Fatalf("seed %d step %d: pending records of unregistered engines differ", seed, step)

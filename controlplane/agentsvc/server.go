@@ -522,6 +522,9 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	// Like the poller, only Ready workers are judged for overload: a worker
 	// leaving Ready has its veto cleared and must not get it back from a
 	// record while it is out.
+	if st.pushed == nil { // full at maxApply: never grown past it
+		st.reports, st.pushed = make([]ingest.Reported, 0, maxApply), make([]liveness.Pushed, 0, maxApply)
+	}
 	if w.Ready() {
 		st.reports = append(st.reports, ingest.Reported{WorkerID: w.ID, Load: r.load})
 	} else if r.load != nil {
@@ -529,12 +532,21 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	}
 	e.last, e.hasLast = last, true
 	st.pushed = append(st.pushed, liveness.Pushed{WorkerID: w.ID, Rec: rec})
+	if len(st.pushed) == maxApply {
+		s.applyRecords(st, now)
+	}
 }
 
+// maxApply bounds the records applied under one hold of the ingester's and
+// the tracker's locks: a hostile agent's message of many thousand records
+// must not hold every other stream (and a flip on it) for its whole length.
+const maxApply = 256
+
 // applyRecords hands the records that record took in to the ingester and
-// then to the tracker, each in order. A record's load and its liveness side
-// are independent verdicts (load and thresholds; the evidence), so the
-// order between the two batches changes neither.
+// then to the tracker, each in order (at most maxApply: record applies a
+// full batch itself). A record's load and its liveness side are independent
+// verdicts (load and thresholds; the evidence), so the order between the
+// two batches changes neither.
 func (s *Server) applyRecords(st *agentStream, now time.Time) {
 	if len(st.reports) > 0 {
 		s.in.ReportCopies(st.reports, func(i int, err error) {
@@ -546,9 +558,6 @@ func (s *Server) applyRecords(st *agentStream, now time.Time) {
 	}
 	clear(st.reports) // no load kept past its message
 	st.reports, st.pushed = st.reports[:0], st.pushed[:0]
-	if cap(st.pushed) > maxKeptRecords { // one huge message must not pin its size
-		st.reports, st.pushed = nil, nil
-	}
 }
 
 // recordWorker is worker for a record's URL, without copying the URL when
