@@ -259,10 +259,9 @@ type Registry struct {
 
 	// latest is every worker's current record by id, updated as each
 	// commit lands (under mu, in commit order), so that Get, the hot
-	// path's read (several per agent record), is one map lookup instead
-	// of a memdb read transaction.
-	latestMu sync.RWMutex
-	latest   map[string]*Worker
+	// path's read (several per agent record), is a lookup without a lock
+	// (latest.go) instead of a search of the tree.
+	latest *latest
 
 	// mu serializes writers, and guards tree (the latest commit's
 	// workers), mem (its memdb read view) and gen (the last transaction's
@@ -314,7 +313,7 @@ func New(epoch string, historyCap int) *Registry {
 	if historyCap <= 0 {
 		historyCap = DefaultHistory
 	}
-	r := &Registry{db: db, latest: map[string]*Worker{}, history: newRing(historyCap), routing: newRing(historyCap),
+	r := &Registry{db: db, latest: newLatest(), history: newRing(historyCap), routing: newRing(historyCap),
 		notify: make(chan struct{}), members: make(chan struct{}), routed: make(chan struct{}),
 		tree: &tree{}, mem: db.Txn(false)}
 	r.epoch.Store(&epoch)
@@ -379,13 +378,11 @@ type Txn struct {
 	// membership: a worker was added or removed, or its spec, model or
 	// health changed.
 	membership bool
-	// committed is the registry's latest map, which only a writer (this
-	// transaction, under the registry's lock) changes; written is every
-	// record this transaction inserted (nil: deleted) by id. Get reads
-	// them, not memdb: a memdb read in a write transaction drops the radix
-	// tree's cache of the nodes it already copied, so the next insert
-	// copies its whole path again.
-	committed map[string]*Worker
+	// committed is the registry's latest records, which only a writer
+	// (this transaction, under the registry's lock) changes; written is
+	// every record this transaction inserted (nil: deleted) by id. Get
+	// reads them: two map lookups, cheaper than a search of the tree.
+	committed *latest
 	written   map[string]*Worker
 }
 
@@ -396,7 +393,7 @@ func (t *Txn) Get(id string) *Worker {
 	}
 	w, mine := t.written[id]
 	if !mine {
-		w = t.committed[id]
+		w = t.committed.get(id)
 	}
 	if w != nil {
 		t.last = w
@@ -564,15 +561,7 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	}
 	r.tree = t.tree
 	if len(t.written) > 0 {
-		r.latestMu.Lock()
-		for id, w := range t.written {
-			if w == nil {
-				delete(r.latest, id)
-			} else {
-				r.latest[id] = w
-			}
-		}
-		r.latestMu.Unlock()
+		r.latest.set(t.written)
 	}
 	// Publish, then wake: a reader takes its wake-up channel before its
 	// view, so it either sees this commit or holds a channel closed below.
@@ -622,9 +611,7 @@ type Snapshot struct {
 // Get returns the current record of a worker, or nil, without a snapshot:
 // a map lookup, for the hot paths.
 func (r *Registry) Get(id string) *Worker {
-	r.latestMu.RLock()
-	defer r.latestMu.RUnlock()
-	return r.latest[id]
+	return r.latest.get(id)
 }
 
 // Snapshot returns a read view of the current state.

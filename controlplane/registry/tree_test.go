@@ -49,7 +49,9 @@ func checkTree(t *testing.T, tr *tree, want map[string]*Worker, what string) {
 
 // Random transactions (inserts, replacements, deletes; some aborted) keep
 // the workers exact, and every snapshot taken on the way keeps what it
-// held: a transaction writes only the leaves it copied.
+// held: a transaction writes only the leaves it copied. Get, read without
+// a lock, returns each worker's current record throughout (its id maps
+// fold their overlay into a new base many times on the way).
 func TestTreeFollowsTransactionsAndSnapshotsStay(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	r := New("e", 0)
@@ -94,6 +96,12 @@ func TestTreeFollowsTransactionsAndSnapshotsStay(t *testing.T) {
 			model = next
 		}
 		checkTree(t, r.Snapshot().workers, model, fmt.Sprintf("round %d", round))
+		for i := range 1500 {
+			id := fmt.Sprintf("w-%04d", i)
+			if got, want := r.Get(id), model[id]; got != want {
+				t.Fatalf("round %d: Get(%s) = %p, want the current record %p", round, id, got, want)
+			}
+		}
 		if round%10 == 0 {
 			snaps = append(snaps, kept{r.Snapshot(), model})
 		}
@@ -108,5 +116,62 @@ func TestTreeFollowsTransactionsAndSnapshotsStay(t *testing.T) {
 	}
 	if len(model) < 2*maxLeaf {
 		t.Fatalf("only %d workers: the test never split leaves", len(model))
+	}
+}
+
+// Get reads without a lock while a writer commits (go test -race checks
+// the reads against the writes): a reader sees a record that was current
+// at some point, never a torn or foreign one, and once the writer is done,
+// the last.
+func TestGetWhileCommitting(t *testing.T) {
+	r := New("e", 0)
+	const workers = 300
+	id := func(i int) string { return fmt.Sprintf("w-%03d", i) }
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for round := range 60 {
+			r.Update(func(tx *Txn) error {
+				for i := range workers {
+					switch old := tx.Get(id(i)); {
+					case old == nil:
+						tx.Insert(&Worker{ID: id(i), Spec: &smgv1.WorkerSpec{Url: "http://" + id(i)}})
+					case (i+round)%7 == 0:
+						tx.Delete(id(i))
+					default:
+						c := old.Clone()
+						c.LoadRevision = uint64(round)
+						tx.Insert(c)
+					}
+				}
+				return nil
+			})
+		}
+	}()
+	for reading := true; reading; {
+		select {
+		case <-done:
+			reading = false
+		default:
+		}
+		for i := range workers {
+			if w := r.Get(id(i)); w != nil && w.ID != id(i) {
+				t.Fatalf("Get(%s) returned %s", id(i), w.ID)
+			}
+		}
+	}
+	snap := r.Snapshot()
+	for i := range workers {
+		if got, want := r.Get(id(i)), snap.Get(id(i)); got != want {
+			t.Fatalf("after the writer: Get(%s) = %p, the snapshot holds %p", id(i), got, want)
+		}
+	}
+	key, seen := id(1), 0
+	if n := testing.AllocsPerRun(100, func() {
+		if r.Get(key) != nil {
+			seen++
+		}
+	}); n != 0 {
+		t.Fatalf("Get costs %v allocations, want 0", n)
 	}
 }
