@@ -100,6 +100,7 @@ func (t *tree) put(w *Worker, gen uint64) {
 	if len(l.ws) > maxLeaf {
 		half := len(l.ws) / 2
 		right := &leaf{ws: slices.Clone(l.ws[half:]), gen: gen}
+		clear(l.ws[half:]) // the records moved right are not kept alive here
 		l.ws = slices.Clip(l.ws[:half])
 		t.leaves = slices.Insert(t.leaves, li+1, right)
 	}
