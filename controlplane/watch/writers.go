@@ -165,8 +165,16 @@ func (wr *writer) run() {
 	wake := time.NewTimer(time.Hour)
 	defer wake.Stop()
 	all := true
+	var changed <-chan struct{}
 	for {
-		changed := s.changed()
+		// Taken before a round over every stream reads the registry, so no
+		// commit slips between. A timed round serves only the streams due:
+		// it keeps the channel of the last full round, which a commit since
+		// has closed (taken anew here, a commit between the timer's round
+		// and the next read would wait for a stream's heartbeat).
+		if all {
+			changed = s.changed()
+		}
 		wr.sh.mu.Lock()
 		if wr.sh.w != wr || len(wr.sh.members) == 0 {
 			if wr.sh.w == wr {
