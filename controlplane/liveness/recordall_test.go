@@ -22,19 +22,7 @@ import (
 // records, evidence, verdicts and commits after every step.
 func TestRecordAllIsRecordOfEach(t *testing.T) {
 	ids := []string{"w1", "w2", "w3"}
-	open := func() (*Tracker, *registry.Registry) {
-		reg := registry.New("e", 0)
-		if _, err := reg.Update(func(txn *registry.Txn) error {
-			for _, id := range ids {
-				txn.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Type: "regular",
-					Health: registry.HealthHealthy})
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: true}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()), reg
-	}
+	open := func() (*Tracker, *registry.Registry) { return openHealthy(t, ids, true) }
 	for seed := range uint64(200) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		trA, regA := open() // RecordAll
@@ -107,19 +95,7 @@ func sameWorker(a, b *registry.Worker) error {
 // are), and the same evidence once flushed.
 func TestCoalescingHoldsBackNoVerdict(t *testing.T) {
 	ids := []string{"w1", "w2"}
-	open := func(coalesce bool) (*Tracker, *registry.Registry) {
-		reg := registry.New("e", 0)
-		if _, err := reg.Update(func(txn *registry.Txn) error {
-			for _, id := range ids {
-				txn.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Type: "regular",
-					Health: registry.HealthHealthy})
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: coalesce}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()), reg
-	}
+	open := func(coalesce bool) (*Tracker, *registry.Registry) { return openHealthy(t, ids, coalesce) }
 	changes := 0
 	for seed := range uint64(300) {
 		rng := rand.New(rand.NewPCG(seed, 5))
@@ -201,4 +177,20 @@ func TestRecordAfterTheStoredRecordMovedUnderPendingOnes(t *testing.T) {
 	if got := liveness(reg); got != smgv1.Veto_VETO_UNSPECIFIED {
 		t.Fatalf("liveness = %v after a record, want re-admitted at once, not at the next flush", got)
 	}
+}
+
+// openHealthy is a tracker over a registry of healthy workers ids.
+func openHealthy(t *testing.T, ids []string, coalesce bool) (*Tracker, *registry.Registry) {
+	t.Helper()
+	reg := registry.New("e", 0)
+	if _, err := reg.Update(func(txn *registry.Txn) error {
+		for _, id := range ids {
+			txn.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Type: "regular",
+				Health: registry.HealthHealthy})
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: coalesce}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()), reg
 }
