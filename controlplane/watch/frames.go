@@ -106,6 +106,22 @@ type frames struct {
 	// joining a 10,000-worker fleet costs a copy of bytes, not 10,000
 	// conversions and a marshal.
 	encodedWorkers atomic.Pointer[map[*registry.Worker][]byte]
+	// lastBase and lastFrame are the entries handed out last: at a change
+	// every stream asks for the same delta and frame in turn, and finds
+	// them here without the lock and the map (the lock and the hashing of
+	// the keys were most of a pass's own cost per stream).
+	lastBase  atomic.Pointer[baseEntry]
+	lastFrame atomic.Pointer[frameEntry]
+}
+
+type baseEntry struct {
+	k baseKey
+	b *base
+}
+
+type frameEntry struct {
+	k  frameKey
+	fr *frame
 }
 
 func newFrames(encoded func(frameKind)) *frames {
@@ -117,6 +133,11 @@ func (f *frames) base(k baseKey) *base {
 	if f.private {
 		return &base{}
 	}
+	// The entry under k, whether found here or in the map: one key names
+	// one content, so either is the message k asks for.
+	if e := f.lastBase.Load(); e != nil && e.k == k {
+		return e.b
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.advance(k.to)
@@ -125,12 +146,16 @@ func (f *frames) base(k baseKey) *base {
 		b = &base{}
 		f.bases[k] = b
 	}
+	f.lastBase.Store(&baseEntry{k, b})
 	return b
 }
 
 func (f *frames) frame(k frameKey) *frame {
 	if f.private {
 		return &frame{}
+	}
+	if e := f.lastFrame.Load(); e != nil && e.k == k {
+		return e.fr
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -140,6 +165,7 @@ func (f *frames) frame(k frameKey) *frame {
 		fr = &frame{}
 		f.frames[k] = fr
 	}
+	f.lastFrame.Store(&frameEntry{k, fr})
 	return fr
 }
 

@@ -209,3 +209,36 @@ func TestSnapshotBytesAreEachWorkerAsTheRouterSeesIt(t *testing.T) {
 	check("r1")
 	check("r3")
 }
+
+// The entry handed out last is found again without the map only under its
+// own key: a lookup under any other key (revision, kind, epoch, shares,
+// warm-up) gets that key's entry, never the last one.
+func TestFramesLastEntryOnlyUnderItsKey(t *testing.T) {
+	f := newFrames(nil)
+	k := baseKey{testEpoch, kindRouting, 1, 2}
+	b, fr := f.base(k), f.frame(frameKey{baseKey: k})
+	if f.base(k) != b || f.frame(frameKey{baseKey: k}) != fr {
+		t.Fatal("the same key got another entry")
+	}
+	for _, other := range []baseKey{
+		{testEpoch, kindRouting, 0, 2}, {testEpoch, kindDelta, 1, 2}, {"epoch-B", kindRouting, 1, 2},
+	} {
+		if f.base(other) == b || f.frame(frameKey{baseKey: other}) == fr {
+			t.Fatalf("%+v got the entry of %+v", other, k)
+		}
+		if f.base(k) != b || f.frame(frameKey{baseKey: k}) != fr {
+			t.Fatalf("after %+v, %+v got another entry", other, k)
+		}
+	}
+	for _, other := range []frameKey{{baseKey: k, shares: "\x02"}, {baseKey: k, warming: 3}} {
+		if f.frame(other) == fr {
+			t.Fatalf("%+v got the entry of %+v", other, k)
+		}
+	}
+	// A newer revision drops the old entries; the last one handed out is
+	// now the newer one.
+	k3 := baseKey{testEpoch, kindRouting, 2, 3}
+	if f.base(k3) == b || f.frame(frameKey{baseKey: k3}) == fr {
+		t.Fatal("revision 3 got revision 2's entry")
+	}
+}

@@ -649,7 +649,7 @@ func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
 // sendBase sends the message of b (under k) as routerID sees it, and says
 // how many bytes it was.
 func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID string) (int, error) {
-	s.metrics.sentBy[k.kind.String()].Inc()
+	s.metrics.sentBy[k.kind].Inc()
 	var warming int32
 	if k.kind == kindSnapshot {
 		warming = s.warmingSecs()
@@ -696,7 +696,7 @@ func (s *Server) warmingSecs() int32 {
 
 // sendHeartbeat sends the shared heartbeat at rev.
 func (s *Server) sendHeartbeat(stream grpc.ServerStream, epoch string, rev uint64) error {
-	s.metrics.sentBy["heartbeat"].Inc()
+	s.metrics.sentBy[kindHeartbeat].Inc()
 	k := baseKey{epoch, kindHeartbeat, 0, rev}
 	_, err := s.frames.send(stream, kindHeartbeat, s.frames.frame(frameKey{baseKey: k}), func() *smgv1.WatchResponse {
 		return &smgv1.WatchResponse{Epoch: epoch, Revision: rev, Msg: &smgv1.WatchResponse_Heartbeat{Heartbeat: &smgv1.WatchHeartbeat{}}}
@@ -705,7 +705,7 @@ func (s *Server) sendHeartbeat(stream grpc.ServerStream, epoch string, rev uint6
 }
 
 func (s *Server) goodbye(rev uint64) *smgv1.WatchResponse {
-	s.metrics.sentBy["goodbye"].Inc()
+	s.metrics.goodbyes.Inc()
 	return &smgv1.WatchResponse{
 		Epoch: s.reg.Epoch(), Revision: rev,
 		Msg: &smgv1.WatchResponse_Goodbye{Goodbye: &smgv1.Goodbye{Reason: "control plane shutting down"}},
