@@ -84,12 +84,17 @@ func TestBurstDeepensQueueAndTTFT(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig()
 		cfg.window = 2
-		e := startEngine(t, cfg, 1)
+		// The burst is queued before the scheduler runs: started first, it
+		// could take the first request into a step of one before the
+		// second arrived.
+		e := newEngine(cfg, 1, 1, nil)
+		t.Cleanup(e.close)
 		start := time.Now()
 		var reqs []*request
 		for range 8 {
 			reqs = append(reqs, mustSubmit(t, e, 100, 10))
 		}
+		e.start()
 		synctest.Wait()
 		if st := e.ranks[0].stats(time.Now()); st.Waiting != 6 || st.Running != 2 {
 			t.Fatalf("after a burst of 8 on a window of 2: waiting %d running %d, want 6 and 2", st.Waiting, st.Running)
