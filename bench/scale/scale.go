@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -87,6 +88,11 @@ type Config struct {
 	// Command starts a child process that calls MaybeChild first thing
 	// (nil: this executable again).
 	Command func() *exec.Cmd `json:"-"`
+	// GCPercent, when set, is the control plane's GOGC for the run (as an
+	// operator would set it on its process; the children keep theirs):
+	// its garbage collections' mark phases are where report → verdict's
+	// tail comes from.
+	GCPercent int
 	// CPUProfile, when set, is a file to write the control plane's CPU
 	// profile of the window to.
 	CPUProfile string
@@ -233,6 +239,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return runFloor(ctx, cfg)
 	}
 	logw := cfg.Log
+	if cfg.GCPercent != 0 {
+		defer debug.SetGCPercent(debug.SetGCPercent(cfg.GCPercent))
+	}
 
 	// Worker URLs point at one loopback stub answering every probe, so the
 	// health checker keeps them Ready and the poller gets an answer.
@@ -495,6 +504,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	var r2v, v2r, v2s []float64
 	var slowest []slowFlip
+	var slowR2V [][2]int64
 	committed := flips.committed()
 	for _, f := range sent {
 		if f.At < start.UnixNano() || f.At >= end.UnixNano() {
@@ -506,6 +516,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		res.Flips++
 		r2v = append(r2v, float64(at-f.At)/1e6)
+		slowR2V = append(slowR2V, [2]int64{f.At, at})
 		if s := seen[flipKey(f.Worker, f.N)]; cfg.Routers > 0 && s != nil && s.Count >= cfg.Routers {
 			res.Delivered++
 			v2r = append(v2r, float64(s.Last-at)/1e6)
@@ -517,6 +528,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res.ReportToVerdict, res.VerdictToRouters, res.VerdictSentAll = quantiles(r2v), quantiles(v2r), quantiles(v2s)
 	logSlowest(logw, cfg.Name, slowest)
+	fmt.Fprintf(logw, "scale %s: %d garbage collections in the window, %.0f MiB allocated a second\n",
+		cfg.Name, ms1.NumGC-ms0.NumGC, float64(ms1.TotalAlloc-ms0.TotalAlloc)/(1<<20)/wall.Seconds())
+	logSlowReports(logw, cfg.Name, slowR2V, gcEnds())
 	res.Join = quantiles(joins)
 	lq := quantiles(lags)
 	res.LagP99, res.LagMax = lq.P99, lq.Max
@@ -988,4 +1002,34 @@ func logSlowest(w io.Writer, name string, flips []slowFlip) {
 		fmt.Fprintf(w, "scale %s: slow flip committed at +%d ms in its second: last send %.1f ms, last router %.1f ms\n",
 			name, time.Duration(f.at)%time.Second/time.Millisecond, float64(f.sent)/1e6, float64(f.received)/1e6)
 	}
+}
+
+// logSlowReports logs the slowest report → verdict flips (sent, committed:
+// Unix ns), where in its second each was sent, and how far after the send
+// the next of the control plane's garbage collections ended (gcEnds: their
+// ends, any order): the mark phase runs for the 100-200
+// ms before it, and a flip sent inside one waits behind its stream.
+func logSlowReports(w io.Writer, name string, flips [][2]int64, gcEnds []time.Time) {
+	slices.SortFunc(flips, func(a, b [2]int64) int { return cmp.Compare(b[1]-b[0], a[1]-a[0]) })
+	for _, f := range flips[:min(8, len(flips))] {
+		after := int64(-1)
+		for _, e := range gcEnds {
+			if d := e.UnixNano() - f[0]; d >= 0 && (after < 0 || d < after) {
+				after = d
+			}
+		}
+		gc := "no GC ended after it"
+		if after >= 0 {
+			gc = fmt.Sprintf("the next GC ended %.1f ms after the send", float64(after)/1e6)
+		}
+		fmt.Fprintf(w, "scale %s: slow report → verdict %.1f ms, sent at +%d ms in its second; %s\n",
+			name, float64(f[1]-f[0])/1e6, time.Duration(f[0])%time.Second/time.Millisecond, gc)
+	}
+}
+
+// gcEnds is when the process's last garbage collections ended (up to 256).
+func gcEnds() []time.Time {
+	var gc debug.GCStats
+	debug.ReadGCStats(&gc)
+	return gc.PauseEnd
 }
