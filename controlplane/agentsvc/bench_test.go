@@ -115,7 +115,8 @@ func benchIngestRecords(b *testing.B, workers int) {
 // 10 records (an agent's 5 ms round), the flushes and sweeps running
 // concurrently with the streams on the simulated clock. Where the focused
 // benchmark shows a record's own work, this one shows what the streams
-// contend for. ns/op and cpu-ns/op are per report.
+// contend for. ns/op and cpu-ns/op are per report, as are the bytes and
+// allocations (the garbage collector's pace: GCs per million reports).
 func BenchmarkIngestStreams(b *testing.B) {
 	const workers, streams, batch = 10000, 100, 10
 	reg := registry.New("e", 0)
@@ -194,6 +195,8 @@ func BenchmarkIngestStreams(b *testing.B) {
 	runtime.ReadMemStats(&m1)
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(reports), "cpu-ns/report")
 	b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/float64(reports), "allocs/report")
+	b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(reports), "B/report")
+	b.ReportMetric(float64(m1.NumGC-m0.NumGC)*1e6/float64(reports), "GCs/1M-reports")
 	b.ReportMetric(float64(reg.Revision()-rev0)*float64(workers)/float64(reports), "commits/round")
 }
 

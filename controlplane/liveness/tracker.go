@@ -53,6 +53,10 @@ type Tracker struct {
 	pmu      sync.Mutex
 	pending  map[string]*pendingRecords
 	free     []*pendingRecords // stored, for newPending to reuse
+	// taken is the pending records the running flush transaction took
+	// (Take), reused by the next: the registry runs its transactions one
+	// at a time, and Take's apply is called only inside its own.
+	taken map[string]*pendingRecords
 }
 
 // pendingRecords are a worker's records waiting for a flush, in order, and
@@ -208,8 +212,12 @@ func (t *Tracker) PendingIDs() []string {
 // records of ids on the same record as the worker's load, in its
 // transaction (so they go in order before any later transaction's).
 func (t *Tracker) Take(ids []string) (apply func(w, c *registry.Worker) bool, stored func(*registry.Txn, *registry.Worker, *registry.Worker)) {
-	taken := make(map[string]*pendingRecords, len(ids))
 	t.pmu.Lock()
+	if t.taken == nil || len(t.taken) > maxTaken {
+		t.taken = make(map[string]*pendingRecords, len(ids))
+	}
+	taken := t.taken
+	clear(taken)
 	for _, id := range ids {
 		if p := t.pending[id]; p != nil {
 			taken[id] = p
@@ -598,6 +606,9 @@ func (t *Tracker) recycle(p *pendingRecords) {
 		t.free = append(t.free, p)
 	}
 }
+
+// maxTaken bounds the room Take keeps for the next flush's chunk.
+const maxTaken = 4096
 
 // maxFree bounds the recycled pending records (one per worker at most is
 // in use per flush).

@@ -50,12 +50,13 @@ func (l *latest) get(id string) *Worker {
 	return nil
 }
 
-// set stores the records a commit wrote (nil: removed). Only the writer
-// calls it, in commit order.
-func (l *latest) set(written map[string]*Worker) {
+// set stores the records a commit wrote (ws[i] is ids[i]'s; nil: removed).
+// Only the writer calls it, in commit order.
+func (l *latest) set(ids []string, ws []*Worker) {
 	m := l.maps.Load()
 	var next *cellMaps
-	for id, w := range written {
+	for i, id := range ids {
+		w := ws[i]
 		c := m.find(id)
 		switch {
 		case c != nil && w != nil:

@@ -301,6 +301,11 @@ type Registry struct {
 	// LoadOnly), so watchers that pace loads do not wake on every flush.
 	routed      chan struct{}
 	routedTaken bool
+
+	// changes and writes are the bookkeeping of the running transaction
+	// (under mu), reset after each.
+	changes byID[Change]
+	writes  byID[*Worker]
 }
 
 // New returns an empty registry under the given epoch (chosen at start, so that
@@ -365,13 +370,12 @@ type Txn struct {
 	txn *memdb.Txn // the URL and job tables' write transaction, begun by mem
 	// tree is the workers as this transaction leaves them, written in
 	// place once copied (gen is this transaction's number).
-	tree    *tree
-	gen     uint64
-	changed []Change // one entry per worker id, latest wins
-	// index of changed by worker id, built once the transaction is large
-	// (a flush of every worker's load), where a search would be quadratic.
-	index map[string]int
-	rev   uint64 // the revision this transaction commits as
+	tree *tree
+	gen  uint64
+	// changed has one entry per worker id, latest wins (the registry's,
+	// reused by its next transaction).
+	changed *byID[Change]
+	rev     uint64 // the revision this transaction commits as
 	// last is the stored record Get or Insert saw last, so that the usual
 	// Get, Clone, Insert sequence looks the worker up once.
 	last *Worker
@@ -380,10 +384,11 @@ type Txn struct {
 	membership bool
 	// committed is the registry's latest records, which only a writer
 	// (this transaction, under the registry's lock) changes; written is
-	// every record this transaction inserted (nil: deleted) by id. Get
-	// reads them: two map lookups, cheaper than a search of the tree.
+	// every record this transaction inserted (nil: deleted) by id (the
+	// registry's, reused). Get reads them: two lookups, cheaper than a
+	// search of the tree.
 	committed *latest
-	written   map[string]*Worker
+	written   *byID[*Worker]
 }
 
 // Get returns a worker by id, or nil.
@@ -391,8 +396,10 @@ func (t *Txn) Get(id string) *Worker {
 	if t.last != nil && t.last.ID == id {
 		return t.last
 	}
-	w, mine := t.written[id]
-	if !mine {
+	var w *Worker
+	if i, mine := t.written.find(id); mine {
+		w = t.written.vals[i]
+	} else {
 		w = t.committed.get(id)
 	}
 	if w != nil {
@@ -469,10 +476,11 @@ func (t *Txn) Delete(id string) {
 
 // wrote records that id's record is now w (nil: deleted).
 func (t *Txn) wrote(id string, w *Worker) {
-	if t.written == nil {
-		t.written = map[string]*Worker{}
+	if i, ok := t.written.find(id); ok {
+		t.written.vals[i] = w
+		return
 	}
-	t.written[id] = w
+	t.written.add(id, w)
 }
 
 // deleteURL drops w's URL entry if it still points at w.
@@ -508,39 +516,16 @@ func (t *Txn) Job(id string) *Job { return getJob(t.mem(), id) }
 // Jobs returns every retained job.
 func (t *Txn) Jobs() []*Job { return listJobs(t.mem()) }
 
-// mark records a changed worker. A slice searched in place while small (most
-// transactions change one worker), indexed by a map once it grows.
+// mark records a changed worker.
 func (t *Txn) mark(id string, deleted, loadOnly bool) {
-	i, found := -1, false
-	if t.index != nil {
-		i, found = t.index[id]
-	} else {
-		for j := range t.changed {
-			if t.changed[j].WorkerID == id {
-				i, found = j, true
-				break
-			}
-		}
-	}
-	if found {
-		t.changed[i].Deleted = deleted
-		t.changed[i].LoadOnly = t.changed[i].LoadOnly && loadOnly
+	if i, found := t.changed.find(id); found {
+		c := &t.changed.vals[i]
+		c.Deleted = deleted
+		c.LoadOnly = c.LoadOnly && loadOnly
 		return
 	}
-	t.changed = append(t.changed, Change{Revision: t.rev, WorkerID: id, Deleted: deleted, LoadOnly: loadOnly})
-	switch {
-	case t.index != nil:
-		t.index[id] = len(t.changed) - 1
-	case len(t.changed) == markIndexAt:
-		t.index = make(map[string]int, 2*markIndexAt)
-		for j, c := range t.changed {
-			t.index[c.WorkerID] = j
-		}
-	}
+	t.changed.add(id, Change{Revision: t.rev, WorkerID: id, Deleted: deleted, LoadOnly: loadOnly})
 }
-
-// markIndexAt is the size at which mark indexes the changed workers.
-const markIndexAt = 16
 
 // Update runs fn in a write transaction. When fn returns nil and changed any
 // worker, the transaction commits under a new revision; otherwise it aborts.
@@ -548,7 +533,10 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gen++
-	t := &Txn{db: r.db, tree: r.tree, gen: r.gen, rev: r.revision + 1, committed: r.latest}
+	t := &Txn{db: r.db, tree: r.tree, gen: r.gen, rev: r.revision + 1, committed: r.latest,
+		changed: &r.changes, written: &r.writes}
+	defer r.changes.reset() // after the history took copies
+	defer r.writes.reset()  // after latest took the records
 	if err := fn(t); err != nil {
 		if t.txn != nil {
 			t.txn.Abort()
@@ -560,14 +548,14 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 		r.mem = r.db.Txn(false)
 	}
 	r.tree = t.tree
-	if len(t.written) > 0 {
-		r.latest.set(t.written)
+	if t.written.len() > 0 {
+		r.latest.set(t.written.ids, t.written.vals)
 	}
 	// Publish, then wake: a reader takes its wake-up channel before its
 	// view, so it either sees this commit or holds a channel closed below.
 	r.pub.Lock()
 	defer r.pub.Unlock()
-	if len(t.changed) == 0 {
+	if t.changed.len() == 0 {
 		// Nothing routers see, but the records did change (evidence):
 		// readers get them under the same revision.
 		r.view.Store(&Snapshot{Revision: r.revision, txn: r.mem, workers: r.tree})
@@ -576,7 +564,7 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	r.revision = t.rev
 	r.view.Store(&Snapshot{Revision: r.revision, txn: r.mem, workers: r.tree})
 	routed := false
-	for _, c := range t.changed {
+	for _, c := range t.changed.vals {
 		r.history.add(c)
 		if !c.LoadOnly {
 			r.routing.add(c)

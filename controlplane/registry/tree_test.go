@@ -65,9 +65,12 @@ func TestTreeFollowsTransactionsAndSnapshotsStay(t *testing.T) {
 	for round := range 120 {
 		next := maps.Clone(model)
 		abort := rng.IntN(10) == 0
+		touched := map[string]bool{} // id -> deleted at the end
+		before := r.Revision()
 		_, err := r.Update(func(tx *Txn) error {
 			for range 1 + rng.IntN(200) {
 				id := fmt.Sprintf("w-%04d", rng.IntN(1500))
+				touched[id] = false // set below
 				switch old := tx.Get(id); {
 				case old != nil && rng.IntN(4) == 0:
 					tx.Delete(id)
@@ -84,6 +87,12 @@ func TestTreeFollowsTransactionsAndSnapshotsStay(t *testing.T) {
 				}
 			}
 			checkTree(t, tx.tree, next, fmt.Sprintf("round %d, inside", round))
+			for id := range touched {
+				touched[id] = next[id] == nil
+				if got := tx.Get(id); got != next[id] {
+					t.Fatalf("round %d, inside: Get(%s) = %p, want this transaction's write %p", round, id, got, next[id])
+				}
+			}
 			if abort {
 				return errAbort
 			}
@@ -94,6 +103,24 @@ func TestTreeFollowsTransactionsAndSnapshotsStay(t *testing.T) {
 		}
 		if !abort {
 			model = next
+		}
+		// The changes committed are exactly this transaction's (none of
+		// an aborted one's, nor of the one before: its bookkeeping is
+		// reused).
+		changes, _, ok := r.ChangesSince(before)
+		if !ok {
+			t.Fatalf("round %d: history lost revision %d", round, before)
+		}
+		if abort {
+			touched = nil
+		}
+		if len(changes) != len(touched) {
+			t.Fatalf("round %d: %d changes, want %d", round, len(changes), len(touched))
+		}
+		for _, c := range changes {
+			if deleted, ok := touched[c.WorkerID]; !ok || c.Deleted != deleted || c.Revision != before+1 {
+				t.Fatalf("round %d: change %+v, want one of the %d touched at revision %d", round, c, len(touched), before+1)
+			}
 		}
 		checkTree(t, r.Snapshot().workers, model, fmt.Sprintf("round %d", round))
 		for i := range 1500 {

@@ -1,0 +1,72 @@
+package registry
+
+// byID is a transaction's entries keyed by worker id, in the order first
+// added: searched in place while few (most transactions write one worker),
+// indexed by a map once many (a flush writes a thousand). The registry
+// keeps one of each for its transactions (they run one at a time, under
+// its lock) and resets it after each, so a flush's bookkeeping reuses the
+// last one's memory instead of growing a slice and a map afresh.
+type byID[T any] struct {
+	ids   []string
+	vals  []T
+	index map[string]int // kept across resets; valid while indexed
+	// indexed: index holds every entry (there are at least indexAt).
+	indexed bool
+}
+
+// indexAt is the size at which byID indexes its entries.
+const indexAt = 16
+
+// keepAt bounds the room a reset keeps: a transaction over the whole fleet
+// (a rebuild) does not leave its bookkeeping's size behind.
+const keepAt = 4096
+
+// find returns id's place, if it has one.
+func (b *byID[T]) find(id string) (int, bool) {
+	if b.indexed {
+		i, ok := b.index[id]
+		return i, ok
+	}
+	for i, x := range b.ids {
+		if x == id {
+			return i, true
+		}
+	}
+	return -1, false
+}
+
+// add appends id (not yet present) with v.
+func (b *byID[T]) add(id string, v T) {
+	b.ids = append(b.ids, id)
+	b.vals = append(b.vals, v)
+	switch {
+	case b.indexed:
+		b.index[id] = len(b.ids) - 1
+	case len(b.ids) == indexAt:
+		if b.index == nil {
+			b.index = make(map[string]int, 2*indexAt)
+		}
+		for i, x := range b.ids {
+			b.index[x] = i
+		}
+		b.indexed = true
+	}
+}
+
+// len is the number of entries.
+func (b *byID[T]) len() int { return len(b.ids) }
+
+// reset empties b for the next transaction, dropping what it refers to.
+func (b *byID[T]) reset() {
+	if cap(b.ids) > keepAt {
+		*b = byID[T]{}
+		return
+	}
+	clear(b.ids)
+	clear(b.vals)
+	b.ids, b.vals = b.ids[:0], b.vals[:0]
+	if b.indexed {
+		clear(b.index)
+		b.indexed = false
+	}
+}
