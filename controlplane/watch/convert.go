@@ -17,39 +17,61 @@ const (
 // decides.
 func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 	spec := w.Spec
-	veto, reason := w.Veto()
-	rw := &smgv1.RoutingWorker{
+	v := viewOf(w)
+	return &smgv1.RoutingWorker{
 		WorkerId:           w.ID,
 		Url:                spec.GetUrl(),
 		Model:              w.Model,
 		WorkerType:         w.Type,
-		Priority:           DefaultPriority,
-		Cost:               DefaultCost,
+		Priority:           v.priority,
+		Cost:               v.cost,
 		Healthy:            w.Ready(),
-		Veto:               veto,
-		VetoReason:         reason,
-		Overloaded:         w.Overloaded,
-		OverloadReason:     w.OverloadReason,
+		Veto:               v.veto,
+		VetoReason:         v.vetoReason,
+		WaitingRequests:    v.waiting,
+		RunningRequests:    v.running,
+		TokenUsage:         v.tokenUsage,
+		MaxRunningRequests: maxRunning(w),
 		LoadRevision:       w.LoadRevision,
 		BootstrapPort:      spec.GetBootstrapPort(),
 		ContactSeq:         w.ContactSeq,
 		ApiKey:             spec.GetApiKey(),
 		WindowShare:        windowShare(w, routerID),
-		MaxRunningRequests: maxRunning(w),
 		AdmissionRooms:     w.Admission.Rooms(),
+		Overloaded:         w.Overloaded,
+		OverloadReason:     w.OverloadReason,
 	}
-	if spec != nil && spec.Priority != nil {
-		rw.Priority = *spec.Priority
+}
+
+// view is what RoutingWorker's fields take from w beyond a plain copy:
+// the spec's defaults, the veto, the load (RoutingWorker and the direct
+// encoding, appendWorker, read it alike).
+type view struct {
+	priority         int32
+	cost             float64
+	veto             smgv1.Veto
+	vetoReason       string
+	waiting, running int64
+	tokenUsage       float64
+}
+
+func viewOf(w *registry.Worker) view {
+	v := view{priority: DefaultPriority, cost: DefaultCost}
+	if spec := w.Spec; spec != nil {
+		if spec.Priority != nil {
+			v.priority = *spec.Priority
+		}
+		if spec.Cost != nil {
+			v.cost = *spec.Cost
+		}
 	}
-	if spec != nil && spec.Cost != nil {
-		rw.Cost = *spec.Cost
-	}
+	v.veto, v.vetoReason = w.Veto()
 	if l := w.Load; l != nil {
-		rw.WaitingRequests = int64(l.GetWaitingRequests())
-		rw.RunningRequests = int64(l.GetRunningRequests())
-		rw.TokenUsage = l.GetTokenUsage()
+		v.waiting = int64(l.GetWaitingRequests())
+		v.running = int64(l.GetRunningRequests())
+		v.tokenUsage = l.GetTokenUsage()
 	}
-	return rw
+	return v
 }
 
 // windowShare is routerID's share of w's running window as RoutingWorker

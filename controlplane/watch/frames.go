@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/smg-project/smg/controlplane/registry"
@@ -15,9 +14,10 @@ import (
 
 // Encode once, send to many. Every stream that needs the same message (the
 // delta from one revision to another, the snapshot at a revision, a heartbeat
-// at a revision) under the same epoch gets one shared frame: the message is
-// built and marshalled by the first stream that asks (grpc.PreparedMsg) and
-// the same bytes are written to every other stream. A frame is keyed by
+// at a revision) under the same epoch gets one shared frame: the message's
+// wire bytes are written by the first stream that asks (encode.go) and
+// prepared for gRPC (grpc.PreparedMsg), and the same bytes are written to
+// every other stream. A frame is keyed by
 // everything its content depends on, so a stream can only ever be handed the
 // bytes of the exact (epoch, from, to) it asked for.
 //
@@ -68,20 +68,22 @@ type frameKey struct {
 // base.to (nil entry: removed), and which of them carry per-router shares.
 type base struct {
 	once     sync.Once
-	tooFar   bool                   // delta only: too many changes or history gone: send a snapshot
-	complete bool                   // routing delta: no load change left out
-	workers  []*registry.Worker     // upserts in order (snapshot: every worker)
-	removed  []string               // delta only
-	windowed []int                  // indexes into workers with per-router shares
-	common   []*smgv1.RoutingWorker // converted once; nil at the windowed indexes
+	tooFar   bool               // delta only: too many changes or history gone: send a snapshot
+	complete bool               // routing delta: no load change left out
+	workers  []*registry.Worker // upserts in order (snapshot: every worker)
+	removed  []string           // delta only
+	windowed []int              // indexes into workers with per-router shares
 }
 
 // frame is one encoded message shared by every stream that needs it.
 type frame struct {
 	once sync.Once
+	prep *grpc.PreparedMsg // the message's bytes, prepared for gRPC
+	// msg is the message decoded again, for a stream that cannot prepare
+	// messages (an in-memory test stream, without gRPC's RPC info); nil
+	// when prep is set.
 	msg  *smgv1.WatchResponse
-	prep *grpc.PreparedMsg // nil: the stream could not prepare messages (send msg itself)
-	size int               // msg's encoded size
+	size int // the message's encoded size
 }
 
 // frames caches the bases and frames of the newest revisions. Entries for a
@@ -99,13 +101,8 @@ type frames struct {
 	// private: nothing is shared, each call gets a fresh entry (the
 	// per-stream baseline, Options.EncodePerStream).
 	private bool
-	// encodedWorkers is each worker record's RoutingWorker as every router
-	// sees it, marshalled, for the workers of the latest snapshot built.
-	// Records are immutable (a change inserts a new one), so a snapshot at
-	// a new revision marshals only the workers changed since: a router
-	// joining a 10,000-worker fleet costs a copy of bytes, not 10,000
-	// conversions and a marshal.
-	encodedWorkers atomic.Pointer[map[*registry.Worker][]byte]
+	// bufs are the buffers messages are written in before gRPC copies them.
+	bufs bufPool
 	// lastBase and lastFrame are the entries handed out last: at a change
 	// every stream asks for the same delta and frame in turn, and finds
 	// them here without the lock and the map (the lock and the hashing of
@@ -200,18 +197,8 @@ func (b *base) shareKey(routerID string) string {
 	return string(buf)
 }
 
-// routingWorkers is b's workers as routerID sees them.
-func (b *base) routingWorkers(routerID string) []*smgv1.RoutingWorker {
-	out := make([]*smgv1.RoutingWorker, len(b.workers))
-	copy(out, b.common)
-	for _, i := range b.windowed {
-		out[i] = RoutingWorker(b.workers[i], routerID)
-	}
-	return out
-}
-
-// list keeps workers without converting them: a snapshot encodes them
-// worker by worker (frames.snapshotWorkers).
+// list keeps the workers the message lists and notes which of them carry
+// per-router shares.
 func (b *base) list(workers []*registry.Worker) {
 	b.workers = workers
 	for i, w := range workers {
@@ -221,80 +208,39 @@ func (b *base) list(workers []*registry.Worker) {
 	}
 }
 
-// fill converts the workers that look the same to every router, once.
-func (b *base) fill(workers []*registry.Worker) {
-	b.workers = workers
-	b.common = make([]*smgv1.RoutingWorker, len(workers))
-	for i, w := range workers {
-		if perRouter(w) {
-			b.windowed = append(b.windowed, i)
-			continue
-		}
-		b.common[i] = RoutingWorker(w, "")
-	}
-}
-
-// snapshotWorkers is the wire form of the repeated workers field of b's
-// snapshot as routerID sees it: each worker's bytes from encodedWorkers (or
-// marshalled and kept), per-router workers marshalled for routerID.
-func (f *frames) snapshotWorkers(b *base, routerID string) []byte {
-	var old map[*registry.Worker][]byte
-	if p := f.encodedWorkers.Load(); p != nil {
-		old = *p
-	}
-	next := make(map[*registry.Worker][]byte, len(b.workers))
-	var raw []byte
-	for _, w := range b.workers {
-		enc, ok := old[w]
-		switch {
-		case perRouter(w):
-			enc = marshalWorker(RoutingWorker(w, routerID))
-		case !ok:
-			enc = marshalWorker(RoutingWorker(w, ""))
-			fallthrough
-		default:
-			next[w] = enc
-		}
-		if raw == nil {
-			raw = make([]byte, 0, (len(enc)+4)*len(b.workers)*11/10)
-		}
-		raw = protowire.AppendTag(raw, snapshotWorkersField, protowire.BytesType)
-		raw = protowire.AppendBytes(raw, enc)
-	}
-	f.encodedWorkers.Store(&next)
-	return raw
-}
-
-// snapshotWorkersField is WatchSnapshot.workers' field number.
-const snapshotWorkersField = 1
-
-func marshalWorker(w *smgv1.RoutingWorker) []byte {
-	b, err := proto.Marshal(w)
-	if err != nil {
-		panic(err) // a RoutingWorker always marshals: a bug if not
-	}
-	return b
-}
-
 // send writes fr to stream, encoding it first if no stream has yet, and
-// says how many bytes the message is. build makes the message; it runs once
-// per frame.
-func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, build func() *smgv1.WatchResponse) (int, error) {
+// says how many bytes the message is. write appends the message's wire
+// bytes to a buffer of about size bytes; it runs once per frame.
+func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, size int, write func([]byte) []byte) (int, error) {
 	fr.once.Do(func() {
-		fr.msg = build()
-		fr.size = proto.Size(fr.msg)
+		b := f.bufs.get(size)
+		raw := write(*b)
+		fr.size = len(raw)
 		prep := &grpc.PreparedMsg{}
-		// A stream without gRPC's RPC info (an in-memory test stream) cannot
-		// prepare: each send then marshals msg itself.
-		if err := prep.Encode(stream, fr.msg); err == nil {
+		// Prepare copies raw: the buffer is free again after it.
+		if err := prep.Encode(stream, rawMessage(raw)); err == nil {
 			fr.prep = prep
 			if f.encoded != nil {
 				f.encoded(kind)
 			}
+		} else {
+			// A stream without gRPC's RPC info (an in-memory test stream)
+			// cannot prepare: it is sent the message itself.
+			fr.msg = &smgv1.WatchResponse{}
+			if err := proto.Unmarshal(raw, fr.msg); err != nil {
+				panic(err) // the encoding is proto.Marshal's: a bug if not
+			}
 		}
+		f.bufs.put(b, raw)
 	})
 	if fr.prep == nil {
 		return fr.size, stream.SendMsg(fr.msg)
 	}
 	return fr.size, stream.SendMsg(fr.prep)
+}
+
+// sizeHint is about how many bytes b's message takes (the buffer it is
+// written in is taken at this size).
+func (b *base) sizeHint() int {
+	return 128*len(b.workers) + 32*len(b.removed) + 256
 }

@@ -627,7 +627,7 @@ func (s *Server) deltaBase(k baseKey, snap *registry.Snapshot) *base {
 				b.removed = append(b.removed, c.WorkerID)
 			}
 		}
-		b.fill(workers)
+		b.list(workers)
 	})
 	return b
 }
@@ -636,11 +636,7 @@ func (s *Server) deltaBase(k baseKey, snap *registry.Snapshot) *base {
 func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
 	b := s.frames.base(k)
 	b.once.Do(func() {
-		if s.frames.private {
-			b.fill(snap.Workers())
-		} else {
-			b.list(snap.Workers()) // encoded worker by worker (frames.snapshotWorkers)
-		}
+		b.list(snap.Workers())
 		s.fleet.Store(int64(len(b.workers)))
 	})
 	return b
@@ -655,30 +651,13 @@ func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID
 		warming = s.warmingSecs()
 	}
 	fr := s.frames.frame(frameKey{k, b.shareKey(routerID), warming})
-	n, err := s.frames.send(stream, k.kind, fr, func() *smgv1.WatchResponse { return s.message(k, b, routerID, warming) })
+	n, err := s.frames.send(stream, k.kind, fr, b.sizeHint(), func(buf []byte) []byte {
+		return s.appendResponse(buf, k, b, routerID, warming)
+	})
 	if err == nil && s.opts.Sent != nil {
 		s.opts.Sent(routerID, k.to)
 	}
 	return n, err
-}
-
-// message is b's message under k as routerID sees it (a snapshot saying
-// warming seconds of warm-up are left).
-func (s *Server) message(k baseKey, b *base, routerID string, warming int32) *smgv1.WatchResponse {
-	m := &smgv1.WatchResponse{Epoch: k.epoch, Revision: k.to}
-	switch {
-	case k.kind == kindSnapshot && b.common == nil && len(b.workers) > 0:
-		// The workers go as bytes already encoded, worker by worker: the
-		// same wire format as the repeated field (see snapshotWorkers).
-		snap := &smgv1.WatchSnapshot{Settings: s.opts.Settings, WarmingSecs: warming}
-		snap.ProtoReflect().SetUnknown(s.frames.snapshotWorkers(b, routerID))
-		m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: snap}
-	case k.kind == kindSnapshot:
-		m.Msg = &smgv1.WatchResponse_Snapshot{Snapshot: &smgv1.WatchSnapshot{Workers: b.routingWorkers(routerID), Settings: s.opts.Settings, WarmingSecs: warming}}
-	default:
-		m.Msg = &smgv1.WatchResponse_Delta{Delta: &smgv1.WatchDelta{Upserts: b.routingWorkers(routerID), Removed: b.removed}}
-	}
-	return m
 }
 
 // warmingSecs is how long the registry may still be incomplete, in whole
@@ -698,8 +677,8 @@ func (s *Server) warmingSecs() int32 {
 func (s *Server) sendHeartbeat(stream grpc.ServerStream, epoch string, rev uint64) error {
 	s.metrics.sentBy[kindHeartbeat].Inc()
 	k := baseKey{epoch, kindHeartbeat, 0, rev}
-	_, err := s.frames.send(stream, kindHeartbeat, s.frames.frame(frameKey{baseKey: k}), func() *smgv1.WatchResponse {
-		return &smgv1.WatchResponse{Epoch: epoch, Revision: rev, Msg: &smgv1.WatchResponse_Heartbeat{Heartbeat: &smgv1.WatchHeartbeat{}}}
+	_, err := s.frames.send(stream, kindHeartbeat, s.frames.frame(frameKey{baseKey: k}), 0, func(buf []byte) []byte {
+		return s.appendResponse(buf, k, nil, "", 0)
 	})
 	return err
 }

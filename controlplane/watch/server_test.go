@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -439,36 +438,12 @@ type fakeStream struct {
 
 func (f *fakeStream) Context() context.Context { return f.ctx }
 
-// wireCopies maps each message sent to its copy through the wire format, so
-// that streams handed one shared message receive one copy (tests compare
-// pointers).
-var wireCopies sync.Map
-
-// wireCopy is m as a router receives it (a snapshot carries its workers as
-// bytes encoded worker by worker), the same copy for the same m.
-func wireCopy(m *smgv1.WatchResponse) (*smgv1.WatchResponse, error) {
-	if c, ok := wireCopies.Load(m); ok {
-		return c.(*smgv1.WatchResponse), nil
-	}
-	raw, err := proto.Marshal(m)
-	if err != nil {
-		return nil, err
-	}
-	c := &smgv1.WatchResponse{}
-	if err := proto.Unmarshal(raw, c); err != nil {
-		return nil, err
-	}
-	got, _ := wireCopies.LoadOrStore(m, c)
-	return got.(*smgv1.WatchResponse), nil
-}
-
+// SendMsg hands the test the message sent: a shared frame's message is
+// decoded from its wire bytes once, so streams handed one frame receive one
+// message (tests compare pointers).
 func (f *fakeStream) SendMsg(m any) error {
-	got, err := wireCopy(m.(*smgv1.WatchResponse))
-	if err != nil {
-		return err
-	}
 	select {
-	case f.sent <- got:
+	case f.sent <- m.(*smgv1.WatchResponse):
 		return nil
 	case <-f.ctx.Done():
 		return f.ctx.Err()

@@ -1,0 +1,223 @@
+package watch
+
+import (
+	"math"
+	"math/bits"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/smg-project/smg/controlplane/registry"
+)
+
+// The watch's messages are written straight to their wire bytes: a snapshot
+// of 10,000 workers went through 10,000 RoutingWorker messages, a marshal of
+// each and a marshal of the whole (about 1.7 MB allocated per snapshot, and
+// a router's load refresh at that size is a snapshot every second). Each
+// worker is appended field by field into the message's one buffer, in field
+// number order and skipping zero values as proto.Marshal does, so the bytes
+// are exactly proto.Marshal's (TestDirectEncodingEqualsMarshal).
+
+// Field numbers of the messages written here (proto/smg/v1/watch.proto).
+const (
+	responseEpoch     = 1
+	responseRevision  = 2
+	responseSnapshot  = 3
+	responseDelta     = 4
+	responseHeartbeat = 5
+
+	snapshotWorkers  = 1
+	snapshotSettings = 2
+	snapshotWarming  = 3
+
+	deltaUpserts = 1
+	deltaRemoved = 2
+)
+
+// appendResponse appends the WatchResponse of b under k as routerID sees it
+// (a snapshot saying warming seconds of warm-up are left).
+func (s *Server) appendResponse(buf []byte, k baseKey, b *base, routerID string, warming int32) []byte {
+	buf = appendString(buf, responseEpoch, k.epoch)
+	buf = appendUint(buf, responseRevision, k.to)
+	switch k.kind {
+	case kindSnapshot:
+		buf, m := openField(buf, responseSnapshot)
+		buf = appendWorkers(buf, snapshotWorkers, b.workers, routerID)
+		if st := s.opts.Settings; st != nil {
+			var sm int
+			buf, sm = openField(buf, snapshotSettings)
+			buf = must(proto.MarshalOptions{}.MarshalAppend(buf, st))
+			buf = closeField(buf, sm)
+		}
+		buf = appendInt(buf, snapshotWarming, int64(warming))
+		return closeField(buf, m)
+	case kindHeartbeat:
+		return protowire.AppendBytes(protowire.AppendTag(buf, responseHeartbeat, protowire.BytesType), nil)
+	default:
+		buf, m := openField(buf, responseDelta)
+		buf = appendWorkers(buf, deltaUpserts, b.workers, routerID)
+		for _, id := range b.removed { // repeated: every element, empty or not
+			buf = protowire.AppendTag(buf, deltaRemoved, protowire.BytesType)
+			buf = protowire.AppendString(buf, validUTF8(id))
+		}
+		return closeField(buf, m)
+	}
+}
+
+// appendWorkers appends each worker as a field num, as routerID sees it.
+func appendWorkers(buf []byte, num protowire.Number, workers []*registry.Worker, routerID string) []byte {
+	for _, w := range workers {
+		var m int
+		buf, m = openField(buf, num)
+		buf = appendWorker(buf, w, routerID)
+		buf = closeField(buf, m)
+	}
+	return buf
+}
+
+// appendWorker appends the fields of RoutingWorker(w, routerID).
+func appendWorker(buf []byte, w *registry.Worker, routerID string) []byte {
+	spec := w.Spec
+	v := viewOf(w)
+	buf = appendString(buf, 1, w.ID)
+	buf = appendString(buf, 2, spec.GetUrl())
+	buf = appendString(buf, 3, w.Model)
+	buf = appendString(buf, 4, w.Type)
+	buf = appendInt(buf, 5, int64(v.priority))
+	buf = appendDouble(buf, 6, v.cost)
+	buf = appendBool(buf, 7, w.Ready())
+	buf = appendInt(buf, 8, int64(v.veto))
+	buf = appendString(buf, 9, v.vetoReason)
+	buf = appendInt(buf, 10, v.waiting)
+	buf = appendInt(buf, 11, v.running)
+	buf = appendDouble(buf, 12, v.tokenUsage)
+	buf = appendInt(buf, 13, maxRunning(w))
+	buf = appendUint(buf, 14, w.LoadRevision)
+	buf = appendInt(buf, 15, int64(spec.GetBootstrapPort()))
+	buf = appendUint(buf, 16, w.ContactSeq)
+	buf = appendString(buf, 17, spec.GetApiKey())
+	buf = appendInt(buf, 18, windowShare(w, routerID))
+	buf = appendInt(buf, 19, w.Admission.Rooms())
+	buf = appendBool(buf, 20, w.Overloaded)
+	buf = appendString(buf, 21, w.OverloadReason)
+	return buf
+}
+
+// openField appends field num's tag and a one-byte placeholder for its
+// length, and returns where the length goes (closeField writes it).
+func openField(buf []byte, num protowire.Number) ([]byte, int) {
+	buf = protowire.AppendTag(buf, num, protowire.BytesType)
+	return append(buf, 0), len(buf)
+}
+
+// closeField writes the length of the field opened at m, moving its content
+// when the length needs more than the byte kept for it.
+func closeField(buf []byte, m int) []byte {
+	n := len(buf) - m - 1
+	if n < 0x80 {
+		buf[m] = byte(n)
+		return buf
+	}
+	extra := protowire.SizeVarint(uint64(n)) - 1
+	buf = append(buf, make([]byte, extra)...)
+	copy(buf[m+1+extra:], buf[m+1:m+1+n])
+	protowire.AppendVarint(buf[:m], uint64(n))
+	return buf
+}
+
+// Scalar fields, left out at their zero value as proto3 does.
+
+func appendString(buf []byte, num protowire.Number, v string) []byte {
+	if v == "" {
+		return buf
+	}
+	return protowire.AppendString(protowire.AppendTag(buf, num, protowire.BytesType), validUTF8(v))
+}
+
+func appendInt(buf []byte, num protowire.Number, v int64) []byte {
+	return appendUint(buf, num, uint64(v)) // negative: ten bytes, as int32 and int64 fields encode
+}
+
+func appendUint(buf []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return buf
+	}
+	return protowire.AppendVarint(protowire.AppendTag(buf, num, protowire.VarintType), v)
+}
+
+func appendBool(buf []byte, num protowire.Number, v bool) []byte {
+	if !v {
+		return buf
+	}
+	return protowire.AppendVarint(protowire.AppendTag(buf, num, protowire.VarintType), 1)
+}
+
+func appendDouble(buf []byte, num protowire.Number, v float64) []byte {
+	b := math.Float64bits(v)
+	if b == 0 { // +0 only: -0 is sent, as proto.Marshal does
+		return buf
+	}
+	return protowire.AppendFixed64(protowire.AppendTag(buf, num, protowire.Fixed64Type), b)
+}
+
+// validUTF8 is v with invalid UTF-8 replaced: proto3 strings must be valid
+// UTF-8 (proto.Marshal refuses them, a router's decode fails on them), and
+// one worker's bad name must not cost every router its snapshot.
+func validUTF8(v string) string {
+	if utf8.ValidString(v) {
+		return v
+	}
+	return strings.ToValidUTF8(v, "\uFFFD")
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err) // FleetSettings always marshals: a bug if not
+	}
+	return b
+}
+
+// rawMessage is a message whose wire bytes are raw: gRPC's codec copies
+// them as they are (an Empty's unknown fields), without parsing them.
+func rawMessage(raw []byte) proto.Message {
+	m := &emptypb.Empty{}
+	m.ProtoReflect().SetUnknown(raw)
+	return m
+}
+
+// bufPool is encoding buffers by size class (a power of two): a message's
+// bytes are copied by gRPC as it prepares them, after which the buffer is
+// free for the next message.
+type bufPool [maxBufClass + 1]sync.Pool
+
+const (
+	minBufClass = 12 // 4 KiB
+	maxBufClass = 26 // 64 MiB; larger buffers are left to the GC
+)
+
+// get is an empty buffer of at least size bytes of capacity.
+func (p *bufPool) get(size int) *[]byte {
+	c := max(minBufClass, bits.Len(uint(max(size, 1)-1)))
+	if c <= maxBufClass {
+		if b, ok := p[c].Get().(*[]byte); ok {
+			return b
+		}
+	}
+	b := make([]byte, 0, 1<<c)
+	return &b
+}
+
+// put keeps buf (grown from *b or not) for a later get; nobody may use it
+// afterwards.
+func (p *bufPool) put(b *[]byte, buf []byte) {
+	c := bits.Len(uint(cap(buf))) - 1 // the largest class it holds
+	if c < minBufClass || c > maxBufClass {
+		return
+	}
+	*b = buf[:0]
+	p[c].Put(b)
+}
