@@ -1,10 +1,15 @@
 package ingest
 
 import (
+	"cmp"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -14,16 +19,30 @@ import (
 // ingest path updates no metric: smg_engine_* per worker/model/dp_rank and
 // smg_workers_overloaded per model. A removed worker's smg_engine_* series
 // read -1 (series cannot be deleted from a scraper's view).
+//
+// A scrape at 10,000 workers writes 50,000 series. Each series' label pairs
+// are built once and kept with the worker until its URL, model or ranks
+// change; a scrape's values go out in one slice of gauges; and the series go
+// out in the order the registry sorts them into (kept sorted across scrapes,
+// re-sorted only when a series comes or goes), so that its sort finds them
+// in order. A scrape costs the garbage collector one allocation per series
+// (the registry's), not one per label, and little sorting.
 type Collector struct {
 	reg *registry.Registry
 
-	mu      sync.Mutex
-	removed map[rankKey]struct{}
-	order   []rankKey           // eviction order of removed, oldest first
-	models  map[string]struct{} // every model seen, so a model whose last worker went reads 0
+	mu         sync.Mutex
+	scrape     uint64                  // count of scrapes, to mark what each saw
+	workers    map[string]*workerPairs // by worker id, every worker the last scrape saw
+	models     map[string]*modelPairs  // models with workers, and the ones remembered
+	remembered int                     // models kept after their last worker went
+	removed    map[rankKey]*tombstone
+	order      []rankKey // eviction order of removed, oldest first
+	sorted     []series  // every rank of workers and removed in label order
+	dirty      bool      // sorted misses a series or holds one dropped
 }
 
-// maxTombstones bounds how many removed series keep reporting -1.
+// maxTombstones bounds how many removed series keep reporting -1, and how
+// many models keep reporting smg_workers_overloaded 0 after their last worker.
 const maxTombstones = 4096
 
 type rankKey struct{ worker, model, rank string }
@@ -35,75 +54,290 @@ var (
 	descThroughput = prometheus.NewDesc("smg_engine_gen_throughput", "Generation throughput (tokens/s) the engine last reported (-1: worker removed).", []string{"worker", "model", "dp_rank"}, nil)
 	descCacheHit   = prometheus.NewDesc("smg_engine_cache_hit_rate", "Prefix cache hit rate (0-1) the engine last reported (-1: worker removed).", []string{"worker", "model", "dp_rank"}, nil)
 	descOverloaded = prometheus.NewDesc("smg_workers_overloaded", "Workers currently excluded from routing by overload protection.", []string{"model"}, nil)
+
+	// engineDescs in the order a rank's five series are written.
+	engineDescs = [5]*prometheus.Desc{descWaiting, descTokenUsage, descRunning, descThroughput, descCacheHit}
 )
+
+// The label names, shared by every pair (a LabelPair is read-only once built).
+var (
+	nameWorker = "worker"
+	nameModel  = "model"
+	nameRank   = "dp_rank"
+)
+
+// gauge is one series of one scrape: a prometheus.Metric over label pairs
+// kept across scrapes. A scrape's gauges are one slice, never grown once
+// set (g points into it); Write hands out pointers into it, which the
+// scrape's encoder reads after Collect returns.
+type gauge struct {
+	desc   *prometheus.Desc
+	labels []*dto.LabelPair // sorted by name, as the registry expects
+	value  float64
+	g      dto.Gauge
+}
+
+func (g *gauge) set(desc *prometheus.Desc, labels []*dto.LabelPair, v float64) {
+	g.desc, g.labels, g.value = desc, labels, v
+	g.g.Value = &g.value
+}
+
+// Desc implements prometheus.Metric.
+func (g *gauge) Desc() *prometheus.Desc { return g.desc }
+
+// Write implements prometheus.Metric.
+func (g *gauge) Write(m *dto.Metric) error {
+	m.Label, m.Gauge = g.labels, &g.g
+	return nil
+}
+
+// workerPairs is a worker's label pairs as of the last scrape that saw it.
+type workerPairs struct {
+	url, model string
+	modelPairs *modelPairs
+	ranks      []rankPairs // as the worker's ranks, never grown (sorted points into it)
+	seen       uint64      // scrape that saw the worker last
+}
+
+// rankPairs is one rank's series and its values in the scrape that saw it.
+type rankPairs struct {
+	rank   int32
+	key    rankKey
+	labels []*dto.LabelPair // nil: a duplicate rank, or a label not UTF-8: not written
+	values [5]float64       // in the order of engineDescs
+	seen   uint64
+}
+
+// modelPairs is a model's smg_workers_overloaded series and its count in
+// the scrape that saw it last.
+type modelPairs struct {
+	labels     []*dto.LabelPair
+	overloaded int
+	seen       uint64
+	remembered bool
+}
+
+// tombstone is a removed series, written at -1.
+type tombstone struct {
+	key    rankKey
+	labels []*dto.LabelPair
+	live   uint64 // scrape in which a live worker had the same series
+}
+
+// series is an entry of Collector.sorted: a live rank or a tombstone.
+type series struct {
+	key  *rankKey
+	rank *rankPairs
+	tomb *tombstone
+}
 
 // NewCollector returns a collector over reg; register it on a Registerer.
 func NewCollector(reg *registry.Registry) *Collector {
-	return &Collector{reg: reg, removed: map[rankKey]struct{}{}, models: map[string]struct{}{}}
+	return &Collector{reg: reg, workers: map[string]*workerPairs{}, models: map[string]*modelPairs{},
+		removed: map[rankKey]*tombstone{}}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descWaiting, descTokenUsage, descRunning, descThroughput, descCacheHit, descOverloaded} {
+	for _, d := range engineDescs {
 		ch <- d
 	}
+	ch <- descOverloaded
 }
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	snap := c.reg.Snapshot()
-	overloaded := map[string]int{}
-	live := map[rankKey]struct{}{}
-	for _, w := range snap.Workers() {
-		if w.Overloaded {
-			overloaded[w.Model]++
-		} else if _, ok := overloaded[w.Model]; !ok {
-			overloaded[w.Model] = 0
-		}
-		for _, r := range w.Load.GetRanks() {
-			k := rankKey{w.Spec.GetUrl(), w.Model, strconv.Itoa(int(r.GetDpRank()))}
-			live[k] = struct{}{}
-			emitRank(ch, k, r)
-		}
+	ranks, models := c.collect()
+	for i := range ranks {
+		ch <- &ranks[i]
 	}
-	c.mu.Lock()
-	for m := range overloaded {
-		if _, ok := c.models[m]; !ok && len(c.models) < maxTombstones {
-			c.models[m] = struct{}{}
-		}
-	}
-	for m := range c.models {
-		if _, ok := overloaded[m]; !ok {
-			overloaded[m] = 0
-		}
-	}
-	c.mu.Unlock()
-	for model, n := range overloaded {
-		ch <- prometheus.MustNewConstMetric(descOverloaded, prometheus.GaugeValue, float64(n), model)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for k := range c.removed {
-		if _, back := live[k]; back {
-			continue
-		}
-		emitRank(ch, k, nil)
+	for i := range models {
+		ch <- &models[i]
 	}
 }
 
-func emitRank(ch chan<- prometheus.Metric, k rankKey, r *smgv1.RankLoad) {
-	gone := r == nil
-	v := func(x float64) float64 {
-		if gone {
-			return -1
+// collect builds one scrape's gauges under the lock: every live rank's and
+// every tombstone no live worker shadows, in label order, and every model's.
+// It sends nothing, so a slow scraper never holds the lock.
+func (c *Collector) collect() (ranks, models []gauge) {
+	workers := c.reg.Snapshot().Workers()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.scrape++
+	now := c.scrape
+	for _, w := range workers {
+		p := c.pairsOf(w)
+		p.seen = now
+		m := p.modelPairs
+		if m.seen != now {
+			m.seen, m.overloaded = now, 0
 		}
-		return x
+		if w.Overloaded {
+			m.overloaded++
+		}
+		for i, r := range w.Load.GetRanks() {
+			rp := &p.ranks[i]
+			if rp.labels == nil {
+				continue
+			}
+			rp.seen = now
+			rp.values = [5]float64{float64(r.GetWaitingRequests()), r.GetTokenUsage(), float64(r.GetRunningRequests()),
+				r.GetGenThroughput(), r.GetCacheHitRate()}
+			if len(c.removed) > 0 {
+				if t := c.removed[rp.key]; t != nil {
+					t.live = now
+				}
+			}
+		}
 	}
-	ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, v(float64(r.GetWaitingRequests())), k.worker, k.model, k.rank)
-	ch <- prometheus.MustNewConstMetric(descTokenUsage, prometheus.GaugeValue, v(r.GetTokenUsage()), k.worker, k.model, k.rank)
-	ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, v(float64(r.GetRunningRequests())), k.worker, k.model, k.rank)
-	ch <- prometheus.MustNewConstMetric(descThroughput, prometheus.GaugeValue, v(r.GetGenThroughput()), k.worker, k.model, k.rank)
-	ch <- prometheus.MustNewConstMetric(descCacheHit, prometheus.GaugeValue, v(r.GetCacheHitRate()), k.worker, k.model, k.rank)
+	if len(c.workers) > len(workers) {
+		for id, p := range c.workers {
+			if p.seen != now {
+				delete(c.workers, id)
+				c.dirty = true
+			}
+		}
+	}
+	if c.dirty {
+		c.sort()
+	}
+	ranks = make([]gauge, len(engineDescs)*len(c.sorted))
+	k := 0
+	for _, s := range c.sorted {
+		switch {
+		case s.rank != nil && s.rank.seen == now:
+			for j, d := range engineDescs {
+				ranks[k].set(d, s.rank.labels, s.rank.values[j])
+				k++
+			}
+		case s.tomb != nil && s.tomb.live != now:
+			for _, d := range engineDescs {
+				ranks[k].set(d, s.tomb.labels, -1)
+				k++
+			}
+		}
+	}
+	models = make([]gauge, len(c.models))
+	k2 := 0
+	for name, m := range c.models {
+		switch {
+		case m.seen == now:
+		case m.remembered:
+			m.overloaded = 0
+		default:
+			delete(c.models, name) // forgotten with its last worker
+			continue
+		}
+		if m.labels != nil {
+			models[k2].set(descOverloaded, m.labels, float64(m.overloaded))
+			k2++
+		}
+	}
+	return ranks[:k], models[:k2]
+}
+
+// sort rebuilds sorted: by dp_rank, model and worker, the order of their
+// label pairs, as the registry sorts a family's series.
+func (c *Collector) sort() {
+	c.sorted = c.sorted[:0]
+	for _, p := range c.workers {
+		for i := range p.ranks {
+			if rp := &p.ranks[i]; rp.labels != nil {
+				c.sorted = append(c.sorted, series{key: &rp.key, rank: rp})
+			}
+		}
+	}
+	for _, t := range c.removed {
+		c.sorted = append(c.sorted, series{key: &t.key, tomb: t})
+	}
+	slices.SortFunc(c.sorted, func(a, b series) int {
+		return cmp.Or(strings.Compare(a.key.rank, b.key.rank), strings.Compare(a.key.model, b.key.model),
+			strings.Compare(a.key.worker, b.key.worker))
+	})
+	clear(c.sorted[len(c.sorted):cap(c.sorted)]) // drop what the last sort held
+	c.dirty = false
+}
+
+// pairsOf returns w's label pairs, built anew only when its URL, model or
+// ranks changed since the last scrape. Duplicate dp_ranks in one report
+// (an agent's mistake) keep the first: two series with the same labels
+// would fail the whole scrape.
+func (c *Collector) pairsOf(w *registry.Worker) *workerPairs {
+	url, ranks := w.Spec.GetUrl(), w.Load.GetRanks()
+	p := c.workers[w.ID]
+	if p == nil || p.url != url || p.model != w.Model {
+		p = &workerPairs{url: url, model: w.Model, modelPairs: c.model(w.Model)}
+		c.workers[w.ID] = p
+		c.dirty = true
+	}
+	if len(p.ranks) == len(ranks) {
+		same := true
+		for i, r := range ranks {
+			same = same && p.ranks[i].rank == r.GetDpRank()
+		}
+		if same {
+			return p
+		}
+	}
+	old := p.ranks
+	c.dirty = true
+	p.ranks = make([]rankPairs, len(ranks))
+	for i, r := range ranks {
+		rp := &p.ranks[i]
+		rp.rank = r.GetDpRank()
+		if firstRank(ranks, i) {
+			*rp = reuseRank(old, rp.rank, url, w.Model, p.modelPairs)
+		}
+	}
+	return p
+}
+
+// firstRank reports whether ranks[i] is the first with its dp_rank.
+func firstRank(ranks []*smgv1.RankLoad, i int) bool {
+	for _, r := range ranks[:i] {
+		if r.GetDpRank() == ranks[i].GetDpRank() {
+			return false
+		}
+	}
+	return true
+}
+
+// reuseRank returns the pairs of the given rank from old, or builds them.
+func reuseRank(old []rankPairs, rank int32, url, model string, m *modelPairs) rankPairs {
+	for _, o := range old {
+		if o.rank == rank && o.labels != nil {
+			return o
+		}
+	}
+	rp := rankPairs{rank: rank, key: rankKey{url, model, strconv.Itoa(int(rank))}}
+	if m.labels != nil && utf8.ValidString(url) {
+		rp.labels = rankLabels(rp.key, m.labels[0])
+	}
+	return rp
+}
+
+// rankLabels is a series' pairs, sorted by name; model is shared with the
+// model's series.
+func rankLabels(k rankKey, model *dto.LabelPair) []*dto.LabelPair {
+	return []*dto.LabelPair{{Name: &nameRank, Value: &k.rank}, model, {Name: &nameWorker, Value: &k.worker}}
+}
+
+// model returns the model's series, created on first sight; the first
+// maxTombstones models are remembered after their last worker goes.
+func (c *Collector) model(name string) *modelPairs {
+	m := c.models[name]
+	if m == nil {
+		m = &modelPairs{}
+		if utf8.ValidString(name) {
+			m.labels = []*dto.LabelPair{{Name: &nameModel, Value: &name}}
+		}
+		if c.remembered < maxTombstones {
+			m.remembered = true
+			c.remembered++
+		}
+		c.models[name] = m
+	}
+	return m
 }
 
 // Removed records a removed worker so its series read -1 from now on.
@@ -115,11 +349,15 @@ func (c *Collector) Removed(w *registry.Worker) {
 		if _, ok := c.removed[k]; ok {
 			continue
 		}
+		if !utf8.ValidString(k.worker) || !utf8.ValidString(k.model) {
+			continue
+		}
 		if len(c.order) == maxTombstones {
 			delete(c.removed, c.order[0])
 			c.order = c.order[1:]
 		}
-		c.removed[k] = struct{}{}
+		c.removed[k] = &tombstone{key: k, labels: rankLabels(k, &dto.LabelPair{Name: &nameModel, Value: &k.model})}
 		c.order = append(c.order, k)
+		c.dirty = true
 	}
 }
