@@ -13,7 +13,7 @@ import (
 // stored.
 type hookRider struct{ hook func() }
 
-func (hookRider) PendingIDs() []string { return nil }
+func (hookRider) PendingIDs(ids []string) []string { return ids }
 
 func (r hookRider) Take([]string) (func(w, c *registry.Worker) bool, func(*registry.Txn, *registry.Worker, *registry.Worker)) {
 	r.hook()

@@ -54,6 +54,17 @@ type Ingester struct {
 
 	fmu   sync.Mutex  // one Flush at a time
 	chunk []chunkLoad // the running flush's transaction (fmu held)
+	ids   []string    // the running flush's workers (fmu held)
+	// records are fresh records for the next flush transaction to clone
+	// into (fmu held), and fresh is loads for reports to copy into (mu
+	// held): both made by the flush outside every lock, none ever stored
+	// before it is used. A flush runs during the collector's mark phases,
+	// which charge allocations to whoever makes them, as assists: made
+	// inside the registry's transaction, they would hold up a flip waiting
+	// for it; made by a report under mu, every agent stream behind it.
+	records []*registry.Worker
+	fresh   []*smgv1.EngineLoad
+	made    []*smgv1.EngineLoad // fresh loads on their way to fresh (fmu held)
 
 	// betweenChunks, for tests, runs between a flush's transactions.
 	betweenChunks func()
@@ -78,8 +89,8 @@ type Options struct {
 
 // Rider is evidence pending elsewhere that a flush stores with the loads.
 type Rider interface {
-	// PendingIDs lists the workers with evidence pending now.
-	PendingIDs() []string
+	// PendingIDs appends the workers with evidence pending now to ids.
+	PendingIDs(ids []string) []string
 	// Take moves out the pending evidence of ids; Flush calls it inside
 	// the transaction that stores it. apply moves c (a clone of w about to
 	// be inserted) by c.ID's evidence and reports whether it changed c;
@@ -129,7 +140,7 @@ func (in *Ingester) Flush() {
 	in.mu.Lock()
 	in.flushing, in.pending = in.pending, in.flushing // flushing is empty between flushes
 	in.bumping, in.refresh = in.refresh, in.bumping   // so is bumping
-	ids := make([]string, 0, len(in.flushing)+len(in.bumping))
+	ids := in.ids[:0]
 	for id := range in.flushing {
 		ids = append(ids, id)
 	}
@@ -139,12 +150,14 @@ func (in *Ingester) Flush() {
 		}
 	}
 	if in.opts.Rider != nil {
-		for _, id := range in.opts.Rider.PendingIDs() {
+		n := len(ids)
+		ids = in.opts.Rider.PendingIDs(ids)
+		rest := slices.DeleteFunc(ids[n:], func(id string) bool {
 			_, dup := in.flushing[id]
-			if _, bump := in.bumping[id]; !dup && !bump {
-				ids = append(ids, id)
-			}
-		}
+			_, bump := in.bumping[id]
+			return dup || bump
+		})
+		ids = ids[:n+len(rest)]
 	}
 	in.mu.Unlock()
 	// In key order, each transaction writes one stretch of the id index's
@@ -161,6 +174,8 @@ func (in *Ingester) Flush() {
 	clear(in.flushing)
 	clear(in.bumping)
 	in.mu.Unlock()
+	clear(ids)
+	in.ids = ids[:0]
 }
 
 // chunkLoad is what a flush transaction stores for one worker besides the
@@ -202,10 +217,16 @@ func (in *Ingester) storeChunk(ids []string) {
 		delete(in.bumping, id)
 		in.inflight[id] = e
 	}
+	room := maxFresh - len(in.fresh) // only reports take from it meanwhile
 	in.mu.Unlock()
+	for len(in.records) < len(ents) {
+		in.records = append(in.records, new(registry.Worker))
+	}
+	used := 0 // records stored
 	var flips []flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		flips = flips[:0]
+		used = 0
 		apply := func(_, _ *registry.Worker) bool { return false }
 		stored := func(*registry.Txn, *registry.Worker, *registry.Worker) {}
 		if in.opts.Rider != nil {
@@ -217,7 +238,7 @@ func (in *Ingester) storeChunk(ids []string) {
 			if w == nil {
 				continue
 			}
-			c := w.Clone()
+			c := w.CloneInto(in.records[used])
 			newer := e.superseded.Load()
 			hasLoad := e.load != nil && !newer
 			bump := e.bump && !newer && !hasLoad && refreshable(w)
@@ -231,6 +252,7 @@ func (in *Ingester) storeChunk(ids []string) {
 				continue
 			}
 			t.Insert(c)
+			used++
 			stored(t, w, c)
 			if f := flipOf(w, c); f.flipped {
 				flips = append(flips, f)
@@ -238,7 +260,25 @@ func (in *Ingester) storeChunk(ids []string) {
 		}
 		return nil
 	})
+	// The records stored are the registry's now; the loads stored are
+	// replaced by as many fresh ones for the reports to come (a worker's
+	// next pending load).
+	loads := 0
+	for i := range ents {
+		if ents[i].load != nil {
+			loads++
+		}
+	}
+	n := copy(in.records, in.records[used:])
+	clear(in.records[n:])
+	in.records = in.records[:n]
+	for range min(loads, room) {
+		in.made = append(in.made, newLoad())
+	}
 	in.mu.Lock()
+	in.fresh = append(in.fresh, in.made...)
+	clear(in.made)
+	in.made = in.made[:0]
 	for i := range ents {
 		delete(in.inflight, ents[i].id)
 		ents[i].load = nil
@@ -261,6 +301,20 @@ func (in *Ingester) storeChunk(ids []string) {
 	for _, f := range append(flips, again...) {
 		in.logFlip(f)
 	}
+}
+
+// maxFresh bounds the fresh loads kept for reports: a flush's worth.
+const maxFresh = 1 << 14
+
+// freshLoad returns a load no one holds, to copy a report into (mu held).
+func (in *Ingester) freshLoad() *smgv1.EngineLoad {
+	if n := len(in.fresh); n > 0 {
+		l := in.fresh[n-1]
+		in.fresh[n-1] = nil
+		in.fresh = in.fresh[:n-1]
+		return l
+	}
+	return newLoad()
 }
 
 // stands reports whether load (its signals set) leaves id's stored verdict
@@ -348,7 +402,7 @@ func (in *Ingester) reportLocked(workerID string, load *smgv1.EngineLoad, copied
 					setSignals(CopyLoad(p, load), waiting, usage) // the pending load is ours alone
 					return nil
 				}
-				load = CopyLoad(nil, load)
+				load = CopyLoad(in.freshLoad(), load)
 			}
 			setSignals(load, waiting, usage)
 			in.pending[workerID] = load // the verdict stands: commit with the next flush
@@ -364,7 +418,7 @@ func (in *Ingester) reportLocked(workerID string, load *smgv1.EngineLoad, copied
 	// stored after it (a pending report leaves it be: it is stored after).
 	in.supersede(workerID)
 	if copied {
-		load = CopyLoad(nil, load)
+		load = CopyLoad(in.freshLoad(), load)
 	}
 	setSignals(load, waiting, usage)
 	f, err := in.commit(workerID, load)
@@ -390,16 +444,22 @@ type loadBlock struct {
 	at    timestamppb.Timestamp
 }
 
+// newLoad returns an empty load with room for one rank and a timestamp, in
+// one allocation.
+func newLoad() *smgv1.EngineLoad {
+	blk := &loadBlock{}
+	blk.ranks[0] = &blk.rank
+	blk.load.Ranks = blk.ranks[:0]
+	blk.load.ReportedAt = &blk.at
+	return &blk.load
+}
+
 // CopyLoad copies every field of src into dst, reusing dst's ranks and
 // timestamp (dst must be the caller's alone), or into a new load when dst
 // is nil, and returns it. Unknown fields are not copied.
 func CopyLoad(dst, src *smgv1.EngineLoad) *smgv1.EngineLoad {
-	var blk *loadBlock
 	if dst == nil {
-		blk = &loadBlock{}
-		dst = &blk.load
-		dst.Ranks = blk.ranks[:0]
-		dst.ReportedAt = &blk.at
+		dst = newLoad()
 	}
 	dst.Source = src.GetSource()
 	dst.WaitingRequests, dst.RunningRequests = src.GetWaitingRequests(), src.GetRunningRequests()
@@ -415,12 +475,9 @@ func CopyLoad(dst, src *smgv1.EngineLoad) *smgv1.EngineLoad {
 	ranks := dst.Ranks[:0]
 	for i, s := range src.GetRanks() {
 		var r *smgv1.RankLoad
-		switch {
-		case i < cap(ranks) && ranks[:i+1][i] != nil:
+		if i < cap(ranks) && ranks[:i+1][i] != nil {
 			r = ranks[:i+1][i]
-		case i == 0 && blk != nil:
-			r = &blk.rank
-		default:
+		} else {
 			r = &smgv1.RankLoad{}
 		}
 		r.DpRank, r.WaitingRequests, r.RunningRequests = s.GetDpRank(), s.GetWaitingRequests(), s.GetRunningRequests()

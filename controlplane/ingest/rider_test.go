@@ -22,7 +22,7 @@ type countingRider struct {
 	applied, saved map[string]int
 }
 
-func (r *countingRider) PendingIDs() []string { return r.next.PendingIDs() }
+func (r *countingRider) PendingIDs(ids []string) []string { return r.next.PendingIDs(ids) }
 
 func (r *countingRider) Take(ids []string) (func(w, c *registry.Worker) bool, func(*registry.Txn, *registry.Worker, *registry.Worker)) {
 	apply, stored := r.next.Take(ids)

@@ -106,7 +106,7 @@ func TestSweepJudgesPendingRecordsWithOptionsFlush(t *testing.T) {
 	if reg.Get("w1") != stored || reg.Revision() != rev {
 		t.Fatal("the sweep wrote a worker whose pending record moved no verdict")
 	}
-	if ids := tr.PendingIDs(); len(ids) != 1 || ids[0] != "w1" {
+	if ids := tr.PendingIDs(nil); len(ids) != 1 || ids[0] != "w1" {
 		t.Fatalf("pending after the sweep: %v, want w1's record kept for the next flush", ids)
 	}
 	flushOn = true
@@ -126,7 +126,7 @@ func TestSweepJudgesPendingRecordsWithOptionsFlush(t *testing.T) {
 	if got := pushedAt(reg); !got.Equal(later) {
 		t.Fatalf("PushedAt = %v with the veto, want the record it was judged with (%v)", got, later)
 	}
-	if ids := tr.PendingIDs(); len(ids) != 0 {
+	if ids := tr.PendingIDs(nil); len(ids) != 0 {
 		t.Fatalf("pending after the veto's commit: %v, want none", ids)
 	}
 	if flushes != 4 {
@@ -138,7 +138,7 @@ func TestSweepJudgesPendingRecordsWithOptionsFlush(t *testing.T) {
 // (ingest.Options.Rider): Take inside one transaction.
 func riderFlush(t *testing.T, tr *Tracker, reg *registry.Registry) {
 	t.Helper()
-	ids := tr.PendingIDs()
+	ids := tr.PendingIDs(nil)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
 		apply, stored := tr.Take(ids)
 		for _, id := range ids {

@@ -45,7 +45,7 @@ func TestTakeAppliesThePredictionsEvidence(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if ids := tr.PendingIDs(); len(ids) != 0 {
+		if ids := tr.PendingIDs(nil); len(ids) != 0 {
 			t.Fatalf("records still pending after Take: %v", ids)
 		}
 	}

@@ -197,11 +197,11 @@ func (t *Tracker) predicted(w *registry.Worker) (judge.Liveness, bool) {
 	return ev.Live, true
 }
 
-// PendingIDs implements ingest.Rider: the workers with records pending.
-func (t *Tracker) PendingIDs() []string {
+// PendingIDs implements ingest.Rider: it appends the workers with records
+// pending to ids.
+func (t *Tracker) PendingIDs(ids []string) []string {
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
-	ids := make([]string, 0, len(t.pending))
 	for id := range t.pending {
 		ids = append(ids, id)
 	}

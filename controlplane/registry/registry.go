@@ -122,9 +122,13 @@ func (w *Worker) Presumed() *Worker {
 }
 
 // Clone returns a shallow copy to modify before Insert.
-func (w *Worker) Clone() *Worker {
-	c := *w
-	return &c
+func (w *Worker) Clone() *Worker { return w.CloneInto(new(Worker)) }
+
+// CloneInto is Clone into c, a record the caller allocated and no one else
+// holds (never one that was stored), and returns c.
+func (w *Worker) CloneInto(c *Worker) *Worker {
+	*c = *w
+	return c
 }
 
 // Job is a registration attempt (create or replace).
