@@ -221,8 +221,9 @@ func (h *ring) at(i int) Change { return h.buf[(h.head+i)%len(h.buf)] }
 
 // since returns the ids changed after rev, each once (latest state wins; a
 // change is LoadOnly only if every merged change was), or ok=false when rev
-// is older than the history retained.
-func (h *ring) since(rev uint64) ([]Change, bool) {
+// is older than the history retained. seen is the caller's, empty, and left
+// empty: the index of the changes by id while they are merged.
+func (h *ring) since(rev uint64, seen map[string]int) ([]Change, bool) {
 	if rev < h.evicted {
 		return nil, false
 	}
@@ -239,8 +240,15 @@ func (h *ring) since(rev uint64) ([]Change, bool) {
 	if lo == h.n {
 		return nil, true
 	}
-	var changes []Change
-	seen := make(map[string]int, h.n-lo)
+	changes := make([]Change, 0, h.n-lo)
+	if h.at(lo).Revision == h.at(h.n-1).Revision {
+		// One commit's changes (a watcher keeping up): one per id already.
+		for i := lo; i < h.n; i++ {
+			changes = append(changes, h.at(i))
+		}
+		return changes, true
+	}
+	defer clear(seen)
 	for i := lo; i < h.n; i++ {
 		c := h.at(i)
 		if j, dup := seen[c.WorkerID]; dup {
@@ -305,6 +313,9 @@ type Registry struct {
 	// LoadOnly), so watchers that pace loads do not wake on every flush.
 	routed      chan struct{}
 	routedTaken bool
+	// seen is ring.since's index (pub held), reused: it holds at most a
+	// ring's capacity.
+	seen map[string]int
 
 	// changes and writes are the bookkeeping of the running transaction
 	// (under mu), reset after each.
@@ -664,7 +675,10 @@ func (r *Registry) since(h *ring, rev uint64) ([]Change, uint64, bool) {
 	case rev == r.revision:
 		return nil, r.revision, true
 	}
-	changes, ok := h.since(rev)
+	if r.seen == nil {
+		r.seen = map[string]int{}
+	}
+	changes, ok := h.since(rev, r.seen)
 	return changes, r.revision, ok
 }
 

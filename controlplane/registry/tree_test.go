@@ -61,6 +61,11 @@ func TestTreeFollowsTransactionsAndSnapshotsStay(t *testing.T) {
 		want map[string]*Worker
 	}
 	var snaps []kept
+	type commit struct {
+		before  uint64          // the revision before it
+		touched map[string]bool // id -> deleted
+	}
+	var commits []commit
 	errAbort := errors.New("abort")
 	for round := range 120 {
 		next := maps.Clone(model)
@@ -120,6 +125,29 @@ func TestTreeFollowsTransactionsAndSnapshotsStay(t *testing.T) {
 		for _, c := range changes {
 			if deleted, ok := touched[c.WorkerID]; !ok || c.Deleted != deleted || c.Revision != before+1 {
 				t.Fatalf("round %d: change %+v, want one of the %d touched at revision %d", round, c, len(touched), before+1)
+			}
+		}
+		// Since a few commits back: each id once, as its latest commit
+		// left it (the merge, with the index it reuses).
+		if !abort {
+			commits = append(commits, commit{before, touched})
+		}
+		if len(commits) > 0 {
+			from := max(0, len(commits)-1-rng.IntN(4))
+			want := map[string]commit{}
+			for _, c := range commits[from:] {
+				for id, deleted := range c.touched {
+					want[id] = commit{before: c.before + 1, touched: map[string]bool{id: deleted}}
+				}
+			}
+			changes, _, ok := r.ChangesSince(commits[from].before)
+			if ok && len(changes) != len(want) {
+				t.Fatalf("round %d: %d changes since %d, want %d", round, len(changes), commits[from].before, len(want))
+			}
+			for _, c := range changes {
+				if w, ok := want[c.WorkerID]; !ok || c.Revision != w.before || c.Deleted != w.touched[c.WorkerID] {
+					t.Fatalf("round %d: change %+v since %d, want %+v", round, c, commits[from].before, w)
+				}
 			}
 		}
 		checkTree(t, r.Snapshot().workers, model, fmt.Sprintf("round %d", round))
