@@ -6,13 +6,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/promseries"
 )
 
 // Collector exposes the registry's load and verdicts at scrape time, so the
@@ -58,38 +58,6 @@ var (
 	// engineDescs in the order a rank's five series are written.
 	engineDescs = [5]*prometheus.Desc{descWaiting, descTokenUsage, descRunning, descThroughput, descCacheHit}
 )
-
-// The label names, shared by every pair (a LabelPair is read-only once built).
-var (
-	nameWorker = "worker"
-	nameModel  = "model"
-	nameRank   = "dp_rank"
-)
-
-// gauge is one series of one scrape: a prometheus.Metric over label pairs
-// kept across scrapes. A scrape's gauges are one slice, never grown once
-// set (g points into it); Write hands out pointers into it, which the
-// scrape's encoder reads after Collect returns.
-type gauge struct {
-	desc   *prometheus.Desc
-	labels []*dto.LabelPair // sorted by name, as the registry expects
-	value  float64
-	g      dto.Gauge
-}
-
-func (g *gauge) set(desc *prometheus.Desc, labels []*dto.LabelPair, v float64) {
-	g.desc, g.labels, g.value = desc, labels, v
-	g.g.Value = &g.value
-}
-
-// Desc implements prometheus.Metric.
-func (g *gauge) Desc() *prometheus.Desc { return g.desc }
-
-// Write implements prometheus.Metric.
-func (g *gauge) Write(m *dto.Metric) error {
-	m.Label, m.Gauge = g.labels, &g.g
-	return nil
-}
 
 // workerPairs is a worker's label pairs as of the last scrape that saw it.
 type workerPairs struct {
@@ -159,7 +127,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 // collect builds one scrape's gauges under the lock: every live rank's and
 // every tombstone no live worker shadows, in label order, and every model's.
 // It sends nothing, so a slow scraper never holds the lock.
-func (c *Collector) collect() (ranks, models []gauge) {
+func (c *Collector) collect() (ranks, models []promseries.Gauge) {
 	workers := c.reg.Snapshot().Workers()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -201,23 +169,23 @@ func (c *Collector) collect() (ranks, models []gauge) {
 	if c.dirty {
 		c.sort()
 	}
-	ranks = make([]gauge, len(engineDescs)*len(c.sorted))
+	ranks = make([]promseries.Gauge, len(engineDescs)*len(c.sorted))
 	k := 0
 	for _, s := range c.sorted {
 		switch {
 		case s.rank != nil && s.rank.seen == now:
 			for j, d := range engineDescs {
-				ranks[k].set(d, s.rank.labels, s.rank.values[j])
+				ranks[k].Set(d, s.rank.labels, s.rank.values[j])
 				k++
 			}
 		case s.tomb != nil && s.tomb.live != now:
 			for _, d := range engineDescs {
-				ranks[k].set(d, s.tomb.labels, -1)
+				ranks[k].Set(d, s.tomb.labels, -1)
 				k++
 			}
 		}
 	}
-	models = make([]gauge, len(c.models))
+	models = make([]promseries.Gauge, len(c.models))
 	k2 := 0
 	for name, m := range c.models {
 		switch {
@@ -229,7 +197,7 @@ func (c *Collector) collect() (ranks, models []gauge) {
 			continue
 		}
 		if m.labels != nil {
-			models[k2].set(descOverloaded, m.labels, float64(m.overloaded))
+			models[k2].Set(descOverloaded, m.labels, float64(m.overloaded))
 			k2++
 		}
 	}
@@ -286,7 +254,7 @@ func (c *Collector) pairsOf(w *registry.Worker) *workerPairs {
 		rp := &p.ranks[i]
 		rp.rank = r.GetDpRank()
 		if firstRank(ranks, i) {
-			*rp = reuseRank(old, rp.rank, url, w.Model, p.modelPairs)
+			*rp = reuseRank(old, rp.rank, url, w.Model)
 		}
 	}
 	return p
@@ -303,23 +271,20 @@ func firstRank(ranks []*smgv1.RankLoad, i int) bool {
 }
 
 // reuseRank returns the pairs of the given rank from old, or builds them.
-func reuseRank(old []rankPairs, rank int32, url, model string, m *modelPairs) rankPairs {
+func reuseRank(old []rankPairs, rank int32, url, model string) rankPairs {
 	for _, o := range old {
 		if o.rank == rank && o.labels != nil {
 			return o
 		}
 	}
 	rp := rankPairs{rank: rank, key: rankKey{url, model, strconv.Itoa(int(rank))}}
-	if m.labels != nil && utf8.ValidString(url) {
-		rp.labels = rankLabels(rp.key, m.labels[0])
-	}
+	rp.labels = rankLabels(rp.key)
 	return rp
 }
 
-// rankLabels is a series' pairs, sorted by name; model is shared with the
-// model's series.
-func rankLabels(k rankKey, model *dto.LabelPair) []*dto.LabelPair {
-	return []*dto.LabelPair{{Name: &nameRank, Value: &k.rank}, model, {Name: &nameWorker, Value: &k.worker}}
+// rankLabels is a series' pairs (nil: a label is not UTF-8).
+func rankLabels(k rankKey) []*dto.LabelPair {
+	return promseries.Pairs("worker", k.worker, "model", k.model, "dp_rank", k.rank)
 }
 
 // model returns the model's series, created on first sight; the first
@@ -327,10 +292,7 @@ func rankLabels(k rankKey, model *dto.LabelPair) []*dto.LabelPair {
 func (c *Collector) model(name string) *modelPairs {
 	m := c.models[name]
 	if m == nil {
-		m = &modelPairs{}
-		if utf8.ValidString(name) {
-			m.labels = []*dto.LabelPair{{Name: &nameModel, Value: &name}}
-		}
+		m = &modelPairs{labels: promseries.Pairs("model", name)}
 		if c.remembered < maxTombstones {
 			m.remembered = true
 			c.remembered++
@@ -349,14 +311,15 @@ func (c *Collector) Removed(w *registry.Worker) {
 		if _, ok := c.removed[k]; ok {
 			continue
 		}
-		if !utf8.ValidString(k.worker) || !utf8.ValidString(k.model) {
+		labels := rankLabels(k)
+		if labels == nil {
 			continue
 		}
 		if len(c.order) == maxTombstones {
 			delete(c.removed, c.order[0])
 			c.order = c.order[1:]
 		}
-		c.removed[k] = &tombstone{key: k, labels: rankLabels(k, &dto.LabelPair{Name: &nameModel, Value: &k.model})}
+		c.removed[k] = &tombstone{key: k, labels: labels}
 		c.order = append(c.order, k)
 		c.dirty = true
 	}
