@@ -1,7 +1,6 @@
 package ingest_test
 
 import (
-	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -12,12 +11,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
 
 	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	smgtest "github.com/smg-project/smg/internal/testutil"
 )
 
 // refCollector is the collector as it was before its label pairs were kept
@@ -127,18 +126,11 @@ func (c *refCollector) Removed(w *registry.Worker) {
 // exposition is g's text exposition, what a scraper reads.
 func exposition(t *testing.T, g prometheus.Gatherer) string {
 	t.Helper()
-	mfs, err := g.Gather()
+	s, err := smgtest.Exposition(g)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b bytes.Buffer
-	enc := expfmt.NewEncoder(&b, expfmt.NewFormat(expfmt.TypeTextPlain))
-	for _, mf := range mfs {
-		if err := enc.Encode(mf); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return b.String()
+	return s
 }
 
 // fleet is a registry changed at random, with the new collector and the
@@ -511,39 +503,27 @@ func TestCollectorKeepsLabelPairs(t *testing.T) {
 func TestCollectorConcurrentScrapes(t *testing.T) {
 	f := newFleet(t, 99, 3)
 	f.step(40)
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	for range 4 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				mfs, err := f.got.Gather()
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				counts := map[int]bool{}
-				for _, mf := range mfs {
-					if strings.HasPrefix(mf.GetName(), "smg_engine_") {
-						counts[len(mf.Metric)] = true
-					}
-				}
-				if len(counts) > 1 {
-					t.Errorf("smg_engine_* families of one scrape differ in length: %v", counts)
-					return
-				}
+	// Every smg_engine_* family of one scrape has the same series.
+	sameLength := func(mfs []*dto.MetricFamily) error {
+		lengths := map[int]bool{}
+		for _, mf := range mfs {
+			if strings.HasPrefix(mf.GetName(), "smg_engine_") {
+				lengths[len(mf.Metric)] = true
 			}
-		})
+		}
+		if len(lengths) > 1 {
+			return fmt.Errorf("smg_engine_* families of one scrape differ in length: %v", lengths)
+		}
+		return nil
 	}
-	for range 200 {
-		f.step(5)
+	err := smgtest.GatherWhile(f.got, 4, sameLength, func() {
+		for range 200 {
+			f.step(5)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	close(stop)
-	wg.Wait()
 	if got, want := exposition(t, f.got), exposition(t, f.want); got != want {
 		t.Fatalf("after concurrent scrapes the exposition differs\n--- got\n%s\n--- want\n%s", got, want)
 	}
