@@ -8,7 +8,10 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/smg-project/smg/controlplane/registry"
@@ -360,5 +363,136 @@ func TestStreamsAtOtherRevisionsGetTheirOwnBytes(t *testing.T) {
 		if res := <-results; res.err != nil || res.rev != changes+1 {
 			t.Errorf("%s: %v (held %d, want %d)", res.router, res.err, res.rev, changes+1)
 		}
+	}
+}
+
+// blockedStream holds each send until release is closed, and only then
+// reads the message's bytes: what a router would get if gRPC copied them at
+// the end of SendMsg.
+type blockedStream struct {
+	fakeStream
+	entered chan struct{}
+	release chan struct{}
+	got     chan []byte
+}
+
+func (b *blockedStream) SendMsg(m any) error {
+	b.entered <- struct{}{}
+	<-b.release
+	raw, err := proto.Marshal(m.(proto.Message))
+	b.got <- raw
+	return err
+}
+
+// A frame the cache lets go of while a stream is sending it keeps its bytes
+// until that send returns: frames of newer revisions, written meanwhile in
+// pooled buffers, never land in it. Once the last sender lets go, the frame
+// is not handed out again.
+func TestFrameLetGoDuringASendKeepsItsBytes(t *testing.T) {
+	f := newFrames(nil)
+	msg := func(rev uint64) []byte {
+		return protowireMessage(rev, 50000) // large: sent as a copy
+	}
+	k1 := frameKey{baseKey: baseKey{testEpoch, kindSnapshot, 0, 1}}
+	fr := f.frame(k1)
+	bs := &blockedStream{fakeStream: fakeStream{ctx: t.Context()}, entered: make(chan struct{}),
+		release: make(chan struct{}), got: make(chan []byte, 1)}
+	done := make(chan error, 1)
+	go func() {
+		defer f.release(fr)
+		_, err := f.send(bs, kindSnapshot, fr, 50000, func(b []byte) []byte { return append(b, msg(1)...) })
+		done <- err
+	}()
+	<-bs.entered
+	// Newer revisions: the cache lets go of revision 1's frame; their
+	// frames are written, sent and let go of, their buffers pooled and
+	// taken again.
+	for rev := uint64(2); rev < 50; rev++ {
+		k := frameKey{baseKey: baseKey{testEpoch, kindSnapshot, 0, rev}}
+		next := f.frame(k)
+		if _, err := f.send(&discardStream{ctx: t.Context()}, kindSnapshot, next, 50000, func(b []byte) []byte {
+			return append(b, msg(rev)...)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		f.release(next)
+	}
+	close(bs.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := <-bs.got; string(got) != string(msg(1)) {
+		t.Fatal("a send of revision 1's frame, let go of by the cache meanwhile, wrote other bytes")
+	}
+	if fr.acquire() {
+		t.Fatal("a frame let go of by everyone was handed out again")
+	}
+	if f.frame(k1) == fr {
+		t.Fatal("the key of a frame let go of got it back")
+	}
+}
+
+// protowireMessage is a WatchResponse at rev with a padding of n bytes in an
+// unknown field (content that differs per revision).
+func protowireMessage(rev uint64, n int) []byte {
+	b := appendUint(nil, responseRevision, rev)
+	pad := make([]byte, n)
+	for i := range pad {
+		pad[i] = byte(rev)
+	}
+	return protowire.AppendBytes(protowire.AppendTag(b, 99, protowire.BytesType), pad)
+}
+
+// Over real gRPC a large frame goes as copies to its first copySends
+// streams and is prepared for the next ones; a small one is prepared at
+// once. Every router decodes the same snapshot either way.
+func TestLargeFramesCopiedThenPrepared(t *testing.T) {
+	reg := registry.New(testEpoch, 0)
+	var ws []*registry.Worker
+	for i := range 40 {
+		ws = append(ws, newWorker(fmt.Sprintf("worker-%03d", i)))
+	}
+	put(t, reg, ws...)
+	h := start(t, reg, Options{HeartbeatInterval: time.Hour})
+	snapshotFrame := func() *frame {
+		h.srv.frames.mu.Lock()
+		defer h.srv.frames.mu.Unlock()
+		for k, fr := range h.srv.frames.frames {
+			if k.kind == kindSnapshot {
+				return fr
+			}
+		}
+		return nil
+	}
+	var first *smgv1.WatchResponse
+	for i := range copySends + 2 {
+		m := recv(t, h.watch(t, t.Context(), &smgv1.WatchHello{RouterId: fmt.Sprint("r", i)}))
+		if first == nil {
+			first = m
+			if raw, _ := proto.Marshal(m); mem.IsBelowBufferPoolingThreshold(len(raw)) {
+				t.Fatalf("the snapshot is %d bytes: too small for this test", len(raw))
+			}
+		}
+		if !proto.Equal(m, first) || len(m.GetSnapshot().GetWorkers()) != len(ws) {
+			t.Fatalf("router %d decoded %v, want the snapshot the first did", i, m)
+		}
+		if prepped := snapshotFrame().prepped != nil; prepped != (i >= copySends) {
+			t.Fatalf("after %d routers the snapshot is prepared: %v", i+1, prepped)
+		}
+	}
+	if n := encodedCount(h.srv, "snapshot"); n != 1 {
+		t.Fatalf("%v snapshots encoded for routers joining at one revision, want 1", n)
+	}
+	// A heartbeat (small) is prepared for its first stream.
+	k := frameKey{baseKey: baseKey{testEpoch, kindHeartbeat, 0, reg.Revision()}}
+	st := h.watch(t, t.Context(), &smgv1.WatchHello{RouterId: "resumed", Epoch: testEpoch, Revision: reg.Revision()})
+	if m := recv(t, st); m.GetHeartbeat() == nil {
+		t.Fatalf("resumed at the current revision: got %v, want a heartbeat", m)
+	}
+	h.srv.frames.mu.Lock()
+	fr := h.srv.frames.frames[k]
+	h.srv.frames.mu.Unlock()
+	if fr == nil || fr.prepped == nil {
+		t.Fatal("a heartbeat frame was not prepared at its first send")
 	}
 }

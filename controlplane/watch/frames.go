@@ -6,10 +6,9 @@ import (
 	"sync/atomic"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/grpc/mem"
 
 	"github.com/smg-project/smg/controlplane/registry"
-	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
 // Encode once, send to many. Every stream that needs the same message (the
@@ -75,15 +74,58 @@ type base struct {
 	windowed []int              // indexes into workers with per-router shares
 }
 
-// frame is one encoded message shared by every stream that needs it.
+// frame is one encoded message shared by every stream that needs it. Its
+// bytes are written once, in a pooled buffer that goes back to the pool when
+// nobody holds the frame any more (refs: the cache's hold while it keeps the
+// frame, and one per stream sending it).
+//
+// A large frame's first senders send copies of its bytes (gRPC copies a
+// message into a pooled buffer of its own, freed once written); from the
+// next sender on it is prepared (grpc.PreparedMsg: gRPC's own copy, kept,
+// written to every stream). A load refresh of 10,000 workers is a
+// snapshot of its own for one or two routers: copied, it allocates nothing
+// new; a join or delta shared by many costs one prepared copy.
 type frame struct {
-	once sync.Once
-	prep *grpc.PreparedMsg // the message's bytes, prepared for gRPC
-	// msg is the message decoded again, for a stream that cannot prepare
-	// messages (an in-memory test stream, without gRPC's RPC info); nil
-	// when prep is set.
-	msg  *smgv1.WatchResponse
-	size int // the message's encoded size
+	refs    atomic.Int32
+	once    sync.Once // writes raw
+	buf     *[]byte   // the pool's box of raw
+	raw     []byte    // the message's wire bytes; valid while refs > 0
+	senders atomic.Int32
+	prep    sync.Once
+	prepped *grpc.PreparedMsg // nil: not prepared (yet), or the stream cannot
+}
+
+// copySends is how many streams a large frame is copied to before it is
+// prepared (a small one is always prepared: gRPC's copy of a message under
+// its pooling threshold is a fresh allocation per send).
+const copySends = 2
+
+func newFrame() *frame {
+	fr := &frame{}
+	fr.refs.Store(1)
+	return fr
+}
+
+// acquire takes a hold on fr for a send; false when it was already let go
+// (its buffer may be another frame's by now).
+func (fr *frame) acquire() bool {
+	for {
+		n := fr.refs.Load()
+		if n <= 0 {
+			return false
+		}
+		if fr.refs.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// release lets go of a hold; the last one gives the buffer back.
+func (f *frames) release(fr *frame) {
+	if fr.refs.Add(-1) == 0 && fr.buf != nil {
+		f.bufs.put(fr.buf, fr.raw)
+		fr.buf, fr.raw = nil, nil
+	}
 }
 
 // frames caches the bases and frames of the newest revisions. Entries for a
@@ -147,11 +189,13 @@ func (f *frames) base(k baseKey) *base {
 	return b
 }
 
+// frame returns the frame under k, held for the caller, who releases it
+// once sent.
 func (f *frames) frame(k frameKey) *frame {
 	if f.private {
-		return &frame{}
+		return newFrame() // the caller's hold only
 	}
-	if e := f.lastFrame.Load(); e != nil && e.k == k {
+	if e := f.lastFrame.Load(); e != nil && e.k == k && e.fr.acquire() {
 		return e.fr
 	}
 	f.mu.Lock()
@@ -159,9 +203,10 @@ func (f *frames) frame(k frameKey) *frame {
 	f.advance(k.to)
 	fr := f.frames[k]
 	if fr == nil {
-		fr = &frame{}
+		fr = newFrame() // the cache's hold, until advance drops it
 		f.frames[k] = fr
 	}
+	fr.acquire() // cannot fail: the cache holds it
 	f.lastFrame.Store(&frameEntry{k, fr})
 	return fr
 }
@@ -178,9 +223,10 @@ func (f *frames) advance(rev uint64) {
 			delete(f.bases, k)
 		}
 	}
-	for k := range f.frames {
+	for k, fr := range f.frames {
 		if k.to < rev {
 			delete(f.frames, k)
+			f.release(fr)
 		}
 	}
 }
@@ -210,33 +256,31 @@ func (b *base) list(workers []*registry.Worker) {
 
 // send writes fr to stream, encoding it first if no stream has yet, and
 // says how many bytes the message is. write appends the message's wire
-// bytes to a buffer of about size bytes; it runs once per frame.
+// bytes to a buffer of about size bytes; it runs once per frame. The caller
+// holds fr.
 func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, size int, write func([]byte) []byte) (int, error) {
 	fr.once.Do(func() {
-		b := f.bufs.get(size)
-		raw := write(*b)
-		fr.size = len(raw)
-		prep := &grpc.PreparedMsg{}
-		// Prepare copies raw: the buffer is free again after it.
-		if err := prep.Encode(stream, rawMessage(raw)); err == nil {
-			fr.prep = prep
-			if f.encoded != nil {
-				f.encoded(kind)
-			}
-		} else {
-			// A stream without gRPC's RPC info (an in-memory test stream)
-			// cannot prepare: it is sent the message itself.
-			fr.msg = &smgv1.WatchResponse{}
-			if err := proto.Unmarshal(raw, fr.msg); err != nil {
-				panic(err) // the encoding is proto.Marshal's: a bug if not
-			}
+		fr.buf = f.bufs.get(size)
+		fr.raw = write(*fr.buf)
+		if f.encoded != nil {
+			f.encoded(kind)
 		}
-		f.bufs.put(b, raw)
 	})
-	if fr.prep == nil {
-		return fr.size, stream.SendMsg(fr.msg)
+	if mem.IsBelowBufferPoolingThreshold(len(fr.raw)) || fr.senders.Add(1) > copySends {
+		fr.prep.Do(func() {
+			prep := &grpc.PreparedMsg{}
+			// A stream without gRPC's RPC info (an in-memory test stream)
+			// cannot prepare: it is sent copies.
+			if err := prep.Encode(stream, rawMessage(fr.raw)); err == nil {
+				fr.prepped = prep
+			}
+		})
+		if fr.prepped != nil {
+			return len(fr.raw), stream.SendMsg(fr.prepped)
+		}
 	}
-	return fr.size, stream.SendMsg(fr.prep)
+	// gRPC copies the bytes before SendMsg returns.
+	return len(fr.raw), stream.SendMsg(rawMessage(fr.raw))
 }
 
 // sizeHint is about how many bytes b's message takes (the buffer it is

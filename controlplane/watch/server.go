@@ -651,6 +651,7 @@ func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID
 		warming = s.warmingSecs()
 	}
 	fr := s.frames.frame(frameKey{k, b.shareKey(routerID), warming})
+	defer s.frames.release(fr)
 	n, err := s.frames.send(stream, k.kind, fr, b.sizeHint(), func(buf []byte) []byte {
 		return s.appendResponse(buf, k, b, routerID, warming)
 	})
@@ -677,7 +678,9 @@ func (s *Server) warmingSecs() int32 {
 func (s *Server) sendHeartbeat(stream grpc.ServerStream, epoch string, rev uint64) error {
 	s.metrics.sentBy[kindHeartbeat].Inc()
 	k := baseKey{epoch, kindHeartbeat, 0, rev}
-	_, err := s.frames.send(stream, kindHeartbeat, s.frames.frame(frameKey{baseKey: k}), 0, func(buf []byte) []byte {
+	fr := s.frames.frame(frameKey{baseKey: k})
+	defer s.frames.release(fr)
+	_, err := s.frames.send(stream, kindHeartbeat, fr, 0, func(buf []byte) []byte {
 		return s.appendResponse(buf, k, nil, "", 0)
 	})
 	return err

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -438,12 +439,19 @@ type fakeStream struct {
 
 func (f *fakeStream) Context() context.Context { return f.ctx }
 
-// SendMsg hands the test the message sent: a shared frame's message is
-// decoded from its wire bytes once, so streams handed one frame receive one
-// message (tests compare pointers).
+// SendMsg hands the test the message sent, decoded from its wire bytes as a
+// router decodes it.
 func (f *fakeStream) SendMsg(m any) error {
+	raw, err := proto.Marshal(m.(proto.Message))
+	if err != nil {
+		return err
+	}
+	got := &smgv1.WatchResponse{}
+	if err := proto.Unmarshal(raw, got); err != nil {
+		return err
+	}
 	select {
-	case f.sent <- m.(*smgv1.WatchResponse):
+	case f.sent <- got:
 		return nil
 	case <-f.ctx.Done():
 		return f.ctx.Err()
