@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -36,9 +37,10 @@ type Collector struct {
 	models     map[string]*modelPairs  // models with workers, and the ones remembered
 	remembered int                     // models kept after their last worker went
 	removed    map[rankKey]*tombstone
-	order      []rankKey // eviction order of removed, oldest first
-	sorted     []series  // every rank of workers and removed in label order
-	dirty      bool      // sorted misses a series or holds one dropped
+	order      []rankKey                   // eviction order of removed, oldest first
+	sorted     []series                    // every rank of workers and removed in label order
+	ranks      [sharedRanks]*dto.LabelPair // dp_rank pairs shared by every worker
+	dirty      bool                        // sorted misses a series or holds one dropped
 }
 
 // maxTombstones bounds how many removed series keep reporting -1, and how
@@ -59,20 +61,30 @@ var (
 	engineDescs = [5]*prometheus.Desc{descWaiting, descTokenUsage, descRunning, descThroughput, descCacheHit}
 )
 
+// The label names, shared by every pair built here (a LabelPair is
+// read-only once built).
+var nameWorker, nameRank = "worker", "dp_rank"
+
+// sharedRanks is how many dp_ranks (0 up) have one dp_rank pair for every
+// worker; a pair is kept per worker with each of its series, so the fewer
+// per worker, the less the collector adds to the heap each GC marks.
+const sharedRanks = 64
+
 // workerPairs is a worker's label pairs as of the last scrape that saw it.
 type workerPairs struct {
 	url, model string
+	worker     *dto.LabelPair // worker=url (nil: not UTF-8)
 	modelPairs *modelPairs
-	ranks      []rankPairs // as the worker's ranks, never grown (sorted points into it)
+	ranks      []rankPairs // as the worker's ranks, never grown (sorted and the pairs point into it)
 	seen       uint64      // scrape that saw the worker last
 }
 
-// rankPairs is one rank's series and its values in the scrape that saw it.
+// rankPairs is one rank's series.
 type rankPairs struct {
 	rank   int32
 	key    rankKey
 	labels []*dto.LabelPair // nil: a duplicate rank, or a label not UTF-8: not written
-	values [5]float64       // in the order of engineDescs
+	load   *smgv1.RankLoad  // this scrape's, while it runs
 	seen   uint64
 }
 
@@ -94,9 +106,15 @@ type tombstone struct {
 
 // series is an entry of Collector.sorted: a live rank or a tombstone.
 type series struct {
-	key  *rankKey
 	rank *rankPairs
 	tomb *tombstone
+}
+
+func (s series) key() *rankKey {
+	if s.rank != nil {
+		return &s.rank.key
+	}
+	return &s.tomb.key
 }
 
 // NewCollector returns a collector over reg; register it on a Registerer.
@@ -148,9 +166,7 @@ func (c *Collector) collect() (ranks, models []promseries.Gauge) {
 			if rp.labels == nil {
 				continue
 			}
-			rp.seen = now
-			rp.values = [5]float64{float64(r.GetWaitingRequests()), r.GetTokenUsage(), float64(r.GetRunningRequests()),
-				r.GetGenThroughput(), r.GetCacheHitRate()}
+			rp.seen, rp.load = now, r
 			if len(c.removed) > 0 {
 				if t := c.removed[rp.key]; t != nil {
 					t.live = now
@@ -174,8 +190,12 @@ func (c *Collector) collect() (ranks, models []promseries.Gauge) {
 	for _, s := range c.sorted {
 		switch {
 		case s.rank != nil && s.rank.seen == now:
+			r := s.rank.load
+			s.rank.load = nil // the registry's record, not kept past the scrape
+			v := [5]float64{float64(r.GetWaitingRequests()), r.GetTokenUsage(), float64(r.GetRunningRequests()),
+				r.GetGenThroughput(), r.GetCacheHitRate()}
 			for j, d := range engineDescs {
-				ranks[k].Set(d, s.rank.labels, s.rank.values[j])
+				ranks[k].Set(d, s.rank.labels, v[j])
 				k++
 			}
 		case s.tomb != nil && s.tomb.live != now:
@@ -211,16 +231,16 @@ func (c *Collector) sort() {
 	for _, p := range c.workers {
 		for i := range p.ranks {
 			if rp := &p.ranks[i]; rp.labels != nil {
-				c.sorted = append(c.sorted, series{key: &rp.key, rank: rp})
+				c.sorted = append(c.sorted, series{rank: rp})
 			}
 		}
 	}
 	for _, t := range c.removed {
-		c.sorted = append(c.sorted, series{key: &t.key, tomb: t})
+		c.sorted = append(c.sorted, series{tomb: t})
 	}
 	slices.SortFunc(c.sorted, func(a, b series) int {
-		return cmp.Or(strings.Compare(a.key.rank, b.key.rank), strings.Compare(a.key.model, b.key.model),
-			strings.Compare(a.key.worker, b.key.worker))
+		ka, kb := a.key(), b.key()
+		return cmp.Or(strings.Compare(ka.rank, kb.rank), strings.Compare(ka.model, kb.model), strings.Compare(ka.worker, kb.worker))
 	})
 	clear(c.sorted[len(c.sorted):cap(c.sorted)]) // drop what the last sort held
 	c.dirty = false
@@ -235,6 +255,9 @@ func (c *Collector) pairsOf(w *registry.Worker) *workerPairs {
 	p := c.workers[w.ID]
 	if p == nil || p.url != url || p.model != w.Model {
 		p = &workerPairs{url: url, model: w.Model, modelPairs: c.model(w.Model)}
+		if utf8.ValidString(url) {
+			p.worker = &dto.LabelPair{Name: &nameWorker, Value: &p.url}
+		}
 		c.workers[w.ID] = p
 		c.dirty = true
 	}
@@ -247,17 +270,30 @@ func (c *Collector) pairsOf(w *registry.Worker) *workerPairs {
 			return p
 		}
 	}
-	old := p.ranks
 	c.dirty = true
 	p.ranks = make([]rankPairs, len(ranks))
 	for i, r := range ranks {
 		rp := &p.ranks[i]
 		rp.rank = r.GetDpRank()
-		if firstRank(ranks, i) {
-			*rp = reuseRank(old, rp.rank, url, w.Model)
+		rp.key = rankKey{url, w.Model, strconv.Itoa(int(rp.rank))}
+		if firstRank(ranks, i) && p.worker != nil && p.modelPairs.labels != nil {
+			rp.labels = []*dto.LabelPair{c.rankPair(rp), p.modelPairs.labels[0], p.worker}
 		}
 	}
 	return p
+}
+
+// rankPair is rp's dp_rank pair: one for every worker's rank below
+// sharedRanks, else rp's own.
+func (c *Collector) rankPair(rp *rankPairs) *dto.LabelPair {
+	if rp.rank < 0 || rp.rank >= sharedRanks {
+		return &dto.LabelPair{Name: &nameRank, Value: &rp.key.rank}
+	}
+	if c.ranks[rp.rank] == nil {
+		v := rp.key.rank // not a pointer into rp: the pair outlives the worker
+		c.ranks[rp.rank] = &dto.LabelPair{Name: &nameRank, Value: &v}
+	}
+	return c.ranks[rp.rank]
 }
 
 // firstRank reports whether ranks[i] is the first with its dp_rank.
@@ -270,19 +306,7 @@ func firstRank(ranks []*smgv1.RankLoad, i int) bool {
 	return true
 }
 
-// reuseRank returns the pairs of the given rank from old, or builds them.
-func reuseRank(old []rankPairs, rank int32, url, model string) rankPairs {
-	for _, o := range old {
-		if o.rank == rank && o.labels != nil {
-			return o
-		}
-	}
-	rp := rankPairs{rank: rank, key: rankKey{url, model, strconv.Itoa(int(rank))}}
-	rp.labels = rankLabels(rp.key)
-	return rp
-}
-
-// rankLabels is a series' pairs (nil: a label is not UTF-8).
+// rankLabels is a removed series' pairs (nil: a label is not UTF-8).
 func rankLabels(k rankKey) []*dto.LabelPair {
 	return promseries.Pairs("worker", k.worker, "model", k.model, "dp_rank", k.rank)
 }
