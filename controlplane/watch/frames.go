@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/smg-project/smg/controlplane/registry"
 )
@@ -87,9 +88,10 @@ type base struct {
 // new; a join or delta shared by many costs one prepared copy.
 type frame struct {
 	refs    atomic.Int32
-	once    sync.Once // writes raw
-	buf     *[]byte   // the pool's box of raw
-	raw     []byte    // the message's wire bytes; valid while refs > 0
+	once    sync.Once     // writes raw
+	buf     *[]byte       // the pool's box of raw
+	raw     []byte        // the message's wire bytes; valid while refs > 0
+	wire    proto.Message // raw as a message gRPC's codec copies (marshals concurrently)
 	senders atomic.Int32
 	prep    sync.Once
 	prepped *grpc.PreparedMsg // nil: not prepared (yet), or the stream cannot
@@ -124,7 +126,7 @@ func (fr *frame) acquire() bool {
 func (f *frames) release(fr *frame) {
 	if fr.refs.Add(-1) == 0 && fr.buf != nil {
 		f.bufs.put(fr.buf, fr.raw)
-		fr.buf, fr.raw = nil, nil
+		fr.buf, fr.raw, fr.wire = nil, nil, nil
 	}
 }
 
@@ -262,6 +264,7 @@ func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, size 
 	fr.once.Do(func() {
 		fr.buf = f.bufs.get(size)
 		fr.raw = write(*fr.buf)
+		fr.wire = rawMessage(fr.raw)
 		if f.encoded != nil {
 			f.encoded(kind)
 		}
@@ -271,7 +274,7 @@ func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, size 
 			prep := &grpc.PreparedMsg{}
 			// A stream without gRPC's RPC info (an in-memory test stream)
 			// cannot prepare: it is sent copies.
-			if err := prep.Encode(stream, rawMessage(fr.raw)); err == nil {
+			if err := prep.Encode(stream, fr.wire); err == nil {
 				fr.prepped = prep
 			}
 		})
@@ -280,7 +283,7 @@ func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, size 
 		}
 	}
 	// gRPC copies the bytes before SendMsg returns.
-	return len(fr.raw), stream.SendMsg(rawMessage(fr.raw))
+	return len(fr.raw), stream.SendMsg(fr.wire)
 }
 
 // sizeHint is about how many bytes b's message takes (the buffer it is
