@@ -3,9 +3,13 @@ package router
 import (
 	"context"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/smg-project/smg/internal/promseries"
 )
 
 // acquireRoomAfter takes q.need rooms on the worker the policy chose (i, out)
@@ -65,11 +69,23 @@ type windowMetrics struct {
 	rooms        *prometheus.Desc
 	inFlight     *prometheus.Desc
 	waiting      *prometheus.Desc
+
+	mu     sync.Mutex
+	scrape uint64                     // count of scrapes, to mark what each saw
+	pairs  map[string]*workerLabelSet // by URL, the gated workers the last scrape saw
+}
+
+// workerLabelSet is a gated worker's worker=URL pair, kept across scrapes
+// (NewConstMetric built it anew for each series of each scrape).
+type workerLabelSet struct {
+	labels []*dto.LabelPair // nil: the URL is not UTF-8, no series
+	seen   uint64
 }
 
 func newWindowMetrics(r *Router, reg prometheus.Registerer) (*windowMetrics, error) {
 	m := &windowMetrics{
-		r: r,
+		r:     r,
+		pairs: map[string]*workerLabelSet{},
 		waits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "smg_worker_admission_waits_total",
 			Help: "Requests that waited for a room in a running window and were admitted.",
@@ -110,18 +126,9 @@ func (m *windowMetrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (m *windowMetrics) Collect(ch chan<- prometheus.Metric) {
-	v := m.r.view.Load()
-	if v == nil {
-		return
-	}
-	for i := range v.workers {
-		w := &v.workers[i]
-		if rooms, _ := m.r.windowRooms(w); rooms <= 0 {
-			continue
-		}
-		g := &v.states[i].gate
-		ch <- prometheus.MustNewConstMetric(m.rooms, prometheus.GaugeValue, float64(g.limit.Load()), w.URL)
-		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(g.inFlight.Load()), w.URL)
+	gauges := m.gated()
+	for i := range gauges {
+		ch <- &gauges[i]
 	}
 	m.r.wlMu.Lock()
 	defer m.r.wlMu.Unlock()
@@ -133,6 +140,48 @@ func (m *windowMetrics) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(m.waiting, prometheus.GaugeValue, float64(n), k.model, ClassNames[c])
 		}
 	}
+}
+
+// gated is one scrape's smg_worker_admission_limit and _in_flight series,
+// one slice for them all over the pairs kept per worker.
+func (m *windowMetrics) gated() []promseries.Gauge {
+	v := m.r.view.Load()
+	if v == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.scrape++
+	gauges := make([]promseries.Gauge, 2*len(v.workers))
+	k, gated := 0, 0
+	for i := range v.workers {
+		w := &v.workers[i]
+		if rooms, _ := m.r.windowRooms(w); rooms <= 0 {
+			continue
+		}
+		gated++
+		p := m.pairs[w.URL]
+		if p == nil {
+			p = &workerLabelSet{labels: promseries.Pairs("worker", w.URL)}
+			m.pairs[w.URL] = p
+		}
+		p.seen = m.scrape
+		if p.labels == nil {
+			continue
+		}
+		g := &v.states[i].gate
+		gauges[k].Set(m.rooms, p.labels, float64(g.limit.Load()))
+		gauges[k+1].Set(m.inFlight, p.labels, float64(g.inFlight.Load()))
+		k += 2
+	}
+	if len(m.pairs) > gated {
+		for url, p := range m.pairs {
+			if p.seen != m.scrape {
+				delete(m.pairs, url)
+			}
+		}
+	}
+	return gauges[:k]
 }
 
 // waitEnded answers a request whose wait for a room ended early: nothing

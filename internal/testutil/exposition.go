@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"bytes"
+	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,9 +10,10 @@ import (
 	"github.com/prometheus/common/expfmt"
 )
 
-// Exposition is g's text exposition, what a Prometheus scraper reads: two
-// collectors meant to expose the same series compare equal byte for byte.
-func Exposition(g prometheus.Gatherer) (string, error) {
+// Exposition is g's text exposition, what a Prometheus scraper reads, of
+// the named families (none named: all): two collectors meant to expose the
+// same series compare equal byte for byte.
+func Exposition(g prometheus.Gatherer, names ...string) (string, error) {
 	mfs, err := g.Gather()
 	if err != nil {
 		return "", err
@@ -19,6 +21,9 @@ func Exposition(g prometheus.Gatherer) (string, error) {
 	var b bytes.Buffer
 	enc := expfmt.NewEncoder(&b, expfmt.NewFormat(expfmt.TypeTextPlain))
 	for _, mf := range mfs {
+		if len(names) > 0 && !slices.Contains(names, mf.GetName()) {
+			continue
+		}
 		if err := enc.Encode(mf); err != nil {
 			return "", err
 		}
