@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -31,6 +32,10 @@ type childSpec struct {
 	FlipOn      int32   // waiting requests reported while flipped on (over the threshold)
 	FlipSpacing time.Duration
 	NoClock     bool // send no sent_at (Config.AgentsNoClock)
+
+	// CPUProfile, when set, is a file to write this child's CPU profile
+	// of the window to (Config.ChildProfiles).
+	CPUProfile string
 
 	// routers: Routers watch streams, the first named RouterBase; Joins
 	// timed joins spread over the window.
@@ -136,6 +141,8 @@ func runChild(ctx context.Context, raw []byte, in io.Reader, out io.Writer) erro
 	}()
 	cpu := make(chan [2]float64, 1)
 	go func() { cpu <- win.cpuSecs(ctx) }()
+	profiled := make(chan error, 1)
+	go func() { profiled <- win.profile(ctx, spec.CPUProfile) }()
 	var res *childResult
 	var err error
 	switch spec.Role {
@@ -150,6 +157,9 @@ func runChild(ctx context.Context, raw []byte, in io.Reader, out io.Writer) erro
 		return err
 	}
 	c := <-cpu
+	if err := <-profiled; err != nil {
+		res.Errors = append(res.Errors, fmt.Sprintf("cpu profile: %v", err))
+	}
 	res.Role, res.QuietCPUSecs, res.CPUSecs = spec.Role, c[0], c[1]
 	return json.NewEncoder(out).Encode(res)
 }
@@ -183,6 +193,38 @@ func (w *window) cpuSecs(ctx context.Context) [2]float64 {
 		at[i] = cpuTime()
 	}
 	return [2]float64{(at[1] - at[0]).Seconds(), (at[2] - at[1]).Seconds()}
+}
+
+// profile writes this process's CPU profile of the window to path (none
+// when path is empty or ctx ends first).
+func (w *window) profile(ctx context.Context, path string) error {
+	if path == "" {
+		return nil
+	}
+	select {
+	case <-w.set:
+	case <-ctx.Done():
+		return nil
+	}
+	select {
+	case <-time.After(time.Until(time.Unix(0, w.start.Load()))):
+	case <-ctx.Done():
+		return nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return err
+	}
+	defer pprof.StopCPUProfile()
+	select {
+	case <-time.After(time.Until(time.Unix(0, w.end.Load()))):
+	case <-ctx.Done():
+	}
+	return nil
 }
 
 // flips says whether verdicts may flip at t: any time but the quiet window.

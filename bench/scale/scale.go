@@ -101,6 +101,10 @@ type Config struct {
 	// to AllocProfile+".base": the window's are
 	// `go tool pprof -sample_index=alloc_objects -base X.base X`.
 	AllocProfile string
+	// ChildProfiles, when set, is a prefix for the child processes' CPU
+	// profiles of the window: PREFIX.agents-0, PREFIX.routers-1, ... (what
+	// the load generators spend, apart from the control plane).
+	ChildProfiles string
 	// Goroutines, when set, is a file to write the control plane's
 	// goroutines to (with their stacks) at the middle of the window: where
 	// a stalled stream waits.
@@ -679,7 +683,10 @@ func (c *children) window(quiet, start, end time.Time) error {
 
 func startChildren(cfg Config, specs []childSpec) (*children, error) {
 	c := &children{}
-	for _, s := range specs {
+	for i, s := range specs {
+		if cfg.ChildProfiles != "" {
+			s.CPUProfile = fmt.Sprintf("%s.%s-%d", cfg.ChildProfiles, s.Role, i)
+		}
 		raw, err := json.Marshal(s)
 		if err != nil {
 			return nil, err

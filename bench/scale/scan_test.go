@@ -17,8 +17,11 @@ func TestScanCodec(t *testing.T) {
 		{WorkerId: "w00001", Url: "http://x/w00001", Model: "m", Veto: smgv1.Veto_VETO_OVERLOAD, TokenUsage: 0.5},
 		{WorkerId: "w00002", Url: "http://x/w00002", Healthy: true, Veto: smgv1.Veto_VETO_WEDGED},
 		{WorkerId: "other", Veto: smgv1.Veto_VETO_OVERLOAD},
+		// No veto, a load and an overload flag after where the veto goes.
+		{WorkerId: "w00004", Url: "http://x/w00004", WaitingRequests: 50, TokenUsage: 0.9, Overloaded: true, OverloadReason: "x"},
+		{WorkerId: "w00005", Veto: smgv1.Veto_VETO_OVERLOAD, VetoReason: "waiting", WaitingRequests: 50, LoadRevision: 9},
 	}
-	want := []scannedWorker{{1, true}, {2, false}, {-1, true}}
+	want := []scannedWorker{{1, true}, {2, false}, {-1, true}, {4, false}, {5, true}}
 	for _, c := range []struct {
 		msg      *smgv1.WatchResponse
 		snapshot bool
