@@ -237,10 +237,11 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp.Ingest = ingest.New(cp.Registry, ingest.Options{Coalesce: true, Rider: cp.Liveness}, log)
 	hopts := opts.Health
 	hopts.Now = opts.Now
+	hopts.Seed = spreadSeed(opts)
 	cp.Health = health.New(cp.Registry, hopts, client, cp.Liveness, log)
 	cp.Monitor = monitor.New(cp.Registry, cp.Ingest, client, monitor.Options{
 		Interval: time.Duration(opts.LoadMonitorInterval) * time.Second,
-		Observer: cp.Liveness, Skipper: cp.Liveness, Now: opts.Now,
+		Observer: cp.Liveness, Skipper: cp.Liveness, Now: opts.Now, Seed: hopts.Seed,
 	}, log)
 	cp.Windows = windows.New(cp.Registry, windows.Options{StaleAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
 		Warmup: windows.DefaultWarmup, HeldWarmup: windows.DefaultHeldWarmup, Admission: opts.AdmissionWindow, Queue: int64(opts.AdmissionQueue), Now: opts.Now}, log, reg)
@@ -377,6 +378,19 @@ func resolver(g judge.GatewayThresholds) admin.ThresholdResolver {
 		}
 		return g.Resolve(blk), nil
 	}
+}
+
+// spreadSeed is mixed into every worker's probe and poll phase
+// (controlplane/spread). Control planes in memory each lead and probe the
+// engines on their own: each gets its own seed, so two of them do not probe
+// in step. The replicas of a cluster share one (none): only the leader
+// probes, and a new leader keeps its predecessor's phases, so no worker
+// waits more than one interval across a takeover.
+func spreadSeed(opts Options) string {
+	if opts.Cluster.Enabled() {
+		return ""
+	}
+	return newEpoch()
 }
 
 func newEpoch() string {

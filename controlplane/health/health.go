@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/smg-project/smg/controlplane/registry"
+	"github.com/smg-project/smg/controlplane/spread"
 )
 
 // Options are the --health-* flags (facts.md defaults).
@@ -26,8 +27,16 @@ type Options struct {
 	IntervalSecs     int
 	TimeoutSecs      int
 	Endpoint         string
-	// StartupInterval is the probe period of workers still pending.
+	// StartupInterval is the probe period of workers not Ready.
 	StartupInterval time.Duration
+	// Seed is the control plane's identity, mixed into each worker's probe
+	// phase so that two control planes probing the same engines do not
+	// probe them in step ("": none).
+	Seed string
+	// Burst is the budget of first probes started at once (nil:
+	// spread.DefaultBurstSize a second); a worker beyond it waits for its
+	// phase.
+	Burst *spread.Burst
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 }
@@ -70,15 +79,23 @@ type ContactSink interface {
 
 // Checker probes workers.
 type Checker struct {
-	reg    *registry.Registry
-	opts   Options
-	client *http.Client
-	log    *slog.Logger
-	now    func() time.Time
-	sink   ContactSink
+	reg     *registry.Registry
+	opts    Options
+	client  *http.Client
+	log     *slog.Logger
+	now     func() time.Time
+	sink    ContactSink
+	seed    string
+	burst   *spread.Burst
+	maxWait time.Duration // Run looks again at least this often
+	wake    chan struct{} // a probe's outcome scheduled one before wakeAt
 
-	mu    sync.Mutex
-	state map[string]*probeState
+	mu      sync.Mutex
+	state   map[string]*probeState
+	queue   spread.Queue    // each worker's next probe; entries not matching its state are stale
+	members <-chan struct{} // closes at the next membership change (nil: reconcile now)
+	gen     uint64          // reconcile pass, to sweep states of removed workers
+	wakeAt  time.Time       // when Run's timer fires
 }
 
 // probeState schedules a worker's probes; the consecutive passes and
@@ -88,6 +105,11 @@ type probeState struct {
 	url      string
 	next     time.Time
 	inFlight bool
+	// phased: the worker came in a batch larger than the burst budget and is
+	// probed at its phase (spread.Phase); otherwise one cadence after its
+	// last probe, as a worker registered alone always was.
+	phased bool
+	gen    uint64
 }
 
 // New returns a checker; sink (nil: none) hears of every passing probe.
@@ -98,41 +120,84 @@ func New(reg *registry.Registry, opts Options, client *http.Client, sink Contact
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Checker{reg: reg, opts: opts, client: client, log: log, now: opts.Now, sink: sink, state: map[string]*probeState{}}
+	if opts.Burst == nil {
+		opts.Burst = spread.NewBurst(spread.DefaultBurstSize, spread.DefaultBurstPer)
+	}
+	return &Checker{reg: reg, opts: opts, client: client, log: log, now: opts.Now, sink: sink,
+		seed: opts.Seed + "\x00health", burst: opts.Burst, wake: make(chan struct{}, 1),
+		maxWait: max(min(opts.StartupInterval, opts.interval())/4, spread.Resolution), state: map[string]*probeState{}}
 }
 
-// Run probes until ctx ends.
+// interval is the probe period of a Ready worker.
+func (o Options) interval() time.Duration { return time.Duration(o.IntervalSecs) * time.Second }
+
+// cadence is the probe period of a worker Ready or not.
+func (c *Checker) cadence(ready bool) time.Duration {
+	if ready {
+		return c.opts.interval()
+	}
+	return c.opts.StartupInterval
+}
+
+// Run probes until ctx ends. Each run (a leader's term) schedules every
+// worker afresh.
 func (c *Checker) Run(ctx context.Context) {
-	tick := time.NewTicker(min(c.opts.StartupInterval, time.Duration(c.opts.IntervalSecs)*time.Second) / 4)
-	defer tick.Stop()
+	c.mu.Lock()
+	c.state, c.members = map[string]*probeState{}, nil
+	c.queue.Reset()
+	c.mu.Unlock()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
-		c.probeDue(ctx, &wg)
+		start := time.Now()
+		members, wait := c.probeDue(ctx, &wg)
+		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
-		case <-c.reg.MembershipChanged():
+		case <-timer.C:
+		case <-c.wake:
+		case <-members:
+		}
+		if !spread.Pace(ctx, start) {
+			return
 		}
 	}
 }
 
-func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) {
+// probeDue starts the probes that are due, after taking in membership
+// changes. It returns the channel that closes at the next membership change
+// and how long to wait for the next probe due.
+func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) (<-chan struct{}, time.Duration) {
+	c.mu.Lock()
+	members := c.members
+	c.mu.Unlock()
+	reconcile := members == nil || closed(members)
+	if reconcile {
+		members = c.reg.MembershipChanged() // before the snapshot: no change is missed
+	}
+	snap := c.reg.Snapshot()
 	now := c.now()
-	workers := c.reg.Snapshot().Workers()
-	seen := make(map[string]bool, len(workers))
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, w := range workers {
-		seen[w.ID] = true
-		st := c.state[w.ID]
-		if st == nil || st.url != w.Spec.GetUrl() {
-			st = &probeState{url: w.Spec.GetUrl(), next: now}
-			c.state[w.ID] = st
+	if reconcile {
+		c.members = members
+		c.reconcile(snap.Workers(), now)
+	}
+	for {
+		at, id, ok := c.queue.PopDue(now)
+		if !ok {
+			break
 		}
-		if st.inFlight || now.Before(st.next) {
-			continue
+		st := c.state[id]
+		if st == nil || st.inFlight || !st.next.Equal(at) {
+			continue // stale entry
+		}
+		w := snap.Get(id)
+		if w == nil || w.Spec.GetUrl() != st.url {
+			continue // removed or replaced: the pending reconcile sees to it
 		}
 		st.inFlight = true
 		wg.Add(1)
@@ -141,17 +206,55 @@ func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) {
 			ok, why := c.probe(ctx, st.url, apiKey)
 			if ctx.Err() != nil {
 				c.mu.Lock()
-				st.inFlight = false // a later Run (the next term) probes it again
+				st.inFlight = false
 				c.mu.Unlock()
 				return
 			}
 			c.record(id, st, ok, why)
-		}(w.ID, w.Spec.GetApiKey(), st)
+		}(id, w.Spec.GetApiKey(), st)
 	}
-	for id := range c.state {
-		if !seen[id] {
+	wait := c.maxWait
+	if at, ok := c.queue.Peek(); ok {
+		wait = min(max(at.Sub(now), spread.Resolution), c.maxWait)
+	}
+	c.wakeAt = now.Add(wait)
+	return members, wait
+}
+
+// reconcile schedules the first probe of each worker not seen before (or
+// now at another URL) and forgets removed ones. A first probe starts at once
+// while the burst budget lasts; beyond it (a restart, a leader taking over,
+// a bulk registration), each worker waits for its phase within its cadence,
+// so the first probes of N workers spread over one interval.
+func (c *Checker) reconcile(workers []*registry.Worker, now time.Time) {
+	c.gen++
+	for _, w := range workers {
+		st := c.state[w.ID]
+		if st == nil || st.url != w.Spec.GetUrl() {
+			st = &probeState{url: w.Spec.GetUrl(), next: now}
+			if !c.burst.Take(now) {
+				st.phased = true
+				st.next = spread.PhaseOf(c.seed, w.ID, c.cadence(w.Ready())).Next(now)
+			}
+			c.state[w.ID] = st
+			c.queue.Push(st.next, w.ID)
+		}
+		st.gen = c.gen
+	}
+	for id, st := range c.state {
+		if st.gen != c.gen {
 			delete(c.state, id)
 		}
+	}
+}
+
+// closed reports whether ch is closed.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -177,17 +280,31 @@ func (c *Checker) probe(ctx context.Context, url, apiKey string) (bool, string) 
 	return true, ""
 }
 
-// record applies a probe's outcome and schedules the worker's next probe.
+// record applies a probe's outcome and schedules the worker's next probe:
+// a phased worker at its phase in the cadence its health now calls for (at
+// most one cadence away, and exactly one while the health holds), another
+// one cadence after this probe.
 func (c *Checker) record(id string, st *probeState, ok bool, why string) {
 	now := c.now()
 	to := c.Observe(id, st.url, ok, why, now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st.inFlight = false
-	if to != registry.HealthHealthy { // not Ready: look again soon
-		st.next = now.Add(c.opts.StartupInterval)
+	if c.state[id] != st {
+		return // removed or replaced while the probe ran
+	}
+	cadence := c.cadence(to == registry.HealthHealthy) // not Ready: look again soon
+	if st.phased {
+		st.next = spread.PhaseOf(c.seed, id, cadence).Next(now)
 	} else {
-		st.next = now.Add(time.Duration(c.opts.IntervalSecs) * time.Second)
+		st.next = now.Add(cadence)
+	}
+	c.queue.Push(st.next, id)
+	if st.next.Before(c.wakeAt) {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/registry"
+	"github.com/smg-project/smg/controlplane/spread"
 	"github.com/smg-project/smg/internal/engine"
 	"github.com/smg-project/smg/internal/loadpb"
 )
@@ -47,6 +48,8 @@ type Monitor struct {
 	observer Observer
 	skipper  Skipper
 	now      func() time.Time
+	seed     string
+	burst    *spread.Burst
 
 	mu      sync.Mutex
 	readers map[string]*reader
@@ -66,6 +69,14 @@ type Options struct {
 	Skipper Skipper
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
+	// Seed is the control plane's identity, mixed into each worker's poll
+	// phase so that two control planes polling the same engines do not poll
+	// them in step ("": none).
+	Seed string
+	// Burst is the budget of first polls started at once (nil:
+	// spread.DefaultBurstSize a second); a worker beyond it waits for its
+	// phase.
+	Burst *spread.Burst
 }
 
 type reader struct {
@@ -83,8 +94,12 @@ func New(reg *registry.Registry, in *ingest.Ingester, client *http.Client, opts 
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.Burst == nil {
+		opts.Burst = spread.NewBurst(spread.DefaultBurstSize, spread.DefaultBurstPer)
+	}
 	return &Monitor{reg: reg, ingest: in, client: client, log: log, interval: opts.Interval,
-		observer: opts.Observer, skipper: opts.Skipper, now: opts.Now, readers: map[string]*reader{}}
+		observer: opts.Observer, skipper: opts.Skipper, now: opts.Now, seed: opts.Seed + "\x00poll", burst: opts.Burst,
+		readers: map[string]*reader{}}
 }
 
 func groupOf(w *registry.Worker) GroupKey {
@@ -178,50 +193,113 @@ func (m *Monitor) Run(ctx context.Context) {
 	}
 }
 
-// runGroup polls the group's Ready workers every interval, and at once any
-// Ready worker it has not polled yet.
+// runGroup polls each of the group's Ready workers every interval, at its
+// phase: a worker that becomes Ready (or joins the group) is polled at once
+// while the burst budget lasts, and from then on every interval after that
+// first poll; beyond the budget (a restart, a leader taking over, a bulk
+// registration) it is first polled at its hashed phase, within one interval,
+// so the polls of N workers spread over the interval and stay spread.
 func (m *Monitor) runGroup(ctx context.Context, k GroupKey, interval time.Duration, kick <-chan struct{}) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	polled := map[string]bool{}
+	g := &group{key: k, interval: interval, slots: map[string]*slot{}}
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			m.pollGroup(ctx, k, interval, polled, false)
+		case <-timer.C:
 		case <-kick:
-			m.pollGroup(ctx, k, interval, polled, true)
+			g.reconcile(m, m.reg.Snapshot().Workers(), m.now())
+		}
+		start := time.Now()
+		timer.Reset(m.pollDue(ctx, g))
+		if !spread.Pace(ctx, start) {
+			return
 		}
 	}
 }
 
-func (m *Monitor) pollGroup(ctx context.Context, k GroupKey, interval time.Duration, polled map[string]bool, newOnly bool) {
+// group is one polling group's schedule, kept by its runGroup goroutine.
+type group struct {
+	key      GroupKey
+	interval time.Duration
+	slots    map[string]*slot // the group's Ready workers
+	queue    spread.Queue     // each slot's next poll; entries not matching it are stale
+	gen      uint64
+}
+
+type slot struct {
+	phase spread.Phase
+	next  time.Time
+	gen   uint64
+}
+
+// reconcile schedules the first poll of each Ready worker new to the group
+// and forgets those that left it or left Ready (polled again as new when
+// they come back).
+func (g *group) reconcile(m *Monitor, workers []*registry.Worker, now time.Time) {
+	g.gen++
+	for _, w := range workers {
+		if !w.Ready() || groupOf(w) != g.key {
+			continue
+		}
+		s := g.slots[w.ID]
+		if s == nil {
+			s = &slot{}
+			if m.burst.Take(now) {
+				s.phase, s.next = spread.PhaseAt(now, g.interval), now
+			} else {
+				s.phase = spread.PhaseOf(m.seed, w.ID, g.interval)
+				s.next = s.phase.Next(now)
+			}
+			g.slots[w.ID] = s
+			g.queue.Push(s.next, w.ID)
+		}
+		s.gen = g.gen
+	}
+	for id, s := range g.slots {
+		if s.gen != g.gen {
+			delete(g.slots, id)
+		}
+	}
+}
+
+// pollDue polls the group's workers that are due and returns how long until
+// the next is.
+func (m *Monitor) pollDue(ctx context.Context, g *group) time.Duration {
 	now := m.now()
-	ready := map[string]bool{}
-	for _, w := range m.reg.Snapshot().Workers() {
-		if groupOf(w) != k || !w.Ready() {
+	snap := m.reg.Snapshot()
+	for {
+		at, id, ok := g.queue.PopDue(now)
+		if !ok {
+			break
+		}
+		s := g.slots[id]
+		if s == nil || !s.next.Equal(at) {
+			continue // stale entry
+		}
+		w := snap.Get(id)
+		if w == nil || !w.Ready() || groupOf(w) != g.key {
+			delete(g.slots, id) // the reconcile this change brings re-adds it if it comes back
 			continue
 		}
-		ready[w.ID] = true
-		if newOnly && polled[w.ID] {
+		s.next = s.phase.Next(now)
+		g.queue.Push(s.next, id)
+		if m.skipper != nil && m.skipper.RecentlyPushed(id, g.interval, now) {
 			continue
 		}
-		if m.skipper != nil && m.skipper.RecentlyPushed(w.ID, interval, now) {
-			continue
-		}
-		polled[w.ID] = true
 		m.pollAsync(ctx, w)
 	}
-	for id := range polled {
-		if !ready[id] {
-			delete(polled, id) // left Ready: poll at once when it comes back
-		}
+	if at, ok := g.queue.Peek(); ok {
+		return min(max(at.Sub(now), spread.Resolution), g.interval)
 	}
+	return g.interval
 }
 
 // PollNow polls the given Ready workers at once (their agent went away: the
-// poll takes over without waiting for the next tick).
+// poll takes over without waiting for the next tick), as many as the burst
+// budget allows; the rest are polled at their phase, within one interval
+// (many agents leaving at once must not become one instant's polls).
 func (m *Monitor) PollNow(workerIDs ...string) {
 	m.mu.Lock()
 	ctx := m.runCtx
@@ -230,8 +308,9 @@ func (m *Monitor) PollNow(workerIDs ...string) {
 		return
 	}
 	snap := m.reg.Snapshot()
+	now := m.now()
 	for _, id := range workerIDs {
-		if w := snap.Get(id); w != nil && w.Ready() {
+		if w := snap.Get(id); w != nil && w.Ready() && m.burst.Take(now) {
 			m.pollAsync(ctx, w)
 		}
 	}

@@ -1,0 +1,197 @@
+// Package spread staggers the control plane's periodic contacts with many
+// workers (health probes, load polls) over their interval, the way
+// Prometheus spreads scrapes: each worker has a stable phase within the
+// interval, a hash of the control plane's seed and the worker id, and is
+// contacted at the instants where its phase recurs. Ten thousand workers
+// registered at once (a restart, a leader taking over, a bulk registration)
+// are then contacted over one interval rather than at one instant, and stay
+// spread. A few new workers at a time still get their first contact at once,
+// from a small burst budget.
+package spread
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"time"
+)
+
+// Phase is one worker's place in an interval: its contacts recur at the
+// instants t with t ≡ offset (mod interval), counted from the Unix epoch so
+// that the grid does not depend on when the control plane started.
+type Phase struct {
+	offset, interval int64 // nanoseconds
+}
+
+// PhaseOf returns the phase of key (a purpose and a worker id) under seed
+// (the control plane's identity) in interval. A non-positive interval is
+// treated as one nanosecond (no spreading).
+func PhaseOf(seed, key string, interval time.Duration) Phase {
+	iv := max(int64(interval), 1)
+	return Phase{offset: int64(hash(seed, key) % uint64(iv)), interval: iv}
+}
+
+// Offset is the phase's offset within its interval.
+func (p Phase) Offset() time.Duration { return time.Duration(p.offset) }
+
+// Next returns the first instant strictly after t at which the phase
+// recurs: t < Next(t) <= t + interval, so a worker contacted at its phase
+// is contacted again exactly one interval later, and one scheduled from any
+// instant is contacted within one interval of it.
+func (p Phase) Next(t time.Time) time.Time {
+	r := (t.UnixNano() - p.offset) % p.interval
+	if r < 0 {
+		r += p.interval
+	}
+	return t.Add(time.Duration(p.interval - r))
+}
+
+// hash is 64-bit FNV-1a over seed, a separator and key, finished with
+// splitmix64's mixer so that ids differing in their last character (w00001,
+// w00002) land far apart rather than in neighbouring offsets.
+func hash(seed, key string) uint64 {
+	const prime = 1099511628211
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(seed); i++ {
+		h = (h ^ uint64(seed[i])) * prime
+	}
+	h = (h ^ 0xff) * prime // 0xff never occurs in UTF-8: seed "a"+key "b" differs from "ab"+""
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * prime
+	}
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	h ^= h >> 31
+	return h
+}
+
+// Burst is the budget of first contacts started at once: Size at a time,
+// refilled at Size per Per. A worker registered alone (or a few dozen at
+// once) is contacted at once; beyond the budget, a worker waits for its
+// phase. It bounds how many contacts start together, never how many are in
+// flight: a blackholed engine's contact holds nothing that another needs.
+type Burst struct {
+	size float64
+	per  time.Duration
+
+	mu      sync.Mutex
+	tokens  float64
+	last    time.Time
+	started bool
+}
+
+// DefaultBurstSize is the first contacts started at once (and per
+// DefaultBurstPer) before the rest wait for their phase.
+const (
+	DefaultBurstSize = 64
+	DefaultBurstPer  = time.Second
+)
+
+// NewBurst returns a full budget of size contacts, refilled at size per per.
+func NewBurst(size int, per time.Duration) *Burst {
+	return &Burst{size: float64(max(size, 0)), per: max(per, time.Nanosecond)}
+}
+
+// Take spends one contact from the budget at now, or reports that it is
+// spent.
+func (b *Burst) Take(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.started {
+		b.started, b.tokens, b.last = true, b.size, now
+	} else if el := now.Sub(b.last); el > 0 {
+		b.tokens = min(b.size, b.tokens+b.size*float64(el)/float64(b.per))
+		b.last = now
+	}
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// Queue is a schedule: (instant, id) entries, earliest first. Entries are
+// never removed early; the caller keeps each id's current instant and skips
+// an entry that no longer matches it (the worker was removed, replaced or
+// rescheduled).
+type Queue struct{ h entries }
+
+type entry struct {
+	at time.Time
+	id string
+}
+
+type entries []entry
+
+func (e entries) Len() int           { return len(e) }
+func (e entries) Less(i, j int) bool { return e[i].at.Before(e[j].at) }
+func (e entries) Swap(i, j int)      { e[i], e[j] = e[j], e[i] }
+func (e *entries) Push(x any)        { *e = append(*e, x.(entry)) }
+func (e *entries) Pop() any {
+	old := *e
+	x := old[len(old)-1]
+	*e = old[:len(old)-1]
+	return x
+}
+
+// Push schedules id at at.
+func (q *Queue) Push(at time.Time, id string) { heap.Push(&q.h, entry{at: at, id: id}) }
+
+// Peek returns the earliest instant, and false when the queue is empty.
+func (q *Queue) Peek() (time.Time, bool) {
+	if len(q.h) == 0 {
+		return time.Time{}, false
+	}
+	return q.h[0].at, true
+}
+
+// PopDue removes and returns the earliest entry if it is due at now.
+func (q *Queue) PopDue(now time.Time) (at time.Time, id string, ok bool) {
+	if len(q.h) == 0 || q.h[0].at.After(now) {
+		return time.Time{}, "", false
+	}
+	e := heap.Pop(&q.h).(entry)
+	return e.at, e.id, true
+}
+
+// Len is the number of entries, stale ones included.
+func (q *Queue) Len() int { return len(q.h) }
+
+// Reset empties the queue.
+func (q *Queue) Reset() { q.h = q.h[:0] }
+
+// Resolution is how finely a schedule is kept: a loop wakes at most once per
+// Resolution, starting together the contacts due within it.
+const Resolution = 10 * time.Millisecond
+
+// PhaseAt returns the phase that recurs at t: a worker contacted at t (its
+// first contact, granted by the burst budget) keeps being contacted exactly
+// one interval apart from it.
+func PhaseAt(t time.Time, interval time.Duration) Phase {
+	iv := max(int64(interval), 1)
+	r := t.UnixNano() % iv
+	if r < 0 {
+		r += iv
+	}
+	return Phase{offset: r, interval: iv}
+}
+
+// Pace waits until Resolution has passed since start (when a loop's pass
+// began), so that a run of wake-ups costs one pass per Resolution rather
+// than one each. It reports false if ctx ended first.
+func Pace(ctx context.Context, start time.Time) bool {
+	d := Resolution - time.Since(start)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
