@@ -346,6 +346,46 @@ func TestBulkTransactionMarksEachWorkerOnce(t *testing.T) {
 	}
 }
 
+// A transaction's bookkeeping is reused by the next, and dropped after one
+// larger than it keeps (a rebuild of the whole fleet): transactions of
+// every size after it commit exactly their own changes and read their own
+// writes.
+func TestBookkeepingAfterAWholeFleetTransaction(t *testing.T) {
+	r := registry.New("e", 10000)
+	var ws []*registry.Worker
+	for i := range 5000 {
+		ws = append(ws, worker(fmt.Sprintf("w%04d", i), fmt.Sprintf("http://w%04d", i)))
+	}
+	for _, n := range []int{5000, 1, 20, 5000, 3} {
+		rev, err := r.Update(func(tx *registry.Txn) error {
+			for _, w := range ws[:n] {
+				c := w // the first time
+				if old := tx.Get(w.ID); old != nil {
+					c = old.Clone()
+				}
+				c.LoadRevision++
+				tx.Insert(c)
+				if tx.Get(w.ID) != c {
+					t.Fatalf("%d workers: the transaction does not read its write of %s", n, w.ID)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		changes, _, ok := r.ChangesSince(rev - 1)
+		if !ok || len(changes) != n {
+			t.Fatalf("%d workers written: %d changes (ok %v)", n, len(changes), ok)
+		}
+		for i, c := range changes {
+			if c.WorkerID != ws[i].ID || c.Revision != rev {
+				t.Fatalf("%d workers written: change %d is %+v, want %s at %d", n, i, c, ws[i].ID, rev)
+			}
+		}
+	}
+}
+
 // RoutingChanged wakes on a routing change, not on a load report alone.
 func TestRoutingChangedIgnoresLoads(t *testing.T) {
 	r := registry.New("e", 0)
