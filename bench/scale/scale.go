@@ -40,6 +40,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane"
 	"github.com/smg-project/smg/controlplane/registry"
+	"github.com/smg-project/smg/controlplane/spread"
 	"github.com/smg-project/smg/controlplane/watch"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
@@ -316,11 +317,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	go func() { cp.Run(runCtx); close(cpDone) }()
 	defer func() { stopCP(); <-cpDone }()
 
-	// The health checker probes every worker once at start (and the poller
-	// polls those no agent covers yet): wait that out, so the window sees
-	// the steady state.
+	// The health checker probes at once the first workers of a batch (the
+	// burst budget; the rest at their phases over the hour-long interval,
+	// controlplane/spread), and the poller polls those no agent covers yet:
+	// wait for those, so the window sees the steady state.
 	settle := time.Now().Add(time.Minute)
-	for time.Now().Before(settle) && (probes.Load() < int64(cfg.Workers) || time.Since(time.Unix(0, lastProbe.Load())) < time.Second) {
+	for time.Now().Before(settle) && (probes.Load() < int64(min(cfg.Workers, spread.DefaultBurstSize)) || time.Since(time.Unix(0, lastProbe.Load())) < 100*time.Millisecond) {
 		select {
 		case <-time.After(100 * time.Millisecond):
 		case <-ctx.Done():
