@@ -4,6 +4,8 @@
 // --health-failure-threshold consecutive failures. Leaving Ready clears the
 // overload veto (the spec's fail-open rule). Workers not yet judged are probed
 // every second, so a new or recovering worker enters routing in seconds.
+// Workers that come in a batch (a restart, a takeover, a bulk registration)
+// are probed at their phases (controlplane/spread), spread over the interval.
 package health
 
 import (

@@ -3,7 +3,9 @@
 // mode, every --load-monitor-interval seconds or at the smallest
 // load_monitor_interval_secs override among the group's workers (floored to
 // 1 s). Only Ready workers are polled; each answer, or the lack of one, is
-// handed to the ingester, which runs the overload check.
+// handed to the ingester, which runs the overload check. Each worker is
+// polled at its own phase in the interval (controlplane/spread), so the polls
+// of many workers are spread over it.
 package monitor
 
 import (
