@@ -152,10 +152,10 @@ func (m *windowMetrics) gated() []promseries.Gauge {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.scrape++
-	gauges := make([]promseries.Gauge, 2*len(v.workers))
+	gauges := make([]promseries.Gauge, 2*int(v.size()))
 	k, gated := 0, 0
-	for i := range v.workers {
-		w := &v.workers[i]
+	for i := range v.size() {
+		w := v.worker(i)
 		if rooms, _ := m.r.windowRooms(w); rooms <= 0 {
 			continue
 		}

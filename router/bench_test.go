@@ -93,8 +93,7 @@ var keys = func() []string {
 func BenchmarkSelectionAllVetoed(b *testing.B) {
 	r, _, _ := selectionFixture(b, PolicyCacheAware)
 	v := r.view.Load()
-	ws := make([]Worker, len(v.workers))
-	copy(ws, v.workers)
+	ws := v.workers.flat()
 	for i := range ws {
 		ws[i].Veto = VetoOverload
 	}

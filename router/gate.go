@@ -115,8 +115,8 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 		waiting [NumClasses]int64
 	}
 	pools := map[*waitlist]*pw{}
-	for i := range v.workers {
-		if rooms, _ := r.windowRooms(&v.workers[i]); rooms <= 0 {
+	for i := range v.size() {
+		if rooms, _ := r.windowRooms(v.worker(i)); rooms <= 0 {
 			continue
 		}
 		for _, wl := range v.states[i].waitlists() {
@@ -137,14 +137,14 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 		for c, d := range r.sched.Demand() {
 			sched[c] = d.Waiting
 		}
-		for i := range v.workers {
-			if rooms, _ := r.windowRooms(&v.workers[i]); rooms > 0 && v.workers[i].Type != TypeDecode {
+		for i := range v.size() {
+			if rooms, _ := r.windowRooms(v.worker(i)); rooms > 0 && v.worker(i).Type != TypeDecode {
 				regular++
 			}
 		}
 	}
-	for i := range v.workers {
-		w := &v.workers[i]
+	for i := range v.size() {
+		w := v.worker(i)
 		if rooms, _ := r.windowRooms(w); rooms <= 0 {
 			continue
 		}

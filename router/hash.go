@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"encoding/binary"
 	"slices"
 )
@@ -60,29 +61,30 @@ type ringPoint struct {
 }
 
 // ring is a consistent-hash ring over worker state slots. It depends only on
-// membership, so it is shared by successive views while the pool is unchanged.
+// membership and the members' URLs, so it is shared by successive views
+// while those are unchanged.
 type ring struct {
 	members []uint32 // the slots it was built from, in pool order
+	bases   []uint64 // hashString of each member's URL, aligned with members
 	points  []ringPoint
 }
 
-func newRing(slots []uint32, workers []Worker, idx []int32) *ring {
-	r := &ring{members: slots, points: make([]ringPoint, 0, len(slots)*ringReplicas)}
+// newRing places ringReplicas points per member. Points derive from the
+// worker URL (bases) so every router builds the same ring; equal hashes
+// (two workers on one URL) are ordered by slot, so the ring is the same
+// whatever order its members came in.
+func newRing(slots []uint32, bases []uint64) *ring {
+	r := &ring{members: slots, bases: bases, points: make([]ringPoint, 0, len(slots)*ringReplicas)}
 	for i, slot := range slots {
-		// Points derive from the worker URL so every router builds the same ring.
-		base := hashString(workers[idx[i]].URL)
 		for k := uint64(0); k < ringReplicas; k++ {
-			r.points = append(r.points, ringPoint{hash: mix(base + k*hashSeed), slot: slot})
+			r.points = append(r.points, ringPoint{hash: mix(bases[i] + k*hashSeed), slot: slot})
 		}
 	}
 	slices.SortFunc(r.points, func(a, b ringPoint) int {
-		switch {
-		case a.hash < b.hash:
-			return -1
-		case a.hash > b.hash:
-			return 1
+		if c := cmp.Compare(a.hash, b.hash); c != 0 {
+			return c
 		}
-		return 0
+		return cmp.Compare(a.slot, b.slot)
 	})
 	return r
 }

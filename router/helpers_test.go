@@ -162,3 +162,13 @@ func (h *harness) counter(name, stage string) float64 {
 	}
 	return testutil.ToFloat64(c)
 }
+
+// index is the position of the worker with id in v, or -1.
+func (v *view) index(id string) int32 {
+	for i := range v.size() {
+		if v.worker(i).ID == id {
+			return i
+		}
+	}
+	return -1
+}

@@ -75,9 +75,9 @@ type LoadsResponse struct {
 func (r *Router) serveLoads(w http.ResponseWriter, _ *http.Request) {
 	out := LoadsResponse{Workers: []WorkerLoad{}}
 	if v := r.view.Load(); v != nil {
-		out.Revision, out.Epoch, out.FailOpen = v.snap.Revision, v.snap.Epoch, v.failOpen
-		for i := range v.workers {
-			wk, st := &v.workers[i], v.states[i]
+		out.Revision, out.Epoch, out.FailOpen = v.revision, v.epoch, v.failOpen
+		for i := range v.size() {
+			wk, st := v.worker(i), v.states[i]
 			typ := wk.Type
 			if typ == "" {
 				typ = TypeRegular

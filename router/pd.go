@@ -85,7 +85,7 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 			if i >= 0 && r.overloadedSince(v, v.states[i]) {
 				r.metrics.shed.WithLabelValues(StageDispatch).Inc()
 				writeError(w, http.StatusServiceUnavailable, CodeShed,
-					"Worker '"+v.workers[i].URL+"'"+forModel(f.Model)+" became overloaded before dispatch", r.retryAfterShed())
+					"Worker '"+v.worker(i).URL+"'"+forModel(f.Model)+" became overloaded before dispatch", r.retryAfterShed())
 				return http.StatusServiceUnavailable
 			}
 		}
@@ -120,7 +120,7 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 		return http.StatusServiceUnavailable
 	}
 
-	pw, dw := &v.workers[pi], &v.workers[di]
+	pw, dw := v.worker(pi), v.worker(di)
 	legBody, err := injectBootstrap(body, pw, prompts)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, err.Error(), 0)

@@ -34,14 +34,14 @@ type selector struct {
 // eligible: healthy, not vetoed, breaker passing, not the worker a retry
 // avoids, and with room for the request when a window applies.
 func (s *selector) eligible(v *view, i int32, q *request) bool {
-	h := &v.hot[i]
+	h := v.hot.at(i)
 	return h.eligible && h.st != q.avoid && (q.need == 0 || h.st.gate.hasRoom(q.need)) &&
 		h.st.breaker.allow(s.cb, q.now)
 }
 
 // load is the reported load plus this router's dispatches since that report.
 func (v *view) load(i int32) int64 {
-	h := &v.hot[i]
+	h := v.hot.at(i)
 	return h.reported + h.st.dispatched.Load()
 }
 
@@ -150,7 +150,7 @@ func (s *selector) leastLoadIn(v *view, idx []int32, q *request, best int32, bes
 		if !s.eligible(v, i, q) {
 			continue
 		}
-		if waitingCap > 0 && v.hot[i].waiting+v.hot[i].st.dispatched.Load() >= waitingCap {
+		if h := v.hot.at(i); waitingCap > 0 && h.waiting+h.st.dispatched.Load() >= waitingCap {
 			continue
 		}
 		if l := v.load(i); best < 0 || l < bestLoad {
@@ -280,7 +280,7 @@ func (s *selector) cacheAware(v *view, p *pool, q *request) int32 {
 			}
 		}
 		if at >= 0 && float64(matched) >= s.cacheThreshold*float64(len(prompt)) &&
-			v.workers[at].TokenUsage < s.hotTokenUsage {
+			v.worker(at).TokenUsage < s.hotTokenUsage {
 			chosen = at
 		}
 	}
@@ -314,7 +314,7 @@ func (s *selector) spanLoads(v *view, idx []int32, q *request, least int32, minL
 // all-models pool, and the pool's kind: a PD leg's pool never takes a worker
 // of the other leg that an affinity table remembers).
 func (p *pool) contains(v *view, i int32) bool {
-	w := &v.workers[i]
+	w := v.worker(i)
 	kind := w.Type
 	if kind == TypeRegular {
 		kind = ""

@@ -218,7 +218,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		case livenessFallback:
 			r.metrics.livenessFallback.WithLabelValues(StageSelection).Inc()
 		}
-		wk, st := &v.workers[i], v.states[i]
+		wk, st := v.worker(i), v.states[i]
 
 		if r.beforeDispatch != nil {
 			r.beforeDispatch()
@@ -263,7 +263,7 @@ func (r *Router) overloadedSince(selected *view, st *workerState) bool {
 		return false
 	}
 	j := cur.indexOfSlot(st.slot)
-	return j >= 0 && cur.states[j] == st && cur.workers[j].Veto == VetoOverload
+	return j >= 0 && cur.states[j] == st && cur.worker(j).Veto == VetoOverload
 }
 
 type dispatchResult struct {

@@ -316,7 +316,7 @@ func TestCircuitBreaker(t *testing.T) {
 		}
 	}
 	v := h.r.view.Load()
-	if st := v.states[v.byID["flaky"]].breaker.state.Load(); st != breakerClosed {
+	if st := v.states[v.index("flaky")].breaker.state.Load(); st != breakerClosed {
 		t.Fatalf("breaker state %d after the success threshold, want closed", st)
 	}
 	if testutil.ToFloat64(h.r.metrics.breakers.WithLabelValues("open")) != 2 {
@@ -496,7 +496,7 @@ func TestLoadAwareCountsDispatchesSinceReport(t *testing.T) {
 	// Same report revision: the count carries across snapshots.
 	h.apply(wa, wb)
 	v := h.r.view.Load()
-	if d := v.states[v.byID["b"]].dispatched.Load(); d != 1 {
+	if d := v.states[v.index("b")].dispatched.Load(); d != 1 {
 		t.Fatalf("dispatches since report = %d, want 1", d)
 	}
 }

@@ -6,12 +6,14 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -178,6 +180,131 @@ func (r *Router) loadMonitorInterval() int {
 	return r.opts.LoadMonitorInterval
 }
 
+// ApplyDelta applies a change to the snapshot held. A change that leaves
+// every index as it was (verdicts, loads, windows: no worker joins, leaves,
+// or changes its URL, model or type) is patched into a copy-on-write
+// successor of the view in time proportional to the change; any other
+// rebuilds the view as Apply does, the workers kept in ID order (a joining
+// worker takes its place in that order). After FailOpen the delta applies to
+// the workers as sent, so verdicts come back. The router owns d from now on.
+func (r *Router) ApplyDelta(d *Delta) {
+	r.applyMu.Lock()
+	defer r.applyMu.Unlock()
+	cur := r.view.Load()
+	if cur == nil || cur.failOpen || !r.patch(cur, d) {
+		var base []Worker
+		if cur != nil {
+			base = cur.sent.flat()
+		}
+		r.install(&Snapshot{Epoch: d.Epoch, Revision: d.Revision}, withDelta(base, d), false)
+	}
+	r.metrics.revision.Set(float64(d.Revision))
+}
+
+// withDelta is base (in ID order) with d applied, still in ID order.
+func withDelta(base []Worker, d *Delta) []Worker {
+	at := make(map[string]int, len(base))
+	for i := range base {
+		at[base[i].ID] = i
+	}
+	gone := make(map[string]bool, len(d.Removed))
+	for _, id := range d.Removed {
+		gone[id] = true
+	}
+	var joins []Worker
+	for _, w := range d.Upserts {
+		switch i, ok := at[w.ID]; {
+		case !ok:
+			at[w.ID] = len(base) + len(joins)
+			joins = append(joins, w)
+		case i < len(base):
+			base[i] = w
+		default:
+			joins[i-len(base)] = w
+		}
+	}
+	out := make([]Worker, 0, len(base)+len(joins))
+	for i := range base {
+		if !gone[base[i].ID] {
+			out = append(out, base[i])
+		}
+	}
+	for i := range joins {
+		if gone[joins[i].ID] {
+			continue
+		}
+		j, _ := slices.BinarySearchFunc(out, joins[i].ID, func(w Worker, id string) int { return cmp.Compare(w.ID, id) })
+		out = slices.Insert(out, j, joins[i])
+	}
+	return out
+}
+
+// patch publishes cur with d applied when d changes no index of the view,
+// copying only the chunks of the workers it changes, and reports whether it
+// could. Caller holds applyMu.
+func (r *Router) patch(cur *view, d *Delta) bool {
+	for _, id := range d.Removed {
+		if _, ok := r.states[id]; ok {
+			return false
+		}
+	}
+	at := make([]int32, len(d.Upserts))
+	for k := range d.Upserts {
+		w := &d.Upserts[k]
+		st, ok := r.states[w.ID]
+		if !ok {
+			return false
+		}
+		if at[k] = cur.indexOfSlot(st.slot); at[k] < 0 || !sameIndexes(cur.worker(at[k]), w) {
+			return false
+		}
+	}
+	next := *cur
+	next.epoch, next.revision = d.Epoch, d.Revision
+	workers, hot := newCow(cur.workers), newCow(cur.hot)
+	for k, i := range at {
+		w, st := &d.Upserts[k], cur.states[i]
+		workers.set(i, *w)
+		hot.set(i, hotOf(w, st))
+	}
+	next.workers, next.hot = workers.chunked, hot.chunked
+	next.sent = next.workers
+	v := &next
+	r.view.Store(v)
+	for k, i := range at {
+		r.noteLoad(v.states[i], &d.Upserts[k])
+		r.setWindow(v.states[i], &d.Upserts[k])
+	}
+	r.pokeAll() // a share that grew has room for waiters
+	if r.sched != nil && r.schedFromFleet {
+		r.sched.SetCapacity(fleetCapacity(v))
+	}
+	return true
+}
+
+// noteLoad resets the dispatches counted since the last report when w
+// brings a new one. Caller holds applyMu.
+func (r *Router) noteLoad(st *workerState, w *Worker) {
+	if st.loadRevision != w.LoadRevision {
+		st.loadRevision = w.LoadRevision
+		st.dispatched.Store(0) // the new report already counts those dispatches
+	}
+}
+
+// setWindow gates st on w's window as this router holds it. Caller holds
+// applyMu.
+func (r *Router) setWindow(st *workerState, w *Worker) {
+	if rooms, mode := r.windowRooms(w); rooms > 0 || w.Type == TypeDecode {
+		st.gate.set(gateLimit(rooms, w.WindowShare, mode), rooms)
+		decode := w.Type == TypeDecode
+		wls := []*waitlist{r.waitlistFor(waitlistKey{decode, w.Model}), r.waitlistFor(waitlistKey{decode, ""})}
+		st.wls.Store(&wls)
+	} else {
+		st.gate.set(unlimited, 0)
+		st.wls.Store(nil)
+	}
+}
+
 // FailOpen drops every veto of the current snapshot and keeps routing on it:
 // the watch client calls it once the control plane has been lost for longer
 // than --worker-stale-secs. The next Apply brings verdicts back.
@@ -188,8 +315,7 @@ func (r *Router) FailOpen() {
 	if cur == nil || cur.failOpen {
 		return
 	}
-	workers := make([]Worker, len(cur.workers))
-	copy(workers, cur.workers)
+	workers := cur.sent.flat()
 	dropped := 0
 	for i := range workers {
 		if workers[i].Veto != VetoNone {
@@ -198,10 +324,10 @@ func (r *Router) FailOpen() {
 		workers[i].Veto, workers[i].VetoReason = VetoNone, ""
 		workers[i].Overloaded, workers[i].OverloadReason = false, ""
 	}
-	r.install(cur.snap, workers, true)
+	r.install(&Snapshot{Epoch: cur.epoch, Revision: cur.revision}, workers, true)
 	r.metrics.failOpen.Inc()
 	r.log.Warn("Control plane lost past the stale bound: dropped its vetoes, routing on the last snapshot",
-		"revision", cur.snap.Revision, "vetoes_dropped", dropped)
+		"revision", cur.revision, "vetoes_dropped", dropped)
 }
 
 // install compiles and publishes a view. Caller holds applyMu.
@@ -222,10 +348,7 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 			st = &workerState{id: w.ID, slot: r.allocSlot(), loadRevision: w.LoadRevision}
 			r.states[w.ID] = st
 		}
-		if st.loadRevision != w.LoadRevision {
-			st.loadRevision = w.LoadRevision
-			st.dispatched.Store(0) // the new report already counts those dispatches
-		}
+		r.noteLoad(st, w)
 		states = append(states, st)
 		kept = append(kept, *w)
 	}
@@ -240,6 +363,9 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 	}
 	v := buildView(s, kept, states, prev, r.nextSlot)
 	v.failOpen = failOpen
+	if failOpen {
+		v.sent = prev.sent // the verdicts the next delta applies to
+	}
 	for model, p := range v.pools {
 		p.wl = r.waitlistFor(waitlistKey{false, model})
 	}
@@ -252,20 +378,11 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 	}
 	r.view.Store(v)
 	for i := range kept {
-		w := &kept[i]
-		if rooms, mode := r.windowRooms(w); rooms > 0 || w.Type == TypeDecode {
-			states[i].gate.set(gateLimit(rooms, w.WindowShare, mode), rooms)
-			decode := w.Type == TypeDecode
-			wls := []*waitlist{r.waitlistFor(waitlistKey{decode, w.Model}), r.waitlistFor(waitlistKey{decode, ""})}
-			states[i].wls.Store(&wls)
-		} else {
-			states[i].gate.set(unlimited, 0)
-			states[i].wls.Store(nil)
-		}
+		r.setWindow(states[i], &kept[i])
 	}
 	r.pokeAll() // a share that grew, or a new worker, has room for waiters
 	if r.sched != nil && r.schedFromFleet {
-		r.sched.SetCapacity(fleetCapacity(v, kept))
+		r.sched.SetCapacity(fleetCapacity(v))
 	}
 }
 
@@ -290,11 +407,12 @@ func (r *Router) ContactSeen(workerID string) {
 	if v == nil {
 		return
 	}
-	i, ok := v.byID[workerID]
+	r.applyMu.Lock()
+	st, ok := r.states[workerID]
+	r.applyMu.Unlock()
 	if !ok {
 		return
 	}
-	st := v.states[i]
 	if st.breaker.state.Load() != breakerClosed {
 		st.breaker.reset()
 		r.metrics.breakers.WithLabelValues("closed").Inc()

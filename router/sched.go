@@ -66,10 +66,10 @@ func fleetCapacitySource(opts Options) bool { return opts.WorkerAdmissionWindow 
 // fleetCapacity is the sum of this router's gate limits over the workers
 // with a regular running window (its shares, or whole windows when no share
 // is allocated); Unlimited when one of them has no window (never gated).
-func fleetCapacity(v *view, workers []Worker) int64 {
+func fleetCapacity(v *view) int64 {
 	var sum int64
-	for i := range workers {
-		if t := workers[i].Type; t == TypePrefill || t == TypeDecode {
+	for i := range v.size() {
+		if t := v.worker(i).Type; t == TypePrefill || t == TypeDecode {
 			continue
 		}
 		l := v.states[i].gate.limit.Load()

@@ -44,7 +44,7 @@ func (s *selector) steer(v *view, p *pool, q *request, shed bool) (int32, outcom
 	var overloadLoad, livenessLoad int64
 	unroutable, anyOverload, anyLiveness, sawFull := false, false, false, false
 	for _, i := range p.idx {
-		w := &v.hot[i]
+		w := v.hot.at(i)
 		if !w.healthy || !w.st.breaker.allow(s.cb, q.now) {
 			unroutable = true
 			continue

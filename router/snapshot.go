@@ -99,15 +99,28 @@ type FleetSettings struct {
 	WorkerStaleSecs int
 }
 
+// Delta is a change to the workers of the snapshot (or delta) applied last:
+// the watch client hands one to ApplyDelta for each delta of the control
+// plane, so a router applies a change in time proportional to the change.
+// The router takes ownership of it.
+type Delta struct {
+	Epoch    string
+	Revision uint64
+	Upserts  []Worker // new or changed workers, by ID; a later entry wins
+	Removed  []string // IDs that leave (unknown IDs are ignored)
+}
+
 // view is a snapshot compiled for selection: pools per model, rings, and the
-// per-worker states aligned with Workers. Immutable once stored.
+// per-worker states aligned with workers. Immutable once stored: a delta
+// builds its successor by copy-on-write (patch), sharing what it leaves.
 type view struct {
-	snap     *Snapshot
-	workers  []Worker       // snap.Workers, or a veto-free copy after FailOpen
-	states   []*workerState // aligned with workers
-	hot      []hotWorker    // aligned with workers: what a pool scan touches
-	byID     map[string]int32
-	bySlot   []int32 // state slot -> index into workers, -1 when absent
+	epoch    string
+	revision uint64
+	workers  chunked[Worker]    // as sent, or a veto-free copy after FailOpen
+	sent     chunked[Worker]    // as sent: workers unless failOpen
+	hot      chunked[hotWorker] // aligned with workers: what a pool scan touches
+	states   []*workerState     // aligned with workers
+	bySlot   []int32            // state slot -> index into workers, -1 when absent
 	pools    map[string]*pool
 	all      *pool               // every regular worker, for requests that name no model
 	pd       map[string]*pdPools // PD disaggregation: prefill and decode pools per model
@@ -115,6 +128,12 @@ type view struct {
 	models   []string            // sorted, for /v1/models
 	failOpen bool
 }
+
+// worker is entry i of the view (not to be written).
+func (v *view) worker(i int32) *Worker { return v.workers.at(i) }
+
+// size is the number of workers.
+func (v *view) size() int32 { return int32(len(v.states)) }
 
 // hotWorker packs the fields selection reads per candidate next to each
 // other, so scanning a 1,000-worker pool stays in cache.
@@ -146,19 +165,20 @@ func (v *view) indexOfSlot(slot uint32) int32 {
 	return v.bySlot[slot]
 }
 
-// buildView compiles s. prev (may be nil) donates rings and round-robin
-// counters of pools whose membership did not change. states maps each worker
-// ID to its long-lived state.
+// buildView compiles the workers of a snapshot. prev (may be nil) donates
+// rings and round-robin counters of pools whose membership did not change.
+// states maps each worker to its long-lived state.
 func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view, maxSlot uint32) *view {
 	v := &view{
-		snap:    s,
-		workers: workers,
-		states:  states,
-		hot:     make([]hotWorker, len(workers)),
-		byID:    make(map[string]int32, len(workers)),
-		bySlot:  make([]int32, maxSlot),
-		pools:   make(map[string]*pool),
+		epoch:    s.Epoch,
+		revision: s.Revision,
+		workers:  chunkedOf(workers),
+		hot:      newChunked[hotWorker](len(workers)),
+		states:   states,
+		bySlot:   make([]int32, maxSlot),
+		pools:    make(map[string]*pool),
 	}
+	v.sent = v.workers
 	for i := range v.bySlot {
 		v.bySlot[i] = -1
 	}
@@ -167,9 +187,7 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 	pdm := newPDMembers()
 	for i := range workers {
 		w := &workers[i]
-		v.hot[i] = hotWorker{st: states[i], reported: w.Waiting + w.Running, waiting: w.Waiting, eligible: w.Healthy && w.Veto == VetoNone,
-			healthy: w.Healthy, veto: w.Veto, over: w.Overloaded || w.Veto == VetoOverload}
-		v.byID[w.ID] = int32(i)
+		*v.hot.at(int32(i)) = hotOf(w, states[i])
 		v.bySlot[states[i].slot] = int32(i)
 		if w.Type != "" && w.Type != TypeRegular {
 			pdm.add(w, int32(i)) // PD legs are not regular candidates
@@ -188,6 +206,19 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 	return v
 }
 
+// hotOf is the selection summary of w.
+func hotOf(w *Worker, st *workerState) hotWorker {
+	return hotWorker{st: st, reported: w.Waiting + w.Running, waiting: w.Waiting, eligible: w.Healthy && w.Veto == VetoNone,
+		healthy: w.Healthy, veto: w.Veto, over: w.Overloaded || w.Veto == VetoOverload}
+}
+
+// sameIndexes reports whether w may replace old in place: every index of a
+// view (pools, rings, PD pairs, models) depends on a worker's identity,
+// URL, model and type alone, never on its verdict or load.
+func sameIndexes(old, w *Worker) bool {
+	return old.ID == w.ID && old.URL == w.URL && old.Model == w.Model && old.Type == w.Type
+}
+
 func prevPool(prev *view, model string, all bool) *pool {
 	if prev == nil {
 		return nil
@@ -201,19 +232,21 @@ func prevPool(prev *view, model string, all bool) *pool {
 func (v *view) newPool(model string, idx []int32, old *pool) *pool {
 	p := &pool{model: model, idx: idx}
 	slots := make([]uint32, len(idx))
+	bases := make([]uint64, len(idx))
 	for i, wi := range idx {
 		slots[i] = v.states[wi].slot
+		bases[i] = hashString(v.worker(wi).URL)
 	}
 	if old != nil {
 		p.rr = old.rr
-		if old.ring != nil && slices.Equal(old.ring.members, slots) {
+		if old.ring != nil && slices.Equal(old.ring.members, slots) && slices.Equal(old.ring.bases, bases) {
 			p.ring = old.ring
 		}
 	} else {
 		p.rr = new(atomic.Uint64)
 	}
 	if p.ring == nil {
-		p.ring = newRing(slots, v.workers, idx)
+		p.ring = newRing(slots, bases)
 	}
 	return p
 }

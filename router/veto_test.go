@@ -329,7 +329,7 @@ func TestMixedCausesAreNotAShed(t *testing.T) {
 
 func tripBreaker(h *harness, id string) {
 	v := h.r.view.Load()
-	st := v.states[v.byID[id]]
+	st := v.states[v.index(id)]
 	for range h.r.opts.CBFailureThreshold {
 		st.breaker.failure(&h.r.cb, h.r.now())
 	}

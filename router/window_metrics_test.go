@@ -21,8 +21,8 @@ func (c refWindowCollector) Collect(ch chan<- prometheus.Metric) {
 	if v == nil {
 		return
 	}
-	for i := range v.workers {
-		w := &v.workers[i]
+	for i := range v.size() {
+		w := v.worker(i)
 		if rooms, _ := c.m.r.windowRooms(w); rooms <= 0 {
 			continue
 		}

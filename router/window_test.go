@@ -37,7 +37,7 @@ func windowsOn(policy string) func(*Options) {
 // inFlight is the rooms held on worker id.
 func (h *harness) inFlight(id string) int64 {
 	v := h.r.view.Load()
-	return v.states[v.byID[id]].gate.inFlight.Load()
+	return v.states[v.index(id)].gate.inFlight.Load()
 }
 
 func (h *harness) waiters() int64 { return h.r.waitlistFor(waitlistKey{false, testModel}).n.Load() }
@@ -172,7 +172,7 @@ func TestWindowShareSurvivesLosingTheControlPlane(t *testing.T) {
 	if got := v.states[0].gate.limit.Load(); got != 3 {
 		t.Fatalf("limit after losing the control plane = %d, want the last share 3", got)
 	}
-	if v.workers[0].Veto != VetoNone {
+	if v.worker(0).Veto != VetoNone {
 		t.Fatal("FailOpen kept the veto")
 	}
 }

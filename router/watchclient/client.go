@@ -309,6 +309,7 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 	epoch, _ := c.Revision()
 	expired := c.carryExpired()
 	var contacts []string
+	var changed []string // the workers a delta changed; nil: publish them all
 	switch m := resp.Msg.(type) {
 	case *smgv1.WatchResponse_Snapshot:
 		c.adoptSettings(m.Snapshot.GetSettings())
@@ -331,7 +332,9 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 			c.setRevision("", 0) // ask for a snapshot on reconnect
 			return fmt.Errorf("delta under epoch %q while holding %q", resp.Epoch, epoch)
 		}
+		changed = make([]string, 0, len(m.Delta.GetUpserts())+len(m.Delta.GetRemoved()))
 		for _, w := range m.Delta.GetUpserts() {
+			changed = append(changed, w.GetWorkerId())
 			contacts = c.noteContact(contacts, w)
 			if _, ok := c.workers[w.GetWorkerId()]; !ok {
 				c.order = nil
@@ -342,6 +345,7 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 			c.judged(w)
 		}
 		for _, id := range m.Delta.GetRemoved() {
+			changed = append(changed, id)
 			if _, ok := c.workers[id]; ok {
 				delete(c.workers, id)
 				c.order = nil
@@ -363,7 +367,9 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 	}
 	// Publish before recording the revision: an ack then always names a
 	// revision the router has applied (window shares rely on it).
-	c.publish(resp.Epoch, resp.Revision)
+	if changed == nil || expired || !c.publishChanges(resp.Epoch, resp.Revision, changed) {
+		c.publish(resp.Epoch, resp.Revision)
+	}
 	c.setRevision(resp.Epoch, resp.Revision)
 	for _, id := range contacts {
 		c.target.ContactSeen(id)
@@ -417,18 +423,61 @@ func (c *Client) publish(epoch string, rev uint64) {
 	}
 	s := &router.Snapshot{Epoch: epoch, Revision: rev, Workers: make([]router.Worker, len(c.order)), Settings: c.settings}
 	for i, id := range c.order {
-		if k, ok := c.kept[id]; ok {
-			s.Workers[i] = k.w // kept only while this epoch has not listed it healthy
-			continue
-		}
-		w := c.workers[id].w
-		if v, ok := c.carried[id]; ok {
-			v.applyTo(&w)
-		}
-		s.Workers[i] = w
+		s.Workers[i], _ = c.published(id)
 	}
 	c.target.Apply(s)
 	c.held, c.failedOpen = true, false
+}
+
+// published is worker id as the router is to hold it: the kept copy of a
+// previous epoch while this epoch has not listed it healthy, else the
+// current epoch's with any carried window; ok false when it holds neither.
+// Caller holds applyMu.
+func (c *Client) published(id string) (w router.Worker, ok bool) {
+	if k, ok := c.kept[id]; ok {
+		return k.w, true
+	}
+	h, ok := c.workers[id]
+	if !ok {
+		return router.Worker{}, false
+	}
+	w = h.w
+	if v, ok := c.carried[id]; ok {
+		v.applyTo(&w)
+	}
+	return w, true
+}
+
+// deltaTarget is a target that takes a change to the snapshot it holds
+// (the router does), so a delta costs what it changes, not the fleet.
+type deltaTarget interface {
+	ApplyDelta(*router.Delta)
+}
+
+// publishChanges hands the router only the workers a delta changed, and
+// reports whether it could: the target must take deltas and hold the
+// snapshot published last (not failed open, which a full publish ends).
+// Caller holds applyMu.
+func (c *Client) publishChanges(epoch string, rev uint64, ids []string) bool {
+	t, ok := c.target.(deltaTarget)
+	if !ok || !c.held || c.failedOpen {
+		return false
+	}
+	d := &router.Delta{Epoch: epoch, Revision: rev}
+	seen := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if w, ok := c.published(id); ok {
+			d.Upserts = append(d.Upserts, w)
+		} else {
+			d.Removed = append(d.Removed, id)
+		}
+	}
+	t.ApplyDelta(d)
+	return true
 }
 
 // keepPrevious decides at a snapshot which workers of the view held so far
