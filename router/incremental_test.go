@@ -308,3 +308,21 @@ func TestWithDelta(t *testing.T) {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
 }
+
+// Within one delta the last upsert of a worker wins, even when it restores
+// the entry held.
+func TestDeltaLastUpsertWins(t *testing.T) {
+	h := newHarness(t, nil)
+	a := Worker{ID: "a", URL: "http://a", Model: testModel, Healthy: true}
+	h.apply(a)
+	b := a
+	b.Veto = VetoOverload
+	h.r.ApplyDelta(&Delta{Revision: 5, Upserts: []Worker{b, a}})
+	if v := h.r.view.Load(); *v.worker(0) != a || !v.hot.at(0).eligible || v.revision != 5 {
+		t.Fatalf("held %+v, want %+v", *v.worker(0), a)
+	}
+	h.r.ApplyDelta(&Delta{Revision: 6, Upserts: []Worker{a, b}})
+	if v := h.r.view.Load(); *v.worker(0) != b || v.hot.at(0).eligible {
+		t.Fatalf("held %+v, want %+v", *v.worker(0), b)
+	}
+}

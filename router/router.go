@@ -223,20 +223,25 @@ func withDelta(base []Worker, d *Delta) []Worker {
 			joins[i-len(base)] = w
 		}
 	}
+	slices.SortFunc(joins, func(a, b Worker) int { return cmp.Compare(a.ID, b.ID) })
 	out := make([]Worker, 0, len(base)+len(joins))
 	for i := range base {
-		if !gone[base[i].ID] {
-			out = append(out, base[i])
+		for len(joins) > 0 && joins[0].ID < base[i].ID {
+			out, joins = appendUnless(out, joins[0], gone), joins[1:]
 		}
+		out = appendUnless(out, base[i], gone)
 	}
 	for i := range joins {
-		if gone[joins[i].ID] {
-			continue
-		}
-		j, _ := slices.BinarySearchFunc(out, joins[i].ID, func(w Worker, id string) int { return cmp.Compare(w.ID, id) })
-		out = slices.Insert(out, j, joins[i])
+		out = appendUnless(out, joins[i], gone)
 	}
 	return out
+}
+
+func appendUnless(out []Worker, w Worker, gone map[string]bool) []Worker {
+	if gone[w.ID] {
+		return out
+	}
+	return append(out, w)
 }
 
 // patch publishes cur with d applied when d changes no index of the view,
@@ -248,32 +253,43 @@ func (r *Router) patch(cur *view, d *Delta) bool {
 			return false
 		}
 	}
-	at := make([]int32, len(d.Upserts))
-	for k := range d.Upserts {
+	// The entries to write: an upsert equal to the entry held (a resync
+	// snapshot lists every worker) changes nothing.
+	type change struct {
+		i int32
+		w *Worker
+	}
+	var changes []change
+	seen := make(map[int32]bool, len(d.Upserts))
+	for k := len(d.Upserts) - 1; k >= 0; k-- { // the last upsert of a worker wins
 		w := &d.Upserts[k]
 		st, ok := r.states[w.ID]
 		if !ok {
 			return false
 		}
-		if at[k] = cur.indexOfSlot(st.slot); at[k] < 0 || !sameIndexes(cur.worker(at[k]), w) {
+		i := cur.indexOfSlot(st.slot)
+		if i < 0 || !sameIndexes(cur.worker(i), w) {
 			return false
 		}
+		if !seen[i] && *cur.worker(i) != *w {
+			changes = append(changes, change{i, w})
+		}
+		seen[i] = true
 	}
 	next := *cur
 	next.epoch, next.revision = d.Epoch, d.Revision
 	workers, hot := newCow(cur.workers), newCow(cur.hot)
-	for k, i := range at {
-		w, st := &d.Upserts[k], cur.states[i]
-		workers.set(i, *w)
-		hot.set(i, hotOf(w, st))
+	for _, c := range changes {
+		workers.set(c.i, *c.w)
+		hot.set(c.i, hotOf(c.w, cur.states[c.i]))
 	}
 	next.workers, next.hot = workers.chunked, hot.chunked
 	next.sent = next.workers
 	v := &next
 	r.view.Store(v)
-	for k, i := range at {
-		r.noteLoad(v.states[i], &d.Upserts[k])
-		r.setWindow(v.states[i], &d.Upserts[k])
+	for _, c := range changes {
+		r.noteLoad(v.states[c.i], c.w)
+		r.setWindow(v.states[c.i], c.w)
 	}
 	r.pokeAll() // a share that grew has room for waiters
 	if r.sched != nil && r.schedFromFleet {

@@ -312,7 +312,13 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 	var changed []string // the workers a delta changed; nil: publish them all
 	switch m := resp.Msg.(type) {
 	case *smgv1.WatchResponse_Snapshot:
+		settings := c.settings
 		c.adoptSettings(m.Snapshot.GetSettings())
+		if sameSettings(settings, c.settings) {
+			// Published as the change from the workers held: a resync or
+			// a failover changes few of them, and so costs the router few.
+			changed = c.heldIDs(make([]string, 0, len(c.workers)+len(c.kept)+len(m.Snapshot.GetWorkers())))
+		}
 		c.keepPrevious(resp.Epoch != epoch, time.Duration(m.Snapshot.GetWarmingSecs())*time.Second)
 		next := make(map[string]heldWorker, len(m.Snapshot.GetWorkers()))
 		for _, w := range m.Snapshot.GetWorkers() {
@@ -327,6 +333,9 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 			}
 		}
 		c.workers, c.order = next, nil
+		if changed != nil {
+			changed = c.heldIDs(changed)
+		}
 	case *smgv1.WatchResponse_Delta:
 		if resp.Epoch != epoch {
 			c.setRevision("", 0) // ask for a snapshot on reconnect
@@ -446,6 +455,23 @@ func (c *Client) published(id string) (w router.Worker, ok bool) {
 		v.applyTo(&w)
 	}
 	return w, true
+}
+
+// heldIDs appends the ids of the workers held, kept ones too. Caller holds
+// applyMu.
+func (c *Client) heldIDs(ids []string) []string {
+	for id := range c.workers {
+		ids = append(ids, id)
+	}
+	for id := range c.kept {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// sameSettings reports whether a and b hold the same values.
+func sameSettings(a, b *router.FleetSettings) bool {
+	return a == b || a != nil && b != nil && *a == *b
 }
 
 // deltaTarget is a target that takes a change to the snapshot it holds

@@ -81,7 +81,7 @@ func TestDeltasMatchWholeSnapshots(t *testing.T) {
 				}
 				return &smgv1.WatchResponse{Epoch: fmt.Sprint("e", epoch), Revision: rev, Msg: &smgv1.WatchResponse_Snapshot{
 					Snapshot: &smgv1.WatchSnapshot{Workers: ws, WarmingSecs: int32(rng.IntN(2) * 3600),
-						Settings: &smgv1.FleetSettings{LoadMonitorIntervalSecs: 1, WorkerStaleSecs: 3600}}}}
+						Settings: &smgv1.FleetSettings{LoadMonitorIntervalSecs: 1 + int32(rng.IntN(4)/3), WorkerStaleSecs: 3600}}}}
 			}
 			for step := range 120 {
 				var msg *smgv1.WatchResponse
