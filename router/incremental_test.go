@@ -260,6 +260,7 @@ func compareScratch(t *testing.T, at string, r *Router, v *view, sent []Worker, 
 			t.Fatalf("%s: pool %q (%s) has no waitlist", at, b.model, b.kind)
 		}
 	}
+	var capacity fleetCap
 	for i := range workers {
 		w, st := &workers[i], states[i]
 		rooms, mode := r.windowRooms(w)
@@ -267,12 +268,16 @@ func compareScratch(t *testing.T, at string, r *Router, v *view, sent []Worker, 
 		if rooms <= 0 && w.Type != TypeDecode {
 			limit, window = unlimited, 0
 		}
+		capacity.add(w, limit, 1)
 		if st.gate.limit.Load() != limit || st.gate.window.Load() != window || (st.wls.Load() != nil) != (rooms > 0 || w.Type == TypeDecode) {
 			t.Fatalf("%s: %s gated at %d/%d, want %d/%d", at, w.ID, st.gate.limit.Load(), st.gate.window.Load(), limit, window)
 		}
 		if st.loadRevision != w.LoadRevision {
 			t.Fatalf("%s: %s counts dispatches since report %d, want %d", at, w.ID, st.loadRevision, w.LoadRevision)
 		}
+	}
+	if r.fleetCap != capacity {
+		t.Fatalf("%s: the scheduler's capacity from the fleet is %+v, want %+v", at, r.fleetCap, capacity)
 	}
 	// Decisions for fixed keys, under the key-hashing policies, shedding
 	// or not: the incremental view and the scratch one choose alike.

@@ -54,6 +54,7 @@ type Router struct {
 	states    map[string]*workerState
 	freeSlots []uint32
 	nextSlot  uint32
+	fleetCap  fleetCap // the scheduler's capacity from the fleet's windows
 
 	clock func() time.Time // injectable for tests
 	start time.Time
@@ -288,12 +289,15 @@ func (r *Router) patch(cur *view, d *Delta) bool {
 	v := &next
 	r.view.Store(v)
 	for _, c := range changes {
-		r.noteLoad(v.states[c.i], c.w)
-		r.setWindow(v.states[c.i], c.w)
+		st := v.states[c.i]
+		r.noteLoad(st, c.w)
+		r.fleetCap.add(c.w, st.gate.limit.Load(), -1) // its type is unchanged
+		r.setWindow(st, c.w)
+		r.fleetCap.add(c.w, st.gate.limit.Load(), 1)
 	}
 	r.pokeAll() // a share that grew has room for waiters
 	if r.sched != nil && r.schedFromFleet {
-		r.sched.SetCapacity(fleetCapacity(v))
+		r.sched.SetCapacity(r.fleetCap.capacity())
 	}
 	return true
 }
@@ -393,12 +397,14 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 		v.pdAll.decode.wl = r.waitlistFor(waitlistKey{true, ""})
 	}
 	r.view.Store(v)
+	r.fleetCap = fleetCap{}
 	for i := range kept {
 		r.setWindow(states[i], &kept[i])
+		r.fleetCap.add(&kept[i], states[i].gate.limit.Load(), 1)
 	}
 	r.pokeAll() // a share that grew, or a new worker, has room for waiters
 	if r.sched != nil && r.schedFromFleet {
-		r.sched.SetCapacity(fleetCapacity(v))
+		r.sched.SetCapacity(r.fleetCap.capacity())
 	}
 }
 

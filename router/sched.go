@@ -63,22 +63,33 @@ func buildScheduler(opts Options, reg prometheus.Registerer) (*scheduler.Schedul
 // its slots hold fleet-wide; otherwise against --max-concurrent-requests.
 func fleetCapacitySource(opts Options) bool { return opts.WorkerAdmissionWindow }
 
-// fleetCapacity is the sum of this router's gate limits over the workers
-// with a regular running window (its shares, or whole windows when no share
-// is allocated); Unlimited when one of them has no window (never gated).
-func fleetCapacity(v *view) int64 {
-	var sum int64
-	for i := range v.size() {
-		if t := v.worker(i).Type; t == TypePrefill || t == TypeDecode {
-			continue
-		}
-		l := v.states[i].gate.limit.Load()
-		if l == unlimited {
-			return scheduler.Unlimited
-		}
-		sum += l
+// fleetCap is the sum of this router's gate limits over the workers with a
+// regular running window (its shares, or whole windows when no share is
+// allocated), kept up to date as windows change so a delta does not sum
+// the fleet again; Unlimited while one of them has no window (never gated).
+// Guarded by Router.applyMu.
+type fleetCap struct {
+	sum       int64
+	unlimited int // regular workers without a window
+}
+
+// add counts (sign 1) or uncounts (sign -1) a worker's gate limit.
+func (c *fleetCap) add(w *Worker, limit int64, sign int64) {
+	if t := w.Type; t == TypePrefill || t == TypeDecode {
+		return
 	}
-	return sum
+	if limit == unlimited {
+		c.unlimited += int(sign)
+		return
+	}
+	c.sum += sign * limit
+}
+
+func (c *fleetCap) capacity() int64 {
+	if c.unlimited > 0 {
+		return scheduler.Unlimited
+	}
+	return c.sum
 }
 
 // staticCapacity is the scheduler's capacity when it does not come from the
