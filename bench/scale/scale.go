@@ -27,6 +27,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -97,6 +98,11 @@ type Config struct {
 	// CPUProfile, when set, is a file to write the control plane's CPU
 	// profile of the window to.
 	CPUProfile string
+	// Trace, when set, is a file to write a runtime/trace of the control
+	// plane's process for the window to (`go tool trace -pprof=sched FILE`:
+	// what a slow flip waited for outside GC; the trace costs CPU itself).
+	// Each flip's commit is in it as a "flip" log event with its wall clock.
+	Trace string
 	// AllocProfile, when set, is a file to write the control plane's
 	// allocations (a heap profile) to at the window's end, and at its start
 	// to AllocProfile+".base": the window's are
@@ -394,6 +400,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if f, err := os.Create(cfg.CPUProfile); err == nil {
 			if pprof.StartCPUProfile(f) == nil {
 				stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
+			}
+		}
+	}
+	if cfg.Trace != "" {
+		if f, err := os.Create(cfg.Trace); err == nil {
+			if trace.Start(f) == nil {
+				prev := stopProfile
+				stopProfile = func() { trace.Stop(); f.Close(); prev() }
+			} else {
+				f.Close()
 			}
 		}
 	}
@@ -864,6 +880,9 @@ func (l *flipLog) Handle(_ context.Context, r slog.Record) error {
 	defer l.mu.Unlock()
 	l.count[id]++
 	l.at[flipKey(w, l.count[id])] = r.Time.UnixNano()
+	if trace.IsEnabled() { // Config.Trace: the commit's wall clock, to find a slow flip in the trace
+		trace.Log(context.Background(), "flip", fmt.Sprintf("%s #%d committed %d", id, l.count[id], r.Time.UnixNano()))
+	}
 	return nil
 }
 

@@ -1,8 +1,10 @@
 package scale
 
 import (
+	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -20,8 +22,13 @@ func TestMain(m *testing.M) {
 // marshals fewer messages than it sends.
 func TestScaleShort(t *testing.T) {
 	cfg := Config{Name: "short", Workers: 200, Agents: 4, AgentProcs: 1, ReportRate: 5,
-		Routers: 20, RouterProcs: 2, FlipRate: 10, Joins: 2, Warmup: 2 * time.Second, Duration: 3 * time.Second}
+		Routers: 20, RouterProcs: 2, FlipRate: 10, Joins: 2, Warmup: 2 * time.Second, Duration: 3 * time.Second,
+		Trace: filepath.Join(t.TempDir(), "cp.trace")}
 	res := runShort(t, cfg)
+	// The window's runtime trace, with each flip's commit marked in it.
+	if tr, err := os.ReadFile(cfg.Trace); err != nil || !bytes.HasPrefix(tr, []byte("go 1.")) || !bytes.Contains(tr, []byte(" committed ")) {
+		t.Errorf("trace %s: %d bytes, %v: want a runtime trace with the flips' commits marked", cfg.Trace, len(tr), err)
+	}
 	if res.Reports == 0 || res.AllocsPerReport <= 0 {
 		t.Errorf("reports %d, allocations per report %.1f: want reports counted", res.Reports, res.AllocsPerReport)
 	}
