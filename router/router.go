@@ -279,13 +279,15 @@ func (r *Router) patch(cur *view, d *Delta) bool {
 	}
 	next := *cur
 	next.epoch, next.revision = d.Epoch, d.Revision
-	workers, hot := newCow(cur.workers), newCow(cur.hot)
-	for _, c := range changes {
-		workers.set(c.i, *c.w)
-		hot.set(c.i, hotOf(c.w, cur.states[c.i]))
+	if len(changes) > 0 {
+		workers, hot := newCow(cur.workers), newCow(cur.hot)
+		for _, c := range changes {
+			workers.set(c.i, *c.w)
+			hot.set(c.i, hotOf(c.w, cur.states[c.i]))
+		}
+		next.workers, next.hot = workers.chunked, hot.chunked
+		next.sent = next.workers
 	}
-	next.workers, next.hot = workers.chunked, hot.chunked
-	next.sent = next.workers
 	v := &next
 	r.view.Store(v)
 	for _, c := range changes {

@@ -130,8 +130,9 @@ func BenchmarkApplyLoadDelta(b *testing.B) {
 	}
 }
 
-// BenchmarkApplySnapshot10k: a 10,000-worker snapshot (a join, or a
-// resync), decoded and applied over the same fleet.
+// BenchmarkApplySnapshot10k: a 10,000-worker snapshot decoded and applied
+// over the same fleet (a resync, every worker as held: the watch client
+// hands it over as a change, and the router finds nothing changed).
 func BenchmarkApplySnapshot10k(b *testing.B) {
 	c := benchClient(b)
 	raw := marshal(b, benchSnapshot(2))
@@ -140,5 +141,27 @@ func BenchmarkApplySnapshot10k(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		decodeApply(b, c, raw)
+	}
+}
+
+// BenchmarkApplyFirstSnapshot10k: a router joining, its first snapshot of
+// 10,000 workers decoded and applied (the view built whole).
+func BenchmarkApplyFirstSnapshot10k(b *testing.B) {
+	raw := marshal(b, benchSnapshot(1))
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		r, err := router.New(router.DefaultOptions(), nil, prometheus.NewRegistry())
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := New(nil, r, Options{RouterID: "bench"}, nil)
+		b.StartTimer()
+		decodeApply(b, c, raw)
+		b.StopTimer()
+		c.stopStale()
+		r.Stop()
+		b.StartTimer()
 	}
 }
