@@ -12,19 +12,21 @@ const (
 	chunkMask  = chunkLen - 1
 )
 
-// chunked is an array of n entries in chunks. Once a view holding it is
-// published it is immutable; patch makes a copy-on-write successor.
+// chunked is an array of n entries in chunks (the last one's tail unused).
+// Once a view holding it is published it is immutable; patch makes a
+// copy-on-write successor. A chunk is a fixed-size array behind a pointer,
+// so an access is one bounds check and one load more than a flat slice's.
 type chunked[T any] struct {
-	c [][]T
+	c []*[chunkLen]T
 	n int
 }
 
-// newChunked cuts one backing array of n entries into chunks.
+// newChunked allocates the chunks of n entries in one backing array.
 func newChunked[T any](n int) chunked[T] {
-	backing := make([]T, n)
-	c := make([][]T, 0, (n+chunkMask)>>chunkShift)
-	for at := 0; at < n; at += chunkLen {
-		c = append(c, backing[at:min(at+chunkLen, n):min(at+chunkLen, n)])
+	backing := make([][chunkLen]T, (n+chunkMask)>>chunkShift)
+	c := make([]*[chunkLen]T, len(backing))
+	for k := range backing {
+		c[k] = &backing[k]
 	}
 	return chunked[T]{c: c, n: n}
 }
@@ -33,7 +35,7 @@ func newChunked[T any](n int) chunked[T] {
 func chunkedOf[T any](s []T) chunked[T] {
 	c := newChunked[T](len(s))
 	for k := range c.c {
-		copy(c.c[k], s[k<<chunkShift:])
+		copy(c.c[k][:], s[k<<chunkShift:])
 	}
 	return c
 }
@@ -44,8 +46,8 @@ func (c chunked[T]) at(i int32) *T { return &c.c[i>>chunkShift][i&chunkMask] }
 // flat copies the entries into one slice.
 func (c chunked[T]) flat() []T {
 	out := make([]T, 0, c.n)
-	for _, ch := range c.c {
-		out = append(out, ch...)
+	for k, ch := range c.c {
+		out = append(out, ch[:min(chunkLen, c.n-k<<chunkShift)]...)
 	}
 	return out
 }
@@ -65,7 +67,8 @@ func newCow[T any](from chunked[T]) *cow[T] {
 func (w *cow[T]) set(i int32, v T) {
 	k := i >> chunkShift
 	if !w.own[k] {
-		w.c[k] = slices.Clone(w.c[k])
+		ch := *w.c[k]
+		w.c[k] = &ch
 		w.own[k] = true
 	}
 	w.c[k][i&chunkMask] = v

@@ -33,17 +33,17 @@ type selector struct {
 
 // eligible: healthy, not vetoed, breaker passing, not the worker a retry
 // avoids, and with room for the request when a window applies.
-func (s *selector) eligible(v *view, i int32, q *request) bool {
-	h := v.hot.at(i)
+func (s *selector) eligible(v *view, i int32, q *request) bool { return s.eligibleHot(v.hot.at(i), q) }
+
+func (s *selector) eligibleHot(h *hotWorker, q *request) bool {
 	return h.eligible && h.st != q.avoid && (q.need == 0 || h.st.gate.hasRoom(q.need)) &&
 		h.st.breaker.allow(s.cb, q.now)
 }
 
 // load is the reported load plus this router's dispatches since that report.
-func (v *view) load(i int32) int64 {
-	h := v.hot.at(i)
-	return h.reported + h.st.dispatched.Load()
-}
+func (v *view) load(i int32) int64 { return v.hot.at(i).load() }
+
+func (h *hotWorker) load() int64 { return h.reported + h.st.dispatched.Load() }
 
 // pick returns the index (into v.workers) of the worker the policy chooses
 // among eligible candidates, or -1 when none is eligible.
@@ -147,13 +147,14 @@ func (s *selector) leastLoad(v *view, p *pool, q *request) int32 {
 
 func (s *selector) leastLoadIn(v *view, idx []int32, q *request, best int32, bestLoad, waitingCap int64) (int32, int64) {
 	for _, i := range idx {
-		if !s.eligible(v, i, q) {
+		h := v.hot.at(i)
+		if !s.eligibleHot(h, q) {
 			continue
 		}
-		if h := v.hot.at(i); waitingCap > 0 && h.waiting+h.st.dispatched.Load() >= waitingCap {
+		if waitingCap > 0 && h.waiting+h.st.dispatched.Load() >= waitingCap {
 			continue
 		}
-		if l := v.load(i); best < 0 || l < bestLoad {
+		if l := h.load(); best < 0 || l < bestLoad {
 			best, bestLoad = i, l
 		}
 	}
@@ -298,10 +299,11 @@ func (s *selector) cacheAware(v *view, p *pool, q *request) int32 {
 // minimum and maximum eligible load.
 func (s *selector) spanLoads(v *view, idx []int32, q *request, least int32, minLoad, maxLoad int64) (int32, int64, int64) {
 	for _, i := range idx {
-		if !s.eligible(v, i, q) {
+		h := v.hot.at(i)
+		if !s.eligibleHot(h, q) {
 			continue
 		}
-		l := v.load(i)
+		l := h.load()
 		if least < 0 || l < minLoad {
 			least, minLoad = i, l
 		}

@@ -50,7 +50,7 @@ func (s *selector) steer(v *view, p *pool, q *request, shed bool) (int32, outcom
 			continue
 		}
 		room := q.need == 0 || w.st.gate.hasRoom(q.need)
-		l := v.load(i)
+		l := w.load()
 		switch {
 		case w.veto == VetoOverload:
 			anyOverload = true
