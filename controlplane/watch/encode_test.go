@@ -399,8 +399,8 @@ func TestFrameLetGoDuringASendKeepsItsBytes(t *testing.T) {
 		release: make(chan struct{}), got: make(chan []byte, 1)}
 	done := make(chan error, 1)
 	go func() {
-		defer f.release(fr)
 		_, err := f.send(bs, kindSnapshot, fr, 50000, func(b []byte) []byte { return append(b, msg(1)...) })
+		f.release(fr) // before done: the checks below need every hold let go
 		done <- err
 	}()
 	<-bs.entered
