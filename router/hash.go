@@ -1,7 +1,6 @@
 package router
 
 import (
-	"cmp"
 	"encoding/binary"
 	"slices"
 )
@@ -81,10 +80,19 @@ func newRing(slots []uint32, bases []uint64) *ring {
 		}
 	}
 	slices.SortFunc(r.points, func(a, b ringPoint) int {
-		if c := cmp.Compare(a.hash, b.hash); c != 0 {
-			return c
+		switch {
+		case a.hash != b.hash:
+			if a.hash < b.hash {
+				return -1
+			}
+			return 1
+		case a.slot != b.slot:
+			if a.slot < b.slot {
+				return -1
+			}
+			return 1
 		}
-		return cmp.Compare(a.slot, b.slot)
+		return 0
 	})
 	return r
 }

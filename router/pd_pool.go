@@ -38,8 +38,8 @@ func (v *view) buildPD(m *pdMembers, prev *view) {
 			continue
 		}
 		v.pd[model] = &pdPools{
-			prefill: v.newPool(model, pIdx, prevPD(prev, model, false, true)),
-			decode:  v.newPool(model, dIdx, prevPD(prev, model, false, false)),
+			prefill: v.newPool(model, pIdx, prevPD(prev, model, false, true), nil),
+			decode:  v.newPool(model, dIdx, prevPD(prev, model, false, false), nil),
 		}
 		v.pd[model].prefill.kind, v.pd[model].decode.kind = TypePrefill, TypeDecode
 		if _, regular := v.pools[model]; !regular {
@@ -48,8 +48,8 @@ func (v *view) buildPD(m *pdMembers, prev *view) {
 	}
 	if len(m.allP) > 0 && len(m.allD) > 0 {
 		v.pdAll = &pdPools{
-			prefill: v.newPool("", m.allP, prevPD(prev, "", true, true)),
-			decode:  v.newPool("", m.allD, prevPD(prev, "", true, false)),
+			prefill: v.newPool("", m.allP, prevPD(prev, "", true, true), nil),
+			decode:  v.newPool("", m.allD, prevPD(prev, "", true, false), nil),
 		}
 		v.pdAll.prefill.kind, v.pdAll.decode.kind = TypePrefill, TypeDecode
 	}

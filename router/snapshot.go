@@ -196,13 +196,19 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 		members[w.Model] = append(members[w.Model], int32(i))
 		all = append(all, int32(i))
 	}
+	var like *ring
 	for model, idx := range members {
-		v.pools[model] = v.newPool(model, idx, prevPool(prev, model, false))
+		v.pools[model] = v.newPool(model, idx, prevPool(prev, model, false), nil)
 		v.models = append(v.models, model)
+		like = v.pools[model].ring
 	}
 	v.buildPD(pdm, prev)
 	slices.Sort(v.models)
-	v.all = v.newPool("", all, prevPool(prev, "", true))
+	if len(members) != 1 {
+		like = nil
+	}
+	// With one model, the all-models pool has its members: one ring serves both.
+	v.all = v.newPool("", all, prevPool(prev, "", true), like)
 	return v
 }
 
@@ -229,7 +235,10 @@ func prevPool(prev *view, model string, all bool) *pool {
 	return prev.pools[model]
 }
 
-func (v *view) newPool(model string, idx []int32, old *pool) *pool {
+// newPool builds a pool over idx, sharing old's round-robin counter, and
+// old's ring or like's (either may be nil) when built over the same members
+// and URLs.
+func (v *view) newPool(model string, idx []int32, old *pool, like *ring) *pool {
 	p := &pool{model: model, idx: idx}
 	slots := make([]uint32, len(idx))
 	bases := make([]uint64, len(idx))
@@ -244,6 +253,9 @@ func (v *view) newPool(model string, idx []int32, old *pool) *pool {
 		}
 	} else {
 		p.rr = new(atomic.Uint64)
+	}
+	if p.ring == nil && like != nil && slices.Equal(like.members, slots) && slices.Equal(like.bases, bases) {
+		p.ring = like
 	}
 	if p.ring == nil {
 		p.ring = newRing(slots, bases)
