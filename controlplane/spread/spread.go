@@ -14,6 +14,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/smg-project/smg/internal/backoff"
 )
 
 // Phase is one worker's place in an interval: its contacts recur at the
@@ -186,12 +188,5 @@ func Pace(ctx context.Context, start time.Time) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	return backoff.Sleep(ctx, d)
 }
