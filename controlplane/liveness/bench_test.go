@@ -3,6 +3,8 @@ package liveness
 import (
 	"fmt"
 	"log/slog"
+	"runtime/metrics"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,16 +25,7 @@ func BenchmarkRecord(b *testing.B) { benchRecord(b, false) }
 func BenchmarkRecordCoalesced(b *testing.B) { benchRecord(b, true) }
 
 func benchRecord(b *testing.B, coalesce bool) {
-	reg := registry.New("e", 0)
-	ids := make([]string, 1000)
-	reg.Update(func(tx *registry.Txn) error {
-		for i := range ids {
-			ids[i] = fmt.Sprint("w", i)
-			tx.Insert(&registry.Worker{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}, Health: registry.HealthHealthy})
-		}
-		return nil
-	})
-	tr := New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: coalesce}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	tr, _, ids := benchFleet(1000, coalesce)
 	now := time.Unix(1700000000, 0)
 	b.ReportAllocs()
 	i := 0
@@ -45,4 +38,83 @@ func benchRecord(b *testing.B, coalesce bool) {
 		}
 	}
 	tr.Flush()
+}
+
+// BenchmarkRecordParallel is the agent streams' side at scale: 100
+// goroutines (GOMAXPROCS × 50) push records for 100 workers each of a
+// 10,000-worker fleet, while the ingester's flush (PendingIDs, then Take in
+// its transaction) runs every 5,000 records in the goroutine that reached
+// it. mutex-wait-ns/op is how long goroutines waited for a lock per record:
+// a lock every pusher takes shows there.
+func BenchmarkRecordParallel(b *testing.B) {
+	const workers, perPusher = 10000, 100
+	tr, reg, ids := benchFleet(workers, true)
+	var pushers, records atomic.Int64
+	var flushing atomic.Bool
+	b.SetParallelism(50)
+	b.ReportAllocs()
+	waited := mutexWait()
+	b.RunParallel(func(pb *testing.PB) {
+		first := int(pushers.Add(1)-1) * perPusher % workers
+		now := time.Unix(1700000000, 0)
+		i := 0
+		for pb.Next() {
+			now = now.Add(time.Millisecond)
+			tr.Record(ids[first+i%perPusher], judge.Record{Pushed: true, Waiting: int64(i % 3), StepWire: true}, now)
+			i++
+			// One flush at a time, as the ingester runs them.
+			if records.Add(1)%5000 == 0 && flushing.CompareAndSwap(false, true) {
+				if err := flushRider(tr, reg); err != nil {
+					b.Error(err)
+				}
+				flushing.Store(false)
+			}
+		}
+	})
+	b.ReportMetric(float64(mutexWait()-waited)/float64(b.N), "mutex-wait-ns/op")
+	flushRider(tr, reg)
+}
+
+// mutexWait is how long goroutines have waited for a sync.Mutex or
+// RWMutex in this process, in ns: a lock all pushers share shows here.
+func mutexWait() int64 {
+	s := []metrics.Sample{{Name: "/sync/mutex/wait/total:seconds"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Float64() * 1e9)
+}
+
+// flushRider stores tr's pending records as the ingester's flush does
+// (ingest.Options.Rider): Take inside one transaction.
+func flushRider(tr *Tracker, reg *registry.Registry) error {
+	ids := tr.PendingIDs(nil)
+	_, err := reg.Update(func(tx *registry.Txn) error {
+		apply, stored := tr.Take(ids)
+		for _, id := range ids {
+			w := tx.Get(id)
+			if w == nil {
+				continue
+			}
+			if c := w.Clone(); apply(w, c) {
+				tx.Insert(c)
+				stored(tx, w, c)
+			}
+		}
+		return nil
+	})
+	return err
+}
+
+// benchFleet is a tracker over n Ready workers.
+func benchFleet(n int, coalesce bool) (*Tracker, *registry.Registry, []string) {
+	reg := registry.New("e", 0)
+	ids := make([]string, n)
+	reg.Update(func(tx *registry.Txn) error {
+		for i := range ids {
+			ids[i] = fmt.Sprint("w", i)
+			tx.Insert(&registry.Worker{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}, Health: registry.HealthHealthy})
+		}
+		return nil
+	})
+	tr := New(reg, Options{Rules: judge.DefaultLivenessConfig(), Coalesce: coalesce}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	return tr, reg, ids
 }

@@ -138,21 +138,7 @@ func TestSweepJudgesPendingRecordsWithOptionsFlush(t *testing.T) {
 // (ingest.Options.Rider): Take inside one transaction.
 func riderFlush(t *testing.T, tr *Tracker, reg *registry.Registry) {
 	t.Helper()
-	ids := tr.PendingIDs(nil)
-	if _, err := reg.Update(func(tx *registry.Txn) error {
-		apply, stored := tr.Take(ids)
-		for _, id := range ids {
-			w := tx.Get(id)
-			if w == nil {
-				continue
-			}
-			if c := w.Clone(); apply(w, c) {
-				tx.Insert(c)
-				stored(tx, w, c)
-			}
-		}
-		return nil
-	}); err != nil {
+	if err := flushRider(tr, reg); err != nil {
 		t.Fatal(err)
 	}
 }

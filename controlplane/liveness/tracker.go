@@ -46,26 +46,16 @@ type Tracker struct {
 	vetoed map[string]string
 
 	// With Coalesce, pushed records that leave the verdict as it is wait
-	// here, in order, for the next flush (or the next transaction that
-	// touches their worker), so a record costs a read, not a commit.
+	// in their worker's cell, in order, for the next flush (or the next
+	// transaction that touches their worker), so a record costs a read,
+	// not a commit.
 	coalesce bool
 	flush    func() // Options.Flush
-	pmu      sync.Mutex
-	pending  map[string]*pendingRecords
-	free     []*pendingRecords // stored, for newPending to reuse
-	// taken is the pending records the running flush transaction took
+	cells    cells
+	// taken is the cells whose records the running flush transaction took
 	// (Take), reused by the next: the registry runs its transactions one
 	// at a time, and Take's apply is called only inside its own.
-	taken map[string]*pendingRecords
-}
-
-// pendingRecords are a worker's records waiting for a flush, in order, and
-// the evidence they make of base, the stored record they were predicted
-// against: a record that finds the same base stored applies itself alone.
-type pendingRecords struct {
-	recs []timedRecord
-	base *registry.Worker
-	ev   registry.Evidence
+	taken map[string]*cell
 }
 
 // timedRecord is a pushed record not yet stored.
@@ -102,7 +92,7 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 	}
 	t := &Tracker{
 		reg: reg, rules: opts.Rules.Rules(), log: log, now: opts.Now, vetoed: map[string]string{},
-		coalesce: opts.Coalesce, flush: opts.Flush, pending: map[string]*pendingRecords{},
+		coalesce: opts.Coalesce, flush: opts.Flush,
 		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "smg_worker_stalled",
 			Help: "1 while the worker is excluded from routing by liveness, labeled with the reason (unreachable or wedged).",
@@ -152,39 +142,34 @@ func (t *Tracker) Flush() {
 		t.flush()
 		return
 	}
-	t.pmu.Lock()
-	if len(t.pending) == 0 {
-		t.pmu.Unlock()
-		return
-	}
-	ids := make([]string, 0, len(t.pending))
-	for id := range t.pending {
-		ids = append(ids, id)
-	}
-	t.pmu.Unlock()
-	t.judgeAll(ids, func(int, *registry.Evidence) {})
+	t.judgeAll(t.PendingIDs(nil), func(int, *registry.Evidence) {})
 }
 
-// takePending removes and returns id's pending records.
-func (t *Tracker) takePending(id string) []timedRecord {
+// takePending appends id's pending records to into and removes them.
+func (t *Tracker) takePending(id string, into []timedRecord) []timedRecord {
 	if !t.coalesce {
-		return nil
+		return into
 	}
-	t.pmu.Lock()
-	defer t.pmu.Unlock()
-	p := t.pending[id]
-	if p == nil {
-		return nil
+	if c := t.cells.get(id); c != nil {
+		return c.takeInto(into)
 	}
-	delete(t.pending, id)
-	return p.recs
+	return into
 }
 
 // predicted returns w's liveness evidence moved by its pending records
-// (w is the stored record), and whether it has any (pmu held).
+// (w is the stored record), and whether it has any.
 func (t *Tracker) predicted(w *registry.Worker) (judge.Liveness, bool) {
-	p := t.pending[w.ID]
-	if p == nil || len(p.recs) == 0 {
+	var c *cell
+	if t.coalesce {
+		c = t.cells.get(w.ID)
+	}
+	if c == nil {
+		return w.Evidence.Live, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := &c.p
+	if len(p.recs) == 0 {
 		return w.Evidence.Live, false
 	}
 	if p.base == w {
@@ -198,12 +183,12 @@ func (t *Tracker) predicted(w *registry.Worker) (judge.Liveness, bool) {
 }
 
 // PendingIDs implements ingest.Rider: it appends the workers with records
-// pending to ids.
+// pending to ids. It takes no lock: the ingester's flush calls it.
 func (t *Tracker) PendingIDs(ids []string) []string {
-	t.pmu.Lock()
-	defer t.pmu.Unlock()
-	for id := range t.pending {
-		ids = append(ids, id)
+	for _, c := range t.cells.list() {
+		if c.has.Load() {
+			ids = append(ids, c.id)
+		}
 	}
 	return ids
 }
@@ -212,22 +197,26 @@ func (t *Tracker) PendingIDs(ids []string) []string {
 // records of ids on the same record as the worker's load, in its
 // transaction (so they go in order before any later transaction's).
 func (t *Tracker) Take(ids []string) (apply func(w, c *registry.Worker) bool, stored func(*registry.Txn, *registry.Worker, *registry.Worker)) {
-	t.pmu.Lock()
 	if t.taken == nil || len(t.taken) > maxTaken {
-		t.taken = make(map[string]*pendingRecords, len(ids))
+		t.taken = make(map[string]*cell, len(ids))
 	}
 	taken := t.taken
 	clear(taken)
-	for _, id := range ids {
-		if p := t.pending[id]; p != nil {
-			taken[id] = p
-			delete(t.pending, id)
+	if t.coalesce {
+		for _, id := range ids {
+			if c := t.cells.get(id); c != nil && c.take() {
+				taken[id] = c
+			}
 		}
 	}
-	t.pmu.Unlock()
 	apply = func(w, c *registry.Worker) bool {
-		p := taken[c.ID]
-		if p == nil || !c.Ready() {
+		cl := taken[c.ID]
+		if cl == nil {
+			return false
+		}
+		p := &cl.took // this transaction's alone
+		defer p.reset()
+		if !c.Ready() {
 			return false // the rules judge Ready workers only
 		}
 		if p.base == w {
@@ -239,7 +228,6 @@ func (t *Tracker) Take(ids []string) (apply func(w, c *registry.Worker) bool, st
 				t.applyPushed(&c.Evidence, r)
 			}
 		}
-		t.recycle(p)
 		return true
 	}
 	stored = func(_ *registry.Txn, w, c *registry.Worker) {
@@ -269,7 +257,7 @@ func (t *Tracker) applyPushed(ev *registry.Evidence, r timedRecord) {
 // worker is judged with how far its agent's stream is read.
 func (t *Tracker) Sweep(now time.Time) {
 	var changes []change
-	var moved []sweptWorker
+	var recs []timedRecord
 	if t.flush != nil {
 		t.flush()
 	}
@@ -277,43 +265,33 @@ func (t *Tracker) Sweep(now time.Time) {
 	held := 0
 	_, err := t.reg.Update(func(txn *registry.Txn) error {
 		changes, held = changes[:0], 0
-		workers := txn.Workers()
-		for start := 0; start < len(workers); start += sweepBatch {
-			// Judged under the pending records' lock, a batch at a time:
-			// every agent stream takes it per record.
-			moved = moved[:0]
-			t.pmu.Lock()
-			for _, w := range workers[start:min(start+sweepBatch, len(workers))] {
-				if !w.Ready() {
-					continue
-				}
-				// A copy of the liveness evidence only, unless it moves.
-				live, pending := t.predicted(w)
-				ch := live.Sweep(now, reads[live.HeardStream()], &t.rules)
-				if ch.Held {
-					held++
-				}
-				if ch.Changed() || pending && !sameStatus(&live, &w.Evidence.Live) {
-					moved = append(moved, sweptWorker{w: w, live: live, pending: pending})
-				}
+		for _, w := range txn.Workers() {
+			if !w.Ready() {
+				continue
 			}
-			t.pmu.Unlock()
-			for i := range moved {
-				m := &moved[i]
-				c := m.w.Clone()
-				if !m.pending {
-					c.Evidence.Live = m.live
-					changes = t.commit(txn, m.w, c, changes)
-					continue
-				}
-				// The records go first, stored with the verdict they
-				// move (with any that pended since the prediction).
-				for _, r := range t.takePending(m.w.ID) {
-					t.applyPushed(&c.Evidence, r)
-				}
-				c.Evidence.Live.Sweep(now, reads[c.Evidence.Live.HeardStream()], &t.rules)
-				changes = t.commit(txn, m.w, c, changes)
+			// A copy of the liveness evidence only, unless it moves.
+			live, pending := t.predicted(w)
+			ch := live.Sweep(now, reads[live.HeardStream()], &t.rules)
+			if ch.Held {
+				held++
 			}
+			if !ch.Changed() && (!pending || sameStatus(&live, &w.Evidence.Live)) {
+				continue
+			}
+			c := w.Clone()
+			if !pending {
+				c.Evidence.Live = live
+				changes = t.commit(txn, w, c, changes)
+				continue
+			}
+			// The records go first, stored with the verdict they move
+			// (with any that pended since the prediction).
+			recs = t.takePending(w.ID, recs[:0])
+			for _, r := range recs {
+				t.applyPushed(&c.Evidence, r)
+			}
+			c.Evidence.Live.Sweep(now, reads[c.Evidence.Live.HeardStream()], &t.rules)
+			changes = t.commit(txn, w, c, changes)
 		}
 		return nil
 	})
@@ -321,6 +299,7 @@ func (t *Tracker) Sweep(now time.Time) {
 		t.held.Set(float64(held))
 	}
 	t.report(changes, err)
+	t.prune()
 	snap := t.reg.Snapshot()
 	t.mu.Lock()
 	var gone []change
@@ -335,16 +314,10 @@ func (t *Tracker) Sweep(now time.Time) {
 	t.report(gone, nil)
 }
 
-// sweepBatch is how many workers a sweep judges per hold of the pending
-// records' lock.
-const sweepBatch = 256
-
-// sweptWorker is a worker whose verdict the sweep moves, with its evidence
-// as judged.
-type sweptWorker struct {
-	w       *registry.Worker
-	live    judge.Liveness
-	pending bool
+// prune drops the cells of workers removed or out of Ready, with their
+// records.
+func (t *Tracker) prune() {
+	t.cells.prune(func(id string) bool { return t.pendable(id) != nil })
 }
 
 // sameStatus reports whether a and b hold the same verdict for the same
@@ -371,19 +344,23 @@ func (t *Tracker) judgeAll(ids []string, fn func(i int, ev *registry.Evidence)) 
 		return // an empty router report: no transaction (1,000 routers send 4,000 a second)
 	}
 	var changes []change
-	pending := make([][]timedRecord, len(ids))
-	for i, id := range ids {
-		pending[i] = t.takePending(id)
-	}
+	recs := make([]timedRecord, 0, 8) // made outside the transaction
 	_, err := t.reg.Update(func(txn *registry.Txn) error {
 		changes = changes[:0]
 		for i, id := range ids {
 			w := txn.Get(id)
-			if w == nil || !w.Ready() {
+			if w == nil {
+				continue
+			}
+			// Taken inside the transaction, as every taker does: the
+			// registry runs one at a time, so a worker's records are
+			// stored in the order they were pushed, whoever takes them.
+			recs = t.takePending(id, recs[:0])
+			if !w.Ready() {
 				continue // the rules judge Ready workers only
 			}
 			c := w.Clone()
-			for _, r := range pending[i] {
+			for _, r := range recs {
 				t.applyPushed(&c.Evidence, r)
 			}
 			fn(i, &c.Evidence)
@@ -491,62 +468,58 @@ type Pushed struct {
 }
 
 // RecordAll is Record of each record in order, all received at now (one
-// agent message): the records that pend take the pending records' lock once
-// per run instead of once each (every agent stream contends for it). A
-// record that must commit does so in its place, before the next is tried.
+// agent message). A record that must commit does so in its place, before
+// the next is tried.
 func (t *Tracker) RecordAll(recs []Pushed, now time.Time) {
-	for i := 0; i < len(recs); i++ {
-		if t.coalesce {
-			t.pmu.Lock()
-			for ; i < len(recs) && t.pendLocked(t.pendable(recs[i].WorkerID, recs[i].Rec), recs[i].WorkerID, recs[i].Rec, now); i++ {
-			}
-			t.pmu.Unlock()
-			if i == len(recs) {
-				return
-			}
-		}
-		r := timedRecord{recs[i].Rec, now}
-		t.with(recs[i].WorkerID, func(ev *registry.Evidence) { t.applyPushed(ev, r) })
+	for i := range recs {
+		t.Record(recs[i].WorkerID, recs[i].Rec, now)
 	}
 }
 
 // pend keeps a pushed record for the next flush when, applied after the
 // worker's pending ones, it leaves the stored verdict as it is (a
 // prediction: the registry decides again at the flush). It reports false
-// when the record must commit at once.
+// when the record must commit at once. It locks the worker's cell alone.
 func (t *Tracker) pend(workerID string, rec judge.Record, now time.Time) bool {
-	w := t.pendable(workerID, rec)
-	if w == nil {
+	if !rec.Pushed {
 		return false
 	}
-	t.pmu.Lock()
-	defer t.pmu.Unlock()
-	return t.pendLocked(w, workerID, rec, now)
+	for {
+		c := t.cells.get(workerID)
+		if c == nil {
+			if t.pendable(workerID) == nil {
+				return false // no cell for an unknown or unready worker
+			}
+			c = t.cells.add(workerID)
+		}
+		c.mu.Lock()
+		if c.gone { // pruned since we found it
+			c.mu.Unlock()
+			continue
+		}
+		// The stored record read under the cell's lock, as the sweep's
+		// prune asks it.
+		ok := t.pendLocked(c, t.pendable(workerID), rec, now)
+		c.mu.Unlock()
+		return ok
+	}
 }
 
-// pendable returns the stored record of workerID if rec may pend: a pushed
-// record of a Ready worker.
-func (t *Tracker) pendable(workerID string, rec judge.Record) *registry.Worker {
-	if !rec.Pushed {
-		return nil
-	}
+// pendable returns the stored record of workerID if it is Ready.
+func (t *Tracker) pendable(workerID string) *registry.Worker {
 	if w := t.reg.Get(workerID); w != nil && w.Ready() {
 		return w
 	}
 	return nil
 }
 
-// pendLocked is pend with pmu held, w the worker's stored record as
+// pendLocked is pend with c.mu held, w the worker's stored record as
 // pendable returned it (nil: the record must commit).
-func (t *Tracker) pendLocked(w *registry.Worker, workerID string, rec judge.Record, now time.Time) bool {
+func (t *Tracker) pendLocked(c *cell, w *registry.Worker, rec judge.Record, now time.Time) bool {
 	if w == nil {
 		return false
 	}
-	p := t.pending[workerID]
-	listed := p != nil
-	if !listed {
-		p = t.newPending()
-	}
+	p := &c.p
 	// The stored verdict: p.ev's while p.base is w (every record in p
 	// left it as it was, and a record that did not unsets p.base), which
 	// spares a read of w's evidence, far from the lines the record moves.
@@ -568,51 +541,17 @@ func (t *Tracker) pendLocked(w *registry.Worker, workerID string, rec judge.Reco
 	}
 	r := timedRecord{rec, now}
 	t.applyPushed(&p.ev, r)
-	if v, c := p.ev.Live.Status(); v != v2 || c != c2 {
+	if v, cause := p.ev.Live.Status(); v != v2 || cause != c2 {
 		p.base = nil // p.ev holds a record p.recs does not: made again if p stays
-		if !listed {
-			t.free = append(t.free, p)
-		}
 		return false
 	}
-	if !listed {
-		t.pending[workerID] = p
-	}
 	p.recs = append(p.recs, r)
+	c.has.Store(true)
 	return true
-}
-
-// newPending returns pending records to fill, recycled when it can (pmu
-// held): a worker's records pend once per flush.
-func (t *Tracker) newPending() *pendingRecords {
-	if n := len(t.free); n > 0 {
-		p := t.free[n-1]
-		t.free = t.free[:n-1]
-		return p
-	}
-	// Room for the records of one flush interval at a typical cadence.
-	return &pendingRecords{recs: make([]timedRecord, 0, 8)}
-}
-
-// recycle keeps p, whose records are stored, for newPending.
-func (t *Tracker) recycle(p *pendingRecords) {
-	p.recs, p.base, p.ev = p.recs[:0], nil, registry.Evidence{}
-	if cap(p.recs) > 64 {
-		return // a burst's room is not kept
-	}
-	t.pmu.Lock()
-	defer t.pmu.Unlock()
-	if len(t.free) < maxFree {
-		t.free = append(t.free, p)
-	}
 }
 
 // maxTaken bounds the room Take keeps for the next flush's chunk.
 const maxTaken = 4096
-
-// maxFree bounds the recycled pending records (one per worker at most is
-// in use per flush).
-const maxFree = 1 << 16
 
 // RecentlyPushed tells the poller to skip a worker whose agent delivered a
 // record within the interval (the poll takes over when records stop).

@@ -120,26 +120,12 @@ func TestOnlyReadyWorkersAreJudgedAndLeavingReadyDropsTheVeto(t *testing.T) {
 	if got := liveness(reg); got != smgv1.Veto_VETO_UNSPECIFIED {
 		t.Fatalf("a worker not Ready was judged: %v", got)
 	}
-	if _, err := reg.Update(func(txn *registry.Txn) error {
-		c := txn.Get("w1").Clone()
-		c.Health = registry.HealthHealthy
-		txn.Insert(c)
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	setHealth(t, reg, "w1", registry.HealthHealthy)
 	tr.Failure("w1", judge.ConnectionFailure, t0.Add(time.Minute)) // nothing ever heard: vetoes at once
 	if got := liveness(reg); got != smgv1.Veto_VETO_UNREACHABLE {
 		t.Fatalf("liveness = %v, want unreachable", got)
 	}
-	if _, err := reg.Update(func(txn *registry.Txn) error {
-		c := txn.Get("w1").Clone()
-		c.Health = registry.HealthUnhealthy
-		txn.Insert(c)
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	setHealth(t, reg, "w1", registry.HealthUnhealthy)
 	tr.Sweep(t0.Add(2 * time.Minute))
 	if got := liveness(reg); got != smgv1.Veto_VETO_UNSPECIFIED {
 		t.Fatalf("a worker that left Ready kept its liveness veto: %v", got)
@@ -189,5 +175,17 @@ func TestRouterReportFailureAndContactReachTheRegistry(t *testing.T) {
 	tr.RouterObservations("r1", &smgv1.RouterReport{Workers: []*smgv1.WorkerObservation{{WorkerId: "w1", Contact: true}}}, back)
 	if w := reg.Snapshot().Get("w1"); w.Liveness != smgv1.Veto_VETO_UNSPECIFIED || w.ContactSeq != seq+1 {
 		t.Fatalf("a router's contact left liveness %v contact_seq %d (was %d), want re-admitted", w.Liveness, w.ContactSeq, seq)
+	}
+}
+
+func setHealth(t *testing.T, reg *registry.Registry, id string, h registry.Health) {
+	t.Helper()
+	if _, err := reg.Update(func(txn *registry.Txn) error {
+		c := txn.Get(id).Clone()
+		c.Health = h
+		txn.Insert(c)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,0 +1,143 @@
+package liveness
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/smg-project/smg/controlplane/registry"
+)
+
+// cells are the pending records of each Ready worker that pushed one, each
+// under its own lock and found without one: 100 agent streams push 20,000
+// messages a second, and a lock they all took (one map of pending records,
+// up to issue 15) formed a convoy behind any holder that was delayed (a GC
+// assist, a preempted flush), handed over in FIFO order through every
+// waiting stream.
+type cells struct {
+	byID sync.Map // worker id → *cell
+	// mu orders adding and dropping cells (once per worker, not per record).
+	mu  sync.Mutex
+	all atomic.Pointer[[]*cell] // every cell in byID, for PendingIDs
+}
+
+// cell is one worker's pending records: only its pushers, the flushes and
+// the sweep lock it.
+type cell struct {
+	id string
+	mu sync.Mutex
+	p  pendingRecords // being filled
+	// took is what the running flush transaction took (Take): only that
+	// transaction touches it (the registry runs one at a time), and the
+	// next Take swaps it with p, so both buffers serve flush after flush.
+	took pendingRecords
+	has  atomic.Bool // p has records: PendingIDs reads it without mu
+	gone bool        // dropped from byID: a pusher that found it looks again
+}
+
+// pendingRecords are a worker's records waiting for a flush, in order, and
+// the evidence they make of base, the stored record they were predicted
+// against: a record that finds the same base stored applies itself alone.
+type pendingRecords struct {
+	recs []timedRecord
+	base *registry.Worker
+	ev   registry.Evidence
+}
+
+// maxKept bounds the room a worker's buffers keep: a burst's is not kept.
+const maxKept = 64
+
+// reset empties p, keeping its room.
+func (p *pendingRecords) reset() {
+	recs := p.recs[:0]
+	if cap(recs) > maxKept {
+		recs = nil
+	}
+	*p = pendingRecords{recs: recs}
+}
+
+// get returns id's cell, or nil.
+func (cs *cells) get(id string) *cell {
+	if c, ok := cs.byID.Load(id); ok {
+		return c.(*cell)
+	}
+	return nil
+}
+
+// add returns id's cell, made if it has none (the caller checked that id
+// is a Ready worker: a hostile agent's unknown ids make none).
+func (cs *cells) add(id string) *cell {
+	if c := cs.get(id); c != nil {
+		return c
+	}
+	// Room for the records of one flush interval at a typical cadence.
+	made := &cell{id: id, p: pendingRecords{recs: make([]timedRecord, 0, 8)}}
+	c, loaded := cs.byID.LoadOrStore(id, made)
+	if loaded {
+		return c.(*cell)
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	all := append(cs.list(), made) // readers see up to their own length
+	cs.all.Store(&all)
+	return made
+}
+
+// list returns every cell (read only).
+func (cs *cells) list() []*cell {
+	if all := cs.all.Load(); all != nil {
+		return *all
+	}
+	return nil
+}
+
+// prune drops the cells of workers that keep says no longer pend (removed,
+// or out of Ready: the registry dropped their evidence as they went), with
+// their records. keep is asked again under the cell's lock, where a pusher
+// asks the registry too.
+func (cs *cells) prune(keep func(id string) bool) {
+	if !slices.ContainsFunc(cs.list(), func(c *cell) bool { return !keep(c.id) }) {
+		return // the usual case: no lock taken
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	old := cs.list()
+	kept := make([]*cell, 0, len(old))
+	for _, c := range old {
+		c.mu.Lock()
+		if keep(c.id) {
+			kept = append(kept, c)
+		} else {
+			c.gone = true
+			cs.byID.CompareAndDelete(c.id, c)
+			c.p, c.took = pendingRecords{}, pendingRecords{}
+			c.has.Store(false)
+		}
+		c.mu.Unlock()
+	}
+	cs.all.Store(&kept)
+}
+
+// take moves the cell's records to took for the running flush transaction,
+// and reports whether it had any.
+func (c *cell) take() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gone || len(c.p.recs) == 0 {
+		return false
+	}
+	c.took.reset()
+	c.p, c.took = c.took, c.p
+	c.has.Store(false)
+	return true
+}
+
+// takeInto appends the cell's records to into and empties it.
+func (c *cell) takeInto(into []timedRecord) []timedRecord {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	into = append(into, c.p.recs...)
+	c.p.reset()
+	c.has.Store(false)
+	return into
+}
