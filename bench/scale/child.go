@@ -19,7 +19,7 @@ const childEnv = "SMG_SCALE_CHILD"
 
 // childSpec is what one child process runs.
 type childSpec struct {
-	Role string // "agents" or "routers"
+	Role string // "agents", "routers" or "joiner" (timed joins alone)
 	Addr string // the control plane's gRPC address
 
 	// agents: workers [Lo, Hi) fed by Agents streams, the first named AgentBase.
@@ -85,13 +85,6 @@ type seenAgg struct {
 	MinRev uint64
 }
 
-// joinSample is one router joining: time to its snapshot, and its size.
-type joinSample struct {
-	Millis  float64
-	Bytes   int
-	Workers int
-}
-
 func flipKey(worker, n int) string { return fmt.Sprintf("%d/%d", worker, n) }
 
 // MaybeChild runs this process as a harness child when the environment says
@@ -148,7 +141,7 @@ func runChild(ctx context.Context, raw []byte, in io.Reader, out io.Writer) erro
 	switch spec.Role {
 	case "agents":
 		res, err = runAgents(ctx, spec, win)
-	case "routers":
+	case "routers", "joiner":
 		res, err = runRouters(ctx, spec, win)
 	default:
 		err = fmt.Errorf("unknown role %q", spec.Role)

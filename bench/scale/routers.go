@@ -67,22 +67,6 @@ func (p *routerProc) dialOptions() []grpc.DialOption {
 	return append(watchclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
-func (p *routerProc) dial(ctx context.Context, id string) (*grpc.ClientConn, grpc.BidiStreamingClient[smgv1.WatchRequest, smgv1.WatchResponse], error) {
-	conn, err := grpc.NewClient(p.spec.Addr, p.dialOptions()...)
-	if err != nil {
-		return nil, nil, err
-	}
-	st, err := smgv1.NewWatchServiceClient(conn).Watch(ctx)
-	if err == nil {
-		err = st.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Hello{Hello: &smgv1.WatchHello{RouterId: id}}})
-	}
-	if err != nil {
-		conn.Close()
-		return nil, nil, err
-	}
-	return conn, st, nil
-}
-
 // watch runs one synthetic router until ctx ends. Its stream scans what it
 // receives (scanCodec) instead of decoding it: 250 routers in one process
 // must cost the machine little, or the harness measures its own clients.
@@ -195,7 +179,9 @@ func (p *routerProc) sawAll(flips []sawFlip) {
 }
 
 // joins times spec.Joins routers joining, spread over the window: from
-// dialling to holding the decoded snapshot.
+// dialling to holding the decoded snapshot. A process of joins alone
+// (Routers 0) joins a quarter of the spacing later, so that its joins and
+// the first router process's do not overlap.
 func (p *routerProc) joins(ctx context.Context) {
 	select {
 	case <-p.win.set:
@@ -203,30 +189,25 @@ func (p *routerProc) joins(ctx context.Context) {
 		return
 	}
 	start, end := p.win.start.Load(), p.win.end.Load()
+	first := 2 // in quarters of the spacing
+	if p.spec.Routers == 0 {
+		first = 3
+	}
 	for j := range p.spec.Joins {
-		at := time.Unix(0, start).Add(time.Duration(end-start) * time.Duration(2*j+1) / time.Duration(2*p.spec.Joins))
+		at := time.Unix(0, start).Add(time.Duration(end-start) * time.Duration(4*j+first) / time.Duration(4*p.spec.Joins))
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(time.Until(at)):
 		}
 		id := fmt.Sprintf("joiner-%d-%d", p.spec.RouterBase, j)
-		start := time.Now()
-		conn, st, err := p.dial(ctx, id)
+		s, err := p.join(ctx, id)
 		if err != nil {
 			p.fail(id, err)
 			continue
 		}
-		m, err := st.Recv()
-		took := time.Since(start)
-		conn.Close()
-		if err != nil || m.GetSnapshot() == nil {
-			p.fail(id, fmt.Errorf("first message %v, err %v: want a snapshot", m, err))
-			continue
-		}
 		p.mu.Lock()
-		p.joined = append(p.joined, joinSample{Millis: float64(took) / float64(time.Millisecond),
-			Bytes: proto.Size(m), Workers: len(m.GetSnapshot().GetWorkers())})
+		p.joined = append(p.joined, s)
 		p.mu.Unlock()
 	}
 }

@@ -202,13 +202,18 @@ type Result struct {
 	Marginal                           Marginal
 	LagP99, LagMax                     float64 // revisions a router's ack trails the registry, sampled
 
-	Join             Quantiles // a router dialling → holding its snapshot
-	SnapshotKiB      float64
-	MsgsPerRouterSec float64
-	KiBPerRouterSec  float64
-	Encoded, Sent    float64 // watch messages marshalled vs sent in the window
-	CPUPerSentUs     float64 // control-plane CPU per watch message sent, µs (everything it did)
-	LoadAvg          float64 // the machine's 1-minute load average at the window's end (other jobs included)
+	// Join: a router dialling → holding its decoded snapshot, from the
+	// first router process (it hosts Routers/RouterProcs routers decoding
+	// every message); JoinAlone: the same joins from a process of their
+	// own, as a real router joins. Each split in phases (JoinPhases).
+	Join, JoinAlone             Quantiles
+	JoinPhases, JoinAlonePhases JoinPhases
+	SnapshotKiB                 float64
+	MsgsPerRouterSec            float64
+	KiBPerRouterSec             float64
+	Encoded, Sent               float64 // watch messages marshalled vs sent in the window
+	CPUPerSentUs                float64 // control-plane CPU per watch message sent, µs (everything it did)
+	LoadAvg                     float64 // the machine's 1-minute load average at the window's end (other jobs included)
 
 	// UnreachableVetoes: liveness vetoes as unreachable in the window
 	// (smg_worker_stall_transitions_total); HeldMax: the most workers one
@@ -310,10 +315,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}); err != nil {
 		return nil, err
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
+	lis := &acceptLog{Listener: tcp}
 	gs := grpc.NewServer(cp.ServerOptions()...)
 	cp.RegisterGRPC(gs)
 	go gs.Serve(lis)
@@ -486,12 +492,17 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	seen := map[string]*seenAgg{}
 	var sent []flipEvent
 	var joins []float64
+	var joinSamples []joinSample
+	var alone []float64 // the joins from a process of their own
+	var aloneSamples []joinSample
 	var due int64
 	var blocked float64
 	for _, r := range results {
-		if r.Role == "agents" {
+		switch r.Role {
+		case "agents":
 			res.AgentCPUCores += r.CPUSecs / wall.Seconds()
-		} else {
+		case "joiner": // not a watching router: its cost is the joins'
+		default:
 			res.RouterCPUCores += r.CPUSecs / wall.Seconds()
 			if quietPhase.wall > 0 {
 				res.QuietRouterCPUCores += r.QuietCPUSecs / quietPhase.wall.Seconds()
@@ -506,7 +517,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.Errors = append(res.Errors, r.Errors...)
 		mergeSeen(seen, r.Seen)
 		for _, j := range r.Joins {
-			joins = append(joins, j.Millis)
+			stampJoin(&j, lis, flips, sends)
+			if r.Role == "joiner" {
+				aloneSamples = append(aloneSamples, j)
+				alone = append(alone, j.Millis)
+			} else {
+				joinSamples = append(joinSamples, j)
+				joins = append(joins, j.Millis)
+			}
 			res.SnapshotKiB = float64(j.Bytes) / 1024
 			if j.Workers != cfg.Workers {
 				res.Errors = append(res.Errors, fmt.Sprintf("a joining router's snapshot lists %d workers, want %d", j.Workers, cfg.Workers))
@@ -554,6 +572,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		cfg.Name, ms1.NumGC-ms0.NumGC, float64(ms1.TotalAlloc-ms0.TotalAlloc)/(1<<20)/wall.Seconds())
 	logSlowReports(logw, cfg.Name, slowR2V, gcEnds())
 	res.Join = quantiles(joins)
+	res.JoinPhases = joinPhases(joinSamples)
+	res.JoinAlone, res.JoinAlonePhases = quantiles(alone), joinPhases(aloneSamples)
+	logJoins(logw, cfg.Name, append(joinSamples, aloneSamples...))
 	lq := quantiles(lags)
 	res.LagP99, res.LagMax = lq.P99, lq.Max
 	res.Encoded = counterSum(watchMetrics, "smg_watch_messages_encoded_total") - enc0
@@ -639,6 +660,11 @@ func routerSpecs(cfg Config, addr string) []childSpec {
 		}
 		specs = append(specs, s)
 		base += n
+	}
+	if cfg.Joins > 0 {
+		// The same joins from a process of their own, as a real router
+		// joins: what the joiner's host adds, apart.
+		specs = append(specs, childSpec{Role: "joiner", Addr: addr, RouterBase: base, Joins: cfg.Joins})
 	}
 	return specs
 }
@@ -771,6 +797,7 @@ func (c *children) results() ([]*childResult, []string) {
 type sendLog struct {
 	on     atomic.Bool
 	byPeer sync.Map // router id → *peerLog
+	joined sync.Map // a timed joiner's id → its first send (Unix ns): the snapshot
 }
 
 type peerLog struct {
@@ -786,6 +813,12 @@ type sendAt struct {
 func newSendLog() *sendLog { return &sendLog{} }
 
 func (l *sendLog) sent(routerID string, rev uint64) {
+	if strings.HasPrefix(routerID, "joiner-") {
+		if _, had := l.joined.LoadOrStore(routerID, time.Now().UnixNano()); !had && trace.IsEnabled() {
+			trace.Log(context.Background(), "join", routerID+" sent")
+		}
+		return
+	}
 	if !l.on.Load() || !strings.HasPrefix(routerID, "router-") {
 		return
 	}
@@ -832,6 +865,7 @@ type flipLog struct {
 	mu     sync.Mutex
 	count  map[string]int   // flips per worker id
 	at     map[string]int64 // by flipKey
+	hello  map[string]int64 // a timed joiner's id → when its stream was taken (Unix ns)
 	warned map[string]*warning
 	// counting: warnings are counted (from the children's start to the
 	// window's end).
@@ -845,7 +879,7 @@ type warning struct {
 }
 
 func newFlipLog() *flipLog {
-	return &flipLog{count: map[string]int{}, at: map[string]int64{}, warned: map[string]*warning{}}
+	return &flipLog{count: map[string]int{}, at: map[string]int64{}, hello: map[string]int64{}, warned: map[string]*warning{}}
 }
 
 func (l *flipLog) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelInfo }
@@ -853,12 +887,17 @@ func (l *flipLog) WithAttrs([]slog.Attr) slog.Handler            { return l }
 func (l *flipLog) WithGroup(string) slog.Handler                 { return l }
 
 // Handle records the ingester's "Worker overloaded" and "back in routing",
-// and counts warnings.
+// a timed joiner's hello taken (the watch server's "router watching"), and
+// counts warnings.
 func (l *flipLog) Handle(_ context.Context, r slog.Record) error {
 	if r.Level >= slog.LevelWarn {
 		if l.counting.Load() {
 			l.warn(r)
 		}
+		return nil
+	}
+	if r.Message == "router watching" {
+		l.joinerHello(r)
 		return nil
 	}
 	if !strings.HasPrefix(r.Message, "Worker overloaded") && !strings.HasPrefix(r.Message, "Worker under every threshold") {
@@ -884,6 +923,36 @@ func (l *flipLog) Handle(_ context.Context, r slog.Record) error {
 		trace.Log(context.Background(), "flip", fmt.Sprintf("%s #%d committed %d", id, l.count[id], r.Time.UnixNano()))
 	}
 	return nil
+}
+
+func (l *flipLog) joinerHello(r slog.Record) {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key != "router" {
+			return true
+		}
+		if id := a.Value.String(); strings.HasPrefix(id, "joiner-") {
+			l.mu.Lock()
+			l.hello[id] = r.Time.UnixNano()
+			l.mu.Unlock()
+			if trace.IsEnabled() { // Config.Trace: on the joiner's stream goroutine
+				trace.Log(context.Background(), "join", id+" hello")
+			}
+		}
+		return false
+	})
+}
+
+// stampJoin fills a timed join's control-plane steps (joinSample).
+func stampJoin(j *joinSample, accepts *acceptLog, l *flipLog, sends *sendLog) {
+	if at, ok := accepts.at.Load(j.Local); ok {
+		j.Accepted = at.(int64)
+	}
+	l.mu.Lock()
+	j.Hello = l.hello[j.ID]
+	l.mu.Unlock()
+	if at, ok := sends.joined.Load(j.ID); ok {
+		j.Sent = at.(int64)
+	}
 }
 
 func (l *flipLog) warn(r slog.Record) {

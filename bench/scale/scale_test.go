@@ -41,8 +41,18 @@ func TestScaleShort(t *testing.T) {
 	if res.ReportToVerdict.N != res.Flips || res.VerdictToRouters.N != res.Delivered {
 		t.Errorf("latency samples %d and %d for %d flips", res.ReportToVerdict.N, res.VerdictToRouters.N, res.Flips)
 	}
-	if res.Join.N != cfg.Joins || res.SnapshotKiB <= 0 {
-		t.Errorf("joins timed %d of %d, snapshot %.1f KiB", res.Join.N, cfg.Joins, res.SnapshotKiB)
+	if res.Join.N != cfg.Joins || res.JoinAlone.N != cfg.Joins || res.SnapshotKiB <= 0 {
+		t.Errorf("joins timed %d and alone %d of %d, snapshot %.1f KiB", res.Join.N, res.JoinAlone.N, cfg.Joins, res.SnapshotKiB)
+	}
+	// Every join split in its steps, each stamped in order (the wire's
+	// step crosses processes: the joiner may read before the control
+	// plane's Send has returned).
+	for _, ph := range []JoinPhases{res.JoinPhases, res.JoinAlonePhases} {
+		for name, q := range map[string]Quantiles{"connect": ph.Connect, "control plane": ph.CP, "wire": ph.Wire, "transfer": ph.Transfer, "decode": ph.Decode} {
+			if q.N != cfg.Joins || (name != "wire" && q.P50 < 0) {
+				t.Errorf("join phase %s: %+v: want %d samples, none negative", name, q, cfg.Joins)
+			}
+		}
 	}
 	if res.CPUCores <= 0 || res.HeapMiB <= 0 || res.Revisions == 0 {
 		t.Errorf("cpu %.3f cores, heap %.1f MiB, revisions %d: want all measured", res.CPUCores, res.HeapMiB, res.Revisions)

@@ -110,15 +110,15 @@ func runScale(ctx context.Context, docs, raw string, short bool, only string, wi
 }
 
 func writeScaleTable(w io.Writer, rs []*scale.Result) {
-	fmt.Fprintln(w, "| run | N workers | reports/s (target) | R routers | CP CPU (cores) | agents / routers CPU (cores) | CP heap / RSS (MiB) | report→verdict p50 / p99 (ms) | verdict→CP's last send p50 / p99 (ms) | verdict→all routers p50 / p99 (ms) | CP CPU per router per change (µs) | marginal: CP CPU per router per change (µs), × the floor | marginal: writes / reads per message sent | router lag p99 (revisions) | join p50 / max (ms), snapshot (KiB) | allocs per report | watch messages encoded / sent | CP CPU per message sent (µs) | load avg |")
+	fmt.Fprintln(w, "| run | N workers | reports/s (target) | R routers | CP CPU (cores) | agents / routers CPU (cores) | CP heap / RSS (MiB) | report→verdict p50 / p99 (ms) | verdict→CP's last send p50 / p99 (ms) | verdict→all routers p50 / p99 (ms) | CP CPU per router per change (µs) | marginal: CP CPU per router per change (µs), × the floor | marginal: writes / reads per message sent | router lag p99 (revisions) | join p50 / max (ms): from the 1st router process; alone, snapshot (KiB) | allocs per report | watch messages encoded / sent | CP CPU per message sent (µs) | load avg |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rs {
 		c := r.Config
-		fmt.Fprintf(w, "| %s | %d | %.0f (%.0f) | %d | %.2f | %.2f / %.2f | %.0f / %.0f | %.1f / %.1f | %.1f / %.1f | %.1f / %.1f | %.1f | %s | %.2f / %.2f | %.0f | %.0f / %.0f, %.0f | %.0f | %.0f / %.0f | %.1f | %.0f |\n",
+		fmt.Fprintf(w, "| %s | %d | %.0f (%.0f) | %d | %.2f | %.2f / %.2f | %.0f / %.0f | %.1f / %.1f | %.1f / %.1f | %.1f / %.1f | %.1f | %s | %.2f / %.2f | %.0f | %.0f / %.0f; %.0f / %.0f, %.0f | %.0f | %.0f / %.0f | %.1f | %.0f |\n",
 			c.Name, c.Workers, r.ReportsPerSec, r.ReportTarget, c.Routers, r.CPUCores, r.AgentCPUCores, r.RouterCPUCores, r.HeapMiB, r.RSSMiB,
 			r.ReportToVerdict.P50, r.ReportToVerdict.P99, r.VerdictSentAll.P50, r.VerdictSentAll.P99, r.VerdictToRouters.P50, r.VerdictToRouters.P99,
 			r.CPUPerRouterChangeUs, againstFloor(r, rs), r.Marginal.WritesPerSent, r.Marginal.ReadsPerSent,
-			r.LagP99, r.Join.P50, r.Join.Max, r.SnapshotKiB, r.AllocsPerReport, r.Encoded, r.Sent, r.CPUPerSentUs, r.LoadAvg)
+			r.LagP99, r.Join.P50, r.Join.Max, r.JoinAlone.P50, r.JoinAlone.Max, r.SnapshotKiB, r.AllocsPerReport, r.Encoded, r.Sent, r.CPUPerSentUs, r.LoadAvg)
 		if len(r.Errors) > 0 {
 			fmt.Fprintf(w, "|  | errors: %s |\n", strings.Join(r.Errors, "; "))
 		}
