@@ -185,9 +185,10 @@ type agentStream struct {
 	scratch wireRecord
 
 	// reports and pushed are the records of the message being applied,
-	// handed to the ingester and the tracker together (applyRecords): a
-	// lock each per message instead of per record. Only the receive
-	// goroutine touches them.
+	// handed to the ingester and the tracker together (applyRecords): the
+	// tracker's lock once per message instead of per record (the ingester
+	// locks each record's worker alone). Only the receive goroutine
+	// touches them.
 	reports []ingest.Reported
 	pushed  []liveness.Pushed
 }
@@ -537,9 +538,9 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	}
 }
 
-// maxApply bounds the records applied under one hold of the ingester's and
-// the tracker's locks: a hostile agent's message of many thousand records
-// must not hold every other stream (and a flip on it) for its whole length.
+// maxApply bounds the records applied at once (under one hold of the
+// tracker's lock): a hostile agent's message of many thousand records must
+// not hold every other stream (and a flip on it) for its whole length.
 const maxApply = 256
 
 // applyRecords hands the records that record took in to the ingester and

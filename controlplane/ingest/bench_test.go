@@ -3,7 +3,12 @@ package ingest_test
 import (
 	"fmt"
 	"log/slog"
+	"math"
+	"math/bits"
 	"runtime"
+	"runtime/metrics"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,6 +107,118 @@ func BenchmarkReportCoalesced(b *testing.B) {
 	}
 	in.Flush()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reports/s")
+}
+
+// BenchmarkReportParallel is the agent streams' side of the control plane:
+// 100 goroutines (one per stream on 2 cores) each decode and report their
+// own workers' loads (1,000 workers in all, ReportCopy from a buffer of
+// their own, each worker under the thresholds), and a goroutine of its own
+// flushes every 5,000 reports (as Run does on its ticker). In flips, one report
+// in 500 of each goroutine goes over the thresholds (and its next comes
+// back): two commits at once. One op is one report, flushes included;
+// report-p99-ns is a report's own time, and
+// mutex-wait-ns/op the time goroutines spent waiting for any lock
+// (runtime/metrics), per report.
+func BenchmarkReportParallel(b *testing.B) {
+	for _, flipEvery := range []int{0, 500} {
+		name := "steady"
+		if flipEvery > 0 {
+			name = "flips"
+		}
+		b.Run(name, func(b *testing.B) {
+			reg, ids, wires := benchFleet(b)
+			in := ingest.New(reg, ingest.Options{Coalesce: true}, slog.New(slog.DiscardHandler))
+			const streams = 100
+			var next, ops atomic.Int64
+			var mu sync.Mutex
+			var all latencies
+			wait := []metrics.Sample{{Name: "/sync/mutex/wait/total:seconds"}}
+			metrics.Read(wait)
+			waited := wait[0].Value.Float64()
+			kick, flushed := make(chan struct{}, 1), make(chan struct{})
+			go func() {
+				for range kick {
+					in.Flush()
+				}
+				close(flushed)
+			}()
+			b.SetParallelism(max(1, streams/runtime.GOMAXPROCS(0)))
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				g := int(next.Add(1) - 1)
+				load := &smgv1.EngineLoad{}
+				var lat latencies
+				for i := 0; pb.Next(); i++ {
+					w := (g + streams*i) % len(ids)
+					wire := wires[w%4]                         // waiting 0 to 6: under the default 8
+					if flipEvery > 0 && (i+g)%flipEvery == 0 { // the streams' flips at different times
+						wire = wires[5] // waiting 10
+					}
+					if err := proto.Unmarshal(wire, load); err != nil {
+						b.Error(err)
+						return
+					}
+					start := time.Now()
+					if err := in.ReportCopy(ids[w], load); err != nil {
+						b.Error(err)
+						return
+					}
+					lat.add(time.Since(start))
+					if ops.Add(1)%5000 == 0 {
+						select {
+						case kick <- struct{}{}:
+						default: // a flush is due already
+						}
+					}
+				}
+				mu.Lock()
+				all.merge(&lat)
+				mu.Unlock()
+			})
+			close(kick)
+			<-flushed
+			in.Flush()
+			metrics.Read(wait)
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reports/s")
+			b.ReportMetric(float64(all.quantile(0.99)), "report-p99-ns")
+			b.ReportMetric((wait[0].Value.Float64()-waited)*1e9/float64(b.N), "mutex-wait-ns/op")
+		})
+	}
+}
+
+// latencies is a histogram of durations in buckets of 1/8 of a power of two.
+type latencies [64 * 8]int64
+
+func (h *latencies) add(d time.Duration) {
+	n := uint64(max(d, 1))
+	e := bits.Len64(n) - 1 // n is in [2^e, 2^(e+1))
+	sub := 0
+	if e >= 3 {
+		sub = int(n>>(e-3)) & 7
+	}
+	h[e*8+sub]++
+}
+
+func (h *latencies) merge(o *latencies) {
+	for i := range h {
+		h[i] += o[i]
+	}
+}
+
+// quantile returns the upper bound of the bucket that holds quantile q.
+func (h *latencies) quantile(q float64) time.Duration {
+	var total int64
+	for _, c := range h {
+		total += c
+	}
+	rank := int64(math.Ceil(q * float64(total)))
+	for i, c := range h {
+		if rank -= c; rank <= 0 {
+			e, sub := i/8, i%8
+			return time.Duration((uint64(8+sub+1) << e) >> 3)
+		}
+	}
+	return 0
 }
 
 // BenchmarkFlush is one flush of the control plane's configuration (the

@@ -3,22 +3,35 @@ package ingest
 // BetweenChunks sets a hook run between a flush's transactions.
 func BetweenChunks(in *Ingester, f func()) { in.betweenChunks = f }
 
-// Unlocked reports whether the ingester's lock is free now.
-func Unlocked(in *Ingester) bool {
-	if !in.mu.TryLock() {
+// Unlocked reports whether the lock of id's pending state is free now (true
+// when it has none).
+func Unlocked(in *Ingester, id string) bool {
+	v, ok := in.cells.Load(id)
+	if !ok {
+		return true
+	}
+	c := v.(*cell)
+	if !c.mu.TryLock() {
 		return false
 	}
-	in.mu.Unlock()
+	c.mu.Unlock()
 	return true
+}
+
+// Cells is how many workers have pending state kept.
+func Cells(in *Ingester) int {
+	n := 0
+	in.cells.Range(func(_, _ any) bool { n++; return true })
+	return n
 }
 
 // Superseded returns the mark of id's entry in the running flush
 // transaction (nil: none). Call it from inside that transaction (a Rider's
-// Take), where nothing writes the entries.
+// Take), where nothing writes the cells' entries.
 func Superseded(in *Ingester, id string) func() bool {
-	e := in.inflight[id]
-	if e == nil {
+	v, ok := in.cells.Load(id)
+	if !ok || v.(*cell).inflight == nil {
 		return nil
 	}
-	return e.superseded.Load
+	return v.(*cell).inflight.superseded.Load
 }

@@ -28,14 +28,15 @@ func withHook(t *testing.T, hook func(in *ingest.Ingester)) (*ingest.Ingester, *
 	return in, reg
 }
 
-// A flush transaction runs without the ingester's lock: reports go on
-// while it stores the fleet (they stopped behind each of its transactions).
+// A flush transaction runs without the lock of any worker's pending state:
+// reports go on while it stores the fleet (they stopped behind each of its
+// transactions).
 func TestReportsGoOnDuringAFlushTransaction(t *testing.T) {
 	inTxn := 0
 	in, reg := withHook(t, func(in *ingest.Ingester) {
 		inTxn++
-		if !ingest.Unlocked(in) {
-			t.Fatal("the flush transaction holds the ingester's lock")
+		if !ingest.Unlocked(in, "w1") {
+			t.Fatal("the flush transaction holds w1's lock")
 		}
 		if err := in.Report("w1", load(2)); err != nil { // stands: pends
 			t.Fatal(err)
@@ -66,7 +67,7 @@ func TestAFlipDuringAFlushTransactionWins(t *testing.T) {
 		if superseded == nil {
 			t.Fatal("w1's load is not in the flush transaction")
 		}
-		// The flip takes the ingester's lock, marks the load it replaces
+		// The flip takes its worker's lock, marks the load it replaces
 		// and waits for the registry, which this transaction holds.
 		go func() { done <- in.Report("w1", load(20)) }()
 		for !superseded() {

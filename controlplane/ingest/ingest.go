@@ -8,6 +8,14 @@
 // every pending load in one transaction; a report that flips the verdict
 // commits at once. Verdicts are never delayed, the memdb commit is paid per
 // flush instead of per report, and watchers see one revision per flush.
+//
+// No lock is shared by every worker's reports: each worker's pending state
+// is a cell, found without a lock and guarded by its own mutex, which only
+// that worker's reports and the flush contend for. A hundred agent streams
+// taking one process-wide lock per message made a convoy whenever one holder
+// was held up (a collector's assist, a preempted flush, a flip waiting for
+// the registry's lock): Go's mutex then hands the lock over in FIFO order
+// through every waiting stream (docs/benchmarks.md, issue 15).
 package ingest
 
 import (
@@ -37,37 +45,67 @@ type Ingester struct {
 	log  *slog.Logger
 	opts Options
 
-	mu      sync.Mutex                   // orders reports, flushes and no-reports
-	pending map[string]*smgv1.EngineLoad // by worker id, latest wins
-	// flushing is what the running Flush took from pending and has not
-	// stored yet; a newer report or no-report of a worker drops its entry.
-	flushing map[string]*smgv1.EngineLoad
-	// refresh holds workers whose engine answered its poll with the load
-	// already stored (Refresh); bumping has the running Flush's share.
-	refresh, bumping map[string]struct{}
-	// inflight is what the running flush transaction stores, by worker
-	// id: the transaction runs without mu, so reports go on meanwhile,
-	// and a report, no-report or rebuild that commits at once marks the
-	// entry superseded (under mu, before it commits: the transaction,
-	// holding the registry's lock, reads the mark before that commit).
-	inflight map[string]*chunkLoad
+	// cells is each registered worker's pending state (*cell) by id, made
+	// at its first report and dropped by a flush once the registry no
+	// longer has the worker.
+	cells sync.Map
+
+	rmu sync.Mutex // one Rebuild at a time (it holds every cell at once)
 
 	fmu   sync.Mutex  // one Flush at a time
 	chunk []chunkLoad // the running flush's transaction (fmu held)
 	ids   []string    // the running flush's workers (fmu held)
+	flips []flip      // the running chunk's verdict changes (fmu held)
 	// records are fresh records for the next flush transaction to clone
-	// into (fmu held), and fresh is loads for reports to copy into (mu
-	// held): both made by the flush outside every lock, none ever stored
-	// before it is used. A flush runs during the collector's mark phases,
-	// which charge allocations to whoever makes them, as assists: made
-	// inside the registry's transaction, they would hold up a flip waiting
-	// for it; made by a report under mu, every agent stream behind it.
+	// into, and made is fresh loads for the cells' spares (fmu held):
+	// both made by the flush outside every lock, none ever stored before
+	// it is used. A flush runs during the collector's mark phases, which
+	// charge allocations to whoever makes them, as assists: made inside
+	// the registry's transaction, they would hold up a flip waiting for
+	// it; made by a report under its cell's lock, the flush behind it.
 	records []*registry.Worker
-	fresh   []*smgv1.EngineLoad
-	made    []*smgv1.EngineLoad // fresh loads on their way to fresh (fmu held)
+	made    []*smgv1.EngineLoad
 
 	// betweenChunks, for tests, runs between a flush's transactions.
 	betweenChunks func()
+}
+
+// cell is one worker's pending state. Its lock orders the worker's
+// reports, no-reports and refreshes, and is held by a report that flips
+// the verdict while it commits: no other worker's report waits for it.
+type cell struct {
+	mu      sync.Mutex
+	pending *smgv1.EngineLoad // the latest report to store at the next flush; nil: none
+	// spare is a load no one holds, made by the flush, for the next
+	// report to copy into (nil: none; one is made then).
+	spare   *smgv1.EngineLoad
+	refresh bool // Refresh: move the load revision at the next flush
+	// inflight is this worker's entry in the running flush transaction,
+	// which runs without the cell's lock: reports go on meanwhile, and one
+	// that commits at once marks it superseded (supersede).
+	inflight *chunkLoad
+	// dead: a flush dropped the cell from cells (its worker left the
+	// registry); whoever locks it after looks the worker up again.
+	dead bool
+}
+
+// supersede marks what the running flush transaction holds of the cell's
+// worker as replaced by something newer that commits now (c.mu held, before
+// that commit: the transaction, holding the registry's lock, reads the mark
+// before the commit can run).
+func (c *cell) supersede() {
+	if c.inflight != nil {
+		c.inflight.superseded.Store(true)
+	}
+}
+
+// takeSpare returns a load no one holds, to copy a report into (c.mu held).
+func (c *cell) takeSpare() *smgv1.EngineLoad {
+	if l := c.spare; l != nil {
+		c.spare = nil
+		return l
+	}
+	return newLoad() // the worker's first report, or its first after a flip
 }
 
 // chunkSize is how many workers one flush transaction stores: a report
@@ -100,8 +138,7 @@ type Rider interface {
 
 // New returns an Ingester writing to reg.
 func New(reg *registry.Registry, opts Options, log *slog.Logger) *Ingester {
-	return &Ingester{reg: reg, opts: opts, log: log, pending: map[string]*smgv1.EngineLoad{}, flushing: map[string]*smgv1.EngineLoad{},
-		refresh: map[string]struct{}{}, bumping: map[string]struct{}{}, inflight: map[string]*chunkLoad{}}
+	return &Ingester{reg: reg, opts: opts, log: log}
 }
 
 // DefaultFlushInterval bounds how long a load-only update waits for its
@@ -127,6 +164,26 @@ func (in *Ingester) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
+// lock returns workerID's cell, locked. Only a registered worker gets one:
+// a hostile agent's made-up ids make nothing.
+func (in *Ingester) lock(workerID string) (*cell, error) {
+	for {
+		v, ok := in.cells.Load(workerID)
+		if !ok {
+			if in.reg.Get(workerID) == nil {
+				return nil, ErrUnknownWorker
+			}
+			v, _ = in.cells.LoadOrStore(workerID, &cell{})
+		}
+		c := v.(*cell)
+		c.mu.Lock()
+		if !c.dead {
+			return c, nil
+		}
+		c.mu.Unlock() // dropped meanwhile: look again
+	}
+}
+
 // Flush commits every pending load, with the Rider's pending evidence:
 // each worker is cloned and inserted once, in transactions of chunkSize
 // workers, so that a report that flips a verdict never waits for more than
@@ -137,43 +194,36 @@ func (in *Ingester) Run(ctx context.Context, interval time.Duration) {
 func (in *Ingester) Flush() {
 	in.fmu.Lock()
 	defer in.fmu.Unlock()
-	in.mu.Lock()
-	in.flushing, in.pending = in.pending, in.flushing // flushing is empty between flushes
-	in.bumping, in.refresh = in.refresh, in.bumping   // so is bumping
 	ids := in.ids[:0]
-	for id := range in.flushing {
-		ids = append(ids, id)
-	}
-	for id := range in.bumping {
-		if _, dup := in.flushing[id]; !dup {
+	in.cells.Range(func(k, v any) bool {
+		id, c := k.(string), v.(*cell)
+		c.mu.Lock()
+		switch {
+		case c.pending != nil || c.refresh:
 			ids = append(ids, id)
+		case in.reg.Get(id) == nil:
+			// Its worker left the registry: drop the cell (a report that
+			// holds it already looks again).
+			c.dead = true
+			in.cells.CompareAndDelete(id, c)
 		}
-	}
+		c.mu.Unlock()
+		return true
+	})
 	if in.opts.Rider != nil {
-		n := len(ids)
 		ids = in.opts.Rider.PendingIDs(ids)
-		rest := slices.DeleteFunc(ids[n:], func(id string) bool {
-			_, dup := in.flushing[id]
-			_, bump := in.bumping[id]
-			return dup || bump
-		})
-		ids = ids[:n+len(rest)]
 	}
-	in.mu.Unlock()
 	// In key order, each transaction writes one stretch of the id index's
 	// radix tree: the inner nodes a chunk copies are its own, not copied
 	// again by every chunk as map order would have it.
 	slices.Sort(ids)
+	ids = slices.Compact(ids) // a worker with a load and the Rider's evidence
 	for start := 0; start < len(ids); start += chunkSize {
 		if start > 0 && in.betweenChunks != nil {
 			in.betweenChunks()
 		}
 		in.storeChunk(ids[start:min(start+chunkSize, len(ids))])
 	}
-	in.mu.Lock()
-	clear(in.flushing)
-	clear(in.bumping)
-	in.mu.Unlock()
 	clear(ids)
 	in.ids = ids[:0]
 }
@@ -182,50 +232,51 @@ func (in *Ingester) Flush() {
 // Rider's evidence.
 type chunkLoad struct {
 	id   string
+	c    *cell             // nil: the Rider's evidence alone
 	load *smgv1.EngineLoad // nil: none
 	bump bool              // Refresh: move the load revision
 	// superseded: a newer report, no-report or rebuild commits (set under
-	// mu before it does, read by the transaction): neither is stored.
+	// the cell's lock before it does, read by the transaction): neither
+	// is stored.
 	superseded atomic.Bool
 }
 
-// supersede marks what the running flush transaction holds of id as
-// replaced by something newer (mu held).
-func (in *Ingester) supersede(id string) {
-	delete(in.flushing, id)
-	if e := in.inflight[id]; e != nil {
-		e.superseded.Store(true)
-	}
-}
-
 // storeChunk stores the pending load and the Rider's evidence of ids in one
-// transaction. It holds mu only to take the loads and to let go of them, not
-// while the transaction runs: a fleet's reports go on (pending, or waiting
-// for the registry when they flip a verdict) instead of stopping behind it.
+// transaction. It holds a cell's lock only to take its load and to let go
+// of it, never while the transaction runs: the worker's reports go on
+// (pending, or waiting for the registry when they flip a verdict) instead
+// of stopping behind it.
 func (in *Ingester) storeChunk(ids []string) {
 	if cap(in.chunk) < len(ids) {
 		in.chunk = make([]chunkLoad, chunkSize)
 	}
 	ents := in.chunk[:len(ids)]
-	in.mu.Lock()
+	spares := 0 // cells whose load the flush takes and that hold no spare
 	for i, id := range ids {
 		e := &ents[i]
-		e.id, e.load = id, in.flushing[id]
-		_, e.bump = in.bumping[id]
+		e.id, e.c, e.load, e.bump = id, nil, nil, false
 		e.superseded.Store(false)
-		delete(in.flushing, id)
-		delete(in.bumping, id)
-		in.inflight[id] = e
+		v, ok := in.cells.Load(id)
+		if !ok {
+			continue
+		}
+		c := v.(*cell)
+		c.mu.Lock()
+		e.c = c
+		e.load, c.pending = c.pending, nil
+		e.bump, c.refresh = c.refresh, false
+		c.inflight = e
+		if e.load != nil && c.spare == nil {
+			spares++
+		}
+		c.mu.Unlock()
 	}
-	room := maxFresh - len(in.fresh) // only reports take from it meanwhile
-	in.mu.Unlock()
 	for len(in.records) < len(ents) {
 		in.records = append(in.records, new(registry.Worker))
 	}
 	used := 0 // records stored
-	var flips []flip
 	_, err := in.reg.Update(func(t *registry.Txn) error {
-		flips = flips[:0]
+		in.flips = in.flips[:0]
 		used = 0
 		apply := func(_, _ *registry.Worker) bool { return false }
 		stored := func(*registry.Txn, *registry.Worker, *registry.Worker) {}
@@ -255,77 +306,74 @@ func (in *Ingester) storeChunk(ids []string) {
 			used++
 			stored(t, w, c)
 			if f := flipOf(w, c); f.flipped {
-				flips = append(flips, f)
+				in.flips = append(in.flips, f)
 			}
 		}
 		return nil
 	})
 	// The records stored are the registry's now; the loads stored are
-	// replaced by as many fresh ones for the reports to come (a worker's
-	// next pending load).
-	loads := 0
-	for i := range ents {
-		if ents[i].load != nil {
-			loads++
-		}
-	}
+	// replaced by as many spares for the reports to come (a worker's next
+	// pending load).
 	n := copy(in.records, in.records[used:])
 	clear(in.records[n:])
 	in.records = in.records[:n]
-	for range min(loads, room) {
+	for range spares {
 		in.made = append(in.made, newLoad())
 	}
-	in.mu.Lock()
-	in.fresh = append(in.fresh, in.made...)
+	for i := range ents {
+		e := &ents[i]
+		if c := e.c; c != nil {
+			c.mu.Lock()
+			c.inflight = nil
+			if e.load != nil && c.spare == nil && len(in.made) > 0 {
+				c.spare = in.made[len(in.made)-1]
+				in.made = in.made[:len(in.made)-1]
+			}
+			c.mu.Unlock()
+		}
+		e.c, e.load = nil, nil
+	}
 	clear(in.made)
 	in.made = in.made[:0]
-	for i := range ents {
-		delete(in.inflight, ents[i].id)
-		ents[i].load = nil
-	}
+	in.done(err, "flush", "")
 	// A report that came while the transaction ran was judged against
 	// the record before it; where the transaction flipped the verdict
 	// (the world moved since its load was judged), a newer pending load
 	// may flip it back: it commits now, as it would have at once.
-	var again []flip
-	for _, f := range flips {
-		if p := in.pending[f.workerID]; p != nil && !in.stands(f.workerID, p) {
-			delete(in.pending, f.workerID)
-			if g, err := in.commit(f.workerID, p); err == nil {
-				again = append(again, g)
-			}
-		}
+	for _, f := range in.flips {
+		in.logFlip(f)
+		in.judgeAgain(f.workerID)
 	}
-	in.mu.Unlock()
-	in.done(err, "flush", "")
-	for _, f := range append(flips, again...) {
+}
+
+// judgeAgain commits id's pending load at once if it no longer leaves the
+// stored verdict as it is.
+func (in *Ingester) judgeAgain(id string) {
+	v, ok := in.cells.Load(id)
+	if !ok {
+		return
+	}
+	c := v.(*cell)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.pending
+	if p == nil {
+		return
+	}
+	if w := in.reg.Get(id); w != nil && stands(w, int64(p.GetWaitingRequests()), p.GetTokenUsage()) {
+		return
+	}
+	c.pending, c.refresh = nil, false
+	if f, err := in.commit(id, p); err == nil {
 		in.logFlip(f)
 	}
 }
 
-// maxFresh bounds the fresh loads kept for reports: a flush's worth.
-const maxFresh = 1 << 14
-
-// freshLoad returns a load no one holds, to copy a report into (mu held).
-func (in *Ingester) freshLoad() *smgv1.EngineLoad {
-	if n := len(in.fresh); n > 0 {
-		l := in.fresh[n-1]
-		in.fresh[n-1] = nil
-		in.fresh = in.fresh[:n-1]
-		return l
-	}
-	return newLoad()
-}
-
-// stands reports whether load (its signals set) leaves id's stored verdict
-// as it is, a prediction only: the registry decides again when it stores
-// it. An unknown worker's does not stand.
-func (in *Ingester) stands(id string, load *smgv1.EngineLoad) bool {
-	w := in.reg.Get(id)
-	if w == nil {
-		return false
-	}
-	over, _ := judge.Check(int64(load.GetWaitingRequests()), load.GetTokenUsage(), w.Thresholds)
+// stands reports whether a load with these signals leaves w's stored
+// verdict as it is: a prediction only, the registry decides again when it
+// stores the load.
+func stands(w *registry.Worker, waiting int64, usage float64) bool {
+	over, _ := judge.Check(waiting, usage, w.Thresholds)
 	return (over && w.Ready()) == w.Overloaded && !w.Evidence.NoReport
 }
 
@@ -363,62 +411,59 @@ type Reported struct {
 	Load     *smgv1.EngineLoad
 }
 
-// ReportCopies is ReportCopy of each report in order, under one hold of the
-// ingester's lock: an agent's message carries many records, and a lock taken
-// per record is one that every agent stream contends for. failed, when set,
-// hears each report's error (as ReportCopy would return it).
+// ReportCopies is ReportCopy of each report in order (an agent's message
+// carries many records). Each takes only its worker's lock. failed, when
+// set, hears each report's error (as ReportCopy would return it).
 func (in *Ingester) ReportCopies(reps []Reported, failed func(i int, err error)) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
 	for i, r := range reps {
-		if err := in.reportLocked(r.WorkerID, r.Load, true); err != nil && failed != nil {
+		if err := in.report(r.WorkerID, r.Load, true); err != nil && failed != nil {
 			failed(i, err)
 		}
 	}
 }
 
 func (in *Ingester) report(workerID string, load *smgv1.EngineLoad, copied bool) error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.reportLocked(workerID, load, copied)
-}
-
-// reportLocked is report with in.mu held.
-func (in *Ingester) reportLocked(workerID string, load *smgv1.EngineLoad, copied bool) error {
 	if load == nil || len(load.GetRanks()) == 0 {
-		return in.noReportLocked(workerID)
+		return in.NoReport(workerID)
 	}
+	c, err := in.lock(workerID)
+	if err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
 	waiting, usage := Signals(load.GetRanks())
 	if in.opts.Coalesce {
+		// Read under the cell's lock, so a Rebuild (which holds every
+		// cell while it commits) is either before or after.
 		w := in.reg.Get(workerID)
 		if w == nil {
 			return ErrUnknownWorker
 		}
-		// A prediction only: the registry decides again at the flush.
-		over, _ := judge.Check(waiting, usage, w.Thresholds)
-		if (over && w.Ready()) == w.Overloaded && !w.Evidence.NoReport {
+		if stands(w, waiting, usage) {
 			if copied {
-				if p := in.pending[workerID]; p != nil {
+				if p := c.pending; p != nil {
 					setSignals(CopyLoad(p, load), waiting, usage) // the pending load is ours alone
 					return nil
 				}
-				load = CopyLoad(in.freshLoad(), load)
+				load = CopyLoad(c.takeSpare(), load)
 			}
 			setSignals(load, waiting, usage)
-			in.pending[workerID] = load // the verdict stands: commit with the next flush
+			c.pending = load // the verdict stands: commit with the next flush
 			return nil
 		}
-		if p := in.pending[workerID]; p != nil && copied {
+		if p := c.pending; p != nil && copied {
 			load = CopyLoad(p, load) // stored below: no longer pending
 			copied = false
 		}
-		delete(in.pending, workerID) // this report is newer
+		c.pending = nil // this report is newer
 	}
-	// Committed now: a load that a flush holds is older and must not be
+	// Committed now, holding only this worker's lock while it waits for
+	// the registry's. A load that a flush holds is older and must not be
 	// stored after it (a pending report leaves it be: it is stored after).
-	in.supersede(workerID)
+	c.supersede()
+	c.refresh = false // the new load moves the load revision
 	if copied {
-		load = CopyLoad(in.freshLoad(), load)
+		load = CopyLoad(c.takeSpare(), load)
 	}
 	setSignals(load, waiting, usage)
 	f, err := in.commit(workerID, load)
@@ -429,8 +474,6 @@ func (in *Ingester) reportLocked(workerID string, load *smgv1.EngineLoad, copied
 	return nil
 }
 
-// setSignals writes the signals computed from load's ranks over the
-// aggregates its sender filled in.
 func setSignals(load *smgv1.EngineLoad, waiting int64, usage float64) {
 	load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
 }
@@ -587,16 +630,19 @@ func Signals(ranks []*smgv1.RankLoad) (waiting int64, tokenUsage float64) {
 // between polls (requests that start and end between them) would collect
 // dispatches without end and be routed around.
 func (in *Ingester) Refresh(workerID string) error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if _, ok := in.pending[workerID]; ok {
+	c, err := in.lock(workerID)
+	if err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if c.pending != nil {
 		return nil // the pending load moves it
 	}
 	if in.opts.Coalesce {
-		in.refresh[workerID] = struct{}{}
+		c.refresh = true
 		return nil
 	}
-	_, err := in.reg.Update(func(t *registry.Txn) error {
+	_, err = in.reg.Update(func(t *registry.Txn) error {
 		w := t.Get(workerID)
 		if w == nil {
 			return ErrUnknownWorker
@@ -617,19 +663,17 @@ func refreshable(w *registry.Worker) bool { return w.Load != nil && !w.Evidence.
 
 // NoReport records a poll that produced no report: the overload veto clears.
 func (in *Ingester) NoReport(workerID string) error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.noReportLocked(workerID)
-}
-
-// noReportLocked is NoReport with in.mu held.
-func (in *Ingester) noReportLocked(workerID string) error {
-	delete(in.pending, workerID) // "no report" is newer than any pending load
-	in.supersede(workerID)
-	delete(in.refresh, workerID)
-	delete(in.bumping, workerID)
+	c, err := in.lock(workerID)
+	if err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	// "No report" is newer than any pending load, refresh, or load the
+	// running flush holds.
+	c.pending, c.refresh = nil, false
+	c.supersede()
 	var f flip
-	_, err := in.reg.Update(func(t *registry.Txn) error {
+	_, err = in.reg.Update(func(t *registry.Txn) error {
 		var err error
 		f, err = markNoReport(t, workerID)
 		return err
@@ -639,15 +683,26 @@ func (in *Ingester) noReportLocked(workerID string) error {
 }
 
 // Rebuild clears the overload veto of every worker: the monitor lost its state
-// and holds no fresh signal for any of them.
+// and holds no fresh signal for any of them. It holds every cell while it
+// commits, so no report is judged against the records before it and stored
+// after it.
 func (in *Ingester) Rebuild(why string) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	clear(in.pending)
-	clear(in.flushing)
-	for _, e := range in.inflight {
-		e.superseded.Store(true)
-	}
+	in.rmu.Lock()
+	defer in.rmu.Unlock()
+	var held []*cell
+	in.cells.Range(func(_, v any) bool {
+		c := v.(*cell)
+		c.mu.Lock()
+		c.pending, c.refresh = nil, false
+		c.supersede()
+		held = append(held, c)
+		return true
+	})
+	defer func() {
+		for _, c := range held {
+			c.mu.Unlock()
+		}
+	}()
 	n := 0
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		n = 0
