@@ -1,6 +1,7 @@
 package liveness
 
 import (
+	"hash/maphash"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,10 +16,18 @@ import (
 // assist, a preempted flush), handed over in FIFO order through every
 // waiting stream.
 type cells struct {
-	byID sync.Map // worker id → *cell
-	// mu orders adding and dropping cells (once per worker, not per record).
-	mu  sync.Mutex
-	all atomic.Pointer[[]*cell] // every cell in byID, for PendingIDs
+	// byID maps worker ids to cells, in shards: sync.Map finds without a
+	// lock, but its LoadOrStore locks a node of its trie, at first the
+	// root for every id (a fleet's first records make 10,000 cells at
+	// once, from every stream).
+	byID [cellShards]sync.Map
+	seed maphash.Seed
+	// added are the cells made since the last list, newest first: a
+	// pusher adds its worker's without a lock (a fleet's first records
+	// make 10,000 at once).
+	added atomic.Pointer[cell]
+	mu    sync.Mutex // the flush's and the sweep's, never a pusher's
+	all   []*cell    // every cell in byID but the added; mu held
 }
 
 // cell is one worker's pending records: only its pushers, the flushes and
@@ -33,6 +42,7 @@ type cell struct {
 	took pendingRecords
 	has  atomic.Bool // p has records: PendingIDs reads it without mu
 	gone bool        // dropped from byID: a pusher that found it looks again
+	next *cell       // in cells.added
 }
 
 // pendingRecords are a worker's records waiting for a flush, in order, and
@@ -56,9 +66,19 @@ func (p *pendingRecords) reset() {
 	*p = pendingRecords{recs: recs}
 }
 
+// cellShards is how many shards byID has.
+const cellShards = 64
+
+func newCells() cells { return cells{seed: maphash.MakeSeed()} }
+
+// shard returns the map id's cell is in.
+func (cs *cells) shard(id string) *sync.Map {
+	return &cs.byID[maphash.String(cs.seed, id)%cellShards]
+}
+
 // get returns id's cell, or nil.
 func (cs *cells) get(id string) *cell {
-	if c, ok := cs.byID.Load(id); ok {
+	if c, ok := cs.shard(id).Load(id); ok {
 		return c.(*cell)
 	}
 	return nil
@@ -72,23 +92,35 @@ func (cs *cells) add(id string) *cell {
 	}
 	// Room for the records of one flush interval at a typical cadence.
 	made := &cell{id: id, p: pendingRecords{recs: make([]timedRecord, 0, 8)}}
-	c, loaded := cs.byID.LoadOrStore(id, made)
+	c, loaded := cs.shard(id).LoadOrStore(id, made)
 	if loaded {
 		return c.(*cell)
 	}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	all := append(cs.list(), made) // readers see up to their own length
-	cs.all.Store(&all)
-	return made
+	for {
+		made.next = cs.added.Load()
+		if cs.added.CompareAndSwap(made.next, made) {
+			return made
+		}
+	}
 }
 
-// list returns every cell (read only).
+// list returns every cell; the caller only reads it.
 func (cs *cells) list() []*cell {
-	if all := cs.all.Load(); all != nil {
-		return *all
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.listLocked()
+}
+
+// listLocked is list with mu held: it moves the added cells to all. A
+// slice it returned is never written below its length again.
+func (cs *cells) listLocked() []*cell {
+	for c := cs.added.Swap(nil); c != nil; {
+		next := c.next
+		c.next = nil
+		cs.all = append(cs.all, c)
+		c = next
 	}
-	return nil
+	return cs.all
 }
 
 // prune drops the cells of workers that keep says no longer pend (removed,
@@ -96,12 +128,12 @@ func (cs *cells) list() []*cell {
 // their records. keep is asked again under the cell's lock, where a pusher
 // asks the registry too.
 func (cs *cells) prune(keep func(id string) bool) {
-	if !slices.ContainsFunc(cs.list(), func(c *cell) bool { return !keep(c.id) }) {
-		return // the usual case: no lock taken
-	}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	old := cs.list()
+	old := cs.listLocked()
+	if !slices.ContainsFunc(old, func(c *cell) bool { return !keep(c.id) }) {
+		return // the usual case
+	}
 	kept := make([]*cell, 0, len(old))
 	for _, c := range old {
 		c.mu.Lock()
@@ -109,13 +141,13 @@ func (cs *cells) prune(keep func(id string) bool) {
 			kept = append(kept, c)
 		} else {
 			c.gone = true
-			cs.byID.CompareAndDelete(c.id, c)
+			cs.shard(c.id).CompareAndDelete(c.id, c)
 			c.p, c.took = pendingRecords{}, pendingRecords{}
 			c.has.Store(false)
 		}
 		c.mu.Unlock()
 	}
-	cs.all.Store(&kept)
+	cs.all = kept
 }
 
 // take moves the cell's records to took for the running flush transaction,

@@ -92,7 +92,7 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 	}
 	t := &Tracker{
 		reg: reg, rules: opts.Rules.Rules(), log: log, now: opts.Now, vetoed: map[string]string{},
-		coalesce: opts.Coalesce, flush: opts.Flush,
+		coalesce: opts.Coalesce, flush: opts.Flush, cells: newCells(),
 		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "smg_worker_stalled",
 			Help: "1 while the worker is excluded from routing by liveness, labeled with the reason (unreachable or wedged).",
