@@ -6,11 +6,10 @@ func BetweenChunks(in *Ingester, f func()) { in.betweenChunks = f }
 // Unlocked reports whether the lock of id's pending state is free now (true
 // when it has none).
 func Unlocked(in *Ingester, id string) bool {
-	v, ok := in.cells.Load(id)
-	if !ok {
+	c := in.cell(id)
+	if c == nil {
 		return true
 	}
-	c := v.(*cell)
 	if !c.mu.TryLock() {
 		return false
 	}
@@ -21,7 +20,7 @@ func Unlocked(in *Ingester, id string) bool {
 // Cells is how many workers have pending state kept.
 func Cells(in *Ingester) int {
 	n := 0
-	in.cells.Range(func(_, _ any) bool { n++; return true })
+	in.eachCell(func(string, *cell) bool { n++; return true })
 	return n
 }
 
@@ -29,9 +28,9 @@ func Cells(in *Ingester) int {
 // transaction (nil: none). Call it from inside that transaction (a Rider's
 // Take), where nothing writes the cells' entries.
 func Superseded(in *Ingester, id string) func() bool {
-	v, ok := in.cells.Load(id)
-	if !ok || v.(*cell).inflight == nil {
+	c := in.cell(id)
+	if c == nil || c.inflight == nil {
 		return nil
 	}
-	return v.(*cell).inflight.superseded.Load
+	return c.inflight.superseded.Load
 }

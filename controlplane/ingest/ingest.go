@@ -21,6 +21,7 @@ package ingest
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"log/slog"
 	"math"
 	"slices"
@@ -47,8 +48,12 @@ type Ingester struct {
 
 	// cells is each registered worker's pending state (*cell) by id, made
 	// at its first report and dropped by a flush once the registry no
-	// longer has the worker.
-	cells sync.Map
+	// longer has the worker. In shards: sync.Map finds without a lock, but
+	// its LoadOrStore locks a node of its trie, at first the root for
+	// every id (a fleet's first reports make 10,000 cells at once, from
+	// every stream).
+	cells [cellShards]sync.Map
+	seed  maphash.Seed
 
 	rmu sync.Mutex // one Rebuild at a time (it holds every cell at once)
 
@@ -68,6 +73,36 @@ type Ingester struct {
 
 	// betweenChunks, for tests, runs between a flush's transactions.
 	betweenChunks func()
+}
+
+// cellShards is how many shards cells has.
+const cellShards = 64
+
+// shard returns the map id's cell is in.
+func (in *Ingester) shard(id string) *sync.Map {
+	return &in.cells[maphash.String(in.seed, id)%cellShards]
+}
+
+// cell returns id's cell, or nil.
+func (in *Ingester) cell(id string) *cell {
+	if v, ok := in.shard(id).Load(id); ok {
+		return v.(*cell)
+	}
+	return nil
+}
+
+// eachCell calls f for every cell while f returns true.
+func (in *Ingester) eachCell(f func(id string, c *cell) bool) {
+	for i := range in.cells {
+		more := true
+		in.cells[i].Range(func(k, v any) bool {
+			more = f(k.(string), v.(*cell))
+			return more
+		})
+		if !more {
+			return
+		}
+	}
 }
 
 // cell is one worker's pending state. Its lock orders the worker's
@@ -138,7 +173,7 @@ type Rider interface {
 
 // New returns an Ingester writing to reg.
 func New(reg *registry.Registry, opts Options, log *slog.Logger) *Ingester {
-	return &Ingester{reg: reg, opts: opts, log: log}
+	return &Ingester{reg: reg, opts: opts, log: log, seed: maphash.MakeSeed()}
 }
 
 // DefaultFlushInterval bounds how long a load-only update waits for its
@@ -168,14 +203,14 @@ func (in *Ingester) Run(ctx context.Context, interval time.Duration) {
 // a hostile agent's made-up ids make nothing.
 func (in *Ingester) lock(workerID string) (*cell, error) {
 	for {
-		v, ok := in.cells.Load(workerID)
-		if !ok {
+		c := in.cell(workerID)
+		if c == nil {
 			if in.reg.Get(workerID) == nil {
 				return nil, ErrUnknownWorker
 			}
-			v, _ = in.cells.LoadOrStore(workerID, &cell{})
+			v, _ := in.shard(workerID).LoadOrStore(workerID, &cell{})
+			c = v.(*cell)
 		}
-		c := v.(*cell)
 		c.mu.Lock()
 		if !c.dead {
 			return c, nil
@@ -195,8 +230,7 @@ func (in *Ingester) Flush() {
 	in.fmu.Lock()
 	defer in.fmu.Unlock()
 	ids := in.ids[:0]
-	in.cells.Range(func(k, v any) bool {
-		id, c := k.(string), v.(*cell)
+	in.eachCell(func(id string, c *cell) bool {
 		c.mu.Lock()
 		switch {
 		case c.pending != nil || c.refresh:
@@ -205,7 +239,7 @@ func (in *Ingester) Flush() {
 			// Its worker left the registry: drop the cell (a report that
 			// holds it already looks again).
 			c.dead = true
-			in.cells.CompareAndDelete(id, c)
+			in.shard(id).CompareAndDelete(id, c)
 		}
 		c.mu.Unlock()
 		return true
@@ -256,11 +290,10 @@ func (in *Ingester) storeChunk(ids []string) {
 		e := &ents[i]
 		e.id, e.c, e.load, e.bump = id, nil, nil, false
 		e.superseded.Store(false)
-		v, ok := in.cells.Load(id)
-		if !ok {
+		c := in.cell(id)
+		if c == nil {
 			continue
 		}
-		c := v.(*cell)
 		c.mu.Lock()
 		e.c = c
 		e.load, c.pending = c.pending, nil
@@ -349,11 +382,10 @@ func (in *Ingester) storeChunk(ids []string) {
 // judgeAgain commits id's pending load at once if it no longer leaves the
 // stored verdict as it is.
 func (in *Ingester) judgeAgain(id string) {
-	v, ok := in.cells.Load(id)
-	if !ok {
+	c := in.cell(id)
+	if c == nil {
 		return
 	}
-	c := v.(*cell)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := c.pending
@@ -690,8 +722,7 @@ func (in *Ingester) Rebuild(why string) {
 	in.rmu.Lock()
 	defer in.rmu.Unlock()
 	var held []*cell
-	in.cells.Range(func(_, v any) bool {
-		c := v.(*cell)
+	in.eachCell(func(_ string, c *cell) bool {
 		c.mu.Lock()
 		c.pending, c.refresh = nil, false
 		c.supersede()
