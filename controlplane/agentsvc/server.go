@@ -185,10 +185,9 @@ type agentStream struct {
 	scratch wireRecord
 
 	// reports and pushed are the records of the message being applied,
-	// handed to the ingester and the tracker together (applyRecords): the
-	// tracker's lock once per message instead of per record (the ingester
-	// locks each record's worker alone). Only the receive goroutine
-	// touches them.
+	// handed to the ingester and the tracker together (applyRecords); each
+	// locks each record's worker alone. Only the receive goroutine touches
+	// them.
 	reports []ingest.Reported
 	pushed  []liveness.Pushed
 }
@@ -538,9 +537,9 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	}
 }
 
-// maxApply bounds the records applied at once (under one hold of the
-// tracker's lock): a hostile agent's message of many thousand records must
-// not hold every other stream (and a flip on it) for its whole length.
+// maxApply bounds the records applied at once: a hostile agent's message of
+// many thousand records goes in batches of it, so the stream's batch
+// buffers never grow past it.
 const maxApply = 256
 
 // applyRecords hands the records that record took in to the ingester and

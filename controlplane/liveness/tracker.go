@@ -183,7 +183,7 @@ func (t *Tracker) predicted(w *registry.Worker) (judge.Liveness, bool) {
 }
 
 // PendingIDs implements ingest.Rider: it appends the workers with records
-// pending to ids. It takes no lock: the ingester's flush calls it.
+// pending to ids, taking no lock that a pusher takes.
 func (t *Tracker) PendingIDs(ids []string) []string {
 	for _, c := range t.cells.list() {
 		if c.has.Load() {
@@ -257,7 +257,7 @@ func (t *Tracker) applyPushed(ev *registry.Evidence, r timedRecord) {
 // worker is judged with how far its agent's stream is read.
 func (t *Tracker) Sweep(now time.Time) {
 	var changes []change
-	var recs []timedRecord
+	recs := make([]timedRecord, 0, 8) // made outside the transaction
 	if t.flush != nil {
 		t.flush()
 	}
