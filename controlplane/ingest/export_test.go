@@ -20,7 +20,7 @@ func Unlocked(in *Ingester, id string) bool {
 // Cells is how many workers have pending state kept.
 func Cells(in *Ingester) int {
 	n := 0
-	in.eachCell(func(string, *cell) bool { n++; return true })
+	in.cells.Range(func(string, *cell) bool { n++; return true })
 	return n
 }
 

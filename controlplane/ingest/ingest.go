@@ -21,7 +21,6 @@ package ingest
 import (
 	"context"
 	"errors"
-	"hash/maphash"
 	"log/slog"
 	"math"
 	"slices"
@@ -34,6 +33,7 @@ import (
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/shardmap"
 )
 
 // ErrUnknownWorker is returned for a report about a worker not registered.
@@ -46,14 +46,10 @@ type Ingester struct {
 	log  *slog.Logger
 	opts Options
 
-	// cells is each registered worker's pending state (*cell) by id, made
-	// at its first report and dropped by a flush once the registry no
-	// longer has the worker. In shards: sync.Map finds without a lock, but
-	// its LoadOrStore locks a node of its trie, at first the root for
-	// every id (a fleet's first reports make 10,000 cells at once, from
-	// every stream).
-	cells [cellShards]sync.Map
-	seed  maphash.Seed
+	// cells is each registered worker's pending state by id, made at its
+	// first report and dropped by a flush once the registry no longer has
+	// the worker.
+	cells *shardmap.Map[*cell]
 
 	rmu sync.Mutex // one Rebuild at a time (it holds every cell at once)
 
@@ -75,34 +71,10 @@ type Ingester struct {
 	betweenChunks func()
 }
 
-// cellShards is how many shards cells has.
-const cellShards = 64
-
-// shard returns the map id's cell is in.
-func (in *Ingester) shard(id string) *sync.Map {
-	return &in.cells[maphash.String(in.seed, id)%cellShards]
-}
-
 // cell returns id's cell, or nil.
 func (in *Ingester) cell(id string) *cell {
-	if v, ok := in.shard(id).Load(id); ok {
-		return v.(*cell)
-	}
-	return nil
-}
-
-// eachCell calls f for every cell while f returns true.
-func (in *Ingester) eachCell(f func(id string, c *cell) bool) {
-	for i := range in.cells {
-		more := true
-		in.cells[i].Range(func(k, v any) bool {
-			more = f(k.(string), v.(*cell))
-			return more
-		})
-		if !more {
-			return
-		}
-	}
+	c, _ := in.cells.Load(id)
+	return c
 }
 
 // cell is one worker's pending state. Its lock orders the worker's
@@ -173,7 +145,7 @@ type Rider interface {
 
 // New returns an Ingester writing to reg.
 func New(reg *registry.Registry, opts Options, log *slog.Logger) *Ingester {
-	return &Ingester{reg: reg, opts: opts, log: log, seed: maphash.MakeSeed()}
+	return &Ingester{reg: reg, opts: opts, log: log, cells: shardmap.New[*cell]()}
 }
 
 // DefaultFlushInterval bounds how long a load-only update waits for its
@@ -208,8 +180,7 @@ func (in *Ingester) lock(workerID string) (*cell, error) {
 			if in.reg.Get(workerID) == nil {
 				return nil, ErrUnknownWorker
 			}
-			v, _ := in.shard(workerID).LoadOrStore(workerID, &cell{})
-			c = v.(*cell)
+			c, _ = in.cells.LoadOrStore(workerID, &cell{})
 		}
 		c.mu.Lock()
 		if !c.dead {
@@ -230,7 +201,7 @@ func (in *Ingester) Flush() {
 	in.fmu.Lock()
 	defer in.fmu.Unlock()
 	ids := in.ids[:0]
-	in.eachCell(func(id string, c *cell) bool {
+	in.cells.Range(func(id string, c *cell) bool {
 		c.mu.Lock()
 		switch {
 		case c.pending != nil || c.refresh:
@@ -239,7 +210,7 @@ func (in *Ingester) Flush() {
 			// Its worker left the registry: drop the cell (a report that
 			// holds it already looks again).
 			c.dead = true
-			in.shard(id).CompareAndDelete(id, c)
+			in.cells.CompareAndDelete(id, c)
 		}
 		c.mu.Unlock()
 		return true
@@ -722,7 +693,7 @@ func (in *Ingester) Rebuild(why string) {
 	in.rmu.Lock()
 	defer in.rmu.Unlock()
 	var held []*cell
-	in.eachCell(func(_ string, c *cell) bool {
+	in.cells.Range(func(_ string, c *cell) bool {
 		c.mu.Lock()
 		c.pending, c.refresh = nil, false
 		c.supersede()

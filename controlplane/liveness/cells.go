@@ -1,12 +1,12 @@
 package liveness
 
 import (
-	"hash/maphash"
 	"slices"
 	"sync"
 	"sync/atomic"
 
 	"github.com/smg-project/smg/controlplane/registry"
+	"github.com/smg-project/smg/internal/shardmap"
 )
 
 // cells are the pending records of each Ready worker that pushed one, each
@@ -16,12 +16,7 @@ import (
 // assist, a preempted flush), handed over in FIFO order through every
 // waiting stream.
 type cells struct {
-	// byID maps worker ids to cells, in shards: sync.Map finds without a
-	// lock, but its LoadOrStore locks a node of its trie, at first the
-	// root for every id (a fleet's first records make 10,000 cells at
-	// once, from every stream).
-	byID [cellShards]sync.Map
-	seed maphash.Seed
+	byID *shardmap.Map[*cell]
 	// added are the cells made since the last list, newest first: a
 	// pusher adds its worker's without a lock (a fleet's first records
 	// make 10,000 at once).
@@ -66,22 +61,12 @@ func (p *pendingRecords) reset() {
 	*p = pendingRecords{recs: recs}
 }
 
-// cellShards is how many shards byID has.
-const cellShards = 64
-
-func newCells() cells { return cells{seed: maphash.MakeSeed()} }
-
-// shard returns the map id's cell is in.
-func (cs *cells) shard(id string) *sync.Map {
-	return &cs.byID[maphash.String(cs.seed, id)%cellShards]
-}
+func newCells() cells { return cells{byID: shardmap.New[*cell]()} }
 
 // get returns id's cell, or nil.
 func (cs *cells) get(id string) *cell {
-	if c, ok := cs.shard(id).Load(id); ok {
-		return c.(*cell)
-	}
-	return nil
+	c, _ := cs.byID.Load(id)
+	return c
 }
 
 // add returns id's cell, made if it has none (the caller checked that id
@@ -92,9 +77,8 @@ func (cs *cells) add(id string) *cell {
 	}
 	// Room for the records of one flush interval at a typical cadence.
 	made := &cell{id: id, p: pendingRecords{recs: make([]timedRecord, 0, 8)}}
-	c, loaded := cs.shard(id).LoadOrStore(id, made)
-	if loaded {
-		return c.(*cell)
+	if c, loaded := cs.byID.LoadOrStore(id, made); loaded {
+		return c
 	}
 	for {
 		made.next = cs.added.Load()
@@ -141,7 +125,7 @@ func (cs *cells) prune(keep func(id string) bool) {
 			kept = append(kept, c)
 		} else {
 			c.gone = true
-			cs.shard(c.id).CompareAndDelete(c.id, c)
+			cs.byID.CompareAndDelete(c.id, c)
 			c.p, c.took = pendingRecords{}, pendingRecords{}
 			c.has.Store(false)
 		}
