@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/metrics"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -84,25 +85,37 @@ func mutexWait() int64 {
 }
 
 // flushRider stores tr's pending records as the ingester's flush does
-// (ingest.Options.Rider): Take inside one transaction.
+// (ingest.Options.Rider): in sorted chunks of flushChunk workers, each
+// taken inside its own transaction.
 func flushRider(tr *Tracker, reg *registry.Registry) error {
 	ids := tr.PendingIDs(nil)
-	_, err := reg.Update(func(tx *registry.Txn) error {
-		apply, stored := tr.Take(ids)
-		for _, id := range ids {
-			w := tx.Get(id)
-			if w == nil {
-				continue
+	slices.Sort(ids)
+	for len(ids) > 0 {
+		chunk := ids[:min(flushChunk, len(ids))]
+		ids = ids[len(chunk):]
+		_, err := reg.Update(func(tx *registry.Txn) error {
+			apply, stored := tr.Take(chunk)
+			for _, id := range chunk {
+				w := tx.Get(id)
+				if w == nil {
+					continue
+				}
+				if c := w.Clone(); apply(w, c) {
+					tx.Insert(c)
+					stored(tx, w, c)
+				}
 			}
-			if c := w.Clone(); apply(w, c) {
-				tx.Insert(c)
-				stored(tx, w, c)
-			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-		return nil
-	})
-	return err
+	}
+	return nil
 }
+
+// flushChunk is the ingester's chunk size (ingest's chunkSize).
+const flushChunk = 1024
 
 // benchFleet is a tracker over n Ready workers.
 func benchFleet(n int, coalesce bool) (*Tracker, *registry.Registry, []string) {

@@ -28,16 +28,12 @@ type cells struct {
 // cell is one worker's pending records: only its pushers, the flushes and
 // the sweep lock it.
 type cell struct {
-	id string
-	mu sync.Mutex
-	p  pendingRecords // being filled
-	// took is what the running flush transaction took (Take): only that
-	// transaction touches it (the registry runs one at a time), and the
-	// next Take swaps it with p, so both buffers serve flush after flush.
-	took pendingRecords
-	has  atomic.Bool // p has records: PendingIDs reads it without mu
-	gone bool        // dropped from byID: a pusher that found it looks again
-	next *cell       // in cells.added
+	id   string
+	mu   sync.Mutex
+	p    pendingRecords // being filled
+	has  atomic.Bool    // p has records: PendingIDs reads it without mu
+	gone bool           // dropped from byID: a pusher that found it looks again
+	next *cell          // in cells.added
 }
 
 // pendingRecords are a worker's records waiting for a flush, in order, and
@@ -126,7 +122,7 @@ func (cs *cells) prune(keep func(id string) bool) {
 		} else {
 			c.gone = true
 			cs.byID.CompareAndDelete(c.id, c)
-			c.p, c.took = pendingRecords{}, pendingRecords{}
+			c.p = pendingRecords{}
 			c.has.Store(false)
 		}
 		c.mu.Unlock()
@@ -134,18 +130,19 @@ func (cs *cells) prune(keep func(id string) bool) {
 	cs.all = kept
 }
 
-// take moves the cell's records to took for the running flush transaction,
-// and reports whether it had any.
-func (c *cell) take() bool {
+// take hands the cell's records to the running flush transaction, with
+// the prediction's work, and gives the cell buf (empty, nil: none yet)
+// for the next; ok is false when it has none (buf is not taken then).
+func (c *cell) take(buf []timedRecord) (tk takenRecords, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.gone || len(c.p.recs) == 0 {
-		return false
+		return tk, false
 	}
-	c.took.reset()
-	c.p, c.took = c.took, c.p
+	tk = takenRecords{base: c.p.base, ev: c.p.ev, recs: c.p.recs}
+	c.p = pendingRecords{recs: buf}
 	c.has.Store(false)
-	return true
+	return tk, true
 }
 
 // takeInto appends the cell's records to into and empties it.

@@ -52,10 +52,24 @@ type Tracker struct {
 	coalesce bool
 	flush    func() // Options.Flush
 	cells    cells
-	// taken is the cells whose records the running flush transaction took
-	// (Take), reused by the next: the registry runs its transactions one
-	// at a time, and Take's apply is called only inside its own.
-	taken map[string]*cell
+	// taken is what the running flush transaction took (Take), by worker
+	// id, reused by the next: the registry runs its transactions one at a
+	// time, and Take's apply is called only inside its own. A cell hands
+	// its record buffer to the flush and gets one from spare, which the
+	// next Take refills with the buffers this one took: a cell keeps one
+	// buffer, not one for its pushers and one for the flush (at 10,000
+	// workers half the tracker's heap, which every collection marks).
+	taken map[string]int // index in takes
+	takes []takenRecords
+	spare [][]timedRecord
+}
+
+// takenRecords is one worker's records taken by a flush transaction, with
+// the prediction's work: base and ev as the cell had them.
+type takenRecords struct {
+	base *registry.Worker
+	ev   registry.Evidence
+	recs []timedRecord
 }
 
 // timedRecord is a pushed record not yet stored.
@@ -197,34 +211,51 @@ func (t *Tracker) PendingIDs(ids []string) []string {
 // records of ids on the same record as the worker's load, in its
 // transaction (so they go in order before any later transaction's).
 func (t *Tracker) Take(ids []string) (apply func(w, c *registry.Worker) bool, stored func(*registry.Txn, *registry.Worker, *registry.Worker)) {
+	for i := range t.takes { // the previous transaction's, done with
+		if recs := t.takes[i].recs; cap(recs) <= maxKept && len(t.spare) < maxTaken {
+			t.spare = append(t.spare, recs[:0])
+		}
+		t.takes[i] = takenRecords{}
+	}
 	if t.taken == nil || len(t.taken) > maxTaken {
-		t.taken = make(map[string]*cell, len(ids))
+		t.taken = make(map[string]int, len(ids))
+		t.takes = nil
 	}
 	taken := t.taken
 	clear(taken)
+	t.takes = t.takes[:0]
 	if t.coalesce {
 		for _, id := range ids {
-			if c := t.cells.get(id); c != nil && c.take() {
-				taken[id] = c
+			c := t.cells.get(id)
+			if c == nil {
+				continue
+			}
+			var buf []timedRecord
+			if n := len(t.spare); n > 0 {
+				buf, t.spare[n-1] = t.spare[n-1], nil
+				t.spare = t.spare[:n-1]
+			}
+			if tk, ok := c.take(buf); ok {
+				taken[id] = len(t.takes)
+				t.takes = append(t.takes, tk)
+			} else if buf != nil {
+				t.spare = append(t.spare, buf)
 			}
 		}
 	}
+	takes := t.takes
 	apply = func(w, c *registry.Worker) bool {
-		cl := taken[c.ID]
-		if cl == nil {
-			return false
-		}
-		p := &cl.took // this transaction's alone
-		defer p.reset()
-		if !c.Ready() {
+		i, ok := taken[c.ID]
+		if !ok || !c.Ready() {
 			return false // the rules judge Ready workers only
 		}
-		if p.base == w {
-			// p.ev is w's evidence moved by every record already (the
+		tk := &takes[i]
+		if tk.base == w {
+			// tk.ev is w's evidence moved by every record already (the
 			// prediction's work): the records touch these two fields.
-			c.Evidence.Live, c.Evidence.PushedAt = p.ev.Live, p.ev.PushedAt
+			c.Evidence.Live, c.Evidence.PushedAt = tk.ev.Live, tk.ev.PushedAt
 		} else {
-			for _, r := range p.recs {
+			for _, r := range tk.recs {
 				t.applyPushed(&c.Evidence, r)
 			}
 		}
