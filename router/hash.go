@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"encoding/binary"
 	"math/bits"
 	"slices"
@@ -131,19 +132,10 @@ func sortedPoints(n int, point func(int) ringPoint) []ringPoint {
 
 // comparePoints orders by hash, then slot.
 func comparePoints(a, b ringPoint) int {
-	switch {
-	case a.hash != b.hash:
-		if a.hash < b.hash {
-			return -1
-		}
-		return 1
-	case a.slot != b.slot:
-		if a.slot < b.slot {
-			return -1
-		}
-		return 1
+	if c := cmp.Compare(a.hash, b.hash); c != 0 {
+		return c
 	}
-	return 0
+	return cmp.Compare(a.slot, b.slot)
 }
 
 // search returns the position of the first point at or after h (wrapping).

@@ -477,6 +477,8 @@ func (in *Ingester) report(workerID string, load *smgv1.EngineLoad, copied bool)
 	return nil
 }
 
+// setSignals writes the signals computed from load's ranks over the
+// aggregates its sender filled in.
 func setSignals(load *smgv1.EngineLoad, waiting int64, usage float64) {
 	load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
 }
