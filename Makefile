@@ -82,7 +82,7 @@ clean: ## remove build outputs
 
 # SHORT=1 runs the CI smoke variant: every configuration at 0.5x and 2x for a
 # few seconds, asserting shapes (results, sheds with Retry-After) not timings.
-.PHONY: bench-overload bench-faults bench-ha bench-scale
+.PHONY: bench-overload bench-faults bench-ha bench-scale bench-proxy
 # AGENT_POLL is the node agent's poll interval in both benchmarks (0: no agent,
 # the control plane polls the engines over HTTP every second).
 AGENT_POLL ?= 50ms
@@ -98,6 +98,12 @@ bench-faults: build ## the same fleet at 1x while one engine is killed, then one
 
 bench-scale: ## one control plane, N synthetic workers through agents, R synthetic routers (up to 10,000 and 1,000): docs/benchmarks.md, docs/img (SHORT=1: smoke test)
 	$(GO) run ./bench/cmd/benchsuite --suite scale $(if $(filter 1,$(SHORT)),--short)
+
+# nginx and wrk come from apt when missing (root, Debian/Ubuntu).
+bench-proxy: build ## smg launch beside nginx in front of the same 2 fast simulated engines: CPU per request and per streamed token, req/s, profiles (docs/benchmarks.md; SHORT=1: smoke test)
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { apt-get update && apt-get install -y nginx; }
+	@command -v wrk >/dev/null || { apt-get update && apt-get install -y wrk; }
+	$(GO) run ./bench/cmd/benchsuite --bin bin/smg --suite proxy $(if $(filter 1,$(SHORT)),--short)
 
 bench-ha: ## admin writes through Raft (3 replicas, 1 with --data-dir) against 1 in memory, and failover over 10 leader kills: table in docs/bench-raw/ha.md
 	mkdir -p docs/bench-raw && SMG_HA_BENCH=1 SMG_HA_BENCH_OUT=$(CURDIR)/docs/bench-raw/ha.md $(GO) test -count=1 -run TestHABenchmark -timeout 10m -v ./e2e/

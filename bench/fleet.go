@@ -27,8 +27,8 @@ type Proc struct {
 
 // startProc runs bin with args, in its own process group, and calls onLine
 // with every stdout and stderr line.
-func startProc(bin string, args []string, onLine func(string)) (*Proc, error) {
-	p, err := testutil.Start(filepath.Base(bin)+" "+firstArg(args), bin, args, testutil.Options{OnLine: onLine, Group: true})
+func startProc(bin string, args []string, onLine func(string), env ...string) (*Proc, error) {
+	p, err := testutil.Start(filepath.Base(bin)+" "+firstArg(args), bin, args, testutil.Options{OnLine: onLine, Group: true, Env: env})
 	if err != nil {
 		return nil, err
 	}
@@ -127,6 +127,12 @@ var servingRe = regexp.MustCompile(`msg="smg launch serving" http=(\S+) grpc=(\S
 // StartGateway runs `smg launch` in front of workers with extra flags and
 // waits until every worker is Ready.
 func StartGateway(ctx context.Context, bin string, workers []string, extra []string) (*Gateway, error) {
+	return startGatewayEnv(ctx, bin, workers, extra, nil)
+}
+
+// startGatewayEnv is StartGateway with env added to the process's
+// environment (the profiling variables of docs/benchmarks.md).
+func startGatewayEnv(ctx context.Context, bin string, workers, extra, env []string) (*Gateway, error) {
 	g := &Gateway{}
 	addr := make(chan []string, 1)
 	// Info level: the address comes in the "smg launch serving" line.
@@ -140,7 +146,7 @@ func StartGateway(ctx context.Context, bin string, workers []string, extra []str
 			default:
 			}
 		}
-	})
+	}, env...)
 	if err != nil {
 		return nil, err
 	}

@@ -54,7 +54,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if c.name != args[0] {
 			continue
 		}
+		stopProfiles := startProfiles(stderr)
 		err := c.run(ctx, args[1:], stdout, stderr)
+		stopProfiles()
 		switch {
 		case err == nil, errors.Is(err, cli.ErrHelp):
 			return 0

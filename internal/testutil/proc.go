@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -39,6 +40,8 @@ type Options struct {
 	// Group starts the process in its own process group and kills the whole
 	// group (children included) when it must be killed.
 	Group bool
+	// Env is added to this process's environment (KEY=value entries).
+	Env []string
 }
 
 // maxLog bounds the stderr kept for failure reports.
@@ -66,6 +69,9 @@ type Proc struct {
 func Start(name, bin string, args []string, opts Options) (*Proc, error) {
 	p := &Proc{Name: name, Args: args, Cmd: exec.Command(bin, args...), lines: make(chan string, 64),
 		done: make(chan struct{}), group: opts.Group}
+	if len(opts.Env) > 0 {
+		p.Cmd.Env = append(os.Environ(), opts.Env...)
+	}
 	if opts.Group {
 		p.Cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	}

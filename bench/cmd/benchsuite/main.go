@@ -5,6 +5,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -25,7 +26,7 @@ func main() {
 	scale.MaybeChild() // the scale suite's agent and router processes are this binary
 	fs := flag.NewFlagSet("benchsuite", flag.ContinueOnError)
 	bin := fs.String("bin", "bin/smg", "smg binary to run the simulated fleet and the gateway with")
-	suite := fs.String("suite", "overload", "which benchmark: overload (make bench-overload), faults (make bench-faults) or scale (make bench-scale)")
+	suite := fs.String("suite", "overload", "which benchmark: overload (make bench-overload), faults (make bench-faults), scale (make bench-scale) or proxy (make bench-proxy)")
 	short := fs.Bool("short", false, "smoke-test sizes (2 loads, 3-second runs): checks shapes, not timings; writes no docs")
 	raw := fs.String("raw", "docs/bench-raw", "directory for per-run JSON results (git-ignored)")
 	docs := fs.String("docs", "docs", "directory holding benchmarks.md and img/")
@@ -41,6 +42,9 @@ func main() {
 	scaleConfig := fs.String("scale-config", "", `scale: run this one configuration (JSON of scale.Config, e.g. {"Workers":1000,"Agents":10,...}) and write no docs`)
 	scaleWindow := fs.Duration("scale-window", 10*time.Second, "scale: measurement window of each run")
 	scaleRepublish := fs.String("scale-republish", "", "scale: rewrite the docs table and plots from this results JSON (--raw's scale.json), without running")
+	proxyPairs := fs.Int("proxy-pairs", 5, "proxy: runs of each proxy per load, alternating")
+	proxyRun := fs.Duration("proxy-run", 10*time.Second, "proxy: length of one run (whole seconds)")
+	proxyClients := fs.Int("proxy-clients", 32, "proxy: closed-loop wrk connections")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
@@ -76,10 +80,12 @@ func main() {
 		err = runFaults(ctx, s)
 	case *suite == "scale" && *scaleRepublish != "":
 		err = republishScale(*scaleRepublish, *docs)
+	case *suite == "proxy":
+		err = runProxy(ctx, s, bench.ProxyOptions{Pairs: *proxyPairs, Duration: *proxyRun, Clients: *proxyClients, Profile: !*short})
 	case *suite == "scale":
 		err = runScale(ctx, s.DocsDir, *raw, *short, *scaleConfig, *scaleWindow)
 	default:
-		err = fmt.Errorf("unknown suite %q (overload, faults or scale)", *suite)
+		err = fmt.Errorf("unknown suite %q (overload, faults, scale or proxy)", *suite)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchsuite:", err)
@@ -122,6 +128,23 @@ func republish(s *bench.Suite) error {
 		return err
 	}
 	return publishOverload(s, &rep)
+}
+
+func runProxy(ctx context.Context, s *bench.Suite, o bench.ProxyOptions) error {
+	if s.Short {
+		o.Pairs, o.Duration = 1, 2*time.Second
+	}
+	rep, err := s.Proxy(ctx, o)
+	if err != nil {
+		return err
+	}
+	var b bytes.Buffer
+	bench.WriteProxyTable(&b, rep)
+	os.Stdout.Write(b.Bytes())
+	if s.DocsDir == "" {
+		return nil
+	}
+	return s.PublishProxy(rep)
 }
 
 func runFaults(ctx context.Context, s *bench.Suite) error {
