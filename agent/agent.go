@@ -8,6 +8,9 @@
 //
 // While cut off from the control plane it keeps only the latest record per
 // engine; on reconnect it sends a hello, then those records.
+//
+// It owns the node's polls and its one stream; it decides no verdict and
+// keeps no fleet state: judging is the control plane's.
 package agent
 
 import (

@@ -2,6 +2,9 @@
 // generator for OpenAI-compatible streaming endpoints (smg bench), and the
 // scenarios behind make bench-overload and make bench-faults, which run real
 // smg sim fleets behind smg launch and write tables and plots.
+//
+// It drives smg from outside, through its binaries and public APIs only; it
+// imports no component's internals.
 package bench
 
 import (

@@ -139,9 +139,9 @@ func (s *Suite) PublishOverload(rep *OverloadReport) error {
 	fmt.Fprintf(&b, "### Overload: 4 engines, 0.5× to 2× of measured capacity\n\n")
 	fmt.Fprintf(&b, "Fleet capacity (closed loop, %d clients, %.0f s): **%.1f req/s, %.0f output tokens/s**. "+
 		"Each run: %.0f s of Poisson arrivals, request timeout %.0f s, TTFT objective %.0f s for goodput. "+
-		"Run took %.0f s in all; load average (1, 5, 15 min) %s at the start, %s at the end, on 2 cores.\n\n",
+		"Run took %.0f s in all; load average (1, 5, 15 min) %s at the start, %s at the end, on %s.\n\n",
 		rep.Capacity.Clients, rep.Capacity.Seconds, rep.Capacity.ReqPerSec,
-		rep.Capacity.TokensPerSec, rep.RunSeconds, rep.TimeoutSecs, rep.TTFTObjective, rep.Took, rep.LoadAvgStart, rep.LoadAvgEnd)
+		rep.Capacity.TokensPerSec, rep.RunSeconds, rep.TimeoutSecs, rep.TTFTObjective, rep.Took, rep.LoadAvgStart, rep.LoadAvgEnd, Machine())
 	if rep.AgentPoll != "" {
 		fmt.Fprintf(&b, "Load reaches the control plane from one `smg agent --poll-interval %s` covering all 4 engines "+
 			"(pushed records; the control plane's HTTP poller skips agent-fed workers).\n\n", rep.AgentPoll)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -226,6 +227,21 @@ func progressLogger(s *Suite, label string) func(Progress) {
 		s.logf("  %-22s %4.0fs  sent %5d  in flight %4d  ok %5d  shed %5d  err %4d", label,
 			p.Elapsed.Seconds(), p.Sent, p.InFlight, p.Completed, p.Shed, p.Errors)
 	}
+}
+
+// Machine says what a benchmark ran on, for the docs' tables: the cores Go
+// sees, the CPU model (Linux) and the Go version.
+func Machine() string {
+	m := fmt.Sprintf("%d cores", runtime.NumCPU())
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for l := range strings.Lines(string(b)) {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m += " (" + strings.TrimSpace(v) + ")"
+				break
+			}
+		}
+	}
+	return m + ", " + runtime.Version()
 }
 
 // loadAvg reads the 1, 5 and 15 minute load averages ("" off Linux).

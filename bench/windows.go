@@ -119,7 +119,7 @@ func (f *Fleet) simStats(ctx context.Context, reset bool) (peakRunning, peakWait
 	return peakRunning, peakWaiting
 }
 
-// WindowTarget is issue 11's claim for one window configuration: at 2×,
+// WindowTarget is the claim running windows make for one configuration: at 2×,
 // admitted p99 TTFT within 1.3× of its 0.5× value, goodput at least 97% of
 // capacity, and at every load no engine running above its window (8) nor
 // waiting above the allowance (0).
@@ -159,7 +159,7 @@ func WindowTargets(rep *OverloadReport) []WindowTarget {
 
 func slicesContainsFlag(flags []string, f string) bool { return slices.Contains(flags, f) }
 
-// writeWindowSection adds the engines' own peaks per run and issue 11's
+// writeWindowSection adds the engines' own peaks per run and the window
 // targets for the window configurations.
 func writeWindowSection(b *bytes.Buffer, rep *OverloadReport) {
 	ts := WindowTargets(rep)
@@ -186,7 +186,7 @@ func writeWindowSection(b *bytes.Buffer, rep *OverloadReport) {
 			msStr(s.TTFT.P50), msStr(s.TTFT.P99), 100*s.Goodput/rep.Capacity.TokensPerSec, s.InFlight, fleetSize*engineSlots,
 			100*s.Rate503, r.PeakRunning, r.PeakWaiting)
 	}
-	b.WriteString("\nTargets of issue 11 (at 2×: admitted p99 TTFT ≤ 1.3× its 0.5× value, goodput ≥ 97% of capacity; " +
+	b.WriteString("\nWindow targets (at 2×: admitted p99 TTFT ≤ 1.3× its 0.5× value, goodput ≥ 97% of capacity; " +
 		"at every load: no engine running above its window nor waiting above the allowance):\n\n")
 	b.WriteString("| config | TTFT p99 0.5× → 2× | ratio | TTFT target | goodput at 2× | goodput target | slots busy at 2× | peaks running / waiting | bounds |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, t := range ts {

@@ -1,3 +1,8 @@
+// Package chaos is the network-fault suite (make chaos, docs/chaos.md): real
+// smg binaries, each in a network namespace of internal/netlab, under faults
+// injected with iptables while traffic flows, checked against what the spec
+// promises. It drives the binaries from outside only and leaves the
+// machine's own interfaces and rules alone.
 package chaos
 
 import (

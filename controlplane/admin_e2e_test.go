@@ -237,7 +237,7 @@ func TestBadInput(t *testing.T) {
 		{"unknown worker PATCH", "PATCH", "/workers/w-nope", `{"priority":1}`, 404, "WORKER_NOT_FOUND", ""},
 		{"unknown worker PUT", "PUT", "/workers/w-nope", `{"url":"http://x:1"}`, 404, "WORKER_NOT_FOUND", ""},
 		{"unknown worker DELETE", "DELETE", "/workers/w-nope", "", 404, "WORKER_NOT_FOUND", ""},
-		// Hostile input (issue 16).
+		// Hostile input (docs/security.md).
 		{"null body", "POST", "/workers", `null`, 400, "BAD_REQUEST", ""},
 		{"array body", "POST", "/workers", `[{"url":"http://x:1"}]`, 400, "BAD_REQUEST", ""},
 		{"string body", "PUT", "/workers/" + id, `"http://x:1"`, 400, "BAD_REQUEST", ""},

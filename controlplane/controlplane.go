@@ -1,6 +1,11 @@
 // Package controlplane wires the control plane: the registry, the admin API
 // (gRPC and REST), the health checker, the load monitor with its overload
 // verdicts, and the watch stream to routers.
+//
+// It owns the order components are built and started in, their options and
+// flags, and the listeners. It holds no rule and no state of its own: every
+// verdict is decided in the registry's transaction (registry.decide), every
+// piece of evidence is collected by its package.
 package controlplane
 
 import (

@@ -63,7 +63,7 @@ func awaitExit(t *testing.T, p *proc, timeout time.Duration) {
 	}
 }
 
-// The issue's failover proof: 3 replicas, 3 routers, 1 agent, 4 simulated
+// The failover proof (docs/ha.md): 3 replicas, 3 routers, 1 agent, 4 simulated
 // engines and steady load from `smg bench` through every router. The leader
 // is killed with SIGKILL mid-run: a new leader serves within the bound, no
 // request fails, and the new leader's verdicts are back within one agent
@@ -219,7 +219,7 @@ func TestHAPausedLeaderStepsDown(t *testing.T) {
 		}
 		queued <- fmt.Errorf("%d %v", code, err)
 	}()
-	time.Sleep(time.Until(paused.Add(10 * time.Second))) // the pause the issue asks for
+	time.Sleep(time.Until(paused.Add(10 * time.Second))) // the leader stays paused 10 s
 	lvSignal(t, old.proc, syscall.SIGCONT)
 	old.stopped = false
 	t.Logf("queued write on the resumed old leader: %v", <-queued)

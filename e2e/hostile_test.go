@@ -1,7 +1,7 @@
 package e2e
 
-// Hostile clients, a compromised node and lying URLs (issue 16), replayed
-// against the real binaries on loopback: each test is one item of the issue.
+// Hostile clients, a compromised node and lying URLs (docs/security.md),
+// replayed against the real binaries on loopback: each test is one threat.
 
 import (
 	"bufio"

@@ -6,6 +6,9 @@
 //
 // TestMain builds ./cmd/smg once into a temp dir. SMG_E2E_RACE=1 builds it with
 // -race; every process's stderr is then scanned for data race reports.
+//
+// It drives the binaries from outside only (flags, HTTP, gRPC); it imports no
+// component.
 package e2e
 
 import (

@@ -47,7 +47,7 @@ type windowSample struct {
 	router int
 }
 
-// The issue's failover rule for window shares: "during a failover routers
+// The failover rule for window shares (docs/ha.md): "during a failover routers
 // keep their last snapshot and shares (never more room than they held)".
 // Three replicas, two routers with --worker-admission-window sharing one
 // engine's running window of 4, load that keeps the window full; the leader

@@ -3,6 +3,10 @@
 // reads an atomically swapped immutable view, so the veto check costs no lock,
 // no allocation and no I/O per request. The router never judges a worker; it
 // reads the verdict (Worker.Veto) and applies the spec's steer / shed rules.
+//
+// It imports nothing of the control plane: its view of the fleet arrives
+// through Apply (router/watchclient), and the window shares it may use are
+// granted by the control plane.
 package router
 
 import (

@@ -2,6 +2,9 @@
 // continuous-batching queueing model, their OpenAI and load surfaces, and the
 // faults real engines show: a wedged scheduler, silent or malformed metrics,
 // slow steps, reset connections and a dead process.
+//
+// It imports no other smg package, so an engine's behaviour in tests never
+// depends on smg's code.
 package sim
 
 import (

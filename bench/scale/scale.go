@@ -8,6 +8,9 @@
 // and allocations per report.
 //
 // It imports no plotting: the benchmark suite (bench/cmd/benchsuite) draws.
+//
+// It drives the control plane through its public constructors and wire
+// protocols; it changes no rule to make a figure.
 package scale
 
 import (

@@ -1,5 +1,8 @@
 // Command smg is overload protection for fleets of LLM inference engines:
 // one binary with a subcommand per component.
+//
+// It owns flag parsing and process wiring per subcommand; the behaviour lives
+// in the packages it calls.
 package main
 
 import (

@@ -1,5 +1,8 @@
 // Package admin serves WorkerService, the control plane's admin API, over gRPC
 // and (through grpc-gateway) over REST at the spec's paths.
+//
+// It owns registration, update and removal of workers and their jobs; it
+// writes specs, never verdicts, loads or evidence.
 package admin
 
 import (

@@ -9,6 +9,10 @@
 // Silent Entirely"). The stream itself is one of the covered engines'
 // channels: when it breaks, every engine it covered records a connection
 // failure.
+//
+// It owns the agents' streams (identity, assignment, wire decoding); it
+// hands what it decodes to ingest and liveness and writes to the registry
+// only which node's agent feeds a worker, never a verdict.
 package agentsvc
 
 import (

@@ -8,6 +8,9 @@
 // A node knows when it leads, which node leads and where to reach it, so
 // that followers forward admin calls to the leader and answer watch and
 // agent streams with the leader's address.
+//
+// It owns the Raft node, its transport and stores and the apply of committed
+// admin writes; it never replicates or touches soft state.
 package cluster
 
 import (

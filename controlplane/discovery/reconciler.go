@@ -3,6 +3,9 @@
 // agents watching their node. Every change goes through the admin API's
 // registration path (Registrar), so a discovered worker is validated,
 // registered by a job and logged exactly like one added by hand.
+//
+// It owns the mapping from pods to registrations; it writes only through the
+// Registrar, never the registry directly.
 package discovery
 
 import (

@@ -6,6 +6,9 @@
 // every second, so a new or recovering worker enters routing in seconds.
 // Workers that come in a batch (a restart, a takeover, a bulk registration)
 // are probed at their phases (controlplane/spread), spread over the interval.
+//
+// It owns the probes and the Health field; it never sets a veto (the
+// registry's decide clears them when a worker leaves Ready).
 package health
 
 import (

@@ -15,7 +15,10 @@
 // taking one process-wide lock per message made a convoy whenever one holder
 // was held up (a collector's assist, a preempted flush, a flip waiting for
 // the registry's lock): Go's mutex then hands the lock over in FIFO order
-// through every waiting stream (docs/benchmarks.md, issue 15).
+// through every waiting stream.
+//
+// It owns the pending loads and their flush; the overload rule is
+// judge.Check, applied by the registry, never here.
 package ingest
 
 import (

@@ -29,4 +29,6 @@
 // registry (registry.decide) drops the worker's Liveness and clears its
 // overload flag in the transaction that commits the change. No verdict here touches
 // the worker's health status.
+//
+// It imports no other smg package.
 package judge

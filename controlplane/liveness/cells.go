@@ -11,10 +11,9 @@ import (
 
 // cells are the pending records of each Ready worker that pushed one, each
 // under its own lock and found without one: 100 agent streams push 20,000
-// messages a second, and a lock they all took (one map of pending records,
-// up to issue 15) formed a convoy behind any holder that was delayed (a GC
-// assist, a preempted flush), handed over in FIFO order through every
-// waiting stream.
+// messages a second, and one lock they all took would form a convoy behind
+// any holder that was delayed (a GC assist, a preempted flush), handed over
+// in FIFO order through every waiting stream.
 type cells struct {
 	byID *shardmap.Map[*cell]
 	// added are the cells made since the last list, newest first: a

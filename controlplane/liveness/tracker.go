@@ -6,6 +6,10 @@
 // the evidence from every channel (agents, polls, health probes, routers),
 // sums what routers see, runs the sweep, and stores each verdict change in
 // the registry with a log line and metrics. No veto touches health.
+//
+// It owns the pending liveness records, the routers' sums and the sweep's
+// schedule; the rules are judge's and the verdicts are committed by the
+// registry.
 package liveness
 
 import (

@@ -6,6 +6,9 @@
 // handed to the ingester, which runs the overload check. Each worker is
 // polled at its own phase in the interval (controlplane/spread), so the polls
 // of many workers are spread over it.
+//
+// It owns the poll schedule and the engine readers' calls; what a poll means
+// is ingest's and the registry's business.
 package monitor
 
 import (

@@ -4,6 +4,10 @@
 // transaction tracks its changes and commits them under one new revision, kept
 // in a bounded history so that watchers can ask for the changes since a
 // revision they hold.
+//
+// It owns every worker record, revisions, the change history and the one
+// place verdicts are decided (decide.go). It imports only judge among smg's
+// packages and starts no goroutine: callers bring the transactions.
 package registry
 
 import (

@@ -7,6 +7,9 @@
 // are then contacted over one interval rather than at one instant, and stay
 // spread. A few new workers at a time still get their first contact at once,
 // from a small burst budget.
+//
+// It owns the phase arithmetic only: it reads no registry and contacts no
+// worker.
 package spread
 
 import (

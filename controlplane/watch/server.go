@@ -18,6 +18,10 @@
 // are encoded once and shared by every stream at the same revisions
 // (frames.go); load-only changes go on a grid of LoadInterval in LoadPhases
 // phases.
+//
+// It owns the routers' streams, frames and writers; it reads the registry's
+// published views and never writes to it (routers' reports go to its Sink and
+// Demand).
 package watch
 
 import (

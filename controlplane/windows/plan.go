@@ -18,6 +18,9 @@
 // (shares shrink at once, requests in flight finish), and a router cut off
 // from the control plane past the stale bound, which keeps its last share
 // while the control plane hands that share to others.
+//
+// It owns the window shares and the routers' acknowledgements; it writes
+// shares to the registry and never touches loads or vetoes.
 package windows
 
 import (

@@ -3,6 +3,8 @@
 // misplaced field fails), and checks the invariants that tie them to the smg
 // binary: flags that exist, probes on real routes and ports, selectors that
 // match, a control plane address that resolves to its Service.
+//
+// It reads the manifests and the smg binary's flags; it changes neither.
 package validate
 
 import (

@@ -2,6 +2,8 @@
 // (the agent's report stream and the router's watch stream): exponential,
 // jittered, with an explicit cap, so a control plane that comes back is
 // reached within about a second.
+//
+// It only computes delays; it dials nothing.
 package backoff
 
 import (

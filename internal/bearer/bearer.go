@@ -1,5 +1,7 @@
 // Package bearer checks a shared token sent as gRPC metadata or an HTTP
 // header "authorization: Bearer <token>", in constant time.
+//
+// It only compares tokens; what a token allows is its caller's.
 package bearer
 
 import (

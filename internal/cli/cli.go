@@ -1,6 +1,8 @@
 // Package cli parses subcommand flags the way the spec writes them: Go's flag
 // syntax plus list flags that take several space-separated values after one
 // flag (`--worker-urls http://w1:8000 http://w2:8000`) as well as repeats.
+//
+// It parses and validates syntax only; what a flag means is its component's.
 package cli
 
 import (

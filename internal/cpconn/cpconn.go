@@ -4,6 +4,8 @@
 // stream with the leader's address (or "no leader yet"), and the next
 // stream goes there; a replica that cannot be reached is left for the next
 // address in the list. Callers keep their own reconnect loop and backoff.
+//
+// It owns the choice of replica; the streams' protocols are their callers'.
 package cpconn
 
 import (

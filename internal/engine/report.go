@@ -9,6 +9,8 @@
 // backend, a timeout, an error, an empty answer — means "no report": an empty
 // Report and a non-nil error. Callers never have to tell a zero load from a
 // missing one by looking at the numbers.
+//
+// It imports nothing of the control plane or the agent and judges nothing.
 package engine
 
 import (

@@ -1,6 +1,8 @@
 // Package exposure warns when a listener that serves something worth
 // protecting is reachable beyond this host without the credential that
 // protects it, and exports smg_insecure_listener for alerting.
+//
+// It only warns and exports a gauge; it never refuses to listen.
 package exposure
 
 import (

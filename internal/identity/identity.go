@@ -1,6 +1,9 @@
 // Package identity lets smg's own HTTP ports say what they are, so that the
 // control plane can refuse to register a router or a control plane as a
 // worker (a routing loop) and routers can mark the requests they forward.
+//
+// It only marks and recognizes; refusing a registration is the admin API's
+// decision.
 package identity
 
 import (

@@ -1,5 +1,7 @@
 // Package loadpb converts an engine reader's Report into the wire form that
 // the poller stores and agents push.
+//
+// It converts only; it neither polls nor judges.
 package loadpb
 
 import (

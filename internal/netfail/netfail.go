@@ -4,6 +4,8 @@
 // evidence) against everything else. The agent's polls, the control plane's
 // polls and the routers' upstream requests all classify with it, so the same
 // failure counts the same wherever it is seen.
+//
+// It classifies only; what a failure counts for is the judge's.
 package netfail
 
 import (

@@ -4,6 +4,8 @@
 // role, readiness and annotations) handed to a Sink. Deciding what to
 // register, and when to give up on a pod, is the Sink's job: the control
 // plane's discovery reconciler, directly or through an agent's stream.
+//
+// It never writes to the registry.
 package podwatch
 
 import (

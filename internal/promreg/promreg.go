@@ -1,6 +1,8 @@
 // Package promreg builds the Prometheus registry every smg component exports
 // on /metrics: fresh per process (never the global one), with the Go runtime
 // and process collectors.
+//
+// It registers no component's metrics: each component registers its own.
 package promreg
 
 import (

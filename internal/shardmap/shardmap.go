@@ -3,6 +3,8 @@
 // of its trie, at first the root for every key, so a fleet's first reports
 // (10,000 workers' state made at once, from every agent stream) would queue
 // there. Spread over shards by a seeded hash, they do not.
+//
+// It knows nothing of workers: it is a map.
 package shardmap
 
 import (

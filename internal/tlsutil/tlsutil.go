@@ -4,6 +4,9 @@
 // connections continue. A reload that fails (unreadable, unparsable, a key
 // that does not match, a certificate already expired) is logged at ERROR and
 // the last good material stays in use.
+//
+// It loads and reloads material; what a peer's identity allows is its
+// caller's.
 package tlsutil
 
 import (

@@ -2,6 +2,8 @@
 // aliases of one engine (case, default port, trailing slash) are caught as
 // duplicates, and refuses URLs that carry secrets or point at addresses a
 // worker has no business at (link-local, cloud metadata).
+//
+// It never dials the URL it checks.
 package workerurl
 
 import (

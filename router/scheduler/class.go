@@ -4,6 +4,9 @@
 // promotion, preemption before the first response byte) and admits against a
 // capacity its caller keeps live: in a router, the sum of the window shares
 // the control plane grants it, so the slots it hands out hold fleet-wide.
+//
+// It owns the queues and reservations; it knows no worker and sends no
+// request.
 package scheduler
 
 import "strings"

@@ -9,6 +9,9 @@
 // last snapshot. When a new epoch's control plane says it is still warming up
 // (its registry refilling), it keeps the previous epoch's workers that the
 // new one lacks or has not judged healthy yet, for as long as it says.
+//
+// It owns the stream and the copy of the fleet it was sent; routing on it is
+// the router's.
 package watchclient
 
 import (

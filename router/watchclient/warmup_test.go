@@ -61,7 +61,7 @@ func restartedAfterE1(t *testing.T) (*fakeConn, *fakeTarget, *fakeStream) {
 	return fc, target, restart(s, fc)
 }
 
-// The failure: a restarted in-memory control plane's first snapshot
+// The failure this guards against: a restarted in-memory control plane's first snapshot
 // lacks workers (and lists those coming back as not yet healthy). While it
 // says it is warming up, the router keeps the previous epoch's workers, without
 // vetoes; each leaves the hold when the new epoch lists it healthy or deletes

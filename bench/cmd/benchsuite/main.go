@@ -2,6 +2,9 @@
 // against a built smg binary and writes docs/benchmarks.md tables and docs/img plots.
 //
 //	go run ./bench/cmd/benchsuite --bin bin/smg --suite overload
+//
+// It owns the plotting stack (gonum/plot), which the smg binary must not
+// link.
 package main
 
 import (

@@ -17,6 +17,7 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 
+	"github.com/smg-project/smg/bench"
 	"github.com/smg-project/smg/bench/scale"
 )
 
@@ -162,7 +163,7 @@ func publishScale(rs []*scale.Result, docs string) error {
 		return fmt.Errorf("%s: no %q ... %q markers", path, scaleBegin, scaleEnd)
 	}
 	var t strings.Builder
-	fmt.Fprintf(&t, "%s\n\nRun %s, `make bench-scale`.\n\n", scaleBegin, time.Now().UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(&t, "%s\n\n`make bench-scale` on %s.\n\n", scaleBegin, bench.Machine())
 	writeScaleTable(&t, rs)
 	t.WriteString("\n")
 	doc = doc[:i] + t.String() + doc[j:]

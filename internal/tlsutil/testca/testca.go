@@ -1,5 +1,7 @@
 // Package testca issues throwaway certificates for tests: a CA, and server or
 // client certificates it signs, written as PEM files.
+//
+// It is for tests only; nothing in the smg binary imports it.
 package testca
 
 import (
