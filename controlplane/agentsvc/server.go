@@ -35,6 +35,7 @@ import (
 	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/loadpb"
 	"github.com/smg-project/smg/internal/podwatch"
 	"github.com/smg-project/smg/internal/workerurl"
 )
@@ -508,6 +509,7 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	url := w.Spec.GetUrl()
 	delete(st.pending, url)
 	st.coverReported(e, url)
+	loadpb.Clamp(r.load) // as the poller's reads are: the agent's numbers are its own
 	var silence time.Duration
 	if r.silence != nil {
 		silence = max(r.silence.AsDuration(), 0)

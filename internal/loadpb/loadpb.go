@@ -1,7 +1,9 @@
 // Package loadpb converts an engine reader's Report into the wire form that
-// the poller stores and agents push.
+// the poller stores and agents push, and clamps that form's numbers: a load
+// the control plane polled and one an agent pushed pass through the same
+// Clamp before they are stored.
 //
-// It converts only; it neither polls nor judges.
+// It converts and clamps; it neither polls nor judges.
 package loadpb
 
 import (
@@ -27,11 +29,61 @@ func FromReport(rep engine.Report, at time.Time) *smgv1.EngineLoad {
 			MaxRunningRequests: clamp32(r.MaxRunning),
 		}
 	}
-	return &smgv1.EngineLoad{
+	return Clamp(&smgv1.EngineLoad{
 		Source: string(rep.Source), Ranks: ranks,
 		WaitingRequests: clamp32(rep.Waiting()), RunningRequests: clamp32(rep.Running()), TokenUsage: rep.TokenUsage(),
 		MaxRunningRequests: clamp32(rep.MaxRunning()), ReportedAt: timestamppb.New(at),
+	})
+}
+
+// MaxRanks bounds the ranks a load keeps (the engine reader keeps as many).
+const MaxRanks = 1024
+
+// maxDPRank bounds a rank's number (the engine reader reads no larger).
+const maxDPRank = 1<<20 - 1
+
+// Clamp makes l's numbers ones a load can have, in place, and returns l:
+// counts are at least 0, usage and hit rate within [0, 1], throughput finite
+// and at least 0 (NaN reads 0), rank numbers within [0, 2^20), and at most
+// MaxRanks ranks. Every stored load passes through it, whoever read the
+// engine: the poller (FromReport) or an agent (its pushed records).
+func Clamp(l *smgv1.EngineLoad) *smgv1.EngineLoad {
+	if l == nil {
+		return nil
 	}
+	if len(l.Ranks) > MaxRanks {
+		clear(l.Ranks[MaxRanks:])
+		l.Ranks = l.Ranks[:MaxRanks]
+	}
+	for _, r := range l.Ranks {
+		if r == nil {
+			continue
+		}
+		r.DpRank = min(max(r.DpRank, 0), maxDPRank)
+		r.WaitingRequests, r.RunningRequests = max(r.WaitingRequests, 0), max(r.RunningRequests, 0)
+		r.MaxRunningRequests = max(r.MaxRunningRequests, 0)
+		r.TokenUsage, r.CacheHitRate, r.GenThroughput = fraction(r.TokenUsage), fraction(r.CacheHitRate), rate(r.GenThroughput)
+	}
+	l.WaitingRequests, l.RunningRequests = max(l.WaitingRequests, 0), max(l.RunningRequests, 0)
+	l.MaxRunningRequests = max(l.MaxRunningRequests, 0)
+	l.TokenUsage = fraction(l.TokenUsage)
+	return l
+}
+
+// fraction keeps a ratio within [0, 1]; NaN reads 0.
+func fraction(v float64) float64 {
+	if !(v > 0) {
+		return 0
+	}
+	return min(v, 1)
+}
+
+// rate keeps a finite rate of at least 0; anything else reads 0.
+func rate(v float64) float64 {
+	if !(v > 0) || math.IsInf(v, 1) {
+		return 0
+	}
+	return v
 }
 
 // clamp32 keeps a request count in the wire's int32 (counts are small; a

@@ -1,0 +1,63 @@
+package loadpb
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/engine"
+)
+
+// Clamp leaves a sane load as it is and makes every insane number one a load
+// can have.
+func TestClamp(t *testing.T) {
+	sane := &smgv1.EngineLoad{Source: "vllm", WaitingRequests: 3, RunningRequests: 2, MaxRunningRequests: 8, TokenUsage: 0.5,
+		Ranks: []*smgv1.RankLoad{{DpRank: 1, WaitingRequests: 3, RunningRequests: 2, MaxRunningRequests: 8, TokenUsage: 0.5, GenThroughput: 12.5, CacheHitRate: 0.25}}}
+	if got := Clamp(proto.CloneOf(sane)); !proto.Equal(got, sane) {
+		t.Errorf("Clamp changed a sane load: %v", got)
+	}
+	for _, c := range []struct {
+		name       string
+		in         float64
+		usage, gen float64
+	}{
+		{"+Inf", math.Inf(1), 1, 0},
+		{"-Inf", math.Inf(-1), 0, 0},
+		{"NaN", math.NaN(), 0, 0},
+		{"negative", -2, 0, 0},
+		{"over 1", 7, 1, 7},
+	} {
+		l := Clamp(&smgv1.EngineLoad{RunningRequests: -1, MaxRunningRequests: -3, WaitingRequests: -9, TokenUsage: c.in,
+			Ranks: []*smgv1.RankLoad{{DpRank: -1, RunningRequests: -1, MaxRunningRequests: -3, WaitingRequests: -9,
+				TokenUsage: c.in, GenThroughput: c.in, CacheHitRate: c.in}}})
+		r := l.Ranks[0]
+		if l.RunningRequests != 0 || l.MaxRunningRequests != 0 || l.WaitingRequests != 0 || l.TokenUsage != c.usage ||
+			r.DpRank != 0 || r.RunningRequests != 0 || r.MaxRunningRequests != 0 || r.WaitingRequests != 0 ||
+			r.TokenUsage != c.usage || r.CacheHitRate != c.usage || r.GenThroughput != c.gen {
+			t.Errorf("%s: clamped to %v", c.name, l)
+		}
+	}
+	many := &smgv1.EngineLoad{}
+	for range MaxRanks + 5 {
+		many.Ranks = append(many.Ranks, &smgv1.RankLoad{DpRank: 1 << 30})
+	}
+	if l := Clamp(many); len(l.Ranks) != MaxRanks || l.Ranks[0].DpRank != maxDPRank {
+		t.Errorf("%d ranks, rank number %d: want %d ranks of at most %d", len(l.Ranks), l.Ranks[0].DpRank, MaxRanks, maxDPRank)
+	}
+}
+
+// A polled report goes through Clamp too: what the poller stores is what an
+// agent's push of the same numbers stores.
+func TestFromReportIsClamped(t *testing.T) {
+	rep := engine.Report{Source: "vllm", Ranks: []engine.Rank{{Waiting: -4, Running: -1, MaxRunning: -3, TokenUsage: math.Inf(1), GenThroughput: math.NaN()}}}
+	got := FromReport(rep, time.Unix(1, 0))
+	pushed := Clamp(&smgv1.EngineLoad{Source: "vllm", WaitingRequests: -4, RunningRequests: -1, MaxRunningRequests: -3, TokenUsage: math.Inf(1),
+		Ranks:      []*smgv1.RankLoad{{WaitingRequests: -4, RunningRequests: -1, MaxRunningRequests: -3, TokenUsage: math.Inf(1), GenThroughput: math.NaN()}},
+		ReportedAt: got.ReportedAt})
+	if !proto.Equal(got, pushed) {
+		t.Errorf("polled %v\npushed %v", got, pushed)
+	}
+}
