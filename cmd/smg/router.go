@@ -124,29 +124,52 @@ func ignoreCanceled(err error) error {
 	return err
 }
 
+// launchConfig is everything `smg launch` takes from its flags. `smg serve`
+// registers the same table under the --router- prefix.
+type launchConfig struct {
+	common   common
+	grpcPort *int
+	cp       controlplane.Options
+	rf       routerFlags
+	router   router.Options
+	tls      tlsFlags
+}
+
+// addFlags registers launch's flags on fs.
+func (l *launchConfig) addFlags(fs *flag.FlagSet) {
+	l.common.addFlags(fs, 30000)
+	l.grpcPort = fs.Int("grpc-port", 30002, "control plane gRPC port, for agents and extra routers (0: any free port)")
+	l.cp = controlplane.DefaultOptions()
+	l.cp.AddFlags(fs)
+	l.rf.addFlags(fs)
+	l.router = router.DefaultOptions()
+	l.router.AddFlags(fs)
+	l.tls.addServer(fs)
+	l.tls.addEngineClient(fs)
+	l.tls.addRaft(fs)
+}
+
+const launchSummary = "Control plane, router and load monitor in one process: the first thing to run.\nThe router's OpenAI API, the admin API, /loads and /metrics share --port."
+
 func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := cli.NewFlagSet("launch", "Control plane, router and load monitor in one process: the first thing to run.\nThe router's OpenAI API, the admin API, /loads and /metrics share --port.", stdout)
-	var c common
-	c.addFlags(fs, 30000)
-	grpcPort := fs.Int("grpc-port", 30002, "control plane gRPC port, for agents and extra routers (0: any free port)")
-	cpOpts := controlplane.DefaultOptions()
-	cpOpts.AddFlags(fs)
-	var rf routerFlags
-	rf.addFlags(fs)
-	ropts := router.DefaultOptions()
-	ropts.AddFlags(fs)
-	var tf tlsFlags
-	tf.addServer(fs)
-	tf.addEngineClient(fs)
-	tf.addRaft(fs)
+	fs := cli.NewFlagSet("launch", launchSummary, stdout)
+	var l launchConfig
+	l.addFlags(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	rf.watchToken = cpOpts.WatchToken
-	log, err := c.logger(stderr)
+	log, err := l.common.logger(stderr)
 	if err != nil {
 		return err
 	}
+	return l.run(ctx, log)
+}
+
+// run serves the control plane and the router in one process until ctx ends,
+// then drains.
+func (l *launchConfig) run(ctx context.Context, log *slog.Logger) error {
+	c, cpOpts, ropts, rf, tf := l.common, l.cp, l.router, l.rf, l.tls
+	rf.watchToken = cpOpts.WatchToken
 	metrics := promreg.New()
 	ts, err := tf.load(log, metrics)
 	if err != nil {
@@ -157,7 +180,7 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	cps, err := openControlPlane(cpOpts, log, metrics, c.host, c.port, *grpcPort, ts)
+	cps, err := openControlPlane(cpOpts, log, metrics, c.host, c.port, *l.grpcPort, ts)
 	if err != nil {
 		return err
 	}
