@@ -27,6 +27,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"launch", "control plane, router and load monitor in one process (the first thing to run)", runLaunch},
+		{"serve", "engines (vllm, sglang or sim) and the gateway on one machine, engines supervised", runServe},
 		{"controlplane", "the control plane: registry, admin API, load monitor, verdicts, watch stream", runControlPlane},
 		{"router", "a stateless OpenAI-compatible router fed by the control plane's watch stream", runRouter},
 		{"agent", "a per-node agent pushing its engines' load to the control plane", runAgent},
