@@ -130,7 +130,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.AgentToken, "agent-token", o.AgentToken,
 		"when set, agents may present it ('authorization: Bearer <token>') to push records; it names no node, so an agent's node is taken on trust (prefer --agent-token-file)")
 	fs.StringVar(&o.AgentTokenFile, "agent-token-file", o.AgentTokenFile,
-		"file of per-node agent tokens, one '<token> <node> [<address>...]' per line: a token speaks only for its node's workers, and registers only engines at the addresses given (or the one it connects from)")
+		"file of per-node agent tokens, one '<token> <node> [<address>...]' per line, an address being a host, an IP or a CIDR prefix (the node's pod CIDR): a token speaks only for its node's workers, and registers only engines at the addresses given (or the one it connects from)")
 	fs.Var(&o.AgentModels, "agent-models", "models agents may register engines for with smg agent --register (space-separated or repeated); none by default")
 	fs.BoolVar(&o.AgentAnyModel, "agent-register-any-model", o.AgentAnyModel, "let agents register engines for any model, not only --agent-models")
 	fs.BoolVar(&o.AllowLinkLocalWorkers, "allow-link-local-workers", o.AllowLinkLocalWorkers,

@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -25,8 +26,9 @@ type Identity struct {
 	// (the shared --agent-token, or no token at all): the hello's node is
 	// then taken on trust.
 	Node string
-	// Hosts are the addresses (IPs or names) the node's engines may be at,
-	// beyond the address the stream comes from.
+	// Hosts are the addresses (IPs, names, or CIDR prefixes such as the
+	// node's pod CIDR) the node's engines may be at, beyond the address the
+	// stream comes from.
 	Hosts []string
 }
 
@@ -84,9 +86,10 @@ func (a TokenAuth) Authenticate(ctx context.Context) (Identity, error) {
 }
 
 // LoadTokenFile reads --agent-token-file: one agent per line,
-// "<token> <node> [<address>...]", where the addresses are the hosts or IPs
-// the node's engines may be at; blank lines and lines starting with # are
-// skipped.
+// "<token> <node> [<address>...]", where the addresses are the hosts, IPs or
+// CIDR prefixes (the node's pod CIDR, for the engine pods its agent
+// discovers) the node's engines may be at; blank lines and lines starting
+// with # are skipped.
 func LoadTokenFile(path string) (map[string]Identity, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -120,6 +123,13 @@ func parseTokens(name string, sc *bufio.Scanner) (map[string]Identity, error) {
 		}
 		hosts := make([]string, 0, len(f)-2)
 		for _, h := range f[2:] {
+			if strings.Contains(h, "/") {
+				p, err := netip.ParsePrefix(h)
+				if err != nil {
+					return nil, fmt.Errorf("%s:%d: address %s: %v", name, n, h, err)
+				}
+				h = p.Masked().String()
+			}
 			hosts = append(hosts, strings.ToLower(strings.Trim(h, "[]")))
 		}
 		out[f[0]] = Identity{Node: f[1], Hosts: hosts}
@@ -136,11 +146,13 @@ func parseTokens(name string, sc *bufio.Scanner) (map[string]Identity, error) {
 
 // hostSet decides whether an engine's host is on the agent's node: one of
 // the node's configured addresses, the address the stream comes from, or
-// (for an agent on the control plane's own host) a loopback address. Names
+// (for an agent on the control plane's own host) any loopback address. Names
 // are resolved once per stream.
 type hostSet struct {
-	allowed map[string]bool
-	resolve func(ctx context.Context, host string) ([]string, error)
+	allowed  map[string]bool
+	prefixes []netip.Prefix // the node's address ranges (its pod CIDR)
+	loopback bool           // the agent runs on the control plane's host
+	resolve  func(ctx context.Context, host string) ([]string, error)
 
 	mu    sync.Mutex
 	names map[string]bool
@@ -149,6 +161,10 @@ type hostSet struct {
 func newHostSet(id Identity, ctx context.Context) *hostSet {
 	hs := &hostSet{allowed: map[string]bool{}, names: map[string]bool{}, resolve: net.DefaultResolver.LookupHost}
 	for _, h := range id.Hosts {
+		if p, err := netip.ParsePrefix(h); err == nil {
+			hs.prefixes = append(hs.prefixes, p)
+			continue
+		}
 		hs.allowed[h] = true
 	}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
@@ -156,9 +172,7 @@ func newHostSet(id Identity, ctx context.Context) *hostSet {
 			ip := net.ParseIP(host)
 			hs.allowed[ip.String()] = true
 			if ip.IsLoopback() {
-				for _, l := range []string{"127.0.0.1", "::1", "localhost"} {
-					hs.allowed[l] = true
-				}
+				hs.loopback, hs.allowed["localhost"] = true, true
 			}
 		}
 	}
@@ -172,7 +186,7 @@ func (hs *hostSet) contains(host string) bool {
 		return true
 	}
 	if ip := net.ParseIP(host); ip != nil {
-		return hs.allowed[ip.String()]
+		return hs.allowedIP(ip)
 	}
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
@@ -184,10 +198,24 @@ func (hs *hostSet) contains(host string) bool {
 	addrs, _ := hs.resolve(ctx, host)
 	ok := len(addrs) > 0
 	for _, a := range addrs {
-		if ip := net.ParseIP(a); ip == nil || !hs.allowed[ip.String()] {
+		if ip := net.ParseIP(a); ip == nil || !hs.allowedIP(ip) {
 			ok = false // every address the name resolves to must be on the node
 		}
 	}
 	hs.names[host] = ok
 	return ok
+}
+
+func (hs *hostSet) allowedIP(ip net.IP) bool {
+	if hs.allowed[ip.String()] || (hs.loopback && ip.IsLoopback()) {
+		return true
+	}
+	a, ok := netip.AddrFromSlice(ip)
+	a = a.Unmap()
+	for _, p := range hs.prefixes {
+		if ok && p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }

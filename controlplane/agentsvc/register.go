@@ -11,7 +11,6 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/podwatch"
-	"github.com/smg-project/smg/internal/workerurl"
 )
 
 // RegisteredByLabel marks a worker an agent registered; its value is the
@@ -52,43 +51,19 @@ func (s *Server) register(ctx context.Context, st *agentStream) {
 }
 
 func (s *Server) registerOne(ctx context.Context, st *agentStream, raw string) {
-	refuse := func(why string) {
-		s.log.Warn("Agent's engine not registered", "node", st.node, "peer", st.peer, "url", workerurl.Redact(raw), "reason", why)
-	}
-	u, err := workerurl.Normalize(raw, workerurl.Options{})
+	spec, err := s.authorize(ctx, st, create, &smgv1.WorkerSpec{Url: raw})
 	if err != nil {
-		refuse(err.Error())
-		return
+		return // logged by authorize
 	}
-	if !st.hosts.contains(workerurl.Host(u)) {
-		refuse("the engine is not on the agent's node: its host is neither the address the agent connects from nor one the control plane's --agent-token-file gives the node")
-		return
-	}
-	p := s.opts.Registration
-	if p.Discover == nil || (!p.AnyModel && len(p.Models) == 0) {
-		refuse("the control plane allows agents to register no model (--agent-models, --agent-register-any-model)")
-		return
-	}
-	dctx, cancel := context.WithTimeout(ctx, max(p.Timeout, time.Second))
-	model, err := p.Discover(dctx, u)
-	cancel()
-	if err != nil {
-		refuse("its model could not be read: " + err.Error())
-		return
-	}
-	if !p.allows(model) {
-		refuse("model " + model + " is not one the admin allowed agents to serve (--agent-models)")
-		return
-	}
-	id, err := s.submit(&smgv1.WorkerSpec{Url: u, Node: st.node, ModelId: model,
-		Labels: map[string]string{RegisteredByLabel: st.node}})
+	spec.Labels = map[string]string{RegisteredByLabel: st.node}
+	id, err := s.submit(spec)
 	switch {
 	case err == nil:
-		s.log.Info("Agent registers its engine", "node", st.node, "url", u, "model", model, "worker_id", id)
+		s.log.Info("Agent registers its engine", "node", st.node, "url", spec.GetUrl(), "model", spec.GetModelId(), "worker_id", id)
 	case status.Code(err) == codes.AlreadyExists:
 		// A registration of this URL is already under way.
 	default:
-		refuse(status.Convert(err).Message())
+		s.log.Warn("Agent's engine not registered", "node", st.node, "peer", st.peer, "url", spec.GetUrl(), "reason", status.Convert(err).Message())
 	}
 }
 

@@ -66,6 +66,16 @@ func TestTokenFileBindsTheNode(t *testing.T) {
 	if got := nodes[tokN1]; got.Node != "n1" || !slices.Equal(got.Hosts, []string{"10.0.0.1"}) {
 		t.Fatalf("parsed %+v", got)
 	}
+	withCIDR, err := parseTokens("tokens", scanner(tokN1+" n1 10.0.0.1 10.244.3.7/24\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := newHostSet(withCIDR[tokN1], t.Context())
+	for host, want := range map[string]bool{"10.0.0.1": true, "10.244.3.17": true, "10.244.4.1": false, "127.0.0.1": false} {
+		if got := hs.contains(host); got != want {
+			t.Errorf("node with 10.244.3.0/24: %s on it %v, want %v", host, got, want)
+		}
+	}
 	cfg := defaultConfig()
 	cfg.opts.Auth = TokenAuth{Nodes: nodes}
 	h := start(t, cfg)
@@ -95,6 +105,7 @@ func TestTokenFileBindsTheNode(t *testing.T) {
 		"token twice": tokN1 + " n1\n" + tokN1 + " n2\n",
 		"node twice":  tokN1 + " n1\nn1-fedcba9876543210 n1\n",
 		"empty":       "# nothing\n",
+		"bad prefix":  tokN1 + " n1 10.244.3.0/33\n",
 	} {
 		if _, err := parseTokens("tokens", scanner(file)); err == nil {
 			t.Errorf("%s: accepted", name)

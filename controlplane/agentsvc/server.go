@@ -77,6 +77,9 @@ type Options struct {
 	// Applied, when set, runs when the receive loop is done with a message
 	// (tests: the stream is read up to it).
 	Applied func()
+	// Refused, when set, hears every engine authorize refuses an agent
+	// (tests).
+	Refused func(node, url string, err error)
 }
 
 // DiscoverySink takes the complete set of pods one source (an agent's node)
@@ -145,6 +148,7 @@ func (s *Server) Close() {
 
 // agentStream is one agent's stream.
 type agentStream struct {
+	ctx  context.Context // the stream's: ends with it
 	node string
 	peer string
 	own  []string // engines named in the hello
@@ -156,11 +160,11 @@ type agentStream struct {
 	read  *liveness.Stream
 	heard judge.Heard
 
-	podsRefused bool     // the refusal of its discovered pods was logged (receive goroutine only)
-	hosts       *hostSet // where this node's engines may be
+	hosts *hostSet // where this node's engines may be
+	pods  podsSlot // discovered pods waiting for authorize
 
 	refusedMu sync.Mutex
-	refused   map[string]bool // engine URLs already logged as not on the node
+	refused   map[string]bool // engine URLs whose refusal was logged
 
 	mu      sync.Mutex
 	covered map[string]bool // engine URLs assigned to or reported by this stream
@@ -301,7 +305,7 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 		s.log.Warn("Agent refused: its credentials are bound to another node", "credentials_node", id.Node, "hello_node", hello.GetNode(), "peer", peerOf(ctx))
 		return status.Errorf(codes.PermissionDenied, "agent: these credentials (token or client certificate) are for node %q, not %q (smg agent --node)", id.Node, hello.GetNode())
 	}
-	st := &agentStream{node: hello.GetNode(), peer: peerOf(ctx), own: dedup(canonical(hello.GetEngineUrls())),
+	st := &agentStream{ctx: ctx, node: hello.GetNode(), peer: peerOf(ctx), own: dedup(canonical(hello.GetEngineUrls())),
 		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{},
 		engines: map[string]*engineState{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{},
 		read: s.tr.OpenStream()}
@@ -462,15 +466,7 @@ func (s *Server) workerEngine(st *agentStream, url string) (*registry.Worker, *e
 		s.log.Debug("Agent reported an engine that is not registered; ignored", "url", url)
 		return nil, nil
 	}
-	if !s.onNode(st, w) {
-		st.refusedMu.Lock()
-		first := !st.refused[url]
-		st.refused[url] = true
-		st.refusedMu.Unlock()
-		if first {
-			s.log.Warn("Agent reported a worker that is not on its node; its records and events are ignored",
-				"node", st.node, "peer", st.peer, "worker_id", w.ID, "url", w.Spec.GetUrl(), "worker_node", w.Spec.GetNode())
-		}
+	if _, err := s.authorize(st.ctx, st, describe, w.Spec); err != nil {
 		return nil, nil
 	}
 	if len(st.known) >= maxKnown {
@@ -479,15 +475,6 @@ func (s *Server) workerEngine(st *agentStream, url string) (*registry.Worker, *e
 	e := st.engine(w.Spec.GetUrl())
 	st.known[url] = knownWorker{id: w.ID, spec: w.Spec, engine: e}
 	return w, e
-}
-
-// onNode reports whether w is on the stream's node: its spec names the
-// node, or names none and its host is one of the node's addresses.
-func (s *Server) onNode(st *agentStream, w *registry.Worker) bool {
-	if n := w.Spec.GetNode(); n != "" {
-		return n == st.node
-	}
-	return st.hosts.contains(workerurl.Host(w.Spec.GetUrl()))
 }
 
 // record takes in one record; r is the stream's, reused by the next
@@ -682,41 +669,6 @@ func (s *Server) setAgentNode(w *registry.Worker, node string) {
 	}); err != nil {
 		s.log.Error("Agent node not stored", "worker_id", id, "node", node, "error", err)
 	}
-}
-
-// pods hands the node's discovered pods to discovery, as workers of this
-// node (whatever node or source the agent wrote) so that this agent polls
-// them.
-func (s *Server) pods(st *agentStream, m *smgv1.DiscoveredPods) {
-	if s.opts.Discovery == nil || !s.current(st) {
-		return
-	}
-	if p := s.opts.Registration; p.Discover == nil || (!p.AnyModel && len(p.Models) == 0) {
-		if !st.podsRefused {
-			st.podsRefused = true
-			s.log.Warn("Agent's discovered pods not registered: the control plane allows agents to register no model (--agent-models, --agent-register-any-model)",
-				"node", st.node, "pods", len(m.GetPods()))
-		}
-		return
-	}
-	source := podwatch.SourceAgent(st.node)
-	pods := make([]podwatch.Pod, 0, len(m.GetPods()))
-	for _, p := range m.GetPods() {
-		if p.GetName() == "" || p.GetNamespace() == "" {
-			s.log.Warn("Agent sent a pod without a name or namespace; ignored", "node", st.node)
-			continue
-		}
-		pod := podwatch.Pod{Namespace: p.GetNamespace(), Name: p.GetName(), IP: p.GetIp(), Ready: p.GetReady(),
-			Problem: p.GetProblem(), Warnings: p.GetWarnings()}
-		if p.GetSpec() != nil {
-			spec := proto.Clone(p.GetSpec()).(*smgv1.WorkerSpec)
-			spec.Node = st.node
-			spec.Labels = map[string]string{podwatch.LabelPod: pod.Name, podwatch.LabelNamespace: pod.Namespace, podwatch.LabelSource: source}
-			pod.Spec = spec
-		}
-		pods = append(pods, pod)
-	}
-	s.opts.Discovery.ReplaceSource(source, pods)
 }
 
 // current reports whether st is its node's latest stream.
