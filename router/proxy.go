@@ -300,7 +300,7 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 		defer st.streams.Add(-1)
 	}
 
-	resp, err := r.client.Do(out)
+	resp, err := r.roundTrip(out)
 	if err != nil {
 		if preempted(ctx) {
 			return dispatchResult{status: writePreempted(w)}

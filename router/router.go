@@ -12,11 +12,14 @@ package router
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -38,7 +41,7 @@ type Router struct {
 	gatherer prometheus.Gatherer // nil when the Registerer cannot gather
 	cb       breakerConfig
 	sel      selector
-	client   *http.Client
+	upstream *http.Transport
 	adm      *admission           // the rate limiting path (token bucket), when the scheduler is off
 	sched    *scheduler.Scheduler // the priority scheduler, when on and started
 	// schedFromFleet: the scheduler's capacity is the sum of this router's
@@ -145,20 +148,33 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 			time.Duration(opts.QueueTimeoutSecs)*time.Second, m)
 	}
 	dialer := &net.Dialer{Timeout: opts.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
-	r.client = &http.Client{
-		Transport: &http.Transport{
-			DialContext:         dialer.DialContext,
-			MaxIdleConns:        0, // no global cap; bounded per worker
-			MaxIdleConnsPerHost: opts.MaxIdleConnsPerWorker,
-			IdleConnTimeout:     90 * time.Second,
-			DisableCompression:  true, // pass bodies through as the engine sent them
-			DialTLSContext:      opts.EngineTLS.DialTLS(dialer),
-			ForceAttemptHTTP2:   false,
-		},
-		// Redirects are the client's business, as with any reverse proxy.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	r.upstream = &http.Transport{
+		DialContext:         dialer.DialContext,
+		MaxIdleConns:        0, // no global cap; bounded per worker
+		MaxIdleConnsPerHost: opts.MaxIdleConnsPerWorker,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true, // pass bodies through as the engine sent them
+		DialTLSContext:      opts.EngineTLS.DialTLS(dialer),
+		ForceAttemptHTTP2:   false,
 	}
 	return r, nil
+}
+
+// roundTrip sends one upstream request. It is the transport's own round
+// trip, not an http.Client's: redirects are the client's business, as with
+// any reverse proxy, so the client's redirect and header-copying machinery
+// has nothing to do but cost every request. Errors read as the client's do
+// (`Post "URL": ...`).
+func (r *Router) roundTrip(out *http.Request) (*http.Response, error) {
+	resp, err := r.upstream.RoundTrip(out)
+	if err != nil {
+		var tlsErr tls.RecordHeaderError
+		if errors.As(err, &tlsErr) && string(tlsErr.RecordHeader[:]) == "HTTP/" {
+			err = http.ErrSchemeMismatch // a plain-HTTP engine behind an https:// URL
+		}
+		return nil, &url.Error{Op: "Post", URL: out.URL.Redacted(), Err: err}
+	}
+	return resp, nil
 }
 
 // now is monotonic nanoseconds since the router started.
