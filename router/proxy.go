@@ -3,7 +3,6 @@ package router
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -28,7 +27,7 @@ type rawRef []byte
 
 func (r *rawRef) UnmarshalJSON(b []byte) error { *r = b; return nil }
 
-// requestFields are the few body fields the router reads. Unmarshal still
+// requestFields are the few body fields the router reads. parseFields still
 // validates the whole body, which gives bad JSON its clear 400.
 type requestFields struct {
 	Model    string `json:"model"`
@@ -120,7 +119,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		return statusClientClosed
 	}
 	var f requestFields
-	if err := json.Unmarshal(body, &f); err != nil {
+	if err := parseFields(body, &f); err != nil {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "Invalid JSON body: "+err.Error(), 0)
 		return http.StatusBadRequest
 	}
