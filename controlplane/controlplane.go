@@ -210,7 +210,12 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	}
 	cp := &ControlPlane{opts: opts, log: log, metrics: reg}
 	cp.Registry = registry.New(newEpoch(), registry.DefaultHistory)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, DialTLSContext: opts.EngineTLS.DialTLS(nil)}}
+	// Engines are dialled through a hook that checks the address actually
+	// dialled, after resolution (registration checks only the URL as written).
+	dialer := workerurl.Dialer(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second},
+		workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers})
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second,
+		DialContext: dialer.DialContext, DialTLSContext: opts.EngineTLS.DialTLS(dialer)}}
 	collector := ingest.NewCollector(cp.Registry)
 	if err := reg.Register(collector); err != nil {
 		return nil, err

@@ -76,6 +76,11 @@ func Normalize(raw string, o Options) (string, error) {
 		}
 		port = strconv.Itoa(n) // no leading zeros
 	}
+	if ip, ok := legacyIPv4(host); ok {
+		// Resolvers disagree on these (the C library reads 2852039166 as
+		// 169.254.169.254; Go looks it up as a name): one spelling only.
+		return "", fmt.Errorf("url %q writes the IPv4 address %s in a form resolvers read differently; write it as %s", Redact(raw), host, ip)
+	}
 	if !o.AllowLinkLocal {
 		if why := forbidden(host); why != "" {
 			return "", fmt.Errorf("url %q points at %s; a worker cannot be registered there unless the control plane runs with --allow-link-local-workers", Redact(raw), why)
@@ -92,16 +97,25 @@ func Normalize(raw string, o Options) (string, error) {
 	return scheme + "://" + hostport + path, nil
 }
 
-// forbidden says why host is off limits, or "".
+// forbidden says why host is off limits, or "". This is the early check,
+// on the URL as written; DialControl checks the address actually dialled.
 func forbidden(host string) string {
-	if metadataHosts[host] {
+	if metadataHosts[strings.TrimRight(host, ".")] { // "metadata.google.internal." is the same name
 		return "a cloud metadata endpoint"
 	}
 	ip, err := netip.ParseAddr(host)
 	if err != nil {
 		return ""
 	}
+	return forbiddenIP(ip)
+}
+
+// forbiddenIP says why the address ip is off limits, or "".
+func forbiddenIP(ip netip.Addr) string {
 	ip = ip.Unmap()
+	if metadataHosts[ip.String()] {
+		return "a cloud metadata endpoint"
+	}
 	switch {
 	case ip.IsLinkLocalUnicast(), ip.IsLinkLocalMulticast():
 		return "a link-local address (cloud metadata lives at 169.254.169.254)"
@@ -145,4 +159,50 @@ func Host(normalized string) string {
 		return ""
 	}
 	return strings.ToLower(u.Hostname())
+}
+
+// legacyIPv4 reads host as an IPv4 address in one of the forms inet_aton and
+// browsers accept beside the dotted quad: one to four parts, each decimal,
+// hex (0x) or octal (leading 0), the last filling the remaining bytes
+// (2852039166, 0xa9fea9fe, 0251.0376.0251.0376, 169.254.43518). ok is false
+// for a host that is not such a number (a name, or a plain dotted quad).
+func legacyIPv4(host string) (ip netip.Addr, ok bool) {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return netip.Addr{}, false
+	}
+	parts := strings.Split(strings.TrimSuffix(host, "."), ".")
+	if len(parts) > 4 {
+		return netip.Addr{}, false
+	}
+	nums := make([]uint64, len(parts))
+	for i, p := range parts {
+		base, digits := 10, p
+		switch {
+		case len(p) > 1 && (p[:2] == "0x" || p[:2] == "0X"):
+			base, digits = 16, p[2:]
+		case len(p) > 1 && p[0] == '0':
+			base, digits = 8, p[1:]
+		}
+		if digits == "" && base == 16 {
+			digits = "0"
+		}
+		n, err := strconv.ParseUint(digits, base, 32)
+		if err != nil || digits == "" {
+			return netip.Addr{}, false
+		}
+		nums[i] = n
+	}
+	var v uint64
+	for i, n := range nums[:len(nums)-1] {
+		if n > 255 {
+			return netip.Addr{}, false
+		}
+		v |= n << (8 * (3 - i))
+	}
+	last := nums[len(nums)-1]
+	if last >= 1<<(8*(5-len(nums))) {
+		return netip.Addr{}, false
+	}
+	v |= last
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), true
 }

@@ -43,6 +43,15 @@ func TestRefusals(t *testing.T) {
 		"http://[::ffff:169.254.169.254]:80": "link-local",
 		"http://0.0.0.0:8000":                "no engine answers",
 		"http:engine":                        "no host",
+		// Spellings of 169.254.169.254 that resolvers read differently,
+		// and a metadata name with its trailing root dot.
+		"http://2852039166":                "write it as 169.254.169.254",
+		"http://0xa9fea9fe":                "write it as 169.254.169.254",
+		"http://0251.0376.0251.0376":       "write it as 169.254.169.254",
+		"http://169.254.43518":             "write it as 169.254.169.254",
+		"http://2130706433:8000":           "write it as 127.0.0.1",
+		"http://metadata.google.internal.": "metadata",
+		"http://METADATA.goog..":           "metadata",
 	} {
 		got, err := Normalize(raw, Options{})
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -54,6 +63,11 @@ func TestRefusals(t *testing.T) {
 	}
 	if got, err := Normalize("http://169.254.169.254:80", Options{AllowLinkLocal: true}); err != nil || got != "http://169.254.169.254" {
 		t.Errorf("with AllowLinkLocal: %q, %v", got, err)
+	}
+	for _, ok := range []string{"http://10.0.0.1:8000", "http://engine-7", "http://1e100.net", "http://0x.example", "http://123.example"} {
+		if _, err := Normalize(ok, Options{}); err != nil {
+			t.Errorf("Normalize(%q): %v", ok, err)
+		}
 	}
 }
 
