@@ -566,18 +566,11 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 // epoch (routers take a full snapshot, never mixing two leaders'
 // revisions), every stored worker presumed Ready with no veto until its
 // first probe or report (the fail-open direction: never an empty or
-// half-judged fleet), and the registrations its predecessor accepted
-// resumed.
+// half-judged fleet: the load monitor rebuilds its state, logged as the
+// spec's warning), and the registrations its predecessor accepted resumed.
 func (cp *ControlPlane) Prepare(term uint64) {
 	cp.Registry.SetEpoch(fmt.Sprintf("%s-t%d", cp.Cluster.ID(), term))
-	if _, err := cp.Registry.Update(func(t *registry.Txn) error {
-		for _, w := range t.Workers() {
-			t.Insert(w.Presumed())
-		}
-		return nil
-	}); err != nil {
-		cp.log.Error("New leader could not presume its workers Ready", "error", err)
-	}
+	cp.Ingest.Rebuild(fmt.Sprintf("elected leader in term %d: no worker's load is known yet", term), (*registry.Worker).Presumed)
 	cp.Admin.ResumeJobs()
 }
 
@@ -622,13 +615,6 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 // pending here took every worker out of routing until the router reached
 // the new leader; found by the chaos suite's leader partition).
 func (cp *ControlPlane) demote() {
-	if _, err := cp.Registry.Update(func(t *registry.Txn) error {
-		for _, w := range t.Workers() {
-			t.Insert(w.Presumed())
-		}
-		return nil
-	}); err != nil {
-		cp.log.Error("Former leader could not drop its soft state", "error", err)
-	}
+	cp.Ingest.Rebuild("no longer the leader: its verdicts are dropped", (*registry.Worker).Presumed)
 	cp.Liveness.Sweep(time.Now()) // drops the evidence of every worker not Ready
 }

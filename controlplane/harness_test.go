@@ -39,6 +39,7 @@ type harness struct {
 	logs    *syncBuffer
 	key     string // sent as the bearer admin key by do
 	addr    string // the gRPC port (agents, routers)
+	stop    func() // ends Run and waits for it (a replica stops leading)
 }
 
 // fastOptions keep tests quick: 1 s load polls, one probe to admit.
@@ -85,9 +86,9 @@ func startCP(t *testing.T, opts controlplane.Options) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { cp.Run(ctx); close(done) }()
+	h.stop = sync.OnceFunc(func() { cancel(); <-done })
 	t.Cleanup(func() {
-		cancel()
-		<-done
+		h.stop()
 		conn.Close()
 		gs.Stop()
 		if t.Failed() {

@@ -182,7 +182,7 @@ func TestConcurrentReportsEndWithTheLastReport(t *testing.T) {
 			}
 			in.Flush()
 			if rebuilds && n%25 == 24 {
-				in.Rebuild("test")
+				in.Rebuild("test", nil)
 			}
 		}
 	}()

@@ -691,10 +691,12 @@ func (in *Ingester) NoReport(workerID string) error {
 }
 
 // Rebuild clears the overload veto of every worker: the monitor lost its state
-// and holds no fresh signal for any of them. It holds every cell while it
-// commits, so no report is judged against the records before it and stored
-// after it.
-func (in *Ingester) Rebuild(why string) {
+// and holds no fresh signal for any of them. reset gives each worker's
+// record without that state (nil: marked "no report", its last load kept
+// visible). It holds every cell while it commits, so no report is judged
+// against the records before it and stored after it, and it drops what the
+// cells held (a load pending from before the rebuild is no one's signal).
+func (in *Ingester) Rebuild(why string, reset func(*registry.Worker) *registry.Worker) {
 	in.rmu.Lock()
 	defer in.rmu.Unlock()
 	var held []*cell
@@ -710,15 +712,20 @@ func (in *Ingester) Rebuild(why string) {
 			c.mu.Unlock()
 		}
 	}()
-	n := 0
+	n, workers := 0, 0
 	_, err := in.reg.Update(func(t *registry.Txn) error {
-		n = 0
+		n, workers = 0, 0
 		for _, w := range t.Workers() {
-			if w.Evidence.NoReport {
-				continue
-			}
+			workers++
 			if w.Overloaded {
 				n++
+			}
+			if reset != nil {
+				t.Insert(reset(w))
+				continue
+			}
+			if w.Evidence.NoReport {
+				continue
 			}
 			c := w.Clone()
 			c.Evidence.NoReport = true
@@ -727,5 +734,5 @@ func (in *Ingester) Rebuild(why string) {
 		return nil
 	})
 	in.done(err, "rebuild", "")
-	in.log.Warn("Load monitor rebuilt its state: overload vetoes cleared for every worker", "reason", why, "cleared", n)
+	in.log.Warn("Load monitor rebuilt its state: overload vetoes cleared for every worker", "reason", why, "workers", workers, "cleared", n)
 }

@@ -182,7 +182,7 @@ func TestFailOpen(t *testing.T) {
 		"nil report":    func(in *ingest.Ingester) error { return in.Report("w1", nil) },
 		"empty report":  func(in *ingest.Ingester) error { return in.Report("w1", &smgv1.EngineLoad{Source: "vllm"}) },
 		"no report":     func(in *ingest.Ingester) error { return in.NoReport("w1") },
-		"state rebuilt": func(in *ingest.Ingester) error { in.Rebuild("test"); return nil },
+		"state rebuilt": func(in *ingest.Ingester) error { in.Rebuild("test", nil); return nil },
 	}
 	for name, clear := range noReports {
 		t.Run(name, func(t *testing.T) {
@@ -217,7 +217,7 @@ func TestRebuildClearsEveryWorkerWithAWarning(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	f.in.Rebuild("monitor restarted")
+	f.in.Rebuild("monitor restarted", nil)
 	for _, id := range []string{"a", "b", "c"} {
 		if f.worker(t, id).Overloaded {
 			t.Fatalf("worker %s still vetoed after a rebuild", id)
