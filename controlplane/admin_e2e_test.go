@@ -350,10 +350,10 @@ func TestEveryAdminRouteNeedsTheKey(t *testing.T) {
 		if !ok {
 			t.Fatalf("RPC %s has no REST rule in smg_http.yaml", full)
 		}
-		if pub, isPublic := admin.Public[full]; isPublic && pub != route {
+		if pub, isPublic := admin.PublicRoute(full); isPublic && pub != route {
 			t.Fatalf("public RPC %s is listed at %v, its REST rule is %v", full, pub, route)
 		}
-		_, public := admin.Public[full]
+		_, public := admin.PublicRoute(full)
 		path := strings.ReplaceAll(route.Path, "{worker_id}", "w-1")
 		t.Run(m.MethodName, func(t *testing.T) {
 			for _, key := range []string{"", "wrong", "s3cret2", "s3cre"} {

@@ -26,8 +26,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
 	"github.com/smg-project/smg/controlplane/admin"
@@ -45,6 +43,7 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/cli"
 	"github.com/smg-project/smg/internal/identity"
+	"github.com/smg-project/smg/internal/inproc"
 	"github.com/smg-project/smg/internal/podwatch"
 	"github.com/smg-project/smg/internal/tlsutil"
 	"github.com/smg-project/smg/internal/workerurl"
@@ -186,8 +185,8 @@ type ControlPlane struct {
 	Liveness *liveness.Tracker
 	Windows  *windows.Allocator
 	Agents   *agentsvc.Server
-	// Cluster is the Raft node (nil: in memory, always leading); Forward is
-	// the admin API that hands calls to the leader.
+	// Cluster is the Raft node (nil: in memory, always leading); Forward
+	// hands a follower's calls to the leader.
 	Cluster *cluster.Node
 	Forward *cluster.Forwarder
 	metrics *prometheus.Registry
@@ -303,12 +302,10 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 			cp.Monitor.PollNow(ids...)
 		},
 	}, log)
-	var api smgv1.WorkerServiceServer = cp.Admin
 	if cp.Cluster != nil {
-		cp.Forward = cluster.NewForwarder(cp.Admin, cp.Cluster)
-		api = cp.Forward
+		cp.Forward = cluster.NewForwarder(cp.Cluster, func(m string) cluster.Route { return rpcs[m].route })
 	}
-	rest, err := admin.RESTHandlerWith(cp.Admin, api)
+	rest, err := admin.RESTHandlerWith(cp.Admin, inproc.New(&smgv1.WorkerService_ServiceDesc, cp.Admin, cp.unary))
 	if err != nil {
 		return nil, err
 	}
@@ -407,33 +404,6 @@ func newEpoch() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// RegisterGRPC adds the control plane's services to s, with the standard
-// health service and server reflection so stock tools (grpcurl,
-// grpc-health-probe, buf curl) work against it.
-func (cp *ControlPlane) RegisterGRPC(s *grpc.Server) {
-	if cp.Forward != nil {
-		cp.Admin.RegisterGRPCWith(s, cp.Forward)
-	} else {
-		cp.Admin.RegisterGRPC(s)
-	}
-	smgv1.RegisterWatchServiceServer(s, cp.Watch)
-	smgv1.RegisterAgentServiceServer(s, cp.Agents)
-	cp.grpcHealth = grpchealth.NewServer()
-	healthpb.RegisterHealthServer(s, cp.grpcHealth)
-	reflection.Register(s)
-}
-
-// ServerOptions are the gRPC server options the control plane needs: its
-// transport's (TransportOptions) and, replicated, an interceptor (a replica
-// serves watch and agent streams only while it leads).
-func (cp *ControlPlane) ServerOptions() []grpc.ServerOption {
-	opts := TransportOptions()
-	if cp.Cluster == nil {
-		return opts
-	}
-	return append(opts, grpc.ChainStreamInterceptor(cp.Cluster.StreamInterceptor()))
 }
 
 // TransportOptions are the gRPC transport options of the control plane's

@@ -72,8 +72,7 @@ func startCP(t *testing.T, opts controlplane.Options) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
-	cp.RegisterGRPC(gs)
+	gs := cp.GRPCServer()
 	go func() { _ = gs.Serve(ln) }()
 	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -40,7 +40,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"google.golang.org/grpc"
 
 	"github.com/smg-project/smg/controlplane"
 	"github.com/smg-project/smg/controlplane/registry"
@@ -323,8 +322,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	lis := &acceptLog{Listener: tcp}
-	gs := grpc.NewServer(cp.ServerOptions()...)
-	cp.RegisterGRPC(gs)
+	gs := cp.GRPCServer()
 	go gs.Serve(lis)
 	defer gs.Stop()
 	runCtx, stopCP := context.WithCancel(ctx)

@@ -91,8 +91,7 @@ func openControlPlane(opts controlplane.Options, log *slog.Logger, metrics *prom
 		grpcLn.Close()
 		return nil, err
 	}
-	gs := newGRPCServer(append(ts.grpcServerOptions(), cp.ServerOptions()...)...)
-	cp.RegisterGRPC(gs)
+	gs := cp.GRPCServer(keepaliveOptions(ts.grpcServerOptions()...)...)
 	cp.Listening(grpcLn.Addr(), httpLn.Addr())
 	return &servingControlPlane{cp: cp, httpLn: httpLn, grpcLn: grpcLn, grpc: gs}, nil
 }

@@ -101,16 +101,16 @@ func serveDraining(ctx context.Context, ln net.Listener, srv *http.Server, d dra
 	return nil
 }
 
-// newGRPCServer returns a server whose long-lived streams notice a dead peer
+// keepaliveOptions make a server's long-lived streams notice a dead peer
 // within seconds.
-func newGRPCServer(extra ...grpc.ServerOption) *grpc.Server {
-	return grpc.NewServer(append([]grpc.ServerOption{
+func keepaliveOptions(extra ...grpc.ServerOption) []grpc.ServerOption {
+	return append([]grpc.ServerOption{
 		// A link cut without a FIN (dropped packets, a partition) ends the
 		// stream within Time+Timeout of the peer's last frame: an agent's
 		// engines go back to the control plane's own polls within 4 s.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Second, Timeout: 2 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
-	}, extra...)...)
+	}, extra...)
 }
 
 // serveGRPC serves s on ln until ctx ends, then stops gracefully (bounded).

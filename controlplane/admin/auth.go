@@ -14,11 +14,18 @@ import (
 // Route is an admin REST route.
 type Route struct{ Method, Path string }
 
-// Public lists the admin RPCs that need no key, with their REST route.
+// public lists the admin RPCs that need no key, with their REST route.
 // Everything else needs the key, over gRPC and REST alike: a new RPC or
 // route is closed unless it is added here.
-var Public = map[string]Route{
+var public = map[string]Route{
 	smgv1.WorkerService_GetLoads_FullMethodName: {http.MethodGet, "/loads"},
+}
+
+// PublicRoute reports whether the admin RPC method (a full method name)
+// needs no key, and its REST route.
+func PublicRoute(method string) (Route, bool) {
+	r, ok := public[method]
+	return r, ok
 }
 
 // allowed reports whether a caller presenting the Authorization values
@@ -31,43 +38,31 @@ func (s *Service) allowed(vals []string) bool {
 	return ok
 }
 
-// RegisterGRPC serves the admin service on gs with the key checked for
-// every method of WorkerService's descriptor but the public ones, before
-// the request is decoded.
-func (s *Service) RegisterGRPC(gs grpc.ServiceRegistrar) { s.RegisterGRPCWith(gs, s) }
-
-// RegisterGRPCWith registers impl (a front of s, such as a replica's
-// forwarder to its leader) behind s's key check.
-func (s *Service) RegisterGRPCWith(gs grpc.ServiceRegistrar, impl smgv1.WorkerServiceServer) {
-	desc := smgv1.WorkerService_ServiceDesc
-	desc.Methods = make([]grpc.MethodDesc, len(smgv1.WorkerService_ServiceDesc.Methods))
-	for i, m := range smgv1.WorkerService_ServiceDesc.Methods {
-		if _, open := Public["/"+desc.ServiceName+"/"+m.MethodName]; !open {
-			next := m.Handler
-			m.Handler = func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
-				if _, ok := bearer.Check(ctx, s.opts.APIKey); s.opts.APIKey != "" && !ok {
-					return nil, errUnauthorized()
-				}
-				return next(srv, ctx, dec, ic)
-			}
-		}
-		desc.Methods[i] = m
+// Authorize checks a call of the admin RPC method (a full method name):
+// nil for a public RPC or the right key, else Unauthenticated.
+func (s *Service) Authorize(ctx context.Context, method string) error {
+	if _, open := public[method]; open || s.opts.APIKey == "" {
+		return nil
 	}
-	if len(desc.Streams) > 0 {
-		panic("admin: WorkerService has streams; guard them in RegisterGRPC")
+	if _, ok := bearer.Check(ctx, s.opts.APIKey); !ok {
+		return errUnauthorized()
 	}
-	gs.RegisterService(&desc, impl)
+	return nil
 }
+
+// RegisterGRPC serves the admin service on gs; the server's interceptors
+// call Authorize.
+func (s *Service) RegisterGRPC(gs grpc.ServiceRegistrar) { smgv1.RegisterWorkerServiceServer(gs, s) }
 
 // requireKey guards the REST routes: the key is checked before the body is
 // read, so an unauthenticated caller gets 401 whatever it sent.
 func (s *Service) requireKey(next http.Handler) http.Handler {
-	public := make(map[Route]bool, len(Public))
-	for _, r := range Public {
-		public[r] = true
+	open := make(map[Route]bool, len(public))
+	for _, r := range public {
+		open[r] = true
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !public[Route{r.Method, r.URL.Path}] && !s.allowed(r.Header.Values("Authorization")) {
+		if !open[Route{r.Method, r.URL.Path}] && !s.allowed(r.Header.Values("Authorization")) {
 			st := status.Convert(errUnauthorized())
 			WriteJSONError(w, http.StatusUnauthorized, "authentication_error", CodeUnauthorized, st.Message(), nil)
 			return

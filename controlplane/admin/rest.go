@@ -10,12 +10,14 @@ import (
 	"strings"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/inproc"
 )
 
 // MaxBodyBytes bounds an admin request body.
@@ -23,11 +25,14 @@ const MaxBodyBytes = 1 << 20
 
 // RESTHandler serves the admin routes of smg_http.yaml with the spec's
 // snake_case JSON, in requests and responses, behind the admin key.
-func RESTHandler(svc *Service) (http.Handler, error) { return RESTHandlerWith(svc, svc) }
+func RESTHandler(svc *Service) (http.Handler, error) {
+	return RESTHandlerWith(svc, inproc.New(&smgv1.WorkerService_ServiceDesc, svc, nil))
+}
 
-// RESTHandlerWith serves impl (a front of svc, such as a replica's forwarder
-// to its leader) behind svc's key check.
-func RESTHandlerWith(svc *Service, impl smgv1.WorkerServiceServer) (http.Handler, error) {
+// RESTHandlerWith serves the routes through conn (the control plane's
+// in-process channel, through its server's interceptors) behind svc's key
+// check, which runs before the body is read.
+func RESTHandlerWith(svc *Service, conn grpc.ClientConnInterface) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
@@ -52,7 +57,7 @@ func RESTHandlerWith(svc *Service, impl smgv1.WorkerServiceServer) (http.Handler
 		runtime.WithErrorHandler(writeError),
 		runtime.WithRoutingErrorHandler(routingError),
 	)
-	if err := smgv1.RegisterWorkerServiceHandlerServer(context.Background(), mux, impl); err != nil {
+	if err := smgv1.RegisterWorkerServiceHandlerClient(context.Background(), mux, smgv1.NewWorkerServiceClient(conn)); err != nil {
 		return nil, err
 	}
 	return svc.requireKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -12,9 +12,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/smg-project/smg/controlplane/admin"
-	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/backoff"
 )
 
@@ -37,23 +39,30 @@ const (
 	ErrorDomain     = "smg.cluster"
 )
 
-// Forwarder is the admin API of a replica: the leader answers from its
-// registry; a follower hands every call to the leader (gRPC and REST alike,
-// since the REST gateway calls this service), so no client ever has to find
-// the leader. Without a leader, writes are refused (503, Retry-After) and
-// reads answered from the replica, marked stale.
+// Route says how a replica serves a method (the control plane's table).
+type Route int
+
+const (
+	RouteLocal  Route = iota + 1 // every replica answers (health, reflection)
+	RouteRead                    // to the leader; without one, or asked MDRead "local", from here, marked MDStale
+	RouteWrite                   // to the leader; without one, refused (503, Retry-After)
+	RouteLeader                  // a stream the leader alone serves: a follower answers with the leader's address
+)
+
+// Forwarder hands a follower's admin calls to the leader (gRPC and REST
+// alike, since the REST gateway calls through the same interceptors), so
+// no client ever has to find the leader.
 type Forwarder struct {
-	smgv1.UnimplementedWorkerServiceServer
-	local smgv1.WorkerServiceServer
-	node  *Node
+	node    *Node
+	routeOf func(method string) Route
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 }
 
-// NewForwarder wraps the local admin service.
-func NewForwarder(local smgv1.WorkerServiceServer, node *Node) *Forwarder {
-	return &Forwarder{local: local, node: node, conns: map[string]*grpc.ClientConn{}}
+// NewForwarder serves each method (a full method name) by its route.
+func NewForwarder(node *Node, route func(method string) Route) *Forwarder {
+	return &Forwarder{node: node, routeOf: route, conns: map[string]*grpc.ClientConn{}}
 }
 
 // Close closes the connections to leaders.
@@ -66,7 +75,7 @@ func (f *Forwarder) Close() {
 	f.conns = map[string]*grpc.ClientConn{}
 }
 
-func (f *Forwarder) client(addr string) (smgv1.WorkerServiceClient, error) {
+func (f *Forwarder) conn(addr string) (*grpc.ClientConn, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c := f.conns[addr]
@@ -82,40 +91,47 @@ func (f *Forwarder) client(addr string) (smgv1.WorkerServiceClient, error) {
 		}
 		f.conns[addr] = c
 	}
-	return smgv1.NewWorkerServiceClient(c), nil
+	return c, nil
 }
 
-type call[Req, Resp any] struct {
-	write  bool
-	local  func(context.Context, Req) (Resp, error)
-	remote func(smgv1.WorkerServiceClient, context.Context, Req, ...grpc.CallOption) (Resp, error)
-}
-
-func route[Req, Resp any](f *Forwarder, ctx context.Context, req Req, c call[Req, Resp]) (Resp, error) {
-	var zero Resp
+// Unary serves RouteLocal calls here and hands a follower's RouteRead and
+// RouteWrite calls to the leader; a method without a route is refused.
+func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, local grpc.UnaryHandler) (any, error) {
+	method, r := info.FullMethod, f.routeOf(info.FullMethod)
+	if r != RouteRead && r != RouteWrite {
+		if r == RouteLocal {
+			return local(ctx, req)
+		}
+		return nil, status.Errorf(codes.Unimplemented, "%s has no route on a replicated control plane", method)
+	}
+	write := r == RouteWrite
 	if _, ok := f.node.Leading(); ok || f.node.awaitLeading(ctx, 2*time.Second) {
-		return c.local(ctx, req)
+		return local(ctx, req)
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	stale := func() (Resp, error) {
+	stale := func() (any, error) {
 		_ = grpc.SetHeader(ctx, metadata.Pairs(MDStale, "true"))
-		return c.local(ctx, req)
+		return local(ctx, req)
 	}
-	if !c.write && first(md, MDRead) == "local" {
+	if !write && first(md, MDRead) == "local" {
 		return stale()
 	}
 	lm, ok := f.node.LeaderMember()
 	if !ok || lm.ID == f.node.ID() || first(md, mdForwarded) != "" {
 		// No leader, a leader still taking up its duties, or a follower
 		// that took us for the leader: never hand a call on twice.
-		if c.write {
-			return zero, admin.ErrNoLeader("the control plane cluster has no leader right now; the write was not made; retry")
+		if write {
+			return nil, admin.ErrNoLeader("the control plane cluster has no leader right now; the write was not made; retry")
 		}
 		return stale()
 	}
-	cl, err := f.client(lm.GRPC)
+	resp, err := newResponse(method)
 	if err != nil {
-		return zero, err
+		return nil, err
+	}
+	cc, err := f.conn(lm.GRPC)
+	if err != nil {
+		return nil, err
 	}
 	out := metadata.Pairs(mdForwarded, f.node.ID())
 	for _, k := range []string{"authorization"} {
@@ -124,18 +140,18 @@ func route[Req, Resp any](f *Forwarder, ctx context.Context, req Req, c call[Req
 		}
 	}
 	var header metadata.MD
-	resp, err := c.remote(cl, metadata.NewOutgoingContext(ctx, out), req, grpc.Header(&header))
+	err = cc.Invoke(metadata.NewOutgoingContext(ctx, out), method, req, resp, grpc.Header(&header))
 	if err != nil && status.Code(err) == codes.Unavailable && errorInfo(err) == nil {
 		// The leader was not reached (or did not answer): a read falls
 		// back to this replica; a write may or may not have been made.
-		if !c.write {
+		if !write {
 			return stale()
 		}
 		if strings.Contains(status.Convert(err).Message(), "connection refused") {
 			// Never sent: the old leader is gone and no new one is known yet.
-			return zero, admin.ErrNoLeader("the leader " + lm.ID + " is not reachable and no other leader is known yet; the write was not made; retry")
+			return nil, admin.ErrNoLeader("the leader " + lm.ID + " is not reachable and no other leader is known yet; the write was not made; retry")
 		}
-		return zero, admin.ErrOutcomeUnknown("the leader " + lm.ID + " could not be reached (" + status.Convert(err).Message() + "): the write may or may not be stored; read it back before retrying")
+		return nil, admin.ErrOutcomeUnknown("the leader " + lm.ID + " could not be reached (" + status.Convert(err).Message() + "): the write may or may not be stored; read it back before retrying")
 	}
 	pass := metadata.MD{}
 	for _, k := range []string{"x-http-code", "location", MDStale} {
@@ -146,7 +162,22 @@ func route[Req, Resp any](f *Forwarder, ctx context.Context, req Req, c call[Req
 	if len(pass) > 0 {
 		_ = grpc.SetHeader(ctx, pass)
 	}
-	return resp, err
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// newResponse makes an empty response of the unary method (a full method
+// name, "/service/method"), from the registered descriptors.
+func newResponse(method string) (proto.Message, error) {
+	d, _ := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(strings.ReplaceAll(method[1:], "/", ".")))
+	if md, ok := d.(protoreflect.MethodDescriptor); ok {
+		if mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName()); err == nil {
+			return mt.New().Interface(), nil
+		}
+	}
+	return nil, status.Errorf(codes.Internal, "no response type for %s", method)
 }
 
 func first(md metadata.MD, k string) string {
@@ -165,65 +196,30 @@ func errorInfo(err error) *errdetails.ErrorInfo {
 	return nil
 }
 
-func (f *Forwarder) CreateWorker(ctx context.Context, r *smgv1.CreateWorkerRequest) (*smgv1.CreateWorkerResponse, error) {
-	return route(f, ctx, r, call[*smgv1.CreateWorkerRequest, *smgv1.CreateWorkerResponse]{true, f.local.CreateWorker, smgv1.WorkerServiceClient.CreateWorker})
-}
-
-func (f *Forwarder) ReplaceWorker(ctx context.Context, r *smgv1.ReplaceWorkerRequest) (*smgv1.ReplaceWorkerResponse, error) {
-	return route(f, ctx, r, call[*smgv1.ReplaceWorkerRequest, *smgv1.ReplaceWorkerResponse]{true, f.local.ReplaceWorker, smgv1.WorkerServiceClient.ReplaceWorker})
-}
-
-func (f *Forwarder) UpdateWorker(ctx context.Context, r *smgv1.UpdateWorkerRequest) (*smgv1.UpdateWorkerResponse, error) {
-	return route(f, ctx, r, call[*smgv1.UpdateWorkerRequest, *smgv1.UpdateWorkerResponse]{true, f.local.UpdateWorker, smgv1.WorkerServiceClient.UpdateWorker})
-}
-
-func (f *Forwarder) DeleteWorker(ctx context.Context, r *smgv1.DeleteWorkerRequest) (*smgv1.DeleteWorkerResponse, error) {
-	return route(f, ctx, r, call[*smgv1.DeleteWorkerRequest, *smgv1.DeleteWorkerResponse]{true, f.local.DeleteWorker, smgv1.WorkerServiceClient.DeleteWorker})
-}
-
-func (f *Forwarder) GetWorker(ctx context.Context, r *smgv1.GetWorkerRequest) (*smgv1.GetWorkerResponse, error) {
-	return route(f, ctx, r, call[*smgv1.GetWorkerRequest, *smgv1.GetWorkerResponse]{false, f.local.GetWorker, smgv1.WorkerServiceClient.GetWorker})
-}
-
-func (f *Forwarder) ListWorkers(ctx context.Context, r *smgv1.ListWorkersRequest) (*smgv1.ListWorkersResponse, error) {
-	return route(f, ctx, r, call[*smgv1.ListWorkersRequest, *smgv1.ListWorkersResponse]{false, f.local.ListWorkers, smgv1.WorkerServiceClient.ListWorkers})
-}
-
-func (f *Forwarder) GetLoads(ctx context.Context, r *smgv1.GetLoadsRequest) (*smgv1.GetLoadsResponse, error) {
-	return route(f, ctx, r, call[*smgv1.GetLoadsRequest, *smgv1.GetLoadsResponse]{false, f.local.GetLoads, smgv1.WorkerServiceClient.GetLoads})
-}
-
-func (f *Forwarder) ListJobs(ctx context.Context, r *smgv1.ListJobsRequest) (*smgv1.ListJobsResponse, error) {
-	return route(f, ctx, r, call[*smgv1.ListJobsRequest, *smgv1.ListJobsResponse]{false, f.local.ListJobs, smgv1.WorkerServiceClient.ListJobs})
-}
-
-func (f *Forwarder) ListRouters(ctx context.Context, r *smgv1.ListRoutersRequest) (*smgv1.ListRoutersResponse, error) {
-	return route(f, ctx, r, call[*smgv1.ListRoutersRequest, *smgv1.ListRoutersResponse]{false, f.local.ListRouters, smgv1.WorkerServiceClient.ListRouters})
-}
-
-// StreamInterceptor serves the watch and agent streams on the leader only:
-// a follower answers with the leader's address (or "no leader yet"), and a
-// leader that loses its term ends its streams with the same answer, so
-// routers and agents move to the new leader.
-func (n *Node) StreamInterceptor() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if !strings.HasPrefix(info.FullMethod, "/smg.v1.WatchService/") && !strings.HasPrefix(info.FullMethod, "/smg.v1.AgentService/") {
+// Stream serves RouteLocal streams here and RouteLeader streams on the
+// leader only; a leader that loses its term ends them with the leader's
+// address, so routers and agents move to the new leader.
+func (f *Forwarder) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if r := f.routeOf(info.FullMethod); r != RouteLeader {
+		if r == RouteLocal {
 			return handler(srv, ss)
 		}
-		lctx, ok := n.Leading()
-		if !ok {
-			return n.notLeader()
-		}
-		ctx, cancel := context.WithCancel(ss.Context())
-		defer cancel()
-		stop := context.AfterFunc(lctx, cancel)
-		defer stop()
-		err := handler(srv, leaderStream{ServerStream: ss, ctx: ctx})
-		if lctx.Err() != nil && ss.Context().Err() == nil {
-			return n.notLeader()
-		}
-		return err
+		return status.Errorf(codes.Unimplemented, "%s has no route on a replicated control plane", info.FullMethod)
 	}
+	n := f.node
+	lctx, ok := n.Leading()
+	if !ok {
+		return n.notLeader()
+	}
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	stop := context.AfterFunc(lctx, cancel)
+	defer stop()
+	err := handler(srv, leaderStream{ServerStream: ss, ctx: ctx})
+	if lctx.Err() != nil && ss.Context().Err() == nil {
+		return n.notLeader()
+	}
+	return err
 }
 
 type leaderStream struct {
