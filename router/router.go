@@ -41,7 +41,7 @@ type Router struct {
 	gatherer prometheus.Gatherer // nil when the Registerer cannot gather
 	cb       breakerConfig
 	sel      selector
-	upstream *http.Transport
+	upstream *upstream
 	adm      *admission           // the rate limiting path (token bucket), when the scheduler is off
 	sched    *scheduler.Scheduler // the priority scheduler, when on and started
 	// schedFromFleet: the scheduler's capacity is the sum of this router's
@@ -148,22 +148,12 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 			time.Duration(opts.QueueTimeoutSecs)*time.Second, m)
 	}
 	dialer := &net.Dialer{Timeout: opts.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
-	r.upstream = &http.Transport{
-		DialContext:         dialer.DialContext,
-		MaxIdleConns:        0, // no global cap; bounded per worker
-		MaxIdleConnsPerHost: opts.MaxIdleConnsPerWorker,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true, // pass bodies through as the engine sent them
-		DialTLSContext:      opts.EngineTLS.DialTLS(dialer),
-		ForceAttemptHTTP2:   false,
-	}
+	r.upstream = newUpstream(dialer, opts.EngineTLS.DialTLS(dialer), opts.MaxIdleConnsPerWorker, 90*time.Second)
 	return r, nil
 }
 
-// roundTrip sends one upstream request. It is the transport's own round
-// trip, not an http.Client's: redirects are the client's business, as with
-// any reverse proxy, so the client's redirect and header-copying machinery
-// has nothing to do but cost every request. Errors read as the client's do
+// roundTrip sends one upstream request. Redirects are the client's
+// business, as with any reverse proxy. Errors read as an http.Client's do
 // (`Post "URL": ...`).
 func (r *Router) roundTrip(out *http.Request) (*http.Response, error) {
 	resp, err := r.upstream.RoundTrip(out)

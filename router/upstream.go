@@ -1,0 +1,256 @@
+package router
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// upstream is the router's HTTP/1.1 client to the engines: connections kept
+// alive per engine, each request written and its answer read on the
+// handler's own goroutine. http.Transport hands every request to a writer
+// goroutine and every answer back from a reader goroutine, two goroutine
+// switches with their channels per request; on short completions that was
+// the largest part of the router's CPU beyond the system calls themselves.
+// Writing the request and parsing the answer are net/http's own
+// (Request.Write, ReadResponse).
+type upstream struct {
+	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
+	dialTLS     func(ctx context.Context, network, addr string) (net.Conn, error) // nil: Go's defaults
+	netDialer   *net.Dialer
+	maxIdle     int           // idle connections kept per engine
+	idleTimeout time.Duration // an idle connection older than this is closed, not used
+
+	mu        sync.Mutex
+	idle      map[upKey][]*upConn
+	lastSweep time.Time
+}
+
+type upKey struct {
+	tls  bool
+	host string // host:port as in the URL
+}
+
+type upConn struct {
+	c      net.Conn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	key    upKey
+	idleAt time.Time
+}
+
+func newUpstream(d *net.Dialer, dialTLS func(context.Context, string, string) (net.Conn, error), maxIdle int, idleTimeout time.Duration) *upstream {
+	return &upstream{dial: d.DialContext, dialTLS: dialTLS, netDialer: d, maxIdle: maxIdle, idleTimeout: idleTimeout,
+		idle: make(map[upKey][]*upConn)}
+}
+
+// nothingReadError is a connection closed or reset before a byte of the
+// answer arrived: the only failure a fresh connection may be tried after.
+type nothingReadError struct{ err error }
+
+func (e *nothingReadError) Error() string { return e.err.Error() }
+func (e *nothingReadError) Unwrap() error { return e.err }
+
+// RoundTrip sends req and returns the answer's head; the body streams from
+// the connection, which goes back to the pool when the body is read to its
+// end. A kept-alive connection the engine closed while it sat idle (closed
+// or reset before a byte of the answer) is dialled afresh once, as
+// http.Transport does.
+func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	key := upKey{tls: req.URL.Scheme == "https", host: req.URL.Host}
+	for retried := false; ; retried = true {
+		pc, reused, err := u.get(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := u.send(ctx, pc, req)
+		if err == nil {
+			return resp, nil
+		}
+		pc.c.Close()
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr
+		}
+		var nr *nothingReadError
+		if isNothingRead := errors.As(err, &nr); isNothingRead {
+			err = nr.err
+		} else {
+			return nil, err
+		}
+		if !reused || retried || req.GetBody == nil {
+			return nil, err
+		}
+		if req.Body, err = req.GetBody(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// send writes req on pc and reads the answer's head.
+func (u *upstream) send(ctx context.Context, pc *upConn, req *http.Request) (*http.Response, error) {
+	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
+	fail := func(err error) (*http.Response, error) { stop(); return nil, err }
+	if err := req.Write(pc.bw); err != nil {
+		return fail(nothingRead(err))
+	}
+	if err := pc.bw.Flush(); err != nil {
+		return fail(nothingRead(err))
+	}
+	if _, err := pc.br.Peek(1); err != nil {
+		return fail(nothingRead(err))
+	}
+	resp, err := http.ReadResponse(pc.br, req)
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp, err = http.ReadResponse(pc.br, req) // informational: the answer follows
+	}
+	if err != nil {
+		return fail(err)
+	}
+	// Only an answer whose end the body marks leaves the connection reusable.
+	delimited := resp.ContentLength >= 0 || len(resp.TransferEncoding) > 0
+	resp.Body = &upBody{u: u, pc: pc, body: resp.Body, stop: stop, ctx: ctx, reuse: delimited && !resp.Close}
+	return resp, nil
+}
+
+// nothingRead marks a connection closed or reset before the answer began.
+func nothingRead(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return &nothingReadError{err}
+	}
+	return err
+}
+
+// get takes an idle connection to key, or dials one.
+func (u *upstream) get(ctx context.Context, key upKey) (*upConn, bool, error) {
+	now := time.Now()
+	u.mu.Lock()
+	for list := u.idle[key]; len(list) > 0; list = u.idle[key] {
+		pc := list[len(list)-1]
+		list[len(list)-1] = nil
+		u.idle[key] = list[:len(list)-1]
+		if now.Sub(pc.idleAt) < u.idleTimeout {
+			u.mu.Unlock()
+			return pc, true, nil
+		}
+		pc.c.Close()
+	}
+	u.mu.Unlock()
+	c, err := u.dialKey(ctx, key)
+	if err != nil {
+		return nil, false, err
+	}
+	return &upConn{c: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10), key: key}, false, nil
+}
+
+func (u *upstream) dialKey(ctx context.Context, key upKey) (net.Conn, error) {
+	addr := key.host
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		port := "80"
+		if key.tls {
+			port = "443"
+		}
+		addr = net.JoinHostPort(addr, port)
+	}
+	if !key.tls {
+		return u.dial(ctx, "tcp", addr)
+	}
+	if u.dialTLS != nil {
+		return u.dialTLS(ctx, "tcp", addr)
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	d := tls.Dialer{NetDialer: u.netDialer, Config: &tls.Config{ServerName: host}}
+	return d.DialContext(ctx, "tcp", addr)
+}
+
+// put keeps pc for the next request to its engine, within maxIdle, and
+// closes idle connections past the idle timeout now and then.
+func (u *upstream) put(pc *upConn) {
+	now := time.Now()
+	pc.idleAt = now
+	u.mu.Lock()
+	list := u.idle[pc.key]
+	if len(list) >= u.maxIdle {
+		u.mu.Unlock()
+		pc.c.Close()
+		return
+	}
+	u.idle[pc.key] = append(list, pc)
+	var stale []*upConn
+	if now.Sub(u.lastSweep) > u.idleTimeout {
+		u.lastSweep = now
+		for k, list := range u.idle {
+			kept := list[:0]
+			for _, c := range list {
+				if now.Sub(c.idleAt) >= u.idleTimeout {
+					stale = append(stale, c)
+				} else {
+					kept = append(kept, c)
+				}
+			}
+			clear(list[len(kept):])
+			if len(kept) == 0 {
+				delete(u.idle, k)
+			} else {
+				u.idle[k] = kept
+			}
+		}
+	}
+	u.mu.Unlock()
+	for _, c := range stale {
+		c.c.Close()
+	}
+}
+
+// upBody is an answer's body: read to its end, it gives the connection back
+// to the pool; closed before, or failed, it closes the connection.
+type upBody struct {
+	u     *upstream
+	pc    *upConn
+	body  io.ReadCloser
+	stop  func() bool // unhooks the cancellation; false once it has fired
+	ctx   context.Context
+	reuse bool
+	done  bool
+}
+
+func (b *upBody) Read(p []byte) (int, error) {
+	if b.done {
+		return 0, io.EOF
+	}
+	n, err := b.body.Read(p)
+	switch {
+	case err == io.EOF:
+		b.finish(true)
+	case err != nil:
+		if cerr := b.ctx.Err(); cerr != nil {
+			err = cerr // cut by the cancellation, not by the engine
+		}
+		b.finish(false)
+	}
+	return n, err
+}
+
+func (b *upBody) Close() error {
+	if !b.done {
+		b.finish(false)
+	}
+	return nil
+}
+
+func (b *upBody) finish(complete bool) {
+	b.done = true
+	if b.stop() && complete && b.reuse {
+		b.u.put(b.pc)
+		return
+	}
+	b.pc.c.Close()
+}
