@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/smg-project/smg/controlplane/admin"
@@ -99,14 +100,23 @@ func TestRESTWorkerLifecycle(t *testing.T) {
 		t.Fatal("PATCH changed the overload block")
 	}
 
-	// PATCH carrying an overload block: 400 naming PUT, block unchanged.
-	r = h.do(t, http.MethodPatch, "/workers/"+id, `{"priority":10,"overload":{"waiting_requests":100}}`)
-	if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), "PUT") || r.errorField(t, "param") != "overload" {
+	// PATCH carrying an overload block (the spec: PATCH "cannot change the
+	// block and keeps it as is"): the rest applies, the block stays, and the
+	// answer says so, naming PUT.
+	r = h.do(t, http.MethodPatch, "/workers/"+id, `{"priority":10,"labels":{"gpu":"h100"},"overload":{"waiting_requests":100}}`)
+	if r.status != http.StatusAccepted || !strings.Contains(string(r.body), "kept as is") || !strings.Contains(string(r.body), "PUT") {
 		t.Fatalf("PATCH with overload = %d %s", r.status, r.body)
 	}
 	w = h.reg.Snapshot().Get(id)
-	if w.Spec.GetOverload().GetWaitingRequests() != 4 || w.Thresholds.WaitingRequests != 4 || w.Spec.GetPriority() != 70 {
-		t.Fatal("a refused PATCH changed the worker")
+	if w.Spec.GetPriority() != 10 || w.Spec.GetLabels()["gpu"] != "h100" {
+		t.Fatalf("the rest of a PATCH carrying an overload block was lost: %v", w.Spec)
+	}
+	if w.Spec.GetOverload().GetWaitingRequests() != 4 || w.Thresholds.WaitingRequests != 4 {
+		t.Fatalf("PATCH changed the overload block: %v %+v", w.Spec.GetOverload(), w.Thresholds)
+	}
+	r = h.do(t, http.MethodGet, "/workers/"+id, "")
+	if !strings.Contains(string(compact(r.body)), `"overload":{"waiting_requests":4`) {
+		t.Fatalf("GET after PATCH does not show the kept block: %s", r.body)
 	}
 
 	// PUT: complete spec, registration re-runs, new thresholds.
@@ -447,9 +457,12 @@ func TestGRPCWorkerService(t *testing.T) {
 	if _, err := h.grpc.GetWorker(ctx, &smgv1.GetWorkerRequest{WorkerId: "w-none"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("unknown: %v", err)
 	}
-	_, err = h.grpc.UpdateWorker(ctx, &smgv1.UpdateWorkerRequest{WorkerId: id, Update: &smgv1.WorkerUpdate{Overload: &smgv1.OverloadBlock{}}})
-	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "PUT") {
-		t.Fatalf("PATCH overload over gRPC: %v", err)
+	up, err := h.grpc.UpdateWorker(ctx, &smgv1.UpdateWorkerRequest{WorkerId: id, Update: &smgv1.WorkerUpdate{Priority: proto.Int32(9), Overload: &smgv1.OverloadBlock{}}})
+	if err != nil || !strings.Contains(up.GetMessage(), "PUT") {
+		t.Fatalf("PATCH overload over gRPC: %v %v", up, err)
+	}
+	if w := h.reg.Snapshot().Get(id); w.Spec.GetPriority() != 9 || w.Spec.GetOverload() != nil {
+		t.Fatalf("PATCH over gRPC: priority %d, overload %v; want 9 and no block", w.Spec.GetPriority(), w.Spec.GetOverload())
 	}
 	list, err := h.grpc.ListWorkers(ctx, &smgv1.ListWorkersRequest{Model: "sim-model"})
 	if err != nil || list.GetTotal() != 1 || list.GetWorkers()[0].GetSpec().GetLabels()["zone"] != "a" {

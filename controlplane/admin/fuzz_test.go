@@ -106,8 +106,8 @@ func FuzzCreateWorkerJSON(f *testing.F) {
 	})
 }
 
-// FuzzUpdateWorkerJSON feeds arbitrary bodies to PATCH: a PATCH carrying an
-// overload block is never accepted, and the stored block never changes.
+// FuzzUpdateWorkerJSON feeds arbitrary bodies to PATCH: the stored overload
+// block never changes, and an accepted PATCH carrying one says it was kept.
 func FuzzUpdateWorkerJSON(f *testing.F) {
 	seeds(f)
 	_, h, reg := newService(f)
@@ -119,8 +119,8 @@ func FuzzUpdateWorkerJSON(f *testing.F) {
 		}
 		var raw map[string]json.RawMessage
 		if rec.Code == http.StatusAccepted && json.Unmarshal([]byte(body), &raw) == nil {
-			if o, ok := raw["overload"]; ok && string(o) != "null" {
-				t.Fatalf("PATCH with an overload block was accepted: %s", body)
+			if o, ok := raw["overload"]; ok && string(o) != "null" && !strings.Contains(rec.Body.String(), "kept as is") {
+				t.Fatalf("PATCH with an overload block did not say it was kept: %s -> %s", body, rec.Body)
 			}
 		}
 	})

@@ -234,6 +234,14 @@ func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerReque
 		return nil, err
 	}
 	id := req.GetWorkerId()
+	msg := "worker " + id + " updated"
+	if u.GetOverload() != nil {
+		// The spec: PATCH cannot change the block and keeps it as is; the
+		// rest of the patch applies.
+		u = proto.CloneOf(u)
+		u.Overload = nil
+		msg += "; the overload block was kept as is (PATCH cannot change it: send the complete spec with PUT /workers/{worker_id})"
+	}
 	b, err := proto.Marshal(u)
 	if err != nil {
 		return nil, errBadRequest("update", "update: %v", err)
@@ -247,7 +255,7 @@ func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerReque
 	}
 	loc := "/workers/" + id
 	accepted(ctx, loc)
-	return &smgv1.UpdateWorkerResponse{Status: "accepted", WorkerId: id, Url: url, Location: loc, Message: "worker " + id + " updated"}, nil
+	return &smgv1.UpdateWorkerResponse{Status: "accepted", WorkerId: id, Url: url, Location: loc, Message: msg}, nil
 }
 
 func (s *Service) DeleteWorker(ctx context.Context, req *smgv1.DeleteWorkerRequest) (*smgv1.DeleteWorkerResponse, error) {

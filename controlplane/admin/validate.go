@@ -122,12 +122,9 @@ func errGRPCUnsupported(field string) error {
 	return errBadRequest(field, "gRPC engines are not supported yet: register the engine's HTTP URL (http:// or https://) with connection_mode http")
 }
 
-// validateUpdate checks a PATCH. The overload block is never patchable.
+// validateUpdate checks a PATCH. An overload block in it is not checked: the
+// spec says PATCH cannot change the block and keeps it as is, so it is dropped.
 func validateUpdate(u *smgv1.WorkerUpdate) error {
-	if u.GetOverload() != nil {
-		return errBadRequest("overload",
-			"the overload block cannot be changed by PATCH; send the complete spec with PUT /workers/{worker_id}")
-	}
 	if u.Node != nil && len(u.GetNode()) > maxShortString {
 		return errBadRequest("node", "node must be at most %d bytes, got %d", maxShortString, len(u.GetNode()))
 	}
