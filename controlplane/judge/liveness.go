@@ -143,6 +143,10 @@ const (
 	// HTTPPollFailed: HTTP workers are watched by health checks and the
 	// circuit breaker instead.
 	HTTPPollFailed
+	// HTTPRequestFailed: a router's proxied request to an HTTP worker failed
+	// at the connection. It is neither of the worker's channels; the
+	// router's circuit breaker counts it.
+	HTTPRequestFailed
 )
 
 // Record is what one load report says to the liveness rules.

@@ -16,6 +16,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"strings"
 	"sync"
 	"time"
 
@@ -160,7 +161,7 @@ func (t *Tracker) Flush() {
 		t.flush()
 		return
 	}
-	t.judgeAll(t.PendingIDs(nil), func(int, *registry.Evidence) {})
+	t.judgeAll(t.PendingIDs(nil), func(int, *registry.Worker) {})
 }
 
 // takePending appends id's pending records to into and removes them.
@@ -374,7 +375,7 @@ type change struct {
 // judgeAll moves the evidence of each Ready worker in ids with fn and
 // commits, in one transaction; the registry decides the verdicts. The
 // workers' pending records, older than fn's evidence, go first.
-func (t *Tracker) judgeAll(ids []string, fn func(i int, ev *registry.Evidence)) {
+func (t *Tracker) judgeAll(ids []string, fn func(i int, w *registry.Worker)) {
 	if len(ids) == 0 {
 		return // an empty router report: no transaction (1,000 routers send 4,000 a second)
 	}
@@ -398,7 +399,7 @@ func (t *Tracker) judgeAll(ids []string, fn func(i int, ev *registry.Evidence)) 
 			for _, r := range recs {
 				t.applyPushed(&c.Evidence, r)
 			}
-			fn(i, &c.Evidence)
+			fn(i, c)
 			changes = t.commit(txn, w, c, changes)
 		}
 		return nil
@@ -408,7 +409,7 @@ func (t *Tracker) judgeAll(ids []string, fn func(i int, ev *registry.Evidence)) 
 
 // with moves one worker's evidence.
 func (t *Tracker) with(workerID string, fn func(ev *registry.Evidence)) {
-	t.judgeAll([]string{workerID}, func(_ int, ev *registry.Evidence) { fn(ev) })
+	t.judgeAll([]string{workerID}, func(_ int, w *registry.Worker) { fn(&w.Evidence) })
 }
 
 // commit inserts c (w moved on) and, when the veto changed, updates the
@@ -627,8 +628,8 @@ func (t *Tracker) RouterObservations(routerID string, rep *smgv1.RouterReport, n
 	for i, o := range obs {
 		ids[i] = o.GetWorkerId()
 	}
-	t.judgeAll(ids, func(i int, ev *registry.Evidence) {
-		o := obs[i]
+	t.judgeAll(ids, func(i int, w *registry.Worker) {
+		ev, o := &w.Evidence, obs[i]
 		var lastProgress time.Time
 		if o.GetLastProgress() != nil {
 			lastProgress = o.GetLastProgress().AsTime()
@@ -641,7 +642,7 @@ func (t *Tracker) RouterObservations(routerID string, rep *smgv1.RouterReport, n
 			if o.GetLastFailure() != nil {
 				at = o.GetLastFailure().AsTime()
 			}
-			ev.Live.Failure(at, judge.ConnectionFailure, &t.rules)
+			ev.Live.Failure(at, routerFailureKind(w), &t.rules)
 		}
 		ev.Live.SetPrefillRate(o.GetPrefillTokensPerSec())
 		routers := make(map[string]registry.RouterView, len(ev.Routers)+1)
@@ -650,6 +651,18 @@ func (t *Tracker) RouterObservations(routerID string, rep *smgv1.RouterReport, n
 		ev.Routers = routers
 		ev.Live.Routers(now, sum(routers), &t.rules)
 	})
+}
+
+// routerFailureKind is what a router's failed upstream connection to w is to
+// the rules. A router's request to a gRPC worker rides the worker's channel;
+// one to an HTTP worker is neither of its channels (the load poll, the KV
+// event stream): the spec leaves HTTP workers to health checks and the
+// circuit breaker.
+func routerFailureKind(w *registry.Worker) judge.FailureKind {
+	if w.Spec.GetConnectionMode() == "grpc" || strings.HasPrefix(w.Spec.GetUrl(), "grpc") {
+		return judge.ConnectionFailure
+	}
+	return judge.HTTPRequestFailed
 }
 
 // RouterGone implements watch.ObservationSink: the router's piles no longer count.
@@ -661,7 +674,8 @@ func (t *Tracker) RouterGone(routerID string) {
 			ids = append(ids, w.ID)
 		}
 	}
-	t.judgeAll(ids, func(_ int, ev *registry.Evidence) {
+	t.judgeAll(ids, func(_ int, w *registry.Worker) {
+		ev := &w.Evidence
 		if _, ok := ev.Routers[routerID]; !ok {
 			return
 		}

@@ -152,12 +152,36 @@ func TestPushedRecordsMakeAWorkerStaleAfterSilence(t *testing.T) {
 	}
 }
 
+// A router's failed request to an HTTP worker is neither of the worker's
+// channels (the load poll, the KV event stream): the spec leaves HTTP workers
+// to health checks and the circuit breaker, so it never arms unreachable.
+func TestRouterFailureToHTTPWorkerNeverArmsUnreachable(t *testing.T) {
+	tr, reg, _ := setup(t, registry.HealthHealthy)
+	tr.Contact("w1", t0)
+	failed := t0.Add(2500 * time.Millisecond) // past the 2 s stall bound
+	tr.RouterObservations("r1", &smgv1.RouterReport{Workers: []*smgv1.WorkerObservation{{
+		WorkerId: "w1", ConnectionFailures: 10, LastFailure: timestamppb.New(failed),
+	}}}, failed)
+	tr.Sweep(t0.Add(time.Minute))
+	if got := liveness(reg); got != smgv1.Veto_VETO_UNSPECIFIED {
+		t.Fatalf("a router's failed requests vetoed an HTTP worker: %v", got)
+	}
+}
+
 // A router's report can itself carry the event that moves the verdict: a
-// connection failure past the stall bound vetoes, its contact re-admits. The
-// registry must get that change even though the pile part of the report
-// changes nothing.
+// connection failure to a gRPC worker past the stall bound vetoes, its
+// contact re-admits. The registry must get that change even though the pile
+// part of the report changes nothing.
 func TestRouterReportFailureAndContactReachTheRegistry(t *testing.T) {
 	tr, reg, _ := setup(t, registry.HealthHealthy)
+	if _, err := reg.Update(func(txn *registry.Txn) error {
+		c := txn.Get("w1").Clone()
+		c.Spec = &smgv1.WorkerSpec{Url: "grpc://w1", ConnectionMode: "grpc"}
+		txn.Insert(c)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	tr.Contact("w1", t0)
 	failed := t0.Add(2500 * time.Millisecond) // past the 2 s stall bound, before any sweep
 	tr.RouterObservations("r1", &smgv1.RouterReport{Workers: []*smgv1.WorkerObservation{{
