@@ -2,25 +2,13 @@ package tokenizer
 
 import (
 	"strings"
-	"sync"
 	"testing"
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
 )
 
-var (
-	qwenOnce sync.Once
-	qwen     *Tokenizer
-)
-
-func qwen3(t testing.TB) *Tokenizer {
-	qwenOnce.Do(func() { qwen = loadModel(t, "qwen3") })
-	if qwen == nil {
-		t.Fatal("qwen3 did not load")
-	}
-	return qwen
-}
+func qwen3(t testing.TB) *Tokenizer { return loadModel(t, "qwen3") }
 
 // Streaming a text's ids one by one gives the text back, each multi-byte
 // character whole in one chunk, though byte-level tokens cut characters.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -14,8 +15,20 @@ import (
 // tokenizer by testdata/gen.mjs (its header gives the command).
 var models = []string{"qwen3", "llama3"}
 
+var (
+	loadedMu sync.Mutex
+	loaded   = map[string]*Tokenizer{}
+)
+
+// loadModel loads a model's files once per test process (a load parses
+// about 10 MB of JSON).
 func loadModel(t testing.TB, name string) *Tokenizer {
 	t.Helper()
+	loadedMu.Lock()
+	defer loadedMu.Unlock()
+	if tok := loaded[name]; tok != nil {
+		return tok
+	}
 	f, err := os.Open(filepath.Join("testdata", name, "tokenizer.json.gz"))
 	if err != nil {
 		t.Fatal(err)
@@ -34,6 +47,7 @@ func loadModel(t testing.TB, name string) *Tokenizer {
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
+	loaded[name] = tok
 	return tok
 }
 
