@@ -243,7 +243,7 @@ func (r *Router) sendPair(ctx context.Context, w http.ResponseWriter, in *http.R
 	}
 	copyRequestHeaders(out.Header, in.Header, dw.APIKey)
 	dst.dispatched.Add(1)
-	resp, err := r.roundTrip(out)
+	resp, err := r.roundTrip(ctx, out)
 	if err != nil {
 		if in.Context().Err() != nil {
 			return statusClientClosed
@@ -311,7 +311,7 @@ func (r *Router) prefillLeg(ctx context.Context, in *http.Request, pw *Worker, p
 	}
 	copyRequestHeaders(out.Header, in.Header, pw.APIKey)
 	pst.dispatched.Add(1)
-	resp, err := r.roundTrip(out)
+	resp, err := r.roundTrip(ctx, out)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // the pair ended first

@@ -278,11 +278,15 @@ type dispatchResult struct {
 // alone, and its upstream request is cancelled.
 func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.Request, wk *Worker, st *workerState,
 	body []byte, streaming bool, promptTokens int64, mayRetry bool, ticket *scheduler.Ticket) dispatchResult {
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, upstreamURL(wk.URL, in), bytes.NewReader(body))
+	u, err := st.upstreamURL(wk.URL, in)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeUpstreamError, "Invalid worker URL '"+wk.URL+"'", 0)
 		return dispatchResult{status: http.StatusBadGateway}
 	}
+	// Built as the client's upstream writes it: the context goes to the
+	// round trip, the body is read again by a retry on a fresh connection.
+	out := &http.Request{Method: http.MethodPost, URL: u, Host: u.Host, Header: make(http.Header, len(in.Header)+2),
+		Body: newRewindBody(body), ContentLength: int64(len(body))}
 	copyRequestHeaders(out.Header, in.Header, wk.APIKey)
 
 	st.dispatched.Add(1)
@@ -299,7 +303,7 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 		defer st.streams.Add(-1)
 	}
 
-	resp, err := r.roundTrip(out)
+	resp, err := r.roundTrip(ctx, out)
 	if err != nil {
 		if preempted(ctx) {
 			return dispatchResult{status: writePreempted(w)}
@@ -558,10 +562,13 @@ func copyRequestHeaders(dst, src http.Header, apiKey string) {
 	if apiKey != "" {
 		dst["Authorization"] = []string{"Bearer " + apiKey}
 	}
-	dst[hopHeader] = []string{"1"} // a router that receives it refuses it: a loop
+	dst[hopHeader] = hopValue // a router that receives it refuses it: a loop
 }
 
 var hopHeader = http.CanonicalHeaderKey(identity.HopHeader)
+
+// hopValue is shared by every request's header: nothing writes to it.
+var hopValue = []string{"1"}
 
 // copyResponseHeaders forwards a worker's headers, minus hop-by-hop ones and
 // X-SMG-Error-Code: that header marks only this router's own decisions.

@@ -155,8 +155,8 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 // roundTrip sends one upstream request. Redirects are the client's
 // business, as with any reverse proxy. Errors read as an http.Client's do
 // (`Post "URL": ...`).
-func (r *Router) roundTrip(out *http.Request) (*http.Response, error) {
-	resp, err := r.upstream.RoundTrip(out)
+func (r *Router) roundTrip(ctx context.Context, out *http.Request) (*http.Response, error) {
+	resp, err := r.upstream.RoundTrip(ctx, out)
 	if err != nil {
 		var tlsErr tls.RecordHeaderError
 		if errors.As(err, &tlsErr) && string(tlsErr.RecordHeader[:]) == "HTTP/" {

@@ -2,6 +2,9 @@ package router
 
 import (
 	"math"
+	"net/http"
+	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -31,6 +34,31 @@ type workerState struct {
 	connFailures atomic.Uint64 // connection-level upstream failures since the last Observations
 	contacts     atomic.Uint64 // answers received since the last Observations (contact)
 	prefillRate  atomic.Uint64 // float64 bits: prompt tokens/s measured to the first byte (EWMA)
+
+	base atomic.Pointer[baseURL] // the worker's URL, parsed once
+}
+
+// baseURL is a worker URL as registered and as parsed.
+type baseURL struct {
+	raw string
+	u   url.URL
+}
+
+// upstreamURL is in's path and query on the worker's URL raw, parsed only
+// when the worker's URL changes.
+func (st *workerState) upstreamURL(raw string, in *http.Request) (*url.URL, error) {
+	b := st.base.Load()
+	if b == nil || b.raw != raw {
+		u, err := url.Parse(strings.TrimSuffix(raw, "/"))
+		if err != nil {
+			return nil, err
+		}
+		b = &baseURL{raw: raw, u: *u}
+		st.base.Store(b)
+	}
+	u := b.u
+	u.Path, u.RawPath, u.RawQuery = b.u.Path+in.URL.Path, "", in.URL.RawQuery
+	return &u, nil
 }
 
 // notePrefill folds one measurement (tokens prefilled before the first byte,

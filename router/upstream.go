@@ -2,6 +2,7 @@ package router
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -63,8 +64,7 @@ func (e *nothingReadError) Unwrap() error { return e.err }
 // end. A kept-alive connection the engine closed while it sat idle (closed
 // or reset before a byte of the answer) is dialled afresh once, as
 // http.Transport does.
-func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
-	ctx := req.Context()
+func (u *upstream) RoundTrip(ctx context.Context, req *http.Request) (*http.Response, error) {
 	key := upKey{tls: req.URL.Scheme == "https", host: req.URL.Host}
 	for retried := false; ; retried = true {
 		pc, reused, err := u.get(ctx, key)
@@ -85,14 +85,33 @@ func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 		} else {
 			return nil, err
 		}
-		if !reused || retried || req.GetBody == nil {
+		if !reused || retried {
 			return nil, err
 		}
-		if req.Body, err = req.GetBody(); err != nil {
+		if rb, ok := req.Body.(*rewindBody); ok {
+			rb.rewind()
+		} else if req.GetBody == nil {
+			return nil, err
+		} else if req.Body, err = req.GetBody(); err != nil {
 			return nil, err
 		}
 	}
 }
+
+// rewindBody is a request body in memory that a retry reads again.
+type rewindBody struct {
+	bytes.Reader
+	b []byte
+}
+
+func newRewindBody(b []byte) *rewindBody {
+	rb := &rewindBody{b: b}
+	rb.Reset(b)
+	return rb
+}
+
+func (rb *rewindBody) rewind()   { rb.Reset(rb.b) }
+func (*rewindBody) Close() error { return nil }
 
 // send writes req on pc and reads the answer's head.
 func (u *upstream) send(ctx context.Context, pc *upConn, req *http.Request) (*http.Response, error) {

@@ -37,7 +37,7 @@ func post(t *testing.T, u *upstream, ctx context.Context, url, body string) (*ht
 	if err != nil {
 		t.Fatal(err)
 	}
-	return u.RoundTrip(req)
+	return u.RoundTrip(ctx, req)
 }
 
 // An answer read to its end leaves its connection for the next request; one
