@@ -243,7 +243,13 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	// worker once, before every sweep (judge.SweepInterval).
 	cp.Liveness = liveness.New(cp.Registry, liveness.Options{Rules: opts.Liveness, Now: opts.Now, Coalesce: true,
 		Flush: func() { cp.Ingest.Flush() }}, log, reg)
-	cp.Ingest = ingest.New(cp.Registry, ingest.Options{Coalesce: true, Rider: cp.Liveness}, log)
+	cp.Windows = windows.New(cp.Registry, windows.Options{StaleAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
+		Warmup: windows.DefaultWarmup, HeldWarmup: windows.DefaultHeldWarmup, Admission: opts.AdmissionWindow, Queue: int64(opts.AdmissionQueue), Now: opts.Now}, log, reg)
+	iopts := ingest.Options{Coalesce: true, Rider: cp.Liveness}
+	if opts.AdmissionWindow {
+		iopts.Observe = cp.Windows.ObserveLoad // learned windows read every report, before coalescing
+	}
+	cp.Ingest = ingest.New(cp.Registry, iopts, log)
 	hopts := opts.Health
 	hopts.Now = opts.Now
 	hopts.Seed = spreadSeed(opts)
@@ -252,8 +258,6 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		Interval: time.Duration(opts.LoadMonitorInterval) * time.Second,
 		Observer: cp.Liveness, Skipper: cp.Liveness, Now: opts.Now, Seed: hopts.Seed,
 	}, log)
-	cp.Windows = windows.New(cp.Registry, windows.Options{StaleAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
-		Warmup: windows.DefaultWarmup, HeldWarmup: windows.DefaultHeldWarmup, Admission: opts.AdmissionWindow, Queue: int64(opts.AdmissionQueue), Now: opts.Now}, log, reg)
 	if opts.AdmissionWindow {
 		if err := reg.Register(windows.NewCollector(cp.Registry)); err != nil {
 			return nil, err

@@ -102,6 +102,9 @@ type WindowDemand struct {
 	// WaitingByClass splits Waiting by priority class (index 0 the highest);
 	// the allocator serves higher classes first.
 	WaitingByClass [NumClasses]int64
+	// Queued is the part of Waiting held in this router now (not refused):
+	// the allocator never probes a learned window up while it is above 0.
+	Queued int64
 }
 
 // windowDemand lists every worker with a window, idle ones too: a report of
@@ -113,6 +116,7 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 	type pw struct {
 		n       int64
 		waiting [NumClasses]int64
+		queued  int64
 	}
 	pools := map[*waitlist]*pw{}
 	for i := range v.size() {
@@ -122,7 +126,7 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 		for _, wl := range v.states[i].waitlists() {
 			p := pools[wl]
 			if p == nil {
-				p = &pw{waiting: wl.takeDemand()}
+				p = &pw{queued: wl.n.Load(), waiting: wl.takeDemand()}
 				pools[wl] = p
 			}
 			p.n++
@@ -155,6 +159,7 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 				share := (n + regular - 1) / regular
 				d.WaitingByClass[c] += share
 				d.Waiting += share
+				d.Queued += share
 			}
 		}
 		for _, wl := range st.waitlists() {
@@ -164,6 +169,7 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 				d.WaitingByClass[c] += share
 				d.Waiting += share
 			}
+			d.Queued += (p.queued + p.n - 1) / p.n
 		}
 		out = append(out, d)
 	}

@@ -404,7 +404,7 @@ func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 	var adm *smgv1.AdmissionWindow
 	if a := w.Admission; a != nil {
 		adm = &smgv1.AdmissionWindow{Window: a.Window, Source: a.Source, Queue: a.Queue, Learned: float64(a.Learned),
-			Shares: w.WindowShare}
+			LearnedBy: a.LearnedBy, Shares: w.WindowShare}
 	}
 	return &smgv1.Worker{
 		Admission:  adm,

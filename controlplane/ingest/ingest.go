@@ -133,6 +133,11 @@ type Options struct {
 	// transaction and on the same record as the worker's load, so a flush
 	// clones and writes each worker once.
 	Rider Rider
+	// Observe, when set, hears every non-empty report of a registered
+	// worker as it arrives, before coalescing (the window allocator learns
+	// engines' windows from each one). It runs under the worker's lock and
+	// must not keep load.
+	Observe func(workerID string, load *smgv1.EngineLoad)
 }
 
 // Rider is evidence pending elsewhere that a flush stores with the loads.
@@ -437,6 +442,9 @@ func (in *Ingester) report(workerID string, load *smgv1.EngineLoad, copied bool)
 		return err
 	}
 	defer c.mu.Unlock()
+	if in.opts.Observe != nil {
+		in.opts.Observe(workerID, load)
+	}
 	waiting, usage := Signals(load.GetRanks())
 	if in.opts.Coalesce {
 		// Read under the cell's lock, so a Rebuild (which holds every

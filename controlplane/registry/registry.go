@@ -65,10 +65,11 @@ type Worker struct {
 // Admission is a worker's running window under --worker-admission-window,
 // kept by the window allocator (controlplane/windows).
 type Admission struct {
-	Window  int64  // running window (0: none known: never gated)
-	Source  string // "spec", "engine", "learned" or ""
-	Queue   int64  // requests allowed to wait in the engine beyond the window
-	Learned int64  // learned window, rounded (0: not learned yet)
+	Window    int64  // running window (0: none known: never gated)
+	Source    string // "spec", "engine", "learned" or ""
+	Queue     int64  // requests allowed to wait in the engine beyond the window
+	Learned   int64  // learned window (0: not learned yet)
+	LearnedBy string // what fixed the learned window last (windows.Learned*)
 }
 
 // Rooms is the window plus the queue allowance: what routers may hold in

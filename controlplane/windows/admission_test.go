@@ -39,25 +39,6 @@ func TestPlanServesHigherClassesFirstAcrossRouters(t *testing.T) {
 	}
 }
 
-func TestLearn(t *testing.T) {
-	for _, c := range []struct {
-		name             string
-		est              float64
-		running, waiting int64
-		want             float64
-	}{
-		{"first saturated report sets it", 0, 8, 3, 8},
-		{"not saturated: nothing learned", 0, 8, 0, 0},
-		{"saturated with fewer running (KV-limited) pulls it down", 10, 4, 2, 10 + learnAlpha*(4-10)},
-		{"at the window, nothing waiting: creeps up", 8, 8, 0, 9},
-		{"below the window, nothing waiting: kept", 8, 5, 0, 8},
-	} {
-		if got := Learn(c.est, c.running, c.waiting); got != c.want {
-			t.Errorf("%s: Learn(%v, %d, %d) = %v, want %v", c.name, c.est, c.running, c.waiting, got, c.want)
-		}
-	}
-}
-
 // newAdmissionAllocator returns an allocator with Admission on over one
 // regular worker w1 whose spec is spec.
 func newAdmissionAllocator(t *testing.T, spec *smgv1.WorkerSpec, queue int64) (*Allocator, *registry.Registry) {
@@ -119,9 +100,11 @@ func TestAdmissionWindowOrderSpecEngineLearned(t *testing.T) {
 	if reg.Snapshot().Get("w1").WindowShare != nil {
 		t.Fatal("shares allocated for a worker without a window")
 	}
-	report(t, reg, 7, 3, 0)
-	_ = a.Step()
-	if got := *reg.Snapshot().Get("w1").Admission; got.Window != 7 || got.Source != "learned" {
+	for range queueStreak { // a queue with KV to spare counts once it lasts
+		report(t, reg, 7, 3, 0)
+		_ = a.Step()
+	}
+	if got := *reg.Snapshot().Get("w1").Admission; got.Window != 7 || got.Source != "learned" || got.LearnedBy != LearnedQueue {
 		t.Fatalf("admission %+v, want the learned window 7 (running while waiting)", got)
 	}
 }
@@ -159,12 +142,17 @@ func TestLearnedWindowTracksAKVLimitedEngine(t *testing.T) {
 			time.Sleep(DefaultInterval)
 			synctest.Wait()
 		}
-		tick(12, 5)
+		for range queueStreak {
+			tick(12, 5)
+		}
 		if w := reg.Snapshot().Get("w1"); w.Admission.Window != 12 || w.WindowShare["r1"] != 12 {
 			t.Fatalf("after a saturated report: %+v shares %v, want 12", w.Admission, w.WindowShare)
 		}
-		for range 20 {
+		for range queueStreak {
 			tick(4, 3) // long prompts: KV holds only 4
+		}
+		for range 20 {
+			tick(4, 0) // gated at 4: the queue is gone
 		}
 		w := reg.Snapshot().Get("w1")
 		if w.Admission.Window != 4 || w.Admission.Source != "learned" {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"maps"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/shardmap"
 )
 
 // Defaults for Options.
@@ -71,14 +71,11 @@ type Allocator struct {
 	routers map[string]*routerState
 	// grants: worker id -> router id -> what the router may hold.
 	grants map[string]map[string]*grant
-	// learned: worker id -> learned running window.
-	learned map[string]*learnedWindow
-}
-
-// learnedWindow is one worker's learned window and the report it last took.
-type learnedWindow struct {
-	rev uint64
-	est float64
+	// learners: worker id -> learned running window (learn.go), fed by
+	// ObserveLoad without the allocator's lock.
+	learners *shardmap.Map[*learner]
+	// kick asks Run for a round now (a learned window went down).
+	kick chan struct{}
 }
 
 type routerState struct {
@@ -113,9 +110,10 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 	}
 	a := &Allocator{
 		reg: reg, opts: opts, log: log, started: opts.Now(),
-		routers: make(map[string]*routerState),
-		grants:  make(map[string]map[string]*grant),
-		learned: make(map[string]*learnedWindow),
+		routers:  make(map[string]*routerState),
+		grants:   make(map[string]map[string]*grant),
+		learners: shardmap.New[*learner](),
+		kick:     make(chan struct{}, 1),
 		writes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "smg_pd_window_share_updates_total",
 			Help: "Registry writes that changed window shares (PD decode windows and admission windows).",
@@ -178,7 +176,10 @@ func (a *Allocator) Run(ctx context.Context) {
 		a.held = false
 		clear(a.routers)
 		clear(a.grants)
-		clear(a.learned)
+		a.learners.Range(func(id string, l *learner) bool {
+			a.learners.CompareAndDelete(id, l)
+			return true
+		})
 		a.mu.Unlock()
 	}()
 	t := time.NewTicker(a.opts.Interval)
@@ -188,9 +189,10 @@ func (a *Allocator) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := a.Step(); err != nil {
-				a.log.Warn("Window allocation failed", "err", err)
-			}
+		case <-a.kick:
+		}
+		if err := a.Step(); err != nil {
+			a.log.Warn("Window allocation failed", "err", err)
 		}
 	}
 }
@@ -259,7 +261,7 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 	seen := make(map[string]bool)
 	for _, w := range workers {
 		seen[w.ID] = true
-		window, adm := a.windowOf(w)
+		window, adm := a.windowOf(w, now)
 		changedAdm := !admissionEqual(adm, w.Admission)
 		if window <= 0 {
 			if w.WindowShare != nil || changedAdm {
@@ -281,11 +283,12 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 			delete(a.grants, id)
 		}
 	}
-	for id := range a.learned {
+	a.learners.Range(func(id string, l *learner) bool {
 		if !seen[id] {
-			delete(a.learned, id)
+			a.learners.CompareAndDelete(id, l)
 		}
-	}
+		return true
+	})
 	return updates, decreased
 }
 
@@ -379,32 +382,103 @@ func (a *Allocator) commit(t *registry.Txn, updates map[string]update) bool {
 // its record: a decode worker's running window (PD, as before); with
 // Admission, a regular worker's window in the order spec, engine report,
 // learned; plus the queue allowance.
-func (a *Allocator) windowOf(w *registry.Worker) (int64, *registry.Admission) {
+func (a *Allocator) windowOf(w *registry.Worker, now time.Time) (int64, *registry.Admission) {
 	switch {
 	case w.Type == "decode":
 		return Window(w), nil
 	case w.Type == "prefill" || !a.opts.Admission:
 		return 0, nil
 	}
-	l := a.learned[w.ID]
-	if l == nil {
-		l = &learnedWindow{}
-		a.learned[w.ID] = l
-	}
-	if w.Load != nil && w.LoadRevision != l.rev {
+	l := a.learner(w.ID)
+	l.mu.Lock()
+	l.contactAgain(w.ContactSeq, now)
+	if !l.fed && w.Load != nil && w.LoadRevision != l.rev {
+		// Nothing feeds this worker's reports (a caller without
+		// ObserveLoad): learn from the latest one stored.
 		l.rev = w.LoadRevision
-		l.est = Learn(l.est, int64(w.Load.GetRunningRequests()), int64(w.Load.GetWaitingRequests()))
+		l.observe(observation(w.Load), now)
 	}
-	adm := &registry.Admission{Queue: a.opts.Queue, Learned: int64(math.Round(l.est))}
+	adm := &registry.Admission{Queue: a.opts.Queue}
 	switch {
 	case w.Spec.GetMaxRunningRequests() > 0:
 		adm.Window, adm.Source = int64(w.Spec.GetMaxRunningRequests()), "spec"
 	case w.Load.GetMaxRunningRequests() > 0:
 		adm.Window, adm.Source = int64(w.Load.GetMaxRunningRequests()), "engine"
-	case adm.Learned > 0:
-		adm.Window, adm.Source = adm.Learned, "learned"
+	default:
+		l.probe(now, a.routersWaiting(w.ID))
+		if l.limit > 0 {
+			adm.Window, adm.Source = l.limit, "learned"
+		}
 	}
+	adm.Learned, adm.LearnedBy = l.limit, l.basis
+	l.mu.Unlock()
 	return adm.Rooms(), adm
+}
+
+// learner returns worker id's learner, made on first use.
+func (a *Allocator) learner(id string) *learner {
+	if l, ok := a.learners.Load(id); ok {
+		return l
+	}
+	l, _ := a.learners.LoadOrStore(id, &learner{})
+	return l
+}
+
+// routersWaiting reports whether any connected router has requests waiting
+// in it for a room on worker id (refused ones do not count: they wait nowhere).
+func (a *Allocator) routersWaiting(id string) bool {
+	for _, rs := range a.routers {
+		if !rs.gone && rs.demand[id].GetQueued() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// ObserveLoad folds one engine report of a registered worker into its
+// learned window (ingest calls it for every report, before coalescing). A
+// window that goes down (or is first learned) is committed by a round run
+// at once. Safe for concurrent use; it takes only the worker's own lock.
+func (a *Allocator) ObserveLoad(workerID string, load *smgv1.EngineLoad) {
+	if !a.opts.Admission || load == nil {
+		return
+	}
+	l := a.learner(workerID)
+	l.mu.Lock()
+	l.fed = true
+	lowered := l.observe(observation(load), a.opts.Now())
+	l.mu.Unlock()
+	if lowered {
+		select {
+		case a.kick <- struct{}{}:
+		default: // a round is already due
+		}
+	}
+}
+
+// observation reads a load report's signals, summed over ranks.
+func observation(load *smgv1.EngineLoad) Observation {
+	ranks := load.GetRanks()
+	if len(ranks) == 0 {
+		return Observation{Running: int64(max(0, load.GetRunningRequests())), Waiting: int64(max(0, load.GetWaitingRequests())),
+			Usage: usage(load.GetTokenUsage())}
+	}
+	var o Observation
+	for _, r := range ranks {
+		o.Running += int64(max(0, r.GetRunningRequests()))
+		o.Waiting += int64(max(0, r.GetWaitingRequests()))
+		o.Usage += usage(r.GetTokenUsage())
+	}
+	o.Usage /= float64(len(ranks))
+	return o
+}
+
+// usage keeps a KV usage in [0, 1] (NaN: 0).
+func usage(v float64) float64 {
+	if !(v > 0) {
+		return 0
+	}
+	return min(v, 1)
 }
 
 func admissionEqual(a, b *registry.Admission) bool {
@@ -412,29 +486,6 @@ func admissionEqual(a, b *registry.Admission) bool {
 		return a == b
 	}
 	return *a == *b
-}
-
-// learnAlpha is the weight of one saturated report in the learned window.
-const learnAlpha = 0.3
-
-// Learn folds one load report into a learned window (0: none yet). An
-// engine whose waiting queue is not empty is saturated: the running count
-// it reports then is its window at that moment (a KV-limited engine's window
-// shrinks with long prompts), smoothed over reports. An engine running at the
-// learned window with nothing waiting may take more: the estimate creeps up
-// by one, so an engine gated at its learned window (which then never queues)
-// is still learned upward.
-func Learn(est float64, running, waiting int64) float64 {
-	switch {
-	case waiting > 0 && running > 0:
-		if est <= 0 {
-			return float64(running)
-		}
-		return est + learnAlpha*(float64(running)-est)
-	case est > 0 && waiting == 0 && float64(running) >= math.Floor(est):
-		return est + 1
-	}
-	return est
 }
 
 // Window is a decode worker's running window: the engine's report, else the

@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"io"
+	"strconv"
 )
 
 // The Prometheus wires. Each fromX reads an already parsed /metrics page, so
@@ -46,6 +47,7 @@ func fromVLLM(fs families) (Report, error) {
 	} else {
 		fs.hitCounters(s, "vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total", w.rankLabels)
 	}
+	fs.configWindow(s, "vllm:cache_config_info", "max_num_seqs", w.rankLabels)
 	rep, err := s.report(w.source, "vllm: no load gauges")
 	if err != nil {
 		return Report{}, err
@@ -278,4 +280,43 @@ func fromLlamaCpp(fs families) (Report, error) {
 		rep.StepCount, rep.StepWire = fs.sumRanks("llamacpp:n_decode_total", nil, sampleValue), true
 	}
 	return rep, nil
+}
+
+// configWindow sets MaxRunning on ranks from label of the config info gauge
+// name (value 1, the settings as labels): a vLLM that exports its
+// scheduler's max_num_seqs there tells its window. Stock vLLM's
+// cache_config_info labels only the KV cache (num_gpu_blocks, block_size):
+// its window is learned. A series without a rank label applies to every
+// rank.
+func (fs families) configWindow(s *rankSet, name, label string, rankLabels []string) {
+	mf := fs[name]
+	if mf == nil {
+		return
+	}
+	for _, m := range mf.GetMetric() {
+		rank, ranked, n := 0, false, 0
+		for _, lp := range m.GetLabel() {
+			switch ln := lp.GetName(); {
+			case ln == label:
+				if v, err := strconv.Atoi(lp.GetValue()); err == nil && v > 0 && v <= maxCount {
+					n = v
+				}
+			case !ranked && isRankLabel(ln, rankLabels):
+				rank, ranked = -1, true
+				if v, ok := smallInt(lp.GetValue()); ok {
+					rank = v
+				}
+			}
+		}
+		if n <= 0 || rank < 0 {
+			continue
+		}
+		if !ranked {
+			for i := range s.ranks {
+				s.ranks[i].MaxRunning = int64(n)
+			}
+		} else if r := s.find(rank); r != nil {
+			r.MaxRunning = int64(n)
+		}
+	}
 }

@@ -361,3 +361,32 @@ func TestTooManyRanksIsAParseError(t *testing.T) {
 		t.Errorf("/v1/loads with %d ranks: %d ranks, %v", maxRanks+1, len(rep.Ranks), err)
 	}
 }
+
+// TestVLLMConfigInfoWindow: a max_num_seqs label on vllm:cache_config_info
+// is the engine's window (per engine label, or for every rank without one);
+// stock vLLM's labels (the KV cache's) give none, nor do bad values.
+func TestVLLMConfigInfoWindow(t *testing.T) {
+	page := func(info string) string {
+		return "# TYPE vllm:num_requests_running gauge\n" +
+			"vllm:num_requests_running{engine=\"0\"} 3\nvllm:num_requests_running{engine=\"1\"} 4\n" +
+			"# TYPE vllm:cache_config_info gauge\n" + info
+	}
+	for _, c := range []struct {
+		name, info string
+		want       [2]int64
+	}{
+		{"stock vLLM: KV labels only", `vllm:cache_config_info{block_size="16",num_gpu_blocks="4096"} 1` + "\n", [2]int64{0, 0}},
+		{"one series for every rank", `vllm:cache_config_info{block_size="16",max_num_seqs="256"} 1` + "\n", [2]int64{256, 256}},
+		{"per engine", `vllm:cache_config_info{engine="0",max_num_seqs="8"} 1` + "\n" + `vllm:cache_config_info{engine="1",max_num_seqs="16"} 1` + "\n", [2]int64{8, 16}},
+		{"bad values", `vllm:cache_config_info{max_num_seqs="-3"} 1` + "\n" + `vllm:cache_config_info{engine="x",max_num_seqs="9"} 1` + "\n" +
+			`vllm:cache_config_info{max_num_seqs="1e9999"} 1` + "\n", [2]int64{0, 0}},
+	} {
+		rep, err := ParseVLLM(strings.NewReader(page(c.info)))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := [2]int64{rep.Ranks[0].MaxRunning, rep.Ranks[1].MaxRunning}; got != c.want {
+			t.Errorf("%s: windows %v, want %v", c.name, got, c.want)
+		}
+	}
+}

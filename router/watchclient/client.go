@@ -775,7 +775,7 @@ func report(obs router.Observations) *smgv1.RouterReport {
 	}
 	for _, d := range obs.Demand {
 		r.Demand = append(r.Demand, &smgv1.DecodeDemand{WorkerId: d.WorkerID, InFlight: d.InFlight, Waiting: d.Waiting,
-			WaitingByClass: d.WaitingByClass[:]})
+			WaitingByClass: d.WaitingByClass[:], Queued: d.Queued})
 	}
 	return r
 }

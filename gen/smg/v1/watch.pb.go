@@ -398,8 +398,12 @@ type DecodeDemand struct {
 	// default, bulk); the allocator serves higher classes first. Empty: all
 	// of waiting is one class.
 	WaitingByClass []int64 `protobuf:"varint,4,rep,packed,name=waiting_by_class,json=waitingByClass,proto3" json:"waiting_by_class,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The part of waiting held in the router now, waiting for a room (waiting
+	// also counts rooms refused since the last report). The allocator never
+	// probes a learned window upward while a request waits for it.
+	Queued        int64 `protobuf:"varint,5,opt,name=queued,proto3" json:"queued,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DecodeDemand) Reset() {
@@ -458,6 +462,13 @@ func (x *DecodeDemand) GetWaitingByClass() []int64 {
 		return x.WaitingByClass
 	}
 	return nil
+}
+
+func (x *DecodeDemand) GetQueued() int64 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
 }
 
 type WatchResponse struct {
@@ -1050,12 +1061,13 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x13connection_failures\x18\x05 \x01(\x05R\x12connectionFailures\x12=\n" +
 	"\flast_failure\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vlastFailure\x123\n" +
 	"\x16prefill_tokens_per_sec\x18\a \x01(\x01R\x13prefillTokensPerSec\x12\x18\n" +
-	"\acontact\x18\b \x01(\bR\acontact\"\x8c\x01\n" +
+	"\acontact\x18\b \x01(\bR\acontact\"\xa4\x01\n" +
 	"\fDecodeDemand\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tin_flight\x18\x02 \x01(\x03R\binFlight\x12\x18\n" +
 	"\awaiting\x18\x03 \x01(\x03R\awaiting\x12(\n" +
-	"\x10waiting_by_class\x18\x04 \x03(\x03R\x0ewaitingByClass\"\x8e\x02\n" +
+	"\x10waiting_by_class\x18\x04 \x03(\x03R\x0ewaitingByClass\x12\x16\n" +
+	"\x06queued\x18\x05 \x01(\x03R\x06queued\"\x8e\x02\n" +
 	"\rWatchResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x123\n" +

@@ -609,10 +609,17 @@ type AdmissionWindow struct {
 	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
 	// Requests allowed to wait in the engine beyond the window (--worker-admission-queue).
 	Queue int64 `protobuf:"varint,3,opt,name=queue,proto3" json:"queue,omitempty"`
-	// Learned window (running while the engine's queue is non-empty, smoothed; 0: not learned yet).
+	// Learned window (the running count at which the engine's queue appeared,
+	// moved by probes of one room; 0: not learned yet). Kept while the spec or
+	// the engine gives the window.
 	Learned float64 `protobuf:"fixed64,4,opt,name=learned,proto3" json:"learned,omitempty"`
 	// Rooms granted to each router (router id -> share).
-	Shares        map[string]int64 `protobuf:"bytes,5,rep,name=shares,proto3" json:"shares,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Shares map[string]int64 `protobuf:"bytes,5,rep,name=shares,proto3" json:"shares,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// What fixed the learned window last: "queue" (the running count at which a
+	// queue appeared with KV to spare: a cap on running requests), "kv" (a
+	// queue with KV nearly full: it follows KV), "probe" (one more room that
+	// the engine ran without a queue), or "" (not learned yet).
+	LearnedBy     string `protobuf:"bytes,6,opt,name=learned_by,json=learnedBy,proto3" json:"learned_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -680,6 +687,13 @@ func (x *AdmissionWindow) GetShares() map[string]int64 {
 		return x.Shares
 	}
 	return nil
+}
+
+func (x *AdmissionWindow) GetLearnedBy() string {
+	if x != nil {
+		return x.LearnedBy
+	}
+	return ""
 }
 
 type CreateWorkerRequest struct {
@@ -2042,13 +2056,15 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"agent_node\x18\t \x01(\tR\tagentNode\x12\x14\n" +
 	"\x05model\x18\n" +
 	" \x01(\tR\x05model\x125\n" +
-	"\tadmission\x18\v \x01(\v2\x17.smg.v1.AdmissionWindowR\tadmission\"\xe9\x01\n" +
+	"\tadmission\x18\v \x01(\v2\x17.smg.v1.AdmissionWindowR\tadmission\"\x88\x02\n" +
 	"\x0fAdmissionWindow\x12\x16\n" +
 	"\x06window\x18\x01 \x01(\x03R\x06window\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
 	"\x05queue\x18\x03 \x01(\x03R\x05queue\x12\x18\n" +
 	"\alearned\x18\x04 \x01(\x01R\alearned\x12;\n" +
-	"\x06shares\x18\x05 \x03(\v2#.smg.v1.AdmissionWindow.SharesEntryR\x06shares\x1a9\n" +
+	"\x06shares\x18\x05 \x03(\v2#.smg.v1.AdmissionWindow.SharesEntryR\x06shares\x12\x1d\n" +
+	"\n" +
+	"learned_by\x18\x06 \x01(\tR\tlearnedBy\x1a9\n" +
 	"\vSharesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"=\n" +

@@ -1,0 +1,204 @@
+package windows
+
+import (
+	"sync"
+	"time"
+)
+
+// Learning the window of an engine that does not report one (vLLM):
+//
+//   - the running count at which a waiting queue appears is the engine's
+//     limit until the engine shows otherwise. A queue is read at once, from
+//     every load report (ObserveLoad), and a lower limit is committed in a
+//     round run at once, not at the next one;
+//   - a queue with KV nearly full says the limit is KV (it shrinks with long
+//     prompts and grows back as KV frees); a queue with KV to spare says it
+//     is a cap on running requests (vLLM's --max-num-seqs), which does not
+//     move while the engine runs;
+//   - the limit grows only by a probe of one room, and only with evidence:
+//     the engine holds the whole window with nothing waiting beyond its
+//     free rooms, its KV has
+//     room for one more request of the running ones' mean size, no router
+//     has a request waiting for a room (a probe that fails would move that
+//     request into the engine's queue), the limit is not a cap already
+//     confirmed by a failed probe, and the probe back-off has passed. A
+//     probe is confirmed when the engine runs it without a queue; it fails
+//     when a queue lasts (at once with KV full): the limit goes back;
+//   - an engine that comes back from a failure spell (possibly restarted
+//     with another window) may be probed again.
+//
+// A report's running count is trusted only downward: a queue never raises
+// the limit, and an engine that keeps queueing while running at least the
+// limit (it counts work it does not run, or other clients feed it) is held
+// to the limit minus its queue.
+const (
+	// kvFullAt: KV usage past which one more request of the running ones'
+	// mean size leaves the engine's KV nearly full: a queue then is put
+	// down to KV. A probe needs that request to fit (usage <= 1).
+	kvFullAt = 0.9
+	// queueStreak is how many reports in a row must show a queue that KV
+	// does not explain before it moves the limit: a request that arrives
+	// between two scheduler steps waits for one step even on an engine
+	// with room, and a report may catch it.
+	queueStreak = 3
+	// probeBackoff is the wait before the first probe after the limit
+	// changed; it doubles with each failed probe of a KV-bound engine, up
+	// to probeBackoffMax.
+	probeBackoff    = time.Second
+	probeBackoffMax = 16 * time.Second
+	// settle is how long after the limit went down a queue at or above it
+	// is put down to requests admitted under the higher limit, not to the
+	// engine.
+	settle = 2 * time.Second
+)
+
+// Learned-window bases (Admission.LearnedBy): what fixed the limit last.
+const (
+	LearnedQueue = "queue" // the running count at which a queue appeared, KV to spare: a cap on running requests
+	LearnedKV    = "kv"    // the running count at which a queue appeared with KV nearly full
+	LearnedProbe = "probe" // a probe of one more room that the engine ran without a queue
+)
+
+// Observation is one engine load report as the learner reads it.
+type Observation struct {
+	Running, Waiting int64
+	Usage            float64 // KV token usage, 0..1 (0: not reported)
+}
+
+// learner is one worker's learned window.
+type learner struct {
+	mu  sync.Mutex
+	fed bool // ObserveLoad feeds it (else rounds read the registry's load)
+	rev uint64
+
+	limit   int64  // 0: none learned yet
+	basis   string // Learned* constant
+	capped  bool   // a failed probe with KV to spare: a cap on running requests
+	probeOf int64  // the limit before the probe in flight (0: none)
+	last    Observation
+	seen    bool // last is set
+
+	below, above int // reports in a row queueing below / at or above the limit
+	backoff      time.Duration
+	nextProbe    time.Time
+	loweredAt    time.Time
+	contact      uint64 // the worker's contact sequence when last seen
+	contactKnown bool
+}
+
+// kvWith is the KV usage o's engine would have with one more request of
+// the running ones' mean size (0 when usage is not reported).
+func kvWith(o Observation) float64 {
+	if o.Usage <= 0 || o.Running <= 0 {
+		return 0
+	}
+	return o.Usage * float64(o.Running+1) / float64(o.Running)
+}
+
+// kvFull reports whether KV would be nearly full with one more request.
+func kvFull(o Observation) bool { return kvWith(o) > kvFullAt }
+
+// kvSpare reports KV room for one more request: only a reported usage is
+// evidence.
+func kvSpare(o Observation) bool { return kvWith(o) > 0 && kvWith(o) <= 1+1e-9 }
+
+// observe folds one report in; it reports whether the limit went down or
+// was learned (a round should commit it at once).
+func (l *learner) observe(o Observation, now time.Time) bool {
+	l.last, l.seen = o, true
+	if o.Waiting <= 0 {
+		l.below, l.above = 0, 0
+		if l.probeOf > 0 && o.Running >= l.limit {
+			l.probeOf, l.basis = 0, LearnedProbe // the engine runs the probe's room: the limit is at least this
+			l.backoff, l.nextProbe = probeBackoff, now.Add(probeBackoff)
+		}
+		return false
+	}
+	if o.Running <= 0 {
+		return false // queued with nothing running: frozen, or one prompt too large for KV; says nothing of the limit
+	}
+	full := kvFull(o)
+	if l.probeOf > 0 {
+		// KV full: back at once. Else a queue that lasts: the probe failed
+		// (a queue of one step is the probe's own request on its way in).
+		if !full {
+			if l.below++; l.below < queueStreak {
+				return false
+			}
+		}
+		old := l.limit
+		switch {
+		case full:
+			l.limit, l.basis, l.backoff = min(l.probeOf, o.Running), LearnedKV, min(2*l.backoff, probeBackoffMax)
+		case o.Running >= l.probeOf: // running all it had before, and a queue: that was the cap
+			l.limit, l.basis, l.capped = l.probeOf, LearnedQueue, true
+		default: // a queue below the old limit with KV to spare: try later
+			l.limit = l.probeOf
+		}
+		l.probeOf = 0
+		l.nextProbe, l.loweredAt = now.Add(l.backoff), now
+		l.below, l.above = 0, 0
+		return l.limit < old
+	}
+	if l.limit == 0 || o.Running < l.limit {
+		l.above = 0
+		l.below++
+		if !full && l.below < queueStreak {
+			return false
+		}
+		first := l.limit == 0
+		l.limit, l.below = o.Running, 0
+		l.basis, l.capped = LearnedQueue, first && !full // a first queue with KV to spare: the cap; a later one may be a slip
+		if full {
+			l.basis = LearnedKV
+		}
+		l.backoff, l.nextProbe, l.loweredAt = probeBackoff, now.Add(probeBackoff), now
+		return true
+	}
+	// A queue while running at least the limit: what routers admitted
+	// under a higher limit draining, or, once that had time to end, an
+	// engine that holds more than it runs of ours (it counts work it does
+	// not run, or other clients feed it: smg gives way).
+	l.below = 0
+	if now.Sub(l.loweredAt) < settle {
+		l.above = 0
+		return false
+	}
+	if l.above++; l.above < queueStreak {
+		return false
+	}
+	l.limit, l.above = max(1, l.limit-o.Waiting), 0
+	l.loweredAt, l.nextProbe = now, now.Add(l.backoff)
+	return true
+}
+
+// probe raises the limit by one room when the latest report shows evidence
+// for it; routersWaiting is whether any router has a request waiting for a
+// room on this worker.
+func (l *learner) probe(now time.Time, routersWaiting bool) bool {
+	o := l.last
+	// The engine holds the whole window and queues none of it beyond its
+	// free rooms (a request on its way in waits for one step).
+	full := o.Running+o.Waiting >= l.limit && o.Waiting <= max(0, l.limit-o.Running)
+	if l.limit <= 0 || l.capped || l.probeOf > 0 || !l.seen || routersWaiting || now.Before(l.nextProbe) ||
+		!full || !kvSpare(o) {
+		return false
+	}
+	l.probeOf = l.limit
+	l.limit++
+	return true
+}
+
+// contactAgain re-opens probing when the worker's contact sequence moved
+// (it came back from a failure spell: perhaps restarted with another
+// window).
+func (l *learner) contactAgain(seq uint64, now time.Time) {
+	if l.contactKnown && seq == l.contact {
+		return
+	}
+	known := l.contactKnown
+	l.contact, l.contactKnown = seq, true
+	if known && l.limit > 0 {
+		l.capped, l.backoff, l.nextProbe = false, probeBackoff, now
+	}
+}

@@ -1,0 +1,296 @@
+package windows
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// fakeEngine is an engine that reports no window: it runs what it is sent
+// up to its cap on running requests and what its KV holds, and queues the
+// rest, first come first served. lie is added to the running count it
+// reports.
+type fakeEngine struct {
+	cap       int64   // running cap (vLLM --max-num-seqs)
+	kv        float64 // KV capacity, tokens
+	perReq    float64 // KV tokens one request holds
+	lie       int64
+	inFlight  int64 // requests the router holds on it
+	flood     int64 // requests sent while it has no window
+	completed int64 // requests that end per report at most (how fast a lower share drains)
+}
+
+func (e *fakeEngine) running() int64 {
+	return min(e.inFlight, e.cap, int64(e.kv/e.perReq))
+}
+
+// report is the engine's load report now.
+func (e *fakeEngine) report() *smgv1.EngineLoad {
+	r := e.running()
+	return &smgv1.EngineLoad{Ranks: []*smgv1.RankLoad{{RunningRequests: int32(r + e.lie), WaitingRequests: int32(e.inFlight - r),
+		TokenUsage: float64(r) * e.perReq / e.kv}}}
+}
+
+// follow moves the router's requests in flight toward its share: up at
+// once (there is always demand: 2x of capacity), down as requests end.
+func (e *fakeEngine) follow(share int64, windowed bool) {
+	switch {
+	case !windowed:
+		e.inFlight = e.flood
+	case share >= e.inFlight:
+		e.inFlight = share
+	default:
+		e.inFlight = max(share, e.inFlight-e.completed)
+	}
+}
+
+// learnRig runs the allocator's loop over one regular worker w1 without a
+// window and one router r1 that always has more demand than room (it
+// refuses the rest: nothing waits in it), driven by a fakeEngine reporting
+// every 50 ms.
+type learnRig struct {
+	t   *testing.T
+	a   *Allocator
+	reg *registry.Registry
+	e   *fakeEngine
+	n   int
+}
+
+func newLearnRig(t *testing.T, e *fakeEngine) *learnRig {
+	a, reg := newAdmissionAllocator(t, &smgv1.WorkerSpec{Url: "http://w1"}, 0)
+	a.RouterDemand("r1", reg.Revision(), nil, time.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go a.Run(ctx)
+	return &learnRig{t: t, a: a, reg: reg, e: e}
+}
+
+// window is w1's admission window now.
+func (g *learnRig) window() (int64, *registry.Admission) {
+	w := g.reg.Snapshot().Get("w1")
+	if w.Admission == nil {
+		return 0, nil
+	}
+	return w.Admission.Window, w.Admission
+}
+
+// tick is one 50 ms report; the router reports every fifth tick.
+func (g *learnRig) tick() int64 {
+	w := g.reg.Snapshot().Get("w1")
+	window, _ := g.window()
+	g.e.follow(w.WindowShare["r1"], window > 0)
+	g.a.ObserveLoad("w1", g.e.report())
+	if g.n%5 == 0 {
+		g.a.RouterDemand("r1", g.reg.Revision(), []*smgv1.DecodeDemand{{WorkerId: "w1", InFlight: g.e.inFlight, Waiting: 4}}, time.Now())
+	}
+	g.n++
+	time.Sleep(50 * time.Millisecond)
+	synctest.Wait()
+	window, _ = g.window()
+	return window
+}
+
+// run ticks for d and returns the largest window seen.
+func (g *learnRig) run(d time.Duration) (highest int64) {
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		highest = max(highest, g.tick())
+	}
+	return highest
+}
+
+// learnUntil ticks until w1 has a window, at most d, and returns it.
+func (g *learnRig) learnUntil(d time.Duration) int64 {
+	g.t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		if w := g.tick(); w > 0 {
+			return w
+		}
+	}
+	g.t.Fatalf("no window learned within %s", d)
+	return 0
+}
+
+// TestLearnedWindowFixedEngine: an engine capped at 8 running requests, with
+// KV to spare, flooded before any window is known: its window is learned as
+// exactly 8 from the first queue, within a few reports, and never goes above
+// 8 afterwards (a queue with KV to spare is a cap: nothing to probe).
+func TestLearnedWindowFixedEngine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newLearnRig(t, &fakeEngine{cap: 8, kv: 1e6, perReq: 100, flood: 20, completed: 1})
+		start := time.Now()
+		if w := g.learnUntil(time.Second); w != 8 {
+			t.Fatalf("learned %d, want 8 (the running count at the first queue)", w)
+		}
+		if took := time.Since(start); took > 300*time.Millisecond {
+			t.Fatalf("learned after %s, want within a few 50 ms reports", took)
+		}
+		if hi := g.run(30 * time.Second); hi != 8 {
+			t.Fatalf("window reached %d after the first queue, want never above 8", hi)
+		}
+		_, adm := g.window()
+		if adm.Source != "learned" || adm.LearnedBy != LearnedQueue || adm.Learned != 8 {
+			t.Fatalf("admission %+v, want learned 8 by queue", adm)
+		}
+		if g.e.inFlight != 8 || g.e.running() != 8 {
+			t.Fatalf("engine holds %d running %d, want exactly its 8", g.e.inFlight, g.e.running())
+		}
+	})
+}
+
+// TestLearnedWindowKVLimitedEngine: an engine whose KV holds 10 requests of
+// the prompts it gets (cap 16) is learned at 10; when long prompts leave
+// room for 4, the window follows within one report (KV full: no streak
+// needed, the round runs at once); when they end it is probed back up to
+// 10, never more than one room above what the engine holds.
+func TestLearnedWindowKVLimitedEngine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := &fakeEngine{cap: 16, kv: 8000, perReq: 800, flood: 20, completed: 1}
+		g := newLearnRig(t, e)
+		if w := g.learnUntil(time.Second); w != 10 {
+			t.Fatalf("learned %d, want 10 (what KV holds)", w)
+		}
+		if hi := g.run(10 * time.Second); hi > 11 {
+			t.Fatalf("window reached %d, want at most one room above the engine's 10", hi)
+		}
+		e.perReq = 2000 // long prompts: KV holds 4
+		w := g.tick()
+		if w != 4 {
+			t.Fatalf("window %d one report after KV shrank to 4 requests, want 4 at once", w)
+		}
+		if _, adm := g.window(); adm.LearnedBy != LearnedKV {
+			t.Fatalf("admission %+v, want learned by kv", adm)
+		}
+		if hi := g.run(5 * time.Second); hi > 5 {
+			t.Fatalf("window reached %d while KV holds 4 requests, want at most 5", hi)
+		}
+		e.perReq = 800 // short prompts again: room for 10
+		var back time.Duration
+		start := time.Now()
+		for time.Since(start) < 30*time.Second {
+			w := g.tick()
+			if w > 11 {
+				t.Fatalf("window %d growing back, want at most one room above 10", w)
+			}
+			if w >= 10 && back == 0 {
+				back = time.Since(start)
+			}
+		}
+		if back == 0 || back > 15*time.Second {
+			t.Fatalf("window back to 10 after %s, want within 15 s of KV freeing", back)
+		}
+		if w, _ := g.window(); w < 10 || w > 11 {
+			t.Fatalf("window %d at the end, want 10 (11 during a probe)", w)
+		}
+	})
+}
+
+// TestLearnedWindowRestartedEngine: an engine learned at its cap of 8 comes
+// back from a failure spell with a cap of 16: its window is probed up and
+// found again, and the probe past 16 ends the search.
+func TestLearnedWindowRestartedEngine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := &fakeEngine{cap: 8, kv: 1e6, perReq: 100, flood: 20, completed: 1}
+		g := newLearnRig(t, e)
+		if w := g.learnUntil(time.Second); w != 8 {
+			t.Fatalf("learned %d, want 8", w)
+		}
+		g.run(3 * time.Second)
+		e.cap = 16 // restarted with a larger window; its contact resumes
+		if _, err := g.reg.Update(func(tx *registry.Txn) error {
+			w := tx.Get("w1").Clone()
+			w.ContactSeq++
+			tx.Insert(w)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if hi := g.run(30 * time.Second); hi > 17 {
+			t.Fatalf("window reached %d, want at most one room above the new 16", hi)
+		}
+		w, adm := g.window()
+		if w != 16 || adm.LearnedBy != LearnedQueue {
+			t.Fatalf("window %d (%+v) after the restart, want 16 found again and capped by the failed probe", w, adm)
+		}
+		if hi := g.run(20 * time.Second); hi != 16 {
+			t.Fatalf("window reached %d once found, want no more probes past a cap", hi)
+		}
+	})
+}
+
+// TestLearnedWindowLyingEngine: an engine capped at 8 that reports 3 more
+// running requests than it runs. The first queue is read at its word (11),
+// but a queue that persists while the routers hold the whole window brings
+// the window down to what the engine takes without queueing (8), and the
+// window stays there: a running count above the window raises nothing.
+func TestLearnedWindowLyingEngine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := &fakeEngine{cap: 8, kv: 1e6, perReq: 100, lie: 3, flood: 20, completed: 1}
+		g := newLearnRig(t, e)
+		g.learnUntil(time.Second)
+		g.run(5 * time.Second)
+		if w, _ := g.window(); w != 8 {
+			t.Fatalf("window %d, want the 8 the engine runs without a queue", w)
+		}
+		if hi := g.run(30 * time.Second); hi != 8 {
+			t.Fatalf("window reached %d, want it held at 8", hi)
+		}
+		if e.inFlight-e.running() != 0 {
+			t.Fatalf("engine queues %d, want none", e.inFlight-e.running())
+		}
+	})
+}
+
+// TestLearnedWindowNoProbeWhileRoutersWait: a KV-limited engine with room
+// again is not probed while a router holds a request waiting for a room.
+func TestLearnedWindowNoProbeWhileRoutersWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := &fakeEngine{cap: 16, kv: 8000, perReq: 2000, flood: 20, completed: 1}
+		g := newLearnRig(t, e)
+		if w := g.learnUntil(time.Second); w != 4 {
+			t.Fatalf("learned %d, want 4", w)
+		}
+		e.perReq = 800
+		for range 200 { // 10 s
+			w, _ := g.window()
+			e.follow(g.reg.Snapshot().Get("w1").WindowShare["r1"], w > 0)
+			g.a.RouterDemand("r1", g.reg.Revision(), []*smgv1.DecodeDemand{{WorkerId: "w1", InFlight: e.inFlight, Waiting: 4, Queued: 2}}, time.Now())
+			g.a.ObserveLoad("w1", e.report())
+			time.Sleep(50 * time.Millisecond)
+			synctest.Wait()
+			if w, _ := g.window(); w != 4 {
+				t.Fatalf("window %d while the router has requests waiting, want no probe (4)", w)
+			}
+		}
+	})
+}
+
+// TestLearnerTransientQueue: a queue of one below the limit with KV to
+// spare (a request caught between two scheduler steps) moves nothing
+// unless it lasts queueStreak reports.
+func TestLearnerTransientQueue(t *testing.T) {
+	now := time.Unix(0, 0)
+	l := &learner{}
+	for i := range queueStreak {
+		lowered := l.observe(Observation{Running: 8, Waiting: 3, Usage: 0.1}, now)
+		if lowered != (i == queueStreak-1) {
+			t.Fatalf("report %d: lowered %v", i, lowered)
+		}
+	}
+	if l.limit != 8 || !l.capped {
+		t.Fatalf("limit %d capped %v, want 8 capped", l.limit, l.capped)
+	}
+	for range 5 {
+		l.observe(Observation{Running: 7, Waiting: 1, Usage: 0.1}, now)
+		l.observe(Observation{Running: 8, Waiting: 0, Usage: 0.1}, now)
+	}
+	if l.limit != 8 {
+		t.Fatalf("limit %d after transient queues, want 8", l.limit)
+	}
+	if l.observe(Observation{Running: 0, Waiting: 5}, now) || l.limit != 8 {
+		t.Fatalf("a queue with nothing running moved the limit to %d", l.limit)
+	}
+}
