@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -178,6 +179,8 @@ type WorkerState struct {
 	Waiting int
 	// AgentNode names the agent whose stream feeds the worker ("": polled over HTTP).
 	AgentNode string
+	// Window is the worker's admission window (0: none, or windows off).
+	Window int
 }
 
 // Workers reads GET /workers.
@@ -207,6 +210,9 @@ func (g *Gateway) Workers(ctx context.Context) ([]WorkerState, error) {
 				Veto   string `json:"veto"`
 				Reason string `json:"reason"`
 			} `json:"verdict"`
+			Admission *struct {
+				Window json.Number `json:"window"` // an int64: a JSON string
+			} `json:"admission"`
 		} `json:"workers"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
@@ -218,6 +224,9 @@ func (g *Gateway) Workers(ctx context.Context) ([]WorkerState, error) {
 			Veto: w.Verdict.Veto, Reason: w.Verdict.Reason, AgentNode: w.AgentNode}
 		if w.EngineLoad != nil {
 			s.Waiting = w.EngineLoad.Waiting
+		}
+		if w.Admission != nil {
+			s.Window, _ = strconv.Atoi(strings.Trim(w.Admission.Window.String(), `"`))
 		}
 		out = append(out, s)
 	}

@@ -22,8 +22,13 @@ type GatewayConfig struct {
 	// ShedFailover: the client sends a shed request on to the next router.
 	ShedFailover bool `json:"shed_failover,omitempty"`
 	// SimArgs are extra simulator flags (the window configurations run the
-	// SGLang flavor, whose engines report their running window).
+	// SGLang flavor, whose engines report their running window, or the
+	// vLLM flavor, whose engines report none).
 	SimArgs []string `json:"sim_args,omitempty"`
+	// LearnWindows: the engines report no running window, so smg learns it
+	// from their queue; a saturating burst before the run lets it (as any
+	// fleet that has seen load once), and the engines' marks start after.
+	LearnWindows bool `json:"learn_windows,omitempty"`
 	// SchedulerYAML, when set, is written to a file passed as
 	// --priority-scheduler-config; Priorities is the arrivals' class mix.
 	SchedulerYAML string          `json:"scheduler_yaml,omitempty"`

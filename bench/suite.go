@@ -153,6 +153,9 @@ func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error)
 			e.urls = append(e.urls, url)
 		}
 	}
+	if gc.LearnWindows {
+		warmWindows(ctx, gw.URL, 2*fleetSize*engineSlots)
+	}
 	if slices.Contains(flags, "--worker-admission-window") {
 		if err := gw.waitShares(ctx, fleetSize, max(1, gc.Routers), 20*time.Second); err != nil {
 			e.stop()

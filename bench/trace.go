@@ -81,6 +81,10 @@ type TraceSecond struct {
 	MaxWaiting []int `json:"max_waiting"`
 	// TTFTMax is the longest TTFT of admitted requests that started this second.
 	TTFTMax float64 `json:"ttft_max"`
+	// MinWindow and MaxWindow are, per engine, the smallest and largest
+	// admission window the samples showed this second (0: none).
+	MinWindow []int `json:"min_window,omitempty"`
+	MaxWindow []int `json:"max_window,omitempty"`
 }
 
 // Trace bins a run's records and worker samples into seconds.
@@ -89,7 +93,7 @@ func Trace(records []Record, samples []WorkerSample, engines int, seconds float6
 	out := make([]TraceSecond, n)
 	for i := range out {
 		out[i] = TraceSecond{Second: i, Routed: make([]int, engines), VetoedShare: make([]float64, engines),
-			MaxWaiting: make([]int, engines)}
+			MaxWaiting: make([]int, engines), MinWindow: make([]int, engines), MaxWindow: make([]int, engines)}
 	}
 	for _, r := range records {
 		// Every arrival was scheduled inside the window; one that started
@@ -132,6 +136,10 @@ func Trace(records []Record, samples []WorkerSample, engines int, seconds float6
 			out[i].VetoedShare[s.Engine]++
 		}
 		out[i].MaxWaiting[s.Engine] = max(out[i].MaxWaiting[s.Engine], s.Waiting)
+		if lo := out[i].MinWindow[s.Engine]; lo == 0 || (s.Window > 0 && s.Window < lo) {
+			out[i].MinWindow[s.Engine] = s.Window
+		}
+		out[i].MaxWindow[s.Engine] = max(out[i].MaxWindow[s.Engine], s.Window)
 	}
 	for at, rd := range rounds {
 		if rd.total == engines && rd.vetoed == engines {
