@@ -455,10 +455,10 @@ func (s *Suite) PublishProxy(rep *ProxyReport) error {
 		"in front of the same %d `smg sim` engines (%s), measured in turn: %d pairs per load, %s per run, "+
 		"`wrk -t1 -c%d` sending chat completions of %d tokens (streamed tokens: %d per request). "+
 		"CPU is each proxy's user + system time from /proc (nginx: master and workers) over the run. "+
-		"Load average (1, 5, 15 min) %s at the start, %s at the end, on 2 cores shared with other jobs: "+
+		"Load average (1, 5, 15 min) %s at the start, %s at the end, on %s, shared with other jobs: "+
 		"absolute figures move with the box, the ratios of runs taken side by side much less.\n\n",
 		proxyEngines, strings.Join(proxySimArgs, " "), o.Pairs, o.Duration, o.Clients, proxyMaxTokens, proxyMaxTokens,
-		rep.LoadAvgStart, rep.LoadAvgEnd)
+		rep.LoadAvgStart, rep.LoadAvgEnd, Machine())
 	WriteProxyTable(&b, rep)
 	for _, mode := range proxyModes {
 		if top := rep.Profiles[mode]; top != "" {
