@@ -88,7 +88,7 @@ clean: ## remove build outputs
 AGENT_POLL ?= 50ms
 bench-overload: build ## 4 simulated engines at 0.5x-2x capacity under 10 configs (protection and windows): docs/benchmarks.md, docs/img (SHORT=1: smoke test)
 ifeq ($(SHORT),1)
-	SMG_BENCH_BIN=$(CURDIR)/bin/smg $(GO) test -count=1 -run TestOverloadSmoke -v ./bench/
+	SMG_BENCH_BIN=$(CURDIR)/bin/smg $(GO) test -count=1 -run TestOverloadSmoke -v ./bench/suite/
 else
 	$(GO) run ./bench/cmd/benchsuite --bin bin/smg --suite overload --agent-poll $(AGENT_POLL)
 endif

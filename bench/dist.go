@@ -1,10 +1,10 @@
-// Package bench measures what overload protection buys: an open-loop load
-// generator for OpenAI-compatible streaming endpoints (smg bench), and the
-// scenarios behind make bench-overload and make bench-faults, which run real
-// smg sim fleets behind smg launch and write tables and plots.
+// Package bench is smg bench: an open-loop load generator for
+// OpenAI-compatible streaming endpoints and the summary of what it measured.
+// It is linked into smg, so it holds nothing else: the scenarios that start
+// fleets of processes are package bench/suite.
 //
-// It drives smg from outside, through its binaries and public APIs only; it
-// imports no component's internals.
+// It drives smg from outside, through its public APIs only; it imports no
+// component's internals.
 package bench
 
 import (

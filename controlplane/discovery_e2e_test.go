@@ -19,6 +19,7 @@ import (
 
 	"github.com/smg-project/smg/agent"
 	"github.com/smg-project/smg/internal/podwatch"
+	"github.com/smg-project/smg/internal/podwatch/podwatchtest"
 	"github.com/smg-project/smg/router"
 	"github.com/smg-project/smg/router/watchclient"
 	"github.com/smg-project/smg/sim"
@@ -74,7 +75,7 @@ func TestDiscoveredPodsAreRoutedTo(t *testing.T) {
 	opts := fastOptions()
 	opts.Discovery = podwatch.DefaultOptions()
 	opts.Discovery.Enabled, opts.Discovery.Selector, opts.Discovery.Namespace, opts.Discovery.Port = true, "app=vllm", "inference", port
-	opts.KubeClient = client
+	opts.KubeClient = podwatchtest.Fake(client)
 	h := startCP(t, opts)
 
 	log := slog.New(slog.DiscardHandler)
@@ -179,7 +180,7 @@ func TestAgentDiscoversThePodsOfItsNode(t *testing.T) {
 	opts := agent.DefaultOptions()
 	opts.ControlPlane, opts.Node, opts.Register, opts.PollInterval = h.addr, "node-a", true, 100*time.Millisecond
 	opts.Discovery.Enabled, opts.Discovery.Selector, opts.Discovery.Namespace, opts.Discovery.Port = true, "app=vllm", "inference", port
-	opts.KubeClient = client
+	opts.KubeClient = podwatchtest.Fake(client)
 	a, err := agent.New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/podwatch"
+	"github.com/smg-project/smg/internal/podwatch/podwatchtest"
 )
 
 // engines starts n tiny engines answering /v1/models, all on one port, at
@@ -149,7 +150,7 @@ func (e *env) watch(opts podwatch.Options, node string) {
 	if node != "" {
 		source = podwatch.SourceAgent(node)
 	}
-	w, err := podwatch.NewWatcher(e.client, opts, node, source, e.rc, slog.New(slog.DiscardHandler))
+	w, err := podwatch.NewWatcher(podwatchtest.Fake(e.client), opts, node, source, e.rc, slog.New(slog.DiscardHandler))
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -12,22 +12,22 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 )
 
-// Client reads pods: kubernetes.Interface (the fake clientset in tests) or
-// InCluster's core/v1-only client.
+// Client lists and watches the pods of a namespace. InCluster's speaks to
+// the API server through client-go's REST client with a scheme of core/v1
+// alone: the typed clientsets link client-go's fakes and testing package
+// (through gentype) and every API group into smg. Tests adapt a fake
+// clientset (podwatchtest.Fake).
 type Client interface {
-	CoreV1() corev1client.CoreV1Interface
+	ListPods(ctx context.Context, namespace string, o metav1.ListOptions) (*corev1.PodList, error)
+	WatchPods(ctx context.Context, namespace string, o metav1.ListOptions) (watch.Interface, error)
 }
-
-type coreClient struct{ c corev1client.CoreV1Interface }
-
-func (c coreClient) CoreV1() corev1client.CoreV1Interface { return c.c }
 
 // InCluster returns a client with the pod's service account credentials.
 func InCluster() (Client, error) {
@@ -35,11 +35,47 @@ func InCluster() (Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--service-discovery needs to run in a Kubernetes pod with a service account: %w", err)
 	}
-	c, err := corev1client.NewForConfig(cfg)
+	c, err := NewClient(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("--service-discovery: %w", err)
 	}
-	return coreClient{c}, nil
+	return c, nil
+}
+
+// NewClient returns a Client for the API server cfg names.
+func NewClient(cfg *rest.Config) (Client, error) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	c := rest.CopyConfig(cfg)
+	c.APIPath = "/api"
+	c.GroupVersion = &corev1.SchemeGroupVersion
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	if c.UserAgent == "" {
+		c.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	rc, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, err
+	}
+	return restClient{rc: rc, params: runtime.NewParameterCodec(scheme)}, nil
+}
+
+type restClient struct {
+	rc     *rest.RESTClient
+	params runtime.ParameterCodec
+}
+
+func (c restClient) ListPods(ctx context.Context, ns string, o metav1.ListOptions) (*corev1.PodList, error) {
+	var list corev1.PodList
+	err := c.rc.Get().Namespace(ns).Resource("pods").VersionedParams(&o, c.params).Do(ctx).Into(&list)
+	return &list, err
+}
+
+func (c restClient) WatchPods(ctx context.Context, ns string, o metav1.ListOptions) (watch.Interface, error) {
+	o.Watch = true
+	return c.rc.Get().Namespace(ns).Resource("pods").VersionedParams(&o, c.params).Watch(ctx)
 }
 
 // Sink hears of every matching pod. Calls come from one goroutine.
@@ -74,9 +110,7 @@ type roleInformer struct {
 
 // NewWatcher builds the informers; node, when set, limits them to the pods
 // of that node (spec.nodeName, for an agent). source names the watcher in
-// the sink's calls and on the workers' labels. client is the core/v1 client
-// only: the informer factory and the full clientset would link every API
-// group's informers, listers and clients into smg.
+// the sink's calls and on the workers' labels.
 func NewWatcher(client Client, opts Options, node, source string, sink Sink, log *slog.Logger) (*Watcher, error) {
 	roles, err := opts.Roles()
 	if err != nil {
@@ -93,15 +127,14 @@ func NewWatcher(client Client, opts Options, node, source string, sink Sink, log
 				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
 			}
 		}
-		pods := client.CoreV1().Pods(opts.Namespace)
 		lw := &cache.ListWatch{
 			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 				tweak(&o)
-				return pods.List(ctx, o)
+				return client.ListPods(ctx, opts.Namespace, o)
 			},
 			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 				tweak(&o)
-				return pods.Watch(ctx, o)
+				return client.WatchPods(ctx, opts.Namespace, o)
 			},
 		}
 		// The client says whether it lists by watch (a fake clientset does not).

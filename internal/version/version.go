@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
 )
 
-// Stamped at link time: -X github.com/smg-project/smg/internal/version.Version=v1.2.3
+// Stamped at link time (make build): -X github.com/smg-project/smg/internal/version.Version=v1.2.3
 // -X github.com/smg-project/smg/internal/version.Commit=<sha>.
 var (
 	Version = ""
@@ -46,9 +47,28 @@ func Get() Info {
 		info.Version = "dev"
 	}
 	if info.Commit == "" {
+		info.Commit = pseudoRevision(info.Version)
+	}
+	if info.Commit == "" {
 		info.Commit = "unknown"
 	}
 	return info
+}
+
+// pseudoRevision is the commit prefix a pseudo-version ends in
+// (v0.0.0-20261201223000-0123456789ab, what go install ...@<commit> or
+// @<branch> records, where no VCS settings are), or "".
+func pseudoRevision(v string) string {
+	v, _, _ = strings.Cut(v, "+")
+	i := strings.LastIndexByte(v, '-')
+	if i < 15 {
+		return ""
+	}
+	rev, stamp := v[i+1:], v[i-14:i]
+	if len(rev) != 12 || strings.Trim(rev, "0123456789abcdef") != "" || strings.Trim(stamp, "0123456789") != "" {
+		return ""
+	}
+	return rev
 }
 
 // String is the one line `smg --version` prints.

@@ -27,3 +27,21 @@ func TestUnstampedBuildNamesItself(t *testing.T) {
 		t.Fatalf("Get() = %+v: an unstamped build must still say dev/unknown, never blank", got)
 	}
 }
+
+// go install ...@<commit> records a pseudo-version and no VCS settings: the
+// commit is the pseudo-version's last part.
+func TestPseudoVersionNamesItsCommit(t *testing.T) {
+	for v, want := range map[string]string{
+		"v0.0.0-20261201223000-0123456789ab":              "0123456789ab",
+		"v1.2.4-0.20261201223000-0123456789ab":            "0123456789ab",
+		"v1.2.4-rc.1.0.20261201223000-0123456789ab+dirty": "0123456789ab",
+		"v1.2.3":          "",
+		"v1.2.3-rc.1":     "",
+		"dev":             "",
+		"v1.0.0-zzzzzzzz": "",
+	} {
+		if got := pseudoRevision(v); got != want {
+			t.Errorf("pseudoRevision(%q) = %q, want %q", v, got, want)
+		}
+	}
+}

@@ -21,15 +21,15 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/smg-project/smg/bench"
 	"github.com/smg-project/smg/bench/scale"
+	"github.com/smg-project/smg/bench/suite"
 )
 
 func main() {
 	scale.MaybeChild() // the scale suite's agent and router processes are this binary
 	fs := flag.NewFlagSet("benchsuite", flag.ContinueOnError)
 	bin := fs.String("bin", "bin/smg", "smg binary to run the simulated fleet and the gateway with")
-	suite := fs.String("suite", "overload", "which benchmark: overload (make bench-overload), faults (make bench-faults), scale (make bench-scale) or proxy (make bench-proxy)")
+	which := fs.String("suite", "overload", "which benchmark: overload (make bench-overload), faults (make bench-faults), scale (make bench-scale) or proxy (make bench-proxy)")
 	short := fs.Bool("short", false, "smoke-test sizes (2 loads, 3-second runs): checks shapes, not timings; writes no docs")
 	raw := fs.String("raw", "docs/bench-raw", "directory for per-run JSON results (git-ignored)")
 	docs := fs.String("docs", "docs", "directory holding benchmarks.md and img/")
@@ -53,7 +53,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	s := &bench.Suite{Bin: *bin, RawDir: *raw, DocsDir: *docs, Short: *short, Seed: *seed, Log: os.Stderr,
+	s := &suite.Suite{Bin: *bin, RawDir: *raw, DocsDir: *docs, Short: *short, Seed: *seed, Log: os.Stderr,
 		AgentPoll: *agentPoll, Capacity: *capacity, TunedWaiting: *tuned, WindowWait: *windowWait}
 	if *only != "" {
 		s.Configs = strings.Split(*only, ",")
@@ -77,36 +77,36 @@ func main() {
 	switch {
 	case *replot:
 		err = republish(s)
-	case *suite == "overload":
+	case *which == "overload":
 		err = runOverload(ctx, s)
-	case *suite == "faults":
+	case *which == "faults":
 		err = runFaults(ctx, s)
-	case *suite == "scale" && *scaleRepublish != "":
+	case *which == "scale" && *scaleRepublish != "":
 		err = republishScale(*scaleRepublish, *docs)
-	case *suite == "proxy":
-		err = runProxy(ctx, s, bench.ProxyOptions{Pairs: *proxyPairs, Duration: *proxyRun, Clients: *proxyClients, Profile: !*short})
-	case *suite == "scale":
+	case *which == "proxy":
+		err = runProxy(ctx, s, suite.ProxyOptions{Pairs: *proxyPairs, Duration: *proxyRun, Clients: *proxyClients, Profile: !*short})
+	case *which == "scale":
 		err = runScale(ctx, s.DocsDir, *raw, *short, *scaleConfig, *scaleWindow)
 	default:
-		err = fmt.Errorf("unknown suite %q (overload, faults, scale or proxy)", *suite)
+		err = fmt.Errorf("unknown suite %q (overload, faults, scale or proxy)", *which)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchsuite:", err)
 		os.Exit(1)
 	}
-	what := *suite
+	what := *which
 	if *replot {
 		what = "republish"
 	}
 	fmt.Fprintf(os.Stderr, "benchsuite %s done in %s\n", what, time.Since(start).Round(time.Second))
 }
 
-func runOverload(ctx context.Context, s *bench.Suite) error {
+func runOverload(ctx context.Context, s *suite.Suite) error {
 	rep, err := s.Overload(ctx)
 	if err != nil {
 		return err
 	}
-	bench.WriteOverloadTable(os.Stdout, rep)
+	suite.WriteOverloadTable(os.Stdout, rep)
 	if s.DocsDir == "" {
 		return nil
 	}
@@ -114,26 +114,26 @@ func runOverload(ctx context.Context, s *bench.Suite) error {
 }
 
 // publishOverload writes the tables and draws the plots they link to.
-func publishOverload(s *bench.Suite, rep *bench.OverloadReport) error {
+func publishOverload(s *suite.Suite, rep *suite.OverloadReport) error {
 	if err := plotOverload(rep, filepath.Join(s.DocsDir, "img")); err != nil {
 		return err
 	}
 	return s.PublishOverload(rep)
 }
 
-func republish(s *bench.Suite) error {
+func republish(s *suite.Suite) error {
 	b, err := os.ReadFile(filepath.Join(s.RawDir, "overload.json"))
 	if err != nil {
 		return err
 	}
-	var rep bench.OverloadReport
+	var rep suite.OverloadReport
 	if err := json.Unmarshal(b, &rep); err != nil {
 		return err
 	}
 	return publishOverload(s, &rep)
 }
 
-func runProxy(ctx context.Context, s *bench.Suite, o bench.ProxyOptions) error {
+func runProxy(ctx context.Context, s *suite.Suite, o suite.ProxyOptions) error {
 	if s.Short {
 		o.Pairs, o.Duration = 1, 2*time.Second
 	}
@@ -142,7 +142,7 @@ func runProxy(ctx context.Context, s *bench.Suite, o bench.ProxyOptions) error {
 		return err
 	}
 	var b bytes.Buffer
-	bench.WriteProxyTable(&b, rep)
+	suite.WriteProxyTable(&b, rep)
 	os.Stdout.Write(b.Bytes())
 	if s.DocsDir == "" {
 		return nil
@@ -150,12 +150,12 @@ func runProxy(ctx context.Context, s *bench.Suite, o bench.ProxyOptions) error {
 	return s.PublishProxy(rep)
 }
 
-func runFaults(ctx context.Context, s *bench.Suite) error {
+func runFaults(ctx context.Context, s *suite.Suite) error {
 	rep, err := s.Faults(ctx)
 	if err != nil {
 		return err
 	}
-	bench.WriteFaultTable(os.Stdout, rep)
+	suite.WriteFaultTable(os.Stdout, rep)
 	if s.DocsDir == "" {
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 	"sort"
 
 	"github.com/smg-project/smg/bench"
+	"github.com/smg-project/smg/bench/suite"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
@@ -19,7 +20,7 @@ import (
 )
 
 // plotOverload writes overload-ttft-p99.png and overload-goodput.png into dir.
-func plotOverload(rep *bench.OverloadReport, dir string) error {
+func plotOverload(rep *suite.OverloadReport, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -100,7 +101,7 @@ func hline(xs []float64, y float64, c color.Color) *plotter.Line {
 
 // plotFaults writes faults-ttft.png into dir: TTFT of every completed request
 // by its start time, p99 per second, failures, and a line at each fault.
-func plotFaults(rep *bench.FaultReport, dir string) error {
+func plotFaults(rep *suite.FaultReport, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}

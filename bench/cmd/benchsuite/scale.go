@@ -17,8 +17,8 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 
-	"github.com/smg-project/smg/bench"
 	"github.com/smg-project/smg/bench/scale"
+	"github.com/smg-project/smg/bench/suite"
 )
 
 // scaleRuns are the configurations of make bench-scale: cost against R
@@ -163,7 +163,7 @@ func publishScale(rs []*scale.Result, docs string) error {
 		return fmt.Errorf("%s: no %q ... %q markers", path, scaleBegin, scaleEnd)
 	}
 	var t strings.Builder
-	fmt.Fprintf(&t, "%s\n\n`make bench-scale` on %s.\n\n", scaleBegin, bench.Machine())
+	fmt.Fprintf(&t, "%s\n\n`make bench-scale` on %s.\n\n", scaleBegin, suite.Machine())
 	writeScaleTable(&t, rs)
 	t.WriteString("\n")
 	doc = doc[:i] + t.String() + doc[j:]

@@ -1,10 +1,12 @@
-package bench
+package suite
 
 import (
 	"context"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/smg-project/smg/bench"
 )
 
 // GatewayConfig is one way of running the gateway in the overload scenario.
@@ -31,8 +33,8 @@ type GatewayConfig struct {
 	LearnWindows bool `json:"learn_windows,omitempty"`
 	// SchedulerYAML, when set, is written to a file passed as
 	// --priority-scheduler-config; Priorities is the arrivals' class mix.
-	SchedulerYAML string          `json:"scheduler_yaml,omitempty"`
-	Priorities    []PriorityShare `json:"priorities,omitempty"`
+	SchedulerYAML string                `json:"scheduler_yaml,omitempty"`
+	Priorities    []bench.PriorityShare `json:"priorities,omitempty"`
 }
 
 // tunedWaiting is the waiting-requests ceiling of the tuned configuration: a
@@ -63,10 +65,10 @@ func OverloadConfigs(tuned int) []GatewayConfig {
 
 // OverloadRun is one configuration at one offered load.
 type OverloadRun struct {
-	Config  string  `json:"config"`
-	Load    float64 `json:"load"` // multiple of the measured capacity
-	Rate    float64 `json:"rate"` // requests/s offered
-	Summary Summary `json:"summary"`
+	Config  string        `json:"config"`
+	Load    float64       `json:"load"` // multiple of the measured capacity
+	Rate    float64       `json:"rate"` // requests/s offered
+	Summary bench.Summary `json:"summary"`
 	// RetryAfterSeen counts shed answers that carried a Retry-After header.
 	RetryAfterSeen int `json:"retry_after_seen"`
 	// Trace is the run second by second (arrivals, routing, verdicts).
@@ -76,7 +78,7 @@ type OverloadRun struct {
 	PeakRunning int `json:"peak_running"`
 	PeakWaiting int `json:"peak_waiting"`
 	// ByClass summarises each class of a priority mix apart.
-	ByClass map[string]Summary `json:"by_class,omitempty"`
+	ByClass map[string]bench.Summary `json:"by_class,omitempty"`
 }
 
 // OverloadReport is the whole scenario.
@@ -183,12 +185,12 @@ func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64,
 	rate := load * rep.Capacity.ReqPerSec
 	label := fmt.Sprintf("%s %.1fx", gc.Name, load)
 	e.fleet.simStats(ctx, true) // the engines' high-water marks start now
-	cfg := Config{URL: e.gw.URL, URLs: e.urls, Rate: rate, Duration: time.Duration(rep.RunSeconds * float64(time.Second)),
+	cfg := bench.Config{URL: e.gw.URL, URLs: e.urls, Rate: rate, Duration: time.Duration(rep.RunSeconds * float64(time.Second)),
 		Prompt: promptDist, Output: outputDist, Timeout: time.Duration(rep.TimeoutSecs * float64(time.Second)),
 		TTFTObjective: TTFTObjective, Seed: s.Seed + uint64(load*10), Priorities: gc.Priorities, Spread: gc.Spread,
 		ShedFailover: gc.ShedFailover}
 	sampler := sampleWorkers(ctx, e.gw, e.fleet.URLs, time.Now(), 100*time.Millisecond)
-	res, err := Run(ctx, s.httpClient(), cfg, progressLogger(s, label))
+	res, err := bench.Run(ctx, s.httpClient(), cfg, progressLogger(s, label))
 	samples := sampler.stop()
 	if err != nil {
 		return OverloadRun{}, err

@@ -1,4 +1,4 @@
-package bench
+package suite
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/smg-project/smg/bench"
 )
 
 // windowFlags are the router-side flags of the window configurations: every
@@ -37,7 +39,7 @@ func WindowConfigs() []GatewayConfig {
 		{Name: "window-3r", Flags: windowFlags, SimArgs: sglang, Routers: 3,
 			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
 			Why:         "the same, 3 routers sharing each window (client spreads requests over them in turn)"},
-		{Name: "window-3r-lo", Flags: windowFlags, SimArgs: sglang, Routers: 3, Spread: SpreadLeastOutstanding,
+		{Name: "window-3r-lo", Flags: windowFlags, SimArgs: sglang, Routers: 3, Spread: bench.SpreadLeastOutstanding,
 			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
 			Why:         "the same 3 routers sharing each window, the client sending each request to the router with the fewest of its requests open (least outstanding)"},
 		{Name: "window-3r-next", Flags: windowFlags, SimArgs: sglang, Routers: 3, ShedFailover: true,

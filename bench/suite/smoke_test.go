@@ -1,4 +1,4 @@
-package bench
+package suite
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/smg-project/smg/bench"
 )
 
 // buildSMG builds the smg binary into a temporary directory, or returns
@@ -18,7 +20,7 @@ func buildSMG(t *testing.T) string {
 		return bin
 	}
 	bin := filepath.Join(t.TempDir(), "smg")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/smg").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/smg").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build ./cmd/smg: %v\n%s", err, out)
 	}
@@ -64,7 +66,7 @@ func TestOverloadSmoke(t *testing.T) {
 	for _, name := range []string{"shed", "shed-tuned"} {
 		run, _ := rep.Run(name, 2)
 		if run.Summary.Shed == 0 {
-			t.Errorf("%s at 2x shed nothing; want 503 %s answers\n%s", name, ShedCode, log.String())
+			t.Errorf("%s at 2x shed nothing; want 503 %s answers\n%s", name, bench.ShedCode, log.String())
 		}
 		if run.RetryAfterSeen != run.Summary.Shed {
 			t.Errorf("%s at 2x: %d of %d sheds carried Retry-After", name, run.RetryAfterSeen, run.Summary.Shed)

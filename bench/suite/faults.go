@@ -1,10 +1,12 @@
-package bench
+package suite
 
 import (
 	"context"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/smg-project/smg/bench"
 )
 
 // FaultEvent is one fault the scenario injects, at a time from the run's start.
@@ -41,8 +43,8 @@ type FaultReport struct {
 	Config     GatewayConfig  `json:"config"`
 	RunSeconds float64        `json:"run_seconds"`
 	Outcomes   []FaultOutcome `json:"outcomes"`
-	Summary    Summary        `json:"summary"`
-	Records    []Record       `json:"-"`
+	Summary    bench.Summary  `json:"summary"`
+	Records    []bench.Record `json:"-"`
 	Samples    []WorkerSample `json:"worker_samples"`
 	// Machine load averages at the start and the end (see OverloadReport).
 	LoadAvgStart string `json:"loadavg_start"`
@@ -118,12 +120,12 @@ func (s *Suite) Faults(ctx context.Context) (*FaultReport, error) {
 	}()
 	// The gateway's view of each worker, for the time to exclusion.
 	sampler := sampleWorkers(runCtx, e.gw, e.fleet.URLs, start, 100*time.Millisecond)
-	cfg := Config{URL: e.gw.URL, Rate: rep.Rate, Duration: time.Duration(runSecs * float64(time.Second)),
+	cfg := bench.Config{URL: e.gw.URL, Rate: rep.Rate, Duration: time.Duration(runSecs * float64(time.Second)),
 		Prompt: promptDist, Output: outputDist, Timeout: 15 * time.Second, TTFTObjective: TTFTObjective, Seed: s.Seed}
 	if s.Short {
 		cfg.Timeout = 5 * time.Second
 	}
-	res, err := Run(ctx, s.httpClient(), cfg, progressLogger(s, "faults 1.0x"))
+	res, err := bench.Run(ctx, s.httpClient(), cfg, progressLogger(s, "faults 1.0x"))
 	rep.Samples = sampler.stop()
 	cancel()
 	wg.Wait()
@@ -148,7 +150,7 @@ func (s *Suite) Faults(ctx context.Context) (*FaultReport, error) {
 	return rep, s.writeJSON("faults.json", rep)
 }
 
-func outcome(ev FaultEvent, until float64, records []Record, samples []WorkerSample) FaultOutcome {
+func outcome(ev FaultEvent, until float64, records []bench.Record, samples []WorkerSample) FaultOutcome {
 	o := FaultOutcome{FaultEvent: ev, Excluded: -1, LastRouted: -1}
 	engine := fmt.Sprint(ev.Engine)
 	for _, r := range records {

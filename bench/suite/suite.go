@@ -1,4 +1,9 @@
-package bench
+// Package suite measures what overload protection buys: the scenarios behind
+// make bench-overload, bench-faults and bench-proxy, which run real smg sim
+// fleets behind smg launch under bench's load generator and write tables. It
+// starts processes through internal/testutil, so only bench/cmd/benchsuite
+// links it, never smg.
+package suite
 
 import (
 	"context"
@@ -12,6 +17,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/smg-project/smg/bench"
 )
 
 // Suite holds what every scenario shares: the smg binary, the fleet's shape
@@ -69,8 +76,8 @@ func (s *Suite) simArgs() []string {
 }
 
 var (
-	promptDist = Dist{256, 768}
-	outputDist = Dist{32, 64}
+	promptDist = bench.Dist{Min: 256, Max: 768}
+	outputDist = bench.Dist{Min: 32, Max: 64}
 )
 
 // gatewayBase are flags every configuration shares: polls every second, as a
@@ -85,7 +92,7 @@ func (s *Suite) logf(format string, a ...any) {
 
 func (s *Suite) httpClient() *http.Client {
 	if s.client == nil {
-		s.client = NewHTTPClient()
+		s.client = bench.NewHTTPClient()
 	}
 	return s.client
 }
@@ -190,7 +197,7 @@ func (s *Suite) Calibrate(ctx context.Context) (Capacity, error) {
 	warm := d / 4
 	clients := fleetSize * engineSlots * 3 / 2
 	s.logf("calibrating: %d closed-loop clients for %s", clients, d)
-	res, err := Run(ctx, s.httpClient(), Config{URL: e.gw.URL, Clients: clients, Duration: d, Prompt: promptDist,
+	res, err := bench.Run(ctx, s.httpClient(), bench.Config{URL: e.gw.URL, Clients: clients, Duration: d, Prompt: promptDist,
 		Output: outputDist, Timeout: 30 * time.Second, Seed: s.Seed}, nil)
 	if err != nil {
 		return Capacity{}, err
@@ -225,8 +232,8 @@ func (s *Suite) writeJSON(name string, v any) error {
 	return os.WriteFile(filepath.Join(s.RawDir, name), b, 0o644)
 }
 
-func progressLogger(s *Suite, label string) func(Progress) {
-	return func(p Progress) {
+func progressLogger(s *Suite, label string) func(bench.Progress) {
+	return func(p bench.Progress) {
 		s.logf("  %-22s %4.0fs  sent %5d  in flight %4d  ok %5d  shed %5d  err %4d", label,
 			p.Elapsed.Seconds(), p.Sent, p.InFlight, p.Completed, p.Shed, p.Errors)
 	}

@@ -1,4 +1,4 @@
-package bench
+package suite
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/smg-project/smg/bench"
 )
 
 // workerSampler reads GET /workers every interval in the background, so a
@@ -88,7 +90,7 @@ type TraceSecond struct {
 }
 
 // Trace bins a run's records and worker samples into seconds.
-func Trace(records []Record, samples []WorkerSample, engines int, seconds float64) []TraceSecond {
+func Trace(records []bench.Record, samples []WorkerSample, engines int, seconds float64) []TraceSecond {
 	n := int(math.Ceil(seconds))
 	out := make([]TraceSecond, n)
 	for i := range out {
