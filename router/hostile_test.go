@@ -3,10 +3,14 @@ package router
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -195,6 +199,48 @@ func TestIdleTimeoutAndConnectionCap(t *testing.T) {
 			c.Close()
 		}
 	})
+}
+
+// A worker URL that loops back to the router through a proxy hiding
+// /smg/identity (so registration could not see it) answers every request
+// with the router's own 508. That is a failure before the first byte: the
+// request is retried on a healthy worker, and the loop counts for the
+// looping worker's breaker until it opens.
+func TestLoopThroughProxyIsRetriedElsewhere(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Policy = PolicyRoundRobin })
+	target, err := url.Parse(h.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == identity.Path {
+			http.NotFound(w, r) // hides the router
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	good := newEngine(t, "good", nil)
+	h.apply(Worker{ID: "loop", URL: proxy.URL, Model: testModel, Type: TypeRegular, Healthy: true}, good.worker())
+
+	const n = 30
+	for i := range n {
+		if a := h.post(testModel, "", fmt.Sprint("loop ", i)); a.status != http.StatusOK || a.servedBy() != "good" {
+			t.Fatalf("request %d through the loop: %d %s (served by %q)", i, a.status, a.body, a.servedBy())
+		}
+	}
+	if got := good.hits.Load(); got != n {
+		t.Fatalf("the healthy worker answered %d of %d", got, n)
+	}
+	if got := testutil.ToFloat64(h.r.metrics.refused.WithLabelValues(refusedLoop)); got < 1 {
+		t.Fatalf("no request looped back (refused{loop} = %v): the test proves nothing", got)
+	}
+	v := h.r.view.Load()
+	if st := v.states[v.index("loop")].breaker.state.Load(); st != breakerOpen {
+		t.Fatalf("the looping worker's breaker is in state %d after %d loops, want open", st,
+			int(testutil.ToFloat64(h.r.metrics.refused.WithLabelValues(refusedLoop))))
+	}
 }
 
 // A request that already passed an smg router is refused with 508

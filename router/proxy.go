@@ -469,11 +469,13 @@ func classifyUpstreamError(err error) string {
 	return "other"
 }
 
-// retryableStatus: answers that say "try elsewhere or later".
+// retryableStatus: answers that say "try elsewhere or later". 508 is a
+// routing loop (the worker's URL leads back to an smg router, through a proxy
+// that hides /smg/identity): that worker can never answer, another can.
 func retryableStatus(code int) bool {
 	switch code {
 	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusInternalServerError,
-		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusLoopDetected:
 		return true
 	}
 	return false
