@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -214,6 +215,97 @@ func TestHostileIdleConnectionsAreBounded(t *testing.T) {
 			t.Fatalf("idle connection %d was never closed by the router", i)
 		}
 	}
+}
+
+// A client holding 5,000 keep-alive connections from one address, more than
+// --max-connections (4096), does not lock other clients out: its new
+// connections take the place of its own oldest idle ones
+// (--max-connections-per-client), or of anyone's oldest idle ones at the
+// global cap, so a fresh client from another address is answered at once
+// rather than after the idle timeout (60 s).
+func TestHostileIdleFloodFromOneClient(t *testing.T) {
+	sims := startSims(t, 1)
+	for _, c := range []struct {
+		name  string
+		extra []string
+	}{
+		{"per_client_cap", nil},
+		{"global_cap_only", []string{"--max-connections-per-client", "0"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, base := launchProc(t, "launch", sims, c.extra...)
+			pid := p.cmd.Process.Pid
+			rssBefore := procStatus(t, pid, "VmRSS")
+			answered, closed := idleFlood(t, base, "127.0.0.2", 5000)
+			start := time.Now()
+			code, err := getFrom(base, "127.0.0.3", "/health", 70*time.Second)
+			took := time.Since(start)
+			t.Logf("%s: 5,000 keep-alive connections from 127.0.0.2 (%d answered, %d closed unanswered); "+
+				"a fresh client from 127.0.0.3 answered %d in %s (%v); router %d open file handles, RSS %d MiB -> %d MiB",
+				c.name, answered, closed, code, took.Round(time.Millisecond), err, openFDs(t, pid), rssBefore>>20, procStatus(t, pid, "VmRSS")>>20)
+			if err != nil || code != http.StatusOK || took > time.Second {
+				t.Fatalf("a fresh client beside 5,000 keep-alive connections of another: %d %v after %s, want 200 within 1 s", code, err, took)
+			}
+		})
+	}
+}
+
+// idleFlood opens n connections to base from the local address from, each
+// making one keep-alive request and then staying open, and returns once the
+// router has answered or closed as many as it will hold (4096 by default).
+func idleFlood(t *testing.T, base, from string, n int) (answered, closed int64) {
+	t.Helper()
+	addr := strings.TrimPrefix(base, "http://")
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 10 * time.Second}
+	var ans, cls atomic.Int64
+	conns := make(chan net.Conn, n)
+	t.Cleanup(func() {
+		close(conns)
+		for c := range conns {
+			c.Close()
+		}
+	})
+	sem := make(chan struct{}, 64) // dials at once
+	for range n {
+		sem <- struct{}{}
+		c, err := d.Dial("tcp", addr)
+		<-sem
+		if err != nil {
+			t.Fatalf("dial from %s: %v", from, err)
+		}
+		conns <- c
+		go func() {
+			_, _ = io.WriteString(c, "GET /health HTTP/1.1\r\nHost: r\r\n\r\n")
+			_ = c.SetReadDeadline(time.Now().Add(90 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				cls.Add(1)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			ans.Add(1)
+		}()
+	}
+	waitFor(t, 60*time.Second, "the router to answer or close 4096 of the flood", func() (bool, string) {
+		a, c := ans.Load(), cls.Load()
+		return a+c >= 4096, fmt.Sprintf("%d answered, %d closed", a, c)
+	})
+	return ans.Load(), cls.Load()
+}
+
+// getFrom sends GET path to base from the local address from on a new
+// connection and returns the status.
+func getFrom(base, from, path string, timeout time.Duration) (int, error) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	c := &http.Client{Timeout: timeout, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
+	resp, err := c.Get(base + path)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
 }
 
 // Item 2: a worker URL that is an smg router or control plane is refused

@@ -1,8 +1,10 @@
 package router
 
 import (
+	"container/list"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -14,7 +16,8 @@ import (
 // (IdleTimeout) or before its first one (ReadHeaderTimeout, at most 10 s, so
 // headers sent slowly are cut too). Bodies get their own deadline
 // (--body-read-timeout-secs) in the handler, because a whole-request
-// ReadTimeout would also cut long streamed answers.
+// ReadTimeout would also cut long streamed answers. Serve it on
+// Router.Listener, whose ConnState it reports to.
 func (o Options) Server(h http.Handler) *http.Server {
 	idle := time.Duration(o.IdleTimeoutSecs) * time.Second
 	return &http.Server{
@@ -24,38 +27,314 @@ func (o Options) Server(h http.Handler) *http.Server {
 	}
 }
 
-// Listener caps ln at --max-connections connections open at once: past the
-// cap Accept waits for one to close, so extra clients queue in the kernel's
-// backlog and cost the router no goroutine and no file handle.
-func (r *Router) Listener(ln net.Listener) net.Listener {
-	return &limitListener{Listener: ln, sem: make(chan struct{}, r.opts.MaxConnections), open: r.metrics.connections}
-}
+// Reasons a connection is closed by the caps (smg_router_connections_closed_total).
+const (
+	connClosedIdleAtCap       = "idle_at_cap"        // an idle one, for a new client at --max-connections
+	connClosedIdleAtClientCap = "idle_at_client_cap" // a client's own idle one, for its new one
+	connClosedClientCap       = "client_cap"         // a new one, its client's are all busy
+)
 
-type limitListener struct {
+// freshGrace is how long a new connection may stay silent before it counts
+// as idle: a client sends its request at once, so a younger one is not taken.
+const freshGrace = time.Second
+
+// ConnLimiter caps a listener at --max-connections connections open at once
+// and one client (a remote IPv4 address, an IPv6 /64) at
+// --max-connections-per-client. A connection that would pass a cap first
+// takes the place of an idle one, oldest first: a keep-alive connection
+// between requests, or, failing that, one silent since it opened for
+// freshGrace. Its client's own at the client's cap, anyone's at the global
+// cap, so idle connections never lock new clients out. Only when every
+// connection is busy does Accept wait (more clients wait in the listen
+// backlog and cost no goroutine and no file handle), or, at a client's cap,
+// is the new connection closed at once. Idleness comes from the server's
+// ConnState hook; without it nothing is reclaimed.
+type ConnLimiter struct {
 	net.Listener
-	sem  chan struct{}
-	open prometheus.Gauge
+	max, perClient int
+	open           prometheus.Gauge
+	closed         *prometheus.CounterVec
+	wake           chan struct{} // a slot freed, or a connection went idle
+	done           chan struct{} // the listener closed
+	closeOnce      sync.Once
+
+	mu      sync.Mutex
+	n       int                           // connections open or reserved
+	all     idleSet                       // every connection waiting for a request
+	clients map[netip.Prefix]*clientConns // clients with a connection open
 }
 
-func (l *limitListener) Accept() (net.Conn, error) {
-	l.sem <- struct{}{}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
+// idleSet holds connections waiting for a request, oldest first: idle
+// between keep-alive requests, and fresh (not one request yet).
+type idleSet struct{ idle, fresh list.List }
+
+type clientConns struct {
+	n int
+	idleSet
+}
+
+// Listener wraps ln with the router's connection caps and hooks srv (from
+// Options.Server) to tell the limiter which connections are idle.
+func (r *Router) Listener(ln net.Listener, srv *http.Server) *ConnLimiter {
+	l := &ConnLimiter{
+		Listener: ln, max: r.opts.MaxConnections, perClient: r.opts.MaxConnectionsPerClient,
+		open: r.metrics.connections, closed: r.metrics.connsClosed,
+		wake: make(chan struct{}, 1), done: make(chan struct{}),
+		clients: map[netip.Prefix]*clientConns{},
 	}
-	l.open.Inc()
-	return &limitConn{Conn: c, release: func() { <-l.sem; l.open.Dec() }}, nil
+	srv.ConnState = l.ConnState
+	return l
+}
+
+// Accept returns the next connection within the caps. A connection is taken
+// from the backlog before it waits for a slot, so an idle one is closed only
+// for a client that is really there; at most that one waits accepted.
+func (l *ConnLimiter) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		lc := l.admit(c)
+		if lc == nil {
+			continue // its client is at its cap, all busy
+		}
+		if err := l.reserve(); err != nil {
+			l.mu.Lock()
+			l.leaveClient(lc)
+			l.mu.Unlock()
+			_ = c.Close()
+			return nil, err
+		}
+		l.open.Inc()
+		return lc, nil
+	}
+}
+
+// Close closes the listener and ends an Accept waiting for a slot.
+func (l *ConnLimiter) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// admit counts c against its client's cap: past it, the client's oldest idle
+// connection gives way, or c is closed when the client has none idle.
+func (l *ConnLimiter) admit(c net.Conn) *limitConn {
+	lc := &limitConn{Conn: c, l: l}
+	key, ok := clientKey(c.RemoteAddr())
+	if !ok || l.perClient <= 0 {
+		return lc
+	}
+	l.mu.Lock()
+	cl := l.clients[key]
+	if cl == nil {
+		cl = &clientConns{}
+		l.clients[key] = cl
+	}
+	var victim *limitConn
+	if cl.n >= l.perClient {
+		if victim, _ = l.takeOldest(&cl.idleSet); victim == nil {
+			l.mu.Unlock()
+			l.closed.WithLabelValues(connClosedClientCap).Inc()
+			_ = c.Close()
+			return nil
+		}
+	}
+	cl.n++
+	lc.client, lc.key = cl, key
+	l.mu.Unlock()
+	if victim != nil {
+		l.closed.WithLabelValues(connClosedIdleAtClientCap).Inc()
+		_ = victim.Close() // frees its global slot too
+	}
+	return lc
+}
+
+// reserve takes a slot under the global cap, closing the oldest idle
+// connection when none is free, else waiting for one to close or go idle.
+func (l *ConnLimiter) reserve() error {
+	for {
+		l.mu.Lock()
+		if l.n < l.max {
+			l.n++
+			l.mu.Unlock()
+			return nil
+		}
+		v, wait := l.takeOldest(&l.all)
+		l.mu.Unlock()
+		if v != nil {
+			l.closed.WithLabelValues(connClosedIdleAtCap).Inc()
+			_ = v.Close() // frees its slot
+			continue
+		}
+		if !l.wait(wait) {
+			return net.ErrClosed
+		}
+	}
+}
+
+// wait waits for a connection to close or go idle, or d (a fresh connection
+// turning idle; 0: no bound); false when the listener closed.
+func (l *ConnLimiter) wait(d time.Duration) bool {
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-l.wake:
+	case <-timeout:
+	case <-l.done:
+		return false
+	}
+	return true
+}
+
+// takeOldest takes the oldest idle connection of s out of the idle sets: a
+// keep-alive one, else a fresh one silent for freshGrace. With none, wait
+// is when the oldest fresh one will qualify (0: none). l.mu is held.
+func (l *ConnLimiter) takeOldest(s *idleSet) (v *limitConn, wait time.Duration) {
+	e := s.idle.Front()
+	if e == nil {
+		if e = s.fresh.Front(); e == nil {
+			return nil, 0
+		}
+		if age := time.Since(e.Value.(*limitConn).since); age < freshGrace {
+			return nil, freshGrace - age
+		}
+	}
+	v = e.Value.(*limitConn)
+	l.busy(v)
+	return v, 0
+}
+
+// ConnState is the server's hook: a connection waiting for a request (new,
+// or idle between keep-alive requests) may be reclaimed, oldest first; one
+// serving a request, or hijacked, may not.
+func (l *ConnLimiter) ConnState(c net.Conn, s http.ConnState) {
+	lc := unwrapConn(c)
+	if lc == nil || lc.l != l {
+		return
+	}
+	l.mu.Lock()
+	if lc.gone {
+		l.mu.Unlock()
+		return
+	}
+	l.busy(lc)
+	if s == http.StateNew || s == http.StateIdle {
+		lc.fresh, lc.since = s == http.StateNew, time.Now()
+		lc.inAll = l.all.list(lc.fresh).PushBack(lc)
+		if lc.client != nil {
+			lc.inClient = lc.client.list(lc.fresh).PushBack(lc)
+		}
+	}
+	l.mu.Unlock()
+	if s == http.StateIdle {
+		l.signal() // an Accept waiting at the cap may take it
+	}
+}
+
+func (s *idleSet) list(fresh bool) *list.List {
+	if fresh {
+		return &s.fresh
+	}
+	return &s.idle
+}
+
+// busy takes lc out of the idle sets; l.mu is held.
+func (l *ConnLimiter) busy(lc *limitConn) {
+	if lc.inAll != nil {
+		l.all.list(lc.fresh).Remove(lc.inAll)
+		lc.inAll = nil
+	}
+	if lc.inClient != nil {
+		lc.client.list(lc.fresh).Remove(lc.inClient)
+		lc.inClient = nil
+	}
+}
+
+func (l *ConnLimiter) signal() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (l *ConnLimiter) release(lc *limitConn) {
+	l.mu.Lock()
+	lc.gone = true
+	l.busy(lc)
+	l.leaveClient(lc)
+	l.n--
+	l.mu.Unlock()
+	l.open.Dec()
+	l.signal()
+}
+
+// leaveClient uncounts lc from its client; l.mu is held.
+func (l *ConnLimiter) leaveClient(lc *limitConn) {
+	if cl := lc.client; cl != nil {
+		if cl.n--; cl.n == 0 {
+			delete(l.clients, lc.key)
+		}
+		lc.client = nil
+	}
+}
+
+// unwrapConn finds the limiter's connection under a server's view of it (a
+// TLS connection wraps it).
+func unwrapConn(c net.Conn) *limitConn {
+	for c != nil {
+		switch v := c.(type) {
+		case *limitConn:
+			return v
+		case interface{ NetConn() net.Conn }:
+			c = v.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// clientKey names a connection's client: its IPv4 address, or the /64 of its
+// IPv6 address (one host's usual allocation).
+func clientKey(a net.Addr) (netip.Prefix, bool) {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ip, ok := netip.AddrFromSlice(ta.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ip = ip.Unmap()
+	bits := 32
+	if ip.Is6() {
+		bits = 64
+	}
+	p, err := ip.Prefix(bits)
+	return p, err == nil
 }
 
 type limitConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l    *ConnLimiter
+	once sync.Once
+
+	// Guarded by l.mu.
+	client          *clientConns // nil: not counted per client
+	key             netip.Prefix
+	fresh           bool          // waiting for its first request (else idle after one)
+	since           time.Time     // waiting since
+	inAll, inClient *list.Element // set while waiting for a request
+	gone            bool          // released
 }
 
 func (c *limitConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() { c.l.release(c) })
 	return err
 }

@@ -61,6 +61,26 @@ func (l *pipeListener) dial(t *testing.T) net.Conn {
 	}
 }
 
+// dialFrom is dial for a client at remote.
+func (l *pipeListener) dialFrom(t *testing.T, remote net.Addr) net.Conn {
+	t.Helper()
+	client, server := net.Pipe()
+	select {
+	case l.conns <- remoteConn{server, remote}:
+		return client
+	case <-time.After(time.Millisecond): // fake time: fires once the bubble is blocked
+		return nil
+	}
+}
+
+// remoteConn is a pipe end that says it comes from remote.
+type remoteConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c remoteConn) RemoteAddr() net.Addr { return c.remote }
+
 // bubbleRouter serves a router through its own Server and Listener, as
 // smg router does, on a pipe listener; the caller runs inside synctest.Test.
 func bubbleRouter(t *testing.T, mutate func(*Options)) (*Router, *pipeListener) {
@@ -74,7 +94,7 @@ func bubbleRouter(t *testing.T, mutate func(*Options)) (*Router, *pipeListener) 
 	}
 	ln := newPipeListener()
 	srv := opts.Server(r.Handler())
-	go func() { _ = srv.Serve(r.Listener(ln)) }()
+	go func() { _ = srv.Serve(r.Listener(ln, srv)) }()
 	t.Cleanup(func() {
 		_ = srv.Close()
 		time.Sleep(time.Second) // fake time: lets closing connections finish
@@ -160,7 +180,9 @@ func TestTrickledBodyIsCut(t *testing.T) {
 }
 
 // Idle keep-alive connections are closed after --idle-timeout-secs, and no
-// more than --max-connections are held at once.
+// more than --max-connections are held at once: past the cap a new client
+// waits while every connection is busy, and takes the place of the first
+// one to go idle.
 func TestIdleTimeoutAndConnectionCap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r, ln := bubbleRouter(t, func(o *Options) { o.IdleTimeoutSecs = 10; o.MaxConnections = 3 })
@@ -170,32 +192,142 @@ func TestIdleTimeoutAndConnectionCap(t *testing.T) {
 			if c == nil {
 				t.Fatal("a connection under the cap was not accepted")
 			}
+			go func() { _, _ = io.WriteString(c, busyRequest) }()
 			held = append(held, c)
 		}
-		if c := ln.dial(t); c != nil {
-			t.Fatal("a fourth connection was accepted past --max-connections 3")
-		}
 		synctest.Wait()
+		// The fourth is taken from the backlog and waits for a slot; a fifth
+		// stays in the backlog.
+		fourth := ln.dial(t)
+		if fourth == nil {
+			t.Fatal("the listener stopped taking connections at the cap")
+		}
+		if c := ln.dial(t); c != nil {
+			t.Fatal("a fifth connection was taken past --max-connections 3 with every connection busy")
+		}
+		answered := make(chan int, 1)
+		go func() {
+			_, _ = io.WriteString(fourth, "GET /health HTTP/1.1\r\nHost: r\r\n\r\n")
+			resp, _ := readAnswer(t, fourth)
+			answered <- resp.StatusCode
+		}()
+		synctest.Wait()
+		select {
+		case <-answered:
+			t.Fatal("a connection past the cap was served while every connection was busy")
+		default:
+		}
 		if n := testutil.ToFloat64(r.metrics.connections); n != 3 {
 			t.Fatalf("smg_router_connections = %v, want 3", n)
 		}
-		// One request makes a connection idle-after-use; then nothing.
-		go func() { _, _ = io.WriteString(held[0], "GET /health HTTP/1.1\r\nHost: r\r\n\r\n") }()
-		if resp, _ := readAnswer(t, held[0]); resp.StatusCode != http.StatusOK {
+		// held[0] leaves: its slot goes to the waiting client.
+		held[0].Close()
+		if code := <-answered; code != http.StatusOK {
+			t.Fatalf("the waiting client: %d", code)
+		}
+		// The fourth is idle now: a new client takes its place at once.
+		fifth := ln.dial(t)
+		go func() { _, _ = io.WriteString(fifth, "GET /health HTTP/1.1\r\nHost: r\r\n\r\n") }()
+		if resp, _ := readAnswer(t, fifth); resp.StatusCode != http.StatusOK {
 			t.Fatalf("/health: %d", resp.StatusCode)
 		}
+		if _, err := fourth.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("the idle connection was not closed for the new client: %v", err)
+		}
+		if n := testutil.ToFloat64(r.metrics.connsClosed.WithLabelValues(connClosedIdleAtCap)); n != 1 {
+			t.Fatalf("smg_router_connections_closed_total{reason=idle_at_cap} = %v, want 1", n)
+		}
+		// Nothing else arrives: the idle timeout closes the fifth.
 		time.Sleep(11 * time.Second) // fake time: past the idle timeout
 		synctest.Wait()
-		if _, err := held[0].Read(make([]byte, 1)); err != io.EOF {
+		if _, err := fifth.Read(make([]byte, 1)); err != io.EOF {
 			t.Fatalf("idle connection still open after the idle timeout: %v", err)
 		}
-		synctest.Wait()
-		if c := ln.dial(t); c == nil {
-			t.Fatal("a freed connection slot was not reused")
-		} else {
+		for _, c := range held[1:] {
 			c.Close()
 		}
-		for _, c := range held {
+	})
+}
+
+// busyRequest keeps a connection busy: its handler waits for the body.
+const busyRequest = "POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 100\r\n\r\n{"
+
+// At the cap, a connection that has sent nothing since it opened counts as
+// idle once it has been silent for a second, and is closed for a new client;
+// a younger one is not (its request may be on its way).
+func TestSilentConnectionsGiveWayAtTheCap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, ln := bubbleRouter(t, func(o *Options) { o.MaxConnections = 2 })
+		silent := []net.Conn{ln.dial(t), ln.dial(t)}
+		synctest.Wait()
+		start := time.Now()
+		c := ln.dial(t)
+		go func() { _, _ = io.WriteString(c, "GET /health HTTP/1.1\r\nHost: r\r\n\r\n") }()
+		if resp, _ := readAnswer(t, c); resp.StatusCode != http.StatusOK {
+			t.Fatalf("/health: %d", resp.StatusCode)
+		}
+		if waited := time.Since(start); waited != freshGrace {
+			t.Fatalf("the new client was served after %s, want %s (two silent connections at the cap)", waited, freshGrace)
+		}
+		if _, err := silent[0].Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("the oldest silent connection was not closed: %v", err)
+		}
+		if n := testutil.ToFloat64(r.metrics.connsClosed.WithLabelValues(connClosedIdleAtCap)); n != 1 {
+			t.Fatalf("smg_router_connections_closed_total{reason=idle_at_cap} = %v, want 1", n)
+		}
+		silent[1].Close()
+		c.Close()
+	})
+}
+
+// One client (one address) holds at most --max-connections-per-client: its
+// new connection takes the place of its own oldest idle one, or is closed
+// when all of its connections are busy; another client is served meanwhile.
+func TestPerClientConnectionCap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, ln := bubbleRouter(t, func(o *Options) { o.MaxConnectionsPerClient = 2 })
+		a := &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 1000}
+		request := func(c net.Conn) {
+			t.Helper()
+			go func() { _, _ = io.WriteString(c, "GET /health HTTP/1.1\r\nHost: r\r\n\r\n") }()
+			if resp, _ := readAnswer(t, c); resp.StatusCode != http.StatusOK {
+				t.Fatalf("/health: %d", resp.StatusCode)
+			}
+		}
+		idle := []net.Conn{ln.dialFrom(t, a), ln.dialFrom(t, a)}
+		request(idle[0])
+		request(idle[1])
+		third := ln.dialFrom(t, a)
+		request(third)
+		if _, err := idle[0].Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("the client's oldest idle connection was not closed at its cap: %v", err)
+		}
+		if n := testutil.ToFloat64(r.metrics.connsClosed.WithLabelValues(connClosedIdleAtClientCap)); n != 1 {
+			t.Fatalf("smg_router_connections_closed_total{reason=idle_at_client_cap} = %v, want 1", n)
+		}
+		// Both of its connections busy: a third is closed at once.
+		for _, c := range []net.Conn{idle[1], third} {
+			go func() { _, _ = io.WriteString(c, busyRequest) }()
+		}
+		synctest.Wait()
+		refused := ln.dialFrom(t, a)
+		if _, err := refused.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("a connection past the client's cap with all busy was not closed: %v", err)
+		}
+		if n := testutil.ToFloat64(r.metrics.connsClosed.WithLabelValues(connClosedClientCap)); n != 1 {
+			t.Fatalf("smg_router_connections_closed_total{reason=client_cap} = %v, want 1", n)
+		}
+		// Another client, and the same client's IPv6 neighbour in another
+		// /64, are served.
+		request(ln.dialFrom(t, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 2), Port: 1000}))
+		v6 := net.ParseIP("2001:db8::1")
+		for range 3 {
+			request(ln.dialFrom(t, &net.TCPAddr{IP: v6, Port: 1000})) // one /64: its own idle ones give way
+		}
+		if n := testutil.ToFloat64(r.metrics.connsClosed.WithLabelValues(connClosedIdleAtClientCap)); n != 2 {
+			t.Fatalf("an IPv6 /64 is one client: idle_at_client_cap = %v, want 2", n)
+		}
+		for _, c := range []net.Conn{idle[1], third} {
 			c.Close()
 		}
 	})

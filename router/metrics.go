@@ -41,6 +41,7 @@ type metrics struct {
 	breakers  *prometheus.CounterVec // to: open | closed
 
 	connections prometheus.Gauge       // client connections open (capped by --max-connections)
+	connsClosed *prometheus.CounterVec // reason: idle_at_cap | idle_at_client_cap | client_cap
 	refused     *prometheus.CounterVec // reason: loop | body_timeout
 }
 
@@ -87,6 +88,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.connections = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "smg_router_connections", Help: "Client connections open on the router's port (at most --max-connections).",
 	})
+	m.connsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "smg_router_connections_closed_total",
+		Help: "Client connections closed by the connection caps, by reason: idle_at_cap (an idle one, for a new client at --max-connections), idle_at_client_cap (a client's own idle one, for its new one at --max-connections-per-client), client_cap (a new one: every connection of its client is busy).",
+	}, []string{"reason"})
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "smg_router_refused_total",
 		Help: "Requests refused before routing, by reason: loop (already passed an smg router), body_timeout (body not received within --body-read-timeout-secs).",
@@ -100,7 +105,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12),
 	}, []string{"route"})
 	for _, c := range []prometheus.Collector{m.overloadFallback, m.livenessFallback, m.shed, m.retries,
-		m.upstream, m.admission, m.rateLimit, m.queued, m.revision, m.failOpen, m.breakers, m.connections, m.refused, requests, duration} {
+		m.upstream, m.admission, m.rateLimit, m.queued, m.revision, m.failOpen, m.breakers, m.connections, m.connsClosed, m.refused, requests, duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -128,6 +133,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.breakers.WithLabelValues("closed")
 	m.refused.WithLabelValues(refusedLoop)
 	m.refused.WithLabelValues(refusedBodyTimeout)
+	for _, r := range []string{connClosedIdleAtCap, connClosedIdleAtClientCap, connClosedClientCap} {
+		m.connsClosed.WithLabelValues(r)
+	}
 	return m, nil
 }
 

@@ -100,6 +100,7 @@ type Options struct {
 	BodyReadTimeoutSecs        int   // a request body must arrive within this
 	IdleTimeoutSecs            int   // idle keep-alive client connections close after this
 	MaxConnections             int   // client connections open at once; more wait in the backlog
+	MaxConnectionsPerClient    int   // connections open at once from one client address (0: no per-client cap)
 	RequestTimeoutSecs         int
 	CacheThreshold             float64 // cache_aware: prefix match ratio that keeps affinity
 	BalanceAbsThreshold        int64   // cache_aware: load spread that switches to least load ...
@@ -144,6 +145,7 @@ func DefaultOptions() Options {
 		BodyReadTimeoutSecs:               30,
 		IdleTimeoutSecs:                   60,
 		MaxConnections:                    4096,
+		MaxConnectionsPerClient:           1024,
 		RequestTimeoutSecs:                1800,
 		CacheThreshold:                    0.3,
 		BalanceAbsThreshold:               64,
@@ -219,7 +221,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	integer(&o.IdleTimeoutSecs, "idle-timeout-secs",
 		"seconds a client connection may stay silent, before its first request or between keep-alive requests, before the router closes it")
 	integer(&o.MaxConnections, "max-connections",
-		"client connections the router holds open at once; further clients wait in the listen backlog until one closes")
+		"client connections the router holds open at once; at the cap a new client takes the place of the oldest idle keep-alive connection, and waits in the listen backlog only while every connection is busy")
+	integer(&o.MaxConnectionsPerClient, "max-connections-per-client",
+		"client connections open at once from one client (an IPv4 address, an IPv6 /64); past it the client's oldest idle connection is closed, or the new one when none is idle (0: no per-client cap; raise it behind a proxy or NAT that funnels many users through one address)")
 	integer(&o.RequestTimeoutSecs, "request-timeout-secs", "upper bound on one proxied request, in seconds")
 	float(&o.CacheThreshold, "cache-threshold", "cache_aware: prefix match ratio (0 to 1) that keeps a request on its cached worker")
 	define(fs, (*int64Value)(&o.BalanceAbsThreshold), "balance-abs-threshold",
@@ -294,6 +298,9 @@ func (o Options) Validate() error {
 	}
 	if o.BodyReadTimeoutSecs < 1 || o.IdleTimeoutSecs < 1 || o.MaxConnections < 1 {
 		bad("--body-read-timeout-secs, --idle-timeout-secs and --max-connections must be >= 1")
+	}
+	if o.MaxConnectionsPerClient < 0 {
+		bad("--max-connections-per-client must be >= 0 (0: no per-client cap), got %d", o.MaxConnectionsPerClient)
 	}
 	if o.CacheThreshold < 0 || o.CacheThreshold > 1 {
 		bad("--cache-threshold must be within [0, 1], got %v", o.CacheThreshold)
