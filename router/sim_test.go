@@ -2,8 +2,10 @@ package router
 
 import (
 	"bufio"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -75,5 +77,35 @@ func TestResettingEngineIsRetriedAndReported(t *testing.T) {
 	}
 	if obs := observation(h.r, "bad"); obs.ConnectionFailures == 0 {
 		t.Fatal("resets not reported as connection failures")
+	}
+}
+
+// A batched PD request (a list of prompts: the router sends one bootstrap
+// host, port and room per prompt, as SGLang expects) that fits the decode
+// window is answered through real simulator engines, one choice per prompt,
+// streamed or not.
+func TestBatchedPDRequestThroughRouterToSimulators(t *testing.T) {
+	prefill := startSim(t, func(o *sim.Options) { o.Flavor, o.Role = sim.FlavorSGLang, sim.RolePrefill })
+	decode := startSim(t, func(o *sim.Options) { o.Flavor, o.Role = sim.FlavorSGLang, sim.RoleDecode })
+	port, err := strconv.Atoi(prefill.Addr()[strings.LastIndexByte(prefill.Addr(), ':')+1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(o *Options) { o.PDDisaggregation = true })
+	h.apply(Worker{ID: "p", URL: prefill.URL(), Model: testModel, Type: TypePrefill, Healthy: true, BootstrapPort: int32(port)},
+		Worker{ID: "d", URL: decode.URL(), Model: testModel, Type: TypeDecode, Healthy: true, MaxRunning: 8, WindowShare: 8})
+	for _, stream := range []bool{false, true} {
+		a := h.send("/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":["one","two","three"],"max_tokens":3,"stream":%v}`, testModel, stream), "")
+		if a.status != http.StatusOK {
+			t.Fatalf("batched PD request (stream %v): %d %s", stream, a.status, a.body)
+		}
+		for i := range 3 {
+			if !strings.Contains(a.body, fmt.Sprintf(`"index":%d`, i)) {
+				t.Fatalf("batched PD request (stream %v): no choice %d in %s", stream, i, a.body)
+			}
+		}
+		if stream && !strings.Contains(a.body, "data: [DONE]") {
+			t.Fatalf("batched PD stream without [DONE]: %s", a.body)
+		}
 	}
 }

@@ -56,9 +56,10 @@ type request struct {
 
 // pdInfo carries SGLang's disaggregation fields.
 type pdInfo struct {
-	host string
-	port int
-	room uint64
+	host    string
+	port    int
+	hasPort bool // bootstrap_port was given (not null)
+	room    uint64
 }
 
 // cancel frees the request at the scheduler's next look (client went away).

@@ -1,11 +1,13 @@
 package sim
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,10 +26,94 @@ type genRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	BootstrapHost    string  `json:"bootstrap_host"`
-	BootstrapPort    *int    `json:"bootstrap_port"`
-	BootstrapRoom    *uint64 `json:"bootstrap_room"`
-	DataParallelRank *int    `json:"data_parallel_rank"`
+	// SGLang's bootstrap fields: scalars, or lists with one entry per
+	// prompt of a batch.
+	BootstrapHost    json.RawMessage `json:"bootstrap_host"`
+	BootstrapPort    json.RawMessage `json:"bootstrap_port"`
+	BootstrapRoom    json.RawMessage `json:"bootstrap_room"`
+	DataParallelRank *int            `json:"data_parallel_rank"`
+}
+
+// promptBatch is the prompt tokens of each prompt of a completion's batch (a
+// list of strings or of token id lists), or whole for one prompt.
+func (g *genRequest) promptBatch(chat bool, whole int) []int {
+	if !chat {
+		var ss []string
+		if json.Unmarshal(g.Prompt, &ss) == nil && len(ss) > 1 {
+			out := make([]int, len(ss))
+			for i, p := range ss {
+				out[i] = estimateTokens(p)
+			}
+			return out
+		}
+		var idss [][]int
+		if json.Unmarshal(g.Prompt, &idss) == nil && len(idss) > 1 {
+			out := make([]int, len(idss))
+			for i, ids := range idss {
+				out[i] = max(len(ids), 1)
+			}
+			return out
+		}
+	}
+	return []int{whole}
+}
+
+// bootstraps reads the bootstrap fields as SGLang does: scalars for one
+// request, or lists naming each prompt's prefill and room in a batch (a
+// scalar host or port beside a list of rooms applies to every prompt). It
+// returns nil without a room.
+func (g *genRequest) bootstraps(prompts int) ([]pdInfo, error) {
+	rooms, roomList, err := scalarOrList[uint64](g.BootstrapRoom)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap_room: %v", err)
+	}
+	hosts, hostList, err := scalarOrList[string](g.BootstrapHost)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap_host: %v", err)
+	}
+	ports, portList, err := scalarOrList[*int](g.BootstrapPort)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap_port: %v", err)
+	}
+	if len(rooms) == 0 {
+		return nil, nil
+	}
+	n := len(rooms)
+	switch {
+	case roomList && n != prompts:
+		return nil, fmt.Errorf("bootstrap_room has %d entries for %d prompts", n, prompts)
+	case hostList && len(hosts) != n, portList && len(ports) != n:
+		return nil, fmt.Errorf("bootstrap_host, bootstrap_port and bootstrap_room must have one entry per prompt (%d)", n)
+	}
+	out := make([]pdInfo, n)
+	for i := range out {
+		out[i].room = rooms[i]
+		if len(hosts) > 0 {
+			out[i].host = hosts[min(i, len(hosts)-1)]
+		}
+		if len(ports) > 0 && ports[min(i, len(ports)-1)] != nil {
+			out[i].port, out[i].hasPort = *ports[min(i, len(ports)-1)], true
+		}
+	}
+	return out, nil
+}
+
+// scalarOrList decodes raw as one T or a list of T; absent or null is none.
+func scalarOrList[T any](raw json.RawMessage) (vals []T, list bool, err error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, false, nil
+	}
+	if raw[0] == '[' {
+		err = json.Unmarshal(raw, &vals)
+		if err == nil && len(vals) == 0 {
+			err = errors.New("empty list")
+		}
+		return vals, true, err
+	}
+	var v T
+	err = json.Unmarshal(raw, &v)
+	return []T{v}, false, err
 }
 
 // estimateTokens approximates a tokenizer: about four characters per token.
@@ -107,11 +193,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", g.Model))
 		return
 	}
-	prompt, err := g.promptTokens(chat)
+	whole, err := g.promptTokens(chat)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	prompts := g.promptBatch(chat, whole)
 	maxTokens := s.opts.DefaultMaxTokens
 	if g.MaxCompletionTokens != nil {
 		maxTokens = *g.MaxCompletionTokens
@@ -123,68 +210,98 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, "max_tokens must be at least 1")
 		return
 	}
-	spec := submitSpec{promptTokens: prompt, maxTokens: maxTokens, dpRank: -1}
+	spec := submitSpec{maxTokens: maxTokens, dpRank: -1}
 	if g.DataParallelRank != nil {
 		spec.dpRank = *g.DataParallelRank
 	}
+	// One engine request per prompt when the bootstrap fields are lists (a
+	// batched PD request, as SGLang splits it); otherwise one for the whole.
+	specs := []submitSpec{spec}
 	if s.opts.Role != RoleRegular {
-		if g.BootstrapRoom == nil || (s.opts.Role == RoleDecode && (g.BootstrapHost == "" || g.BootstrapPort == nil)) {
-			writeError(w, http.StatusBadRequest, s.opts.Role+" engine needs bootstrap_host, bootstrap_port and bootstrap_room")
+		pds, err := g.bootstraps(len(prompts))
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		spec.pd = &pdInfo{host: g.BootstrapHost, room: *g.BootstrapRoom}
-		if g.BootstrapPort != nil {
-			spec.pd.port = *g.BootstrapPort
+		if len(pds) == 0 || (s.opts.Role == RoleDecode && slices.ContainsFunc(pds, func(p pdInfo) bool { return p.host == "" || !p.hasPort })) {
+			writeError(w, http.StatusBadRequest, s.opts.Role+" engine needs bootstrap_host, bootstrap_port and bootstrap_room")
+			return
 		}
 		if s.opts.Role == RolePrefill {
 			spec.maxTokens = 1 // a prefill engine only computes the first token
 		}
+		if len(pds) == 1 {
+			prompts = []int{whole}
+		}
+		specs = make([]submitSpec, len(pds))
+		for i := range pds {
+			specs[i] = spec
+			specs[i].pd = &pds[i]
+		}
+	} else {
+		prompts = []int{whole}
 	}
 	e := s.eng.Load()
 	if e == nil {
 		writeError(w, http.StatusServiceUnavailable, errEngineStopped.Error())
 		return
 	}
-	req, err := e.submit(r.Context(), spec)
-	switch {
-	case errors.Is(err, errTooLong), errors.Is(err, errRoomInUse):
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, err.Error())
-		return
-	}
-	defer req.cancel() // a no-op once done; frees the request when the client left
-	id := fmt.Sprintf("%s-%d-%d", map[bool]string{true: "chatcmpl", false: "cmpl"}[chat], s.index, e.ids.Add(1))
-	out := &output{chat: chat, id: id, model: s.opts.Model, created: time.Now().Unix(),
-		words: rand.New(rand.NewPCG(req.seed, 0)), prompt: prompt}
-	if g.Stream {
-		s.stream(w, r, req, out, g.StreamOptions != nil && g.StreamOptions.IncludeUsage)
-		return
-	}
-	var text strings.Builder
-	for {
-		select {
-		case <-req.notify:
-		case <-r.Context().Done():
+	reqs := make([]*request, len(specs))
+	for i := range specs {
+		specs[i].promptTokens = prompts[i]
+		req, err := e.submit(r.Context(), specs[i])
+		if err != nil {
+			for _, q := range reqs[:i] {
+				q.cancel()
+			}
+			if errors.Is(err, errTooLong) || errors.Is(err, errRoomInUse) {
+				writeError(w, http.StatusBadRequest, err.Error())
+			} else {
+				writeError(w, http.StatusServiceUnavailable, err.Error())
+			}
 			return
 		}
-		if !req.done.Load() {
-			continue
+		defer req.cancel() // a no-op once done; frees the request when the client left
+		reqs[i] = req
+	}
+	id := fmt.Sprintf("%s-%d-%d", map[bool]string{true: "chatcmpl", false: "cmpl"}[chat], s.index, e.ids.Add(1))
+	outs := make([]*output, len(reqs))
+	for i, req := range reqs {
+		outs[i] = &output{chat: chat, id: id, model: s.opts.Model, created: time.Now().Unix(),
+			words: rand.New(rand.NewPCG(req.seed, 0)), prompt: whole, index: i}
+	}
+	if g.Stream {
+		s.stream(w, r, reqs, outs, g.StreamOptions != nil && g.StreamOptions.IncludeUsage)
+		return
+	}
+	choices := make([]choice, len(reqs))
+	completion := 0
+	for i, req := range reqs {
+		for !req.done.Load() {
+			select {
+			case <-req.notify:
+			case <-r.Context().Done():
+				return
+			}
 		}
 		if req.err != nil {
 			writeError(w, http.StatusInternalServerError, req.err.Error())
 			return
 		}
 		n := int(req.generated.Load())
+		var text strings.Builder
 		for range n {
-			text.WriteString(out.word())
+			text.WriteString(outs[i].word())
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(out.final(text.String(), req.finish, n))
-		return
+		choices[i] = choice{text: text.String(), finish: req.finish}
+		completion += n
 	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(outs[0].final(choices, completion))
 }
+
+// choice is one prompt's answer in a final (non-streamed) answer.
+type choice struct{ text, finish string }
 
 // output writes one request's answer in the OpenAI format.
 type output struct {
@@ -193,7 +310,8 @@ type output struct {
 	model   string
 	created int64
 	words   *rand.Rand
-	prompt  int
+	prompt  int    // of the whole request
+	index   int    // the choice: the prompt's place in a batch
 	prefix  []byte // every chunk up to its text
 }
 
@@ -219,15 +337,23 @@ func (o *output) usage(completion int) string {
 	return fmt.Sprintf(`"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, o.prompt, completion, o.prompt+completion)
 }
 
-func (o *output) final(text, finish string, completion int) []byte {
-	t, _ := json.Marshal(text)
-	head := strings.Replace(o.head(), `.chunk"`, `"`, 1)
-	if o.chat {
-		return []byte(head + `,"choices":[{"index":0,"message":{"role":"assistant","content":` + string(t) +
-			`},"logprobs":null,"finish_reason":"` + finish + `"}],` + o.usage(completion) + "}")
+func (o *output) final(choices []choice, completion int) []byte {
+	var b strings.Builder
+	b.WriteString(strings.Replace(o.head(), `.chunk"`, `"`, 1))
+	b.WriteString(`,"choices":[`)
+	for i, c := range choices {
+		t, _ := json.Marshal(c.text)
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if o.chat {
+			fmt.Fprintf(&b, `{"index":%d,"message":{"role":"assistant","content":%s},"logprobs":null,"finish_reason":"%s"}`, i, t, c.finish)
+		} else {
+			fmt.Fprintf(&b, `{"index":%d,"text":%s,"logprobs":null,"finish_reason":"%s"}`, i, t, c.finish)
+		}
 	}
-	return []byte(head + `,"choices":[{"index":0,"text":` + string(t) + `,"logprobs":null,"finish_reason":"` +
-		finish + `"}],` + o.usage(completion) + "}")
+	b.WriteString(`],` + o.usage(completion) + "}")
+	return []byte(b.String())
 }
 
 // appendChunk appends one SSE event carrying text (finish "" means null).
@@ -237,7 +363,7 @@ func (o *output) appendChunk(b []byte, text, finish string) []byte {
 		if o.chat {
 			field = `"delta":{"content":"`
 		}
-		o.prefix = []byte("data: " + o.head() + `,"choices":[{"index":0,` + field)
+		o.prefix = []byte("data: " + o.head() + `,"choices":[{"index":` + strconv.Itoa(o.index) + `,` + field)
 	}
 	b = append(b, o.prefix...)
 	b = append(b, text...) // vocabulary words need no JSON escaping
@@ -257,7 +383,9 @@ func (o *output) appendChunk(b []byte, text, finish string) []byte {
 	return append(b, "}]}\n\n"...)
 }
 
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, req *request, out *output, includeUsage bool) {
+// stream answers with SSE: each request's chunks in turn (a batch's choices
+// one after another, each with its index), then usage and [DONE].
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, reqs []*request, outs []*output, includeUsage bool) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	rc := http.NewResponseController(w)
@@ -267,47 +395,56 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, req *request, ou
 	// so nothing reaches the client while the request waits or prefills.
 	w.WriteHeader(http.StatusOK)
 	_ = rc.Flush()
-	roleSent := !out.chat
-	sent := 0
-	for {
-		done := req.done.Load()
-		n := int(req.generated.Load())
-		if !roleSent && (n > sent || done) {
-			buf = append(buf, "data: "+out.head()+`,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
-			roleSent = true
-		}
-		for ; sent < n; sent++ {
-			buf = out.appendChunk(buf, out.word(), "")
-		}
-		if done {
-			if req.err != nil {
+	completion := 0
+	for i, req := range reqs {
+		out, last := outs[i], i == len(reqs)-1
+		roleSent := !out.chat
+		sent := 0
+		for {
+			done := req.done.Load()
+			n := int(req.generated.Load())
+			if !roleSent && (n > sent || done) {
+				buf = append(buf, "data: "+out.head()+`,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+				roleSent = true
+			}
+			for ; sent < n; sent++ {
+				buf = out.appendChunk(buf, out.word(), "")
+			}
+			failed := done && req.err != nil
+			if failed {
 				buf = append(buf, "data: "...)
 				buf = append(buf, errorJSON(http.StatusInternalServerError, req.err.Error())...)
 				buf = append(buf, "\n\n"...)
-			} else {
+			} else if done {
+				completion += n
 				buf = out.appendChunk(buf, "", req.finish)
-				if includeUsage {
-					buf = append(buf, "data: "+out.head()+`,"choices":[],`+out.usage(n)+"}\n\n"...)
+				if last && includeUsage {
+					buf = append(buf, "data: "+out.head()+`,"choices":[],`+out.usage(completion)+"}\n\n"...)
 				}
 			}
-			buf = append(buf, "data: [DONE]\n\n"...)
-		}
-		if len(buf) > 0 {
-			if _, err := w.Write(buf); err != nil {
+			if failed || (done && last) {
+				buf = append(buf, "data: [DONE]\n\n"...)
+			}
+			if len(buf) > 0 {
+				if _, err := w.Write(buf); err != nil {
+					return
+				}
+				if err := rc.Flush(); err != nil {
+					return
+				}
+				buf = buf[:0]
+			}
+			if failed {
 				return
 			}
-			if err := rc.Flush(); err != nil {
+			if done {
+				break
+			}
+			select {
+			case <-req.notify:
+			case <-r.Context().Done():
 				return
 			}
-			buf = buf[:0]
-		}
-		if done {
-			return
-		}
-		select {
-		case <-req.notify:
-		case <-r.Context().Done():
-			return
 		}
 	}
 }

@@ -724,3 +724,23 @@ func TestChatStreamSendsNothingBeforeTheFirstToken(t *testing.T) {
 		t.Fatalf("stream = %q, want the role chunk then the tokens", body)
 	}
 }
+
+// List-valued bootstrap fields name one room per prompt of a batch; a list
+// that does not match the prompts is a clear 400.
+func TestBatchedBootstrapFieldsMustMatchThePrompts(t *testing.T) {
+	o := fastOptions()
+	o.Flavor, o.Role = FlavorSGLang, RoleDecode
+	s := startSim(t, o)
+	for body, want := range map[string]string{
+		`{"prompt":["a","b","c"],"bootstrap_host":["h","h","h"],"bootstrap_port":[1,1,1],"bootstrap_room":[1,2]}`: "bootstrap_room has 2 entries for 3 prompts",
+		`{"prompt":["a","b"],"bootstrap_host":["h"],"bootstrap_port":[1,1],"bootstrap_room":[1,2]}`:               "one entry per prompt",
+		`{"prompt":["a","b"],"bootstrap_host":"h","bootstrap_port":1,"bootstrap_room":["x"]}`:                     "bootstrap_room",
+	} {
+		resp := post(t, t.Context(), s.URL()+"/v1/completions", body)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !bytes.Contains(b, []byte(want)) {
+			t.Errorf("%s: %d %s, want 400 naming %q", body, resp.StatusCode, b, want)
+		}
+	}
+}
