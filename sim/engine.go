@@ -37,6 +37,9 @@ type request struct {
 	ctx          context.Context
 	pd           *pdInfo
 	rank         *rank
+	stream       bool     // streaming: counts toward the engine-silence figure
+	ids          []uint32 // prompt token ids, when the request carried them (KV block hashes)
+	blocks       []int64  // KV blocks announced as stored (gRPC KV events)
 
 	state    reqState
 	need     int // tokens to compute before decoding: prompt, plus output on recompute
@@ -94,6 +97,8 @@ type modelConfig struct {
 	eosProb          float64
 	bootstrapTimeout time.Duration
 	publishEvery     int
+	kvEvents         bool // log KV block events for SubscribeKvEvents (gRPC on)
+	stepWire         bool // the silence figure is of scheduler steps, not of tokens
 }
 
 func configFrom(o Options) modelConfig {
@@ -102,6 +107,7 @@ func configFrom(o Options) modelConfig {
 		prefillRate: o.PrefillTokensPerSec, itl: o.ITL, itlGrowth: o.ITLGrowth,
 		maxBatched: o.MaxBatchedTokens, eosProb: o.EOSProbability,
 		bootstrapTimeout: o.BootstrapTimeout, publishEvery: o.SGLangMetricsInterval,
+		kvEvents: o.GRPC, stepWire: o.Flavor == FlavorVLLM,
 	}
 }
 
@@ -113,13 +119,15 @@ type engine struct {
 	rooms     roomTable
 	bootstrap bootstrapper
 	ids       atomic.Uint64
+	kvLog     *kvLog
 	stop      chan struct{}
 	stopOnce  sync.Once
 	wg        sync.WaitGroup
 }
 
 func newEngine(cfg modelConfig, dp int, seed uint64, bs bootstrapper) *engine {
-	e := &engine{cfg: cfg, bootstrap: bs, stop: make(chan struct{}), rooms: roomTable{m: map[uint64]*room{}}}
+	e := &engine{cfg: cfg, bootstrap: bs, stop: make(chan struct{}), rooms: roomTable{m: map[uint64]*room{}},
+		kvLog: newKVLog(dp)}
 	for i := range dp {
 		e.ranks = append(e.ranks, &rank{
 			id: i, eng: e, slow: 1,
@@ -176,6 +184,8 @@ type submitSpec struct {
 	maxTokens    int
 	dpRank       int // -1: the engine picks the least-loaded rank
 	pd           *pdInfo
+	stream       bool
+	ids          []uint32
 }
 
 // errTooLong is returned for a request that could never fit the KV cache.
@@ -193,7 +203,7 @@ func (e *engine) submit(ctx context.Context, s submitSpec) (*request, error) {
 	r := e.pickRank(s.dpRank)
 	req := &request{
 		promptTokens: s.promptTokens, maxTokens: s.maxTokens, need: s.promptTokens,
-		ctx: ctx, pd: s.pd, rank: r, notify: make(chan struct{}, 1),
+		ctx: ctx, pd: s.pd, rank: r, notify: make(chan struct{}, 1), stream: s.stream, ids: s.ids,
 	}
 	if e.cfg.role == RolePrefill {
 		rm, err := e.rooms.attach(s.pd.room, req)
@@ -206,6 +216,9 @@ func (e *engine) submit(ctx context.Context, s submitSpec) (*request, error) {
 	r.mu.Lock()
 	req.seed = r.rng.Uint64()
 	r.waiting = append(r.waiting, req)
+	if req.stream {
+		r.hold(time.Now())
+	}
 	r.mu.Unlock()
 	r.signal()
 	return req, nil
@@ -362,6 +375,11 @@ type rank struct {
 	// scheduling pass (GET /sim/stats), for benchmarks and tests that check
 	// what a router let through.
 	peakWaiting, peakRunning int
+
+	// The engine-silence figure: streaming requests held, and when the rank
+	// last produced for them (a token, or a step on a step wire).
+	streamHeld int
+	lastOut    time.Time
 }
 
 func (r *rank) signal() {
@@ -394,7 +412,9 @@ func (r *rank) loop() {
 		var next time.Time
 		ok := false
 		if !r.frozen {
-			next = r.sweep(time.Now())
+			now := time.Now()
+			next = r.sweep(now)
+			r.eng.kvLog.flush(r.id, now) // blocks freed by cancellations and deadlines
 			ok = r.plan(&plan)
 		}
 		if !ok && !r.frozen {
@@ -477,6 +497,10 @@ func (r *rank) end(req *request, finish string, err error) {
 	}
 	r.kvUsed -= req.kv
 	req.kv = 0
+	r.dropBlocks(req)
+	if req.stream {
+		r.streamHeld--
+	}
 	req.state = stateDone
 	req.finish, req.err = finish, err
 	if err == nil {
@@ -569,6 +593,7 @@ func (r *rank) preemptNewest() bool {
 		}
 		r.running = removeReq(r.running, req)
 		r.kvUsed -= req.kv
+		r.dropBlocks(req)
 		req.kv, req.computed = 0, 0
 		req.need = req.promptTokens + int(req.generated.Load())
 		req.ready = true // a decode engine recomputes locally what it already received
@@ -613,6 +638,7 @@ func removeReq(q []*request, req *request) []*request {
 // apply lands a finished step: tokens, prefill progress, completions, counters.
 func (r *rank) apply(p *stepPlan, now time.Time) {
 	cfg := &r.eng.cfg
+	genBefore := r.genTokens
 	for _, req := range p.decode {
 		if req.state != stateDecode {
 			continue // cancelled or preempted meanwhile
@@ -635,6 +661,7 @@ func (r *rank) apply(p *stepPlan, now time.Time) {
 		if req.generated.Load() == 0 {
 			r.promptTokens += uint64(req.promptTokens)
 		}
+		r.storeBlocks(req)
 		if cfg.role == RolePrefill {
 			// The first token comes out of prefill; the KV stays until handover.
 			req.generated.Store(1)
@@ -671,6 +698,10 @@ func (r *rank) apply(p *stepPlan, now time.Time) {
 		}
 	}
 	r.steps++
+	if cfg.stepWire || r.genTokens != genBefore {
+		r.lastOut = now
+	}
+	r.eng.kvLog.flush(r.id, now)
 	r.iterSum += float64(p.tokens)
 	for i, ub := range iterationBuckets {
 		if float64(p.tokens) <= ub {

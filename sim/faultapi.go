@@ -21,6 +21,7 @@ type faultPatch struct {
 	Reset          *bool           `json:"reset"`
 	Kill           *bool           `json:"kill"`
 	GarbageMetrics *bool           `json:"garbage_metrics"`
+	StallKVEvents  *bool           `json:"stall_kv_events"`
 	Duration       string          `json:"duration"` // Go duration, "5s"
 }
 
@@ -38,6 +39,7 @@ func (p *faultPatch) apply(f Fault) Fault {
 	set(&f.Reset, p.Reset)
 	set(&f.Kill, p.Kill)
 	set(&f.GarbageMetrics, p.GarbageMetrics)
+	set(&f.StallKVEvents, p.StallKVEvents)
 	if p.Slow != nil {
 		f.Slow = *p.Slow
 	}
@@ -61,6 +63,9 @@ func (p *faultPatch) undo(f Fault) Fault {
 	if p.GarbageMetrics != nil {
 		f.GarbageMetrics = false
 	}
+	if p.StallKVEvents != nil {
+		f.StallKVEvents = false
+	}
 	if p.Slow != nil {
 		f.Slow = 0
 	}
@@ -69,8 +74,9 @@ func (p *faultPatch) undo(f Fault) Fault {
 
 // FaultState is one engine's faults as the fault API reports them.
 type FaultState struct {
-	Engine int    `json:"engine"`
-	URL    string `json:"url"`
+	Engine  int    `json:"engine"`
+	URL     string `json:"url"`
+	GRPCURL string `json:"grpc_url,omitempty"`
 	Fault
 }
 
@@ -147,7 +153,7 @@ func serveFault(w http.ResponseWriter, r *http.Request, fleet []*Server, self *S
 		}
 		if t == self && (p.Kill != nil && *p.Kill || p.Reset != nil && *p.Reset) {
 			deferred = t
-			states = append(states, FaultState{t.index, t.URL(), p.apply(t.Fault())})
+			states = append(states, FaultState{t.index, t.URL(), t.GRPCURL(), p.apply(t.Fault())})
 			continue
 		}
 		if err := t.patch(&p, d, nil); err != nil {
@@ -171,7 +177,7 @@ func serveFault(w http.ResponseWriter, r *http.Request, fleet []*Server, self *S
 }
 
 func (s *Server) faultState() FaultState {
-	return FaultState{Engine: s.index, URL: s.URL(), Fault: s.Fault()}
+	return FaultState{Engine: s.index, URL: s.URL(), GRPCURL: s.GRPCURL(), Fault: s.Fault()}
 }
 
 // patch applies p now and, with d > 0, undoes it after d.

@@ -210,7 +210,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, "max_tokens must be at least 1")
 		return
 	}
-	spec := submitSpec{maxTokens: maxTokens, dpRank: -1}
+	spec := submitSpec{maxTokens: maxTokens, dpRank: -1, stream: g.Stream && s.opts.Role != RolePrefill}
 	if g.DataParallelRank != nil {
 		spec.dpRank = *g.DataParallelRank
 	}

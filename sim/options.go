@@ -54,7 +54,27 @@ type Options struct {
 
 	Seed  uint64 // makes sampled words and early stops repeatable
 	Fault Fault  // faults active from the start
+
+	// GRPC serves the flavor's engine service (SGLang scheduler or vLLM
+	// engine) on GRPCPort (0: a free port; engine i of a fleet: GRPCPort+i).
+	GRPC     bool
+	GRPCPort int
+	// GRPCExtensions is what the servicer adds to SMG's engine protocol:
+	// "all" (a load record on every KV event batch, heartbeats, the
+	// engine-silence figure), "load" (no silence figure, like an older
+	// servicer) or "none" (plain KV event batches).
+	GRPCExtensions string
+	// KVHeartbeat is the quiet spell after which a KV event stream carries a
+	// heartbeat record.
+	KVHeartbeat time.Duration
 }
+
+// Servicer extension levels (Options.GRPCExtensions).
+const (
+	ExtensionsAll  = "all"
+	ExtensionsLoad = "load"
+	ExtensionsNone = "none"
+)
 
 // DefaultOptions returns a vLLM-flavored engine roughly the size of an 8B
 // model on one GPU.
@@ -73,6 +93,8 @@ func DefaultOptions() Options {
 		TPSize:                1,
 		BootstrapTimeout:      120 * time.Second,
 		SGLangMetricsInterval: 40,
+		GRPCExtensions:        ExtensionsAll,
+		KVHeartbeat:           time.Second,
 	}
 }
 
@@ -117,6 +139,19 @@ func (o Options) Validate() error {
 	if o.Fault.Slow < 0 {
 		errs = append(errs, errors.New("slow multiplier must be >= 0"))
 	}
+	if o.GRPC {
+		if o.GRPCPort < 0 || o.GRPCPort > 65535 {
+			errs = append(errs, fmt.Errorf("grpc port %d: want 0..65535", o.GRPCPort))
+		}
+		switch o.GRPCExtensions {
+		case ExtensionsAll, ExtensionsLoad, ExtensionsNone:
+		default:
+			errs = append(errs, fmt.Errorf("grpc extensions %q: want all, load or none", o.GRPCExtensions))
+		}
+		if o.KVHeartbeat <= 0 {
+			errs = append(errs, errors.New("kv heartbeat must be > 0"))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -147,7 +182,18 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.Fault.Slow, "fault-slow", o.Fault.Slow, "start with every step this many times slower (0 or 1 = normal speed)")
 	fs.BoolVar(&o.Fault.Reset, "fault-reset", o.Fault.Reset, "start resetting every accepted connection")
 	fs.BoolVar(&o.Fault.Kill, "fault-kill", o.Fault.Kill, "start with the listener closed (revive with POST /sim/fault through a sibling or the control port)")
-	fs.BoolVar(&o.Fault.GarbageMetrics, "fault-garbage-metrics", o.Fault.GarbageMetrics, "start serving malformed /metrics, /v1/loads and /get_load")
+	fs.BoolVar(&o.Fault.GarbageMetrics, "fault-garbage-metrics", o.Fault.GarbageMetrics, "start serving malformed /metrics, /v1/loads and /get_load (over gRPC: absurd load figures)")
+	fs.BoolVar(&o.Fault.StallKVEvents, "fault-stall-kv-events", o.Fault.StallKVEvents, "start with the gRPC KV event streams sending nothing (no batch, no heartbeat) while everything else answers")
+	fs.Func("grpc-port", "serve the flavor's gRPC engine service (SMG's engine protocol) on this `port`; engine i on port+i, 0 picks free ports (default: no gRPC)", func(v string) error {
+		p, err := strconv.Atoi(v)
+		if err != nil {
+			return err
+		}
+		o.GRPC, o.GRPCPort = true, p
+		return nil
+	})
+	fs.StringVar(&o.GRPCExtensions, "grpc-extensions", o.GRPCExtensions, "what the gRPC servicer adds to the protocol: all (load records on KV event batches, heartbeats, engine-silence figure), load (no silence figure, like an older servicer) or none")
+	fs.Var((*msValue)(&o.KVHeartbeat), "kv-heartbeat-ms", "quiet spell, in milliseconds, after which a gRPC KV event stream sends a heartbeat record")
 }
 
 // msValue is a time.Duration flag written in (fractional) milliseconds.
@@ -194,8 +240,12 @@ type Fault struct {
 	// Kill closes the listener and cuts every open stream; clearing it listens
 	// again on the same address with a fresh engine (a restarted process).
 	Kill bool `json:"kill"`
-	// GarbageMetrics serves malformed /metrics exposition and load JSON.
+	// GarbageMetrics serves malformed /metrics exposition and load JSON
+	// (over gRPC: absurd load figures).
 	GarbageMetrics bool `json:"garbage_metrics"`
+	// StallKVEvents stops the gRPC KV event streams (no batch, no heartbeat)
+	// while every other surface keeps answering.
+	StallKVEvents bool `json:"stall_kv_events"`
 }
 
 // slowFactor is the step-time multiplier the fault asks for.

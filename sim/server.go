@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
 )
 
 // ErrClosed is returned by SetFault on a closed server.
@@ -24,15 +25,17 @@ var ErrClosed = errors.New("sim: server closed")
 
 // Server is one simulated engine behind a real HTTP listener.
 type Server struct {
-	opts    Options
-	log     *slog.Logger
-	index   int
-	fleet   []*Server // every engine of the process, this one included
-	addr    string    // host:port, kept across kill and revive
-	started time.Time
-	metrics http.Handler
-	client  *http.Client // decode role: talks to prefill engines
-	mux     *http.ServeMux
+	opts  Options
+	log   *slog.Logger
+	index int
+	fleet []*Server // every engine of the process, this one included
+	addr  string    // host:port, kept across kill and revive
+	// grpcAddr is the gRPC host:port ("" without gRPC), kept across kill and revive.
+	grpcAddr string
+	started  time.Time
+	metrics  http.Handler
+	client   *http.Client // decode role: talks to prefill engines
+	mux      *http.ServeMux
 
 	resetting atomic.Bool
 	silent    atomic.Bool
@@ -40,9 +43,12 @@ type Server struct {
 	eng       atomic.Pointer[engine] // nil while killed
 	handlers  sync.WaitGroup
 
+	grpcReqs grpcRequests
+
 	mu    sync.Mutex
 	fault Fault
 	hs    *http.Server
+	gs    *grpc.Server
 	// connMu guards conns alone: http.Server.Close (under mu, in killLocked)
 	// waits for its Serve loop, which may be in trackConn at that moment.
 	connMu sync.Mutex
@@ -62,7 +68,15 @@ func Start(addr string, opts Options, log *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sim: listen %s: %w", addr, err)
 	}
-	if err := s.serve(ln); err != nil {
+	var gln net.Listener
+	if opts.GRPC {
+		host, _, _ := net.SplitHostPort(addr)
+		if gln, err = net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(opts.GRPCPort))); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("sim: listen gRPC: %w", err)
+		}
+	}
+	if err := s.serve(ln, gln); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -87,34 +101,49 @@ func StartFleet(host string, port, count int, opts Options, log *slog.Logger) ([
 	}
 	// Bind every port before serving any, so that no sibling's fault API
 	// sees an address still being chosen.
-	lns := make([]net.Listener, 0, count)
-	for i, s := range fleet {
-		s.fleet = fleet
-		p := 0
-		if port != 0 {
-			p = port + i
-		}
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
-		if err != nil {
-			for _, l := range lns {
+	lns := make([]net.Listener, 0, 2*count) // engine i: lns[2i] HTTP, lns[2i+1] gRPC or nil
+	closeAll := func(ls []net.Listener) {
+		for _, l := range ls {
+			if l != nil {
 				l.Close()
 			}
+		}
+	}
+	for i, s := range fleet {
+		s.fleet = fleet
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(portOf(port, i))))
+		if err != nil {
+			closeAll(lns)
 			return nil, fmt.Errorf("sim: engine %d: listen: %w", i, err)
 		}
 		lns = append(lns, ln)
+		var gln net.Listener
+		if opts.GRPC {
+			if gln, err = net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(portOf(opts.GRPCPort, i)))); err != nil {
+				closeAll(lns)
+				return nil, fmt.Errorf("sim: engine %d: listen gRPC: %w", i, err)
+			}
+		}
+		lns = append(lns, gln)
 	}
 	for i, s := range fleet {
-		if err := s.serve(lns[i]); err != nil {
+		if err := s.serve(lns[2*i], lns[2*i+1]); err != nil {
 			for _, started := range fleet[:i] {
 				started.Close()
 			}
-			for _, l := range lns[i:] {
-				l.Close()
-			}
+			closeAll(lns[2*i:])
 			return nil, fmt.Errorf("sim: engine %d: %w", i, err)
 		}
 	}
 	return fleet, nil
+}
+
+// portOf is engine i's port when the first listens on base (0: a free port).
+func portOf(base, i int) int {
+	if base == 0 {
+		return 0
+	}
+	return base + i
 }
 
 func newServer(index int, opts Options, log *slog.Logger) (*Server, error) {
@@ -136,18 +165,22 @@ func newServer(index int, opts Options, log *slog.Logger) (*Server, error) {
 	return s, nil
 }
 
-// serve starts serving on ln for the first time and applies the start-time faults.
-func (s *Server) serve(ln net.Listener) error {
+// serve starts serving on ln (and gln, the gRPC listener, when not nil) for
+// the first time and applies the start-time faults.
+func (s *Server) serve(ln, gln net.Listener) error {
 	s.addr = ln.Addr().String()
+	if gln != nil {
+		s.grpcAddr = gln.Addr().String()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.serveLocked(ln)
+	s.serveLocked(ln, gln)
 	f := s.opts.Fault
 	s.fault = Fault{}
 	return s.applyLocked(f, nil)
 }
 
-func (s *Server) serveLocked(ln net.Listener) {
+func (s *Server) serveLocked(ln, gln net.Listener) {
 	e := newEngine(configFrom(s.opts), s.opts.DPSize, s.opts.Seed, s.fetchKV)
 	e.setFault(s.fault)
 	e.start()
@@ -172,6 +205,9 @@ func (s *Server) serveLocked(ln net.Listener) {
 		}
 	}()
 	s.log.Info("engine listening", "url", s.URL(), "flavor", s.opts.Flavor, "role", s.opts.Role)
+	if gln != nil {
+		s.serveGRPCLocked(gln)
+	}
 }
 
 type connKey struct{}
@@ -239,7 +275,15 @@ func (s *Server) applyLocked(f Fault, keep net.Conn) error {
 			s.fault.Kill = true
 			return fmt.Errorf("sim: revive %s: %w", s.addr, err)
 		}
-		s.serveLocked(ln)
+		var gln net.Listener
+		if s.grpcAddr != "" {
+			if gln, err = net.Listen("tcp", s.grpcAddr); err != nil {
+				ln.Close()
+				s.fault.Kill = true
+				return fmt.Errorf("sim: revive %s: %w", s.grpcAddr, err)
+			}
+		}
+		s.serveLocked(ln, gln)
 		s.log.Info("engine revived")
 	}
 	if e := s.eng.Load(); e != nil {
@@ -266,6 +310,10 @@ func (s *Server) killLocked() {
 	if s.hs != nil {
 		s.hs.Close()
 		s.hs = nil
+	}
+	if s.gs != nil {
+		s.gs.Stop() // closes the listener and every connection, ending every call
+		s.gs = nil
 	}
 	if e := s.eng.Swap(nil); e != nil {
 		e.close()

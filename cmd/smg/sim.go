@@ -20,7 +20,8 @@ import (
 )
 
 const simSummary = `Run simulated LLM inference engines (vLLM or SGLang flavor) that queue, batch and
-fail like real ones. Engine i of --count N listens on --port+i; each prints its URL on start.
+fail like real ones. Engine i of --count N listens on --port+i (and, with --grpc-port, serves
+SMG's gRPC engine protocol on --grpc-port+i); each prints its URL (then its gRPC URL) on start.
 Faults switch at run time with POST /sim/fault (see docs/sim.md).`
 
 // runSim serves simulated engines until ctx is cancelled.
@@ -94,6 +95,10 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		log.Info("control listener", "url", "http://"+ln.Addr().String()+"/sim/fault")
 	}
 	for _, s := range fleet {
+		if g := s.GRPCURL(); g != "" {
+			fmt.Fprintln(stdout, s.URL(), g)
+			continue
+		}
 		fmt.Fprintln(stdout, s.URL())
 	}
 	<-ctx.Done()

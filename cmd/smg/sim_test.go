@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/internal/enginegrpc"
 )
 
 func TestRunSimServesFleetUntilCancelled(t *testing.T) {
@@ -75,6 +76,8 @@ func TestRunSimFlags(t *testing.T) {
 		{"--count", "0", "--port", "0"},
 		{"--port", "0", "--fault-engines", "5"},
 		{"--bootstrap-timeout-secs", "1.5"},
+		{"--port", "0", "--grpc-port", "70000"},
+		{"--port", "0", "--grpc-port", "0", "--grpc-extensions", "some"},
 	} {
 		if err := runSim(t.Context(), args, io.Discard, io.Discard); err == nil {
 			t.Errorf("%v accepted", args)
@@ -91,5 +94,41 @@ func TestVersionFlagPrintsTheBuild(t *testing.T) {
 		if !strings.HasPrefix(out.String(), "smg ") || !strings.Contains(out.String(), "commit ") {
 			t.Fatalf("smg %s printed %q, want the version and commit", arg, out.String())
 		}
+	}
+}
+
+// TestRunSimGRPCPort: with --grpc-port each engine prints its HTTP and its
+// gRPC URL on one line, and the gRPC port answers.
+func TestRunSimGRPCPort(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	outR, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- runSim(ctx, []string{"--port", "0", "--grpc-port", "0", "--count", "2", "--log-level", "warn"}, outW, io.Discard)
+		outW.Close()
+	}()
+	sc := bufio.NewScanner(outR)
+	for i := range 2 {
+		if !sc.Scan() {
+			t.Fatal("no URL line")
+		}
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 || !strings.HasPrefix(f[0], "http://127.0.0.1:") || !strings.HasPrefix(f[1], "grpc://127.0.0.1:") {
+			t.Fatalf("engine %d printed %q", i, sc.Text())
+		}
+		c, err := enginegrpc.New(f[1], enginegrpc.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = c.Health(ctx)
+		c.Close()
+		if err != nil {
+			t.Fatalf("engine %d gRPC: %v", i, err)
+		}
+	}
+	cancel()
+	go io.Copy(io.Discard, outR)
+	if err := <-done; err != nil {
+		t.Errorf("runSim returned %v after cancel, want nil", err)
 	}
 }

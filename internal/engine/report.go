@@ -33,6 +33,10 @@ const (
 	SourceTRTLLM        Source = "trtllm"
 	SourceTGI           Source = "tgi"
 	SourceLlamaCpp      Source = "llamacpp"
+
+	// gRPC workers' GetLoads (internal/enginegrpc), never detected over HTTP.
+	SourceGRPCSGLang Source = "grpc_sglang"
+	SourceGRPCVLLM   Source = "grpc_vllm"
 )
 
 // ErrNoReport is wrapped by every error that means the engine answered but the
