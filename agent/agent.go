@@ -28,6 +28,7 @@ import (
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/engine"
+	"github.com/smg-project/smg/internal/enginegrpc"
 	"github.com/smg-project/smg/internal/loadpb"
 	"github.com/smg-project/smg/internal/netfail"
 	"github.com/smg-project/smg/internal/podwatch"
@@ -169,21 +170,33 @@ func (a *Agent) startLocked(u string) {
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
+		if enginegrpc.IsGRPC(u) {
+			a.pollGRPC(ctx, e)
+			return
+		}
 		a.poll(ctx, e)
 	}()
 }
 
 // poll reads one engine every PollInterval until ctx ends.
 func (a *Agent) poll(ctx context.Context, e *engineSlot) {
-	p := &poller{url: e.url, reader: engine.NewReader(a.client, e.url)}
+	a.pollEvery(ctx, e, &poller{url: e.url, reader: engine.NewReader(a.client, e.url)}, nil)
+}
+
+// pollEvery runs p every PollInterval until ctx ends, except on ticks where
+// skip (nil: never) says the engine's pushed records made the poll
+// unnecessary.
+func (a *Agent) pollEvery(ctx context.Context, e *engineSlot, p *poller, skip func(now time.Time) bool) {
 	tick := time.NewTicker(a.opts.PollInterval)
 	defer tick.Stop()
 	for {
-		rep, err := p.reader.Read(ctx)
-		if ctx.Err() != nil {
-			return
+		if skip == nil || !skip(a.opts.Now()) {
+			rep, err := p.reader.Read(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			a.post(e, p.outcome(rep, err, a.opts.Now(), a.m))
 		}
-		a.post(e, p.outcome(rep, err, a.opts.Now(), a.m))
 		select {
 		case <-ctx.Done():
 			return
@@ -195,10 +208,12 @@ func (a *Agent) poll(ctx context.Context, e *engineSlot) {
 // poller turns one engine's poll results into what to send.
 type poller struct {
 	url    string
-	reader *engine.Reader
-	meter  silenceMeter
-	state  pollState // what the control plane was last told about the engine
-	prev   summary   // the last record's summary, when state is stateRecord
+	reader interface {
+		Read(context.Context) (engine.Report, error)
+	}
+	meter silenceMeter
+	state pollState // what the control plane was last told about the engine
+	prev  summary   // the last record's summary, when state is stateRecord
 }
 
 type pollState uint8
@@ -224,14 +239,14 @@ type outcome struct {
 func (p *poller) outcome(rep engine.Report, err error, now time.Time, m *metrics) outcome {
 	if err != nil {
 		switch {
-		case engine.IsTransportFailure(err):
+		case engine.IsTransportFailure(err) || enginegrpc.IsConnectionFailure(err):
 			m.polls.WithLabelValues(outcomeTransportFailure).Inc()
 			if p.state == stateFailed {
 				return outcome{}
 			}
 			p.state = stateFailed
 			return outcome{msg: eventMsg(p.url, smgv1.EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE, err.Error(), now)}
-		case netfail.IsTimeout(err):
+		case netfail.IsTimeout(err) || enginegrpc.IsTimeout(err):
 			// Slow, not gone: no report (the overload veto fails open), but
 			// neither contact nor failure.
 			m.polls.WithLabelValues(outcomeTimeout).Inc()

@@ -13,6 +13,7 @@ type metrics struct {
 	engines   prometheus.Gauge
 	polls     *prometheus.CounterVec
 	sent      *prometheus.CounterVec
+	badPushes prometheus.Counter
 }
 
 // Poll outcomes, the outcome label of smg_agent_polls_total.
@@ -45,11 +46,15 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "smg_agent_messages_sent_total",
 			Help: "Messages sent to the control plane by kind: hello, record, event, heartbeat (records counted one by one, also when several go in one message).",
 		}, []string{"kind"}),
+		badPushes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "smg_agent_bad_pushed_loads_total",
+			Help: "Load records on gRPC engines' KV event batches dropped as unbelievable (a rank out of range or not the batch's, a negative count, a usage that is not a fraction, NaN).",
+		}),
 	}
 	if r == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.connected, m.connects, m.engines, m.polls, m.sent} {
+	for _, c := range []prometheus.Collector{m.connected, m.connects, m.engines, m.polls, m.sent, m.badPushes} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/smg-project/smg/internal/backoff"
 	"github.com/smg-project/smg/internal/cpconn"
+	"github.com/smg-project/smg/internal/enginegrpc"
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
@@ -51,6 +52,8 @@ type Options struct {
 	TransportCredentials credentials.TransportCredentials
 	// HTTPClient reads the engines (nil: a client with small idle pools).
 	HTTPClient *http.Client
+	// GRPC configures the channels to grpc:// and grpcs:// engines.
+	GRPC enginegrpc.Options
 	// Backoff spaces reconnects to the control plane (zero fields: the
 	// defaults of internal/backoff, capped at 1s).
 	Backoff backoff.Policy

@@ -42,6 +42,7 @@ import (
 	"github.com/smg-project/smg/controlplane/windows"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/internal/enginegrpc"
 	"github.com/smg-project/smg/internal/identity"
 	"github.com/smg-project/smg/internal/inproc"
 	"github.com/smg-project/smg/internal/podwatch"
@@ -197,6 +198,7 @@ type ControlPlane struct {
 
 	rest       http.Handler
 	grpcHealth *grpchealth.Server
+	grpcPool   *enginegrpc.Pool // channels to gRPC workers (health probes, load polls)
 }
 
 // New builds the control plane; metrics register on reg.
@@ -215,6 +217,21 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers})
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second,
 		DialContext: dialer.DialContext, DialTLSContext: opts.EngineTLS.DialTLS(dialer)}}
+	oversized := prometheus.NewCounter(prometheus.CounterOpts{Name: "smg_grpc_engine_oversized_messages_total",
+		Help: "Messages from gRPC workers refused for exceeding the receive limit (16 MiB)."})
+	if err := reg.Register(oversized); err != nil {
+		return nil, err
+	}
+	grpcOpts := enginegrpc.Options{Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+		return dialer.DialContext(ctx, "tcp", addr)
+	}, Oversized: func(url string, err error) {
+		oversized.Inc()
+		log.Warn("gRPC worker sent a message over the receive limit", "url", url, "error", err)
+	}}
+	if opts.EngineTLS != nil {
+		grpcOpts.Creds = tlsutil.Credentials(*opts.EngineTLS)
+	}
+	cp.grpcPool = enginegrpc.NewPool(grpcOpts)
 	collector := ingest.NewCollector(cp.Registry)
 	if err := reg.Register(collector); err != nil {
 		return nil, err
@@ -253,10 +270,11 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	hopts := opts.Health
 	hopts.Now = opts.Now
 	hopts.Seed = spreadSeed(opts)
+	hopts.GRPC = cp.grpcPool
 	cp.Health = health.New(cp.Registry, hopts, client, cp.Liveness, log)
 	cp.Monitor = monitor.New(cp.Registry, cp.Ingest, client, monitor.Options{
 		Interval: time.Duration(opts.LoadMonitorInterval) * time.Second,
-		Observer: cp.Liveness, Skipper: cp.Liveness, Now: opts.Now, Seed: hopts.Seed,
+		Observer: cp.Liveness, Skipper: cp.Liveness, Now: opts.Now, Seed: hopts.Seed, GRPC: cp.grpcPool, Pushed: cp.Liveness,
 	}, log)
 	if opts.AdmissionWindow {
 		if err := reg.Register(windows.NewCollector(cp.Registry)); err != nil {
@@ -273,7 +291,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp.Admin = admin.New(cp.Registry, admin.Options{
 		APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout,
 		URL:     workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers},
-		Routers: cp.Watch, OnRemove: collector.Removed, Now: opts.Now, Committer: committer,
+		Routers: cp.Watch, OnRemove: collector.Removed, Now: opts.Now, Committer: committer, GRPC: grpcOpts,
 	}, resolver(opts.Thresholds), client, log)
 	if err := cp.newDiscovery(reg); err != nil {
 		return nil, err
@@ -292,6 +310,9 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		Registration: agentsvc.RegistrationPolicy{
 			Models: opts.AgentModels, AnyModel: opts.AgentAnyModel, Timeout: opts.RegistrationTimeout,
 			Discover: func(ctx context.Context, url string) (string, error) {
+				if enginegrpc.IsGRPC(url) {
+					return admin.DiscoverGRPCModel(ctx, url, grpcOpts)
+				}
 				return admin.DiscoverModel(ctx, client, url, "")
 			},
 		},
@@ -529,6 +550,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	cp.Watch.Close()
 	cp.Agents.Close()
 	cp.Admin.Close()
+	cp.grpcPool.Close()
 	if cp.Cluster != nil {
 		cp.Forward.Close()
 		err = errors.Join(err, cp.Cluster.Close())

@@ -13,6 +13,7 @@ import (
 
 	"github.com/smg-project/smg/agent"
 	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/internal/tlsutil"
 )
 
 func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -53,6 +54,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	opts.TransportCredentials = ts.controlPlaneCreds()
 	if o := ts.engineTLS(); o != nil {
 		opts.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second, DialTLSContext: o.DialTLS(nil)}}
+		opts.GRPC.Creds = tlsutil.Credentials(*o) // grpcs:// engines, verified like https:// ones
 	}
 	a, err := agent.New(opts, log, metrics)
 	if err != nil {

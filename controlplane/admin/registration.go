@@ -12,6 +12,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/enginegrpc"
 	"github.com/smg-project/smg/internal/identity"
 	"google.golang.org/protobuf/proto"
 )
@@ -46,11 +47,19 @@ func (s *Service) register(job *registry.Job) error {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.RegistrationTimeout)
 	defer cancel()
-	model, err := s.reachEngine(ctx, spec)
-	if err != nil {
-		return err
+	var model string
+	var stored *smgv1.WorkerSpec
+	var err error
+	if enginegrpc.IsGRPC(spec.GetUrl()) {
+		if model, stored, err = s.reachGRPC(ctx, spec); err != nil {
+			return err
+		}
+	} else {
+		if model, err = s.reachEngine(ctx, spec); err != nil {
+			return err
+		}
+		stored = s.withBootstrapPort(ctx, spec)
 	}
-	stored := s.withBootstrapPort(ctx, spec)
 	b, err := proto.Marshal(stored)
 	if err != nil {
 		return err
@@ -89,6 +98,9 @@ const smgProbeTimeout = 2 * time.Second
 // a worker there would send every request around a loop. An engine that does
 // not answer yet passes; registration checks again once it answers.
 func (s *Service) refuseSMG(ctx context.Context, url string) error {
+	if enginegrpc.IsGRPC(url) {
+		return nil // smg's ports speak HTTP: a gRPC registration there fails as "answers HTTP"
+	}
 	ctx, cancel := context.WithTimeout(ctx, smgProbeTimeout)
 	defer cancel()
 	if c, _ := identity.Probe(ctx, s.client, url); c != "" {

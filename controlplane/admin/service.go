@@ -24,6 +24,7 @@ import (
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/enginegrpc"
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
@@ -56,6 +57,9 @@ type Options struct {
 	// Committer makes admin changes durable; nil applies them to the
 	// registry at once (in memory).
 	Committer Committer
+	// GRPC configures the channels registration opens to grpc:// and
+	// grpcs:// workers (their TLS).
+	GRPC enginegrpc.Options
 }
 
 // Service implements smgv1.WorkerServiceServer.

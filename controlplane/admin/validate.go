@@ -38,10 +38,15 @@ func normalizeSpec(spec *smgv1.WorkerSpec, o workerurl.Options) error {
 	if err != nil {
 		return errBadRequest("url", "%s", err.Error())
 	}
-	if strings.HasPrefix(u, "grpc") {
-		return errGRPCUnsupported("url")
-	}
 	spec.Url = u
+	switch grpcURL := strings.HasPrefix(u, "grpc"); {
+	case grpcURL && spec.GetConnectionMode() == "http":
+		return errBadRequest("connection_mode", "connection_mode http does not fit url %s: a grpc:// or grpcs:// worker is connected over gRPC", u)
+	case grpcURL:
+		spec.ConnectionMode = "grpc" // GET /workers shows how the worker is connected
+	case spec.GetConnectionMode() == "grpc":
+		return errBadRequest("connection_mode", "connection_mode grpc needs a grpc:// or grpcs:// url, got %s", u)
+	}
 	return nil
 }
 
@@ -58,9 +63,7 @@ func validateSpec(s *smgv1.WorkerSpec) error {
 		return errBadRequest("worker_type", "worker_type must be regular, prefill or decode, got %q", s.GetWorkerType())
 	}
 	switch s.GetConnectionMode() {
-	case "", "http":
-	case "grpc":
-		return errGRPCUnsupported("connection_mode")
+	case "", "http", "grpc":
 	default:
 		return errBadRequest("connection_mode", "connection_mode must be http or grpc, got %q", s.GetConnectionMode())
 	}
@@ -114,12 +117,6 @@ func validateMutable(priority *int32, cost *float64, interval, maxRunning *int32
 		return errBadRequest("api_key", "api_key must be at most %d bytes", maxAPIKey)
 	}
 	return nil
-}
-
-// errGRPCUnsupported refuses a gRPC engine at once: registration could only
-// fail later.
-func errGRPCUnsupported(field string) error {
-	return errBadRequest(field, "gRPC engines are not supported yet: register the engine's HTTP URL (http:// or https://) with connection_mode http")
 }
 
 // validateUpdate checks a PATCH. An overload block in it is not checked: the

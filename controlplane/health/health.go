@@ -23,6 +23,7 @@ import (
 
 	"github.com/smg-project/smg/controlplane/registry"
 	"github.com/smg-project/smg/controlplane/spread"
+	"github.com/smg-project/smg/internal/enginegrpc"
 )
 
 // Options are the --health-* flags (facts.md defaults).
@@ -44,6 +45,9 @@ type Options struct {
 	Burst *spread.Burst
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
+	// GRPC (nil: gRPC workers fail their probes) reaches grpc:// and
+	// grpcs:// workers, probed with their HealthCheck call.
+	GRPC *enginegrpc.Pool
 }
 
 // DefaultOptions returns the spec's defaults.
@@ -267,6 +271,19 @@ func closed(ch <-chan struct{}) bool {
 func (c *Checker) probe(ctx context.Context, url, apiKey string) (bool, string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(c.opts.TimeoutSecs)*time.Second)
 	defer cancel()
+	if enginegrpc.IsGRPC(url) {
+		if c.opts.GRPC == nil {
+			return false, "no gRPC client configured"
+		}
+		gc, err := c.opts.GRPC.Get(url)
+		if err == nil {
+			err = gc.Health(ctx)
+		}
+		if err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(url, "/")+c.opts.Endpoint, nil)
 	if err != nil {
 		return false, err.Error()

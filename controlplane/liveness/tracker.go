@@ -25,6 +25,7 @@ import (
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/enginegrpc"
 )
 
 // Tracker feeds liveness evidence to the registry and reports verdict changes.
@@ -612,9 +613,21 @@ func (t *Tracker) PollReport(workerID string, waiting, running int64, now time.T
 }
 
 // PollTransportFailure implements monitor.Observer: an HTTP worker's failed
-// poll never arms the unreachable veto.
+// poll never arms the unreachable veto; a gRPC worker's (its load poll or
+// its KV event stream) does, with the stall rule.
 func (t *Tracker) PollTransportFailure(workerID string, _ error, now time.Time) {
-	t.Failure(workerID, judge.HTTPPollFailed, now)
+	kind := judge.HTTPPollFailed
+	if w := t.reg.Get(workerID); w != nil && enginegrpc.IsGRPC(w.Spec.GetUrl()) {
+		kind = judge.ConnectionFailure
+	}
+	t.Failure(workerID, kind, now)
+}
+
+// PushedRecord implements monitor.Observer: a load record a gRPC worker's
+// KV event stream carried.
+func (t *Tracker) PushedRecord(workerID string, rec judge.Record, now time.Time) {
+	rec.Pushed = true
+	t.Record(workerID, rec, now)
 }
 
 // HealthPassed implements health.ContactSink.

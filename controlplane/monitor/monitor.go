@@ -23,6 +23,7 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 	"github.com/smg-project/smg/controlplane/spread"
 	"github.com/smg-project/smg/internal/engine"
+	"github.com/smg-project/smg/internal/enginegrpc"
 	"github.com/smg-project/smg/internal/loadpb"
 )
 
@@ -55,6 +56,9 @@ type Monitor struct {
 	now      func() time.Time
 	seed     string
 	burst    *spread.Burst
+	grpc     *enginegrpc.Pool
+	pushObs  PushObserver
+	kv       kvStreams
 
 	mu      sync.Mutex
 	readers map[string]*reader
@@ -82,13 +86,26 @@ type Options struct {
 	// spread.DefaultBurstSize a second); a worker beyond it waits for its
 	// phase.
 	Burst *spread.Burst
+	// GRPC (nil: gRPC workers are not polled) holds the channels of
+	// grpc:// and grpcs:// workers, polled with GetLoads.
+	GRPC *enginegrpc.Pool
+	// Pushed (nil: no KV event streams) hears of the load records on the
+	// KV event stream the monitor keeps to each Ready gRPC worker no agent
+	// covers.
+	Pushed PushObserver
 }
 
 type reader struct {
 	url      string
 	apiKey   string
-	r        *engine.Reader
+	r        LoadReader
 	inFlight bool
+}
+
+// LoadReader reads one worker's load: engine.Reader over HTTP, the
+// worker's gRPC client (GetLoads) for grpc:// and grpcs:// workers.
+type LoadReader interface {
+	Read(ctx context.Context) (engine.Report, error)
 }
 
 // GroupKey identifies a polling group.
@@ -103,7 +120,7 @@ func New(reg *registry.Registry, in *ingest.Ingester, client *http.Client, opts 
 		opts.Burst = spread.NewBurst(spread.DefaultBurstSize, spread.DefaultBurstPer)
 	}
 	return &Monitor{reg: reg, ingest: in, client: client, log: log, interval: opts.Interval,
-		observer: opts.Observer, skipper: opts.Skipper, now: opts.Now, seed: opts.Seed + "\x00poll", burst: opts.Burst,
+		observer: opts.Observer, skipper: opts.Skipper, now: opts.Now, seed: opts.Seed + "\x00poll", burst: opts.Burst, grpc: opts.GRPC, pushObs: opts.Pushed,
 		readers: map[string]*reader{}}
 }
 
@@ -157,6 +174,7 @@ func (m *Monitor) Run(ctx context.Context) {
 			r.cancel()
 		}
 		wg.Wait()
+		m.stopStreams()
 		m.mu.Lock()
 		m.stopped = true
 		m.mu.Unlock()
@@ -166,6 +184,7 @@ func (m *Monitor) Run(ctx context.Context) {
 		changed := m.reg.MembershipChanged() // not on load reports: membership only
 		workers := m.reg.Snapshot().Workers()
 		m.pruneReaders(workers)
+		m.reconcileStreams(ctx, workers)
 		groups := m.Groups(workers)
 		for k, r := range runners {
 			if iv, ok := groups[k]; !ok || iv != r.interval {
@@ -290,7 +309,11 @@ func (m *Monitor) pollDue(ctx context.Context, g *group) time.Duration {
 		}
 		s.next = s.phase.Next(now)
 		g.queue.Push(s.next, id)
-		if m.skipper != nil && m.skipper.RecentlyPushed(id, g.interval, now) {
+		if covers, ok := m.pushCovers(id, g.interval, now); ok {
+			if covers { // every pushing rank delivered within the interval
+				continue
+			}
+		} else if m.skipper != nil && m.skipper.RecentlyPushed(id, g.interval, now) {
 			continue
 		}
 		m.pollAsync(ctx, w)
@@ -326,8 +349,13 @@ func (m *Monitor) pollAsync(ctx context.Context, w *registry.Worker) {
 	m.mu.Lock()
 	rd := m.readers[w.ID]
 	if rd == nil || rd.url != w.Spec.GetUrl() || rd.apiKey != w.Spec.GetApiKey() {
-		rd = &reader{url: w.Spec.GetUrl(), apiKey: w.Spec.GetApiKey(),
-			r: engine.NewReader(withBearer(m.client, w.Spec.GetApiKey()), w.Spec.GetUrl())}
+		r, err := m.newReader(w)
+		if err != nil {
+			m.mu.Unlock()
+			m.log.Warn("Worker cannot be polled", "worker_id", w.ID, "url", w.Spec.GetUrl(), "error", err)
+			return
+		}
+		rd = &reader{url: w.Spec.GetUrl(), apiKey: w.Spec.GetApiKey(), r: r}
 		m.readers[w.ID] = rd
 	}
 	if rd.inFlight || m.stopped {
@@ -348,15 +376,26 @@ func (m *Monitor) pollAsync(ctx context.Context, w *registry.Worker) {
 	}()
 }
 
+// newReader makes the reader of w's wire.
+func (m *Monitor) newReader(w *registry.Worker) (LoadReader, error) {
+	if enginegrpc.IsGRPC(w.Spec.GetUrl()) {
+		if m.grpc == nil {
+			return nil, errors.New("no gRPC client configured")
+		}
+		return m.grpc.Get(w.Spec.GetUrl())
+	}
+	return engine.NewReader(withBearer(m.client, w.Spec.GetApiKey()), w.Spec.GetUrl()), nil
+}
+
 // PollOnce reads one worker and ingests the outcome.
-func (m *Monitor) PollOnce(ctx context.Context, workerID string, r *engine.Reader) {
+func (m *Monitor) PollOnce(ctx context.Context, workerID string, r LoadReader) {
 	rep, err := r.Read(ctx)
 	if ctx.Err() != nil {
 		return
 	}
 	now := m.now()
 	if err != nil {
-		if m.observer != nil && engine.IsTransportFailure(err) {
+		if m.observer != nil && (engine.IsTransportFailure(err) || enginegrpc.IsConnectionFailure(err)) {
 			m.observer.PollTransportFailure(workerID, err, now)
 		} else if m.observer != nil && engineAnswered(err) {
 			m.observer.PollAnswered(workerID, now)
@@ -387,7 +426,7 @@ func (m *Monitor) ingested(workerID string, err error) {
 // contact) from a timeout or a transport failure.
 func engineAnswered(err error) bool {
 	var se *engine.StatusError
-	return errors.Is(err, engine.ErrNoReport) || errors.As(err, &se)
+	return errors.Is(err, engine.ErrNoReport) || errors.As(err, &se) || enginegrpc.Answered(err)
 }
 
 // pruneReaders forgets readers of removed workers.
@@ -402,6 +441,13 @@ func (m *Monitor) pruneReaders(workers []*registry.Worker) {
 		if !ids[id] {
 			delete(m.readers, id)
 		}
+	}
+	if m.grpc != nil {
+		urls := map[string]bool{}
+		for _, w := range workers {
+			urls[w.Spec.GetUrl()] = true
+		}
+		m.grpc.Retain(urls)
 	}
 }
 

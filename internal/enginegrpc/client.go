@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -42,6 +43,9 @@ type Options struct {
 	MaxRecvMsgSize int
 	// Flavor skips detection when set ("sglang" or "vllm").
 	Flavor string
+	// Dial (nil: a plain TCP dial) opens the connection under the channel,
+	// so the control plane's check of the address actually dialled applies.
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	// Oversized (nil: none) hears of every message refused for exceeding
 	// MaxRecvMsgSize (the caller counts and logs it).
 	Oversized func(url string, err error)
@@ -86,8 +90,11 @@ func New(rawURL string, o Options) (*Client, error) {
 	if limit <= 0 {
 		limit = DefaultMaxRecvMsgSize
 	}
-	conn, err := grpc.NewClient("passthrough:///"+host, grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(limit)))
+	dopts := []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(limit))}
+	if o.Dial != nil {
+		dopts = append(dopts, grpc.WithContextDialer(o.Dial))
+	}
+	conn, err := grpc.NewClient("passthrough:///"+host, dopts...)
 	if err != nil {
 		return nil, fmt.Errorf("worker %s: %w", rawURL, err)
 	}
@@ -100,6 +107,9 @@ func New(rawURL string, o Options) (*Client, error) {
 	return &Client{url: rawURL, conn: conn, flavor: o.Flavor, oversized: o.Oversized,
 		sg: sglangpb.NewSglangSchedulerClient(conn), vl: vllmpb.NewVllmEngineClient(conn)}, nil
 }
+
+// Conn is the channel, for calls this package does not wrap (Generate).
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
 // URL is the worker's URL.
 func (c *Client) URL() string { return c.url }

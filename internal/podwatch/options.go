@@ -70,7 +70,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.DecodeSelector, "decode-selector", o.DecodeSelector, "label selector of PD decode engine pods")
 	fs.StringVar(&o.Namespace, "service-discovery-namespace", o.Namespace, "namespace whose pods are discovered; '' for every namespace (needs a ClusterRole)")
 	fs.IntVar(&o.Port, "service-discovery-port", o.Port, "engine port on each discovered pod")
-	fs.StringVar(&o.Protocol, "service-discovery-protocol", o.Protocol, "protocol of discovered engines: http (grpc is not supported yet)")
+	fs.StringVar(&o.Protocol, "service-discovery-protocol", o.Protocol, "protocol of discovered engines: http (URLs http://pod-ip:port) or grpc (grpc://pod-ip:port, SMG's gRPC engine protocol)")
 }
 
 // Role is what a selector makes a pod.
@@ -139,11 +139,9 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("--service-discovery-port must be a port number (1-65535), got %d", o.Port))
 	}
 	switch o.Protocol {
-	case "http":
-	case "grpc":
-		errs = append(errs, errors.New("--service-discovery-protocol grpc: gRPC engines are not supported yet; use http"))
+	case "http", "grpc":
 	default:
-		errs = append(errs, fmt.Errorf("--service-discovery-protocol must be http, got %q", o.Protocol))
+		errs = append(errs, fmt.Errorf("--service-discovery-protocol must be http or grpc, got %q", o.Protocol))
 	}
 	if o.Resync <= 0 {
 		errs = append(errs, fmt.Errorf("service discovery resync must be positive, got %s", o.Resync))

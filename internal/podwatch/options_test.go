@@ -63,7 +63,6 @@ func TestValidate(t *testing.T) {
 		want   string
 	}{
 		{func(o *Options) { o.Selector = "" }, "needs --selector"},
-		{func(o *Options) { o.Protocol = "grpc" }, "gRPC engines are not supported yet"},
 		{func(o *Options) { o.Protocol = "tcp" }, "must be http"},
 		{func(o *Options) { o.Port = 0 }, "--service-discovery-port"},
 		{func(o *Options) { o.PrefillSelector = "a=b" }, "go together"},

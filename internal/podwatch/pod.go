@@ -45,7 +45,7 @@ func podReady(p *corev1.Pod) bool {
 }
 
 // observe turns a pod matched by the given roles into an observation.
-func observe(p *corev1.Pod, roles []string, port int, source string) Pod {
+func observe(p *corev1.Pod, roles []string, port int, protocol, source string) Pod {
 	obs := Pod{Namespace: p.Namespace, Name: p.Name, IP: p.Status.PodIP, Ready: podReady(p)}
 	if len(roles) > 1 {
 		obs.Problem = fmt.Sprintf("pod matches several selectors (%s); it is not registered", strings.Join(roles, ", "))
@@ -56,7 +56,7 @@ func observe(p *corev1.Pod, roles []string, port int, source string) Pod {
 		Labels:     map[string]string{LabelPod: p.Name, LabelNamespace: p.Namespace, LabelSource: source},
 	}
 	if obs.IP != "" {
-		spec.Url = "http://" + net.JoinHostPort(obs.IP, strconv.Itoa(port))
+		spec.Url = protocol + "://" + net.JoinHostPort(obs.IP, strconv.Itoa(port))
 	}
 	if v, ok := p.Annotations[AnnotationBootstrapPort]; ok {
 		if roles[0] != "prefill" {

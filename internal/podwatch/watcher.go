@@ -239,7 +239,7 @@ func (w *Watcher) observe(key string) (Pod, bool) {
 	if len(roles) == 0 {
 		return Pod{}, false
 	}
-	return observe(newest, roles, w.opts.Port, w.source), true
+	return observe(newest, roles, w.opts.Port, w.opts.Protocol, w.source), true
 }
 
 func newer(a, b *corev1.Pod) bool {

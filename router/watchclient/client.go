@@ -23,6 +23,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -719,6 +720,9 @@ func (c *Client) staleFired() {
 }
 
 func routerWorker(w *smgv1.RoutingWorker) router.Worker {
+	// The router proxies HTTP only: a gRPC worker (its load and liveness
+	// are the control plane's) is never a candidate here.
+	grpcWorker := strings.HasPrefix(w.GetUrl(), "grpc://") || strings.HasPrefix(w.GetUrl(), "grpcs://")
 	return router.Worker{
 		ID:             w.GetWorkerId(),
 		URL:            w.GetUrl(),
@@ -726,7 +730,7 @@ func routerWorker(w *smgv1.RoutingWorker) router.Worker {
 		Type:           w.GetWorkerType(),
 		Priority:       w.GetPriority(),
 		Cost:           w.GetCost(),
-		Healthy:        w.GetHealthy(),
+		Healthy:        w.GetHealthy() && !grpcWorker,
 		Veto:           routerVeto(w.GetVeto()),
 		VetoReason:     w.GetVetoReason(),
 		Overloaded:     w.GetOverloaded(),

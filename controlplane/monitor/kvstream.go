@@ -1,0 +1,164 @@
+package monitor
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/smg-project/smg/controlplane/judge"
+	"github.com/smg-project/smg/controlplane/registry"
+	"github.com/smg-project/smg/internal/backoff"
+	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/loadpb"
+)
+
+// PushObserver hears of the load records gRPC workers' KV event streams
+// carry (the liveness tracker listens): pushed records hold a worker to the
+// push cadence and bring the servicer's engine-silence figure.
+type PushObserver interface {
+	PushedRecord(workerID string, rec judge.Record, now time.Time)
+}
+
+// kvStream is one gRPC worker's KV event stream, run by the monitor for a
+// Ready worker no agent covers.
+type kvStream struct {
+	url    string
+	cancel context.CancelFunc
+	ranks  enginegrpc.Ranks
+}
+
+// kvStreams keeps one stream per Ready gRPC worker that no agent covers.
+type kvStreams struct {
+	mu sync.Mutex
+	m  map[string]*kvStream // by worker id
+	wg sync.WaitGroup
+}
+
+// reconcile starts a stream for each Ready, uncovered gRPC worker and stops
+// the others'.
+func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Worker) {
+	if m.grpc == nil || m.pushObs == nil {
+		return
+	}
+	want := map[string]*registry.Worker{}
+	for _, w := range workers {
+		if w.Ready() && w.AgentNode == "" && enginegrpc.IsGRPC(w.Spec.GetUrl()) {
+			want[w.ID] = w
+		}
+	}
+	k := &m.kv
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil {
+		k.m = map[string]*kvStream{}
+	}
+	for id, st := range k.m {
+		if w := want[id]; w == nil || w.Spec.GetUrl() != st.url {
+			st.cancel()
+			delete(k.m, id)
+		}
+	}
+	for id, w := range want {
+		if k.m[id] != nil {
+			continue
+		}
+		c, err := m.grpc.Get(w.Spec.GetUrl())
+		if err != nil {
+			continue
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		st := &kvStream{url: w.Spec.GetUrl(), cancel: cancel}
+		k.m[id] = st
+		k.wg.Add(1)
+		go func() {
+			defer k.wg.Done()
+			m.runStream(sctx, id, c, st)
+		}()
+	}
+}
+
+// stopStreams ends every stream and waits for them.
+func (m *Monitor) stopStreams() {
+	m.kv.mu.Lock()
+	for id, st := range m.kv.m {
+		st.cancel()
+		delete(m.kv.m, id)
+	}
+	m.kv.mu.Unlock()
+	m.kv.wg.Wait()
+}
+
+// pushCovers reports whether the worker's KV stream delivered a record for
+// every pushing rank within d (the poll of this tick is skipped); ok is
+// false for a worker without a stream here.
+func (m *Monitor) pushCovers(workerID string, d time.Duration, now time.Time) (covers, ok bool) {
+	m.kv.mu.Lock()
+	st := m.kv.m[workerID]
+	m.kv.mu.Unlock()
+	if st == nil {
+		return false, false
+	}
+	return st.ranks.Covers(d, now), true
+}
+
+// runStream keeps the worker's stream open, reconnecting with backoff. A
+// connection failure on it is a transport failure of the worker's channels.
+func (m *Monitor) runStream(ctx context.Context, id string, c *enginegrpc.Client, st *kvStream) {
+	bo := backoff.New(backoff.Policy{Max: 5 * time.Second}, nil)
+	for ctx.Err() == nil {
+		err := m.readStream(ctx, id, c, st, bo)
+		if ctx.Err() != nil {
+			return
+		}
+		st.ranks.Reset() // the poll takes over until records come again
+		if enginegrpc.IsConnectionFailure(err) {
+			if m.observer != nil {
+				m.observer.PollTransportFailure(id, err, m.now())
+			}
+			m.log.Debug("KV event stream failed", "worker_id", id, "error", err)
+		} else if err != nil {
+			m.log.Debug("KV event stream ended", "worker_id", id, "error", err)
+		}
+		if !backoff.Sleep(ctx, bo.Next()) {
+			return
+		}
+	}
+}
+
+func (m *Monitor) readStream(ctx context.Context, id string, c *enginegrpc.Client, st *kvStream, bo *backoff.Backoff) error {
+	s, err := c.SubscribeKV(ctx, 0)
+	if err != nil {
+		return err
+	}
+	for {
+		b, err := s.Recv()
+		if err != nil {
+			return c.Wrap(err)
+		}
+		bo.Reset()
+		p, ok, err := enginegrpc.ReadPushed(b)
+		if !ok {
+			continue // a servicer without load records: the poll feeds the worker
+		}
+		if err != nil {
+			m.log.Warn("KV event batch with a load record that cannot be believed; dropped", "worker_id", id, "url", st.url, "error", err)
+			continue
+		}
+		now := m.now()
+		merged, err := st.ranks.Add(p, now)
+		if err != nil {
+			continue
+		}
+		flavor, _ := c.Flavor(ctx)
+		rep, err := enginegrpc.ToReport(flavor, merged.Loads)
+		if err != nil {
+			continue
+		}
+		rec := judge.Record{Waiting: rep.Waiting(), Idle: rep.Running() == 0, PrefillInHand: merged.Prefill, StepWire: merged.StepWire}
+		if merged.Silence != nil {
+			rec.Silence = *merged.Silence
+		}
+		m.pushObs.PushedRecord(id, rec, now)
+		m.ingested(id, m.ingest.Report(id, loadpb.FromReport(rep, now)))
+	}
+}
