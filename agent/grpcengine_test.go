@@ -1,0 +1,37 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/sim"
+)
+
+// TestGRPCEngineCoveredByTheAgent: the agent streams a gRPC engine's KV
+// events and pushes their load records (the control plane holds the worker
+// to the push cadence); killing the engine fails its channels, which the
+// control plane turns into an unreachable veto.
+func TestGRPCEngineCoveredByTheAgent(t *testing.T) {
+	cp := startControlPlane(t, cpConfig{})
+	o := sim.DefaultOptions()
+	o.Flavor, o.GRPC, o.ITL, o.KVHeartbeat = sim.FlavorSGLang, true, time.Millisecond, 100*time.Millisecond
+	eng, err := sim.Start("127.0.0.1:0", o, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	cp.put(t, "w1", eng.GRPCURL(), "n1")
+	runAgent(t, fastOpts(cp.addr))
+	cp.waitFor(t, "a pushed gRPC load record", func(s *registry.Snapshot) bool {
+		w := s.Get("w1")
+		return w.AgentNode == "n1" && w.Load.GetSource() == "grpc_sglang" && !w.Evidence.PushedAt.IsZero()
+	})
+	if err := eng.SetFault(sim.Fault{Kill: true}); err != nil {
+		t.Fatal(err)
+	}
+	cp.waitFor(t, "unreachable after the engine's channels failed", func(s *registry.Snapshot) bool {
+		return s.Get("w1").Liveness == smgv1.Veto_VETO_UNREACHABLE
+	})
+}
