@@ -478,9 +478,22 @@ func (cp *ControlPlane) HTTPHandler() http.Handler {
 	cp.AdminRoutes(mux)
 	mux.Handle("/metrics", promhttp.HandlerFor(cp.metrics, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !cp.Ready() {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "not ready: no leader yet, writes are not taken", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
 	mux.Handle("GET "+identity.Path, identity.Handler(identity.ControlPlane))
 	return mux
 }
+
+// Ready reports whether this control plane takes writes: always in memory;
+// replicated, once it leads with its duties taken up or knows the leader to
+// hand them to. /readyz and the gRPC health service say so.
+func (cp *ControlPlane) Ready() bool { return cp.Cluster == nil || cp.Cluster.Ready() }
 
 // SubmitStatic starts the registration of every --worker-urls engine; an
 // invalid or duplicate URL is an error at startup. A replicated control plane
@@ -541,7 +554,10 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	if cp.Cluster == nil {
 		cp.Lead(ctx)
 	} else {
+		rctx, stop := context.WithCancel(ctx)
+		go cp.reportReadiness(rctx)
 		err = cp.Cluster.Run(ctx, cp)
+		stop()
 		cp.Cluster.Handover()
 	}
 	if cp.grpcHealth != nil {

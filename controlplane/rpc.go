@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -104,7 +105,37 @@ func (cp *ControlPlane) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 	smgv1.RegisterWatchServiceServer(s, cp.Watch)
 	smgv1.RegisterAgentServiceServer(s, cp.Agents)
 	cp.grpcHealth = grpchealth.NewServer()
+	if cp.Cluster != nil {
+		// Not serving until writes are taken (Run's readiness loop).
+		cp.grpcHealth.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	}
 	healthpb.RegisterHealthServer(s, cp.grpcHealth)
 	reflection.Register(s)
 	return s
+}
+
+// reportReadiness keeps the gRPC health service's overall status at Ready's
+// answer until ctx ends.
+func (cp *ControlPlane) reportReadiness(ctx context.Context) {
+	if cp.grpcHealth == nil {
+		return
+	}
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	last := healthpb.HealthCheckResponse_NOT_SERVING
+	for {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if cp.Ready() {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		if st != last {
+			cp.grpcHealth.SetServingStatus("", st)
+			last = st
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

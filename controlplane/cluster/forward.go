@@ -94,6 +94,10 @@ func (f *Forwarder) conn(addr string) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
+// LeaderWait bounds how long a call waits for a leader to be known (an
+// election on loopback takes 0.7-2 s) before it is refused NO_LEADER.
+const LeaderWait = 2 * time.Second
+
 // Unary serves RouteLocal calls here and hands a follower's RouteRead and
 // RouteWrite calls to the leader; a method without a route is refused.
 func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, local grpc.UnaryHandler) (any, error) {
@@ -105,25 +109,37 @@ func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 		return nil, status.Errorf(codes.Unimplemented, "%s has no route on a replicated control plane", method)
 	}
 	write := r == RouteWrite
-	if _, ok := f.node.Leading(); ok || f.node.awaitLeading(ctx, 2*time.Second) {
-		return local(ctx, req)
-	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	stale := func() (any, error) {
 		_ = grpc.SetHeader(ctx, metadata.Pairs(MDStale, "true"))
 		return local(ctx, req)
 	}
+	forwarded := first(md, mdForwarded) != ""
 	if !write && first(md, MDRead) == "local" {
+		if _, ok := f.node.Leading(); ok {
+			return local(ctx, req)
+		}
 		return stale()
 	}
+	// Right after a start or an election: wait for the leader rather than
+	// refuse a write or answer a read from a copy that may not have caught
+	// up (after a full restart a follower's holds only its last snapshot
+	// until a leader tells it what is committed).
+	f.node.awaitLeader(ctx, LeaderWait)
+	if _, ok := f.node.Leading(); ok {
+		return local(ctx, req)
+	}
 	lm, ok := f.node.LeaderMember()
-	if !ok || lm.ID == f.node.ID() || first(md, mdForwarded) != "" {
+	if !ok || lm.ID == f.node.ID() || forwarded {
 		// No leader, a leader still taking up its duties, or a follower
 		// that took us for the leader: never hand a call on twice.
 		if write {
 			return nil, admin.ErrNoLeader("the control plane cluster has no leader right now; the write was not made; retry")
 		}
-		return stale()
+		if forwarded {
+			return stale()
+		}
+		return nil, admin.ErrNoLeader("the control plane cluster has no leader right now, and this replica's copy may not have caught up; retry, or read it as it is with X-Smg-Read: local")
 	}
 	resp, err := newResponse(method)
 	if err != nil {

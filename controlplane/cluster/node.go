@@ -361,26 +361,47 @@ func (n *Node) Leading() (context.Context, bool) {
 	return n.leadCtx, n.leading
 }
 
-// awaitLeading waits, within ctx and at most d, for a node that Raft has
-// elected to take up leading (Prepare takes a moment after the election).
-func (n *Node) awaitLeading(ctx context.Context, d time.Duration) bool {
-	if n.raft.State() != raft.Leader {
-		return false
+// awaitLeader waits, within ctx and at most d, until this node leads with
+// its duties taken up or another member is known to lead (with its
+// addresses): after a start or an election there is a moment when Raft has
+// no leader yet, or has elected this node and Prepare is running, and a call
+// would find no one to answer it. It reports whether a leader is known.
+func (n *Node) awaitLeader(ctx context.Context, d time.Duration) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond) // leader changes and announcements land in the log, which signals nothing
+	defer tick.Stop()
+	for {
+		if n.leaderKnown() {
+			return true
+		}
+		n.mu.Lock()
+		ready := n.ready
+		n.mu.Unlock()
+		select {
+		case <-ready:
+		case <-tick.C:
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return n.leaderKnown()
+		}
 	}
-	n.mu.Lock()
-	ready := n.ready
-	n.mu.Unlock()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ready:
-		_, ok := n.Leading()
-		return ok
-	case <-ctx.Done():
-	case <-t.C:
-	}
-	return false
 }
+
+// leaderKnown: this node leads with its duties taken up, or another member
+// leads and its addresses are known.
+func (n *Node) leaderKnown() bool {
+	if _, ok := n.Leading(); ok {
+		return true
+	}
+	lm, ok := n.LeaderMember()
+	return ok && lm.ID != n.id
+}
+
+// Ready reports whether writes are taken: this node leads with its duties
+// taken up, or another member leads and this one can hand writes to it.
+func (n *Node) Ready() bool { return n.leaderKnown() }
 
 // LeaderMember returns the current leader's addresses, if a leader is known
 // and has announced them.
