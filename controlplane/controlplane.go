@@ -209,6 +209,9 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	for _, w := range opts.Liveness.Warnings(opts.LoadMonitorInterval) {
 		log.Warn(w)
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	cp := &ControlPlane{opts: opts, log: log, metrics: reg}
 	cp.Registry = registry.New(newEpoch(), registry.DefaultHistory)
 	// Engines are dialled through a hook that checks the address actually
@@ -350,11 +353,7 @@ func (cp *ControlPlane) warmUntil() time.Time {
 	if cp.opts.Cluster.Enabled() || cp.opts.Liveness.StaleSecs <= 0 {
 		return time.Time{}
 	}
-	now := time.Now
-	if cp.opts.Now != nil {
-		now = cp.opts.Now
-	}
-	return now().Add(time.Duration(cp.opts.Liveness.StaleSecs) * time.Second)
+	return cp.opts.Now().Add(time.Duration(cp.opts.Liveness.StaleSecs) * time.Second)
 }
 
 // newDiscovery builds the reconciler of discovered pods and, with
@@ -628,5 +627,5 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 // the new leader; found by the chaos suite's leader partition).
 func (cp *ControlPlane) demote() {
 	cp.Ingest.Rebuild("no longer the leader: its verdicts are dropped", (*registry.Worker).Presumed)
-	cp.Liveness.Sweep(time.Now()) // drops the evidence of every worker not Ready
+	cp.Liveness.Sweep(cp.opts.Now()) // drops the evidence of every worker not Ready
 }

@@ -26,6 +26,7 @@ type admission struct {
 	queueSize int
 	timeout   time.Duration
 	metrics   *metrics
+	now       func() time.Time
 }
 
 type admWaiter struct {
@@ -50,16 +51,16 @@ const admissionRetryAfter = 1
 
 // newAdmission builds the bucket; rate < 0 means "unset": refill at limit
 // tokens per second, as SMG does.
-func newAdmission(limit int, rate float64, queueSize int, timeout time.Duration, m *metrics) *admission {
+func newAdmission(limit int, rate float64, queueSize int, timeout time.Duration, m *metrics, now func() time.Time) *admission {
 	if rate < 0 {
 		rate = float64(limit)
 	}
-	return &admission{capacity: float64(limit), rate: rate, tokens: float64(limit), last: time.Now(),
-		queueSize: queueSize, timeout: timeout, metrics: m}
+	return &admission{capacity: float64(limit), rate: rate, tokens: float64(limit), last: now(),
+		queueSize: queueSize, timeout: timeout, metrics: m, now: now}
 }
 
 func (a *admission) refillLocked() {
-	now := time.Now()
+	now := a.now()
 	if a.rate > 0 {
 		a.tokens = min(a.capacity, a.tokens+now.Sub(a.last).Seconds()*a.rate)
 	}

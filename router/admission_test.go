@@ -19,7 +19,7 @@ func newTestBucket(t *testing.T, limit int, rate float64, queue int, timeout tim
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newAdmission(limit, rate, queue, timeout, m)
+	return newAdmission(limit, rate, queue, timeout, m, time.Now)
 }
 
 // A request that waits longer than --queue-timeout-secs times out; one that

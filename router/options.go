@@ -114,6 +114,9 @@ type Options struct {
 	EngineTLS                *tlsutil.ClientOptions
 	MaxIdleConnsPerWorker    int
 	PromptBytesPerTokenGuess int // estimate of prompt tokens in flight from body bytes
+	// Now is the clock of every part of the router, its scheduler and token
+	// bucket included (nil: time.Now); tests inject one.
+	Now func() time.Time
 }
 
 // DefaultOptions returns the spec's defaults.

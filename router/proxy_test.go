@@ -260,15 +260,14 @@ func TestUpstreamErrorClassification(t *testing.T) {
 func TestCircuitBreaker(t *testing.T) {
 	var failing atomic.Bool
 	failing.Store(true)
+	now := time.Unix(1000, 0)
 	h := newHarness(t, func(o *Options) {
 		o.DisableRetries = true
 		o.CBFailureThreshold = 3
 		o.CBSuccessThreshold = 2
 		o.CBTimeoutDurationSecs = 30
+		o.Now = func() time.Time { return now }
 	})
-	now := time.Unix(1000, 0)
-	h.r.clock = func() time.Time { return now }
-	h.r.start = now
 	e := newEngine(t, "flaky", func(w http.ResponseWriter, _ *http.Request) {
 		if failing.Load() {
 			w.WriteHeader(http.StatusInternalServerError)

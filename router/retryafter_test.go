@@ -51,9 +51,12 @@ func TestEstimateRetryAfter(t *testing.T) {
 // In estimated mode a queue refusal carries the estimate from the router's
 // own completions and queue; in interval mode the shed keeps the spec's value.
 func TestRetryAfterModes(t *testing.T) {
-	h := newHarness(t, func(o *Options) { o.RetryAfterMode = RetryAfterEstimated; o.LoadMonitorInterval = 10 })
 	now := time.Unix(5000, 0)
-	h.r.clock = func() time.Time { return now }
+	h := newHarness(t, func(o *Options) {
+		o.RetryAfterMode = RetryAfterEstimated
+		o.LoadMonitorInterval = 10
+		o.Now = func() time.Time { return now }
+	})
 	if got := h.r.retryAfterShed(); got != 10 {
 		t.Fatalf("no completion observed: %d, want the interval", got)
 	}

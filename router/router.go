@@ -63,7 +63,7 @@ type Router struct {
 	nextSlot  uint32
 	fleetCap  fleetCap // the scheduler's capacity from the fleet's windows
 
-	clock func() time.Time // injectable for tests
+	clock func() time.Time // Options.Now
 	start time.Time
 
 	// beforeDispatch, when set (tests only), runs between selection and the
@@ -92,6 +92,9 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	if err != nil {
 		return nil, fmt.Errorf("router metrics: %w", err)
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	stopped, stop := context.WithCancel(context.Background())
 	r := &Router{
 		pdm:     pdm,
@@ -101,7 +104,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		log:     log,
 		metrics: m,
 		states:  make(map[string]*workerState),
-		clock:   time.Now,
+		clock:   opts.Now,
 
 		waitlists: make(map[waitlistKey]*waitlist),
 		cb: breakerConfig{
@@ -145,7 +148,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	r.startScheduler(reg)
 	if r.sched == nil && opts.MaxConcurrentRequests > 0 {
 		r.adm = newAdmission(opts.MaxConcurrentRequests, opts.RateLimitTokensPerSecond, opts.QueueSize,
-			time.Duration(opts.QueueTimeoutSecs)*time.Second, m)
+			time.Duration(opts.QueueTimeoutSecs)*time.Second, m, opts.Now)
 	}
 	dialer := &net.Dialer{Timeout: opts.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
 	r.upstream = newUpstream(dialer, opts.EngineTLS.DialTLS(dialer), opts.MaxIdleConnsPerWorker, 90*time.Second)

@@ -55,6 +55,7 @@ func buildScheduler(opts Options, reg prometheus.Registerer) (*scheduler.Schedul
 	if err != nil {
 		return nil, fmt.Errorf("scheduler metrics: %w", err)
 	}
+	cfg.Now = opts.Now
 	return scheduler.New(cfg, capacity, m), nil
 }
 

@@ -334,9 +334,11 @@ func TestSchedulerCapacityFromShares(t *testing.T) {
 // be admitted: the interval before any completion is seen, then (queued
 // ahead + 1) / completion rate, from the router's own completions.
 func TestSchedulerRefusalCarriesEstimate(t *testing.T) {
+	now := time.Unix(10000, 0)
 	h, _ := schedHarness(t, 1, noReservations, func(o *Options) {
 		o.RetryAfterMode = RetryAfterEstimated
 		o.LoadMonitorInterval = 10
+		o.Now = func() time.Time { return now }
 	})
 	release := make(chan struct{})
 	e := newEngine(t, "w", func(w http.ResponseWriter, r *http.Request) {
@@ -346,8 +348,6 @@ func TestSchedulerRefusalCarriesEstimate(t *testing.T) {
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
 	h.apply(e.worker())
-	now := time.Unix(10000, 0)
-	h.r.clock = func() time.Time { return now }
 	held := make(chan answer, 1)
 	go func() { held <- h.sendAs("", "", "hold the only slot") }()
 	waitUntil(t, func() bool { return e.hits.Load() == 1 })

@@ -99,7 +99,7 @@ func watchOptions(rf routerFlags, ropts router.Options) watchclient.Options {
 		host, _ := os.Hostname()
 		rf.id = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
-	return watchclient.Options{RouterID: rf.id, Token: rf.watchToken, StaleAfter: time.Duration(ropts.WorkerStaleSecs) * time.Second}
+	return watchclient.Options{RouterID: rf.id, Token: rf.watchToken, StaleAfter: time.Duration(ropts.WorkerStaleSecs) * time.Second, Now: ropts.Now}
 }
 
 // dialControlPlane connects to the control plane's replicas (one or more,

@@ -124,7 +124,7 @@ type Options struct {
 	Sink ObservationSink
 	// Demand receives routers' decode window demand (nil: dropped).
 	Demand DemandSink
-	// Now is the clock for router records (nil: time.Now).
+	// Now is the clock of the passes, the writers and router records (nil: time.Now).
 	Now func() time.Time
 	// Settings go to every router with each snapshot: the values routers
 	// must share with this control plane (nil: none sent, routers keep
@@ -335,7 +335,7 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, rec *route
 		// stream wakes for routing changes and for the load grid only, not
 		// for every flush of loads.
 		changed := s.changed()
-		now := time.Now()
+		now := s.opts.Now()
 		w.mu.Lock()
 		next, err := w.pass(now)
 		share := err == nil && w.mayShare(now)
@@ -439,7 +439,7 @@ func (s *Server) newWatcher(stream grpc.ServerStream, rec *routerRecord, hello *
 		w.last = hello.GetRevision()
 	}
 	w.loadsAt = w.last
-	w.beatAt = time.Now().Add(s.opts.HeartbeatInterval)
+	w.beatAt = s.opts.Now().Add(s.opts.HeartbeatInterval)
 	return w
 }
 

@@ -190,7 +190,7 @@ func (wr *writer) run() {
 		if !ok {
 			return
 		}
-		now := time.Now()
+		now := s.opts.Now()
 		wake.Reset(next.Sub(now))
 		select {
 		case <-changed:
@@ -217,7 +217,7 @@ func (wr *writer) serve(all bool) (time.Time, bool) {
 	s := wr.sh.p.s
 	wr.mu.Lock()
 	wr.active = true
-	wr.arm(time.Now(), s.opts.WriterStall)
+	wr.arm(s.opts.Now(), s.opts.WriterStall)
 	wr.mu.Unlock()
 	defer func() {
 		wr.mu.Lock()
@@ -225,7 +225,7 @@ func (wr *writer) serve(all bool) (time.Time, bool) {
 		wr.watchdog.Stop()
 		wr.mu.Unlock()
 	}()
-	now := time.Now()
+	now := s.opts.Now()
 	next := now.Add(time.Hour)
 	due := now.Add(writerTick)
 	for _, w := range wr.round {
@@ -238,13 +238,13 @@ func (wr *writer) serve(all bool) (time.Time, bool) {
 			continue
 		}
 		w.by = wr
-		t := time.Now()
+		t := s.opts.Now()
 		n, err := w.pass(t)
 		w.by, w.due = nil, n
 		if wr.isAbandoned() {
 			// The watchdog gave the shard to a new writer while this send
 			// stalled: the stream goes back to its goroutine for a while.
-			w.stalled(time.Now())
+			w.stalled(s.opts.Now())
 			w.mu.Unlock()
 			w.back <- handBack{}
 			return now, false
@@ -278,7 +278,7 @@ func minTime(a, b time.Time) time.Time {
 // send is SendMsg on w's stream, timed for the watchdog.
 func (wr *writer) send(w *watcher, stream grpc.ServerStream, m any) error {
 	wr.mu.Lock()
-	wr.cur, wr.since = w, time.Now()
+	wr.cur, wr.since = w, wr.sh.p.s.opts.Now()
 	wr.mu.Unlock()
 	err := stream.SendMsg(m)
 	wr.mu.Lock()
@@ -309,13 +309,14 @@ func (wr *writer) isAbandoned() bool {
 // that the router stopped reading (the writer too may simply not have run):
 // it looks again, up to stallLeeway times WriterStall into the send.
 func (wr *writer) check() {
-	stall := wr.sh.p.s.opts.WriterStall
+	s := wr.sh.p.s
+	stall := s.opts.WriterStall
 	wr.mu.Lock()
 	if !wr.active || wr.abandoned {
 		wr.mu.Unlock()
 		return
 	}
-	now := time.Now()
+	now := s.opts.Now()
 	late := now.Sub(wr.checkAt)
 	wait := stall
 	if wr.cur != nil {

@@ -44,6 +44,8 @@ type Config struct {
 	// TenantMetricTopN bounds the tenant label: tenants past the first N
 	// (configured tenants first) are labelled "other".
 	TenantMetricTopN int
+	// Now is the clock (nil: time.Now): the router passes its own.
+	Now func() time.Time
 }
 
 // DefaultTenantHeader is the header a trusted tenant id is read from.

@@ -89,7 +89,7 @@ func (t *Ticket) Release() {
 	s.inflight[t.class]--
 	s.total--
 	s.completions.Add(1)
-	now := time.Now()
+	now := s.cfg.Now()
 	s.demand[t.class].held(now.Sub(t.admitted))
 	s.refreshReservedLocked(now)
 	s.dispatchLocked()
@@ -126,7 +126,10 @@ type Scheduler struct {
 // New builds a scheduler with cfg (validated by the caller) and an initial
 // capacity (Unlimited or >= 0). m may be nil in tests that read no metrics.
 func New(cfg Config, capacity int64, m *Metrics) *Scheduler {
-	s := &Scheduler{cfg: cfg, m: m, started: time.Now()}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Scheduler{cfg: cfg, m: m, started: cfg.Now()}
 	for _, c := range Classes {
 		s.queues[c] = list.New()
 		s.running[c] = list.New()
@@ -171,7 +174,7 @@ func (s *Scheduler) setCapacityLocked(capacity int64) {
 		s.static[c] = s.cfg.Classes[c].Reserved
 	}
 	s.static = scaleToFit(s.static, capacity)
-	s.refreshReservedLocked(time.Now())
+	s.refreshReservedLocked(s.cfg.Now())
 }
 
 // refreshReservedLocked sets the reservations in force: the configured ones,
@@ -224,7 +227,7 @@ func (s *Scheduler) fitsLocked(c Class) bool {
 
 // Admit asks for a slot in class c, waiting in c's queue if none is free.
 func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
-	arrived := time.Now()
+	arrived := s.cfg.Now()
 	cc := &s.cfg.Classes[c]
 	s.mu.Lock()
 	if cc.ReserveDemand {
@@ -258,7 +261,7 @@ func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
 	for res == Admitted {
 		select {
 		case <-w.ready:
-			s.observeAdmitted(c, time.Since(arrived))
+			s.observeAdmitted(c, s.cfg.Now().Sub(arrived))
 			return w.ticket, Admitted
 		case <-starving.C:
 			s.mu.Lock()
@@ -275,7 +278,7 @@ func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
 	s.mu.Lock()
 	if w.ticket != nil { // admitted while giving up: take it
 		s.mu.Unlock()
-		s.observeAdmitted(c, time.Since(arrived))
+		s.observeAdmitted(c, s.cfg.Now().Sub(arrived))
 		return w.ticket, Admitted
 	}
 	s.queues[c].Remove(w.elem)
@@ -291,7 +294,7 @@ func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
 }
 
 func (s *Scheduler) admitLocked(c Class) *Ticket {
-	t := &Ticket{s: s, class: c, admitted: time.Now(), preempted: make(chan struct{})}
+	t := &Ticket{s: s, class: c, admitted: s.cfg.Now(), preempted: make(chan struct{})}
 	t.elem = s.running[c].PushBack(t)
 	s.inflight[c]++
 	s.total++
@@ -302,7 +305,7 @@ func (s *Scheduler) admitLocked(c Class) *Ticket {
 // its starvation threshold (lowest class first; it may use a reserved but
 // unused slot), then one head per class per pass, highest class first.
 func (s *Scheduler) dispatchLocked() {
-	now := time.Now()
+	now := s.cfg.Now()
 	s.refreshReservedLocked(now)
 	for progress := true; progress; {
 		progress = false

@@ -73,6 +73,9 @@ type Options struct {
 	Backoff backoff.Policy
 	// Rand draws backoff jitter from [0, 1) (nil: math/rand/v2).
 	Rand func() float64
+	// Now is the clock of the stale bound, warm-up and carried windows
+	// (nil: time.Now): the router's own.
+	Now func() time.Time
 }
 
 func (o Options) withDefaults() Options {
@@ -80,6 +83,9 @@ func (o Options) withDefaults() Options {
 		o.ReportInterval = DefaultReportInterval
 	}
 	o.Backoff = o.Backoff.WithDefaults()
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	return o
 }
 
@@ -271,7 +277,7 @@ func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[smgv1
 		if rev == acked && !lastAck.IsZero() {
 			return nil
 		}
-		acked, lastAck = rev, time.Now()
+		acked, lastAck = rev, c.opts.Now()
 		return stream.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Ack{Ack: &smgv1.WatchAck{Revision: rev}}})
 	}
 	pending := false
@@ -281,7 +287,7 @@ func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[smgv1
 		case <-ctx.Done():
 			return
 		case <-c.ackSignal:
-			if !lastAck.IsZero() && time.Since(lastAck) < c.opts.ReportInterval {
+			if !lastAck.IsZero() && c.opts.Now().Sub(lastAck) < c.opts.ReportInterval {
 				pending = true
 				continue
 			}
@@ -306,7 +312,7 @@ func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[smgv1
 func (c *Client) handle(resp *smgv1.WatchResponse) error {
 	c.applyMu.Lock()
 	defer c.applyMu.Unlock()
-	c.lastHeard = time.Now()
+	c.lastHeard = c.opts.Now()
 	c.armStale()
 	c.connected.Store(true)
 
@@ -543,7 +549,7 @@ func (c *Client) keepPrevious(newEpoch bool, warming time.Duration) {
 	if len(c.kept) == 0 {
 		return
 	}
-	c.keepUntil = time.Now().Add(warming)
+	c.keepUntil = c.opts.Now().Add(warming)
 	if c.keepTimer == nil {
 		c.keepTimer = time.AfterFunc(warming, c.keepExpired)
 		return
@@ -580,7 +586,7 @@ func (c *Client) carryWindow(id string, next router.Worker, newEpoch bool) {
 		c.log.Info("Control plane sent no window or share for a worker yet; keeping the window and share held", "worker", id)
 		c.carryUntil = time.Time{}
 		if c.staleAfter > 0 {
-			c.carryUntil = time.Now().Add(c.staleAfter)
+			c.carryUntil = c.opts.Now().Add(c.staleAfter)
 		}
 	}
 	if c.carried == nil {
@@ -612,7 +618,7 @@ func (c *Client) withCarried(obs router.Observations) router.Observations {
 // since the epoch began without the control plane sending them, and reports
 // whether it did (the view must be published again). Caller holds applyMu.
 func (c *Client) carryExpired() bool {
-	if len(c.carried) == 0 || c.carryUntil.IsZero() || time.Now().Before(c.carryUntil) {
+	if len(c.carried) == 0 || c.carryUntil.IsZero() || c.opts.Now().Before(c.carryUntil) {
 		return false
 	}
 	c.log.Warn("Control plane sent no window for workers past the stale bound; dropping the windows held from the previous epoch", "workers", len(c.carried))
@@ -652,7 +658,7 @@ func (c *Client) dropKept() {
 func (c *Client) keepExpired() {
 	c.applyMu.Lock()
 	defer c.applyMu.Unlock()
-	if len(c.kept) == 0 || time.Now().Before(c.keepUntil) {
+	if len(c.kept) == 0 || c.opts.Now().Before(c.keepUntil) {
 		return
 	}
 	c.log.Warn("Control plane warm-up over; dropping the workers kept from the previous epoch it did not list as healthy", "kept", len(c.kept))
@@ -711,11 +717,11 @@ func (c *Client) stopStale() {
 func (c *Client) staleFired() {
 	c.applyMu.Lock()
 	defer c.applyMu.Unlock()
-	if !c.held || c.failedOpen || c.staleAfter <= 0 || time.Since(c.lastHeard) < c.staleAfter {
+	if !c.held || c.failedOpen || c.staleAfter <= 0 || c.opts.Now().Sub(c.lastHeard) < c.staleAfter {
 		return
 	}
 	c.failedOpen = true
-	c.log.Warn("Control plane silent past the stale bound; dropping its vetoes", "silent_for", time.Since(c.lastHeard))
+	c.log.Warn("Control plane silent past the stale bound; dropping its vetoes", "silent_for", c.opts.Now().Sub(c.lastHeard))
 	c.target.FailOpen()
 }
 

@@ -66,8 +66,10 @@ func TestDeltasMatchWholeSnapshots(t *testing.T) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 16))
 			rd, rf := newRouter(t), newRouter(t)
-			cd := New(nil, rd, Options{RouterID: "d"}, nil)
-			cf := New(nil, fullOnly{rf}, Options{RouterID: "f"}, nil)
+			now := time.Unix(1000, 0)
+			clock := func() time.Time { return now }
+			cd := New(nil, rd, Options{RouterID: "d", Now: clock}, nil)
+			cf := New(nil, fullOnly{rf}, Options{RouterID: "f", Now: clock}, nil)
 			t.Cleanup(cd.stopStale)
 			t.Cleanup(cf.stopStale)
 			epoch, rev := 0, uint64(0)
@@ -92,24 +94,16 @@ func TestDeltasMatchWholeSnapshots(t *testing.T) {
 					epoch++ // a failover: a new leader, maybe warming up
 					rev = 0
 					msg = snapshot()
-				case op == 2:
+				case op == 2: // silent past the stale bound
+					now = now.Add(time.Hour + time.Second)
 					for _, c := range []*Client{cd, cf} {
-						c.applyMu.Lock()
-						c.lastHeard = time.Time{}
-						c.applyMu.Unlock()
 						c.staleFired()
 					}
 				case op == 3:
 					msg = &smgv1.WatchResponse{Epoch: fmt.Sprint("e", epoch), Revision: rev,
 						Msg: &smgv1.WatchResponse_Heartbeat{Heartbeat: &smgv1.WatchHeartbeat{}}}
 				case op == 4: // the stale bound passed on the windows carried
-					for _, c := range []*Client{cd, cf} {
-						c.applyMu.Lock()
-						if !c.carryUntil.IsZero() {
-							c.carryUntil = time.Now().Add(-time.Second)
-						}
-						c.applyMu.Unlock()
-					}
+					now = now.Add(time.Hour + time.Second)
 					fallthrough // into a delta
 				default:
 					rev++
