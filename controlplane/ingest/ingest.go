@@ -381,11 +381,18 @@ func (in *Ingester) judgeAgain(id string) {
 }
 
 // stands reports whether a load with these signals leaves w's stored
-// verdict as it is: a prediction only, the registry decides again when it
-// stores the load.
+// verdicts as they are (registry.Stands on a scratch copy): a prediction
+// only, the registry decides again when it stores the load. A report after
+// a no-report commits at once: it ends the fail-open spell.
 func stands(w *registry.Worker, waiting int64, usage float64) bool {
-	over, _ := judge.Check(waiting, usage, w.Thresholds)
-	return (over && w.Ready()) == w.Overloaded && !w.Evidence.NoReport
+	if w.Evidence.NoReport {
+		return false
+	}
+	var load smgv1.EngineLoad
+	setSignals(&load, waiting, usage)
+	c := *w
+	c.Load = &load
+	return registry.Stands(w, &c)
 }
 
 // commit stores load (its signals set) for id in a transaction of its own.
@@ -582,9 +589,8 @@ func flipOf(w, c *registry.Worker) flip {
 	if w.Overloaded == c.Overloaded {
 		return flip{}
 	}
-	f := flip{flipped: true, over: c.Overloaded, noReport: c.Evidence.NoReport, workerID: c.ID, model: c.Model}
-	_, f.reason = judge.Check(int64(c.Load.GetWaitingRequests()), c.Load.GetTokenUsage(), c.Thresholds)
-	return f
+	return flip{flipped: true, over: c.Overloaded, noReport: c.Evidence.NoReport, workerID: c.ID, model: c.Model,
+		reason: registry.OverloadFigures(c)}
 }
 
 // markNoReport is "no report" in t: the overload veto clears (fail open).

@@ -36,12 +36,13 @@ type cell struct {
 }
 
 // pendingRecords are a worker's records waiting for a flush, in order, and
-// the evidence they make of base, the stored record they were predicted
-// against: a record that finds the same base stored applies itself alone.
+// w, a scratch copy of base (the stored record they were predicted against)
+// with them applied: a record that finds the same base stored applies
+// itself alone.
 type pendingRecords struct {
 	recs []timedRecord
 	base *registry.Worker
-	ev   registry.Evidence
+	w    registry.Worker
 }
 
 // maxKept bounds the room a worker's buffers keep: a burst's is not kept.
@@ -138,7 +139,7 @@ func (c *cell) take(buf []timedRecord) (tk takenRecords, ok bool) {
 	if c.gone || len(c.p.recs) == 0 {
 		return tk, false
 	}
-	tk = takenRecords{base: c.p.base, ev: c.p.ev, recs: c.p.recs}
+	tk = takenRecords{base: c.p.base, ev: c.p.w.Evidence, recs: c.p.recs}
 	c.p = pendingRecords{recs: buf}
 	c.has.Store(false)
 	return tk, true

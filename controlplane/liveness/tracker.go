@@ -193,7 +193,7 @@ func (t *Tracker) predicted(w *registry.Worker) (judge.Liveness, bool) {
 		return w.Evidence.Live, false
 	}
 	if p.base == w {
-		return p.ev.Live, true // the prediction's work, done already
+		return p.w.Evidence.Live, true // the prediction's work, done already
 	}
 	ev := w.Evidence
 	for _, r := range p.recs {
@@ -557,29 +557,21 @@ func (t *Tracker) pendLocked(c *cell, w *registry.Worker, rec judge.Record, now 
 		return false
 	}
 	p := &c.p
-	// The stored verdict: p.ev's while p.base is w (every record in p
-	// left it as it was, and a record that did not unsets p.base), which
-	// spares a read of w's evidence, far from the lines the record moves.
-	var v2 judge.Verdict
-	var c2 judge.Cause
 	if p.base != w {
-		// p.ev is the pending records applied to the stored record: made
+		// p.w is the stored record with the pending records applied: made
 		// again when that changed (a flush or any commit of the worker),
-		// and moved in place by each record that pends (Evidence holds
-		// pointers: a copy per record costs more than the rule).
-		p.ev = w.Evidence
-		v2, c2 = p.ev.Live.Status()
+		// and moved in place by each record that pends (a copy per record
+		// costs more than the rule).
+		p.w = *w
 		for _, r := range p.recs {
-			t.applyPushed(&p.ev, r)
+			t.applyPushed(&p.w.Evidence, r)
 		}
 		p.base = w
-	} else {
-		v2, c2 = p.ev.Live.Status()
 	}
 	r := timedRecord{rec, now}
-	t.applyPushed(&p.ev, r)
-	if v, cause := p.ev.Live.Status(); v != v2 || cause != c2 {
-		p.base = nil // p.ev holds a record p.recs does not: made again if p stays
+	t.applyPushed(&p.w.Evidence, r)
+	if !registry.Stands(w, &p.w) {
+		p.base = nil // p.w holds a record p.recs does not: made again if p stays
 		return false
 	}
 	p.recs = append(p.recs, r)

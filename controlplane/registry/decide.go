@@ -16,10 +16,9 @@ import (
 //   - a new URL is another engine: its evidence starts afresh;
 //   - the rules judge Ready workers only: a worker not Ready keeps no
 //     liveness evidence and gets no veto (fail open);
-//   - overloaded = judge.Check(latest load, thresholds), unless the latest
-//     poll produced no report;
-//   - the liveness veto is the verdict of Evidence.Live, and leaving
-//     unreachable bumps ContactSeq (routers close the worker's breaker).
+//   - the verdicts themselves are judged's;
+//   - leaving unreachable bumps ContactSeq (routers close the worker's
+//     breaker).
 //
 // Reasons are formatted only when the figures behind them change, so the
 // ingest hot path does not allocate for them.
@@ -30,36 +29,68 @@ func decide(old, w *Worker) {
 	if !w.Ready() {
 		w.Evidence.Live, w.Evidence.Routers, w.Evidence.PushedAt = judge.Liveness{}, nil, time.Time{}
 	}
-
-	var over bool
-	var reason judge.OverloadReason
-	if w.Ready() && !w.Evidence.NoReport && w.Load != nil {
-		over, reason = judge.Check(int64(w.Load.GetWaitingRequests()), w.Load.GetTokenUsage(), w.Thresholds)
-	}
+	v := judged(w)
 	switch {
-	case !over:
+	case !v.over:
 		w.Overloaded, w.OverloadReason = false, ""
 	case old != nil && old.Overloaded && old.Thresholds == w.Thresholds &&
 		old.Load.GetWaitingRequests() == w.Load.GetWaitingRequests() && old.Load.GetTokenUsage() == w.Load.GetTokenUsage():
 		w.Overloaded, w.OverloadReason = true, old.OverloadReason
 	default:
-		w.Overloaded, w.OverloadReason = true, reason.String()
+		w.Overloaded, w.OverloadReason = true, v.reason.String()
 	}
 
-	v, cause := w.Evidence.Live.Status()
-	w.Liveness = VetoOf(v)
+	w.Liveness = VetoOf(v.live)
 	switch {
-	case v == judge.Live:
+	case v.live == judge.Live:
 		w.LivenessReason = ""
-	case old != nil && old.Liveness == w.Liveness && sameCause(old, cause):
+	case old != nil && old.Liveness == w.Liveness && sameCause(old, v.cause):
 		w.LivenessReason = old.LivenessReason
 	default:
-		w.LivenessReason = cause.String()
+		w.LivenessReason = v.cause.String()
 	}
 	if old != nil && old.Liveness == smgv1.Veto_VETO_UNREACHABLE && w.Liveness != smgv1.Veto_VETO_UNREACHABLE {
 		w.ContactSeq = max(w.ContactSeq, old.ContactSeq) + 1
 	}
 }
+
+// verdicts is what the rules make of a record's evidence, before any reason
+// is formatted.
+type verdicts struct {
+	over   bool
+	reason judge.OverloadReason // the figures judge.Check compared
+	live   judge.Verdict
+	cause  judge.Cause
+}
+
+// judged applies the rules to w as it stands: overloaded =
+// judge.Check(latest load, thresholds) for a Ready worker whose latest poll
+// produced a report; the liveness verdict is Evidence.Live's for a Ready
+// worker, Live otherwise (fail open).
+func judged(w *Worker) (v verdicts) {
+	if !w.Ready() {
+		return verdicts{live: judge.Live}
+	}
+	if !w.Evidence.NoReport && w.Load != nil {
+		v.over, v.reason = judge.Check(int64(w.Load.GetWaitingRequests()), w.Load.GetTokenUsage(), w.Thresholds)
+	}
+	v.live, v.cause = w.Evidence.Live.Status()
+	return v
+}
+
+// Stands reports whether c, a scratch copy of the stored record w moved by
+// new evidence, keeps w's verdicts (and their causes): decide's own rules,
+// run on c without storing it or formatting a reason. Writers that let
+// evidence wait for a later commit ask it first: evidence that moves a
+// verdict commits at once.
+func Stands(w, c *Worker) bool {
+	v := judged(c)
+	return v.over == w.Overloaded && VetoOf(v.live) == w.Liveness && (v.live == judge.Live || sameCause(w, v.cause))
+}
+
+// OverloadFigures returns the figures the overload rule compares for w,
+// whether or not they make it overloaded (for a log line).
+func OverloadFigures(w *Worker) judge.OverloadReason { return judged(w).reason }
 
 func sameCause(old *Worker, c judge.Cause) bool {
 	_, oc := old.Evidence.Live.Status()
