@@ -73,8 +73,7 @@ func startControlPlane(t *testing.T, cfg cpConfig) *controlPlane {
 func (cp *controlPlane) put(t *testing.T, id, url, node string) {
 	t.Helper()
 	_, err := cp.reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url, Node: node}, Model: "sim-model",
-			Type: "regular", Health: registry.HealthHealthy, Thresholds: judge.Thresholds{WaitingRequests: 2, TokenUsage: 1}})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: url, Node: node}, Model: "sim-model", Type: "regular", Thresholds: judge.Thresholds{WaitingRequests: 2, TokenUsage: 1}}, State: registry.State{Health: registry.HealthHealthy}})
 		return nil
 	})
 	if err != nil {

@@ -133,8 +133,7 @@ func startOver(b *testing.B, n int) startOverResult {
 	if _, err := cp.Registry.Update(func(tx *registry.Txn) error {
 		for w := range n {
 			id := fmt.Sprintf("w%05d", w)
-			tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: base + "/" + id},
-				Model: "m", Type: "regular", Thresholds: th, Health: registry.HealthHealthy})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: base + "/" + id}, Model: "m", Type: "regular", Thresholds: th}, State: registry.State{Health: registry.HealthHealthy}})
 		}
 		return nil
 	}); err != nil {

@@ -44,7 +44,7 @@ func testStoredVerdicts(t *testing.T, oneFlush bool) {
 	if _, err := reg.Update(func(tx *registry.Txn) error {
 		for i := range ids {
 			ids[i] = fmt.Sprint("w", i)
-			tx.Insert(&registry.Worker{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}, Thresholds: th, Health: registry.HealthHealthy})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}, Thresholds: th}, State: registry.State{Health: registry.HealthHealthy}})
 		}
 		return nil
 	}); err != nil {

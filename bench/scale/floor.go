@@ -137,8 +137,7 @@ func (f *floorServer) change(w int, overloaded bool) uint64 {
 // floorWorker is worker w as a verdict flip's delta carries it from the
 // control plane in the fan-out runs (same conversion, same fields set).
 func floorWorker(w int, overloaded bool) *smgv1.RoutingWorker {
-	rec := &registry.Worker{ID: workerID(w), Spec: &smgv1.WorkerSpec{Url: workerURL("http://127.0.0.1:40000", w)},
-		Model: "scale-model", Type: "regular", Health: registry.HealthHealthy, LoadRevision: 12345, ContactSeq: 1}
+	rec := &registry.Worker{Registered: registry.Registered{ID: workerID(w), Spec: &smgv1.WorkerSpec{Url: workerURL("http://127.0.0.1:40000", w)}, Model: "scale-model", Type: "regular"}, State: registry.State{Health: registry.HealthHealthy, LoadRevision: 12345, ContactSeq: 1}}
 	if overloaded {
 		rec.Overloaded, rec.OverloadReason = true, "waiting_requests 42 > 32"
 	}

@@ -310,8 +310,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	th := opts.Thresholds.Resolve(nil)
 	if _, err := cp.Registry.Update(func(tx *registry.Txn) error {
 		for w := range cfg.Workers {
-			tx.Insert(&registry.Worker{ID: workerID(w), Spec: &smgv1.WorkerSpec{Url: workerURL(urlBase, w)},
-				Model: "scale-model", Type: "regular", Thresholds: th, Health: registry.HealthHealthy})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: workerID(w), Spec: &smgv1.WorkerSpec{Url: workerURL(urlBase, w)}, Model: "scale-model", Type: "regular", Thresholds: th}, State: registry.State{Health: registry.HealthHealthy}})
 		}
 		return nil
 	}); err != nil {

@@ -159,7 +159,7 @@ func applyRegister(t *registry.Txn, resolve ThresholdResolver, c *Change) (*regi
 	if other := t.GetByURL(spec.GetUrl()); other != nil && other.ID != job.WorkerID {
 		return nil, fmt.Errorf("a worker with url %q already exists", spec.GetUrl())
 	}
-	w := &registry.Worker{ID: job.WorkerID, Health: registry.HealthPending}
+	w := &registry.Worker{Registered: registry.Registered{ID: job.WorkerID}, State: registry.State{Health: registry.HealthPending}}
 	old := t.Get(job.WorkerID)
 	if old != nil {
 		if job.Kind != "replace" {
@@ -283,7 +283,7 @@ func RestoreDurable(reg *registry.Registry, resolve ThresholdResolver, d *Durabl
 			if err != nil {
 				return fmt.Errorf("worker %s: %w", dw.ID, err)
 			}
-			t.Insert(&registry.Worker{ID: dw.ID, Spec: spec, Model: dw.Model, Type: workerType(spec), Thresholds: th, Health: registry.HealthPending})
+			t.Insert(&registry.Worker{Registered: registry.Registered{ID: dw.ID, Spec: spec, Model: dw.Model, Type: workerType(spec), Thresholds: th}, State: registry.State{Health: registry.HealthPending}})
 		}
 		for _, w := range t.Workers() {
 			if !keep[w.ID] {

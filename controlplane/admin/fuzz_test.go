@@ -35,8 +35,8 @@ func newService(t testing.TB) (*admin.Service, http.Handler, *registry.Registry)
 	}
 	// One registered worker for PATCH and PUT to hit.
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: "w-known", Spec: &smgv1.WorkerSpec{Url: "http://known:8000",
-			Overload: &smgv1.OverloadBlock{WaitingRequests: proto32(4)}}, Health: registry.HealthHealthy})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "w-known", Spec: &smgv1.WorkerSpec{Url: "http://known:8000",
+			Overload: &smgv1.OverloadBlock{WaitingRequests: proto32(4)}}}, State: registry.State{Health: registry.HealthHealthy}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

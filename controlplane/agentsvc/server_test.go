@@ -118,8 +118,7 @@ func (h *harness) put(t testing.TB, workers ...*registry.Worker) {
 }
 
 func worker(id, url, node string) *registry.Worker {
-	return &registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url, Node: node}, Model: "m", Type: "regular",
-		Health: registry.HealthHealthy, Thresholds: judge.Thresholds{WaitingRequests: 4, TokenUsage: 0.9}}
+	return &registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: url, Node: node}, Model: "m", Type: "regular", Thresholds: judge.Thresholds{WaitingRequests: 4, TokenUsage: 0.9}}, State: registry.State{Health: registry.HealthHealthy}}
 }
 
 // waitFor waits, on registry commits, until cond holds for the registry.

@@ -63,8 +63,7 @@ func setup(t *testing.T, url, apiKey string, h registry.Health) (*Checker, *regi
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: url, ApiKey: apiKey}, Health: h,
-			Thresholds: judge.Thresholds{WaitingRequests: 8}})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Spec: &smgv1.WorkerSpec{Url: url, ApiKey: apiKey}, Thresholds: judge.Thresholds{WaitingRequests: 8}}, State: registry.State{Health: h}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

@@ -57,8 +57,7 @@ func benchFleet(b *testing.B) (*registry.Registry, []string, [][]byte) {
 		for i := range ids {
 			url := fmt.Sprintf("http://10.0.%d.%d:8000", i/250, i%250)
 			ids[i] = admin.WorkerID(url)
-			w := &registry.Worker{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: url},
-				Model: "m", Type: "regular", Thresholds: th, Health: registry.HealthHealthy}
+			w := &registry.Worker{Registered: registry.Registered{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: url}, Model: "m", Type: "regular", Thresholds: th}, State: registry.State{Health: registry.HealthHealthy}}
 			t.Insert(w)
 		}
 		return nil
@@ -238,8 +237,7 @@ func BenchmarkFlush(b *testing.B) {
 		for i := range ids {
 			url := fmt.Sprintf("http://10.%d.%d.%d:8000", i/62500, i/250%250, i%250)
 			ids[i] = admin.WorkerID(url)
-			t.Insert(&registry.Worker{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: url}, Model: "m", Type: "regular",
-				Thresholds: th, Health: registry.HealthHealthy})
+			t.Insert(&registry.Worker{Registered: registry.Registered{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: url}, Model: "m", Type: "regular", Thresholds: th}, State: registry.State{Health: registry.HealthHealthy}})
 		}
 		return nil
 	}); err != nil {

@@ -24,8 +24,7 @@ func workers(t *testing.T, ids ...string) *registry.Registry {
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
 		for _, id := range ids {
-			tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m",
-				Thresholds: judge.DefaultGatewayThresholds().Resolve(nil), Health: registry.HealthHealthy})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Thresholds: judge.DefaultGatewayThresholds().Resolve(nil)}, State: registry.State{Health: registry.HealthHealthy}})
 		}
 		return nil
 	}); err != nil {

@@ -17,8 +17,7 @@ func coalescing(t *testing.T) (*ingest.Ingester, *registry.Registry) {
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://e1"}, Model: "m",
-			Thresholds: judge.DefaultGatewayThresholds().Resolve(nil), Health: registry.HealthHealthy})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://e1"}, Model: "m", Thresholds: judge.DefaultGatewayThresholds().Resolve(nil)}, State: registry.State{Health: registry.HealthHealthy}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

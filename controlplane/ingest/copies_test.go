@@ -28,8 +28,7 @@ func TestReportCopiesIsReportCopyOfEach(t *testing.T) {
 				if i == 2 {
 					health = registry.HealthPending
 				}
-				tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m",
-					Thresholds: judge.DefaultGatewayThresholds().Resolve(nil), Health: health})
+				tx.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Thresholds: judge.DefaultGatewayThresholds().Resolve(nil)}, State: registry.State{Health: health}})
 			}
 			return nil
 		}); err != nil {

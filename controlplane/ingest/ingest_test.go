@@ -37,8 +37,7 @@ func newFixture(t *testing.T) *fixture {
 func (f *fixture) add(t *testing.T, id, url, model string, th judge.Thresholds) {
 	t.Helper()
 	_, err := f.reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Model: model, Type: "regular",
-			Thresholds: th, Health: registry.HealthHealthy})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Model: model, Type: "regular", Thresholds: th}, State: registry.State{Health: registry.HealthHealthy}})
 		return nil
 	})
 	if err != nil {
@@ -398,8 +397,7 @@ func TestWorkersOverloadedReadsZeroAfterAModelsLastWorkerGoes(t *testing.T) {
 	promReg := prometheus.NewRegistry()
 	promReg.MustRegister(ingest.NewCollector(reg))
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://e1"}, Model: "solo",
-			Health: registry.HealthHealthy, Thresholds: judge.Thresholds{WaitingRequests: 1}, Load: &smgv1.EngineLoad{WaitingRequests: 2}}) // overloaded
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://e1"}, Model: "solo", Thresholds: judge.Thresholds{WaitingRequests: 1}}, State: registry.State{Health: registry.HealthHealthy, Load: &smgv1.EngineLoad{WaitingRequests: 2}}}) // overloaded
 		return nil
 	}); err != nil {
 		t.Fatal(err)

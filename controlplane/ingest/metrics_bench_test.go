@@ -22,12 +22,8 @@ func scrapeFleet(b *testing.B, n int) *prometheus.Registry {
 	reg := registry.New("bench", 0)
 	_, err := reg.Update(func(tx *registry.Txn) error {
 		for i := range n {
-			tx.Insert(&registry.Worker{ID: fmt.Sprintf("w-%06d", i),
-				Spec:  &smgv1.WorkerSpec{Url: fmt.Sprintf("http://10.%d.%d.%d:8000", i/65536, i/256%256, i%256)},
-				Model: fmt.Sprintf("model-%d", i%4), Type: "regular", Health: registry.HealthHealthy,
-				Thresholds: judge.Thresholds{WaitingRequests: 8, TokenUsage: 0.8},
-				Load: &smgv1.EngineLoad{Source: "bench", WaitingRequests: int32(9 - 8*min(1, i%10)), Ranks: []*smgv1.RankLoad{{WaitingRequests: int32(i % 7),
-					RunningRequests: 32, TokenUsage: float64(i%10) / 10, GenThroughput: 1500, CacheHitRate: 0.4}}}})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: fmt.Sprintf("w-%06d", i), Spec: &smgv1.WorkerSpec{Url: fmt.Sprintf("http://10.%d.%d.%d:8000", i/65536, i/256%256, i%256)}, Model: fmt.Sprintf("model-%d", i%4), Type: "regular", Thresholds: judge.Thresholds{WaitingRequests: 8, TokenUsage: 0.8}}, State: registry.State{Health: registry.HealthHealthy, Load: &smgv1.EngineLoad{Source: "bench", WaitingRequests: int32(9 - 8*min(1, i%10)), Ranks: []*smgv1.RankLoad{{WaitingRequests: int32(i % 7),
+				RunningRequests: 32, TokenUsage: float64(i%10) / 10, GenThroughput: 1500, CacheHitRate: 0.4}}}}})
 		}
 		return nil
 	})

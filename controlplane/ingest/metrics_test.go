@@ -209,9 +209,7 @@ func (f *fleet) step(n int) {
 			}
 			switch op := f.rng.IntN(10); {
 			case w == nil || op == 0:
-				tx.Insert(&registry.Worker{ID: fmt.Sprintf("w%d", f.rng.IntN(1<<20)), Spec: &smgv1.WorkerSpec{Url: freeURL()},
-					Model: f.model(), Health: registry.HealthHealthy, Thresholds: judge.Thresholds{WaitingRequests: 2},
-					Load: f.load()})
+				tx.Insert(&registry.Worker{Registered: registry.Registered{ID: fmt.Sprintf("w%d", f.rng.IntN(1<<20)), Spec: &smgv1.WorkerSpec{Url: freeURL()}, Model: f.model(), Thresholds: judge.Thresholds{WaitingRequests: 2}}, State: registry.State{Health: registry.HealthHealthy, Load: f.load()}})
 			case op == 1:
 				tx.Delete(w.ID)
 				delete(used, w.Spec.GetUrl())
@@ -271,9 +269,7 @@ func TestCollectorBoundsAsNewConstMetricDid(t *testing.T) {
 	const n = 4096 + 300
 	_, err := f.reg.Update(func(tx *registry.Txn) error {
 		for i := range n {
-			tx.Insert(&registry.Worker{ID: fmt.Sprintf("w%05d", i), Spec: &smgv1.WorkerSpec{Url: fmt.Sprintf("http://e%05d", i)},
-				Model: fmt.Sprintf("m%05d", i), Health: registry.HealthHealthy,
-				Load: &smgv1.EngineLoad{Ranks: []*smgv1.RankLoad{{WaitingRequests: int32(i)}}}})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: fmt.Sprintf("w%05d", i), Spec: &smgv1.WorkerSpec{Url: fmt.Sprintf("http://e%05d", i)}, Model: fmt.Sprintf("m%05d", i)}, State: registry.State{Health: registry.HealthHealthy, Load: &smgv1.EngineLoad{Ranks: []*smgv1.RankLoad{{WaitingRequests: int32(i)}}}}})
 		}
 		return nil
 	})
@@ -338,7 +334,7 @@ func TestCollectorSeriesFollowWorkers(t *testing.T) {
 			l.Ranks = append(l.Ranks, &smgv1.RankLoad{DpRank: r, WaitingRequests: 10*r + 1})
 		}
 		if _, err := reg.Update(func(tx *registry.Txn) error {
-			tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Model: model, Health: registry.HealthHealthy, Load: l})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Model: model}, State: registry.State{Health: registry.HealthHealthy, Load: l}})
 			return nil
 		}); err != nil {
 			t.Fatal(err)
@@ -400,8 +396,7 @@ func TestCollectorDuplicateRankKeepsTheFirst(t *testing.T) {
 	pr := prometheus.NewRegistry()
 	pr.MustRegister(ingest.NewCollector(reg))
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: "a", Spec: &smgv1.WorkerSpec{Url: "http://a"}, Model: "m", Health: registry.HealthHealthy,
-			Load: &smgv1.EngineLoad{Ranks: []*smgv1.RankLoad{{DpRank: 3, WaitingRequests: 7}, {DpRank: 3, WaitingRequests: 9}, {DpRank: 1, WaitingRequests: 2}}}})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "a", Spec: &smgv1.WorkerSpec{Url: "http://a"}, Model: "m"}, State: registry.State{Health: registry.HealthHealthy, Load: &smgv1.EngineLoad{Ranks: []*smgv1.RankLoad{{DpRank: 3, WaitingRequests: 7}, {DpRank: 3, WaitingRequests: 9}, {DpRank: 1, WaitingRequests: 2}}}}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -425,9 +420,9 @@ func TestCollectorSkipsLabelsNotUTF8(t *testing.T) {
 	pr.MustRegister(c)
 	load := func() *smgv1.EngineLoad { return &smgv1.EngineLoad{Ranks: []*smgv1.RankLoad{{WaitingRequests: 5}}} }
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: "a", Spec: &smgv1.WorkerSpec{Url: "http://a"}, Model: "m", Health: registry.HealthHealthy, Load: load()})
-		tx.Insert(&registry.Worker{ID: "b", Spec: &smgv1.WorkerSpec{Url: "http://\xff"}, Model: "m", Health: registry.HealthHealthy, Load: load()})
-		tx.Insert(&registry.Worker{ID: "c", Spec: &smgv1.WorkerSpec{Url: "http://c"}, Model: "\xfe", Health: registry.HealthHealthy, Load: load()})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "a", Spec: &smgv1.WorkerSpec{Url: "http://a"}, Model: "m"}, State: registry.State{Health: registry.HealthHealthy, Load: load()}})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "b", Spec: &smgv1.WorkerSpec{Url: "http://\xff"}, Model: "m"}, State: registry.State{Health: registry.HealthHealthy, Load: load()}})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "c", Spec: &smgv1.WorkerSpec{Url: "http://c"}, Model: "\xfe"}, State: registry.State{Health: registry.HealthHealthy, Load: load()}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -454,8 +449,7 @@ func TestCollectorKeepsLabelPairs(t *testing.T) {
 	put := func(model string, waiting int32) {
 		t.Helper()
 		if _, err := reg.Update(func(tx *registry.Txn) error {
-			tx.Insert(&registry.Worker{ID: "a", Spec: &smgv1.WorkerSpec{Url: "http://a"}, Model: model, Health: registry.HealthHealthy,
-				Load: &smgv1.EngineLoad{Ranks: []*smgv1.RankLoad{{WaitingRequests: waiting}}}})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "a", Spec: &smgv1.WorkerSpec{Url: "http://a"}, Model: model}, State: registry.State{Health: registry.HealthHealthy, Load: &smgv1.EngineLoad{Ranks: []*smgv1.RankLoad{{WaitingRequests: waiting}}}}})
 			return nil
 		}); err != nil {
 			t.Fatal(err)

@@ -40,8 +40,7 @@ func checkStoredNeverChange(t *testing.T, seed uint64) {
 	if _, err := reg.Update(func(tx *registry.Txn) error {
 		for i := range ids {
 			ids[i] = fmt.Sprintf("w%02d", i)
-			tx.Insert(&registry.Worker{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}, Model: "m",
-				Thresholds: judge.DefaultGatewayThresholds().Resolve(nil), Health: registry.HealthHealthy})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}, Model: "m", Thresholds: judge.DefaultGatewayThresholds().Resolve(nil)}, State: registry.State{Health: registry.HealthHealthy}})
 		}
 		return nil
 	}); err != nil {

@@ -43,7 +43,7 @@ func TestFlushStoresTheRidersEvidenceWithTheLoad(t *testing.T) {
 	th := judge.DefaultGatewayThresholds().Resolve(nil)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
 		for _, id := range []string{"w1", "w2", "w3"} {
-			tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Thresholds: th, Health: registry.HealthHealthy})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Thresholds: th}, State: registry.State{Health: registry.HealthHealthy}})
 		}
 		return nil
 	}); err != nil {
@@ -110,7 +110,7 @@ func TestFlushCommitsInChunksAndNewerReportsWin(t *testing.T) {
 	if _, err := reg.Update(func(tx *registry.Txn) error {
 		for i := range ids {
 			ids[i] = fmt.Sprintf("w%04d", i)
-			tx.Insert(&registry.Worker{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}, Model: "m", Thresholds: th, Health: registry.HealthHealthy})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}, Model: "m", Thresholds: th}, State: registry.State{Health: registry.HealthHealthy}})
 		}
 		return nil
 	}); err != nil {

@@ -124,7 +124,7 @@ func benchFleet(n int, coalesce bool) (*Tracker, *registry.Registry, []string) {
 	reg.Update(func(tx *registry.Txn) error {
 		for i := range ids {
 			ids[i] = fmt.Sprint("w", i)
-			tx.Insert(&registry.Worker{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}, Health: registry.HealthHealthy})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}}, State: registry.State{Health: registry.HealthHealthy}})
 		}
 		return nil
 	})

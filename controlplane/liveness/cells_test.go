@@ -208,8 +208,7 @@ func TestCellsOnlyForReadyWorkers(t *testing.T) {
 
 func addWorker(t *testing.T, reg *registry.Registry, id string) {
 	if _, err := reg.Update(func(txn *registry.Txn) error {
-		txn.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Type: "regular",
-			Health: registry.HealthHealthy})
+		txn.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Type: "regular"}, State: registry.State{Health: registry.HealthHealthy}})
 		return nil
 	}); err != nil {
 		t.Error(err)

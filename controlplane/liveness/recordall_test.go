@@ -185,8 +185,7 @@ func openHealthy(t *testing.T, ids []string, coalesce bool) (*Tracker, *registry
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(txn *registry.Txn) error {
 		for _, id := range ids {
-			txn.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Type: "regular",
-				Health: registry.HealthHealthy})
+			txn.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Type: "regular"}, State: registry.State{Health: registry.HealthHealthy}})
 		}
 		return nil
 	}); err != nil {

@@ -20,7 +20,7 @@ func setup(t *testing.T, health registry.Health) (*Tracker, *registry.Registry, 
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(txn *registry.Txn) error {
-		txn.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://w1"}, Model: "m", Type: "regular", Health: health})
+		txn.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://w1"}, Model: "m", Type: "regular"}, State: registry.State{Health: health}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

@@ -36,8 +36,7 @@ func TestPollsAndProbesSendTheWorkersAPIKey(t *testing.T) {
 
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: "w1", Model: "m", Type: "regular", Health: registry.HealthPending,
-			Spec: &smgv1.WorkerSpec{Url: engine.URL, ApiKey: "engine-key"}})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Model: "m", Type: "regular", Spec: &smgv1.WorkerSpec{Url: engine.URL, ApiKey: "engine-key"}}, State: registry.State{Health: registry.HealthPending}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

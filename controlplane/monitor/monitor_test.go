@@ -13,8 +13,7 @@ import (
 func secs(v int32) *int32 { return &v }
 
 func w(id, model, typ, mode string, override *int32) *registry.Worker {
-	return &registry.Worker{ID: id, Model: model, Type: typ,
-		Spec: &smgv1.WorkerSpec{Url: "http://" + id, ConnectionMode: mode, LoadMonitorIntervalSecs: override}}
+	return &registry.Worker{Registered: registry.Registered{ID: id, Model: model, Type: typ, Spec: &smgv1.WorkerSpec{Url: "http://" + id, ConnectionMode: mode, LoadMonitorIntervalSecs: override}}}
 }
 
 func TestGroups(t *testing.T) {

@@ -85,7 +85,7 @@ func register(t *testing.T, reg *registry.Registry, base string, h registry.Heal
 	t.Helper()
 	if _, err := reg.Update(func(tx *registry.Txn) error {
 		for _, id := range workers {
-			tx.Insert(&registry.Worker{ID: id, Model: "m", Type: "regular", Spec: &smgv1.WorkerSpec{Url: base + "/" + id}, Health: h})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Model: "m", Type: "regular", Spec: &smgv1.WorkerSpec{Url: base + "/" + id}}, State: registry.State{Health: h}})
 		}
 		return nil
 	}); err != nil {

@@ -36,8 +36,7 @@ func TestRunWaitsForItsPolls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reg := registry.New("e", 0)
 		if _, err := reg.Update(func(tx *registry.Txn) error {
-			tx.Insert(&registry.Worker{ID: "w1", Model: "m", Type: "regular", Health: registry.HealthHealthy,
-				Spec: &smgv1.WorkerSpec{Url: "http://engine"}})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Model: "m", Type: "regular", Spec: &smgv1.WorkerSpec{Url: "http://engine"}}, State: registry.State{Health: registry.HealthHealthy}})
 			return nil
 		}); err != nil {
 			t.Fatal(err)

@@ -27,8 +27,7 @@ func TestPollTimesOutAfterFiveSeconds(t *testing.T) {
 		log := slog.New(slog.DiscardHandler)
 		reg := registry.New("e", 0)
 		if _, err := reg.Update(func(tx *registry.Txn) error {
-			tx.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://engine"}, Health: registry.HealthHealthy,
-				Overloaded: true, OverloadReason: "waiting_requests 9 >= 8"})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://engine"}}, State: registry.State{Health: registry.HealthHealthy, Overloaded: true, OverloadReason: "waiting_requests 9 >= 8"}})
 			return nil
 		}); err != nil {
 			t.Fatal(err)

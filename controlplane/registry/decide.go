@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"maps"
 	"time"
 
 	"github.com/smg-project/smg/controlplane/judge"
@@ -109,14 +108,7 @@ func VetoOf(v judge.Verdict) smgv1.Veto {
 }
 
 // sameVisible reports whether a and b look the same to routers and the
-// admin API, i.e. they differ at most in Evidence and Revision. A field
-// added to Worker must be added here (TestSameVisibleCoversEveryField).
+// admin API: they differ at most in Evidence and Revision.
 func sameVisible(a, b *Worker) bool {
-	return a.ID == b.ID && a.Spec == b.Spec && a.Model == b.Model && a.Type == b.Type &&
-		a.Thresholds == b.Thresholds && a.Health == b.Health &&
-		a.Load == b.Load && a.LoadRevision == b.LoadRevision &&
-		a.Overloaded == b.Overloaded && a.OverloadReason == b.OverloadReason &&
-		a.Liveness == b.Liveness && a.LivenessReason == b.LivenessReason && a.ContactSeq == b.ContactSeq &&
-		a.AgentNode == b.AgentNode && maps.Equal(a.WindowShare, b.WindowShare) && (a.WindowShare == nil) == (b.WindowShare == nil) &&
-		(a.Admission == b.Admission || a.Admission != nil && b.Admission != nil && *a.Admission == *b.Admission)
+	return a.Registered == b.Registered && a.State == b.State && a.Shares.same(&b.Shares)
 }

@@ -11,6 +11,7 @@
 package registry
 
 import (
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,15 +31,41 @@ const (
 	HealthUnhealthy Health = "unhealthy"
 )
 
-// Worker is one registered worker. Records are immutable once stored: writers
-// copy, change and insert (Clone).
+// Worker is one registered worker, in parts that change for different
+// reasons: Registered (what registration decided; durable), State and
+// Shares (what the control plane holds of it now and routers see: health,
+// load, verdicts, window shares; soft, rebuilt by a new leader), Evidence
+// (what the verdicts are decided from; never sent). A change to any part
+// but Evidence is one routers see (sameVisible). Records are immutable
+// once stored: writers copy, change and insert (Clone).
 type Worker struct {
+	Registered
+	State
+	Shares
+	// Evidence is what the verdicts are decided from. It is stored with
+	// the record so that a verdict commits in the same transaction as the
+	// evidence it follows from (Insert decides it); it is not sent to
+	// routers, and a change to it alone commits no new revision.
+	Evidence Evidence
+
+	Revision uint64 // revision of the last change to this record
+}
+
+// Registered is what registration decided about a worker: replicated, kept
+// by a new leader.
+type Registered struct {
 	ID         string
 	Spec       *smgv1.WorkerSpec // as registered, never mutated
 	Model      string            // resolved model id
 	Type       string            // regular, prefill or decode
 	Thresholds judge.Thresholds
-	Health     Health
+}
+
+// State is a worker's soft state but its window shares: what the control
+// plane holds of it now, rebuilt by each leader (Presumed). It is
+// comparable, so a field added here is compared without being listed.
+type State struct {
+	Health Health
 
 	Load         *smgv1.EngineLoad // latest report; nil: none
 	LoadRevision uint64            // bumps with every ingested report
@@ -49,17 +76,20 @@ type Worker struct {
 	LivenessReason string
 	ContactSeq     uint64 // bumps when contact ends a failure spell (routers close breakers)
 
-	AgentNode   string           // agent feeding this worker's load, if any
+	AgentNode string // agent feeding this worker's load, if any
+}
+
+// Shares are a worker's window, kept by the window allocator
+// (controlplane/windows): soft state too, compared by value (same).
+type Shares struct {
 	WindowShare map[string]int64 // router id -> rooms of the worker's window (PD decode or admission)
 	Admission   *Admission       // running window under --worker-admission-window (nil: off)
+}
 
-	// Evidence is what the verdicts above are decided from. It is stored
-	// with the record so that a verdict commits in the same transaction as
-	// the evidence it follows from (Insert decides it); it is not sent to
-	// routers, and a change to it alone commits no new revision.
-	Evidence Evidence
-
-	Revision uint64 // revision of the last change to this record
+// same reports whether s and o hold the same shares and window.
+func (s *Shares) same(o *Shares) bool {
+	return maps.Equal(s.WindowShare, o.WindowShare) && (s.WindowShare == nil) == (o.WindowShare == nil) &&
+		(s.Admission == o.Admission || s.Admission != nil && o.Admission != nil && *s.Admission == *o.Admission)
 }
 
 // Admission is a worker's running window under --worker-admission-window,
@@ -123,7 +153,7 @@ func (w *Worker) Veto() (smgv1.Veto, string) {
 // yet under a new leader: Ready, no load, no veto, no shares (the fail-open
 // direction), until its first probe or report says otherwise.
 func (w *Worker) Presumed() *Worker {
-	return &Worker{ID: w.ID, Spec: w.Spec, Model: w.Model, Type: w.Type, Thresholds: w.Thresholds, Health: HealthHealthy, ContactSeq: w.ContactSeq}
+	return &Worker{Registered: w.Registered, State: State{Health: HealthHealthy, ContactSeq: w.ContactSeq}}
 }
 
 // Clone returns a shallow copy to modify before Insert.
@@ -464,7 +494,7 @@ func (t *Txn) Insert(w *Worker) {
 		}
 		must(t.mem().Insert(tableURLs, &urlEntry{URL: w.Spec.GetUrl(), WorkerID: w.ID}))
 	}
-	if old == nil || old.Spec != w.Spec || old.Model != w.Model || old.Health != w.Health {
+	if old == nil || old.Registered != w.Registered || old.Health != w.Health {
 		t.membership = true
 	}
 	visible := old == nil || !sameVisible(old, w)

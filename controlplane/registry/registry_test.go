@@ -10,7 +10,7 @@ import (
 )
 
 func worker(id, url string) *registry.Worker {
-	return &registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Health: registry.HealthPending}
+	return &registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: url}}, State: registry.State{Health: registry.HealthPending}}
 }
 
 func insert(t *testing.T, r *registry.Registry, ws ...*registry.Worker) uint64 {
@@ -212,7 +212,7 @@ func TestMembershipChangedIgnoresLoadAndVerdicts(t *testing.T) {
 	reg := registry.New("e", 0)
 	members := reg.MembershipChanged()
 	if _, err := reg.Update(func(txn *registry.Txn) error {
-		txn.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://w1"}, Health: registry.HealthPending})
+		txn.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://w1"}}, State: registry.State{Health: registry.HealthPending}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

@@ -86,7 +86,7 @@ func TestTreeFollowsTransactionsAndSnapshotsStay(t *testing.T) {
 					tx.Insert(c)
 					next[id] = c
 				default:
-					w := &Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}}
+					w := &Worker{Registered: Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}}}
 					tx.Insert(w)
 					next[id] = w
 				}
@@ -190,7 +190,7 @@ func TestGetWhileCommitting(t *testing.T) {
 				for i := range workers {
 					switch old := tx.Get(id(i)); {
 					case old == nil:
-						tx.Insert(&Worker{ID: id(i), Spec: &smgv1.WorkerSpec{Url: "http://" + id(i)}})
+						tx.Insert(&Worker{Registered: Registered{ID: id(i), Spec: &smgv1.WorkerSpec{Url: "http://" + id(i)}}})
 					case (i+round)%7 == 0:
 						tx.Delete(id(i))
 					default:

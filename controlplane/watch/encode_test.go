@@ -65,9 +65,7 @@ func randInt32(r *rand.Rand) int32 {
 // randWorker is a worker record with every field RoutingWorker reads set at
 // random (zero, negative, large, missing), for one of the routers.
 func randWorker(r *rand.Rand, id string, routers []string) *registry.Worker {
-	w := &registry.Worker{ID: id, Model: randString(r), Type: []string{"regular", "prefill", "decode", ""}[r.IntN(4)],
-		Health:       []registry.Health{registry.HealthHealthy, registry.HealthUnhealthy, registry.HealthPending}[r.IntN(3)],
-		LoadRevision: r.Uint64() >> r.IntN(64), ContactSeq: uint64(r.IntN(3)) << r.IntN(64)}
+	w := &registry.Worker{Registered: registry.Registered{ID: id, Model: randString(r), Type: []string{"regular", "prefill", "decode", ""}[r.IntN(4)]}, State: registry.State{Health: []registry.Health{registry.HealthHealthy, registry.HealthUnhealthy, registry.HealthPending}[r.IntN(3)], LoadRevision: r.Uint64() >> r.IntN(64), ContactSeq: uint64(r.IntN(3)) << r.IntN(64)}}
 	w.Spec = &smgv1.WorkerSpec{Url: "http://" + id, ApiKey: randString(r)} // the registry keys URLs
 	if r.IntN(2) == 0 {
 		w.Spec.Priority = ptr(randInt32(r))

@@ -31,13 +31,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 const testEpoch = "epoch-A"
 
 func newWorker(id string) *registry.Worker {
-	return &registry.Worker{
-		ID:     id,
-		Spec:   &smgv1.WorkerSpec{Url: "http://" + id + ":8000"},
-		Model:  "m",
-		Type:   "regular",
-		Health: registry.HealthHealthy,
-	}
+	return &registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id + ":8000"}, Model: "m", Type: "regular"}, State: registry.State{Health: registry.HealthHealthy}}
 }
 
 func put(t testing.TB, reg *registry.Registry, workers ...*registry.Worker) uint64 {

@@ -45,7 +45,7 @@ func newAdmissionAllocator(t *testing.T, spec *smgv1.WorkerSpec, queue int64) (*
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: "w1", Type: "regular", Spec: spec})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Type: "regular", Spec: spec}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestAdmissionOffLeavesRegularWorkersAlone(t *testing.T) {
 	spec := int32(4)
 	reg := registry.New("e", 0)
 	_, _ = reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: "w1", Type: "regular", Spec: &smgv1.WorkerSpec{Url: "http://w1", MaxRunningRequests: &spec}})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Type: "regular", Spec: &smgv1.WorkerSpec{Url: "http://w1", MaxRunningRequests: &spec}}})
 		return nil
 	})
 	a := New(reg, Options{}, nil, nil)

@@ -16,8 +16,7 @@ func newTestAllocator(t *testing.T, window int32) (*Allocator, *registry.Registr
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: "d1", Type: "decode",
-			Spec: &smgv1.WorkerSpec{Url: "http://d1", MaxRunningRequests: &window}})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "d1", Type: "decode", Spec: &smgv1.WorkerSpec{Url: "http://d1", MaxRunningRequests: &window}}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

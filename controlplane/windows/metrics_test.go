@@ -82,7 +82,7 @@ func (f *windowFleet) step(n int) {
 				if old != nil {
 					tx.Delete(id)
 				}
-				w := &registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Model: "m", Type: "decode", Health: registry.HealthHealthy}
+				w := &registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Model: "m", Type: "decode"}, State: registry.State{Health: registry.HealthHealthy}}
 				w.Admission, w.WindowShare = f.admission()
 				tx.Insert(w)
 			default:
@@ -134,8 +134,7 @@ func TestCollectorSeriesFollowWorkersAndRouters(t *testing.T) {
 	put := func(id, url string, adm *registry.Admission, shares map[string]int64) {
 		t.Helper()
 		if _, err := reg.Update(func(tx *registry.Txn) error {
-			tx.Insert(&registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Model: "m", Health: registry.HealthHealthy,
-				Admission: adm, WindowShare: shares})
+			tx.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Model: "m"}, State: registry.State{Health: registry.HealthHealthy}, Shares: registry.Shares{Admission: adm, WindowShare: shares}})
 			return nil
 		}); err != nil {
 			t.Fatal(err)
@@ -180,10 +179,8 @@ func TestCollectorSkipsLabelsNotUTF8(t *testing.T) {
 	pr := prometheus.NewRegistry()
 	pr.MustRegister(NewCollector(reg))
 	if _, err := reg.Update(func(tx *registry.Txn) error {
-		tx.Insert(&registry.Worker{ID: "a", Spec: &smgv1.WorkerSpec{Url: "http://a"}, Health: registry.HealthHealthy,
-			Admission: &registry.Admission{Window: 8, Source: "spec"}, WindowShare: map[string]int64{"r\xff": 1, "r1": 2}})
-		tx.Insert(&registry.Worker{ID: "b", Spec: &smgv1.WorkerSpec{Url: "http://\xff"}, Health: registry.HealthHealthy,
-			Admission: &registry.Admission{Window: 8, Source: "spec"}, WindowShare: map[string]int64{"r1": 2}})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "a", Spec: &smgv1.WorkerSpec{Url: "http://a"}}, State: registry.State{Health: registry.HealthHealthy}, Shares: registry.Shares{Admission: &registry.Admission{Window: 8, Source: "spec"}, WindowShare: map[string]int64{"r\xff": 1, "r1": 2}}})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "b", Spec: &smgv1.WorkerSpec{Url: "http://\xff"}}, State: registry.State{Health: registry.HealthHealthy}, Shares: registry.Shares{Admission: &registry.Admission{Window: 8, Source: "spec"}, WindowShare: map[string]int64{"r1": 2}}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -218,10 +215,7 @@ func BenchmarkGather(b *testing.B) {
 			reg := registry.New("bench", 0)
 			if _, err := reg.Update(func(tx *registry.Txn) error {
 				for i := range n {
-					tx.Insert(&registry.Worker{ID: fmt.Sprintf("w-%06d", i), Type: "decode", Health: registry.HealthHealthy,
-						Spec:        &smgv1.WorkerSpec{Url: fmt.Sprintf("http://10.%d.%d.%d:8000", i/65536, i/256%256, i%256)},
-						Admission:   &registry.Admission{Window: 64, Source: "engine"},
-						WindowShare: map[string]int64{"router-a": 16, "router-b": 16, "router-c": 16, "router-d": 16}})
+					tx.Insert(&registry.Worker{Registered: registry.Registered{ID: fmt.Sprintf("w-%06d", i), Type: "decode", Spec: &smgv1.WorkerSpec{Url: fmt.Sprintf("http://10.%d.%d.%d:8000", i/65536, i/256%256, i%256)}}, State: registry.State{Health: registry.HealthHealthy}, Shares: registry.Shares{Admission: &registry.Admission{Window: 64, Source: "engine"}, WindowShare: map[string]int64{"router-a": 16, "router-b": 16, "router-c": 16, "router-d": 16}}})
 				}
 				return nil
 			}); err != nil {

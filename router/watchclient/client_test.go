@@ -122,8 +122,7 @@ func workerIDs(s *router.Snapshot) string {
 }
 
 func newWorker(id string) *registry.Worker {
-	return &registry.Worker{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Type: "regular",
-		Health: registry.HealthHealthy}
+	return &registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Type: "regular"}, State: registry.State{Health: registry.HealthHealthy}}
 }
 
 func put(t testing.TB, reg *registry.Registry, ws ...*registry.Worker) uint64 {
