@@ -58,7 +58,7 @@ func TestGRPCWorkerRules(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := registry.New("e", 0)
 			if _, err := reg.Update(func(txn *registry.Txn) error {
-				txn.Insert(&registry.Worker{ID: "w1", Spec: &smgv1.WorkerSpec{Url: tc.url}, Model: "m", Type: "regular", Health: registry.HealthHealthy})
+				txn.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Spec: &smgv1.WorkerSpec{Url: tc.url}, Model: "m", Type: "regular"}, State: registry.State{Health: registry.HealthHealthy}})
 				return nil
 			}); err != nil {
 				t.Fatal(err)
