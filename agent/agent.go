@@ -32,6 +32,7 @@ import (
 	"github.com/smg-project/smg/internal/loadpb"
 	"github.com/smg-project/smg/internal/netfail"
 	"github.com/smg-project/smg/internal/podwatch"
+	"github.com/smg-project/smg/internal/readbudget"
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
@@ -41,7 +42,8 @@ type Agent struct {
 	log    *slog.Logger
 	m      *metrics
 	client *http.Client
-	ownCl  bool // the client is ours to close
+	ownCl  bool               // the client is ours to close
+	budget *readbudget.Budget // the memory the engine reads hold together
 
 	wake chan struct{} // cap 1: an engine has something to send
 
@@ -79,6 +81,10 @@ func New(opts Options, log *slog.Logger, metrics prometheus.Registerer) (*Agent,
 	if err != nil {
 		return nil, err
 	}
+	budget, err := readbudget.New(int64(opts.EngineReadBudgetMiB)<<20, metrics, log)
+	if err != nil {
+		return nil, err
+	}
 	// The control plane keeps URLs in canonical form: the agent names its
 	// engines the same way, so its assignment echoes them back unchanged.
 	urls := make([]string, len(opts.EngineURLs))
@@ -89,7 +95,7 @@ func New(opts Options, log *slog.Logger, metrics prometheus.Registerer) (*Agent,
 		}
 	}
 	opts.EngineURLs = urls
-	a := &Agent{opts: opts, log: log, m: m, client: opts.HTTPClient, wake: make(chan struct{}, 1),
+	a := &Agent{opts: opts, log: log, m: m, client: opts.HTTPClient, budget: budget, wake: make(chan struct{}, 1),
 		engines: map[string]*engineSlot{}, static: map[string]bool{}}
 	if a.client == nil {
 		// Engines are on loopback: a few idle connections per engine suffice.
@@ -180,7 +186,7 @@ func (a *Agent) startLocked(u string) {
 
 // poll reads one engine every PollInterval until ctx ends.
 func (a *Agent) poll(ctx context.Context, e *engineSlot) {
-	a.pollEvery(ctx, e, &poller{url: e.url, reader: engine.NewReader(a.client, e.url)}, nil)
+	a.pollEvery(ctx, e, &poller{url: e.url, reader: engine.NewReader(a.client, e.url, engine.WithBudget(a.budget))}, nil)
 }
 
 // pollEvery runs p every PollInterval until ctx ends, except on ticks where

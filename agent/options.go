@@ -14,6 +14,7 @@ import (
 	"github.com/smg-project/smg/internal/backoff"
 	"github.com/smg-project/smg/internal/cpconn"
 	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/readbudget"
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
@@ -42,6 +43,9 @@ type Options struct {
 	Register bool
 	// PollInterval is how often each engine is read (sub-second allowed).
 	PollInterval time.Duration
+	// EngineReadBudgetMiB bounds the memory the engine reads in flight
+	// hold, together (--engine-read-budget-mib).
+	EngineReadBudgetMiB int
 	// HeartbeatInterval is the longest quiet spell on the stream before a
 	// heartbeat vouches for every answering engine.
 	HeartbeatInterval time.Duration
@@ -70,11 +74,12 @@ type Options struct {
 // command line defaults it to the host name).
 func DefaultOptions() Options {
 	return Options{
-		ControlPlane:      DefaultControlPlane,
-		PollInterval:      DefaultPollInterval,
-		HeartbeatInterval: DefaultHeartbeatInterval,
-		Backoff:           backoff.DefaultPolicy(),
-		Discovery:         podwatch.DefaultOptions(),
+		ControlPlane:        DefaultControlPlane,
+		PollInterval:        DefaultPollInterval,
+		EngineReadBudgetMiB: readbudget.DefaultMiB,
+		HeartbeatInterval:   DefaultHeartbeatInterval,
+		Backoff:             backoff.DefaultPolicy(),
+		Discovery:           podwatch.DefaultOptions(),
 	}
 }
 
@@ -86,6 +91,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.PollInterval == 0 {
 		o.PollInterval = d.PollInterval
+	}
+	if o.EngineReadBudgetMiB == 0 {
+		o.EngineReadBudgetMiB = d.EngineReadBudgetMiB
 	}
 	if o.HeartbeatInterval == 0 {
 		o.HeartbeatInterval = d.HeartbeatInterval
@@ -102,6 +110,9 @@ func (o Options) Validate() error {
 	var errs []error
 	if _, err := cpconn.ParseAddrs(o.ControlPlane); err != nil {
 		errs = append(errs, fmt.Errorf("--controlplane %q: want HOST:PORT of the control plane's gRPC port (several replicas: comma-separated)", o.ControlPlane))
+	}
+	if o.EngineReadBudgetMiB < 1 || o.EngineReadBudgetMiB > 1<<20 {
+		errs = append(errs, fmt.Errorf("--engine-read-budget-mib must be 1-1048576, got %d", o.EngineReadBudgetMiB))
 	}
 	if o.Node == "" {
 		errs = append(errs, errors.New("--node must not be empty"))

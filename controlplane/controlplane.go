@@ -46,6 +46,7 @@ import (
 	"github.com/smg-project/smg/internal/identity"
 	"github.com/smg-project/smg/internal/inproc"
 	"github.com/smg-project/smg/internal/podwatch"
+	"github.com/smg-project/smg/internal/readbudget"
 	"github.com/smg-project/smg/internal/tlsutil"
 	"github.com/smg-project/smg/internal/workerurl"
 )
@@ -75,6 +76,9 @@ type Options struct {
 	// AllowLinkLocalWorkers accepts worker URLs at link-local and cloud
 	// metadata addresses (refused by default: see docs/security.md).
 	AllowLinkLocalWorkers bool
+	// EngineReadBudgetMiB bounds the memory the polls of engines in flight
+	// hold, together (--engine-read-budget-mib).
+	EngineReadBudgetMiB int
 	// AdmissionWindow gives every worker a running window split into
 	// per-router shares (--worker-admission-window).
 	AdmissionWindow bool
@@ -108,6 +112,7 @@ func DefaultOptions() Options {
 		Health:              health.DefaultOptions(),
 		Liveness:            judge.DefaultLivenessConfig(),
 		RegistrationTimeout: 30 * time.Second,
+		EngineReadBudgetMiB: readbudget.DefaultMiB,
 		WatchLoadInterval:   watch.DefaultLoadInterval,
 		Cluster:             cluster.DefaultOptions(),
 		Discovery:           podwatch.DefaultOptions(),
@@ -133,6 +138,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"file of per-node agent tokens, one '<token> <node> [<address>...]' per line, an address being a host, an IP or a CIDR prefix (the node's pod CIDR): a token speaks only for its node's workers, and registers only engines at the addresses given (or the one it connects from)")
 	fs.Var(&o.AgentModels, "agent-models", "models agents may register engines for with smg agent --register (space-separated or repeated); none by default")
 	fs.BoolVar(&o.AgentAnyModel, "agent-register-any-model", o.AgentAnyModel, "let agents register engines for any model, not only --agent-models")
+	fs.IntVar(&o.EngineReadBudgetMiB, "engine-read-budget-mib", o.EngineReadBudgetMiB,
+		"memory, in MiB, that the engine polls in flight may hold together (bytes read times 8, what parsing them holds); polls beyond it wait, logged and counted in smg_engine_read_budget_waits_total")
 	fs.BoolVar(&o.AllowLinkLocalWorkers, "allow-link-local-workers", o.AllowLinkLocalWorkers,
 		"accept worker URLs at link-local addresses (169.254.0.0/16, fe80::/10) and cloud metadata endpoints, refused by default")
 	fs.BoolVar(&o.AdmissionWindow, "worker-admission-window", o.AdmissionWindow,
@@ -166,6 +173,9 @@ func (o Options) Validate() error {
 	}
 	if o.RegistrationTimeout <= 0 {
 		return fmt.Errorf("--registration-timeout must be positive, got %s", o.RegistrationTimeout)
+	}
+	if o.EngineReadBudgetMiB < 1 || o.EngineReadBudgetMiB > 1<<20 {
+		return fmt.Errorf("--engine-read-budget-mib must be 1-1048576, got %d", o.EngineReadBudgetMiB)
 	}
 	if err := o.Cluster.Validate(); err != nil {
 		return err
@@ -275,9 +285,13 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	hopts.Seed = spreadSeed(opts)
 	hopts.GRPC = cp.grpcPool
 	cp.Health = health.New(cp.Registry, hopts, client, cp.Liveness, log)
+	budget, err := readbudget.New(int64(opts.EngineReadBudgetMiB)<<20, reg, log)
+	if err != nil {
+		return nil, err
+	}
 	cp.Monitor = monitor.New(cp.Registry, cp.Ingest, client, monitor.Options{
 		Interval: time.Duration(opts.LoadMonitorInterval) * time.Second,
-		Observer: cp.Liveness, Skipper: cp.Liveness, Now: opts.Now, Seed: hopts.Seed, GRPC: cp.grpcPool, Pushed: cp.Liveness,
+		Observer: cp.Liveness, Skipper: cp.Liveness, Now: opts.Now, Seed: hopts.Seed, GRPC: cp.grpcPool, Pushed: cp.Liveness, Budget: budget,
 	}, log)
 	if opts.AdmissionWindow {
 		if err := reg.Register(windows.NewCollector(cp.Registry)); err != nil {

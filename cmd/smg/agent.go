@@ -30,6 +30,8 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Var(&engines, "engine-urls", "engines on this node, space-separated after one flag or repeated (e.g. http://127.0.0.1:8000)")
 	fs.BoolVar(&opts.Register, "register", false, "register the --engine-urls engines (and, with --service-discovery, the engine pods on this node) with the control plane under this node's name")
 	fs.DurationVar(&opts.PollInterval, "poll-interval", opts.PollInterval, "how often each engine is polled (Go duration; sub-second allowed, e.g. 250ms)")
+	fs.IntVar(&opts.EngineReadBudgetMiB, "engine-read-budget-mib", opts.EngineReadBudgetMiB,
+		"memory, in MiB, that the engine polls in flight may hold together (bytes read times 8, what parsing them holds); polls beyond it wait, logged and counted in smg_engine_read_budget_waits_total")
 	fs.DurationVar(&opts.HeartbeatInterval, "heartbeat-interval", opts.HeartbeatInterval,
 		"longest quiet spell on the stream before a heartbeat (Go duration); keep well inside the control plane's --worker-stale-secs")
 	fs.StringVar(&opts.Token, "token", "", "bearer token the control plane requires of agents, if any")

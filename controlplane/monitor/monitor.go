@@ -25,6 +25,7 @@ import (
 	"github.com/smg-project/smg/internal/engine"
 	"github.com/smg-project/smg/internal/enginegrpc"
 	"github.com/smg-project/smg/internal/loadpb"
+	"github.com/smg-project/smg/internal/readbudget"
 )
 
 // Observer hears of every poll outcome (the liveness tracker listens).
@@ -59,6 +60,7 @@ type Monitor struct {
 	grpc     *enginegrpc.Pool
 	pushObs  PushObserver
 	kv       kvStreams
+	budget   *readbudget.Budget
 
 	mu      sync.Mutex
 	readers map[string]*reader
@@ -71,6 +73,8 @@ type Monitor struct {
 type Options struct {
 	// Interval is the default polling period (--load-monitor-interval).
 	Interval time.Duration
+	// Budget bounds the memory of the polls in flight (nil: none).
+	Budget *readbudget.Budget
 	// Observer (nil: none) hears of every poll outcome.
 	Observer Observer
 	// Skipper (nil: poll always) tells when an agent's records make a poll
@@ -120,7 +124,7 @@ func New(reg *registry.Registry, in *ingest.Ingester, client *http.Client, opts 
 		opts.Burst = spread.NewBurst(spread.DefaultBurstSize, spread.DefaultBurstPer)
 	}
 	return &Monitor{reg: reg, ingest: in, client: client, log: log, interval: opts.Interval,
-		observer: opts.Observer, skipper: opts.Skipper, now: opts.Now, seed: opts.Seed + "\x00poll", burst: opts.Burst, grpc: opts.GRPC, pushObs: opts.Pushed,
+		observer: opts.Observer, skipper: opts.Skipper, now: opts.Now, seed: opts.Seed + "\x00poll", burst: opts.Burst, grpc: opts.GRPC, pushObs: opts.Pushed, budget: opts.Budget,
 		readers: map[string]*reader{}}
 }
 
@@ -384,7 +388,7 @@ func (m *Monitor) newReader(w *registry.Worker) (LoadReader, error) {
 		}
 		return m.grpc.Get(w.Spec.GetUrl())
 	}
-	return engine.NewReader(withBearer(m.client, w.Spec.GetApiKey()), w.Spec.GetUrl()), nil
+	return engine.NewReader(withBearer(m.client, w.Spec.GetApiKey()), w.Spec.GetUrl(), engine.WithBudget(m.budget)), nil
 }
 
 // PollOnce reads one worker and ingests the outcome.

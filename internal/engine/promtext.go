@@ -16,6 +16,12 @@ import (
 // DP deployment is a few hundred KiB.
 const maxBody = 16 << 20
 
+// maxLines bounds the lines of a /metrics page parsed: parsing holds about
+// 100 bytes per sample whatever its length, so a page of short lines would
+// cost many times its size (a large DP deployment's page has a few
+// thousand lines).
+const maxLines = 100_000
+
 // ParseError is a payload that could not be decoded. It is never a transport
 // failure: the engine answered, wrongly.
 type ParseError struct {
@@ -60,6 +66,9 @@ func readFamilies(r io.Reader) (families, error) {
 // parseFamilies parses a Prometheus text page (format 0.0.4) with expfmt. The
 // parser must come from NewTextParser: its zero value panics.
 func parseFamilies(body []byte) (families, error) {
+	if n := bytes.Count(body, []byte{'\n'}); n > maxLines {
+		return nil, &ParseError{Wire: "prometheus text", Err: fmt.Errorf("page of %d lines, more than %d", n, maxLines)}
+	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	body = fixNegativeNaN(body)
 	if n := len(body); n > 0 && body[n-1] != '\n' {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/smg-project/smg/internal/netfail"
+	"github.com/smg-project/smg/internal/readbudget"
 )
 
 // RequestTimeout bounds one Read (every HTTP request it makes) when the
@@ -46,6 +47,10 @@ type Option func(*Reader)
 // WithClock sets the clock used to turn counters into rates (default time.Now).
 func WithClock(now func() time.Time) Option { return func(r *Reader) { r.now = now } }
 
+// WithBudget makes every answer the Reader reads wait for, and hold while it
+// is parsed, its share of the process's read budget (nil: none).
+func WithBudget(b *readbudget.Budget) Option { return func(r *Reader) { r.budget = b } }
+
 // Reader reads one worker's load. It detects the worker's wire on the first
 // usable answer and remembers it; when the remembered wire stops giving a
 // usable report (an error status, an undecodable or empty answer) it is
@@ -56,6 +61,7 @@ type Reader struct {
 	client *http.Client
 	base   string
 	now    func() time.Time
+	budget *readbudget.Budget
 
 	mu        sync.Mutex
 	source    Source
@@ -95,6 +101,11 @@ func (r *Reader) Read(ctx context.Context) (Report, error) {
 		ctx, cancel = context.WithTimeout(ctx, RequestTimeout)
 		defer cancel()
 	}
+	// The answers read and what is parsed from them are held until the
+	// read is done: so is their share of the budget.
+	lease := r.budget.Lease()
+	defer lease.Release()
+	ctx = context.WithValue(ctx, leaseKey{}, lease)
 	r.mu.Lock()
 	src, window := r.source, r.tgiWindow
 	r.mu.Unlock()
@@ -282,15 +293,40 @@ func (r *Reader) get(ctx context.Context, path, accept string) ([]byte, error) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 		return nil, &StatusError{Path: path, Code: resp.StatusCode}
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
+	tooLarge := &ParseError{Wire: path, Err: fmt.Errorf("answer larger than %d bytes", maxBody)}
+	n := resp.ContentLength
+	if n > maxBody {
+		return nil, tooLarge
+	}
+	if n < 0 {
+		n = readbudget.Small
+	}
+	lease, _ := ctx.Value(leaseKey{}).(*readbudget.Lease)
+	if err := lease.Reserve(ctx, n); err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, n+1))
+	if err == nil && int64(len(body)) > n {
+		// Longer than charged (no length was given): charged for the
+		// largest answer before reading on.
+		if err = lease.Reserve(ctx, maxBody-n); err != nil {
+			return nil, err
+		}
+		var rest []byte
+		rest, err = io.ReadAll(io.LimitReader(resp.Body, maxBody+1-int64(len(body))))
+		body = append(body, rest...)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: read body: %w", path, err)
 	}
 	if len(body) > maxBody {
-		return nil, &ParseError{Wire: path, Err: fmt.Errorf("answer larger than %d bytes", maxBody)}
+		return nil, tooLarge
 	}
 	return body, nil
 }
+
+// leaseKey carries a Read's budget lease to the requests it makes.
+type leaseKey struct{}
 
 // withRates turns cumulative counters into rates over the interval since the
 // previous report from the same wire, for wires that export no rate gauge.
