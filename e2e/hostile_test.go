@@ -504,7 +504,7 @@ func TestHostileAgentIsScopedToItsNode(t *testing.T) {
 		return ws[sims[1]].AgentNode == "n2", fmt.Sprint(ws)
 	})
 	waitFor(t, 10*time.Second, "the control plane to refuse n1's worker from n2's agent", func() (bool, string) {
-		return strings.Contains(cp.proc.stderr.String(), "not on its node"), "no refusal logged yet"
+		return strings.Contains(cp.proc.stderr.String(), "not on the agent's node"), "no refusal logged yet"
 	})
 	ws, _ := nodeViews(cp.admin)
 	if ws[sims[0]].AgentNode != "" {

@@ -29,4 +29,6 @@ func (f fakeClient) WatchPods(ctx context.Context, ns string, o metav1.ListOptio
 
 // IsWatchListSemanticsUnSupported tells the informer the fake cannot list
 // by watch (the fake clientset's own answer).
-func (f fakeClient) IsWatchListSemanticsUnSupported() bool { return f.c.IsWatchListSemanticsUnSupported() }
+func (f fakeClient) IsWatchListSemanticsUnSupported() bool {
+	return f.c.IsWatchListSemanticsUnSupported()
+}
