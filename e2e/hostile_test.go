@@ -523,9 +523,9 @@ func TestHostileAgentIsScopedToItsNode(t *testing.T) {
 	}
 }
 
-// Item 3, registration: an agent registers only an engine whose model the
-// admin allowed agents to serve, and the worker goes once the agent is gone
-// past the stale bound.
+// Registration: an agent registers only an engine whose model the admin
+// allowed agents to serve and whose model it can read, and the worker goes
+// once the agent is gone past the stale bound.
 func TestHostileAgentRegistration(t *testing.T) {
 	allowed := startSims(t, 1)
 	other := startSims(t, 1, "--model", "not-allowed")
@@ -541,7 +541,7 @@ func TestHostileAgentRegistration(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "both refusals logged", func() (bool, string) {
 		log := cp.proc.stderr.String()
-		return strings.Contains(log, "not one the admin allowed") && strings.Contains(log, "not on the agent's node"), ""
+		return strings.Contains(log, "not one the admin allowed") && strings.Contains(log, "its model could not be read"), ""
 	})
 	if ws, _ := nodeViews(cp.admin); len(ws) != 1 {
 		t.Fatalf("workers %v, want only the allowed engine", ws)

@@ -146,12 +146,12 @@ func parseTokens(name string, sc *bufio.Scanner) (map[string]Identity, error) {
 
 // hostSet decides whether an engine's host is on the agent's node: one of
 // the node's configured addresses, the address the stream comes from, or
-// (for an agent on the control plane's own host) the loopback addresses
-// 127.0.0.1, ::1 and localhost; not the rest of 127.0.0.0/8, where another
-// node's engines may be forwarded. Names are resolved once per stream.
+// (for an agent on the control plane's own host) any loopback address. Names
+// are resolved once per stream.
 type hostSet struct {
 	allowed  map[string]bool
 	prefixes []netip.Prefix // the node's address ranges (its pod CIDR)
+	loopback bool           // the agent runs on the control plane's host
 	resolve  func(ctx context.Context, host string) ([]string, error)
 
 	mu    sync.Mutex
@@ -172,9 +172,7 @@ func newHostSet(id Identity, ctx context.Context) *hostSet {
 			ip := net.ParseIP(host)
 			hs.allowed[ip.String()] = true
 			if ip.IsLoopback() {
-				for _, l := range []string{"127.0.0.1", "::1", "localhost"} {
-					hs.allowed[l] = true
-				}
+				hs.loopback, hs.allowed["localhost"] = true, true
 			}
 		}
 	}
@@ -209,7 +207,7 @@ func (hs *hostSet) contains(host string) bool {
 }
 
 func (hs *hostSet) allowedIP(ip net.IP) bool {
-	if hs.allowed[ip.String()] {
+	if hs.allowed[ip.String()] || (hs.loopback && ip.IsLoopback()) {
 		return true
 	}
 	a, ok := netip.AddrFromSlice(ip)
