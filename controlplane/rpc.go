@@ -8,10 +8,12 @@ import (
 	"google.golang.org/grpc/codes"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/smg-project/smg/controlplane/cluster"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -71,6 +73,17 @@ func (cp *ControlPlane) authorize(ctx context.Context, method string) error {
 	return status.Errorf(codes.PermissionDenied, "%s has no authorization rule", method)
 }
 
+// tap refuses an admin call without the key when its stream opens, before
+// its message is read: an unauthenticated caller gets UNAUTHENTICATED
+// whatever it sent, as on REST, and learns nothing from how it decodes.
+// The interceptors check again (the REST gateway reaches them in process).
+func (cp *ControlPlane) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if rpcs[info.FullMethodName].access != adminKey {
+		return ctx, nil
+	}
+	return ctx, cp.Admin.Authorize(metadata.NewIncomingContext(ctx, info.Header), info.FullMethodName)
+}
+
 // unary authorizes a call, then, replicated, routes it (cluster.Forwarder);
 // the REST gateway calls through it too.
 func (cp *ControlPlane) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -99,7 +112,7 @@ func (cp *ControlPlane) stream(srv any, ss grpc.ServerStream, info *grpc.StreamS
 // (grpcurl, grpc-health-probe, buf curl) work against it: TransportOptions,
 // then the interceptors of rpcs, then extra.
 func (cp *ControlPlane) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
-	opts := append(TransportOptions(), grpc.ChainUnaryInterceptor(cp.unary), grpc.ChainStreamInterceptor(cp.stream))
+	opts := append(TransportOptions(), grpc.InTapHandle(cp.tap), grpc.ChainUnaryInterceptor(cp.unary), grpc.ChainStreamInterceptor(cp.stream))
 	s := grpc.NewServer(append(opts, extra...)...)
 	cp.Admin.RegisterGRPC(s)
 	smgv1.RegisterWatchServiceServer(s, cp.Watch)

@@ -4,15 +4,21 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/smg-project/smg/controlplane/cluster"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
 // Every method the control plane's gRPC server serves, read from the
@@ -66,5 +72,55 @@ func TestEveryRPCHasRules(t *testing.T) {
 	}
 	if err := cp.authorize(context.Background(), "/smg.v1.WorkerService/NotInTheTable"); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("a method without a rule: %v, want PermissionDenied", err)
+	}
+}
+
+// rawCodec sends a message's bytes as they are, so a test can send what no
+// generated client would.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return *(v.(*[]byte)), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*(v.(*[]byte)) = append([]byte(nil), data...)
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
+
+// Without the admin key a gRPC admin call is refused UNAUTHENTICATED before
+// its message is read, whatever it sent, as REST refuses before reading the
+// body: a malformed message gets the same answer as a well-formed one.
+func TestAdminKeyCheckedBeforeTheMessageIsRead(t *testing.T) {
+	opts := DefaultOptions()
+	opts.AdminAPIKey = "admin-key-0123456789"
+	cp, err := New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := cp.GRPCServer()
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	malformed := []byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f} // a length past the end
+	var out []byte
+	for name, body := range map[string][]byte{"malformed": malformed, "empty": {}} {
+		err := conn.Invoke(ctx, smgv1.WorkerService_CreateWorker_FullMethodName, &body, &out, grpc.ForceCodec(rawCodec{}))
+		if status.Code(err) != codes.Unauthenticated {
+			t.Errorf("%s message without the key: %v, want Unauthenticated", name, err)
+		}
+	}
+	withKey := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+opts.AdminAPIKey)
+	err = conn.Invoke(withKey, smgv1.WorkerService_CreateWorker_FullMethodName, &malformed, &out, grpc.ForceCodec(rawCodec{}))
+	if code := status.Code(err); code == codes.Unauthenticated || code == codes.OK {
+		t.Errorf("malformed message with the key: %v, want the decode error", err)
 	}
 }
