@@ -1,6 +1,7 @@
 package podwatch
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -239,7 +240,7 @@ func (w *Watcher) observe(key string) (Pod, bool) {
 	if len(roles) == 0 {
 		return Pod{}, false
 	}
-	return observe(newest, roles, w.opts.Port, w.opts.Protocol, w.source), true
+	return observe(newest, roles, w.opts.Port, cmp.Or(w.opts.Protocol, "http"), w.source), true
 }
 
 func newer(a, b *corev1.Pod) bool {
