@@ -163,7 +163,10 @@ func (l *Lease) release() {
 	if l.held == 0 {
 		return
 	}
-	l.b.sem.Release(l.held)
+	// The gauge first: released before it, the room could be taken and
+	// counted by another read while this one is still counted (the gauge
+	// would read above the budget the semaphore keeps).
 	l.b.inUse.Sub(float64(l.held))
+	l.b.sem.Release(l.held)
 	l.held = 0
 }
