@@ -15,24 +15,6 @@ import (
 	"github.com/smg-project/smg/internal/testutil"
 )
 
-// buffer is a bytes.Buffer safe for the copies and the test to share.
-type buffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *buffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -54,7 +36,7 @@ func alive(pid int) bool {
 // A child that exits is started again, its output prefixed line by line; a
 // stop ends Run.
 func TestExitedChildIsRestartedWithPrefixedOutput(t *testing.T) {
-	var out buffer
+	var out testutil.SyncBuffer
 	var mu sync.Mutex
 	var pids []int
 	p := &Process{
@@ -85,7 +67,7 @@ func TestExitedChildIsRestartedWithPrefixedOutput(t *testing.T) {
 // A child that ignores SIGTERM is killed after its grace, with the process it
 // forked (the whole process group).
 func TestStopKillsTheProcessGroupAfterGrace(t *testing.T) {
-	var out buffer
+	var out testutil.SyncBuffer
 	pid := make(chan int, 1)
 	p := &Process{
 		Name: "e1", Path: "/bin/sh", Args: []string{"-c", "trap '' TERM; sleep 300 & echo child $!; wait"},
