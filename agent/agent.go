@@ -85,6 +85,10 @@ func New(opts Options, log *slog.Logger, metrics prometheus.Registerer) (*Agent,
 	if err != nil {
 		return nil, err
 	}
+	opts.GRPC.MaxRecvMsgSize = opts.GRPCEngineMaxMessageMiB << 20
+	if opts.GRPC.Oversized, err = enginegrpc.OversizedCounter(metrics, log, opts.GRPCEngineMaxMessageMiB); err != nil {
+		return nil, err
+	}
 	// The control plane keeps URLs in canonical form: the agent names its
 	// engines the same way, so its assignment echoes them back unchanged.
 	urls := make([]string, len(opts.EngineURLs))

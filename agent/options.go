@@ -56,8 +56,12 @@ type Options struct {
 	TransportCredentials credentials.TransportCredentials
 	// HTTPClient reads the engines (nil: a client with small idle pools).
 	HTTPClient *http.Client
-	// GRPC configures the channels to grpc:// and grpcs:// engines.
+	// GRPC configures the channels to grpc:// and grpcs:// engines (its
+	// MaxRecvMsgSize and Oversized are set from GRPCEngineMaxMessageMiB).
 	GRPC enginegrpc.Options
+	// GRPCEngineMaxMessageMiB bounds each message read from a gRPC engine
+	// (--grpc-engine-max-message-mib).
+	GRPCEngineMaxMessageMiB int
 	// Backoff spaces reconnects to the control plane (zero fields: the
 	// defaults of internal/backoff, capped at 1s).
 	Backoff backoff.Policy
@@ -74,12 +78,13 @@ type Options struct {
 // command line defaults it to the host name).
 func DefaultOptions() Options {
 	return Options{
-		ControlPlane:        DefaultControlPlane,
-		PollInterval:        DefaultPollInterval,
-		EngineReadBudgetMiB: readbudget.DefaultMiB,
-		HeartbeatInterval:   DefaultHeartbeatInterval,
-		Backoff:             backoff.DefaultPolicy(),
-		Discovery:           podwatch.DefaultOptions(),
+		ControlPlane:            DefaultControlPlane,
+		PollInterval:            DefaultPollInterval,
+		EngineReadBudgetMiB:     readbudget.DefaultMiB,
+		GRPCEngineMaxMessageMiB: enginegrpc.DefaultMaxMessageMiB,
+		HeartbeatInterval:       DefaultHeartbeatInterval,
+		Backoff:                 backoff.DefaultPolicy(),
+		Discovery:               podwatch.DefaultOptions(),
 	}
 }
 
@@ -94,6 +99,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.EngineReadBudgetMiB == 0 {
 		o.EngineReadBudgetMiB = d.EngineReadBudgetMiB
+	}
+	if o.GRPCEngineMaxMessageMiB == 0 {
+		o.GRPCEngineMaxMessageMiB = d.GRPCEngineMaxMessageMiB
 	}
 	if o.HeartbeatInterval == 0 {
 		o.HeartbeatInterval = d.HeartbeatInterval
@@ -113,6 +121,9 @@ func (o Options) Validate() error {
 	}
 	if o.EngineReadBudgetMiB < 1 || o.EngineReadBudgetMiB > 1<<20 {
 		errs = append(errs, fmt.Errorf("--engine-read-budget-mib must be 1-1048576, got %d", o.EngineReadBudgetMiB))
+	}
+	if err := enginegrpc.CheckMaxMessageMiB(o.GRPCEngineMaxMessageMiB); err != nil {
+		errs = append(errs, err)
 	}
 	if o.Node == "" {
 		errs = append(errs, errors.New("--node must not be empty"))

@@ -105,6 +105,8 @@ func TestOptionsValidate(t *testing.T) {
 		"register nothing":    {func(o *Options) { o.EngineURLs = nil; o.Register = true }, "--register"},
 		"zero poll":           {func(o *Options) { o.PollInterval = 0 }, "--poll-interval"},
 		"heartbeat too large": {func(o *Options) { o.HeartbeatInterval = 15 * time.Second }, "--heartbeat-interval"},
+		"gRPC message limit":  {func(o *Options) { o.GRPCEngineMaxMessageMiB = 2048 }, "--grpc-engine-max-message-mib"},
+		"no gRPC messages":    {func(o *Options) { o.GRPCEngineMaxMessageMiB = -1 }, "--grpc-engine-max-message-mib"},
 	} {
 		o := good
 		c.mut(&o)

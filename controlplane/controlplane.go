@@ -79,6 +79,9 @@ type Options struct {
 	// EngineReadBudgetMiB bounds the memory the polls of engines in flight
 	// hold, together (--engine-read-budget-mib).
 	EngineReadBudgetMiB int
+	// GRPCEngineMaxMessageMiB bounds each message read from a gRPC worker
+	// (--grpc-engine-max-message-mib).
+	GRPCEngineMaxMessageMiB int
 	// AdmissionWindow gives every worker a running window split into
 	// per-router shares (--worker-admission-window).
 	AdmissionWindow bool
@@ -107,15 +110,16 @@ type Options struct {
 // DefaultOptions returns the spec's defaults.
 func DefaultOptions() Options {
 	return Options{
-		LoadMonitorInterval: 10,
-		Thresholds:          judge.DefaultGatewayThresholds(),
-		Health:              health.DefaultOptions(),
-		Liveness:            judge.DefaultLivenessConfig(),
-		RegistrationTimeout: 30 * time.Second,
-		EngineReadBudgetMiB: readbudget.DefaultMiB,
-		WatchLoadInterval:   watch.DefaultLoadInterval,
-		Cluster:             cluster.DefaultOptions(),
-		Discovery:           podwatch.DefaultOptions(),
+		LoadMonitorInterval:     10,
+		Thresholds:              judge.DefaultGatewayThresholds(),
+		Health:                  health.DefaultOptions(),
+		Liveness:                judge.DefaultLivenessConfig(),
+		RegistrationTimeout:     30 * time.Second,
+		EngineReadBudgetMiB:     readbudget.DefaultMiB,
+		GRPCEngineMaxMessageMiB: enginegrpc.DefaultMaxMessageMiB,
+		WatchLoadInterval:       watch.DefaultLoadInterval,
+		Cluster:                 cluster.DefaultOptions(),
+		Discovery:               podwatch.DefaultOptions(),
 	}
 }
 
@@ -140,6 +144,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.AgentAnyModel, "agent-register-any-model", o.AgentAnyModel, "let agents register engines for any model, not only --agent-models")
 	fs.IntVar(&o.EngineReadBudgetMiB, "engine-read-budget-mib", o.EngineReadBudgetMiB,
 		"memory, in MiB, that the engine polls in flight may hold together (bytes read times 8, what parsing them holds); polls beyond it wait, logged and counted in smg_engine_read_budget_waits_total")
+	fs.IntVar(&o.GRPCEngineMaxMessageMiB, enginegrpc.MaxMessageFlag, o.GRPCEngineMaxMessageMiB, enginegrpc.MaxMessageUsage)
 	fs.BoolVar(&o.AllowLinkLocalWorkers, "allow-link-local-workers", o.AllowLinkLocalWorkers,
 		"accept worker URLs at link-local addresses (169.254.0.0/16, fe80::/10) and cloud metadata endpoints, refused by default")
 	fs.BoolVar(&o.AdmissionWindow, "worker-admission-window", o.AdmissionWindow,
@@ -176,6 +181,9 @@ func (o Options) Validate() error {
 	}
 	if o.EngineReadBudgetMiB < 1 || o.EngineReadBudgetMiB > 1<<20 {
 		return fmt.Errorf("--engine-read-budget-mib must be 1-1048576, got %d", o.EngineReadBudgetMiB)
+	}
+	if err := enginegrpc.CheckMaxMessageMiB(o.GRPCEngineMaxMessageMiB); err != nil {
+		return err
 	}
 	if err := o.Cluster.Validate(); err != nil {
 		return err
@@ -230,17 +238,13 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers})
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second,
 		DialContext: dialer.DialContext, DialTLSContext: opts.EngineTLS.DialTLS(dialer)}}
-	oversized := prometheus.NewCounter(prometheus.CounterOpts{Name: "smg_grpc_engine_oversized_messages_total",
-		Help: "Messages from gRPC workers refused for exceeding the receive limit (16 MiB)."})
-	if err := reg.Register(oversized); err != nil {
+	oversized, err := enginegrpc.OversizedCounter(reg, log, opts.GRPCEngineMaxMessageMiB)
+	if err != nil {
 		return nil, err
 	}
 	grpcOpts := enginegrpc.Options{Dial: func(ctx context.Context, addr string) (net.Conn, error) {
 		return dialer.DialContext(ctx, "tcp", addr)
-	}, Oversized: func(url string, err error) {
-		oversized.Inc()
-		log.Warn("gRPC worker sent a message over the receive limit", "url", url, "error", err)
-	}}
+	}, MaxRecvMsgSize: opts.GRPCEngineMaxMessageMiB << 20, Oversized: oversized}
 	if opts.EngineTLS != nil {
 		grpcOpts.Creds = tlsutil.Credentials(*opts.EngineTLS)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/smg-project/smg/agent"
 	"github.com/smg-project/smg/internal/cli"
+	"github.com/smg-project/smg/internal/enginegrpc"
 	"github.com/smg-project/smg/internal/tlsutil"
 )
 
@@ -32,6 +33,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&opts.PollInterval, "poll-interval", opts.PollInterval, "how often each engine is polled (Go duration; sub-second allowed, e.g. 250ms)")
 	fs.IntVar(&opts.EngineReadBudgetMiB, "engine-read-budget-mib", opts.EngineReadBudgetMiB,
 		"memory, in MiB, that the engine polls in flight may hold together (bytes read times 8, what parsing them holds); polls beyond it wait, logged and counted in smg_engine_read_budget_waits_total")
+	fs.IntVar(&opts.GRPCEngineMaxMessageMiB, enginegrpc.MaxMessageFlag, opts.GRPCEngineMaxMessageMiB, enginegrpc.MaxMessageUsage)
 	fs.DurationVar(&opts.HeartbeatInterval, "heartbeat-interval", opts.HeartbeatInterval,
 		"longest quiet spell on the stream before a heartbeat (Go duration); keep well inside the control plane's --worker-stale-secs")
 	fs.StringVar(&opts.Token, "token", "", "bearer token the control plane requires of agents, if any")

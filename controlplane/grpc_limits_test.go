@@ -1,0 +1,88 @@
+package controlplane_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	"github.com/smg-project/smg/controlplane"
+	"github.com/smg-project/smg/controlplane/admin"
+	sglangpb "github.com/smg-project/smg/gen/sglang/grpc/scheduler"
+)
+
+// bigModelServicer is an SGLang servicer whose GetModelInfo answer is
+// 2 MiB: over a 1 MiB receive limit, under the 16 MiB default.
+type bigModelServicer struct {
+	sglangpb.UnimplementedSglangSchedulerServer
+}
+
+func (bigModelServicer) HealthCheck(context.Context, *sglangpb.HealthCheckRequest) (*sglangpb.HealthCheckResponse, error) {
+	return &sglangpb.HealthCheckResponse{Healthy: true}, nil
+}
+
+func (bigModelServicer) GetModelInfo(context.Context, *sglangpb.GetModelInfoRequest) (*sglangpb.GetModelInfoResponse, error) {
+	return &sglangpb.GetModelInfoResponse{ServedModelName: strings.Repeat("m", 2<<20)}, nil
+}
+
+// TestGRPCReceiveLimitFlag: --grpc-engine-max-message-mib sets the control
+// plane's receive limit: a 2 MiB answer fails the registration under a
+// 1 MiB limit (it fits the 16 MiB default), with a message naming the
+// worker, counted in smg_grpc_engine_oversized_messages_total. Values out
+// of range are refused naming the flag.
+func TestGRPCReceiveLimitFlag(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	sglangpb.RegisterSglangSchedulerServer(gs, bigModelServicer{})
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	url := "grpc://" + ln.Addr().String()
+
+	opts := fastOptions()
+	opts.GRPCEngineMaxMessageMiB = 1
+	h := startCP(t, opts)
+	if r := h.do(t, http.MethodPost, "/workers", fmt.Sprintf(`{"url":%q}`, url)); r.status != http.StatusAccepted {
+		t.Fatalf("POST = %d %s", r.status, r.body)
+	}
+	job := h.waitJob(t, admin.WorkerID(url))
+	if job.State != "failed" || !strings.Contains(job.Message, url) || !strings.Contains(job.Message, "larger than max") {
+		t.Fatalf("job %+v", job)
+	}
+	if n := counter(t, h, "smg_grpc_engine_oversized_messages_total"); n != 1 {
+		t.Fatalf("smg_grpc_engine_oversized_messages_total = %v, want 1", n)
+	}
+	if !strings.Contains(h.logs.String(), "gRPC worker sent a message over the receive limit") {
+		t.Fatal("the oversized message was not logged")
+	}
+
+	for _, mib := range []int{0, -1, 1025} {
+		o := controlplane.DefaultOptions()
+		o.GRPCEngineMaxMessageMiB = mib
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--grpc-engine-max-message-mib") {
+			t.Errorf("%d MiB: %v", mib, err)
+		}
+	}
+}
+
+// counter reads a counter without labels from the control plane's registry.
+func counter(t *testing.T, h *harness, name string) float64 {
+	t.Helper()
+	mfs, err := h.metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
+}
