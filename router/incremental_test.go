@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/router/admission"
 )
 
 // The view a router builds incrementally (ApplyDelta patching its previous
@@ -264,13 +266,13 @@ func compareScratch(t *testing.T, at string, r *Router, v *view, sent []Worker, 
 	for i := range workers {
 		w, st := &workers[i], states[i]
 		rooms, mode := r.windowRooms(w)
-		limit, window := gateLimit(rooms, w.WindowShare, mode), rooms
+		limit, window := admission.GateLimit(rooms, w.WindowShare, mode == PDWindowPerRouter), rooms
 		if rooms <= 0 && w.Type != TypeDecode {
-			limit, window = unlimited, 0
+			limit, window = admission.Unlimited, 0
 		}
 		capacity.add(w, limit, 1)
-		if st.gate.limit.Load() != limit || st.gate.window.Load() != window || (st.wls.Load() != nil) != (rooms > 0 || w.Type == TypeDecode) {
-			t.Fatalf("%s: %s gated at %d/%d, want %d/%d", at, w.ID, st.gate.limit.Load(), st.gate.window.Load(), limit, window)
+		if st.gate.Limit() != limit || st.gate.Window() != window || (st.wls.Load() != nil) != (rooms > 0 || w.Type == TypeDecode) {
+			t.Fatalf("%s: %s gated at %d/%d, want %d/%d", at, w.ID, st.gate.Limit(), st.gate.Window(), limit, window)
 		}
 		if st.loadRevision != w.LoadRevision {
 			t.Fatalf("%s: %s counts dispatches since report %d, want %d", at, w.ID, st.loadRevision, w.LoadRevision)

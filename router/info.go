@@ -88,7 +88,7 @@ func (r *Router) serveLoads(w http.ResponseWriter, _ *http.Request) {
 				Veto: wk.Veto.String(), VetoReason: wk.VetoReason, Overloaded: wk.Overloaded, OverloadReason: wk.OverloadReason,
 				Waiting: wk.Waiting, Running: wk.Running, TokenUsage: wk.TokenUsage, MaxRunning: wk.MaxRunning,
 				Dispatched: d, Load: wk.Waiting + wk.Running + d, StreamsInFlight: st.streams.Load(), Held: wk.Held,
-				AdmissionRooms: wk.AdmissionRooms, WindowShare: wk.WindowShare, WindowInFlight: st.gate.inFlight.Load(),
+				AdmissionRooms: wk.AdmissionRooms, WindowShare: wk.WindowShare, WindowInFlight: st.gate.InFlight(),
 			})
 		}
 	}

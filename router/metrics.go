@@ -2,6 +2,8 @@ package router
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/router/admission"
 )
 
 // Shed and fallback stages (the spec's `stage` label values).
@@ -29,16 +31,14 @@ var statusClasses = [...]string{"2xx", "3xx", "4xx", "5xx", "other"}
 type metrics struct {
 	overloadFallback, livenessFallback, shed *prometheus.CounterVec
 
-	requests  [routeCount][len(statusClasses)]prometheus.Counter
-	duration  [routeCount]prometheus.Observer
-	retries   prometheus.Counter
-	upstream  *prometheus.CounterVec // kind: connection | timeout | status_5xx | other
-	admission *prometheus.CounterVec // reason: queue_full | queue_timeout
-	rateLimit *prometheus.CounterVec // result: allowed | rejected (SMG's smg_http_rate_limit_total)
-	queued    prometheus.Gauge
-	revision  prometheus.Gauge
-	failOpen  prometheus.Counter
-	breakers  *prometheus.CounterVec // to: open | closed
+	requests [routeCount][len(statusClasses)]prometheus.Counter
+	duration [routeCount]prometheus.Observer
+	retries  prometheus.Counter
+	upstream *prometheus.CounterVec // kind: connection | timeout | status_5xx | other
+	limiter  *admission.LimiterMetrics
+	revision prometheus.Gauge
+	failOpen prometheus.Counter
+	breakers *prometheus.CounterVec // to: open | closed
 
 	connections prometheus.Gauge       // client connections open (capped by --max-connections)
 	connsClosed *prometheus.CounterVec // reason: idle_at_cap | idle_at_client_cap | client_cap
@@ -66,15 +66,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "smg_router_upstream_failures_total",
 			Help: "Failed upstream attempts by kind (connection failures are reported to the control plane).",
 		}, []string{"kind"}),
-		admission: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "smg_router_admission_rejected_total", Help: "Requests refused by the admission queue.",
-		}, []string{"reason"}),
-		rateLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "smg_http_rate_limit_total", Help: "Token bucket decisions (--max-concurrent-requests, --rate-limit-tokens-per-second), by result.",
-		}, []string{"result"}),
-		queued: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "smg_router_admission_waiting", Help: "Requests waiting in the admission queue.",
-		}),
 		revision: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "smg_router_snapshot_revision", Help: "Revision of the fleet snapshot in use.",
 		}),
@@ -105,7 +96,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12),
 	}, []string{"route"})
 	for _, c := range []prometheus.Collector{m.overloadFallback, m.livenessFallback, m.shed, m.retries,
-		m.upstream, m.admission, m.rateLimit, m.queued, m.revision, m.failOpen, m.breakers, m.connections, m.connsClosed, m.refused, requests, duration} {
+		m.upstream, m.revision, m.failOpen, m.breakers, m.connections, m.connsClosed, m.refused, requests, duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -116,6 +107,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.livenessFallback.WithLabelValues(s)
 		m.shed.WithLabelValues(s)
 	}
+	var err error
+	if m.limiter, err = admission.NewLimiterMetrics(reg); err != nil {
+		return nil, err
+	}
 	for r := range routeCount {
 		for c, class := range statusClasses {
 			m.requests[r][c] = requests.WithLabelValues(routeNames[r], class)
@@ -125,10 +120,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, k := range []string{"connection", "timeout", "status_5xx", "other"} {
 		m.upstream.WithLabelValues(k)
 	}
-	m.admission.WithLabelValues("queue_full")
-	m.admission.WithLabelValues("queue_timeout")
-	m.rateLimit.WithLabelValues("allowed")
-	m.rateLimit.WithLabelValues("rejected")
 	m.breakers.WithLabelValues("open")
 	m.breakers.WithLabelValues("closed")
 	m.refused.WithLabelValues(refusedLoop)

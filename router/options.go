@@ -81,7 +81,7 @@ type Options struct {
 	QueueSize                int
 	QueueTimeoutSecs         int
 
-	// The priority scheduler (SMG's contract; router/scheduler). When it
+	// The priority scheduler (SMG's contract; router/admission). When it
 	// cannot start (bad YAML, reservations over a static capacity) the router
 	// logs an ERROR and keeps the rate limiting path.
 	PrioritySchedulerEnabled          bool

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/router/admission"
 )
 
 // pdMetrics are the spec's PD admission counters.
@@ -97,11 +99,11 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 	}
 	g, res := r.acquireRoomAfter(ctx, v, pp.decode, di, dout, f.Model, true, q, time.Duration(r.opts.PDAdmissionWaitSecs)*time.Second)
 	switch res {
-	case gateWaited:
+	case admission.RoomWaited:
 		r.pdm.waits.Inc()
-	case gateShed, gateTooWide, gateQueueFull:
+	case admission.RoomShed, admission.RoomTooWide, admission.RoomQueueFull:
 		return r.writeWindowShed(w, f.Model, StagePDAdmission, r.pdm.sheds)
-	case gateCanceled:
+	case admission.RoomCancelled:
 		return r.waitEnded(w, in, f.Model, StagePDAdmission, r.pdm.sheds)
 	}
 	if g.i < 0 {

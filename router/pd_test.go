@@ -151,7 +151,7 @@ func TestPDWindowFullShedsWithRetryAfter(t *testing.T) {
 
 		first := make(chan answer, 1)
 		go func() { first <- h.post(testModel, "", "one") }()
-		waitUntil(t, func() bool { return h.r.view.Load().states[1].gate.inFlight.Load() == 1 })
+		waitUntil(t, func() bool { return h.r.view.Load().states[1].gate.InFlight() == 1 })
 		a := h.post(testModel, "", "two") // the share of 1 is full
 		close(release)
 		<-first
@@ -286,7 +286,7 @@ func TestPDLegsStayInTheirPoolsUnderEveryPolicy(t *testing.T) {
 		go func() { answers <- h.post(testModel, "user-1", prompt) }()
 		waitUntil(t, func() bool {
 			var waiting int64
-			for _, n := range h.r.view.Load().pd[testModel].decode.wl.waitingByClass() {
+			for _, n := range h.r.view.Load().pd[testModel].decode.wl.WaitingByClass() {
 				waiting += n
 			}
 			return waiting == 1

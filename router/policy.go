@@ -3,6 +3,8 @@ package router
 import (
 	"math/rand/v2"
 	"sync/atomic"
+
+	"github.com/smg-project/smg/router/admission"
 )
 
 // request is what selection needs to know about one request.
@@ -12,8 +14,8 @@ type request struct {
 	prompt []byte // raw JSON of the prompt field, aliases the body; may be nil
 	now    int64  // monotonic nanoseconds, for the breaker
 	avoid  *workerState
-	need   int64 // rooms the request takes in a window (0: no window applies)
-	class  int   // priority class (ClassDefault without the scheduler)
+	need   int64           // rooms the request takes in a window (0: no window applies)
+	class  admission.Class // priority class (Default without the scheduler)
 }
 
 // selector runs the configured policy over a pool. Every method reads only
@@ -36,7 +38,7 @@ type selector struct {
 func (s *selector) eligible(v *view, i int32, q *request) bool { return s.eligibleHot(v.hot.at(i), q) }
 
 func (s *selector) eligibleHot(h *hotWorker, q *request) bool {
-	return h.eligible && h.st != q.avoid && (q.need == 0 || h.st.gate.hasRoom(q.need)) &&
+	return h.eligible && h.st != q.avoid && (q.need == 0 || h.st.gate.HasRoom(q.need)) &&
 		h.st.breaker.allow(s.cb, q.now)
 }
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/smg-project/smg/internal/identity"
 	"github.com/smg-project/smg/internal/netfail"
-	"github.com/smg-project/smg/router/scheduler"
+	"github.com/smg-project/smg/router/admission"
 )
 
 // statusClientClosed is recorded (never sent) when the client left first.
@@ -77,28 +77,14 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
 		return http.StatusServiceUnavailable
 	}
-	var ticket *scheduler.Ticket
-	switch {
-	case r.sched != nil:
+	var ticket *admission.Ticket
+	if r.door != nil {
 		var status int
-		if ticket, status = r.admitScheduled(w, req); ticket == nil {
+		var ok bool
+		if ticket, status, ok = r.admit(w, req); !ok {
 			return status
 		}
-		defer ticket.Release()
-	case r.adm != nil:
-		switch r.adm.acquire(req.Context()) {
-		case admitQueueFull:
-			writeError(w, http.StatusTooManyRequests, CodeAdmissionQueueFull,
-				"Too many requests: the admission queue is full", r.retryAfterQueued(scheduler.Bulk))
-			return http.StatusTooManyRequests
-		case admitTimeout:
-			writeError(w, http.StatusServiceUnavailable, CodeAdmissionQueueTimeout,
-				"Timed out waiting in the admission queue", r.retryAfterQueued(scheduler.Bulk))
-			return http.StatusServiceUnavailable
-		case admitCanceled:
-			return statusClientClosed
-		}
-		defer r.adm.release()
+		defer r.door.Release(ticket)
 	}
 
 	body, err := r.readBody(w, req)
@@ -139,10 +125,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		// pool waits by its class's rules.
 		roomWait = r.sched.Config().Classes[ticket.Class()].QueueTimeout
 	}
-	q := request{model: f.Model, key: req.Header.Get(r.opts.DispatchKeyHeader), prompt: f.prompt(), class: ClassDefault}
-	if ticket != nil {
-		q.class = int(ticket.Class())
-	}
+	q := request{model: f.Model, key: req.Header.Get(r.opts.DispatchKeyHeader), prompt: f.prompt(), class: ticket.Class()}
 	streaming := f.Stream
 	promptTokens := int64(len(q.prompt) / r.opts.PromptBytesPerTokenGuess)
 
@@ -186,15 +169,15 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		if q.need > 0 {
 			waitFrom := r.clock()
 			g, res := r.acquireRoomAfter(ctx, v, p, i, out, f.Model, false, &q, roomWait)
-			if res != gateAdmitted {
+			if res != admission.RoomAtOnce {
 				r.wm.wait.Observe(r.clock().Sub(waitFrom).Seconds())
 			}
 			switch res {
-			case gateWaited:
+			case admission.RoomWaited:
 				r.wm.waits.Inc()
-			case gateShed, gateTooWide, gateQueueFull:
+			case admission.RoomShed, admission.RoomTooWide, admission.RoomQueueFull:
 				return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
-			case gateCanceled:
+			case admission.RoomCancelled:
 				return r.waitEnded(w, req, f.Model, StageAdmissionWindow, r.wm.sheds)
 			}
 			v, i, out = g.v, g.i, g.out
@@ -277,7 +260,7 @@ type dispatchResult struct {
 // while the engine queues or prefills it is answered with the preemption
 // alone, and its upstream request is cancelled.
 func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.Request, wk *Worker, st *workerState,
-	body []byte, streaming bool, promptTokens int64, mayRetry bool, ticket *scheduler.Ticket) dispatchResult {
+	body []byte, streaming bool, promptTokens int64, mayRetry bool, ticket *admission.Ticket) dispatchResult {
 	u, err := st.upstreamURL(wk.URL, in)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeUpstreamError, "Invalid worker URL '"+wk.URL+"'", 0)

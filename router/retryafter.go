@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/smg-project/smg/router/scheduler"
+	"github.com/smg-project/smg/router/admission"
 )
 
 // completionMeter is an exponentially decayed rate of completed requests
@@ -66,14 +66,11 @@ func estimateRetryAfter(ahead int64, perSecond float64, interval int) int {
 
 // waitingAhead is the requests queued in this router that a newcomer of
 // class c would wait behind (every queued request without the scheduler).
-func (r *Router) waitingAhead(c scheduler.Class) int64 {
-	switch {
-	case r.sched != nil:
-		return r.sched.Waiting(c)
-	case r.adm != nil:
-		return r.adm.waitingCount()
+func (r *Router) waitingAhead(c admission.Class) int64 {
+	if r.door == nil {
+		return 0
 	}
-	return 0
+	return r.door.Waiting(c)
 }
 
 // retryAfterShed is the Retry-After of a shed answer: the spec's load monitor
@@ -82,12 +79,12 @@ func (r *Router) retryAfterShed() int {
 	if r.opts.RetryAfterMode != RetryAfterEstimated {
 		return r.loadMonitorInterval()
 	}
-	return estimateRetryAfter(r.waitingAhead(scheduler.Bulk), r.completions.perSecond(r.clock()), r.loadMonitorInterval())
+	return estimateRetryAfter(r.waitingAhead(admission.Bulk), r.completions.perSecond(r.clock()), r.loadMonitorInterval())
 }
 
 // retryAfterQueued is the Retry-After of an admission or scheduler refusal
 // (queue full, wait timed out): 1 second, or the estimate for the class.
-func (r *Router) retryAfterQueued(c scheduler.Class) int {
+func (r *Router) retryAfterQueued(c admission.Class) int {
 	if r.opts.RetryAfterMode != RetryAfterEstimated {
 		return admissionRetryAfter
 	}

@@ -28,7 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/smg-project/smg/internal/identity"
-	"github.com/smg-project/smg/router/scheduler"
+	"github.com/smg-project/smg/router/admission"
 )
 
 // Router proxies requests to the workers of its current snapshot.
@@ -42,8 +42,10 @@ type Router struct {
 	cb       breakerConfig
 	sel      selector
 	upstream *upstream
-	adm      *admission           // the rate limiting path (token bucket), when the scheduler is off
-	sched    *scheduler.Scheduler // the priority scheduler, when on and started
+	// door is the first admission layer: the priority scheduler (then
+	// sched too) or the token bucket, nil when neither is on.
+	door  admission.Door
+	sched *admission.Scheduler // the priority scheduler, when on and started
 	// schedFromFleet: the scheduler's capacity is the sum of this router's
 	// window shares, updated with every snapshot (else --max-concurrent-requests).
 	schedFromFleet bool
@@ -55,7 +57,7 @@ type Router struct {
 	fleet atomic.Pointer[FleetSettings]
 
 	wlMu      sync.Mutex // guards waitlists
-	waitlists map[waitlistKey]*waitlist
+	waitlists map[waitlistKey]*admission.Waitlist
 
 	applyMu   sync.Mutex // serialises Apply / FailOpen; guards the fields below
 	states    map[string]*workerState
@@ -106,7 +108,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		states:  make(map[string]*workerState),
 		clock:   opts.Now,
 
-		waitlists: make(map[waitlistKey]*waitlist),
+		waitlists: make(map[waitlistKey]*admission.Waitlist),
 		cb: breakerConfig{
 			disabled:         opts.DisableCircuitBreaker,
 			failureThreshold: int32(opts.CBFailureThreshold),
@@ -145,11 +147,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		r.sel.sticky = newAffinityTable(18)
 	}
 	r.completions = newCompletionMeter(completionTau)
-	r.startScheduler(reg)
-	if r.sched == nil && opts.MaxConcurrentRequests > 0 {
-		r.adm = newAdmission(opts.MaxConcurrentRequests, opts.RateLimitTokensPerSecond, opts.QueueSize,
-			time.Duration(opts.QueueTimeoutSecs)*time.Second, m, opts.Now)
-	}
+	r.startDoor(reg)
 	dialer := &net.Dialer{Timeout: opts.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
 	r.upstream = newUpstream(dialer, opts.EngineTLS.DialTLS(dialer), opts.MaxIdleConnsPerWorker, 90*time.Second)
 	return r, nil
@@ -306,9 +304,9 @@ func (r *Router) patch(cur *view, d *Delta) bool {
 	for _, c := range changes {
 		st := v.states[c.i]
 		r.noteLoad(st, c.w)
-		r.fleetCap.add(c.w, st.gate.limit.Load(), -1) // its type is unchanged
+		r.fleetCap.add(c.w, st.gate.Limit(), -1) // its type is unchanged
 		r.setWindow(st, c.w)
-		r.fleetCap.add(c.w, st.gate.limit.Load(), 1)
+		r.fleetCap.add(c.w, st.gate.Limit(), 1)
 	}
 	r.pokeAll() // a share that grew has room for waiters
 	if r.sched != nil && r.schedFromFleet {
@@ -330,12 +328,12 @@ func (r *Router) noteLoad(st *workerState, w *Worker) {
 // applyMu.
 func (r *Router) setWindow(st *workerState, w *Worker) {
 	if rooms, mode := r.windowRooms(w); rooms > 0 || w.Type == TypeDecode {
-		st.gate.set(gateLimit(rooms, w.WindowShare, mode), rooms)
+		st.gate.Set(admission.GateLimit(rooms, w.WindowShare, mode == PDWindowPerRouter), rooms)
 		decode := w.Type == TypeDecode
-		wls := []*waitlist{r.waitlistFor(waitlistKey{decode, w.Model}), r.waitlistFor(waitlistKey{decode, ""})}
+		wls := []*admission.Waitlist{r.waitlistFor(waitlistKey{decode, w.Model}), r.waitlistFor(waitlistKey{decode, ""})}
 		st.wls.Store(&wls)
 	} else {
-		st.gate.set(unlimited, 0)
+		st.gate.Set(admission.Unlimited, 0)
 		st.wls.Store(nil)
 	}
 }
@@ -415,7 +413,7 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 	r.fleetCap = fleetCap{}
 	for i := range kept {
 		r.setWindow(states[i], &kept[i])
-		r.fleetCap.add(&kept[i], states[i].gate.limit.Load(), 1)
+		r.fleetCap.add(&kept[i], states[i].gate.Limit(), 1)
 	}
 	r.pokeAll() // a share that grew, or a new worker, has room for waiters
 	if r.sched != nil && r.schedFromFleet {

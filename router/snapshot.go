@@ -3,6 +3,8 @@ package router
 import (
 	"slices"
 	"sync/atomic"
+
+	"github.com/smg-project/smg/router/admission"
 )
 
 // Veto says why the control plane took a worker out of routing. The router
@@ -154,7 +156,7 @@ type pool struct {
 	idx   []int32 // indexes into view.workers
 	ring  *ring   // shared with the previous view while membership is unchanged
 	rr    *atomic.Uint64
-	wl    *waitlist // requests waiting for a room in this pool (set by install)
+	wl    *admission.Waitlist // requests waiting for a room in this pool (set by install)
 }
 
 // indexOfSlot returns the worker index of a state slot in this view, or -1.

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/smg-project/smg/router/admission"
 )
 
 // workerState holds what this router alone knows about a worker. It is keyed
@@ -22,10 +24,10 @@ type workerState struct {
 
 	breaker breaker
 
-	gate gate // this router's rooms in the worker's running window (decode, or any with --worker-admission-window)
+	gate admission.Gate // this router's rooms in the worker's running window (decode, or any with --worker-admission-window)
 	// wls are the waitlists of the pools this worker serves (its model's and
 	// the all-models pool), poked when it frees a room; set by install.
-	wls atomic.Pointer[[]*waitlist]
+	wls atomic.Pointer[[]*admission.Waitlist]
 
 	// Observations for the control plane.
 	streams      atomic.Int64  // streaming requests in flight (the pile)
@@ -82,7 +84,7 @@ func (st *workerState) notePrefill(tokens int64, d time.Duration) {
 }
 
 // waitlists returns the waitlists a freed room on this worker may serve.
-func (st *workerState) waitlists() []*waitlist {
+func (st *workerState) waitlists() []*admission.Waitlist {
 	if p := st.wls.Load(); p != nil {
 		return *p
 	}

@@ -27,8 +27,8 @@ func (c refWindowCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		g := &v.states[i].gate
-		ch <- prometheus.MustNewConstMetric(c.m.rooms, prometheus.GaugeValue, float64(g.limit.Load()), w.URL)
-		ch <- prometheus.MustNewConstMetric(c.m.inFlight, prometheus.GaugeValue, float64(g.inFlight.Load()), w.URL)
+		ch <- prometheus.MustNewConstMetric(c.m.rooms, prometheus.GaugeValue, float64(g.Limit()), w.URL)
+		ch <- prometheus.MustNewConstMetric(c.m.inFlight, prometheus.GaugeValue, float64(g.InFlight()), w.URL)
 	}
 }
 

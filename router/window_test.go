@@ -37,10 +37,10 @@ func windowsOn(policy string) func(*Options) {
 // inFlight is the rooms held on worker id.
 func (h *harness) inFlight(id string) int64 {
 	v := h.r.view.Load()
-	return v.states[v.index(id)].gate.inFlight.Load()
+	return v.states[v.index(id)].gate.InFlight()
 }
 
-func (h *harness) waiters() int64 { return h.r.waitlistFor(waitlistKey{false, testModel}).n.Load() }
+func (h *harness) waiters() int64 { return h.r.waitlistFor(waitlistKey{false, testModel}).Waiters() }
 
 // TestWindowEveryPolicyChoosesAWorkerWithRoom: with one room per worker and
 // the same prompt and key (so hash and affinity policies want the same
@@ -169,7 +169,7 @@ func TestWindowShareSurvivesLosingTheControlPlane(t *testing.T) {
 	h.apply(a.worker(rooms(8), func(w *Worker) { w.WindowShare = 3 }, vetoed(VetoOverload)))
 	h.r.FailOpen()
 	v := h.r.view.Load()
-	if got := v.states[0].gate.limit.Load(); got != 3 {
+	if got := v.states[0].gate.Limit(); got != 3 {
 		t.Fatalf("limit after losing the control plane = %d, want the last share 3", got)
 	}
 	if v.worker(0).Veto != VetoNone {

@@ -1,4 +1,4 @@
-package router
+package admission
 
 import (
 	"context"
@@ -9,49 +9,43 @@ import (
 
 // oneGate is a waitlist over a single worker's gate: the smallest pool.
 type oneGate struct {
-	g  gate
-	wl *waitlist
+	g  Gate
+	wl *Waitlist
 }
 
 func newOneGate(limit, window int64) *oneGate {
-	o := &oneGate{wl: newWaitlist()}
-	o.g.set(limit, window)
+	o := &oneGate{wl: NewWaitlist()}
+	o.g.Set(limit, window)
 	return o
 }
 
-func (o *oneGate) waiter(need int64) *roomWaiter {
-	return &roomWaiter{need: need, try: func() (roomGrant, bool) {
-		if o.g.tryAcquire(need) {
-			return roomGrant{i: 0, out: chosen}, true
-		}
-		return roomGrant{}, false
-	}}
+func (o *oneGate) waiter(need int64) *Waiter {
+	return &Waiter{Need: need, Try: func() bool { return o.g.TryAcquire(need) }}
 }
 
-func (o *oneGate) acquire(ctx context.Context, need int64, wait time.Duration) gateResult {
-	_, res := o.wl.acquire(ctx, o.waiter(need), wait)
-	return res
+func (o *oneGate) acquire(ctx context.Context, need int64, wait time.Duration) RoomResult {
+	return o.wl.Acquire(ctx, o.waiter(need), wait)
 }
 
-func (o *oneGate) run(need int64, wait time.Duration) <-chan gateResult {
-	return o.runClass(need, wait, ClassDefault)
+func (o *oneGate) run(need int64, wait time.Duration) <-chan RoomResult {
+	return o.runClass(need, wait, Default)
 }
 
 // runClass starts a waiter of class in the background.
-func (o *oneGate) runClass(need int64, wait time.Duration, class int) <-chan gateResult {
-	out := make(chan gateResult, 1)
+func (o *oneGate) runClass(need int64, wait time.Duration, class Class) <-chan RoomResult {
+	out := make(chan RoomResult, 1)
 	w := o.waiter(need)
-	w.class = class
-	go func() { _, res := o.wl.acquire(context.Background(), w, wait); out <- res }()
+	w.Class = class
+	go func() { out <- o.wl.Acquire(context.Background(), w, wait) }()
 	return out
 }
 
 // admittedNow fails unless res already holds "waited" (a freed room went to it).
-func admittedNow(t *testing.T, res <-chan gateResult, who string) {
+func admittedNow(t *testing.T, res <-chan RoomResult, who string) {
 	t.Helper()
 	select {
 	case got := <-res:
-		if got != gateWaited {
+		if got != RoomWaited {
 			t.Fatalf("%s: %v, want waited", who, got)
 		}
 	default:
@@ -60,7 +54,7 @@ func admittedNow(t *testing.T, res <-chan gateResult, who string) {
 }
 
 // stillWaiting fails if res already holds a result.
-func stillWaiting(t *testing.T, res <-chan gateResult, who string) {
+func stillWaiting(t *testing.T, res <-chan RoomResult, who string) {
 	t.Helper()
 	select {
 	case <-res:
@@ -70,18 +64,18 @@ func stillWaiting(t *testing.T, res <-chan gateResult, who string) {
 }
 
 func (o *oneGate) release(need int64) {
-	o.g.inFlight.Add(-need)
-	o.wl.poke()
+	o.g.Release(need)
+	o.wl.Poke()
 }
 
 func (o *oneGate) setLimit(l int64) {
 	o.g.limit.Store(l)
-	o.wl.poke()
+	o.wl.Poke()
 }
 
 func (o *oneGate) waiting() int64 {
 	var n int64
-	for _, c := range o.wl.waitingByClass() {
+	for _, c := range o.wl.WaitingByClass() {
 		n += c
 	}
 	return n
@@ -90,14 +84,14 @@ func (o *oneGate) waiting() int64 {
 func TestGateRoomDispatchesAtOnce(t *testing.T) {
 	o := newOneGate(2, 2)
 	for range 2 {
-		if got := o.acquire(context.Background(), 1, time.Second); got != gateAdmitted {
+		if got := o.acquire(context.Background(), 1, time.Second); got != RoomAtOnce {
 			t.Fatalf("acquire with room = %v, want admitted", got)
 		}
 	}
-	if in := o.g.inFlight.Load(); in != 2 {
+	if in := o.g.InFlight(); in != 2 {
 		t.Fatalf("in flight = %d, want 2", in)
 	}
-	if o.g.hasRoom(1) {
+	if o.g.HasRoom(1) {
 		t.Fatal("a full gate reports room")
 	}
 }
@@ -112,7 +106,7 @@ func TestGateFullWaitsThenShedsAtTheDeadline(t *testing.T) {
 		if w := o.waiting(); w != 1 {
 			t.Fatalf("waiting rooms = %d, want 1", w)
 		}
-		if got := <-res; got != gateShed {
+		if got := <-res; got != RoomShed {
 			t.Fatalf("no room in time: %v, want shed", got)
 		}
 		if d := time.Since(began); d != 30*time.Second {
@@ -142,7 +136,7 @@ func TestGateFreedRoomGoesToLongestWaiterAtOnce(t *testing.T) {
 		}
 		stillWaiting(t, second, "second waiter")
 		o.release(1)
-		if got := <-second; got != gateWaited {
+		if got := <-second; got != RoomWaited {
 			t.Fatalf("second waiter: %v, want waited", got)
 		}
 	})
@@ -154,14 +148,14 @@ func TestGateFreedRoomGoesToTheHighestClass(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		o := newOneGate(1, 1)
 		o.acquire(context.Background(), 1, 0)
-		run := func(class int) <-chan gateResult {
+		run := func(class Class) <-chan RoomResult {
 			res := o.runClass(1, time.Minute, class)
 			synctest.Wait()
 			return res
 		}
-		bulk := run(ClassBulk)
-		inter := run(ClassInteractive)
-		bulk2 := run(ClassBulk)
+		bulk := run(Bulk)
+		inter := run(Interactive)
+		bulk2 := run(Bulk)
 		o.release(1)
 		synctest.Wait()
 		admittedNow(t, inter, "interactive waiter")
@@ -181,11 +175,11 @@ func TestGateNewcomerQueuesBehindWaiters(t *testing.T) {
 		wide := o.run(2, time.Minute) // needs 2, only 1 free: waits
 		synctest.Wait()
 		// One room is free, but the wide request waited first.
-		if got := o.acquire(context.Background(), 1, 0); got != gateShed {
+		if got := o.acquire(context.Background(), 1, 0); got != RoomShed {
 			t.Fatalf("newcomer with 0 wait while others wait: %v, want shed (FCFS)", got)
 		}
 		o.release(1)
-		if got := <-wide; got != gateWaited {
+		if got := <-wide; got != RoomWaited {
 			t.Fatalf("wide waiter: %v, want waited", got)
 		}
 	})
@@ -194,14 +188,14 @@ func TestGateNewcomerQueuesBehindWaiters(t *testing.T) {
 func TestGateZeroWaitShedsWhenFull(t *testing.T) {
 	o := newOneGate(1, 1)
 	o.acquire(context.Background(), 1, 0)
-	if got := o.acquire(context.Background(), 1, 0); got != gateShed {
+	if got := o.acquire(context.Background(), 1, 0); got != RoomShed {
 		t.Fatalf("wait 0 on a full window: %v, want shed", got)
 	}
 }
 
 func TestGateWiderThanWindow(t *testing.T) {
 	o := newOneGate(8, 8)
-	if !o.g.tooWide(9) || o.g.tooWide(8) {
+	if !o.g.TooWide(9) || o.g.TooWide(8) {
 		t.Fatal("tooWide: a batch of 9 on a window of 8 must be too wide, 8 must not")
 	}
 	// Wider than this router's share but not than the window: it waits.
@@ -210,16 +204,16 @@ func TestGateWiderThanWindow(t *testing.T) {
 		res := o.run(4, time.Minute)
 		synctest.Wait()
 		o.setLimit(4) // the control plane grew the share
-		if got := <-res; got != gateWaited {
+		if got := <-res; got != RoomWaited {
 			t.Fatalf("batch within the window after the share grew: %v, want waited", got)
 		}
 	})
 }
 
 func TestGateNoWindowNeverGated(t *testing.T) {
-	o := newOneGate(gateLimit(0, 5, PDWindowShared), 0)
+	o := newOneGate(GateLimit(0, 5, false), 0)
 	for range 1000 {
-		if got := o.acquire(context.Background(), 1, 0); got != gateAdmitted {
+		if got := o.acquire(context.Background(), 1, 0); got != RoomAtOnce {
 			t.Fatalf("worker without a window: %v, want admitted", got)
 		}
 	}
@@ -230,11 +224,11 @@ func TestGateClientLeavingFreesItsPlace(t *testing.T) {
 		o := newOneGate(1, 1)
 		o.acquire(context.Background(), 1, 0)
 		ctx, cancel := context.WithCancel(context.Background())
-		out := make(chan gateResult, 1)
+		out := make(chan RoomResult, 1)
 		go func() { out <- o.acquire(ctx, 1, time.Minute) }()
 		synctest.Wait()
 		cancel()
-		if got := <-out; got != gateCanceled {
+		if got := <-out; got != RoomCancelled {
 			t.Fatalf("client left: %v, want canceled", got)
 		}
 		if w := o.waiting(); w != 0 {
@@ -247,16 +241,16 @@ func TestGateLimit(t *testing.T) {
 	for _, c := range []struct {
 		name             string
 		max, share, want int64
-		mode             string
+		perRouter        bool
 	}{
-		{"no window", 0, 3, unlimited, PDWindowShared},
-		{"share granted", 8, 3, 3, PDWindowShared},
-		{"no share granted yet", 8, -1, 0, PDWindowShared},
-		{"no allocator: whole window", 8, 0, 8, PDWindowShared},
-		{"per-router ignores the share", 8, 3, 8, PDWindowPerRouter},
-		{"share above a shrunk window", 2, 3, 2, PDWindowShared},
+		{"no window", 0, 3, Unlimited, false},
+		{"share granted", 8, 3, 3, false},
+		{"no share granted yet", 8, -1, 0, false},
+		{"no allocator: whole window", 8, 0, 8, false},
+		{"per-router ignores the share", 8, 3, 8, true},
+		{"share above a shrunk window", 2, 3, 2, false},
 	} {
-		if got := gateLimit(c.max, c.share, c.mode); got != c.want {
+		if got := GateLimit(c.max, c.share, c.perRouter); got != c.want {
 			t.Errorf("%s: limit %d, want %d", c.name, got, c.want)
 		}
 	}

@@ -1,4 +1,4 @@
-package router
+package admission
 
 import (
 	"context"
@@ -10,16 +10,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-func newTestAdmission(t *testing.T, limit, queue int, timeout time.Duration) *admission {
+func newTestAdmission(t *testing.T, limit, queue int, timeout time.Duration) *Limiter {
 	return newTestBucket(t, limit, -1, queue, timeout)
 }
 
-func newTestBucket(t *testing.T, limit int, rate float64, queue int, timeout time.Duration) *admission {
-	m, err := newMetrics(prometheus.NewRegistry())
+func newTestBucket(t *testing.T, limit int, rate float64, queue int, timeout time.Duration) *Limiter {
+	m, err := NewLimiterMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newAdmission(limit, rate, queue, timeout, m, time.Now)
+	return NewLimiter(limit, rate, queue, timeout, m, time.Now)
 }
 
 // A request that waits longer than --queue-timeout-secs times out; one that
@@ -28,28 +28,28 @@ func TestAdmissionQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := newTestAdmission(t, 1, 1, 60*time.Second)
 		ctx := context.Background()
-		if a.acquire(ctx) != admitted {
+		if a.acquire(ctx) != Admitted {
 			t.Fatal("first request not admitted")
 		}
-		results := make(chan admitResult)
+		results := make(chan Result)
 		start := time.Now()
 		go func() { results <- a.acquire(ctx) }()
 		synctest.Wait() // the second request is queued
-		if r := a.acquire(ctx); r != admitQueueFull {
+		if r := a.acquire(ctx); r != QueueFull {
 			t.Fatalf("third request: %v, want queue full", r)
 		}
-		if r := <-results; r != admitTimeout || time.Since(start) != 60*time.Second {
+		if r := <-results; r != QueueTimeout || time.Since(start) != 60*time.Second {
 			t.Fatalf("queued request: %v after %v, want timeout after 60s", r, time.Since(start))
 		}
-		if testutil.ToFloat64(a.metrics.admission.WithLabelValues("queue_timeout")) != 1 ||
-			testutil.ToFloat64(a.metrics.admission.WithLabelValues("queue_full")) != 1 {
+		if testutil.ToFloat64(a.metrics.queueTimeout) != 1 ||
+			testutil.ToFloat64(a.metrics.queueFull) != 1 {
 			t.Fatal("rejections not counted")
 		}
 
 		go func() { results <- a.acquire(ctx) }()
 		time.Sleep(59 * time.Second) // fake time inside the bubble
-		a.release()
-		if r := <-results; r != admitted {
+		a.Release(nil)
+		if r := <-results; r != Admitted {
 			t.Fatalf("request that found room in time: %v", r)
 		}
 	})
@@ -61,14 +61,14 @@ func TestAdmissionCanceledWhileQueued(t *testing.T) {
 		a := newTestAdmission(t, 1, 1, time.Minute)
 		a.acquire(context.Background())
 		ctx, cancel := context.WithCancel(context.Background())
-		results := make(chan admitResult)
+		results := make(chan Result)
 		go func() { results <- a.acquire(ctx) }()
 		synctest.Wait()
 		cancel()
-		if r := <-results; r != admitCanceled {
+		if r := <-results; r != Cancelled {
 			t.Fatalf("got %v", r)
 		}
-		if a.waitingCount() != 0 {
+		if a.Waiting(Default) != 0 {
 			t.Fatal("queue place not freed")
 		}
 	})
@@ -82,24 +82,24 @@ func TestTokenBucketRate(t *testing.T) {
 		a := newTestBucket(t, 4, 2, 10, time.Minute) // burst 4, 2 per second
 		ctx := context.Background()
 		for range 4 {
-			if a.acquire(ctx) != admitted {
+			if a.acquire(ctx) != Admitted {
 				t.Fatal("burst not admitted")
 			}
-			a.release() // completions do not hand tokens back
+			a.Release(nil) // completions do not hand tokens back
 		}
 		start := time.Now()
-		results := make(chan admitResult, 3)
+		results := make(chan Result, 3)
 		for range 3 {
 			go func() { results <- a.acquire(ctx) }()
 			synctest.Wait()
 		}
 		var at []time.Duration
 		for range 3 {
-			if r := <-results; r != admitted {
+			if r := <-results; r != Admitted {
 				t.Fatalf("queued request: %v", r)
 			}
 			at = append(at, time.Since(start))
-			a.release()
+			a.Release(nil)
 		}
 		want := []time.Duration{500 * time.Millisecond, time.Second, 1500 * time.Millisecond}
 		for i := range want {
@@ -107,7 +107,7 @@ func TestTokenBucketRate(t *testing.T) {
 				t.Fatalf("admitted at %v, want %v (one token per 500ms)", at, want)
 			}
 		}
-		if v := testutil.ToFloat64(a.metrics.rateLimit.WithLabelValues("allowed")); v != 7 {
+		if v := testutil.ToFloat64(a.metrics.allowed); v != 7 {
 			t.Fatalf("smg_http_rate_limit_total{result=allowed} = %v, want 7", v)
 		}
 	})
@@ -121,7 +121,7 @@ func TestTokenBucketConcurrencyBound(t *testing.T) {
 		ctx := context.Background()
 		a.acquire(ctx)
 		a.acquire(ctx)
-		results := make(chan admitResult, 1)
+		results := make(chan Result, 1)
 		go func() { results <- a.acquire(ctx) }()
 		time.Sleep(30 * time.Second)
 		synctest.Wait()
@@ -130,15 +130,15 @@ func TestTokenBucketConcurrencyBound(t *testing.T) {
 			t.Fatalf("admitted above the concurrency bound: %v", r)
 		default:
 		}
-		a.release()
-		if r := <-results; r != admitted {
+		a.Release(nil)
+		if r := <-results; r != Admitted {
 			t.Fatalf("after a completion: %v", r)
 		}
-		if a.waitingCount() != 0 {
+		if a.Waiting(Default) != 0 {
 			t.Fatal("queue not empty")
 		}
-		a.release()
-		a.release()
+		a.Release(nil)
+		a.Release(nil)
 	})
 }
 
@@ -148,14 +148,14 @@ func TestTokenBucketRejectedCounted(t *testing.T) {
 		a := newTestBucket(t, 1, 0, 0, time.Minute)
 		ctx := context.Background()
 		a.acquire(ctx)
-		if r := a.acquire(ctx); r != admitQueueFull {
+		if r := a.acquire(ctx); r != QueueFull {
 			t.Fatalf("got %v, want queue full", r)
 		}
-		a.release()
-		if r := a.acquire(ctx); r != admitted {
+		a.Release(nil)
+		if r := a.acquire(ctx); r != Admitted {
 			t.Fatalf("rate 0: a completion must hand the token back, got %v", r)
 		}
-		if v := testutil.ToFloat64(a.metrics.rateLimit.WithLabelValues("rejected")); v != 1 {
+		if v := testutil.ToFloat64(a.metrics.rejected); v != 1 {
 			t.Fatalf("rejected = %v, want 1", v)
 		}
 	})

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/smg-project/smg/internal/testutil"
+
+	"github.com/smg-project/smg/router/admission"
 )
 
 func running(n int64) func(*Worker) { return func(w *Worker) { w.Running = n } }
@@ -270,9 +272,10 @@ func TestSchedulerFailSafe(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			h, logs := schedHarness(t, 2, c.doc, nil)
 			out := logs.String()
-			if h.r.sched != nil || h.r.adm == nil || !strings.Contains(out, "level=ERROR") ||
+			_, limiter := h.r.door.(*admission.Limiter)
+			if h.r.sched != nil || !limiter || !strings.Contains(out, "level=ERROR") ||
 				!strings.Contains(out, c.problem) || !strings.Contains(out, "rate limiting path") {
-				t.Fatalf("sched=%v adm=%v log: %s", h.r.sched, h.r.adm, out)
+				t.Fatalf("sched=%v door=%T log: %s", h.r.sched, h.r.door, out)
 			}
 			h.apply(newEngine(t, "w", nil).worker())
 			if a := h.post(testModel, "", "x"); a.status != http.StatusOK {
@@ -316,7 +319,7 @@ func TestSchedulerCapacityFromShares(t *testing.T) {
 		t.Fatalf("utilization %v with 2 slots of 2 in flight", v)
 	}
 	for _, d := range h.r.Observations().Demand {
-		if d.WaitingByClass[ClassBulk] != 1 || d.Waiting != 1 || d.InFlight != 1 {
+		if d.WaitingByClass[admission.Bulk] != 1 || d.Waiting != 1 || d.InFlight != 1 {
 			t.Fatalf("demand %+v: want the scheduler's waiting bulk request reported by class", d)
 		}
 	}

@@ -1,4 +1,4 @@
-package scheduler
+package admission
 
 import (
 	"container/list"
@@ -8,20 +8,11 @@ import (
 	"time"
 )
 
-// Unlimited is a capacity that never blocks (no window known anywhere).
+// Unlimited is a capacity or a gate limit that never blocks (no window known).
 const Unlimited = -1
 
-// Result says how Admit ended.
-type Result uint8
-
-const (
-	Admitted     Result = iota // holds a slot: call Ticket.Release when the answer ends
-	QueueFull                  // 429 scheduler_queue_full
-	QueueTimeout               // 408 scheduler_queue_timeout
-	Cancelled                  // the client left while waiting (499)
-)
-
-// Ticket is one admitted request's slot.
+// Ticket is one request's slot in the Scheduler. A nil ticket (the
+// Limiter's) is never preempted.
 type Ticket struct {
 	s        *Scheduler
 	class    Class
@@ -42,12 +33,20 @@ const (
 )
 
 // Class is the class the ticket was admitted in.
-func (t *Ticket) Class() Class { return t.class }
+func (t *Ticket) Class() Class {
+	if t == nil {
+		return Default
+	}
+	return t.class
+}
 
 // Start marks the first response byte as about to be sent. It returns false
 // when the request was preempted first: the caller must then send nothing
 // but the preemption answer.
 func (t *Ticket) Start() bool {
+	if t == nil {
+		return true
+	}
 	if t.state.CompareAndSwap(ticketRunning, ticketStarted) {
 		return true
 	}
@@ -104,10 +103,16 @@ type waiter struct {
 	ticket   *Ticket // set when admitted from the queue
 }
 
-// Scheduler admits requests by class against a live capacity.
+// Scheduler is the priority door (--priority-scheduler-enabled). It keeps
+// SMG's client contract (the x-smg-priority header, four classes, the tenant
+// clamp, per-class queues with their own size and timeout, reservations,
+// starvation promotion, preemption before the first response byte) and admits
+// against a capacity its caller keeps live: in a router, the sum of the window
+// shares the control plane grants it, so the slots it hands out hold
+// fleet-wide. It owns the queues and reservations; it knows no worker.
 type Scheduler struct {
-	cfg Config
-	m   *Metrics
+	cfg SchedulerConfig
+	m   *SchedulerMetrics
 
 	mu       sync.Mutex
 	capacity int64             // Unlimited, or slots (may drop below total on a shrink)
@@ -125,7 +130,7 @@ type Scheduler struct {
 
 // New builds a scheduler with cfg (validated by the caller) and an initial
 // capacity (Unlimited or >= 0). m may be nil in tests that read no metrics.
-func New(cfg Config, capacity int64, m *Metrics) *Scheduler {
+func NewScheduler(cfg SchedulerConfig, capacity int64, m *SchedulerMetrics) *Scheduler {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -146,11 +151,11 @@ func New(cfg Config, capacity int64, m *Metrics) *Scheduler {
 	return s
 }
 
-// Config returns the configuration in force.
-func (s *Scheduler) Config() *Config { return &s.cfg }
+// SchedulerConfig returns the configuration in force.
+func (s *Scheduler) Config() *SchedulerConfig { return &s.cfg }
 
-// Metrics returns the metrics the scheduler reports to (may be nil).
-func (s *Scheduler) Metrics() *Metrics { return s.m }
+// SchedulerMetrics returns the metrics the scheduler reports to (may be nil).
+func (s *Scheduler) Metrics() *SchedulerMetrics { return s.m }
 
 // SetCapacity installs a new capacity (the router's shares changed) and
 // admits whoever now fits. A shrink preempts nobody: admissions stop until
@@ -445,6 +450,9 @@ func (s *Scheduler) Waiting(c Class) int64 {
 	}
 	return n
 }
+
+// Release gives an admitted request's slot back (Door).
+func (s *Scheduler) Release(t *Ticket) { t.Release() }
 
 // Completions is the number of admitted requests that ended (monotonic).
 func (s *Scheduler) Completions() uint64 { return s.completions.Load() }

@@ -1,13 +1,4 @@
-// Package scheduler is smg's priority scheduler. It keeps SMG's client
-// contract (the x-smg-priority header, four classes, the tenant clamp,
-// per-class queues with their own size and timeout, reservations, starvation
-// promotion, preemption before the first response byte) and admits against a
-// capacity its caller keeps live: in a router, the sum of the window shares
-// the control plane grants it, so the slots it hands out hold fleet-wide.
-//
-// It owns the queues and reservations; it knows no worker and sends no
-// request.
-package scheduler
+package admission
 
 import "strings"
 

@@ -1,4 +1,4 @@
-package scheduler
+package admission
 
 import (
 	"net/http"
@@ -24,7 +24,7 @@ func TestParseClass(t *testing.T) {
 }
 
 func TestParseConfig(t *testing.T) {
-	c, err := ParseConfig([]byte(`
+	c, err := ParseSchedulerConfig([]byte(`
 classes:
   interactive:
     reserved: 4
@@ -38,7 +38,7 @@ tenant_policies:
     max_class: bulk
 api_keys:
   sk-batch: batch
-`), DefaultConfig())
+`), DefaultSchedulerConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ api_keys:
 	if in.Reserved != 4 || !in.ReserveDemand || in.QueueTimeout != 2500*time.Millisecond || in.QueueSize != 256 || !in.CanPreempt {
 		t.Fatalf("interactive %+v: set fields applied, others kept at their defaults", in)
 	}
-	if c.Classes[Bulk].QueueSize != 8 || c.Classes[Bulk].ReserveDemand || DefaultConfig().Classes[Interactive].ReserveDemand || c.MaxClass("auth:batch") != Bulk || c.MaxClass("auth:x") != Default {
+	if c.Classes[Bulk].QueueSize != 8 || c.Classes[Bulk].ReserveDemand || DefaultSchedulerConfig().Classes[Interactive].ReserveDemand || c.MaxClass("auth:batch") != Bulk || c.MaxClass("auth:x") != Default {
 		t.Fatalf("bulk or tenant policy not applied: %+v", c)
 	}
 	h := http.Header{"Authorization": {"Bearer sk-batch"}, "X-Smg-Tenant-Id": {"vip"}}
@@ -78,19 +78,19 @@ func TestParseConfigErrors(t *testing.T) {
 		"classes: [1, 2":        "scheduler config",
 		"clases:\n  bulk: {}\n": "field clases not found",
 	} {
-		_, err := ParseConfig([]byte(doc), DefaultConfig())
+		_, err := ParseSchedulerConfig([]byte(doc), DefaultSchedulerConfig())
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want one naming %q", doc, err, want)
 		}
 	}
-	if c, err := ParseConfig(nil, DefaultConfig()); err != nil || c.Classes[System].Reserved != 32 {
+	if c, err := ParseSchedulerConfig(nil, DefaultSchedulerConfig()); err != nil || c.Classes[System].Reserved != 32 {
 		t.Fatalf("empty document: %v", err)
 	}
 }
 
 // The example in docs/ is a valid configuration.
 func TestDocsExampleParses(t *testing.T) {
-	c, err := LoadConfig("../../docs/examples/priority-scheduler.yaml", DefaultConfig())
+	c, err := LoadSchedulerConfig("../../docs/examples/priority-scheduler.yaml", DefaultSchedulerConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

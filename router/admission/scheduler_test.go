@@ -1,4 +1,4 @@
-package scheduler
+package admission
 
 import (
 	"context"
@@ -13,21 +13,21 @@ import (
 
 // plainConfig has no reservations, no preemption and long thresholds, so a
 // test turns on only the rule it checks.
-func plainConfig() Config {
-	c := DefaultConfig()
+func plainConfig() SchedulerConfig {
+	c := DefaultSchedulerConfig()
 	for _, cl := range Classes {
 		c.Classes[cl] = ClassConfig{QueueSize: 10, QueueTimeout: time.Hour, StarvationThreshold: time.Hour}
 	}
 	return c
 }
 
-func newTest(t *testing.T, cfg Config, capacity int64) *Scheduler {
+func newTest(t *testing.T, cfg SchedulerConfig, capacity int64) *Scheduler {
 	t.Helper()
-	m, err := NewMetrics(prometheus.NewRegistry())
+	m, err := NewSchedulerMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return New(cfg, capacity, m)
+	return NewScheduler(cfg, capacity, m)
 }
 
 func mustAdmit(t *testing.T, s *Scheduler, c Class) *Ticket {
@@ -104,7 +104,7 @@ func TestReservationsHoldBackFromLowerClasses(t *testing.T) {
 // locking lower classes out.
 func TestReservationsScaleOnShrink(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := newTest(t, DefaultConfig(), 16) // defaults reserve 32 + 128 = 160
+		s := newTest(t, DefaultSchedulerConfig(), 16) // defaults reserve 32 + 128 = 160
 		s.mu.Lock()
 		sys, inter := s.reserved[System], s.reserved[Interactive]
 		s.mu.Unlock()
@@ -320,7 +320,7 @@ func TestCapacityGrantAdmitsWaiters(t *testing.T) {
 // (each holding its slot for hold), then counts the bulk requests admitted
 // at once (bulk never queues) and returns them with interactive's
 // reservation then in force.
-func reserveDemandRun(t *testing.T, cfg Config, capacity int64, rate int, hold time.Duration) (bulk int, reserved int64) {
+func reserveDemandRun(t *testing.T, cfg SchedulerConfig, capacity int64, rate int, hold time.Duration) (bulk int, reserved int64) {
 	s := newTest(t, cfg, capacity)
 	var wg sync.WaitGroup
 	for range 5 * rate {

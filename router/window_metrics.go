@@ -1,60 +1,14 @@
 package router
 
 import (
-	"context"
-	"net/http"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/smg-project/smg/internal/promseries"
+	"github.com/smg-project/smg/router/admission"
 )
-
-// acquireRoomAfter takes q.need rooms on the worker the policy chose (i, out)
-// when it has room and nobody waits before it; otherwise the request waits in
-// its pool's waitlist (acquireRoom).
-func (r *Router) acquireRoomAfter(ctx context.Context, v *view, p *pool, i int32, out outcome, model string, decode bool,
-	q *request, wait time.Duration) (roomGrant, gateResult) {
-	if i < 0 && out != full {
-		return roomGrant{v: v, i: -1, out: out}, gateAdmitted // nothing to wait for: answer as the spec
-	}
-	if out != full && p.wl.n.Load() == 0 &&
-		v.states[i].gate.tryAcquire(q.need) {
-		return roomGrant{v: v, i: i, out: out}, gateAdmitted
-	}
-	return r.acquireRoom(ctx, p.wl, model, decode, q, wait)
-}
-
-// tooWideEverywhere reports whether need rooms exceed the whole window of
-// every windowed worker of the pool (and at least one has a window): such a
-// request is shed at once instead of waiting for nothing.
-func (r *Router) tooWideEverywhere(v *view, p *pool, need int64) bool {
-	if need <= 1 {
-		return false
-	}
-	wide := false
-	for _, i := range p.idx {
-		g := &v.states[i].gate
-		if !g.tooWide(need) {
-			return false
-		}
-		wide = true
-	}
-	return wide
-}
-
-// writeWindowShed answers a request that found no room in time: the spec's
-// shed answer (503 worker_overload_protection_shed, Retry-After), whatever
-// --worker-overload-shed says, as the PD window does.
-func (r *Router) writeWindowShed(w http.ResponseWriter, model, stage string, c prometheus.Counter) int {
-	c.Inc()
-	r.metrics.shed.WithLabelValues(stage).Inc()
-	writeError(w, http.StatusServiceUnavailable, CodeShed,
-		"All workers"+forModel(model)+" are overloaded", r.retryAfterShed())
-	return http.StatusServiceUnavailable
-}
 
 // StageAdmissionWindow is the shed stage of a request that found no room in
 // its pool's running windows in time (--worker-admission-window only).
@@ -116,9 +70,6 @@ func newWindowMetrics(r *Router, reg prometheus.Registerer) (*windowMetrics, err
 	return m, nil
 }
 
-// ClassNames are the priority classes' names, index = class.
-var ClassNames = [NumClasses]string{"system", "interactive", "default", "bulk"}
-
 func (m *windowMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.rooms
 	ch <- m.inFlight
@@ -136,8 +87,8 @@ func (m *windowMetrics) Collect(ch chan<- prometheus.Metric) {
 		if k.decode {
 			continue
 		}
-		for c, n := range wl.waitingByClass() {
-			ch <- prometheus.MustNewConstMetric(m.waiting, prometheus.GaugeValue, float64(n), k.model, ClassNames[c])
+		for c, n := range wl.WaitingByClass() {
+			ch <- prometheus.MustNewConstMetric(m.waiting, prometheus.GaugeValue, float64(n), k.model, admission.Class(c).String())
 		}
 	}
 }
@@ -170,8 +121,8 @@ func (m *windowMetrics) gated() []promseries.Gauge {
 			continue
 		}
 		g := &v.states[i].gate
-		gauges[k].Set(m.rooms, p.labels, float64(g.limit.Load()))
-		gauges[k+1].Set(m.inFlight, p.labels, float64(g.inFlight.Load()))
+		gauges[k].Set(m.rooms, p.labels, float64(g.Limit()))
+		gauges[k+1].Set(m.inFlight, p.labels, float64(g.InFlight()))
 		k += 2
 	}
 	if len(m.pairs) > gated {
@@ -182,19 +133,4 @@ func (m *windowMetrics) gated() []promseries.Gauge {
 		}
 	}
 	return gauges[:k]
-}
-
-// waitEnded answers a request whose wait for a room ended early: nothing
-// when the client left, router_shutting_down when the router is stopping,
-// and the shed answer when the request's own deadline passed first, so a
-// waiting request never ends without an explicit answer.
-func (r *Router) waitEnded(w http.ResponseWriter, in *http.Request, model, stage string, c prometheus.Counter) int {
-	switch {
-	case in.Context().Err() != nil:
-		return statusClientClosed
-	case r.stopping():
-		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
-		return http.StatusServiceUnavailable
-	}
-	return r.writeWindowShed(w, model, stage, c)
 }

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/smg-project/smg/router/scheduler"
+	"github.com/smg-project/smg/router/admission"
 )
 
 // Scheduler answers (SMG's error codes; each also in X-SMG-Error-Code).
@@ -28,16 +29,21 @@ const PreemptedHeader = "X-SMG-Preempted"
 // errPreempted is the cause of a request context cancelled by preemption.
 var errPreempted = errors.New("preempted by a higher-priority request before the first byte")
 
+// The door is the first admission layer (admission.Door): the priority
+// scheduler when enabled and able to start, else the token bucket when
+// --max-concurrent-requests is set, else none. This file builds it and writes
+// its refusals in the contract's words.
+
 // buildScheduler loads the scheduler's configuration. An error means the
 // router runs the rate limiting path instead (the caller logs it): bad YAML,
 // an unknown class, reservations over a static capacity, or no capacity at all.
-func buildScheduler(opts Options, reg prometheus.Registerer) (*scheduler.Scheduler, error) {
-	cfg := scheduler.DefaultConfig()
-	cfg.DefaultMaxClass, _ = scheduler.ParseClass(opts.PrioritySchedulerDefaultMaxClass)
+func buildScheduler(opts Options, reg prometheus.Registerer) (*admission.Scheduler, error) {
+	cfg := admission.DefaultSchedulerConfig()
+	cfg.DefaultMaxClass, _ = admission.ParseClass(opts.PrioritySchedulerDefaultMaxClass)
 	cfg.TenantMetricTopN = opts.PrioritySchedulerTenantMetricTopN
 	if opts.PrioritySchedulerConfig != "" {
 		var err error
-		if cfg, err = scheduler.LoadConfig(opts.PrioritySchedulerConfig, cfg); err != nil {
+		if cfg, err = admission.LoadSchedulerConfig(opts.PrioritySchedulerConfig, cfg); err != nil {
 			return nil, fmt.Errorf("%s: %w", opts.PrioritySchedulerConfig, err)
 		}
 	}
@@ -51,12 +57,12 @@ func buildScheduler(opts Options, reg prometheus.Registerer) (*scheduler.Schedul
 		return nil, fmt.Errorf("reservations over capacity: the classes reserve %d slots, --max-concurrent-requests is %d",
 			cfg.ReservedTotal(), capacity)
 	}
-	m, err := scheduler.NewMetrics(reg)
+	m, err := admission.NewSchedulerMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler metrics: %w", err)
 	}
 	cfg.Now = opts.Now
-	return scheduler.New(cfg, capacity, m), nil
+	return admission.NewScheduler(cfg, capacity, m), nil
 }
 
 // fleetCapacitySource: with running windows on, the scheduler admits
@@ -79,7 +85,7 @@ func (c *fleetCap) add(w *Worker, limit int64, sign int64) {
 	if t := w.Type; t == TypePrefill || t == TypeDecode {
 		return
 	}
-	if limit == unlimited {
+	if limit == admission.Unlimited {
 		c.unlimited += int(sign)
 		return
 	}
@@ -88,7 +94,7 @@ func (c *fleetCap) add(w *Worker, limit int64, sign int64) {
 
 func (c *fleetCap) capacity() int64 {
 	if c.unlimited > 0 {
-		return scheduler.Unlimited
+		return admission.Unlimited
 	}
 	return c.sum
 }
@@ -99,12 +105,22 @@ func staticCapacity(opts Options) int64 {
 	return int64(max(0, opts.MaxConcurrentRequests))
 }
 
-// startScheduler builds the scheduler when enabled; on failure it logs the
-// problem and the fallback, and the router runs the rate limiting path.
-func (r *Router) startScheduler(reg prometheus.Registerer) {
-	if !r.opts.PrioritySchedulerEnabled {
+// startDoor builds the door: the scheduler when enabled (on failure it logs
+// the problem and falls back), else the token bucket when
+// --max-concurrent-requests is set.
+func (r *Router) startDoor(reg prometheus.Registerer) {
+	if r.opts.PrioritySchedulerEnabled && r.startScheduler(reg) {
 		return
 	}
+	if r.opts.MaxConcurrentRequests > 0 {
+		r.door = admission.NewLimiter(r.opts.MaxConcurrentRequests, r.opts.RateLimitTokensPerSecond, r.opts.QueueSize,
+			time.Duration(r.opts.QueueTimeoutSecs)*time.Second, r.metrics.limiter, r.opts.Now)
+	}
+}
+
+// startScheduler builds the scheduler; on failure it logs the problem and
+// the fallback and returns false.
+func (r *Router) startScheduler(reg prometheus.Registerer) bool {
 	s, err := buildScheduler(r.opts, reg)
 	if err != nil {
 		fallback := "no admission limit"
@@ -112,62 +128,79 @@ func (r *Router) startScheduler(reg prometheus.Registerer) {
 			fallback = "the rate limiting path (--max-concurrent-requests token bucket)"
 		}
 		r.log.Error("Priority scheduler not started; falling back", "problem", err.Error(), "fallback", fallback)
-		return
+		return false
 	}
-	r.sched = s
+	r.sched, r.door = s, s
 	r.schedFromFleet = fleetCapacitySource(r.opts)
 	capacity := "--max-concurrent-requests"
 	if r.schedFromFleet {
 		capacity = "the sum of this router's window shares"
 	}
 	r.log.Info("Priority scheduler on", "capacity", capacity, "config", r.opts.PrioritySchedulerConfig)
+	return true
 }
 
 // requestClass reads the caller's tenant and requested class and clamps it.
-func (r *Router) requestClass(req *http.Request) (scheduler.Class, string) {
+func (r *Router) requestClass(req *http.Request) (admission.Class, string) {
 	cfg := r.sched.Config()
 	m := r.sched.Metrics()
 	tenant := cfg.Tenant(req.Header, req.RemoteAddr)
-	requested := scheduler.Default
+	requested := admission.Default
 	if vals, present := req.Header[http.CanonicalHeaderKey(PriorityHeader)]; present {
 		var ok bool
-		if requested, ok = scheduler.ParseClass(vals[0]); !ok {
+		if requested, ok = admission.ParseClass(vals[0]); !ok {
 			m.CountUnknown(tenant)
 		}
 	}
-	effective := scheduler.Clamp(requested, cfg.MaxClass(tenant))
+	effective := admission.Clamp(requested, cfg.MaxClass(tenant))
 	if effective != requested {
 		m.CountClamp(tenant, requested, effective)
 	}
 	return effective, tenant
 }
 
-// admitScheduled waits for a scheduler slot. On refusal it has answered
-// and returns a nil ticket with the status sent.
-func (r *Router) admitScheduled(w http.ResponseWriter, req *http.Request) (*scheduler.Ticket, int) {
+// admit lets the request through the door. On refusal it has answered and
+// returns false with the status sent. The ticket is nil unless the scheduler
+// admitted the request; the caller releases it with r.door.Release.
+func (r *Router) admit(w http.ResponseWriter, req *http.Request) (*admission.Ticket, int, bool) {
+	if r.sched == nil {
+		t, res := r.door.Admit(req.Context(), admission.Default)
+		switch res {
+		case admission.Admitted:
+			return t, 0, true
+		case admission.QueueFull:
+			writeError(w, http.StatusTooManyRequests, CodeAdmissionQueueFull,
+				"Too many requests: the admission queue is full", r.retryAfterQueued(admission.Bulk))
+			return nil, http.StatusTooManyRequests, false
+		case admission.QueueTimeout:
+			writeError(w, http.StatusServiceUnavailable, CodeAdmissionQueueTimeout,
+				"Timed out waiting in the admission queue", r.retryAfterQueued(admission.Bulk))
+			return nil, http.StatusServiceUnavailable, false
+		}
+		return nil, statusClientClosed, false
+	}
 	class, tenant := r.requestClass(req)
-	t, res := r.sched.Admit(req.Context(), class)
+	t, res := r.door.Admit(req.Context(), class)
 	switch res {
-	case scheduler.Admitted:
-		return t, 0
-	case scheduler.QueueFull:
+	case admission.Admitted:
+		return t, 0, true
+	case admission.QueueFull:
 		writeError(w, http.StatusTooManyRequests, CodeSchedulerQueueFull,
 			"Too many requests: the "+class.String()+" queue is full", r.retryAfterQueued(class))
-		return nil, http.StatusTooManyRequests
-	case scheduler.QueueTimeout:
+		return nil, http.StatusTooManyRequests, false
+	case admission.QueueTimeout:
 		writeError(w, http.StatusRequestTimeout, CodeSchedulerQueueTimeout,
 			"Timed out waiting in the "+class.String()+" queue", r.retryAfterQueued(class))
-		return nil, http.StatusRequestTimeout
-	default:
-		r.log.Info("Client left before admission", "class", class.String(), "tenant", tenant,
-			"code", CodeSchedulerClientCancelled)
-		writeError(w, statusClientClosed, CodeSchedulerClientCancelled, "The client left before admission", 0)
-		return nil, statusClientClosed
+		return nil, http.StatusRequestTimeout, false
 	}
+	r.log.Info("Client left before admission", "class", class.String(), "tenant", tenant,
+		"code", CodeSchedulerClientCancelled)
+	writeError(w, statusClientClosed, CodeSchedulerClientCancelled, "The client left before admission", 0)
+	return nil, statusClientClosed, false
 }
 
 // watchPreemption cancels ctx when the ticket is chosen as a victim.
-func watchPreemption(ctx context.Context, t *scheduler.Ticket) (context.Context, context.CancelFunc) {
+func watchPreemption(ctx context.Context, t *admission.Ticket) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	t.OnPreempt(func() { cancel(errPreempted) })
 	return ctx, func() { cancel(nil) }
@@ -183,3 +216,8 @@ func writePreempted(w http.ResponseWriter) int {
 		"Preempted by a higher-priority request before the first byte; retry", 1)
 	return http.StatusServiceUnavailable
 }
+
+// admissionRetryAfter is the Retry-After (seconds) of the door's refusals in
+// --retry-after-mode interval: the gateway's own queue drains in well under
+// the load monitor interval.
+const admissionRetryAfter = 1

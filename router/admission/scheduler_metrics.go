@@ -1,4 +1,4 @@
-package scheduler
+package admission
 
 import (
 	"sort"
@@ -16,8 +16,8 @@ const (
 	OutcomeClientCancelled = "client_cancelled"
 )
 
-// Metrics are SMG's smg_scheduler_* series.
-type Metrics struct {
+// SchedulerMetrics are SMG's smg_scheduler_* series.
+type SchedulerMetrics struct {
 	admit        *prometheus.CounterVec
 	wait         *prometheus.HistogramVec
 	preemption   *prometheus.CounterVec
@@ -35,10 +35,10 @@ type Metrics struct {
 	tenants tenantLabels
 }
 
-// NewMetrics registers the scheduler's series on reg.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+// NewSchedulerMetrics registers the scheduler's series on reg.
+func NewSchedulerMetrics(reg prometheus.Registerer) (*SchedulerMetrics, error) {
 	byClass := []string{"class"}
-	m := &Metrics{
+	m := &SchedulerMetrics{
 		admit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "smg_scheduler_admit_total", Help: "Scheduler decisions by class and outcome.",
 		}, []string{"class", "outcome"}),
@@ -96,12 +96,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // CountUnknown counts a header value that named no class.
-func (m *Metrics) CountUnknown(tenant string) {
+func (m *SchedulerMetrics) CountUnknown(tenant string) {
 	m.unknown.WithLabelValues(m.tenants.label(tenant)).Inc()
 }
 
 // CountClamp counts a class lowered by the tenant's ceiling.
-func (m *Metrics) CountClamp(tenant string, requested, effective Class) {
+func (m *SchedulerMetrics) CountClamp(tenant string, requested, effective Class) {
 	m.clamp.WithLabelValues(m.tenants.label(tenant), requested.String(), effective.String()).Inc()
 }
 

@@ -1,4 +1,4 @@
-package scheduler
+package admission
 
 import (
 	"net"
@@ -11,7 +11,7 @@ import (
 // tenant header only when the config trusts it, else "ip:<address>", else
 // "anonymous". A client therefore cannot pick its tenant (nor its ceiling)
 // unless the operator said headers are trusted.
-func (c *Config) Tenant(h http.Header, remoteAddr string) string {
+func (c *SchedulerConfig) Tenant(h http.Header, remoteAddr string) string {
 	if auth := h.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
 		if name, ok := c.APIKeys[strings.TrimSpace(auth[7:])]; ok {
 			return "auth:" + name
@@ -29,7 +29,7 @@ func (c *Config) Tenant(h http.Header, remoteAddr string) string {
 }
 
 // MaxClass is the tenant's ceiling: its policy, else the default.
-func (c *Config) MaxClass(tenant string) Class {
+func (c *SchedulerConfig) MaxClass(tenant string) Class {
 	if cl, ok := c.TenantMaxClass[tenant]; ok {
 		return cl
 	}

@@ -1,4 +1,4 @@
-package scheduler
+package admission
 
 import (
 	"bytes"
@@ -27,9 +27,9 @@ type ClassConfig struct {
 	ReserveDemand bool
 }
 
-// Config is the scheduler's whole configuration: the classes, the tenants'
+// SchedulerConfig is the scheduler's whole configuration: the classes, the tenants'
 // ceilings, and how a caller's identity is found.
-type Config struct {
+type SchedulerConfig struct {
 	Classes         [NumClasses]ClassConfig
 	DefaultMaxClass Class            // ceiling of a tenant without a policy
 	TenantMaxClass  map[string]Class // tenant key ("auth:<name>", "header:<id>", ...) -> ceiling
@@ -51,10 +51,10 @@ type Config struct {
 // DefaultTenantHeader is the header a trusted tenant id is read from.
 const DefaultTenantHeader = "x-smg-tenant-id"
 
-// DefaultConfig returns SMG's built-in per-class defaults.
-func DefaultConfig() Config {
+// DefaultSchedulerConfig returns SMG's built-in per-class defaults.
+func DefaultSchedulerConfig() SchedulerConfig {
 	sec := func(n int) time.Duration { return time.Duration(n) * time.Second }
-	return Config{
+	return SchedulerConfig{
 		Classes: [NumClasses]ClassConfig{
 			System:      {Reserved: 32, QueueSize: 64, QueueTimeout: sec(30), StarvationThreshold: sec(5), CanPreempt: true},
 			Interactive: {Reserved: 128, QueueSize: 256, QueueTimeout: sec(30), StarvationThreshold: sec(5), CanPreempt: true},
@@ -89,19 +89,19 @@ type fileConfig struct {
 	TenantHeaderName  *string           `yaml:"tenant_header_name"`
 }
 
-// LoadConfig reads the YAML at path over base.
-func LoadConfig(path string, base Config) (Config, error) {
+// LoadSchedulerConfig reads the YAML at path over base.
+func LoadSchedulerConfig(path string, base SchedulerConfig) (SchedulerConfig, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return base, err
 	}
-	return ParseConfig(data, base)
+	return ParseSchedulerConfig(data, base)
 }
 
-// ParseConfig applies a YAML document over base. Both maps are optional;
+// ParseSchedulerConfig applies a YAML document over base. Both maps are optional;
 // unknown keys and unknown class names are errors, as is every value out of
 // range: the caller falls back rather than run a half-understood policy.
-func ParseConfig(data []byte, base Config) (Config, error) {
+func ParseSchedulerConfig(data []byte, base SchedulerConfig) (SchedulerConfig, error) {
 	var f fileConfig
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -172,7 +172,7 @@ func ParseConfig(data []byte, base Config) (Config, error) {
 }
 
 // Validate rejects values the scheduler cannot run with.
-func (c Config) Validate() error {
+func (c SchedulerConfig) Validate() error {
 	var errs []error
 	for _, cl := range Classes {
 		cc := c.Classes[cl]
@@ -202,7 +202,7 @@ func (c Config) Validate() error {
 }
 
 // ReservesDemand reports whether any class's reservation follows its demand.
-func (c Config) ReservesDemand() bool {
+func (c SchedulerConfig) ReservesDemand() bool {
 	for _, cc := range c.Classes {
 		if cc.ReserveDemand {
 			return true
@@ -212,7 +212,7 @@ func (c Config) ReservesDemand() bool {
 }
 
 // ReservedTotal is the sum of every class's reservation.
-func (c Config) ReservedTotal() int64 {
+func (c SchedulerConfig) ReservedTotal() int64 {
 	var n int64
 	for _, cc := range c.Classes {
 		n += cc.Reserved

@@ -1,0 +1,222 @@
+package admission
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Waiter is a request waiting for a room in one pool.
+type Waiter struct {
+	Need  int64 // rooms it takes
+	Class Class // its place in the queue: highest class first
+	// Try selects a worker with room and takes the room, keeping what it
+	// found for its caller. It runs under the waitlist's lock; false means
+	// "nothing yet, keep waiting". A selection that found no worker at all
+	// returns true too: the caller answers it.
+	Try func() bool
+
+	ready chan struct{} // closed once done
+	done  bool
+}
+
+// RoomResult says how waiting for a room ended.
+type RoomResult uint8
+
+const (
+	RoomAtOnce    RoomResult = iota // room at once
+	RoomWaited                      // admitted after waiting
+	RoomShed                        // full, and no room within the wait
+	RoomTooWide                     // needs more rooms than the whole window (the caller's rule)
+	RoomCancelled                   // the client left while waiting
+	RoomQueueFull                   // the queue refused the waiter
+)
+
+// roomQueue orders the waiters of one pool (classQueue: highest class first,
+// first come first served within a class). Every method runs under the
+// waitlist's lock.
+type roomQueue interface {
+	// push adds w; false refuses it (the queue is full: answer at once).
+	push(w *Waiter) bool
+	// head is the waiter a freed room goes to next (nil: none).
+	head() *Waiter
+	remove(w *Waiter)
+	len() int
+	each(func(*Waiter))
+}
+
+// Waitlist holds the requests waiting for a room in one pool (one model's
+// regular workers, or its decode workers). It outlives snapshots: a waiter
+// re-selects against the newest view each time it is tried. A released room,
+// a grown share and a waiter leaving each try the head again (Poke), so
+// dispatch is driven by those events, never by polling.
+type Waitlist struct {
+	mu    sync.Mutex
+	queue roomQueue
+	n     atomic.Int64 // waiters, read lock-free on the release path
+	// refused counts rooms asked for by requests that got no room (shed at
+	// once or at the end of their wait) since the last report: demand the
+	// control plane must see even when nobody is left waiting.
+	refused [NumClasses]atomic.Int64
+}
+
+// NewWaitlist makes an empty waitlist.
+func NewWaitlist() *Waitlist { return &Waitlist{queue: &classQueue{}} }
+
+// Waiters is the number of requests waiting (lock-free).
+func (wl *Waitlist) Waiters() int64 { return wl.n.Load() }
+
+// Acquire takes a room through w.Try, waiting up to wait behind earlier
+// waiters. While anyone waits, a newcomer queues behind them even when a room
+// is free (first come, first served).
+func (wl *Waitlist) Acquire(ctx context.Context, w *Waiter, wait time.Duration) RoomResult {
+	if wl.n.Load() == 0 {
+		if w.Try() {
+			return RoomAtOnce
+		}
+	}
+	wl.mu.Lock()
+	if wl.queue.len() == 0 {
+		if w.Try() {
+			wl.mu.Unlock()
+			return RoomAtOnce
+		}
+	}
+	if wait <= 0 {
+		wl.mu.Unlock()
+		wl.refused[w.Class].Add(w.Need)
+		return RoomShed
+	}
+	w.ready = make(chan struct{})
+	if !wl.queue.push(w) {
+		wl.mu.Unlock()
+		return RoomQueueFull
+	}
+	wl.n.Add(1)
+	wl.grantLocked() // a room may have freed since the try above
+	wl.mu.Unlock()
+
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	var res RoomResult
+	select {
+	case <-w.ready:
+		return RoomWaited
+	case <-t.C:
+		res = RoomShed
+	case <-ctx.Done():
+		res = RoomCancelled
+	}
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	if w.done { // granted while the timer fired: take it
+		return RoomWaited
+	}
+	wl.queue.remove(w)
+	wl.n.Add(-1)
+	wl.grantLocked() // the leaver may have been the head blocking others
+	if res == RoomShed {
+		wl.refused[w.Class].Add(w.Need)
+	}
+	return res
+}
+
+// Poke hands freed rooms to waiters.
+func (wl *Waitlist) Poke() {
+	if wl.n.Load() == 0 {
+		return
+	}
+	wl.mu.Lock()
+	wl.grantLocked()
+	wl.mu.Unlock()
+}
+
+// grantLocked serves waiters from the head while the head finds a room.
+func (wl *Waitlist) grantLocked() {
+	for {
+		h := wl.queue.head()
+		if h == nil {
+			return
+		}
+		if !h.Try() {
+			return
+		}
+		wl.queue.remove(h)
+		wl.n.Add(-1)
+		h.done = true
+		close(h.ready)
+	}
+}
+
+// TakeDemand is the demand a report carries: rooms asked for by waiters now
+// plus those refused since the previous report (reset), by class.
+func (wl *Waitlist) TakeDemand() [NumClasses]int64 {
+	out := wl.WaitingByClass()
+	for c := range out {
+		out[c] += wl.refused[c].Swap(0)
+	}
+	return out
+}
+
+// WaitingByClass sums the rooms asked for by waiters, by class.
+func (wl *Waitlist) WaitingByClass() (out [NumClasses]int64) {
+	if wl.n.Load() == 0 {
+		return out
+	}
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	wl.queue.each(func(w *Waiter) { out[w.Class] += w.Need })
+	return out
+}
+
+// classQueue is one first-come-first-served queue per priority class; its
+// head is the oldest waiter of the highest class waiting, so a freed room
+// goes to an interactive request before a bulk one that came earlier. Without
+// the scheduler every waiter is Default: one FIFO. No size limit (the wait
+// bound, and the scheduler's queues, limit it).
+type classQueue struct{ q [NumClasses][]*Waiter }
+
+func (c *classQueue) push(w *Waiter) bool {
+	k := min(w.Class, NumClasses-1)
+	c.q[k] = append(c.q[k], w)
+	return true
+}
+
+func (c *classQueue) len() int {
+	n := 0
+	for _, q := range c.q {
+		n += len(q)
+	}
+	return n
+}
+
+func (c *classQueue) head() *Waiter {
+	for _, q := range c.q {
+		if len(q) > 0 {
+			return q[0]
+		}
+	}
+	return nil
+}
+
+func (c *classQueue) remove(w *Waiter) {
+	k := min(w.Class, NumClasses-1)
+	q := c.q[k]
+	for i, x := range q {
+		if x == w {
+			copy(q[i:], q[i+1:])
+			q[len(q)-1] = nil
+			c.q[k] = q[:len(q)-1]
+			return
+		}
+	}
+}
+
+func (c *classQueue) each(fn func(*Waiter)) {
+	for _, q := range c.q {
+		for _, w := range q {
+			fn(w)
+		}
+	}
+}
