@@ -296,6 +296,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp.Monitor = monitor.New(cp.Registry, cp.Ingest, client, monitor.Options{
 		Interval: time.Duration(opts.LoadMonitorInterval) * time.Second,
 		Observer: cp.Liveness, Skipper: cp.Liveness, Now: opts.Now, Seed: hopts.Seed, GRPC: cp.grpcPool, Pushed: cp.Liveness, Budget: budget,
+		Covered: func(url string) bool { return cp.Agents.Covers(url) },
 	}, log)
 	if opts.AdmissionWindow {
 		if err := reg.Register(windows.NewCollector(cp.Registry)); err != nil {
@@ -337,10 +338,11 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 				return admin.DiscoverModel(ctx, client, url, "")
 			},
 		},
-		Remove:    cp.Admin.Remove,
-		Discovery: cp.Discovery,
-		Applying:  opts.AgentApplying,
-		GoneAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
+		Remove:          cp.Admin.Remove,
+		Discovery:       cp.Discovery,
+		Applying:        opts.AgentApplying,
+		GoneAfter:       time.Duration(opts.Liveness.StaleSecs) * time.Second,
+		CoverageChanged: cp.Monitor.CoverageChanged,
 		StreamEnded: func(ids []string) {
 			for _, id := range ids {
 				cp.Liveness.StopPushed(id)

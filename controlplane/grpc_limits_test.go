@@ -3,16 +3,23 @@ package controlplane_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/smg-project/smg/agent"
 	"github.com/smg-project/smg/controlplane"
 	"github.com/smg-project/smg/controlplane/admin"
 	sglangpb "github.com/smg-project/smg/gen/sglang/grpc/scheduler"
+	"github.com/smg-project/smg/internal/testutil"
+	"github.com/smg-project/smg/sim"
 )
 
 // bigModelServicer is an SGLang servicer whose GetModelInfo answer is
@@ -85,4 +92,56 @@ func counter(t *testing.T, h *harness, name string) float64 {
 	}
 	t.Fatalf("no counter %s", name)
 	return 0
+}
+
+// TestGRPCKVStreamHandOver: a gRPC worker has exactly one KV event stream
+// at steady state. With no agent on its node the control plane's monitor
+// streams it; once the node's agent is assigned the worker, the agent's
+// stream is the only one (the monitor's is handed over, with no registry
+// change but the agent's); when the agent leaves, the monitor streams it
+// again, and the pushed records keep coming.
+func TestGRPCKVStreamHandOver(t *testing.T) {
+	s := startSim(t, func(o *sim.Options) {
+		grpcSim(sim.FlavorVLLM, 1)(o)
+		o.KVHeartbeat = 100 * time.Millisecond
+	})
+	h := startCP(t, fastOptions())
+	id := h.register(t, fmt.Sprintf(`{"url":%q,"node":"n1"}`, s.GRPCURL()))
+	streams := func(monitor, engine int) func() (bool, string) {
+		return func() (bool, string) {
+			m, e := h.cp.Monitor.KVStreams(), s.KVStreams()
+			return m == monitor && e == engine, fmt.Sprintf("monitor streams %d, engine serves %d", m, e)
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, "the monitor's stream, alone", streams(1, 1))
+	pushedAt := func() time.Time { return h.reg.Snapshot().Get(id).Evidence.PushedAt }
+	before := pushedAt()
+	testutil.WaitFor(t, 10*time.Second, "a record pushed on the monitor's stream", func() (bool, string) {
+		return pushedAt().After(before), "none"
+	})
+
+	opts := agent.DefaultOptions()
+	opts.ControlPlane, opts.Node, opts.PollInterval = h.addr, "n1", 100*time.Millisecond
+	a, err := agent.New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	stop := sync.OnceFunc(func() { cancel(); <-done })
+	t.Cleanup(stop)
+	testutil.WaitFor(t, 10*time.Second, "the agent feeding the worker", func() (bool, string) {
+		n := h.reg.Snapshot().Get(id).AgentNode
+		return n == "n1", "agent node " + n
+	})
+	testutil.WaitFor(t, 10*time.Second, "the agent's stream, alone", streams(0, 1))
+
+	stop()
+	testutil.WaitFor(t, 10*time.Second, "the monitor's stream again, alone", streams(1, 1))
+	before = pushedAt()
+	testutil.WaitFor(t, 10*time.Second, "records pushed on the monitor's stream again", func() (bool, string) {
+		w := h.reg.Snapshot().Get(id)
+		return w.AgentNode == "" && w.Evidence.PushedAt.After(before), "agent node " + w.AgentNode
+	})
 }

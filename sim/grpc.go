@@ -37,6 +37,10 @@ func (s *Server) GRPCURL() string {
 	return "grpc://" + s.grpcAddr
 }
 
+// KVStreams is the number of SubscribeKvEvents streams open now (GET
+// /sim/stats kv_streams): how many readers follow the engine's KV events.
+func (s *Server) KVStreams() int { return int(s.kvStreams.Load()) }
+
 // GRPCAddr is the engine's gRPC host:port ("" without gRPC).
 func (s *Server) GRPCAddr() string { return s.grpcAddr }
 
@@ -292,6 +296,8 @@ func (s *Server) pushed(r rankReport) *commonpb.PushedLoad {
 // start, when it is still kept): every batch with its rank's load record,
 // and a heartbeat for every rank quiet for the heartbeat interval.
 func (s *Server) subscribeKV(ctx context.Context, start uint64, send func(*commonpb.KvEventBatch) error) error {
+	s.kvStreams.Add(1)
+	defer s.kvStreams.Add(-1)
 	e := s.eng.Load()
 	if e == nil {
 		return status.Error(codes.Unavailable, errEngineStopped.Error())

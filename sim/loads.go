@@ -235,12 +235,13 @@ type simStats struct {
 	Running     int `json:"running"`
 	PeakWaiting int `json:"peak_waiting"`
 	PeakRunning int `json:"peak_running"`
+	KVStreams   int `json:"kv_streams"`
 }
 
 // handleStats serves GET /sim/stats; ?reset=1 starts new high-water marks.
 func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
 	e := s.eng.Load()
-	var out simStats
+	out := simStats{KVStreams: s.KVStreams()}
 	if e != nil {
 		reset := r.URL.Query().Get("reset") == "1"
 		now := time.Now()

@@ -43,7 +43,8 @@ type Server struct {
 	eng       atomic.Pointer[engine] // nil while killed
 	handlers  sync.WaitGroup
 
-	grpcReqs grpcRequests
+	grpcReqs  grpcRequests
+	kvStreams atomic.Int64 // SubscribeKvEvents streams open
 
 	mu    sync.Mutex
 	fault Fault

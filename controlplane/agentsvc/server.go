@@ -66,6 +66,10 @@ type Options struct {
 	// StreamEnded, when set, hears the workers an ended stream covered, so
 	// the poller can take them over at once.
 	StreamEnded func(workerIDs []string)
+	// CoverageChanged, when set, hears that Covers may answer differently
+	// (an agent was assigned other engines, or its stream ended), so the
+	// load monitor hands gRPC workers' KV event streams over at once.
+	CoverageChanged func()
 	// Discovery, when set, registers the engine pods agents discover on
 	// their nodes.
 	Discovery DiscoverySink
@@ -105,6 +109,9 @@ type Server struct {
 	mu    sync.Mutex
 	nodes map[string]*agentStream // the latest stream of each node
 	gone  map[string]func() bool  // node → stops its pending removal
+	// covering counts, by engine URL, the nodes' latest streams whose
+	// latest assignment names it (Covers).
+	covering map[string]int
 
 	ended func(node string) // tests: a stream's end has been applied
 }
@@ -130,7 +137,7 @@ func New(reg *registry.Registry, in *ingest.Ingester, tr *liveness.Tracker,
 		opts.AfterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 	}
 	return &Server{reg: reg, in: in, tr: tr, submit: submit, opts: opts, log: log,
-		closing: make(chan struct{}), nodes: map[string]*agentStream{}, gone: map[string]func() bool{}}
+		closing: make(chan struct{}), nodes: map[string]*agentStream{}, gone: map[string]func() bool{}, covering: map[string]int{}}
 }
 
 // Close tells every stream, and any that opens later, goodbye (agents
@@ -168,6 +175,11 @@ type agentStream struct {
 
 	mu      sync.Mutex
 	covered map[string]bool // engine URLs assigned to or reported by this stream
+
+	// assigned is the latest assignment sent (guarded by the Server's mu):
+	// the engines the agent streams and polls while this is its node's
+	// latest stream.
+	assigned []string
 
 	// engines is what the receive goroutine keeps of each engine it heard
 	// of, by URL (canonical); only it touches it.
@@ -349,6 +361,7 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, st *agentS
 				return err
 			}
 			sent, first = urls, false
+			s.setAssigned(st, urls)
 		}
 		select {
 		case <-changed:
@@ -683,6 +696,7 @@ func (s *Server) addStream(st *agentStream) {
 	defer s.mu.Unlock()
 	if old := s.nodes[st.node]; old != nil {
 		s.log.Info("Agent reconnected before its previous stream ended; the new stream takes over", "node", st.node)
+		s.countAssigned(old.assigned, -1) // the new stream's assignment counts instead
 	}
 	s.nodes[st.node] = st // a reconnect replaces a stream not seen ending yet
 	if stop := s.gone[st.node]; stop != nil {
@@ -700,12 +714,14 @@ func (s *Server) endStream(st *agentStream, broke bool) {
 	current := s.nodes[st.node] == st
 	if current {
 		delete(s.nodes, st.node)
+		s.countAssigned(st.assigned, -1)
 		s.scheduleGone(st.node)
 	}
 	s.mu.Unlock()
 	if !current {
 		return
 	}
+	s.coverageChanged()
 	now := s.opts.Now()
 	var ids []string
 	snap := s.reg.Snapshot()
@@ -736,6 +752,48 @@ func (s *Server) endStream(st *agentStream, broke bool) {
 	}); err != nil {
 		s.log.Error("Agent node not cleared", "node", st.node, "error", err)
 	}
+}
+
+// setAssigned records the assignment just sent on st; it counts for Covers
+// while st is its node's latest stream.
+func (s *Server) setAssigned(st *agentStream, urls []string) {
+	s.mu.Lock()
+	current := s.nodes[st.node] == st
+	if current {
+		s.countAssigned(st.assigned, -1)
+		s.countAssigned(urls, 1)
+	}
+	st.assigned = urls
+	s.mu.Unlock()
+	if current {
+		s.coverageChanged()
+	}
+}
+
+// countAssigned adds d to the count of each URL; s.mu is held.
+func (s *Server) countAssigned(urls []string, d int) {
+	for _, u := range urls {
+		if n := s.covering[u] + d; n > 0 {
+			s.covering[u] = n
+		} else {
+			delete(s.covering, u)
+		}
+	}
+}
+
+func (s *Server) coverageChanged() {
+	if s.opts.CoverageChanged != nil {
+		s.opts.CoverageChanged()
+	}
+}
+
+// Covers reports whether a connected agent is assigned the engine url
+// (canonical): that agent polls it and, for a gRPC engine, streams its KV
+// events, so the control plane's monitor must not.
+func (s *Server) Covers(url string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.covering[url] > 0
 }
 
 // Nodes lists the nodes whose agents are connected, sorted.

@@ -34,15 +34,15 @@ type kvStreams struct {
 	wg sync.WaitGroup
 }
 
-// reconcile starts a stream for each Ready, uncovered gRPC worker and stops
-// the others'.
+// reconcileStreams starts a stream for each Ready gRPC worker no agent
+// covers and stops the others'.
 func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Worker) {
 	if m.grpc == nil || m.pushObs == nil {
 		return
 	}
 	want := map[string]*registry.Worker{}
 	for _, w := range workers {
-		if w.Ready() && w.AgentNode == "" && enginegrpc.IsGRPC(w.Spec.GetUrl()) {
+		if w.Ready() && enginegrpc.IsGRPC(w.Spec.GetUrl()) && !m.agentCovers(w) {
 			want[w.ID] = w
 		}
 	}
@@ -75,6 +75,22 @@ func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Work
 			m.runStream(sctx, id, c, st)
 		}()
 	}
+}
+
+// agentCovers reports whether an agent streams w's KV events.
+func (m *Monitor) agentCovers(w *registry.Worker) bool {
+	if m.covered == nil {
+		return w.AgentNode != ""
+	}
+	return m.covered(w.Spec.GetUrl())
+}
+
+// KVStreams is the number of KV event streams the monitor keeps (one per
+// Ready gRPC worker no agent covers).
+func (m *Monitor) KVStreams() int {
+	m.kv.mu.Lock()
+	defer m.kv.mu.Unlock()
+	return len(m.kv.m)
 }
 
 // stopStreams ends every stream and waits for them.

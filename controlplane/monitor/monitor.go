@@ -59,6 +59,8 @@ type Monitor struct {
 	burst    *spread.Burst
 	grpc     *enginegrpc.Pool
 	pushObs  PushObserver
+	covered  func(url string) bool
+	coverage chan struct{} // CoverageChanged: reconcile the KV event streams
 	kv       kvStreams
 	budget   *readbudget.Budget
 
@@ -97,6 +99,11 @@ type Options struct {
 	// KV event stream the monitor keeps to each Ready gRPC worker no agent
 	// covers.
 	Pushed PushObserver
+	// Covered (nil: a worker is covered while the registry names the node
+	// of the agent feeding it) tells whether a connected agent is assigned
+	// the engine url: that agent streams its KV events, the monitor does
+	// not. Call CoverageChanged when its answers may change.
+	Covered func(url string) bool
 }
 
 type reader struct {
@@ -125,7 +132,7 @@ func New(reg *registry.Registry, in *ingest.Ingester, client *http.Client, opts 
 	}
 	return &Monitor{reg: reg, ingest: in, client: client, log: log, interval: opts.Interval,
 		observer: opts.Observer, skipper: opts.Skipper, now: opts.Now, seed: opts.Seed + "\x00poll", burst: opts.Burst, grpc: opts.GRPC, pushObs: opts.Pushed, budget: opts.Budget,
-		readers: map[string]*reader{}}
+		covered: opts.Covered, coverage: make(chan struct{}, 1), readers: map[string]*reader{}}
 }
 
 func groupOf(w *registry.Worker) GroupKey {
@@ -213,11 +220,26 @@ func (m *Monitor) Run(ctx context.Context) {
 			default:
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed:
+		for again := true; again; {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+				again = false
+			case <-m.coverage: // an agent took over or left: hand the streams over
+				m.reconcileStreams(ctx, m.reg.Snapshot().Workers())
+			}
 		}
+	}
+}
+
+// CoverageChanged tells the monitor that Options.Covered may answer
+// differently: the KV event streams are handed over to or taken back from
+// the agents at once, so each gRPC worker has exactly one.
+func (m *Monitor) CoverageChanged() {
+	select {
+	case m.coverage <- struct{}{}:
+	default:
 	}
 }
 
