@@ -181,14 +181,7 @@ func TestAgentDiscoversThePodsOfItsNode(t *testing.T) {
 	opts.ControlPlane, opts.Node, opts.Register, opts.PollInterval = h.addr, "node-a", true, 100*time.Millisecond
 	opts.Discovery.Enabled, opts.Discovery.Selector, opts.Discovery.Namespace, opts.Discovery.Port = true, "app=vllm", "inference", port
 	opts.KubeClient = podwatchtest.Fake(client)
-	a, err := agent.New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runAgent(t, opts)
 
 	url := sims[0].URL()
 	waitCond(t, "the node's pod registered under the node and fed by its agent", func() bool {

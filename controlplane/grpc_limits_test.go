@@ -122,15 +122,7 @@ func TestGRPCKVStreamHandOver(t *testing.T) {
 
 	opts := agent.DefaultOptions()
 	opts.ControlPlane, opts.Node, opts.PollInterval = h.addr, "n1", 100*time.Millisecond
-	a, err := agent.New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	stop := sync.OnceFunc(func() { cancel(); <-done })
-	t.Cleanup(stop)
+	stop := runAgent(t, opts)
 	testutil.WaitFor(t, 10*time.Second, "the agent feeding the worker", func() (bool, string) {
 		n := h.reg.Snapshot().Get(id).AgentNode
 		return n == "n1", "agent node " + n
@@ -144,4 +136,19 @@ func TestGRPCKVStreamHandOver(t *testing.T) {
 		w := h.reg.Snapshot().Get(id)
 		return w.AgentNode == "" && w.Evidence.PushedAt.After(before), "agent node " + w.AgentNode
 	})
+}
+
+// runAgent runs an agent until stop is called or the test ends.
+func runAgent(t *testing.T, opts agent.Options) (stop func()) {
+	t.Helper()
+	a, err := agent.New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	stop = sync.OnceFunc(func() { cancel(); <-done })
+	t.Cleanup(stop)
+	return stop
 }
