@@ -114,6 +114,9 @@ type Options struct {
 	EngineTLS                *tlsutil.ClientOptions
 	MaxIdleConnsPerWorker    int
 	PromptBytesPerTokenGuess int // estimate of prompt tokens in flight from body bytes
+	// TokenizerPath (--tokenizer-path) serves every gRPC worker with this
+	// tokenizer and chat template instead of the worker's own (GetTokenizer).
+	TokenizerPath string
 	// Now is the clock of every part of the router, its scheduler and token
 	// bucket included (nil: time.Now); tests inject one.
 	Now func() time.Time
@@ -234,6 +237,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	float(&o.BalanceRelThreshold, "balance-rel-threshold", "cache_aware: ... when the max load also exceeds the min load times this")
 	float(&o.BalanceTokenUsageThreshold, "balance-token-usage-threshold",
 		"cache_aware: mean KV token usage (0 to 1] of the worker holding a prompt's prefix at or above which that prompt's affinity is dropped for least load; nothing is refused")
+	str(&o.TokenizerPath, "tokenizer-path",
+		"gRPC workers: tokenize and render chat templates with this tokenizer (a folder with tokenizer.json and tokenizer_config.json, a tokenizer.json, or a zip of them) instead of each worker's own (GetTokenizer)")
 }
 
 // Validate rejects option values the router cannot run with.

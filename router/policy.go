@@ -39,7 +39,7 @@ func (s *selector) eligible(v *view, i int32, q *request) bool { return s.eligib
 
 func (s *selector) eligibleHot(h *hotWorker, q *request) bool {
 	return h.eligible && h.st != q.avoid && (q.need == 0 || h.st.gate.HasRoom(q.need)) &&
-		h.st.breaker.allow(s.cb, q.now)
+		h.st.routable(s.cb, q.now)
 }
 
 // load is the reported load plus this router's dispatches since that report.

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/smg-project/smg/internal/enginegrpc"
 	"github.com/smg-project/smg/internal/identity"
 	"github.com/smg-project/smg/internal/netfail"
 	"github.com/smg-project/smg/router/admission"
@@ -217,10 +218,13 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			return http.StatusServiceUnavailable
 		}
 
-		res := r.dispatch(ctx, w, req, wk, st, body, streaming, promptTokens, attempt < maxRetries, ticket)
-		if held != nil {
-			r.releaseRoom(held, q.need) // the answer ended: the room frees now
-		}
+		res := func() dispatchResult {
+			if held != nil {
+				// The answer ended (a stream cut mid-way too): the room frees now.
+				defer r.releaseRoom(held, q.need)
+			}
+			return r.dispatch(ctx, w, req, wk, st, body, streaming, promptTokens, attempt < maxRetries, ticket)
+		}()
 		if !res.retry {
 			return res.status
 		}
@@ -261,6 +265,9 @@ type dispatchResult struct {
 // alone, and its upstream request is cancelled.
 func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.Request, wk *Worker, st *workerState,
 	body []byte, streaming bool, promptTokens int64, mayRetry bool, ticket *admission.Ticket) dispatchResult {
+	if enginegrpc.IsGRPC(wk.URL) {
+		return r.dispatchGRPC(ctx, w, in, wk, st, body, mayRetry, ticket)
+	}
 	u, err := st.upstreamURL(wk.URL, in)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeUpstreamError, "Invalid worker URL '"+wk.URL+"'", 0)

@@ -42,6 +42,7 @@ type Router struct {
 	cb       breakerConfig
 	sel      selector
 	upstream *upstream
+	grpc     *grpcPath // the upstream of gRPC workers
 	// door is the first admission layer: the priority scheduler (then
 	// sched too) or the token bucket, nil when neither is on.
 	door  admission.Door
@@ -150,6 +151,9 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	r.startDoor(reg)
 	dialer := &net.Dialer{Timeout: opts.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
 	r.upstream = newUpstream(dialer, opts.EngineTLS.DialTLS(dialer), opts.MaxIdleConnsPerWorker, 90*time.Second)
+	if r.grpc, err = newGRPCPath(opts); err != nil {
+		return nil, fmt.Errorf("--tokenizer-path: %w", err)
+	}
 	return r, nil
 }
 
@@ -410,6 +414,7 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 		v.pdAll.decode.wl = r.waitlistFor(waitlistKey{true, ""})
 	}
 	r.view.Store(v)
+	r.grpc.retain(kept)
 	r.fleetCap = fleetCap{}
 	for i := range kept {
 		r.setWindow(states[i], &kept[i])

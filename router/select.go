@@ -45,7 +45,7 @@ func (s *selector) steer(v *view, p *pool, q *request, shed bool) (int32, outcom
 	unroutable, anyOverload, anyLiveness, sawFull := false, false, false, false
 	for _, i := range p.idx {
 		w := v.hot.at(i)
-		if !w.healthy || !w.st.breaker.allow(s.cb, q.now) {
+		if !w.healthy || !w.st.routable(s.cb, q.now) {
 			unroutable = true
 			continue
 		}

@@ -38,6 +38,16 @@ type workerState struct {
 	prefillRate  atomic.Uint64 // float64 bits: prompt tokens/s measured to the first byte (EWMA)
 
 	base atomic.Pointer[baseURL] // the worker's URL, parsed once
+
+	// grpcDownUntil (router nanoseconds): a gRPC worker whose tokenizer
+	// cannot be loaded is not a candidate until then.
+	grpcDownUntil atomic.Int64
+}
+
+// routable reports whether the breaker and the data path let a request
+// through at now.
+func (st *workerState) routable(cb *breakerConfig, now int64) bool {
+	return st.breaker.allow(cb, now) && now >= st.grpcDownUntil.Load()
 }
 
 // baseURL is a worker URL as registered and as parsed.

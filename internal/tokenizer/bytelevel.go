@@ -42,3 +42,8 @@ func fromByteLevel(b []byte, token string) []byte {
 	}
 	return b
 }
+
+// ByteLevel spells s in GPT-2's byte-level alphabet, as a byte-level BPE
+// vocabulary writes its tokens (a space is "Ġ"): for code that writes a
+// tokenizer.json.
+func ByteLevel(s string) string { return toByteLevel(s) }

@@ -726,9 +726,11 @@ func (c *Client) staleFired() {
 }
 
 func routerWorker(w *smgv1.RoutingWorker) router.Worker {
-	// The router proxies HTTP only: a gRPC worker (its load and liveness
-	// are the control plane's) is never a candidate here.
-	grpcWorker := strings.HasPrefix(w.GetUrl(), "grpc://") || strings.HasPrefix(w.GetUrl(), "grpcs://")
+	// A gRPC worker serves regular requests only: PD over gRPC (the
+	// prefill and decode legs with their bootstrap parameters) is not
+	// built, so a gRPC prefill or decode worker is never a candidate here.
+	grpcLeg := (strings.HasPrefix(w.GetUrl(), "grpc://") || strings.HasPrefix(w.GetUrl(), "grpcs://")) &&
+		(w.GetWorkerType() == router.TypePrefill || w.GetWorkerType() == router.TypeDecode)
 	return router.Worker{
 		ID:             w.GetWorkerId(),
 		URL:            w.GetUrl(),
@@ -736,7 +738,7 @@ func routerWorker(w *smgv1.RoutingWorker) router.Worker {
 		Type:           w.GetWorkerType(),
 		Priority:       w.GetPriority(),
 		Cost:           w.GetCost(),
-		Healthy:        w.GetHealthy() && !grpcWorker,
+		Healthy:        w.GetHealthy() && !grpcLeg,
 		Veto:           routerVeto(w.GetVeto()),
 		VetoReason:     w.GetVetoReason(),
 		Overloaded:     w.GetOverloaded(),

@@ -1,0 +1,462 @@
+package openaigrpc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/tokenizer"
+)
+
+// Call is one OpenAI request served over Generate: one generation per
+// prompt and choice (n), each its own engine request.
+type Call struct {
+	c       *enginegrpc.Client
+	req     *Request
+	model   string
+	id      string
+	created int64
+	gens    []*gen
+	msgs    chan msg
+	ctx     context.Context
+	cancel  context.CancelFunc
+	pending []msg
+	live    int // generations that have not ended
+	head    []byte
+}
+
+type gen struct {
+	id       string // the engine request's id
+	index    int    // the choice
+	first    bool   // the first choice of its prompt: its prompt counts in usage
+	cancel   context.CancelFunc
+	dec      *tokenizer.StreamDecoder
+	stop     stopper
+	received int    // tokens received in chunks
+	text     []byte // a non-streamed answer's text
+	finish   string
+	ended    bool // the answer of this choice is complete
+	done     bool // the engine finished it (no abort needed)
+	roleSent bool
+	prompt   uint32
+	complete uint32
+}
+
+type msg struct {
+	g   int
+	u   Update
+	err error
+}
+
+// newID is a fresh random request id with prefix.
+func newID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// Start sends every generation of req (its prompts, n choices each) to the
+// engine behind c. model is the name the answer carries. Close ends it.
+func Start(ctx context.Context, c *enginegrpc.Client, m *Model, req *Request, prompts [][]uint32, model string) *Call {
+	prefix := "cmpl-"
+	if req.Chat {
+		prefix = "chatcmpl-"
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	call := &Call{c: c, req: req, model: model, id: newID(prefix), created: time.Now().Unix(), ctx: ctx, cancel: cancel}
+	n := req.n()
+	call.msgs = make(chan msg, len(prompts)*n)
+	sp := req.Sampling()
+	for p, ids := range prompts {
+		for k := range n {
+			g := &gen{id: call.id, index: len(call.gens), first: k == 0, dec: m.Tok.NewStreamDecoder(sp.SkipSpecial), stop: stopper{stops: sp.Stop}}
+			if len(prompts)*n > 1 {
+				g.id += "-" + strconv.Itoa(g.index)
+			}
+			gctx, gcancel := context.WithCancel(ctx)
+			g.cancel = gcancel
+			call.gens = append(call.gens, g)
+			go call.run(gctx, len(call.gens)-1, ids, sp)
+			_ = p
+		}
+	}
+	call.live = len(call.gens)
+	return call
+}
+
+// ID is the answer's id (chatcmpl-... or cmpl-...).
+func (c *Call) ID() string { return c.id }
+
+// run reads one generation's stream into c.msgs until its completion, an
+// error, or the call's end.
+func (c *Call) run(ctx context.Context, i int, ids []uint32, sp Sampling) {
+	send := func(m msg) bool {
+		select {
+		case c.msgs <- m:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	st, err := Generate(ctx, c.c, c.gens[i].id, ids, sp, c.req.Stream)
+	if err != nil {
+		send(msg{g: i, err: err})
+		return
+	}
+	for {
+		u, err := st.Recv()
+		if err == io.EOF {
+			err = errNoComplete
+		}
+		if err != nil {
+			send(msg{g: i, err: err})
+			return
+		}
+		if !send(msg{g: i, u: u}) || u.Complete {
+			return
+		}
+	}
+}
+
+// errNoComplete: the engine ended a stream without its completion.
+var errNoComplete = errors.New("the engine ended the Generate stream without a completion")
+
+// next is the next message, pending ones first.
+func (c *Call) next(ctx context.Context) (msg, error) {
+	if len(c.pending) > 0 {
+		m := c.pending[0]
+		c.pending = c.pending[1:]
+		return m, nil
+	}
+	select {
+	case m := <-c.msgs:
+		return m, nil
+	case <-ctx.Done():
+		return msg{}, ctx.Err()
+	}
+}
+
+// Wait blocks until the answer can start: the first update of any
+// generation when streaming, every completion otherwise. An error here
+// reached the client with nothing: the caller may retry elsewhere.
+func (c *Call) Wait(ctx context.Context) error {
+	ended := 0
+	for {
+		m, err := c.next(ctx)
+		if err != nil {
+			return err
+		}
+		if m.err != nil {
+			return Classify(m.err)
+		}
+		c.pending = append(c.pending, m)
+		if m.u.Complete {
+			ended++
+		}
+		if c.req.Stream || ended == len(c.gens) {
+			// Replay from the start of what was read.
+			return nil
+		}
+	}
+}
+
+// Close ends every generation still running: it aborts them on the engine
+// (an Abort call, as a client that went away needs) and cancels their
+// streams.
+func (c *Call) Close() {
+	var ids []string
+	for _, g := range c.gens {
+		if !g.done {
+			ids = append(ids, g.id)
+		}
+	}
+	if len(ids) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = Abort(ctx, c.c, "the client went away or the answer ended", ids...)
+		cancel()
+	}
+	c.cancel()
+}
+
+// Progress hears of each batch of tokens that reached the client.
+type Progress func(tokens int)
+
+// Serve writes the whole answer: headers, then the SSE events or the JSON
+// body. An error is the engine failing mid-answer (the stream is written
+// up to it); the caller ends the client's stream with it.
+func (c *Call) Serve(ctx context.Context, w http.ResponseWriter, progress Progress) error {
+	if c.req.Stream {
+		return c.serveStream(ctx, w, progress)
+	}
+	for c.live > 0 {
+		m, err := c.next(ctx)
+		if err != nil {
+			return err
+		}
+		if m.err != nil {
+			return Classify(m.err)
+		}
+		if _, err := c.apply(m, nil); err != nil {
+			return err
+		}
+	}
+	progress(c.completion())
+	body := c.final()
+	h := w.Header()
+	h["Content-Type"] = []string{"application/json"}
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	w.WriteHeader(http.StatusOK)
+	_, err := w.Write(body)
+	return err
+}
+
+func (c *Call) serveStream(ctx context.Context, w http.ResponseWriter, progress Progress) error {
+	h := w.Header()
+	h["Content-Type"] = []string{"text/event-stream"}
+	h["Cache-Control"] = []string{"no-cache"}
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	buf := make([]byte, 0, 4096)
+	for c.live > 0 {
+		m, err := c.next(ctx)
+		if err != nil {
+			return err
+		}
+		if m.err != nil {
+			return Classify(m.err)
+		}
+		if buf, err = c.apply(m, buf); err != nil {
+			return err
+		}
+		if c.live == 0 {
+			if c.req.IncludeUsage() {
+				buf = append(buf, "data: "...)
+				buf = append(buf, c.chunkHead()...)
+				buf = append(buf, `,"choices":[],`...)
+				buf = c.appendUsage(buf)
+				buf = append(buf, "}\n\n"...)
+			}
+			buf = append(buf, "data: [DONE]\n\n"...)
+		}
+		if len(buf) > 0 {
+			if _, err := w.Write(buf); err != nil {
+				return err
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+			buf = buf[:0]
+		}
+		progress(len(m.u.Tokens))
+	}
+	return nil
+}
+
+// apply runs one update through its choice: detokenized token by token,
+// stop strings cut, and (streaming) appended to buf as SSE events.
+func (c *Call) apply(m msg, buf []byte) ([]byte, error) {
+	g := c.gens[m.g]
+	if g.ended {
+		return buf, nil // tokens after a stop string this side matched
+	}
+	u := m.u
+	tokens := u.Tokens
+	if u.Complete && g.received > 0 {
+		// A completion lists every output id or only those not streamed.
+		if len(tokens) > g.received {
+			tokens = tokens[g.received:]
+		} else {
+			tokens = nil
+		}
+	}
+	if !u.Complete {
+		g.received += len(tokens)
+	}
+	g.prompt, g.complete = u.Prompt, u.Completion
+	if c.req.Stream && c.req.Chat && !g.roleSent {
+		buf = c.appendEvent(buf, g, roleDelta, "")
+		g.roleSent = true
+	}
+	for _, id := range tokens {
+		text, err := g.dec.Next(id)
+		if err != nil {
+			return buf, &EngineError{Status: http.StatusBadGateway, Type: "server_error",
+				Message: fmt.Sprintf("the engine sent %v", err)}
+		}
+		out, stopped := g.stop.feed(text)
+		buf = c.emit(buf, g, out)
+		if stopped {
+			g.finish = "stop"
+			return c.end(buf, g), nil
+		}
+	}
+	if !u.Complete {
+		return buf, nil
+	}
+	g.done = true
+	out, stopped := g.stop.feed(g.dec.Flush())
+	buf = c.emit(buf, g, out)
+	if stopped {
+		g.finish = "stop"
+	} else {
+		buf = c.emit(buf, g, g.stop.rest())
+		g.finish = u.Finish
+	}
+	return c.end(buf, g), nil
+}
+
+// end closes a choice: its finish chunk when streaming. A choice this side
+// stopped is aborted on the engine.
+func (c *Call) end(buf []byte, g *gen) []byte {
+	g.ended = true
+	c.live--
+	if !g.done {
+		g.cancel()
+		go func(id string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = Abort(ctx, c.c, "stop string matched", id)
+		}(g.id)
+		g.done = true
+	}
+	if c.req.Stream {
+		buf = c.appendEvent(buf, g, finishDelta, "")
+	}
+	return buf
+}
+
+// emit adds text to the choice: an SSE event when streaming.
+func (c *Call) emit(buf []byte, g *gen, text string) []byte {
+	if text == "" {
+		return buf
+	}
+	if !c.req.Stream {
+		g.text = append(g.text, text...)
+		return buf
+	}
+	return c.appendEvent(buf, g, contentDelta, text)
+}
+
+func (c *Call) completion() int {
+	n := 0
+	for _, g := range c.gens {
+		n += int(g.complete)
+	}
+	return n
+}
+
+func (c *Call) appendUsage(b []byte) []byte {
+	prompt, completion := 0, 0
+	for _, g := range c.gens {
+		if g.first {
+			prompt += int(g.prompt)
+		}
+		completion += int(g.complete)
+	}
+	b = append(b, `"usage":{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(completion), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt+completion), 10)
+	return append(b, '}')
+}
+
+// object is the answer's object type.
+func (c *Call) object() string {
+	if c.req.Chat {
+		return "chat.completion"
+	}
+	return "text_completion"
+}
+
+// chunkHead is every chunk's opening: id, object, created and model.
+func (c *Call) chunkHead() []byte {
+	if c.head == nil {
+		obj := c.object()
+		if c.req.Chat {
+			obj += ".chunk"
+		}
+		c.head = c.appendHead(nil, obj)
+	}
+	return c.head
+}
+
+func (c *Call) appendHead(b []byte, object string) []byte {
+	b = append(b, `{"id":`...)
+	b = AppendJSONString(b, c.id)
+	b = append(b, `,"object":"`...)
+	b = append(b, object...)
+	b = append(b, `","created":`...)
+	b = strconv.AppendInt(b, c.created, 10)
+	b = append(b, `,"model":`...)
+	return AppendJSONString(b, c.model)
+}
+
+type delta uint8
+
+const (
+	roleDelta delta = iota
+	contentDelta
+	finishDelta
+)
+
+// appendEvent appends one SSE chunk of choice g.
+func (c *Call) appendEvent(b []byte, g *gen, kind delta, text string) []byte {
+	b = append(b, "data: "...)
+	b = append(b, c.chunkHead()...)
+	b = append(b, `,"choices":[{"index":`...)
+	b = strconv.AppendInt(b, int64(g.index), 10)
+	switch {
+	case kind == roleDelta:
+		b = append(b, `,"delta":{"role":"assistant","content":""}`...)
+	case c.req.Chat:
+		b = append(b, `,"delta":{"content":`...)
+		b = AppendJSONString(b, text)
+		b = append(b, '}')
+	default:
+		b = append(b, `,"text":`...)
+		b = AppendJSONString(b, text)
+	}
+	b = append(b, `,"logprobs":null,"finish_reason":`...)
+	if kind == finishDelta {
+		b = AppendJSONString(b, g.finish)
+	} else {
+		b = append(b, "null"...)
+	}
+	return append(b, "}]}\n\n"...)
+}
+
+// final is a non-streamed answer.
+func (c *Call) final() []byte {
+	b := c.appendHead(make([]byte, 0, 256), c.object())
+	b = append(b, `,"choices":[`...)
+	for i, g := range c.gens {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"index":`...)
+		b = strconv.AppendInt(b, int64(g.index), 10)
+		if c.req.Chat {
+			b = append(b, `,"message":{"role":"assistant","content":`...)
+			b = AppendJSONString(b, string(g.text))
+			b = append(b, '}')
+		} else {
+			b = append(b, `,"text":`...)
+			b = AppendJSONString(b, string(g.text))
+		}
+		b = append(b, `,"logprobs":null,"finish_reason":`...)
+		b = AppendJSONString(b, g.finish)
+		b = append(b, '}')
+	}
+	b = append(b, `],`...)
+	b = c.appendUsage(b)
+	return append(b, '}')
+}

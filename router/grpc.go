@@ -1,0 +1,226 @@
+package router
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/openaigrpc"
+	"github.com/smg-project/smg/internal/tlsutil"
+	"github.com/smg-project/smg/router/admission"
+)
+
+// Error codes of the gRPC data path.
+const (
+	// CodeInvalidRequest: a request a gRPC worker's model cannot take (its
+	// chat template fails on it, a prompt over the context, token ids outside
+	// the vocabulary), refused before anything is sent to the engine.
+	CodeInvalidRequest = "invalid_request"
+	// CodeRouteNotServed: a route gRPC workers do not serve (embeddings,
+	// /generate).
+	CodeRouteNotServed = "route_not_served_by_grpc_worker"
+	// CodeWorkerNotServable: the worker's tokenizer or template cannot load.
+	CodeWorkerNotServable = "worker_not_servable"
+)
+
+// grpcPath is the router's upstream for grpc:// and grpcs:// workers: it
+// tokenizes and detokenizes here, behind the same selection and admission
+// as HTTP workers.
+type grpcPath struct {
+	clients *enginegrpc.Pool
+	models  *openaigrpc.Models
+}
+
+func newGRPCPath(o Options) (*grpcPath, error) {
+	var gopts enginegrpc.Options
+	if o.EngineTLS != nil {
+		gopts.Creds = tlsutil.Credentials(*o.EngineTLS)
+	}
+	p := &grpcPath{clients: enginegrpc.NewPool(gopts), models: &openaigrpc.Models{Now: o.Now}}
+	if o.TokenizerPath != "" {
+		m, err := openaigrpc.LoadPath(o.TokenizerPath)
+		if err != nil {
+			return nil, err
+		}
+		p.models.Fixed = m
+	}
+	return p, nil
+}
+
+// retain drops the channels and models of workers no longer in the fleet.
+func (p *grpcPath) retain(workers []Worker) {
+	keep := map[string]bool{}
+	for i := range workers {
+		if enginegrpc.IsGRPC(workers[i].URL) {
+			keep[workers[i].URL] = true
+		}
+	}
+	p.clients.Retain(keep)
+	p.models.Forget(func(u string) bool { return keep[u] })
+}
+
+// grpcNotServableFor is how long a worker whose tokenizer cannot load is
+// left out of selection before its files are read again.
+const grpcNotServableFor = 30 * time.Second
+
+// dispatchGRPC is dispatch for a gRPC worker: the same bookkeeping (pile,
+// prompt in hand, progress per token batch, breaker, retries before the
+// first byte, preemption), with the request translated to Generate.
+func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *http.Request, wk *Worker, st *workerState,
+	body []byte, mayRetry bool, ticket *admission.Ticket) dispatchResult {
+	chat := in.URL.Path == "/v1/chat/completions"
+	if !chat && in.URL.Path != "/v1/completions" {
+		writeError(w, http.StatusNotImplemented, CodeRouteNotServed,
+			in.URL.Path+" is not served by gRPC workers (worker '"+wk.URL+"'); chat and text completions are", 0)
+		return dispatchResult{status: http.StatusNotImplemented}
+	}
+	req, err := openaigrpc.ParseRequest(body, chat)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error(), 0)
+		return dispatchResult{status: http.StatusBadRequest}
+	}
+	c, err := r.grpc.clients.Get(wk.URL)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, CodeUpstreamError, "Invalid worker URL '"+wk.URL+"': "+err.Error(), 0)
+		return dispatchResult{status: http.StatusBadGateway}
+	}
+	m, err := r.grpc.models.ForWorker(ctx, wk.URL, func(ctx context.Context) ([]byte, int, error) {
+		info, err := c.Info(ctx)
+		if err != nil {
+			return nil, 0, err
+		}
+		data, err := c.Tokenizer(ctx, enginegrpc.MaxTokenizerBytes)
+		return data, info.MaxContext, err
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return r.endedBeforeAnswer(ctx, w, in)
+		}
+		st.grpcDownUntil.Store(r.now() + int64(grpcNotServableFor))
+		r.log.Warn("gRPC worker not routable: its tokenizer cannot be loaded", "worker_id", wk.ID, "url", wk.URL,
+			"retry_in", grpcNotServableFor, "err", err)
+		if mayRetry {
+			return dispatchResult{retry: true}
+		}
+		writeError(w, http.StatusServiceUnavailable, CodeWorkerNotServable, "Worker '"+wk.URL+"' is not routable: "+err.Error(), 0)
+		return dispatchResult{status: http.StatusServiceUnavailable}
+	}
+	st.grpcDownUntil.Store(0)
+	prompts, err := m.Prompts(req)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error(), 0)
+		return dispatchResult{status: http.StatusBadRequest}
+	}
+	var promptTokens int64
+	for _, p := range prompts {
+		promptTokens += int64(len(p))
+	}
+
+	st.dispatched.Add(1)
+	st.promptTokens.Add(promptTokens)
+	prefilling := true
+	defer func() {
+		if prefilling {
+			st.promptTokens.Add(-promptTokens)
+		}
+	}()
+	if req.Stream { // the pile: streaming gRPC generations
+		st.streams.Add(1)
+		defer st.streams.Add(-1)
+	}
+	sent := r.clock()
+	call := openaigrpc.Start(ctx, c, m, req, prompts, wk.Model)
+	defer call.Close() // aborts on the engine whatever did not finish
+
+	if err := call.Wait(ctx); err != nil {
+		if ctx.Err() != nil {
+			return r.endedBeforeAnswer(ctx, w, in)
+		}
+		ee := openaigrpc.Classify(err)
+		switch {
+		case ee.Connection:
+			r.metrics.upstream.WithLabelValues("connection").Inc()
+			st.connFailures.Add(1)
+		case ee.Timeout:
+			r.metrics.upstream.WithLabelValues("timeout").Inc()
+		case ee.Status >= 500:
+			r.metrics.upstream.WithLabelValues("status_5xx").Inc()
+		}
+		if !ee.Connection && !ee.Timeout {
+			st.contacts.Add(1) // the engine answered
+		}
+		if ee.Status >= 500 {
+			r.recordFailure(wk, st)
+		} else {
+			r.recordSuccess(wk, st)
+		}
+		if mayRetry && ee.Retry && !ee.Timeout {
+			return dispatchResult{retry: true}
+		}
+		if ee.Connection {
+			ee.Message = "Worker '" + wk.URL + "' failed: " + ee.Message
+		}
+		writeEngineError(w, ee)
+		return dispatchResult{status: ee.Status}
+	}
+	st.contacts.Add(1)
+	r.recordSuccess(wk, st)
+	prefilling = false
+	st.promptTokens.Add(-promptTokens)
+	st.notePrefill(promptTokens, r.clock().Sub(sent))
+	if ticket != nil && !ticket.Start() {
+		return dispatchResult{status: writePreempted(w)}
+	}
+	err = call.Serve(ctx, w, func(int) { st.lastProgress.Store(r.clock().UnixNano()) })
+	if err != nil {
+		if in.Context().Err() != nil {
+			return dispatchResult{status: statusClientClosed}
+		}
+		if r.stopping() {
+			writeStreamError(w, CodeShuttingDown, "The router is shutting down: the stream was cut after the shutdown grace")
+			panic(http.ErrAbortHandler)
+		}
+		ee := openaigrpc.Classify(err)
+		if ee.Connection {
+			r.metrics.upstream.WithLabelValues("connection").Inc()
+			st.connFailures.Add(1)
+		} else {
+			r.metrics.upstream.WithLabelValues("other").Inc()
+		}
+		r.recordFailure(wk, st)
+		// The client reads an explicit error event before the cut.
+		writeStreamError(w, CodeUpstreamError, "Worker '"+wk.URL+"' broke off the stream: "+ee.Message)
+		panic(http.ErrAbortHandler)
+	}
+	now := r.clock()
+	st.lastProgress.Store(now.UnixNano())
+	r.completions.add(now)
+	return dispatchResult{status: http.StatusOK}
+}
+
+// endedBeforeAnswer answers a request whose context ended before anything
+// reached the client: preempted, the router stopping, or the client gone.
+func (r *Router) endedBeforeAnswer(ctx context.Context, w http.ResponseWriter, in *http.Request) dispatchResult {
+	switch {
+	case preempted(ctx):
+		return dispatchResult{status: writePreempted(w)}
+	case r.stopping():
+		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
+		return dispatchResult{status: http.StatusServiceUnavailable}
+	case in.Context().Err() != nil:
+		return dispatchResult{status: statusClientClosed}
+	}
+	writeError(w, http.StatusGatewayTimeout, CodeUpstreamError, "The request timed out", 0)
+	return dispatchResult{status: http.StatusGatewayTimeout}
+}
+
+// writeEngineError answers with an engine's error in OpenAI's shape. It is
+// the engine's answer, not this router's decision: no X-SMG-Error-Code.
+func writeEngineError(w http.ResponseWriter, e *openaigrpc.EngineError) {
+	body := e.AppendErrorBody(make([]byte, 0, 128+len(e.Message)))
+	h := w.Header()
+	h["Content-Type"] = []string{"application/json"}
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(body)
+}
