@@ -11,10 +11,12 @@ import (
 
 // simStats is a simulated engine's GET /sim/stats.
 type simStats struct {
-	Waiting     int `json:"waiting"`
-	Running     int `json:"running"`
-	PeakWaiting int `json:"peak_waiting"`
-	PeakRunning int `json:"peak_running"`
+	Waiting     int   `json:"waiting"`
+	Running     int   `json:"running"`
+	PeakWaiting int   `json:"peak_waiting"`
+	PeakRunning int   `json:"peak_running"`
+	KVStreams   int   `json:"kv_streams"`     // gRPC SubscribeKvEvents streams open
+	GetLoads    int64 `json:"grpc_get_loads"` // gRPC GetLoads calls received
 }
 
 func getSimStats(t *testing.T, url string, reset bool) simStats {

@@ -47,15 +47,19 @@ type workerView struct {
 	Health     string `json:"health"`
 	Ready      bool   `json:"ready"`
 	EngineLoad *struct {
-		WaitingRequests int `json:"waiting_requests"`
-		RunningRequests int `json:"running_requests"`
+		Source          string `json:"source"`
+		WaitingRequests int    `json:"waiting_requests"`
+		RunningRequests int    `json:"running_requests"`
+		ReportedAt      string `json:"reported_at"`
 	} `json:"engine_load"`
 	Verdict struct {
-		Vetoed     bool   `json:"vetoed"`
-		Veto       string `json:"veto"`
-		Overloaded bool   `json:"overloaded"`
-		Liveness   string `json:"liveness"`
+		Vetoed         bool   `json:"vetoed"`
+		Veto           string `json:"veto"`
+		Overloaded     bool   `json:"overloaded"`
+		Liveness       string `json:"liveness"`
+		LivenessReason string `json:"liveness_reason"`
 	} `json:"verdict"`
+	AgentNode string `json:"agent_node"`
 	Model     string `json:"model"`
 	Admission *struct {
 		Window u64            `json:"window"`

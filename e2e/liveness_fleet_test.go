@@ -82,9 +82,15 @@ func lvSignal(t *testing.T, p *proc, sig syscall.Signal) {
 // fault patches engine i's faults through the sim's control port.
 func (f *lvFleet) fault(t *testing.T, engine int, body string) {
 	t.Helper()
+	simFault(t, f.simCtl, engine, body)
+}
+
+// simFault patches engine i's faults through a sim's control listener ctl.
+func simFault(t *testing.T, ctl string, engine int, body string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("%s/sim/fault?engine=%d", f.simCtl, engine), strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("%s/sim/fault?engine=%d", ctl, engine), strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {

@@ -41,6 +41,10 @@ func (s *Server) GRPCURL() string {
 // /sim/stats kv_streams): how many readers follow the engine's KV events.
 func (s *Server) KVStreams() int { return int(s.kvStreams.Load()) }
 
+// GetLoadsCalls is the number of GetLoads calls received (GET /sim/stats
+// grpc_get_loads): how often the engine is polled over gRPC.
+func (s *Server) GetLoadsCalls() int64 { return s.getLoads.Load() }
+
 // GRPCAddr is the engine's gRPC host:port ("" without gRPC).
 func (s *Server) GRPCAddr() string { return s.grpcAddr }
 

@@ -100,6 +100,7 @@ func toStruct(m map[string]any) (*structpb.Struct, error) {
 }
 
 func (v sglangServicer) GetLoads(_ context.Context, req *sglangpb.GetLoadsRequest) (*sglangpb.GetLoadsResponse, error) {
+	v.s.getLoads.Add(1)
 	rank, err := rankArg(req.DpRank, v.s.opts.DPSize)
 	if err != nil {
 		return nil, err
@@ -208,6 +209,7 @@ func (v vllmServicer) GetServerInfo(context.Context, *vllmpb.GetServerInfoReques
 }
 
 func (v vllmServicer) GetLoads(_ context.Context, req *vllmpb.GetLoadsRequest) (*vllmpb.GetLoadsResponse, error) {
+	v.s.getLoads.Add(1)
 	rank, err := rankArg(req.DpRank, v.s.opts.DPSize)
 	if err != nil {
 		return nil, err

@@ -231,17 +231,18 @@ func (s *Server) handleModelInfo(w http.ResponseWriter, _ *http.Request) {
 // simStats is GET /sim/stats: the engine's own queue and running batch now
 // and their high-water marks (summed over DP ranks) since the last reset.
 type simStats struct {
-	Waiting     int `json:"waiting"`
-	Running     int `json:"running"`
-	PeakWaiting int `json:"peak_waiting"`
-	PeakRunning int `json:"peak_running"`
-	KVStreams   int `json:"kv_streams"`
+	Waiting     int   `json:"waiting"`
+	Running     int   `json:"running"`
+	PeakWaiting int   `json:"peak_waiting"`
+	PeakRunning int   `json:"peak_running"`
+	KVStreams   int   `json:"kv_streams"`
+	GetLoads    int64 `json:"grpc_get_loads"`
 }
 
 // handleStats serves GET /sim/stats; ?reset=1 starts new high-water marks.
 func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
 	e := s.eng.Load()
-	out := simStats{KVStreams: s.KVStreams()}
+	out := simStats{KVStreams: s.KVStreams(), GetLoads: s.GetLoadsCalls()}
 	if e != nil {
 		reset := r.URL.Query().Get("reset") == "1"
 		now := time.Now()

@@ -45,6 +45,7 @@ type Server struct {
 
 	grpcReqs  grpcRequests
 	kvStreams atomic.Int64 // SubscribeKvEvents streams open
+	getLoads  atomic.Int64 // GetLoads calls answered
 
 	mu    sync.Mutex
 	fault Fault
