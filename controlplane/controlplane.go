@@ -76,6 +76,9 @@ type Options struct {
 	// AllowLinkLocalWorkers accepts worker URLs at link-local and cloud
 	// metadata addresses (refused by default: see docs/security.md).
 	AllowLinkLocalWorkers bool
+	// ProviderAllowInsecureLoopback accepts an external worker (a provider)
+	// at a plain http:// loopback URL; providers are https:// otherwise.
+	ProviderAllowInsecureLoopback bool
 	// EngineReadBudgetMiB bounds the memory the polls of engines in flight
 	// hold, together (--engine-read-budget-mib).
 	EngineReadBudgetMiB int
@@ -147,6 +150,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.GRPCEngineMaxMessageMiB, enginegrpc.MaxMessageFlag, o.GRPCEngineMaxMessageMiB, enginegrpc.MaxMessageUsage)
 	fs.BoolVar(&o.AllowLinkLocalWorkers, "allow-link-local-workers", o.AllowLinkLocalWorkers,
 		"accept worker URLs at link-local addresses (169.254.0.0/16, fe80::/10) and cloud metadata endpoints, refused by default")
+	fs.BoolVar(&o.ProviderAllowInsecureLoopback, "provider-allow-insecure-loopback", o.ProviderAllowInsecureLoopback,
+		"accept external workers (providers) at plain http:// loopback URLs, for tests against a local fake provider (providers are https:// only otherwise: their API key must not cross a network in clear)")
 	fs.BoolVar(&o.AdmissionWindow, "worker-admission-window", o.AdmissionWindow,
 		"give every worker a running window (spec max_running_requests, else the engine's report, else learned) split into per-router shares; routers with the same flag gate on it (off: as the spec)")
 	fs.IntVar(&o.AdmissionQueue, "worker-admission-queue", o.AdmissionQueue,
@@ -312,8 +317,9 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		Settings: &smgv1.FleetSettings{LoadMonitorIntervalSecs: int32(opts.LoadMonitorInterval), WorkerStaleSecs: int32(opts.Liveness.StaleSecs)}}, log, reg)
 	cp.Admin = admin.New(cp.Registry, admin.Options{
 		APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout,
-		URL:     workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers},
-		Routers: cp.Watch, OnRemove: collector.Removed, Now: opts.Now, Committer: committer, GRPC: grpcOpts,
+		URL:                           workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers},
+		AllowInsecureProviderLoopback: opts.ProviderAllowInsecureLoopback,
+		Routers:                       cp.Watch, OnRemove: collector.Removed, Now: opts.Now, Committer: committer, GRPC: grpcOpts,
 	}, resolver(opts.Thresholds), client, log)
 	if err := cp.newDiscovery(reg); err != nil {
 		return nil, err

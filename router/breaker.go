@@ -28,11 +28,19 @@ type breaker struct {
 
 	mu        sync.Mutex
 	successes int32 // consecutive successes while half-open
+
+	// heldUntil (monotonic nanoseconds) keeps the worker out of routing
+	// whatever the breaker's state, even disabled: a provider's 429 asked
+	// for that long (its Retry-After).
+	heldUntil atomic.Int64
 }
 
 // allow reports whether the breaker lets a request through: closed, half-open,
 // or open past its timeout (which counts as half-open).
 func (b *breaker) allow(cfg *breakerConfig, now int64) bool {
+	if now < b.heldUntil.Load() {
+		return false
+	}
 	if cfg.disabled {
 		return true
 	}
@@ -101,6 +109,17 @@ func (b *breaker) failure(cfg *breakerConfig, now int64) bool {
 	b.failures.Store(0)
 	b.successes = 0
 	return true
+}
+
+// hold keeps the worker out of routing until now (monotonic nanoseconds),
+// or longer if an earlier hold lasts longer.
+func (b *breaker) hold(until int64) {
+	for {
+		cur := b.heldUntil.Load()
+		if cur >= until || b.heldUntil.CompareAndSwap(cur, until) {
+			return
+		}
+	}
 }
 
 // reset closes the breaker at once: the control plane saw the worker alive,

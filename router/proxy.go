@@ -268,16 +268,19 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 	if enginegrpc.IsGRPC(wk.URL) {
 		return r.dispatchGRPC(ctx, w, in, wk, st, body, mayRetry, ticket)
 	}
-	u, err := st.upstreamURL(wk.URL, in)
+	out, err := r.upstreamRequest(in, wk, st, body)
 	if err != nil {
+		if errors.Is(err, errProviderKey) {
+			r.recordFailure(wk, st)
+			if mayRetry {
+				return dispatchResult{retry: true}
+			}
+			writeError(w, http.StatusBadGateway, CodeUpstreamError, "Worker '"+wk.URL+"': "+err.Error(), 0)
+			return dispatchResult{status: http.StatusBadGateway}
+		}
 		writeError(w, http.StatusBadGateway, CodeUpstreamError, "Invalid worker URL '"+wk.URL+"'", 0)
 		return dispatchResult{status: http.StatusBadGateway}
 	}
-	// Built as the client's upstream writes it: the context goes to the
-	// round trip, the body is read again by a retry on a fresh connection.
-	out := &http.Request{Method: http.MethodPost, URL: u, Host: u.Host, Header: make(http.Header, len(in.Header)+2),
-		Body: newRewindBody(body), ContentLength: int64(len(body))}
-	copyRequestHeaders(out.Header, in.Header, wk.APIKey)
 
 	st.dispatched.Add(1)
 	st.promptTokens.Add(promptTokens)
@@ -293,7 +296,7 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 		defer st.streams.Add(-1)
 	}
 
-	resp, err := r.roundTrip(ctx, out)
+	resp, err := r.roundTripTo(ctx, wk, st, out)
 	if err != nil {
 		if preempted(ctx) {
 			return dispatchResult{status: writePreempted(w)}
@@ -328,7 +331,7 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 	}
 	// A worker's (or a nested gateway's) shed is never retried internally.
 	wasShed := resp.Header.Get(canonicalErrorCodeHeader) == CodeShed
-	if mayRetry && retryableStatus(resp.StatusCode) && !wasShed {
+	if mayRetry && retryable(wk, resp.StatusCode) && !wasShed {
 		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10) // lets a small answer reuse its connection
 		return dispatchResult{retry: true}
 	}

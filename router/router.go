@@ -47,6 +47,8 @@ type Router struct {
 	// sched too) or the token bucket, nil when neither is on.
 	door  admission.Door
 	sched *admission.Scheduler // the priority scheduler, when on and started
+	// providers reaches external workers (provider.go).
+	providers *providers
 	// schedFromFleet: the scheduler's capacity is the sum of this router's
 	// window shares, updated with every snapshot (else --max-concurrent-requests).
 	schedFromFleet bool
@@ -153,6 +155,9 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	r.upstream = newUpstream(dialer, opts.EngineTLS.DialTLS(dialer), opts.MaxIdleConnsPerWorker, 90*time.Second)
 	if r.grpc, err = newGRPCPath(opts); err != nil {
 		return nil, fmt.Errorf("--tokenizer-path: %w", err)
+	}
+	if r.providers, err = newProviders(r, dialer, reg); err != nil {
+		return nil, fmt.Errorf("router metrics: %w", err)
 	}
 	return r, nil
 }

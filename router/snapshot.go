@@ -76,6 +76,9 @@ type Worker struct {
 	// Held: kept from the previous control plane epoch, without vetoes,
 	// while the new control plane refills its registry (warming_secs).
 	Held bool
+	// Provider is set for an external worker (an OpenAI-compatible
+	// provider); nil for an engine. Shared, never written.
+	Provider *Provider
 }
 
 // Snapshot is the fleet as the control plane last described it. The router

@@ -67,6 +67,9 @@ type Options struct {
 	// KVHeartbeat is the quiet spell after which a KV event stream carries a
 	// heartbeat record.
 	KVHeartbeat time.Duration
+	// APIKey, when set, is the key every request but /health and /sim/*
+	// must carry as its bearer token (a provider's API key); others get 401.
+	APIKey string
 }
 
 // Servicer extension levels (Options.GRPCExtensions).
@@ -193,6 +196,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.StringVar(&o.GRPCExtensions, "grpc-extensions", o.GRPCExtensions, "what the gRPC servicer adds to the protocol: all (load records on KV event batches, heartbeats, engine-silence figure), load (no silence figure, like an older servicer) or none")
+	fs.StringVar(&o.APIKey, "api-key", o.APIKey, "when set, every route but /health and /sim/* needs 'Authorization: Bearer <key>' (a provider's API key); others get 401 invalid_api_key")
+	fs.IntVar(&o.Fault.Throttle, "fault-throttle", o.Fault.Throttle, "start answering every completion request 429 with this Retry-After in `seconds`, as a rate-limited provider does (0 = off)")
 	fs.Var((*msValue)(&o.KVHeartbeat), "kv-heartbeat-ms", "quiet spell, in milliseconds, after which a gRPC KV event stream sends a heartbeat record")
 }
 
@@ -246,6 +251,9 @@ type Fault struct {
 	// StallKVEvents stops the gRPC KV event streams (no batch, no heartbeat)
 	// while every other surface keeps answering.
 	StallKVEvents bool `json:"stall_kv_events"`
+	// Throttle answers every completion request 429 with this Retry-After
+	// in seconds (a provider's rate limit; 0: off).
+	Throttle int `json:"throttle_retry_after"`
 }
 
 // slowFactor is the step-time multiplier the fault asks for.

@@ -36,6 +36,7 @@ type Server struct {
 	metrics  http.Handler
 	client   *http.Client // decode role: talks to prefill engines
 	mux      *http.ServeMux
+	throttle atomic.Int64 // Fault.Throttle: Retry-After of the 429 answers (0: none)
 
 	resetting atomic.Bool
 	silent    atomic.Bool
@@ -188,7 +189,7 @@ func (s *Server) serveLocked(ln, gln net.Listener) {
 	e.start()
 	s.eng.Store(e)
 	hs := &http.Server{
-		Handler:           s.mux,
+		Handler:           s.provider(s.mux),
 		ReadHeaderTimeout: 10 * time.Second,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, connKey{}, c)
@@ -263,6 +264,10 @@ func (s *Server) applyLocked(f Fault, keep net.Conn) error {
 	if f.Slow < 0 {
 		return errors.New("sim: slow multiplier must be >= 0")
 	}
+	if f.Throttle < 0 {
+		return errors.New("sim: throttle Retry-After must be >= 0")
+	}
+	s.throttle.Store(int64(f.Throttle))
 	old := s.fault
 	s.fault = f
 	s.silent.Store(f.SilentMetrics)

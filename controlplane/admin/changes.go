@@ -160,14 +160,20 @@ func applyRegister(t *registry.Txn, resolve ThresholdResolver, c *Change) (*regi
 		return nil, fmt.Errorf("a worker with url %q already exists", spec.GetUrl())
 	}
 	w := &registry.Worker{Registered: registry.Registered{ID: job.WorkerID}, State: registry.State{Health: registry.HealthPending}}
+	if spec.GetProvider() != nil {
+		w.Health = registry.HealthHealthy // never probed: routable once registered
+	}
 	old := t.Get(job.WorkerID)
 	if old != nil {
 		if job.Kind != "replace" {
 			return nil, fmt.Errorf("worker %s already exists", job.WorkerID)
 		}
 		w = old.Clone()
-		if old.Spec.GetUrl() != spec.GetUrl() {
+		if old.Spec.GetUrl() != spec.GetUrl() || (old.Spec.GetProvider() != nil) != (spec.GetProvider() != nil) {
 			w.Health, w.Load, w.AgentNode = registry.HealthPending, nil, ""
+			if spec.GetProvider() != nil {
+				w.Health = registry.HealthHealthy
+			}
 		}
 		clearOverload(w) // a replaced worker starts with no overload veto
 	} else if job.Kind == "replace" {
@@ -189,6 +195,9 @@ func applyUpdate(t *registry.Txn, c *Change) error {
 	w := t.Get(c.WorkerID)
 	if w == nil {
 		return errNotFound(c.WorkerID)
+	}
+	if w.Spec.GetProvider() != nil && (u.ApiKey != nil || u.Node != nil || u.LoadMonitorIntervalSecs != nil) {
+		return errBadRequest("update", "an external worker takes no api_key (its key is provider.api_key_ref), node or load_monitor_interval_secs; replace its spec with PUT /workers/{worker_id}")
 	}
 	n := w.Clone()
 	spec := proto.Clone(w.Spec).(*smgv1.WorkerSpec)

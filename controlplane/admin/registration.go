@@ -50,11 +50,16 @@ func (s *Service) register(job *registry.Job) error {
 	var model string
 	var stored *smgv1.WorkerSpec
 	var err error
-	if enginegrpc.IsGRPC(spec.GetUrl()) {
+	switch {
+	case spec.GetProvider() != nil:
+		// A provider is never contacted by the control plane: its model is
+		// the spec's and its key is read where requests are sent.
+		model, stored = spec.GetModelId(), spec
+	case enginegrpc.IsGRPC(spec.GetUrl()):
 		if model, stored, err = s.reachGRPC(ctx, spec); err != nil {
 			return err
 		}
-	} else {
+	default:
 		if model, err = s.reachEngine(ctx, spec); err != nil {
 			return err
 		}
@@ -97,9 +102,12 @@ const smgProbeTimeout = 2 * time.Second
 // refuseSMG answers 400 when url answers as an smg router or control plane:
 // a worker there would send every request around a loop. An engine that does
 // not answer yet passes; registration checks again once it answers.
-func (s *Service) refuseSMG(ctx context.Context, url string) error {
-	if enginegrpc.IsGRPC(url) {
-		return nil // smg's ports speak HTTP: a gRPC registration there fails as "answers HTTP"
+func (s *Service) refuseSMG(ctx context.Context, spec *smgv1.WorkerSpec) error {
+	url := spec.GetUrl()
+	if enginegrpc.IsGRPC(url) || spec.GetProvider() != nil {
+		// smg's ports speak HTTP: a gRPC registration there fails as
+		// "answers HTTP"; a provider is never contacted by the control plane.
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, smgProbeTimeout)
 	defer cancel()

@@ -47,6 +47,10 @@ type Options struct {
 	JobRetention time.Duration
 	// URL relaxes the worker URL rules (--allow-link-local-workers).
 	URL workerurl.Options
+	// AllowInsecureProviderLoopback accepts an external worker at a plain
+	// http:// loopback URL (--provider-allow-insecure-loopback, for tests
+	// against a local fake provider).
+	AllowInsecureProviderLoopback bool
 	// Routers (nil: none listed) lists the routers watching the control plane.
 	Routers RouterLister
 	// OnRemove (nil: none) runs with the old record after a worker is
@@ -127,7 +131,7 @@ func (s *Service) CreateWorker(ctx context.Context, req *smgv1.CreateWorkerReque
 	if err != nil {
 		return nil, err
 	}
-	if err := s.refuseSMG(ctx, spec.GetUrl()); err != nil {
+	if err := s.refuseSMG(ctx, spec); err != nil {
 		return nil, err
 	}
 	id, err := s.submit(ctx, spec)
@@ -156,7 +160,14 @@ func (s *Service) prepare(spec *smgv1.WorkerSpec) (*smgv1.WorkerSpec, error) {
 		return nil, errBadRequest("url", "url is required")
 	}
 	spec = proto.Clone(spec).(*smgv1.WorkerSpec)
-	if err := normalizeSpec(spec, s.opts.URL); err != nil {
+	if spec.GetProvider() != nil {
+		if err := normalizeProvider(spec, s.opts.URL, s.opts.AllowInsecureProviderLoopback); err != nil {
+			return nil, err
+		}
+		if err := validateProvider(spec); err != nil {
+			return nil, err
+		}
+	} else if err := normalizeSpec(spec, s.opts.URL); err != nil {
 		return nil, err
 	}
 	if err := validateSpec(spec); err != nil {
@@ -198,7 +209,7 @@ func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerReq
 	if err != nil {
 		return nil, err
 	}
-	if err := s.refuseSMG(ctx, spec.GetUrl()); err != nil {
+	if err := s.refuseSMG(ctx, spec); err != nil {
 		return nil, err
 	}
 	id := req.GetWorkerId()
@@ -426,6 +437,7 @@ func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 		},
 		JobStatus: jobStatus(job),
 		AgentNode: w.AgentNode,
+		Kind:      workerKind(w.Spec),
 	}
 }
 
@@ -449,10 +461,13 @@ func clearOverload(w *registry.Worker) {
 // redacted hides a spec's api_key in answers: the key is the engine's
 // secret, and GET /workers may be open when no admin key is set.
 func redacted(spec *smgv1.WorkerSpec) *smgv1.WorkerSpec {
-	if spec.GetApiKey() == "" {
+	if spec.GetApiKey() == "" && len(spec.GetProvider().GetHeaders()) == 0 {
 		return spec
 	}
 	c := proto.Clone(spec).(*smgv1.WorkerSpec)
-	c.ApiKey = "<redacted>"
+	if c.ApiKey != "" {
+		c.ApiKey = "<redacted>"
+	}
+	redactedProvider(c.GetProvider())
 	return c
 }

@@ -238,6 +238,9 @@ func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) (<-chan stru
 func (c *Checker) reconcile(workers []*registry.Worker, now time.Time) {
 	c.gen++
 	for _, w := range workers {
+		if w.External() {
+			continue // a provider is never probed: Ready from its registration
+		}
 		st := c.state[w.ID]
 		if st == nil || st.url != w.Spec.GetUrl() {
 			st = &probeState{url: w.Spec.GetUrl(), next: now}

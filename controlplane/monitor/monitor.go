@@ -290,7 +290,7 @@ type slot struct {
 func (g *group) reconcile(m *Monitor, workers []*registry.Worker, now time.Time) {
 	g.gen++
 	for _, w := range workers {
-		if !w.Ready() || groupOf(w) != g.key {
+		if !polled(w) || groupOf(w) != g.key {
 			continue
 		}
 		s := g.slots[w.ID]
@@ -329,7 +329,7 @@ func (m *Monitor) pollDue(ctx context.Context, g *group) time.Duration {
 			continue // stale entry
 		}
 		w := snap.Get(id)
-		if w == nil || !w.Ready() || groupOf(w) != g.key {
+		if w == nil || !polled(w) || groupOf(w) != g.key {
 			delete(g.slots, id) // the reconcile this change brings re-adds it if it comes back
 			continue
 		}
@@ -364,11 +364,15 @@ func (m *Monitor) PollNow(workerIDs ...string) {
 	snap := m.reg.Snapshot()
 	now := m.now()
 	for _, id := range workerIDs {
-		if w := snap.Get(id); w != nil && w.Ready() && m.burst.Take(now) {
+		if w := snap.Get(id); w != nil && polled(w) && m.burst.Take(now) {
 			m.pollAsync(ctx, w)
 		}
 	}
 }
+
+// polled reports whether w's load is polled: Ready, and an engine (an
+// external provider has no load feed).
+func polled(w *registry.Worker) bool { return w.Ready() && !w.External() }
 
 // pollAsync polls one worker unless its previous poll is still running.
 func (m *Monitor) pollAsync(ctx context.Context, w *registry.Worker) {

@@ -15,6 +15,8 @@ import (
 //   - a new URL is another engine: its evidence starts afresh;
 //   - the rules judge Ready workers only: a worker not Ready keeps no
 //     liveness evidence and gets no veto (fail open);
+//   - an external worker (a provider) has no load feed: it is never
+//     flagged nor judged by liveness, whatever evidence reaches it;
 //   - the verdicts themselves are judged's;
 //   - leaving unreachable bumps ContactSeq (routers close the worker's
 //     breaker).
@@ -25,7 +27,7 @@ func decide(old, w *Worker) {
 	if old != nil && old.Spec.GetUrl() != w.Spec.GetUrl() {
 		w.Evidence = Evidence{}
 	}
-	if !w.Ready() {
+	if !w.Ready() || w.External() {
 		w.Evidence.Live, w.Evidence.Routers, w.Evidence.PushedAt = judge.Liveness{}, nil, time.Time{}
 	}
 	v := judged(w)
@@ -67,7 +69,7 @@ type verdicts struct {
 // produced a report; the liveness verdict is Evidence.Live's for a Ready
 // worker, Live otherwise (fail open).
 func judged(w *Worker) (v verdicts) {
-	if !w.Ready() {
+	if !w.Ready() || w.External() {
 		return verdicts{live: judge.Live}
 	}
 	if !w.Evidence.NoReport && w.Load != nil {

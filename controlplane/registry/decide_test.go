@@ -203,3 +203,23 @@ func changeValue(t *testing.T, v reflect.Value) {
 		t.Fatalf("cannot change a %s", v.Type())
 	}
 }
+
+// An external worker (a provider) has no load feed: evidence that would
+// flag an engine, a load over its ceiling or a connection failure with
+// silence, never vetoes it, and its liveness evidence is not kept.
+func TestExternalWorkerIsNeverFlagged(t *testing.T) {
+	r := New("e", 0)
+	rules := judge.LivenessConfig{StallSecs: 0, WedgeSecs: 3}.Rules()
+	w := put(t, r, func(w *Worker) {
+		w.Spec = &smgv1.WorkerSpec{Url: "https://api.example.com/v1#m", Provider: &smgv1.ProviderSpec{Model: "p"}}
+		w.Load = &smgv1.EngineLoad{WaitingRequests: 99}
+		w.Evidence.Live.Failure(t0, judge.ConnectionFailure, &rules)
+		w.Evidence.Routers = map[string]RouterView{"r1": {Streams: 3}}
+	})
+	if w.Overloaded || w.Liveness != smgv1.Veto_VETO_UNSPECIFIED || w.Evidence.Live != (judge.Liveness{}) || w.Evidence.Routers != nil {
+		t.Fatalf("external worker judged: overloaded %v liveness %v evidence %+v", w.Overloaded, w.Liveness, w.Evidence)
+	}
+	if v, _ := w.Veto(); v != smgv1.Veto_VETO_UNSPECIFIED {
+		t.Fatalf("external worker vetoed: %v", v)
+	}
+}

@@ -134,6 +134,10 @@ type RouterView struct {
 	PrefillTokens int64
 }
 
+// External reports whether the worker is an external provider (spec.provider
+// set): never polled, probed, flagged nor judged by liveness.
+func (r *Registered) External() bool { return r.Spec.GetProvider() != nil }
+
 // Ready reports whether the health checker has admitted the worker.
 func (w *Worker) Ready() bool { return w.Health == HealthHealthy }
 

@@ -1,6 +1,9 @@
 package watch
 
 import (
+	"maps"
+	"slices"
+
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
@@ -40,7 +43,23 @@ func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 		AdmissionRooms:     w.Admission.Rooms(),
 		Overloaded:         w.Overloaded,
 		OverloadReason:     w.OverloadReason,
+		Provider:           ProviderRoute(spec.GetProvider()),
 	}
+}
+
+// ProviderRoute is what routers need of an external worker's provider
+// block (nil for an engine): its key goes as the reference only, and its
+// headers sorted by name so the same worker always encodes alike.
+func ProviderRoute(p *smgv1.ProviderSpec) *smgv1.ProviderRoute {
+	if p == nil {
+		return nil
+	}
+	r := &smgv1.ProviderRoute{Model: p.GetModel(), ApiKeyRef: p.GetApiKeyRef(), TimeoutSecs: p.GetTimeoutSecs(),
+		SpillRequestsPerSec: p.GetSpillRequestsPerSec(), SpillTokensPerSec: p.GetSpillTokensPerSec()}
+	for _, k := range slices.Sorted(maps.Keys(p.GetHeaders())) {
+		r.Headers = append(r.Headers, &smgv1.ProviderHeader{Name: k, Value: p.GetHeaders()[k]})
+	}
+	return r
 }
 
 // view is what RoutingWorker's fields take from w beyond a plain copy:

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
 // The watch's messages are written straight to their wire bytes: a snapshot
@@ -104,7 +105,30 @@ func appendWorker(buf []byte, w *registry.Worker, routerID string) []byte {
 	buf = appendInt(buf, 19, w.Admission.Rooms())
 	buf = appendBool(buf, 20, w.Overloaded)
 	buf = appendString(buf, 21, w.OverloadReason)
+	if p := spec.GetProvider(); p != nil {
+		var m int
+		buf, m = openField(buf, 22)
+		buf = appendProvider(buf, ProviderRoute(p))
+		buf = closeField(buf, m)
+	}
 	return buf
+}
+
+// appendProvider appends the fields of a ProviderRoute (external workers
+// are few: built as a message first, written field by field).
+func appendProvider(buf []byte, p *smgv1.ProviderRoute) []byte {
+	buf = appendString(buf, 1, p.GetModel())
+	buf = appendString(buf, 2, p.GetApiKeyRef())
+	for _, h := range p.GetHeaders() { // repeated: every element, empty or not
+		var m int
+		buf, m = openField(buf, 3)
+		buf = appendString(buf, 1, h.GetName())
+		buf = appendString(buf, 2, h.GetValue())
+		buf = closeField(buf, m)
+	}
+	buf = appendInt(buf, 4, int64(p.GetTimeoutSecs()))
+	buf = appendDouble(buf, 5, p.GetSpillRequestsPerSec())
+	return appendDouble(buf, 6, p.GetSpillTokensPerSec())
 }
 
 // openField appends field num's tag and a one-byte placeholder for its

@@ -79,6 +79,13 @@ func randWorker(r *rand.Rand, id string, routers []string) *registry.Worker {
 	if r.IntN(2) == 0 {
 		w.Spec.MaxRunningRequests = ptr(randInt32(r))
 	}
+	if r.IntN(4) == 0 {
+		w.Spec.Provider = &smgv1.ProviderSpec{Model: randString(r), ApiKeyRef: randString(r),
+			TimeoutSecs: ptr(randInt32(r)), SpillRequestsPerSec: randFloat(r), SpillTokensPerSec: randFloat(r)}
+		if r.IntN(2) == 0 {
+			w.Spec.Provider.Headers = map[string]string{randString(r): randString(r), "b" + randString(r): "", "": randString(r)}
+		}
+	}
 	if r.IntN(4) > 0 {
 		w.Load = &smgv1.EngineLoad{WaitingRequests: randInt32(r), RunningRequests: randInt32(r),
 			TokenUsage: randFloat(r), MaxRunningRequests: randInt32(r)}

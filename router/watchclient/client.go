@@ -753,7 +753,22 @@ func routerWorker(w *smgv1.RoutingWorker) router.Worker {
 		WindowShare:    w.GetWindowShare(),
 
 		AdmissionRooms: w.GetAdmissionRooms(),
+		Provider:       routerProvider(w.GetProvider()),
 	}
+}
+
+// routerProvider is an external worker's provider block (nil: an engine).
+func routerProvider(p *smgv1.ProviderRoute) *router.Provider {
+	if p == nil {
+		return nil
+	}
+	out := &router.Provider{Model: p.GetModel(), KeyRef: p.GetApiKeyRef(),
+		Timeout:             time.Duration(p.GetTimeoutSecs()) * time.Second,
+		SpillRequestsPerSec: p.GetSpillRequestsPerSec(), SpillTokensPerSec: p.GetSpillTokensPerSec()}
+	for _, h := range p.GetHeaders() {
+		out.Headers = append(out.Headers, [2]string{h.GetName(), h.GetValue()})
+	}
+	return out
 }
 
 func routerVeto(v smgv1.Veto) router.Veto {

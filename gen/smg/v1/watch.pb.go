@@ -625,7 +625,8 @@ type RoutingWorker struct {
 	ApiKey     string `protobuf:"bytes,17,opt,name=api_key,json=apiKey,proto3" json:"api_key,omitempty"`
 	// This router's share of a decode worker's running window: > 0 rooms it
 	// may fill, -1 none granted (hold no room), 0 no allocator (count against
-	// the whole window).
+	// the whole window). For an external worker with a spill-over budget: this
+	// router's part of the budget in millionths (-1: none yet, 0: the whole).
 	WindowShare int64 `protobuf:"varint,18,opt,name=window_share,json=windowShare,proto3" json:"window_share,omitempty"`
 	// Running window plus queue allowance of the worker under
 	// --worker-admission-window (0: none known, never gated).
@@ -635,8 +636,11 @@ type RoutingWorker struct {
 	// causes here (a shedding router never steers to it).
 	Overloaded     bool   `protobuf:"varint,20,opt,name=overloaded,proto3" json:"overloaded,omitempty"`
 	OverloadReason string `protobuf:"bytes,21,opt,name=overload_reason,json=overloadReason,proto3" json:"overload_reason,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Set for an external worker: how the router reaches the provider. Its
+	// key travels as a reference only; each router resolves it.
+	Provider      *ProviderRoute `protobuf:"bytes,22,opt,name=provider,proto3" json:"provider,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RoutingWorker) Reset() {
@@ -816,6 +820,152 @@ func (x *RoutingWorker) GetOverloadReason() string {
 	return ""
 }
 
+func (x *RoutingWorker) GetProvider() *ProviderRoute {
+	if x != nil {
+		return x.Provider
+	}
+	return nil
+}
+
+// ProviderRoute is the routing part of a worker's ProviderSpec.
+type ProviderRoute struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Model     string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	ApiKeyRef string                 `protobuf:"bytes,2,opt,name=api_key_ref,json=apiKeyRef,proto3" json:"api_key_ref,omitempty"`
+	// Sorted by name (a list, not a map: the watch's bytes are the same for
+	// the same worker).
+	Headers             []*ProviderHeader `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty"`
+	TimeoutSecs         int32             `protobuf:"varint,4,opt,name=timeout_secs,json=timeoutSecs,proto3" json:"timeout_secs,omitempty"`
+	SpillRequestsPerSec float64           `protobuf:"fixed64,5,opt,name=spill_requests_per_sec,json=spillRequestsPerSec,proto3" json:"spill_requests_per_sec,omitempty"`
+	SpillTokensPerSec   float64           `protobuf:"fixed64,6,opt,name=spill_tokens_per_sec,json=spillTokensPerSec,proto3" json:"spill_tokens_per_sec,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *ProviderRoute) Reset() {
+	*x = ProviderRoute{}
+	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderRoute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderRoute) ProtoMessage() {}
+
+func (x *ProviderRoute) ProtoReflect() protoreflect.Message {
+	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderRoute.ProtoReflect.Descriptor instead.
+func (*ProviderRoute) Descriptor() ([]byte, []int) {
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ProviderRoute) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ProviderRoute) GetApiKeyRef() string {
+	if x != nil {
+		return x.ApiKeyRef
+	}
+	return ""
+}
+
+func (x *ProviderRoute) GetHeaders() []*ProviderHeader {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *ProviderRoute) GetTimeoutSecs() int32 {
+	if x != nil {
+		return x.TimeoutSecs
+	}
+	return 0
+}
+
+func (x *ProviderRoute) GetSpillRequestsPerSec() float64 {
+	if x != nil {
+		return x.SpillRequestsPerSec
+	}
+	return 0
+}
+
+func (x *ProviderRoute) GetSpillTokensPerSec() float64 {
+	if x != nil {
+		return x.SpillTokensPerSec
+	}
+	return 0
+}
+
+type ProviderHeader struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProviderHeader) Reset() {
+	*x = ProviderHeader{}
+	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderHeader) ProtoMessage() {}
+
+func (x *ProviderHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderHeader.ProtoReflect.Descriptor instead.
+func (*ProviderHeader) Descriptor() ([]byte, []int) {
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ProviderHeader) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ProviderHeader) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
 type WatchSnapshot struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Workers []*RoutingWorker       `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
@@ -836,7 +986,7 @@ type WatchSnapshot struct {
 
 func (x *WatchSnapshot) Reset() {
 	*x = WatchSnapshot{}
-	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	mi := &file_smg_v1_watch_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +998,7 @@ func (x *WatchSnapshot) String() string {
 func (*WatchSnapshot) ProtoMessage() {}
 
 func (x *WatchSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	mi := &file_smg_v1_watch_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1011,7 @@ func (x *WatchSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSnapshot.ProtoReflect.Descriptor instead.
 func (*WatchSnapshot) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{8}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchSnapshot) GetWorkers() []*RoutingWorker {
@@ -903,7 +1053,7 @@ type FleetSettings struct {
 
 func (x *FleetSettings) Reset() {
 	*x = FleetSettings{}
-	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	mi := &file_smg_v1_watch_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1065,7 @@ func (x *FleetSettings) String() string {
 func (*FleetSettings) ProtoMessage() {}
 
 func (x *FleetSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	mi := &file_smg_v1_watch_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1078,7 @@ func (x *FleetSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSettings.ProtoReflect.Descriptor instead.
 func (*FleetSettings) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{9}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FleetSettings) GetLoadMonitorIntervalSecs() int32 {
@@ -955,7 +1105,7 @@ type WatchDelta struct {
 
 func (x *WatchDelta) Reset() {
 	*x = WatchDelta{}
-	mi := &file_smg_v1_watch_proto_msgTypes[10]
+	mi := &file_smg_v1_watch_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1117,7 @@ func (x *WatchDelta) String() string {
 func (*WatchDelta) ProtoMessage() {}
 
 func (x *WatchDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[10]
+	mi := &file_smg_v1_watch_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1130,7 @@ func (x *WatchDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDelta.ProtoReflect.Descriptor instead.
 func (*WatchDelta) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{10}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WatchDelta) GetUpserts() []*RoutingWorker {
@@ -1005,7 +1155,7 @@ type WatchHeartbeat struct {
 
 func (x *WatchHeartbeat) Reset() {
 	*x = WatchHeartbeat{}
-	mi := &file_smg_v1_watch_proto_msgTypes[11]
+	mi := &file_smg_v1_watch_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1167,7 @@ func (x *WatchHeartbeat) String() string {
 func (*WatchHeartbeat) ProtoMessage() {}
 
 func (x *WatchHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[11]
+	mi := &file_smg_v1_watch_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1180,7 @@ func (x *WatchHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchHeartbeat.ProtoReflect.Descriptor instead.
 func (*WatchHeartbeat) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{11}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{13}
 }
 
 var File_smg_v1_watch_proto protoreflect.FileDescriptor
@@ -1075,7 +1225,7 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x05delta\x18\x04 \x01(\v2\x12.smg.v1.WatchDeltaH\x00R\x05delta\x126\n" +
 	"\theartbeat\x18\x05 \x01(\v2\x16.smg.v1.WatchHeartbeatH\x00R\theartbeat\x12+\n" +
 	"\agoodbye\x18\x06 \x01(\v2\x0f.smg.v1.GoodbyeH\x00R\agoodbyeB\x05\n" +
-	"\x03msg\"\xc6\x05\n" +
+	"\x03msg\"\xf9\x05\n" +
 	"\rRoutingWorker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -1104,7 +1254,18 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\n" +
 	"overloaded\x18\x14 \x01(\bR\n" +
 	"overloaded\x12'\n" +
-	"\x0foverload_reason\x18\x15 \x01(\tR\x0eoverloadReason\"\x96\x01\n" +
+	"\x0foverload_reason\x18\x15 \x01(\tR\x0eoverloadReason\x121\n" +
+	"\bprovider\x18\x16 \x01(\v2\x15.smg.v1.ProviderRouteR\bprovider\"\x80\x02\n" +
+	"\rProviderRoute\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1e\n" +
+	"\vapi_key_ref\x18\x02 \x01(\tR\tapiKeyRef\x120\n" +
+	"\aheaders\x18\x03 \x03(\v2\x16.smg.v1.ProviderHeaderR\aheaders\x12!\n" +
+	"\ftimeout_secs\x18\x04 \x01(\x05R\vtimeoutSecs\x123\n" +
+	"\x16spill_requests_per_sec\x18\x05 \x01(\x01R\x13spillRequestsPerSec\x12/\n" +
+	"\x14spill_tokens_per_sec\x18\x06 \x01(\x01R\x11spillTokensPerSec\":\n" +
+	"\x0eProviderHeader\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\x96\x01\n" +
 	"\rWatchSnapshot\x12/\n" +
 	"\aworkers\x18\x01 \x03(\v2\x15.smg.v1.RoutingWorkerR\aworkers\x121\n" +
 	"\bsettings\x18\x02 \x01(\v2\x15.smg.v1.FleetSettingsR\bsettings\x12!\n" +
@@ -1132,7 +1293,7 @@ func file_smg_v1_watch_proto_rawDescGZIP() []byte {
 	return file_smg_v1_watch_proto_rawDescData
 }
 
-var file_smg_v1_watch_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_smg_v1_watch_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_smg_v1_watch_proto_goTypes = []any{
 	(*WatchRequest)(nil),          // 0: smg.v1.WatchRequest
 	(*WatchHello)(nil),            // 1: smg.v1.WatchHello
@@ -1142,13 +1303,15 @@ var file_smg_v1_watch_proto_goTypes = []any{
 	(*DecodeDemand)(nil),          // 5: smg.v1.DecodeDemand
 	(*WatchResponse)(nil),         // 6: smg.v1.WatchResponse
 	(*RoutingWorker)(nil),         // 7: smg.v1.RoutingWorker
-	(*WatchSnapshot)(nil),         // 8: smg.v1.WatchSnapshot
-	(*FleetSettings)(nil),         // 9: smg.v1.FleetSettings
-	(*WatchDelta)(nil),            // 10: smg.v1.WatchDelta
-	(*WatchHeartbeat)(nil),        // 11: smg.v1.WatchHeartbeat
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*Goodbye)(nil),               // 13: smg.v1.Goodbye
-	(Veto)(0),                     // 14: smg.v1.Veto
+	(*ProviderRoute)(nil),         // 8: smg.v1.ProviderRoute
+	(*ProviderHeader)(nil),        // 9: smg.v1.ProviderHeader
+	(*WatchSnapshot)(nil),         // 10: smg.v1.WatchSnapshot
+	(*FleetSettings)(nil),         // 11: smg.v1.FleetSettings
+	(*WatchDelta)(nil),            // 12: smg.v1.WatchDelta
+	(*WatchHeartbeat)(nil),        // 13: smg.v1.WatchHeartbeat
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*Goodbye)(nil),               // 15: smg.v1.Goodbye
+	(Veto)(0),                     // 16: smg.v1.Veto
 }
 var file_smg_v1_watch_proto_depIdxs = []int32{
 	1,  // 0: smg.v1.WatchRequest.hello:type_name -> smg.v1.WatchHello
@@ -1156,23 +1319,25 @@ var file_smg_v1_watch_proto_depIdxs = []int32{
 	3,  // 2: smg.v1.WatchRequest.report:type_name -> smg.v1.RouterReport
 	4,  // 3: smg.v1.RouterReport.workers:type_name -> smg.v1.WorkerObservation
 	5,  // 4: smg.v1.RouterReport.demand:type_name -> smg.v1.DecodeDemand
-	12, // 5: smg.v1.WorkerObservation.last_progress:type_name -> google.protobuf.Timestamp
-	12, // 6: smg.v1.WorkerObservation.last_failure:type_name -> google.protobuf.Timestamp
-	8,  // 7: smg.v1.WatchResponse.snapshot:type_name -> smg.v1.WatchSnapshot
-	10, // 8: smg.v1.WatchResponse.delta:type_name -> smg.v1.WatchDelta
-	11, // 9: smg.v1.WatchResponse.heartbeat:type_name -> smg.v1.WatchHeartbeat
-	13, // 10: smg.v1.WatchResponse.goodbye:type_name -> smg.v1.Goodbye
-	14, // 11: smg.v1.RoutingWorker.veto:type_name -> smg.v1.Veto
-	7,  // 12: smg.v1.WatchSnapshot.workers:type_name -> smg.v1.RoutingWorker
-	9,  // 13: smg.v1.WatchSnapshot.settings:type_name -> smg.v1.FleetSettings
-	7,  // 14: smg.v1.WatchDelta.upserts:type_name -> smg.v1.RoutingWorker
-	0,  // 15: smg.v1.WatchService.Watch:input_type -> smg.v1.WatchRequest
-	6,  // 16: smg.v1.WatchService.Watch:output_type -> smg.v1.WatchResponse
-	16, // [16:17] is the sub-list for method output_type
-	15, // [15:16] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	14, // 5: smg.v1.WorkerObservation.last_progress:type_name -> google.protobuf.Timestamp
+	14, // 6: smg.v1.WorkerObservation.last_failure:type_name -> google.protobuf.Timestamp
+	10, // 7: smg.v1.WatchResponse.snapshot:type_name -> smg.v1.WatchSnapshot
+	12, // 8: smg.v1.WatchResponse.delta:type_name -> smg.v1.WatchDelta
+	13, // 9: smg.v1.WatchResponse.heartbeat:type_name -> smg.v1.WatchHeartbeat
+	15, // 10: smg.v1.WatchResponse.goodbye:type_name -> smg.v1.Goodbye
+	16, // 11: smg.v1.RoutingWorker.veto:type_name -> smg.v1.Veto
+	8,  // 12: smg.v1.RoutingWorker.provider:type_name -> smg.v1.ProviderRoute
+	9,  // 13: smg.v1.ProviderRoute.headers:type_name -> smg.v1.ProviderHeader
+	7,  // 14: smg.v1.WatchSnapshot.workers:type_name -> smg.v1.RoutingWorker
+	11, // 15: smg.v1.WatchSnapshot.settings:type_name -> smg.v1.FleetSettings
+	7,  // 16: smg.v1.WatchDelta.upserts:type_name -> smg.v1.RoutingWorker
+	0,  // 17: smg.v1.WatchService.Watch:input_type -> smg.v1.WatchRequest
+	6,  // 18: smg.v1.WatchService.Watch:output_type -> smg.v1.WatchResponse
+	18, // [18:19] is the sub-list for method output_type
+	17, // [17:18] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_watch_proto_init() }
@@ -1199,7 +1364,7 @@ func file_smg_v1_watch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_smg_v1_watch_proto_rawDesc), len(file_smg_v1_watch_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

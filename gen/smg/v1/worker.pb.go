@@ -111,8 +111,14 @@ type WorkerSpec struct {
 	Node string `protobuf:"bytes,15,opt,name=node,proto3" json:"node,omitempty"`
 	// Running window of a decode worker whose engine reports none.
 	MaxRunningRequests *int32 `protobuf:"varint,16,opt,name=max_running_requests,json=maxRunningRequests,proto3,oneof" json:"max_running_requests,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Set for an external worker: an OpenAI-compatible provider reached at
+	// url (https://; its OpenAI base URL, e.g. https://api.openai.com/v1).
+	// It is never polled nor probed, never flagged by overload nor judged by
+	// liveness (it has no load feed); the router's circuit breaker and
+	// retries apply. model_id is the local model name it serves.
+	Provider      *ProviderSpec `protobuf:"bytes,17,opt,name=provider,proto3" json:"provider,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
@@ -257,6 +263,114 @@ func (x *WorkerSpec) GetMaxRunningRequests() int32 {
 	return 0
 }
 
+func (x *WorkerSpec) GetProvider() *ProviderSpec {
+	if x != nil {
+		return x.Provider
+	}
+	return nil
+}
+
+// ProviderSpec is how the router reaches an external (provider) worker.
+type ProviderSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The provider's name of the model: the request's model field is
+	// rewritten to it, and back to the local name in the answer (default:
+	// model_id).
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// Where the provider's API key is: "env:NAME" (an environment variable)
+	// or "file:/absolute/path" (a file readable by its owner only). The key
+	// is read where it is used (the router, and registration's check) and is
+	// never stored, shown or sent on the watch stream.
+	ApiKeyRef string `protobuf:"bytes,2,opt,name=api_key_ref,json=apiKeyRef,proto3" json:"api_key_ref,omitempty"`
+	// Extra headers sent to the provider with every request (e.g.
+	// OpenAI-Organization); never Authorization, Host or hop-by-hop headers.
+	Headers map[string]string `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Seconds the router waits for the provider's answer to start (its
+	// status line and headers) before the attempt fails as a timeout and
+	// counts against the breaker (default 60).
+	TimeoutSecs *int32 `protobuf:"varint,4,opt,name=timeout_secs,json=timeoutSecs,proto3,oneof" json:"timeout_secs,omitempty"`
+	// Spill-over budget (router --spill-over), fleet-wide, split among the
+	// routers by the control plane: requests per second (0: no limit).
+	SpillRequestsPerSec float64 `protobuf:"fixed64,5,opt,name=spill_requests_per_sec,json=spillRequestsPerSec,proto3" json:"spill_requests_per_sec,omitempty"`
+	// Spill-over budget in tokens per second (estimated prompt tokens plus
+	// max_tokens; 0: no limit).
+	SpillTokensPerSec float64 `protobuf:"fixed64,6,opt,name=spill_tokens_per_sec,json=spillTokensPerSec,proto3" json:"spill_tokens_per_sec,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ProviderSpec) Reset() {
+	*x = ProviderSpec{}
+	mi := &file_smg_v1_worker_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderSpec) ProtoMessage() {}
+
+func (x *ProviderSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_smg_v1_worker_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderSpec.ProtoReflect.Descriptor instead.
+func (*ProviderSpec) Descriptor() ([]byte, []int) {
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ProviderSpec) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ProviderSpec) GetApiKeyRef() string {
+	if x != nil {
+		return x.ApiKeyRef
+	}
+	return ""
+}
+
+func (x *ProviderSpec) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *ProviderSpec) GetTimeoutSecs() int32 {
+	if x != nil && x.TimeoutSecs != nil {
+		return *x.TimeoutSecs
+	}
+	return 0
+}
+
+func (x *ProviderSpec) GetSpillRequestsPerSec() float64 {
+	if x != nil {
+		return x.SpillRequestsPerSec
+	}
+	return 0
+}
+
+func (x *ProviderSpec) GetSpillTokensPerSec() float64 {
+	if x != nil {
+		return x.SpillTokensPerSec
+	}
+	return 0
+}
+
 // Thresholds are the resolved overload thresholds of one worker; 0 means the
 // signal has no threshold.
 type Thresholds struct {
@@ -269,7 +383,7 @@ type Thresholds struct {
 
 func (x *Thresholds) Reset() {
 	*x = Thresholds{}
-	mi := &file_smg_v1_worker_proto_msgTypes[2]
+	mi := &file_smg_v1_worker_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -281,7 +395,7 @@ func (x *Thresholds) String() string {
 func (*Thresholds) ProtoMessage() {}
 
 func (x *Thresholds) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[2]
+	mi := &file_smg_v1_worker_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -294,7 +408,7 @@ func (x *Thresholds) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Thresholds.ProtoReflect.Descriptor instead.
 func (*Thresholds) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{2}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Thresholds) GetWaitingRequests() int32 {
@@ -324,7 +438,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_smg_v1_worker_proto_msgTypes[3]
+	mi := &file_smg_v1_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -336,7 +450,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[3]
+	mi := &file_smg_v1_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -349,7 +463,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{3}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *JobStatus) GetState() string {
@@ -394,7 +508,7 @@ type Verdict struct {
 
 func (x *Verdict) Reset() {
 	*x = Verdict{}
-	mi := &file_smg_v1_worker_proto_msgTypes[4]
+	mi := &file_smg_v1_worker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -406,7 +520,7 @@ func (x *Verdict) String() string {
 func (*Verdict) ProtoMessage() {}
 
 func (x *Verdict) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[4]
+	mi := &file_smg_v1_worker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -419,7 +533,7 @@ func (x *Verdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verdict.ProtoReflect.Descriptor instead.
 func (*Verdict) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{4}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Verdict) GetVetoed() bool {
@@ -488,14 +602,16 @@ type Worker struct {
 	// Model served (from the spec, or discovered from the engine).
 	Model string `protobuf:"bytes,10,opt,name=model,proto3" json:"model,omitempty"`
 	// Running window under --worker-admission-window (absent when off).
-	Admission     *AdmissionWindow `protobuf:"bytes,11,opt,name=admission,proto3" json:"admission,omitempty"`
+	Admission *AdmissionWindow `protobuf:"bytes,11,opt,name=admission,proto3" json:"admission,omitempty"`
+	// "engine" (polled, judged) or "external" (a provider: spec.provider).
+	Kind          string `protobuf:"bytes,12,opt,name=kind,proto3" json:"kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_smg_v1_worker_proto_msgTypes[5]
+	mi := &file_smg_v1_worker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -507,7 +623,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[5]
+	mi := &file_smg_v1_worker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -520,7 +636,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{5}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Worker) GetWorkerId() string {
@@ -600,6 +716,13 @@ func (x *Worker) GetAdmission() *AdmissionWindow {
 	return nil
 }
 
+func (x *Worker) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
 // AdmissionWindow is a worker's running window and how it is split.
 type AdmissionWindow struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -626,7 +749,7 @@ type AdmissionWindow struct {
 
 func (x *AdmissionWindow) Reset() {
 	*x = AdmissionWindow{}
-	mi := &file_smg_v1_worker_proto_msgTypes[6]
+	mi := &file_smg_v1_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +761,7 @@ func (x *AdmissionWindow) String() string {
 func (*AdmissionWindow) ProtoMessage() {}
 
 func (x *AdmissionWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[6]
+	mi := &file_smg_v1_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +774,7 @@ func (x *AdmissionWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdmissionWindow.ProtoReflect.Descriptor instead.
 func (*AdmissionWindow) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{6}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AdmissionWindow) GetWindow() int64 {
@@ -705,7 +828,7 @@ type CreateWorkerRequest struct {
 
 func (x *CreateWorkerRequest) Reset() {
 	*x = CreateWorkerRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[7]
+	mi := &file_smg_v1_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +840,7 @@ func (x *CreateWorkerRequest) String() string {
 func (*CreateWorkerRequest) ProtoMessage() {}
 
 func (x *CreateWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[7]
+	mi := &file_smg_v1_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +853,7 @@ func (x *CreateWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWorkerRequest.ProtoReflect.Descriptor instead.
 func (*CreateWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{7}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateWorkerRequest) GetSpec() *WorkerSpec {
@@ -754,7 +877,7 @@ type CreateWorkerResponse struct {
 
 func (x *CreateWorkerResponse) Reset() {
 	*x = CreateWorkerResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[8]
+	mi := &file_smg_v1_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +889,7 @@ func (x *CreateWorkerResponse) String() string {
 func (*CreateWorkerResponse) ProtoMessage() {}
 
 func (x *CreateWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[8]
+	mi := &file_smg_v1_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +902,7 @@ func (x *CreateWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWorkerResponse.ProtoReflect.Descriptor instead.
 func (*CreateWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{8}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateWorkerResponse) GetStatus() string {
@@ -826,7 +949,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[9]
+	mi := &file_smg_v1_worker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +961,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[9]
+	mi := &file_smg_v1_worker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +974,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{9}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListWorkersRequest) GetModel() string {
@@ -871,7 +994,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[10]
+	mi := &file_smg_v1_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +1006,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[10]
+	mi := &file_smg_v1_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1019,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{10}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -922,7 +1045,7 @@ type GetWorkerRequest struct {
 
 func (x *GetWorkerRequest) Reset() {
 	*x = GetWorkerRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[11]
+	mi := &file_smg_v1_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1057,7 @@ func (x *GetWorkerRequest) String() string {
 func (*GetWorkerRequest) ProtoMessage() {}
 
 func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[11]
+	mi := &file_smg_v1_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1070,7 @@ func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{11}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetWorkerRequest) GetWorkerId() string {
@@ -966,7 +1089,7 @@ type GetWorkerResponse struct {
 
 func (x *GetWorkerResponse) Reset() {
 	*x = GetWorkerResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[12]
+	mi := &file_smg_v1_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1101,7 @@ func (x *GetWorkerResponse) String() string {
 func (*GetWorkerResponse) ProtoMessage() {}
 
 func (x *GetWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[12]
+	mi := &file_smg_v1_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1114,7 @@ func (x *GetWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerResponse.ProtoReflect.Descriptor instead.
 func (*GetWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{12}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetWorkerResponse) GetWorker() *Worker {
@@ -1011,7 +1134,7 @@ type ReplaceWorkerRequest struct {
 
 func (x *ReplaceWorkerRequest) Reset() {
 	*x = ReplaceWorkerRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[13]
+	mi := &file_smg_v1_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1146,7 @@ func (x *ReplaceWorkerRequest) String() string {
 func (*ReplaceWorkerRequest) ProtoMessage() {}
 
 func (x *ReplaceWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[13]
+	mi := &file_smg_v1_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1159,7 @@ func (x *ReplaceWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceWorkerRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{13}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReplaceWorkerRequest) GetWorkerId() string {
@@ -1066,7 +1189,7 @@ type ReplaceWorkerResponse struct {
 
 func (x *ReplaceWorkerResponse) Reset() {
 	*x = ReplaceWorkerResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[14]
+	mi := &file_smg_v1_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1201,7 @@ func (x *ReplaceWorkerResponse) String() string {
 func (*ReplaceWorkerResponse) ProtoMessage() {}
 
 func (x *ReplaceWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[14]
+	mi := &file_smg_v1_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1214,7 @@ func (x *ReplaceWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceWorkerResponse.ProtoReflect.Descriptor instead.
 func (*ReplaceWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{14}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReplaceWorkerResponse) GetStatus() string {
@@ -1147,7 +1270,7 @@ type WorkerUpdate struct {
 
 func (x *WorkerUpdate) Reset() {
 	*x = WorkerUpdate{}
-	mi := &file_smg_v1_worker_proto_msgTypes[15]
+	mi := &file_smg_v1_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1282,7 @@ func (x *WorkerUpdate) String() string {
 func (*WorkerUpdate) ProtoMessage() {}
 
 func (x *WorkerUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[15]
+	mi := &file_smg_v1_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1295,7 @@ func (x *WorkerUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerUpdate.ProtoReflect.Descriptor instead.
 func (*WorkerUpdate) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{15}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WorkerUpdate) GetPriority() int32 {
@@ -1241,7 +1364,7 @@ type UpdateWorkerRequest struct {
 
 func (x *UpdateWorkerRequest) Reset() {
 	*x = UpdateWorkerRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[16]
+	mi := &file_smg_v1_worker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1376,7 @@ func (x *UpdateWorkerRequest) String() string {
 func (*UpdateWorkerRequest) ProtoMessage() {}
 
 func (x *UpdateWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[16]
+	mi := &file_smg_v1_worker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1389,7 @@ func (x *UpdateWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateWorkerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{16}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UpdateWorkerRequest) GetWorkerId() string {
@@ -1296,7 +1419,7 @@ type UpdateWorkerResponse struct {
 
 func (x *UpdateWorkerResponse) Reset() {
 	*x = UpdateWorkerResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[17]
+	mi := &file_smg_v1_worker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1431,7 @@ func (x *UpdateWorkerResponse) String() string {
 func (*UpdateWorkerResponse) ProtoMessage() {}
 
 func (x *UpdateWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[17]
+	mi := &file_smg_v1_worker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1444,7 @@ func (x *UpdateWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateWorkerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{17}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *UpdateWorkerResponse) GetStatus() string {
@@ -1368,7 +1491,7 @@ type DeleteWorkerRequest struct {
 
 func (x *DeleteWorkerRequest) Reset() {
 	*x = DeleteWorkerRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[18]
+	mi := &file_smg_v1_worker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1503,7 @@ func (x *DeleteWorkerRequest) String() string {
 func (*DeleteWorkerRequest) ProtoMessage() {}
 
 func (x *DeleteWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[18]
+	mi := &file_smg_v1_worker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1516,7 @@ func (x *DeleteWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{18}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteWorkerRequest) GetWorkerId() string {
@@ -1418,7 +1541,7 @@ type DeleteWorkerResponse struct {
 
 func (x *DeleteWorkerResponse) Reset() {
 	*x = DeleteWorkerResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[19]
+	mi := &file_smg_v1_worker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1553,7 @@ func (x *DeleteWorkerResponse) String() string {
 func (*DeleteWorkerResponse) ProtoMessage() {}
 
 func (x *DeleteWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[19]
+	mi := &file_smg_v1_worker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1566,7 @@ func (x *DeleteWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{19}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteWorkerResponse) GetStatus() string {
@@ -1489,7 +1612,7 @@ type GetLoadsRequest struct {
 
 func (x *GetLoadsRequest) Reset() {
 	*x = GetLoadsRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[20]
+	mi := &file_smg_v1_worker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1501,7 +1624,7 @@ func (x *GetLoadsRequest) String() string {
 func (*GetLoadsRequest) ProtoMessage() {}
 
 func (x *GetLoadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[20]
+	mi := &file_smg_v1_worker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1514,7 +1637,7 @@ func (x *GetLoadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLoadsRequest.ProtoReflect.Descriptor instead.
 func (*GetLoadsRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{20}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{21}
 }
 
 // WorkerLoad is one worker's entry in GET /loads.
@@ -1533,7 +1656,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_smg_v1_worker_proto_msgTypes[21]
+	mi := &file_smg_v1_worker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +1668,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[21]
+	mi := &file_smg_v1_worker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +1681,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{21}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -1619,7 +1742,7 @@ type GetLoadsResponse struct {
 
 func (x *GetLoadsResponse) Reset() {
 	*x = GetLoadsResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[22]
+	mi := &file_smg_v1_worker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1631,7 +1754,7 @@ func (x *GetLoadsResponse) String() string {
 func (*GetLoadsResponse) ProtoMessage() {}
 
 func (x *GetLoadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[22]
+	mi := &file_smg_v1_worker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1644,7 +1767,7 @@ func (x *GetLoadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLoadsResponse.ProtoReflect.Descriptor instead.
 func (*GetLoadsResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{22}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetLoadsResponse) GetWorkers() []*WorkerLoad {
@@ -1668,7 +1791,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_smg_v1_worker_proto_msgTypes[23]
+	mi := &file_smg_v1_worker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1680,7 +1803,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[23]
+	mi := &file_smg_v1_worker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1693,7 +1816,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{23}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Job) GetWorkerId() string {
@@ -1732,7 +1855,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[24]
+	mi := &file_smg_v1_worker_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +1867,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[24]
+	mi := &file_smg_v1_worker_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +1880,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{24}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{25}
 }
 
 type ListJobsResponse struct {
@@ -1769,7 +1892,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[25]
+	mi := &file_smg_v1_worker_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +1904,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[25]
+	mi := &file_smg_v1_worker_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +1917,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{25}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -1812,7 +1935,7 @@ type ListRoutersRequest struct {
 
 func (x *ListRoutersRequest) Reset() {
 	*x = ListRoutersRequest{}
-	mi := &file_smg_v1_worker_proto_msgTypes[26]
+	mi := &file_smg_v1_worker_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1824,7 +1947,7 @@ func (x *ListRoutersRequest) String() string {
 func (*ListRoutersRequest) ProtoMessage() {}
 
 func (x *ListRoutersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[26]
+	mi := &file_smg_v1_worker_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1837,7 +1960,7 @@ func (x *ListRoutersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoutersRequest.ProtoReflect.Descriptor instead.
 func (*ListRoutersRequest) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{26}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{27}
 }
 
 // RouterInfo is one router watching the control plane.
@@ -1856,7 +1979,7 @@ type RouterInfo struct {
 
 func (x *RouterInfo) Reset() {
 	*x = RouterInfo{}
-	mi := &file_smg_v1_worker_proto_msgTypes[27]
+	mi := &file_smg_v1_worker_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1868,7 +1991,7 @@ func (x *RouterInfo) String() string {
 func (*RouterInfo) ProtoMessage() {}
 
 func (x *RouterInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[27]
+	mi := &file_smg_v1_worker_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1881,7 +2004,7 @@ func (x *RouterInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouterInfo.ProtoReflect.Descriptor instead.
 func (*RouterInfo) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{27}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RouterInfo) GetRouterId() string {
@@ -1936,7 +2059,7 @@ type ListRoutersResponse struct {
 
 func (x *ListRoutersResponse) Reset() {
 	*x = ListRoutersResponse{}
-	mi := &file_smg_v1_worker_proto_msgTypes[28]
+	mi := &file_smg_v1_worker_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2071,7 @@ func (x *ListRoutersResponse) String() string {
 func (*ListRoutersResponse) ProtoMessage() {}
 
 func (x *ListRoutersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_worker_proto_msgTypes[28]
+	mi := &file_smg_v1_worker_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2084,7 @@ func (x *ListRoutersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoutersResponse.ProtoReflect.Descriptor instead.
 func (*ListRoutersResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_worker_proto_rawDescGZIP(), []int{28}
+	return file_smg_v1_worker_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListRoutersResponse) GetRevision() uint64 {
@@ -1988,7 +2111,7 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\vtoken_usage\x18\x02 \x01(\x01H\x01R\n" +
 	"tokenUsage\x88\x01\x01B\x13\n" +
 	"\x11_waiting_requestsB\x0e\n" +
-	"\f_token_usage\"\xfb\x05\n" +
+	"\f_token_usage\"\xad\x06\n" +
 	"\n" +
 	"WorkerSpec\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x19\n" +
@@ -2008,7 +2131,8 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\x1aload_monitor_interval_secs\x18\r \x01(\x05H\x04R\x17loadMonitorIntervalSecs\x88\x01\x01\x121\n" +
 	"\boverload\x18\x0e \x01(\v2\x15.smg.v1.OverloadBlockR\boverload\x12\x12\n" +
 	"\x04node\x18\x0f \x01(\tR\x04node\x125\n" +
-	"\x14max_running_requests\x18\x10 \x01(\x05H\x05R\x12maxRunningRequests\x88\x01\x01\x1a9\n" +
+	"\x14max_running_requests\x18\x10 \x01(\x05H\x05R\x12maxRunningRequests\x88\x01\x01\x120\n" +
+	"\bprovider\x18\x11 \x01(\v2\x14.smg.v1.ProviderSpecR\bprovider\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\v\n" +
@@ -2018,7 +2142,18 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\b_dp_sizeB\x11\n" +
 	"\x0f_bootstrap_portB\x1d\n" +
 	"\x1b_load_monitor_interval_secsB\x17\n" +
-	"\x15_max_running_requests\"X\n" +
+	"\x15_max_running_requests\"\xdc\x02\n" +
+	"\fProviderSpec\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1e\n" +
+	"\vapi_key_ref\x18\x02 \x01(\tR\tapiKeyRef\x12;\n" +
+	"\aheaders\x18\x03 \x03(\v2!.smg.v1.ProviderSpec.HeadersEntryR\aheaders\x12&\n" +
+	"\ftimeout_secs\x18\x04 \x01(\x05H\x00R\vtimeoutSecs\x88\x01\x01\x123\n" +
+	"\x16spill_requests_per_sec\x18\x05 \x01(\x01R\x13spillRequestsPerSec\x12/\n" +
+	"\x14spill_tokens_per_sec\x18\x06 \x01(\x01R\x11spillTokensPerSec\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x0f\n" +
+	"\r_timeout_secs\"X\n" +
 	"\n" +
 	"Thresholds\x12)\n" +
 	"\x10waiting_requests\x18\x01 \x01(\x05R\x0fwaitingRequests\x12\x1f\n" +
@@ -2038,7 +2173,7 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"overloaded\x12'\n" +
 	"\x0foverload_reason\x18\x05 \x01(\tR\x0eoverloadReason\x12\x1a\n" +
 	"\bliveness\x18\x06 \x01(\tR\bliveness\x12'\n" +
-	"\x0fliveness_reason\x18\a \x01(\tR\x0elivenessReasonJ\x04\b\x02\x10\x03\"\xad\x03\n" +
+	"\x0fliveness_reason\x18\a \x01(\tR\x0elivenessReasonJ\x04\b\x02\x10\x03\"\xc1\x03\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12&\n" +
 	"\x04spec\x18\x02 \x01(\v2\x12.smg.v1.WorkerSpecR\x04spec\x122\n" +
@@ -2056,7 +2191,8 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"agent_node\x18\t \x01(\tR\tagentNode\x12\x14\n" +
 	"\x05model\x18\n" +
 	" \x01(\tR\x05model\x125\n" +
-	"\tadmission\x18\v \x01(\v2\x17.smg.v1.AdmissionWindowR\tadmission\"\x88\x02\n" +
+	"\tadmission\x18\v \x01(\v2\x17.smg.v1.AdmissionWindowR\tadmission\x12\x12\n" +
+	"\x04kind\x18\f \x01(\tR\x04kind\"\x88\x02\n" +
 	"\x0fAdmissionWindow\x12\x16\n" +
 	"\x06window\x18\x01 \x01(\x03R\x06window\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
@@ -2189,91 +2325,95 @@ func file_smg_v1_worker_proto_rawDescGZIP() []byte {
 	return file_smg_v1_worker_proto_rawDescData
 }
 
-var file_smg_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_smg_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_smg_v1_worker_proto_goTypes = []any{
 	(*OverloadBlock)(nil),         // 0: smg.v1.OverloadBlock
 	(*WorkerSpec)(nil),            // 1: smg.v1.WorkerSpec
-	(*Thresholds)(nil),            // 2: smg.v1.Thresholds
-	(*JobStatus)(nil),             // 3: smg.v1.JobStatus
-	(*Verdict)(nil),               // 4: smg.v1.Verdict
-	(*Worker)(nil),                // 5: smg.v1.Worker
-	(*AdmissionWindow)(nil),       // 6: smg.v1.AdmissionWindow
-	(*CreateWorkerRequest)(nil),   // 7: smg.v1.CreateWorkerRequest
-	(*CreateWorkerResponse)(nil),  // 8: smg.v1.CreateWorkerResponse
-	(*ListWorkersRequest)(nil),    // 9: smg.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),   // 10: smg.v1.ListWorkersResponse
-	(*GetWorkerRequest)(nil),      // 11: smg.v1.GetWorkerRequest
-	(*GetWorkerResponse)(nil),     // 12: smg.v1.GetWorkerResponse
-	(*ReplaceWorkerRequest)(nil),  // 13: smg.v1.ReplaceWorkerRequest
-	(*ReplaceWorkerResponse)(nil), // 14: smg.v1.ReplaceWorkerResponse
-	(*WorkerUpdate)(nil),          // 15: smg.v1.WorkerUpdate
-	(*UpdateWorkerRequest)(nil),   // 16: smg.v1.UpdateWorkerRequest
-	(*UpdateWorkerResponse)(nil),  // 17: smg.v1.UpdateWorkerResponse
-	(*DeleteWorkerRequest)(nil),   // 18: smg.v1.DeleteWorkerRequest
-	(*DeleteWorkerResponse)(nil),  // 19: smg.v1.DeleteWorkerResponse
-	(*GetLoadsRequest)(nil),       // 20: smg.v1.GetLoadsRequest
-	(*WorkerLoad)(nil),            // 21: smg.v1.WorkerLoad
-	(*GetLoadsResponse)(nil),      // 22: smg.v1.GetLoadsResponse
-	(*Job)(nil),                   // 23: smg.v1.Job
-	(*ListJobsRequest)(nil),       // 24: smg.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),      // 25: smg.v1.ListJobsResponse
-	(*ListRoutersRequest)(nil),    // 26: smg.v1.ListRoutersRequest
-	(*RouterInfo)(nil),            // 27: smg.v1.RouterInfo
-	(*ListRoutersResponse)(nil),   // 28: smg.v1.ListRoutersResponse
-	nil,                           // 29: smg.v1.WorkerSpec.LabelsEntry
-	nil,                           // 30: smg.v1.AdmissionWindow.SharesEntry
-	nil,                           // 31: smg.v1.WorkerUpdate.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
-	(*EngineLoad)(nil),            // 33: smg.v1.EngineLoad
+	(*ProviderSpec)(nil),          // 2: smg.v1.ProviderSpec
+	(*Thresholds)(nil),            // 3: smg.v1.Thresholds
+	(*JobStatus)(nil),             // 4: smg.v1.JobStatus
+	(*Verdict)(nil),               // 5: smg.v1.Verdict
+	(*Worker)(nil),                // 6: smg.v1.Worker
+	(*AdmissionWindow)(nil),       // 7: smg.v1.AdmissionWindow
+	(*CreateWorkerRequest)(nil),   // 8: smg.v1.CreateWorkerRequest
+	(*CreateWorkerResponse)(nil),  // 9: smg.v1.CreateWorkerResponse
+	(*ListWorkersRequest)(nil),    // 10: smg.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),   // 11: smg.v1.ListWorkersResponse
+	(*GetWorkerRequest)(nil),      // 12: smg.v1.GetWorkerRequest
+	(*GetWorkerResponse)(nil),     // 13: smg.v1.GetWorkerResponse
+	(*ReplaceWorkerRequest)(nil),  // 14: smg.v1.ReplaceWorkerRequest
+	(*ReplaceWorkerResponse)(nil), // 15: smg.v1.ReplaceWorkerResponse
+	(*WorkerUpdate)(nil),          // 16: smg.v1.WorkerUpdate
+	(*UpdateWorkerRequest)(nil),   // 17: smg.v1.UpdateWorkerRequest
+	(*UpdateWorkerResponse)(nil),  // 18: smg.v1.UpdateWorkerResponse
+	(*DeleteWorkerRequest)(nil),   // 19: smg.v1.DeleteWorkerRequest
+	(*DeleteWorkerResponse)(nil),  // 20: smg.v1.DeleteWorkerResponse
+	(*GetLoadsRequest)(nil),       // 21: smg.v1.GetLoadsRequest
+	(*WorkerLoad)(nil),            // 22: smg.v1.WorkerLoad
+	(*GetLoadsResponse)(nil),      // 23: smg.v1.GetLoadsResponse
+	(*Job)(nil),                   // 24: smg.v1.Job
+	(*ListJobsRequest)(nil),       // 25: smg.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),      // 26: smg.v1.ListJobsResponse
+	(*ListRoutersRequest)(nil),    // 27: smg.v1.ListRoutersRequest
+	(*RouterInfo)(nil),            // 28: smg.v1.RouterInfo
+	(*ListRoutersResponse)(nil),   // 29: smg.v1.ListRoutersResponse
+	nil,                           // 30: smg.v1.WorkerSpec.LabelsEntry
+	nil,                           // 31: smg.v1.ProviderSpec.HeadersEntry
+	nil,                           // 32: smg.v1.AdmissionWindow.SharesEntry
+	nil,                           // 33: smg.v1.WorkerUpdate.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
+	(*EngineLoad)(nil),            // 35: smg.v1.EngineLoad
 }
 var file_smg_v1_worker_proto_depIdxs = []int32{
-	29, // 0: smg.v1.WorkerSpec.labels:type_name -> smg.v1.WorkerSpec.LabelsEntry
+	30, // 0: smg.v1.WorkerSpec.labels:type_name -> smg.v1.WorkerSpec.LabelsEntry
 	0,  // 1: smg.v1.WorkerSpec.overload:type_name -> smg.v1.OverloadBlock
-	32, // 2: smg.v1.JobStatus.updated_at:type_name -> google.protobuf.Timestamp
-	1,  // 3: smg.v1.Worker.spec:type_name -> smg.v1.WorkerSpec
-	2,  // 4: smg.v1.Worker.thresholds:type_name -> smg.v1.Thresholds
-	33, // 5: smg.v1.Worker.engine_load:type_name -> smg.v1.EngineLoad
-	4,  // 6: smg.v1.Worker.verdict:type_name -> smg.v1.Verdict
-	3,  // 7: smg.v1.Worker.job_status:type_name -> smg.v1.JobStatus
-	6,  // 8: smg.v1.Worker.admission:type_name -> smg.v1.AdmissionWindow
-	30, // 9: smg.v1.AdmissionWindow.shares:type_name -> smg.v1.AdmissionWindow.SharesEntry
-	1,  // 10: smg.v1.CreateWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
-	5,  // 11: smg.v1.ListWorkersResponse.workers:type_name -> smg.v1.Worker
-	5,  // 12: smg.v1.GetWorkerResponse.worker:type_name -> smg.v1.Worker
-	1,  // 13: smg.v1.ReplaceWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
-	31, // 14: smg.v1.WorkerUpdate.labels:type_name -> smg.v1.WorkerUpdate.LabelsEntry
-	0,  // 15: smg.v1.WorkerUpdate.overload:type_name -> smg.v1.OverloadBlock
-	15, // 16: smg.v1.UpdateWorkerRequest.update:type_name -> smg.v1.WorkerUpdate
-	33, // 17: smg.v1.WorkerLoad.engine_load:type_name -> smg.v1.EngineLoad
-	21, // 18: smg.v1.GetLoadsResponse.workers:type_name -> smg.v1.WorkerLoad
-	3,  // 19: smg.v1.Job.status:type_name -> smg.v1.JobStatus
-	23, // 20: smg.v1.ListJobsResponse.jobs:type_name -> smg.v1.Job
-	32, // 21: smg.v1.RouterInfo.connected_at:type_name -> google.protobuf.Timestamp
-	32, // 22: smg.v1.RouterInfo.last_seen:type_name -> google.protobuf.Timestamp
-	27, // 23: smg.v1.ListRoutersResponse.routers:type_name -> smg.v1.RouterInfo
-	7,  // 24: smg.v1.WorkerService.CreateWorker:input_type -> smg.v1.CreateWorkerRequest
-	9,  // 25: smg.v1.WorkerService.ListWorkers:input_type -> smg.v1.ListWorkersRequest
-	11, // 26: smg.v1.WorkerService.GetWorker:input_type -> smg.v1.GetWorkerRequest
-	13, // 27: smg.v1.WorkerService.ReplaceWorker:input_type -> smg.v1.ReplaceWorkerRequest
-	16, // 28: smg.v1.WorkerService.UpdateWorker:input_type -> smg.v1.UpdateWorkerRequest
-	18, // 29: smg.v1.WorkerService.DeleteWorker:input_type -> smg.v1.DeleteWorkerRequest
-	20, // 30: smg.v1.WorkerService.GetLoads:input_type -> smg.v1.GetLoadsRequest
-	24, // 31: smg.v1.WorkerService.ListJobs:input_type -> smg.v1.ListJobsRequest
-	26, // 32: smg.v1.WorkerService.ListRouters:input_type -> smg.v1.ListRoutersRequest
-	8,  // 33: smg.v1.WorkerService.CreateWorker:output_type -> smg.v1.CreateWorkerResponse
-	10, // 34: smg.v1.WorkerService.ListWorkers:output_type -> smg.v1.ListWorkersResponse
-	12, // 35: smg.v1.WorkerService.GetWorker:output_type -> smg.v1.GetWorkerResponse
-	14, // 36: smg.v1.WorkerService.ReplaceWorker:output_type -> smg.v1.ReplaceWorkerResponse
-	17, // 37: smg.v1.WorkerService.UpdateWorker:output_type -> smg.v1.UpdateWorkerResponse
-	19, // 38: smg.v1.WorkerService.DeleteWorker:output_type -> smg.v1.DeleteWorkerResponse
-	22, // 39: smg.v1.WorkerService.GetLoads:output_type -> smg.v1.GetLoadsResponse
-	25, // 40: smg.v1.WorkerService.ListJobs:output_type -> smg.v1.ListJobsResponse
-	28, // 41: smg.v1.WorkerService.ListRouters:output_type -> smg.v1.ListRoutersResponse
-	33, // [33:42] is the sub-list for method output_type
-	24, // [24:33] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	2,  // 2: smg.v1.WorkerSpec.provider:type_name -> smg.v1.ProviderSpec
+	31, // 3: smg.v1.ProviderSpec.headers:type_name -> smg.v1.ProviderSpec.HeadersEntry
+	34, // 4: smg.v1.JobStatus.updated_at:type_name -> google.protobuf.Timestamp
+	1,  // 5: smg.v1.Worker.spec:type_name -> smg.v1.WorkerSpec
+	3,  // 6: smg.v1.Worker.thresholds:type_name -> smg.v1.Thresholds
+	35, // 7: smg.v1.Worker.engine_load:type_name -> smg.v1.EngineLoad
+	5,  // 8: smg.v1.Worker.verdict:type_name -> smg.v1.Verdict
+	4,  // 9: smg.v1.Worker.job_status:type_name -> smg.v1.JobStatus
+	7,  // 10: smg.v1.Worker.admission:type_name -> smg.v1.AdmissionWindow
+	32, // 11: smg.v1.AdmissionWindow.shares:type_name -> smg.v1.AdmissionWindow.SharesEntry
+	1,  // 12: smg.v1.CreateWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
+	6,  // 13: smg.v1.ListWorkersResponse.workers:type_name -> smg.v1.Worker
+	6,  // 14: smg.v1.GetWorkerResponse.worker:type_name -> smg.v1.Worker
+	1,  // 15: smg.v1.ReplaceWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
+	33, // 16: smg.v1.WorkerUpdate.labels:type_name -> smg.v1.WorkerUpdate.LabelsEntry
+	0,  // 17: smg.v1.WorkerUpdate.overload:type_name -> smg.v1.OverloadBlock
+	16, // 18: smg.v1.UpdateWorkerRequest.update:type_name -> smg.v1.WorkerUpdate
+	35, // 19: smg.v1.WorkerLoad.engine_load:type_name -> smg.v1.EngineLoad
+	22, // 20: smg.v1.GetLoadsResponse.workers:type_name -> smg.v1.WorkerLoad
+	4,  // 21: smg.v1.Job.status:type_name -> smg.v1.JobStatus
+	24, // 22: smg.v1.ListJobsResponse.jobs:type_name -> smg.v1.Job
+	34, // 23: smg.v1.RouterInfo.connected_at:type_name -> google.protobuf.Timestamp
+	34, // 24: smg.v1.RouterInfo.last_seen:type_name -> google.protobuf.Timestamp
+	28, // 25: smg.v1.ListRoutersResponse.routers:type_name -> smg.v1.RouterInfo
+	8,  // 26: smg.v1.WorkerService.CreateWorker:input_type -> smg.v1.CreateWorkerRequest
+	10, // 27: smg.v1.WorkerService.ListWorkers:input_type -> smg.v1.ListWorkersRequest
+	12, // 28: smg.v1.WorkerService.GetWorker:input_type -> smg.v1.GetWorkerRequest
+	14, // 29: smg.v1.WorkerService.ReplaceWorker:input_type -> smg.v1.ReplaceWorkerRequest
+	17, // 30: smg.v1.WorkerService.UpdateWorker:input_type -> smg.v1.UpdateWorkerRequest
+	19, // 31: smg.v1.WorkerService.DeleteWorker:input_type -> smg.v1.DeleteWorkerRequest
+	21, // 32: smg.v1.WorkerService.GetLoads:input_type -> smg.v1.GetLoadsRequest
+	25, // 33: smg.v1.WorkerService.ListJobs:input_type -> smg.v1.ListJobsRequest
+	27, // 34: smg.v1.WorkerService.ListRouters:input_type -> smg.v1.ListRoutersRequest
+	9,  // 35: smg.v1.WorkerService.CreateWorker:output_type -> smg.v1.CreateWorkerResponse
+	11, // 36: smg.v1.WorkerService.ListWorkers:output_type -> smg.v1.ListWorkersResponse
+	13, // 37: smg.v1.WorkerService.GetWorker:output_type -> smg.v1.GetWorkerResponse
+	15, // 38: smg.v1.WorkerService.ReplaceWorker:output_type -> smg.v1.ReplaceWorkerResponse
+	18, // 39: smg.v1.WorkerService.UpdateWorker:output_type -> smg.v1.UpdateWorkerResponse
+	20, // 40: smg.v1.WorkerService.DeleteWorker:output_type -> smg.v1.DeleteWorkerResponse
+	23, // 41: smg.v1.WorkerService.GetLoads:output_type -> smg.v1.GetLoadsResponse
+	26, // 42: smg.v1.WorkerService.ListJobs:output_type -> smg.v1.ListJobsResponse
+	29, // 43: smg.v1.WorkerService.ListRouters:output_type -> smg.v1.ListRoutersResponse
+	35, // [35:44] is the sub-list for method output_type
+	26, // [26:35] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_worker_proto_init() }
@@ -2284,14 +2424,15 @@ func file_smg_v1_worker_proto_init() {
 	file_smg_v1_load_proto_init()
 	file_smg_v1_worker_proto_msgTypes[0].OneofWrappers = []any{}
 	file_smg_v1_worker_proto_msgTypes[1].OneofWrappers = []any{}
-	file_smg_v1_worker_proto_msgTypes[15].OneofWrappers = []any{}
+	file_smg_v1_worker_proto_msgTypes[2].OneofWrappers = []any{}
+	file_smg_v1_worker_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_smg_v1_worker_proto_rawDesc), len(file_smg_v1_worker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
