@@ -2,6 +2,7 @@ package router
 
 import (
 	"container/list"
+	"context"
 	"net"
 	"net/http"
 	"net/netip"
@@ -9,7 +10,34 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/internal/h1server"
 )
+
+// Values of --http-server.
+const (
+	HTTPServerLean = "lean"     // internal/h1server
+	HTTPServerNet  = "net/http" // Go's http.Server
+)
+
+// HTTPServer is what serves a router's port: an *http.Server or the lean
+// server.
+type HTTPServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+}
+
+// Serving returns what serves srv (from Server, hooked by Listener) on a
+// port: the lean HTTP/1.1 server under --http-server lean when the port is
+// plaintext, srv itself otherwise (TLS stays on net/http). Both take srv's
+// handler, timeouts, ConnState hook and error log.
+func (o Options) Serving(srv *http.Server, tls bool) HTTPServer {
+	if o.HTTPServer == HTTPServerLean && !tls {
+		return h1server.New(srv)
+	}
+	return srv
+}
 
 // Server returns the http.Server a router's port should run: a connection
 // silent for --idle-timeout-secs is closed, whether between requests

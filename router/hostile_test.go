@@ -94,12 +94,22 @@ func bubbleRouter(t *testing.T, mutate func(*Options)) (*Router, *pipeListener) 
 	}
 	ln := newPipeListener()
 	srv := opts.Server(r.Handler())
-	go func() { _ = srv.Serve(r.Listener(ln, srv)) }()
+	hs := opts.Serving(srv, false)
+	go func() { _ = hs.Serve(r.Listener(ln, srv)) }()
 	t.Cleanup(func() {
-		_ = srv.Close()
+		_ = hs.Close()
 		time.Sleep(time.Second) // fake time: lets closing connections finish
 	})
 	return r, ln
+}
+
+// onBothServers runs a bubble test on each --http-server.
+func onBothServers(t *testing.T, test func(t *testing.T, server string)) {
+	for _, server := range []string{HTTPServerLean, HTTPServerNet} {
+		t.Run(server, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { test(t, server) })
+		})
+	}
 }
 
 func readAnswer(t *testing.T, c net.Conn) (*http.Response, string) {
@@ -116,8 +126,8 @@ func readAnswer(t *testing.T, c net.Conn) (*http.Response, string) {
 // until bytes arrive, and a body that never arrives is cut at
 // --body-read-timeout-secs with 408 request_body_timeout.
 func TestContentLengthClaimAllocatesNothingAndStalledBodyIsCut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		r, ln := bubbleRouter(t, func(o *Options) { o.BodyReadTimeoutSecs = 5 })
+	onBothServers(t, func(t *testing.T, server string) {
+		r, ln := bubbleRouter(t, func(o *Options) { o.HTTPServer = server; o.BodyReadTimeoutSecs = 5 })
 		var before runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
@@ -156,8 +166,8 @@ func TestContentLengthClaimAllocatesNothingAndStalledBodyIsCut(t *testing.T) {
 // A body trickled a byte at a time is cut at the same deadline: progress
 // does not extend it.
 func TestTrickledBodyIsCut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		_, ln := bubbleRouter(t, func(o *Options) { o.BodyReadTimeoutSecs = 3 })
+	onBothServers(t, func(t *testing.T, server string) {
+		_, ln := bubbleRouter(t, func(o *Options) { o.HTTPServer = server; o.BodyReadTimeoutSecs = 3 })
 		c := ln.dial(t)
 		defer c.Close()
 		ctx, stop := context.WithCancel(t.Context())
@@ -184,8 +194,8 @@ func TestTrickledBodyIsCut(t *testing.T) {
 // waits while every connection is busy, and takes the place of the first
 // one to go idle.
 func TestIdleTimeoutAndConnectionCap(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		r, ln := bubbleRouter(t, func(o *Options) { o.IdleTimeoutSecs = 10; o.MaxConnections = 3 })
+	onBothServers(t, func(t *testing.T, server string) {
+		r, ln := bubbleRouter(t, func(o *Options) { o.HTTPServer = server; o.IdleTimeoutSecs = 10; o.MaxConnections = 3 })
 		var held []net.Conn
 		for range 3 {
 			c := ln.dial(t)
@@ -256,8 +266,8 @@ const busyRequest = "POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Length:
 // idle once it has been silent for a second, and is closed for a new client;
 // a younger one is not (its request may be on its way).
 func TestSilentConnectionsGiveWayAtTheCap(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		r, ln := bubbleRouter(t, func(o *Options) { o.MaxConnections = 2 })
+	onBothServers(t, func(t *testing.T, server string) {
+		r, ln := bubbleRouter(t, func(o *Options) { o.HTTPServer = server; o.MaxConnections = 2 })
 		silent := []net.Conn{ln.dial(t), ln.dial(t)}
 		synctest.Wait()
 		start := time.Now()
@@ -284,8 +294,8 @@ func TestSilentConnectionsGiveWayAtTheCap(t *testing.T) {
 // new connection takes the place of its own oldest idle one, or is closed
 // when all of its connections are busy; another client is served meanwhile.
 func TestPerClientConnectionCap(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		r, ln := bubbleRouter(t, func(o *Options) { o.MaxConnectionsPerClient = 2 })
+	onBothServers(t, func(t *testing.T, server string) {
+		r, ln := bubbleRouter(t, func(o *Options) { o.HTTPServer = server; o.MaxConnectionsPerClient = 2 })
 		a := &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 1000}
 		request := func(c net.Conn) {
 			t.Helper()

@@ -96,11 +96,12 @@ type Options struct {
 	// or RetryAfterEstimated (when a retry would be admitted, from the
 	// observed completion rate and the queue ahead, within [1, interval]).
 	RetryAfterMode             string
-	MaxPayloadSize             int64 // bytes
-	BodyReadTimeoutSecs        int   // a request body must arrive within this
-	IdleTimeoutSecs            int   // idle keep-alive client connections close after this
-	MaxConnections             int   // client connections open at once; more wait in the backlog
-	MaxConnectionsPerClient    int   // connections open at once from one client address (0: no per-client cap)
+	MaxPayloadSize             int64  // bytes
+	BodyReadTimeoutSecs        int    // a request body must arrive within this
+	IdleTimeoutSecs            int    // idle keep-alive client connections close after this
+	MaxConnections             int    // client connections open at once; more wait in the backlog
+	MaxConnectionsPerClient    int    // connections open at once from one client address (0: no per-client cap)
+	HTTPServer                 string // what serves a plaintext port: HTTPServerLean or HTTPServerNet
 	RequestTimeoutSecs         int
 	CacheThreshold             float64 // cache_aware: prefix match ratio that keeps affinity
 	BalanceAbsThreshold        int64   // cache_aware: load spread that switches to least load ...
@@ -152,6 +153,7 @@ func DefaultOptions() Options {
 		IdleTimeoutSecs:                   60,
 		MaxConnections:                    4096,
 		MaxConnectionsPerClient:           1024,
+		HTTPServer:                        HTTPServerLean,
 		RequestTimeoutSecs:                1800,
 		CacheThreshold:                    0.3,
 		BalanceAbsThreshold:               64,
@@ -230,6 +232,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"client connections the router holds open at once; at the cap a new client takes the place of the oldest idle keep-alive connection, and waits in the listen backlog only while every connection is busy")
 	integer(&o.MaxConnectionsPerClient, "max-connections-per-client",
 		"client connections open at once from one client (an IPv4 address, an IPv6 /64); past it the client's oldest idle connection is closed, or the new one when none is idle (0: no per-client cap; raise it behind a proxy or NAT that funnels many users through one address)")
+	str(&o.HTTPServer, "http-server",
+		"what serves the router's plaintext HTTP port: lean (its own HTTP/1.1 server, cheaper per request) or net/http (Go's, which also speaks HTTP/2 over TLS); a TLS port is always served by net/http")
 	integer(&o.RequestTimeoutSecs, "request-timeout-secs", "upper bound on one proxied request, in seconds")
 	float(&o.CacheThreshold, "cache-threshold", "cache_aware: prefix match ratio (0 to 1) that keeps a request on its cached worker")
 	define(fs, (*int64Value)(&o.BalanceAbsThreshold), "balance-abs-threshold",
@@ -306,6 +310,9 @@ func (o Options) Validate() error {
 	}
 	if o.BodyReadTimeoutSecs < 1 || o.IdleTimeoutSecs < 1 || o.MaxConnections < 1 {
 		bad("--body-read-timeout-secs, --idle-timeout-secs and --max-connections must be >= 1")
+	}
+	if o.HTTPServer != HTTPServerLean && o.HTTPServer != HTTPServerNet {
+		bad("--http-server %q: must be %s or %s", o.HTTPServer, HTTPServerLean, HTTPServerNet)
 	}
 	if o.MaxConnectionsPerClient < 0 {
 		bad("--max-connections-per-client must be >= 0 (0: no per-client cap), got %d", o.MaxConnectionsPerClient)

@@ -89,7 +89,7 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	g.Go(func() error {
 		srv := ropts.Server(r.Handler())
 		srv.ErrorLog = ts.httpErrorLog("http")
-		return serveDraining(ctx, ts.httpListener(r.Listener(ln, srv)), srv, r, time.Duration(rf.grace)*time.Second, log)
+		return serveDraining(ctx, ts.httpListener(r.Listener(ln, srv)), ropts.Serving(srv, ts.enabled()), r, time.Duration(rf.grace)*time.Second, log)
 	})
 	return g.Wait()
 }
@@ -202,7 +202,7 @@ func (l *launchConfig) run(ctx context.Context, log *slog.Logger) error {
 	g.Go(func() error {
 		srv := ropts.Server(launchHandler(cps.cp, r))
 		srv.ErrorLog = ts.httpErrorLog("http")
-		return serveDraining(ctx, ts.httpListener(r.Listener(cps.httpLn, srv)), srv, r, time.Duration(rf.grace)*time.Second, log)
+		return serveDraining(ctx, ts.httpListener(r.Listener(cps.httpLn, srv)), ropts.Serving(srv, ts.enabled()), r, time.Duration(rf.grace)*time.Second, log)
 	})
 	return g.Wait()
 }

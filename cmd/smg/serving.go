@@ -14,6 +14,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+
+	"github.com/smg-project/smg/router"
 )
 
 // common flags of the serving subcommands.
@@ -76,7 +78,7 @@ type drainable interface {
 // serveDraining serves srv on ln until ctx ends, then drains: d.Drain() fails
 // readiness and refuses new requests, requests in flight get grace to finish,
 // then d.Stop() ends the rest with an explicit error.
-func serveDraining(ctx context.Context, ln net.Listener, srv *http.Server, d drainable, grace time.Duration, log *slog.Logger) error {
+func serveDraining(ctx context.Context, ln net.Listener, srv router.HTTPServer, d drainable, grace time.Duration, log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -1,0 +1,114 @@
+package h1server
+
+import (
+	"errors"
+	"net"
+	"os"
+	"time"
+)
+
+// A request that runs longer than WatchAfter gets a read in the background
+// once its body is read, as net/http gives every request: EOF (the client
+// closed) cancels its context, so a request waiting for admission or for a
+// worker ends at once. A shorter request costs no extra goroutine, read
+// call or wake-up; a client leaving it is noticed at the next write.
+
+func (c *conn) armWatch() {
+	d := c.s.WatchAfter
+	if d <= 0 {
+		d = DefaultWatchAfter
+	}
+	if c.timer == nil {
+		c.timer = time.AfterFunc(d, c.watchDue)
+	} else {
+		c.timer.Reset(d)
+	}
+}
+
+// watchDue runs on the timer's goroutine and becomes the watch.
+func (c *conn) watchDue() {
+	c.mu.Lock()
+	if !c.inHandler || c.watching || c.gone {
+		c.mu.Unlock()
+		return
+	}
+	if !c.bodyDone {
+		c.wantWatch = true // the body's end starts it
+		c.mu.Unlock()
+		return
+	}
+	done := c.startWatchLocked()
+	c.mu.Unlock()
+	c.watch(done)
+}
+
+// bodyDoneLocked notes that the request body was read to its end. c.mu is held.
+func (c *conn) bodyDoneLocked() {
+	c.bodyDone = true
+	if c.wantWatch && c.inHandler && !c.watching && !c.gone {
+		c.wantWatch = false
+		go c.watch(c.startWatchLocked())
+	}
+}
+
+func (c *conn) startWatchLocked() chan struct{} {
+	c.watching = true
+	c.watchDone = make(chan struct{})
+	_ = c.rwc.SetReadDeadline(time.Time{})
+	return c.watchDone
+}
+
+// watch reads until the client sends or leaves, or stopWatch cuts it; done
+// is closed as it ends.
+func (c *conn) watch(done chan struct{}) {
+	var b [1]byte
+	n, err := c.rwc.Read(b[:])
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n > 0 {
+		c.cr.pending, c.cr.has = b[0], true
+	}
+	if err != nil && !isTimeout(err) {
+		c.goneLocked()
+	}
+	c.watching = false
+	close(done)
+}
+
+// stopWatch ends the watch once the handler returned, and waits for it.
+func (c *conn) stopWatch() {
+	c.timer.Stop()
+	c.mu.Lock()
+	c.inHandler, c.wantWatch = false, false
+	done := c.watchDone
+	if c.watching {
+		_ = c.rwc.SetReadDeadline(aLongTimeAgo)
+	}
+	c.watchDone = nil
+	c.cancel = nil
+	c.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+// clientGone: a write to the client failed.
+func (c *conn) clientGone() {
+	c.mu.Lock()
+	c.goneLocked()
+	c.mu.Unlock()
+}
+
+func (c *conn) goneLocked() {
+	c.gone = true
+	if c.cancel != nil {
+		c.cancel()
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
