@@ -102,11 +102,16 @@ func (u *upstream) RoundTrip(ctx context.Context, req *http.Request) (*http.Resp
 type rewindBody struct {
 	bytes.Reader
 	b []byte
+	// inMemory is the same reader as net/http recognises one in memory, so
+	// Request.Write sends head and body in one write instead of flushing
+	// the head on its own.
+	inMemory io.ReadCloser
 }
 
 func newRewindBody(b []byte) *rewindBody {
 	rb := &rewindBody{b: b}
 	rb.Reset(b)
+	rb.inMemory = io.NopCloser(&rb.Reader)
 	return rb
 }
 
@@ -117,7 +122,13 @@ func (*rewindBody) Close() error { return nil }
 func (u *upstream) send(ctx context.Context, pc *upConn, req *http.Request) (*http.Response, error) {
 	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
 	fail := func(err error) (*http.Response, error) { stop(); return nil, err }
-	if err := req.Write(pc.bw); err != nil {
+	body := req.Body
+	if rb, ok := body.(*rewindBody); ok {
+		req.Body = rb.inMemory
+	}
+	err := req.Write(pc.bw)
+	req.Body = body
+	if err != nil {
 		return fail(nothingRead(err))
 	}
 	if err := pc.bw.Flush(); err != nil {
