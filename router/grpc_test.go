@@ -1,10 +1,26 @@
 package router
 
 import (
+	"archive/zip"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"bufio"
+	"context"
+	sglangpb "github.com/smg-project/smg/gen/sglang/grpc/scheduler"
+	commonpb "github.com/smg-project/smg/gen/smg/grpc/common"
+	"github.com/smg-project/smg/internal/enginegrpc"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/smg-project/smg/sim"
 )
@@ -90,4 +106,242 @@ func TestGoldenTranscriptsHTTPAndGRPC(t *testing.T) {
 			})
 		}
 	}
+}
+
+// pollFor polls cond (an effect that lands asynchronously, on another
+// goroutine or process) for up to 5 s.
+func pollFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestClientDisconnectAbortsGeneration: a client that leaves mid-stream
+// gets its generation aborted on the engine (the simulator counts the Abort
+// call), and the pile it formed while streaming is released. While it
+// streams, the pile counts it and each token batch is progress.
+func TestClientDisconnectAbortsGeneration(t *testing.T) {
+	for _, flavor := range []string{sim.FlavorVLLM, sim.FlavorSGLang} {
+		t.Run(flavor, func(t *testing.T) {
+			s := startSimGRPC(t, flavor, func(o *sim.Options) { o.ITL = 20 * time.Millisecond; o.EOSProbability = 0 })
+			h := newHarness(t, nil)
+			h.apply(Worker{ID: "g", URL: s.GRPCURL(), Model: testModel, Healthy: true})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(
+				`{"model":"`+testModel+`","stream":true,"max_tokens":2000,"messages":[{"role":"user","content":"go on"}]}`))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := bufio.NewScanner(resp.Body)
+			for events := 0; events < 3 && sc.Scan(); {
+				if strings.HasPrefix(sc.Text(), "data: ") {
+					events++
+				}
+			}
+			obs := observation(h.r, "g")
+			if obs.StreamsInFlight != 1 || obs.LastProgress.IsZero() || obs.PromptTokensInFlight != 0 {
+				t.Fatalf("while streaming: %+v, want a pile of 1, progress, no prompt in hand", obs)
+			}
+			cancel()
+			resp.Body.Close()
+			pollFor(t, "the engine to count the Abort", func() bool { return s.GRPCAborts() == 1 })
+			pollFor(t, "the pile to empty", func() bool { return observation(h.r, "g").StreamsInFlight == 0 })
+		})
+	}
+}
+
+// TestGRPCRequestRefusedBeforeDispatch: a prompt over the model's context, a
+// template that cannot render a message, token ids outside the vocabulary
+// and logprobs are refused with 400 invalid_request before the engine sees
+// anything; other routes are 501.
+func TestGRPCRequestRefusedBeforeDispatch(t *testing.T) {
+	s := startSimGRPC(t, sim.FlavorVLLM, func(o *sim.Options) { o.KVCapacityTokens = 256 })
+	h := newHarness(t, nil)
+	h.apply(Worker{ID: "g", URL: s.GRPCURL(), Model: testModel, Healthy: true})
+	long := strings.Repeat("the man ", 200)
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/completions", `{"prompt":"` + long + `"}`, "maximum context length is 256 tokens"},
+		{"/v1/completions", `{"prompt":"the man","max_tokens":300}`, "(2 in the prompt, 300 in the completion)"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"},{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`,
+			`messages[1]: content[0]: part of type \"image_url\" is not supported`},
+		{"/v1/chat/completions", `{"messages":[{"content":"hi"}]}`, "messages[0]: role is missing"},
+		{"/v1/completions", `{"prompt":[1,2,99999999]}`, "prompt[2]: token id 99999999 is outside the vocabulary"},
+		{"/v1/completions", `{"prompt":"hi","logprobs":2}`, "logprobs are not served"},
+	} {
+		a := h.send(c.path, `{"model":"`+testModel+`",`+c.body[1:], "")
+		if a.status != http.StatusBadRequest || a.errorCode() != CodeInvalidRequest || !strings.Contains(a.body, c.want) {
+			t.Errorf("%s %s: %d %s, want 400 invalid_request with %q", c.path, c.body[:min(len(c.body), 60)], a.status, a.body, c.want)
+		}
+	}
+	if a := h.send("/v1/embeddings", `{"model":"`+testModel+`","input":"hi"}`, ""); a.status != http.StatusNotImplemented || a.errorCode() != CodeRouteNotServed {
+		t.Errorf("embeddings: %d %s", a.status, a.body)
+	}
+	if n := s.GRPCRequests(); n != 0 {
+		t.Errorf("the engine took %d requests, want none", n)
+	}
+}
+
+// fakeEngine is an SGLang servicer whose Generate and tokenizer a test
+// writes: what a broken or hostile engine sends.
+type fakeEngine struct {
+	sglangpb.UnimplementedSglangSchedulerServer
+	archive  []byte
+	generate func(*sglangpb.GenerateRequest, grpc.ServerStreamingServer[sglangpb.GenerateResponse]) error
+	url      string
+}
+
+func (f *fakeEngine) HealthCheck(context.Context, *sglangpb.HealthCheckRequest) (*sglangpb.HealthCheckResponse, error) {
+	return &sglangpb.HealthCheckResponse{Healthy: true}, nil
+}
+
+func (f *fakeEngine) GetModelInfo(context.Context, *sglangpb.GetModelInfoRequest) (*sglangpb.GetModelInfoResponse, error) {
+	return &sglangpb.GetModelInfoResponse{ServedModelName: testModel, MaxContextLength: 4096}, nil
+}
+
+func (f *fakeEngine) GetServerInfo(context.Context, *sglangpb.GetServerInfoRequest) (*sglangpb.GetServerInfoResponse, error) {
+	args, _ := structpb.NewStruct(map[string]any{"max_running_requests": 8})
+	return &sglangpb.GetServerInfoResponse{ServerArgs: args}, nil
+}
+
+func (f *fakeEngine) GetTokenizer(_ *commonpb.GetTokenizerRequest, st grpc.ServerStreamingServer[commonpb.GetTokenizerChunk]) error {
+	sum := sha256.Sum256(f.archive)
+	return st.Send(&commonpb.GetTokenizerChunk{Data: f.archive, Sha256: hex.EncodeToString(sum[:])})
+}
+
+func (f *fakeEngine) Generate(req *sglangpb.GenerateRequest, st grpc.ServerStreamingServer[sglangpb.GenerateResponse]) error {
+	return f.generate(req, st)
+}
+
+func (f *fakeEngine) Abort(context.Context, *sglangpb.AbortRequest) (*sglangpb.AbortResponse, error) {
+	return &sglangpb.AbortResponse{Success: true}, nil
+}
+
+// simArchive is the simulator's tokenizer archive, read as a router reads it.
+func simArchive(t *testing.T) []byte {
+	s := startSimGRPC(t, sim.FlavorSGLang, nil)
+	c, err := enginegrpc.New(s.GRPCURL(), enginegrpc.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	data, err := c.Tokenizer(ctx, enginegrpc.MaxTokenizerBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func startFake(t *testing.T, f *fakeEngine) *fakeEngine {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	sglangpb.RegisterSglangSchedulerServer(gs, f)
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	f.url = "grpc://" + ln.Addr().String()
+	return f
+}
+
+func chunk(ids ...uint32) *sglangpb.GenerateResponse {
+	return &sglangpb.GenerateResponse{Response: &sglangpb.GenerateResponse_Chunk{Chunk: &sglangpb.GenerateStreamChunk{TokenIds: ids, PromptTokens: 3, CompletionTokens: uint32(len(ids))}}}
+}
+
+// TestBrokenEngineStreams: a token id outside the vocabulary, or a stream
+// that ends without its completion, reaches the client as an explicit SSE
+// error event naming the worker, never a hang or a clean end; the pile and
+// the window room are released. Before the first token, the same failure
+// is retried on another worker.
+func TestBrokenEngineStreams(t *testing.T) {
+	archive := simArchive(t)
+	for name, c := range map[string]struct {
+		gen  func(*sglangpb.GenerateRequest, grpc.ServerStreamingServer[sglangpb.GenerateResponse]) error
+		want string
+	}{
+		"unknown token id": {func(_ *sglangpb.GenerateRequest, st grpc.ServerStreamingServer[sglangpb.GenerateResponse]) error {
+			_ = st.Send(chunk(10, 11))
+			return st.Send(chunk(4000000))
+		}, "unknown token id 4000000"},
+		"no completion": {func(_ *sglangpb.GenerateRequest, st grpc.ServerStreamingServer[sglangpb.GenerateResponse]) error {
+			return st.Send(chunk(10, 11))
+		}, "without a completion"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := startFake(t, &fakeEngine{archive: archive, generate: c.gen})
+			h := newHarness(t, func(o *Options) { o.WorkerAdmissionWindow = true })
+			h.apply(Worker{ID: "f", URL: f.url, Model: testModel, Healthy: true, AdmissionRooms: 4})
+			a := sendCut(t, h, "/v1/chat/completions", `{"model":"`+testModel+`","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+			if !strings.Contains(a.body, `"code":"upstream_error"`) || !strings.Contains(a.body, c.want) ||
+				!strings.Contains(a.body, f.url) || strings.Contains(a.body, "[DONE]") {
+				t.Fatalf("got %d %s, want an upstream_error event naming %s and %q, no [DONE]", a.status, a.body, f.url, c.want)
+			}
+			if !strings.Contains(a.body, `"content":"it "`) {
+				t.Errorf("the tokens before the failure did not reach the client: %s", a.body)
+			}
+			v := h.r.view.Load()
+			st := v.states[v.index("f")]
+			pollFor(t, "the room and the pile to be released", func() bool {
+				return st.gate.InFlight() == 0 && st.streams.Load() == 0 && st.promptTokens.Load() == 0
+			})
+		})
+	}
+}
+
+// TestTokenizerThatCannotLoad: a worker whose tokenizer archive does not
+// load is left out of selection (its request retried on a good worker);
+// alone and without retries, the client is told why.
+func TestTokenizerThatCannotLoad(t *testing.T) {
+	var zb bytes.Buffer
+	zw := zip.NewWriter(&zb)
+	fw, _ := zw.Create("tokenizer.json")
+	_, _ = fw.Write([]byte(`{"model":{"type":"Unigram","vocab":{"a":0}}}`))
+	_ = zw.Close()
+	bad := startFake(t, &fakeEngine{archive: zb.Bytes(), generate: func(*sglangpb.GenerateRequest, grpc.ServerStreamingServer[sglangpb.GenerateResponse]) error {
+		t.Error("Generate reached a worker whose tokenizer cannot load")
+		return nil
+	}})
+	good := startSimGRPC(t, sim.FlavorSGLang, nil)
+	h := newHarness(t, func(o *Options) { o.Policy = PolicyRoundRobin })
+	h.apply(Worker{ID: "bad", URL: bad.url, Model: testModel, Healthy: true}, Worker{ID: "good", URL: good.GRPCURL(), Model: testModel, Healthy: true})
+	for range 4 {
+		if a := h.send("/v1/completions", `{"model":"`+testModel+`","prompt":"the","max_tokens":2}`, ""); a.status != http.StatusOK {
+			t.Fatalf("%d %s", a.status, a.body)
+		}
+	}
+	if n := good.GRPCRequests(); n != 4 {
+		t.Errorf("the good worker served %d of 4", n)
+	}
+
+	h = newHarness(t, func(o *Options) { o.DisableRetries = true })
+	h.apply(Worker{ID: "bad", URL: bad.url, Model: testModel, Healthy: true})
+	a := h.send("/v1/completions", `{"model":"`+testModel+`","prompt":"the"}`, "")
+	if a.status != http.StatusServiceUnavailable || a.errorCode() != CodeWorkerNotServable ||
+		!strings.Contains(a.body, bad.url) || !strings.Contains(a.body, `model type \"Unigram\" is not supported`) {
+		t.Fatalf("got %d %s", a.status, a.body)
+	}
+	if a := h.send("/v1/completions", `{"model":"`+testModel+`","prompt":"the"}`, ""); a.status != http.StatusServiceUnavailable || a.errorCode() != CodeNoAvailableWorkers {
+		t.Fatalf("the worker is still routed to: %d %s", a.status, a.body)
+	}
+}
+
+// sendCut posts body and reads the answer up to its end or its cut.
+func sendCut(t *testing.T, h *harness, path, body string) answer {
+	t.Helper()
+	resp, err := http.Post(h.srv.URL+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return answer{status: resp.StatusCode, header: resp.Header, body: string(b)}
 }

@@ -202,8 +202,10 @@ func (s *Server) generateGRPC(ctx context.Context, p genParams, send func(genUpd
 
 // grpcRequests maps running Generate calls by request id, for Abort.
 type grpcRequests struct {
-	mu sync.Mutex
-	m  map[string]*request
+	mu      sync.Mutex
+	m       map[string]*request
+	aborted uint64 // requests ended by Abort
+	started uint64 // Generate requests admitted
 }
 
 func (g *grpcRequests) add(id string, r *request) bool {
@@ -216,6 +218,7 @@ func (g *grpcRequests) add(id string, r *request) bool {
 		return false
 	}
 	g.m[id] = r
+	g.started++
 	return true
 }
 
@@ -238,7 +241,22 @@ func (g *grpcRequests) abort(ids ...string) int {
 			n++
 		}
 	}
+	g.aborted += uint64(n)
 	return n
+}
+
+// GRPCRequests is how many Generate requests the engine took.
+func (s *Server) GRPCRequests() uint64 {
+	s.grpcReqs.mu.Lock()
+	defer s.grpcReqs.mu.Unlock()
+	return s.grpcReqs.started
+}
+
+// GRPCAborts is how many running Generate requests an Abort call ended.
+func (s *Server) GRPCAborts() uint64 {
+	s.grpcReqs.mu.Lock()
+	defer s.grpcReqs.mu.Unlock()
+	return s.grpcReqs.aborted
 }
 
 // rankReport is one rank's load for GetLoads and the pushed load records.

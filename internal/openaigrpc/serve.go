@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/smg-project/smg/internal/enginegrpc"
@@ -25,8 +27,9 @@ type Call struct {
 	created int64
 	gens    []*gen
 	msgs    chan msg
-	ctx     context.Context
 	cancel  context.CancelFunc
+	unhook  func() bool // stops the close that the caller's context ending runs
+	closed  sync.Once
 	pending []msg
 	live    int // generations that have not ended
 	head    []byte
@@ -42,8 +45,8 @@ type gen struct {
 	received int    // tokens received in chunks
 	text     []byte // a non-streamed answer's text
 	finish   string
-	ended    bool // the answer of this choice is complete
-	done     bool // the engine finished it (no abort needed)
+	ended    bool        // the answer of this choice is complete
+	done     atomic.Bool // the engine finished it or was told to drop it (no abort needed)
 	roleSent bool
 	prompt   uint32
 	complete uint32
@@ -69,25 +72,28 @@ func Start(ctx context.Context, c *enginegrpc.Client, m *Model, req *Request, pr
 	if req.Chat {
 		prefix = "chatcmpl-"
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	call := &Call{c: c, req: req, model: model, id: newID(prefix), created: time.Now().Unix(), ctx: ctx, cancel: cancel}
+	// The streams do not end with the caller's context: when it ends (the
+	// client left, a deadline, a preemption) the engine is told to Abort
+	// first, then the streams are cancelled.
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	call := &Call{c: c, req: req, model: model, id: newID(prefix), created: time.Now().Unix(), cancel: cancel}
 	n := req.n()
 	call.msgs = make(chan msg, len(prompts)*n)
 	sp := req.Sampling()
-	for p, ids := range prompts {
+	for _, ids := range prompts {
 		for k := range n {
 			g := &gen{id: call.id, index: len(call.gens), first: k == 0, dec: m.Tok.NewStreamDecoder(sp.SkipSpecial), stop: stopper{stops: sp.Stop}}
 			if len(prompts)*n > 1 {
 				g.id += "-" + strconv.Itoa(g.index)
 			}
-			gctx, gcancel := context.WithCancel(ctx)
+			ctx, gcancel := context.WithCancel(gctx)
 			g.cancel = gcancel
 			call.gens = append(call.gens, g)
-			go call.run(gctx, len(call.gens)-1, ids, sp)
-			_ = p
+			go call.run(ctx, len(call.gens)-1, ids, sp)
 		}
 	}
 	call.live = len(call.gens)
+	call.unhook = context.AfterFunc(ctx, call.Close)
 	return call
 }
 
@@ -171,18 +177,21 @@ func (c *Call) Wait(ctx context.Context) error {
 // (an Abort call, as a client that went away needs) and cancels their
 // streams.
 func (c *Call) Close() {
-	var ids []string
-	for _, g := range c.gens {
-		if !g.done {
-			ids = append(ids, g.id)
+	c.closed.Do(func() {
+		c.unhook()
+		var ids []string
+		for _, g := range c.gens {
+			if !g.done.Swap(true) {
+				ids = append(ids, g.id)
+			}
 		}
-	}
-	if len(ids) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = Abort(ctx, c.c, "the client went away or the answer ended", ids...)
-		cancel()
-	}
-	c.cancel()
+		if len(ids) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = Abort(ctx, c.c, "the client went away or the answer ended", ids...)
+			cancel()
+		}
+		c.cancel()
+	})
 }
 
 // Progress hears of each batch of tokens that reached the client.
@@ -300,7 +309,7 @@ func (c *Call) apply(m msg, buf []byte) ([]byte, error) {
 	if !u.Complete {
 		return buf, nil
 	}
-	g.done = true
+	g.done.Store(true)
 	out, stopped := g.stop.feed(g.dec.Flush())
 	buf = c.emit(buf, g, out)
 	if stopped {
@@ -317,14 +326,13 @@ func (c *Call) apply(m msg, buf []byte) ([]byte, error) {
 func (c *Call) end(buf []byte, g *gen) []byte {
 	g.ended = true
 	c.live--
-	if !g.done {
-		g.cancel()
-		go func(id string) {
+	if !g.done.Swap(true) {
+		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
-			_ = Abort(ctx, c.c, "stop string matched", id)
-		}(g.id)
-		g.done = true
+			_ = Abort(ctx, c.c, "stop string matched", g.id)
+			g.cancel()
+		}()
 	}
 	if c.req.Stream {
 		buf = c.appendEvent(buf, g, finishDelta, "")
