@@ -12,9 +12,8 @@ import (
 
 	"github.com/smg-project/smg/controlplane/admin"
 	"github.com/smg-project/smg/controlplane/agentsvc"
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
-	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/sim"
@@ -41,7 +40,7 @@ func startControlPlane(t *testing.T, cfg cpConfig) *controlPlane {
 		cfg.liveness = judge.DefaultLivenessConfig()
 	}
 	cp := &controlPlane{reg: registry.New("epoch", 0)}
-	tr := liveness.New(cp.reg, liveness.Options{Rules: cfg.liveness, Now: cfg.now}, discard(), prometheus.NewRegistry())
+	tr := evidence.New(cp.reg, evidence.Options{Rules: cfg.liveness, Now: cfg.now}, discard(), prometheus.NewRegistry())
 	submit := func(*smgv1.WorkerSpec) (string, error) { t.Error("unexpected registration"); return "", nil }
 	var policy agentsvc.RegistrationPolicy
 	if cfg.register {
@@ -55,7 +54,7 @@ func startControlPlane(t *testing.T, cfg cpConfig) *controlPlane {
 			return admin.DiscoverModel(ctx, client, url, "")
 		}}
 	}
-	cp.srv = agentsvc.New(cp.reg, ingest.New(cp.reg, ingest.Options{}, discard()), tr, submit,
+	cp.srv = agentsvc.New(cp.reg, tr, submit,
 		agentsvc.Options{Token: cfg.token, Now: cfg.now, Registration: policy}, discard())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

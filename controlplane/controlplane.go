@@ -32,10 +32,9 @@ import (
 	"github.com/smg-project/smg/controlplane/agentsvc"
 	"github.com/smg-project/smg/controlplane/cluster"
 	"github.com/smg-project/smg/controlplane/discovery"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/health"
-	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/judge"
-	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/monitor"
 	"github.com/smg-project/smg/controlplane/registry"
 	"github.com/smg-project/smg/controlplane/watch"
@@ -202,11 +201,12 @@ type ControlPlane struct {
 	log      *slog.Logger
 	Registry *registry.Registry
 	Admin    *admin.Service
-	Ingest   *ingest.Ingester
+	// Evidence takes every observation of every worker (agents, polls,
+	// probes, routers) into the registry.
+	Evidence *evidence.Inbox
 	Monitor  *monitor.Monitor
 	Health   *health.Checker
 	Watch    *watch.Server
-	Liveness *liveness.Tracker
 	Windows  *windows.Allocator
 	Agents   *agentsvc.Server
 	// Cluster is the Raft node (nil: in memory, always leading); Forward
@@ -254,7 +254,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		grpcOpts.Creds = tlsutil.Credentials(*opts.EngineTLS)
 	}
 	cp.grpcPool = enginegrpc.NewPool(grpcOpts)
-	collector := ingest.NewCollector(cp.Registry)
+	collector := evidence.NewCollector(cp.Registry)
 	if err := reg.Register(collector); err != nil {
 		return nil, err
 	}
@@ -278,29 +278,25 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	}
 	// Collaborators go to the constructors, in dependency order; every
 	// component takes the one clock, opts.Now.
-	// One flush stores loads and liveness records, writing each reporting
-	// worker once, before every sweep (judge.SweepInterval).
-	cp.Liveness = liveness.New(cp.Registry, liveness.Options{Rules: opts.Liveness, Now: opts.Now, Coalesce: true,
-		Flush: func() { cp.Ingest.Flush() }}, log, reg)
 	cp.Windows = windows.New(cp.Registry, windows.Options{StaleAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
 		Warmup: windows.DefaultWarmup, HeldWarmup: windows.DefaultHeldWarmup, Admission: opts.AdmissionWindow, Queue: int64(opts.AdmissionQueue), Now: opts.Now}, log, reg)
-	iopts := ingest.Options{Coalesce: true, Rider: cp.Liveness}
+	eopts := evidence.Options{Rules: opts.Liveness, Now: opts.Now, Coalesce: true}
 	if opts.AdmissionWindow {
-		iopts.Observe = cp.Windows.ObserveLoad // learned windows read every report, before coalescing
+		eopts.Observe = cp.Windows.ObserveLoad // learned windows read every report, before coalescing
 	}
-	cp.Ingest = ingest.New(cp.Registry, iopts, log)
+	cp.Evidence = evidence.New(cp.Registry, eopts, log, reg)
 	hopts := opts.Health
 	hopts.Now = opts.Now
 	hopts.Seed = spreadSeed(opts)
 	hopts.GRPC = cp.grpcPool
-	cp.Health = health.New(cp.Registry, hopts, client, cp.Liveness, log)
+	cp.Health = health.New(cp.Registry, hopts, client, cp.Evidence, log)
 	budget, err := readbudget.New(int64(opts.EngineReadBudgetMiB)<<20, reg, log)
 	if err != nil {
 		return nil, err
 	}
-	cp.Monitor = monitor.New(cp.Registry, cp.Ingest, client, monitor.Options{
+	cp.Monitor = monitor.New(cp.Registry, cp.Evidence, client, monitor.Options{
 		Interval: time.Duration(opts.LoadMonitorInterval) * time.Second,
-		Observer: cp.Liveness, Skipper: cp.Liveness, Now: opts.Now, Seed: hopts.Seed, GRPC: cp.grpcPool, Pushed: cp.Liveness, Budget: budget,
+		Observer: cp.Evidence, Skipper: cp.Evidence, Now: opts.Now, Seed: hopts.Seed, GRPC: cp.grpcPool, Pushed: cp.Evidence, Budget: budget,
 		Covered: func(url string) bool { return cp.Agents.Covers(url) },
 	}, log)
 	if opts.AdmissionWindow {
@@ -312,7 +308,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	if loadInterval == 0 {
 		loadInterval = -1 // watch.Options: negative is "at once"
 	}
-	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Liveness, Demand: cp.Windows, Now: opts.Now,
+	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Evidence, Demand: cp.Windows, Now: opts.Now,
 		LoadInterval: loadInterval, Sent: opts.WatchSent, WarmUntil: cp.warmUntil(),
 		Settings: &smgv1.FleetSettings{LoadMonitorIntervalSecs: int32(opts.LoadMonitorInterval), WorkerStaleSecs: int32(opts.Liveness.StaleSecs)}}, log, reg)
 	cp.Admin = admin.New(cp.Registry, admin.Options{
@@ -332,7 +328,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		}
 		auth.Nodes = nodes
 	}
-	cp.Agents = agentsvc.New(cp.Registry, cp.Ingest, cp.Liveness, cp.Admin.Submit, agentsvc.Options{
+	cp.Agents = agentsvc.New(cp.Registry, cp.Evidence, cp.Admin.Submit, agentsvc.Options{
 		Auth: auth,
 		Now:  opts.Now,
 		Registration: agentsvc.RegistrationPolicy{
@@ -351,7 +347,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		CoverageChanged: cp.Monitor.CoverageChanged,
 		StreamEnded: func(ids []string) {
 			for _, id := range ids {
-				cp.Liveness.StopPushed(id)
+				cp.Evidence.StopPushed(id)
 			}
 			cp.Monitor.PollNow(ids...)
 		},
@@ -607,7 +603,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 // spec's warning), and the registrations its predecessor accepted resumed.
 func (cp *ControlPlane) Prepare(term uint64) {
 	cp.Registry.SetEpoch(fmt.Sprintf("%s-t%d", cp.Cluster.ID(), term))
-	cp.Ingest.Rebuild(fmt.Sprintf("elected leader in term %d: no worker's load is known yet", term), (*registry.Worker).Presumed)
+	cp.Evidence.Rebuild(fmt.Sprintf("elected leader in term %d: no worker's load is known yet", term), (*registry.Worker).Presumed)
 	cp.Admin.ResumeJobs()
 }
 
@@ -631,11 +627,10 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 			go func() { defer wg.Done(); pods.Run(ctx) }()
 		}
 	}
-	// cp.Liveness.Run flushes the ingester before every sweep.
 	go func() { defer wg.Done(); cp.Windows.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Monitor.Run(ctx) }()
 	go func() { defer wg.Done(); cp.Health.Run(ctx) }()
-	go func() { defer wg.Done(); cp.Liveness.Run(ctx) }()
+	go func() { defer wg.Done(); cp.Evidence.Run(ctx) }() // flush and sweep
 	<-ctx.Done()
 	wg.Wait()
 	if cp.Cluster != nil {
@@ -652,6 +647,6 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 // pending here took every worker out of routing until the router reached
 // the new leader; found by the chaos suite's leader partition).
 func (cp *ControlPlane) demote() {
-	cp.Ingest.Rebuild("no longer the leader: its verdicts are dropped", (*registry.Worker).Presumed)
-	cp.Liveness.Sweep(cp.opts.Now()) // drops the evidence of every worker not Ready
+	cp.Evidence.Rebuild("no longer the leader: its verdicts are dropped", (*registry.Worker).Presumed)
+	cp.Evidence.Sweep(cp.opts.Now()) // drops the evidence of every worker not Ready
 }

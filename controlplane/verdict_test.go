@@ -11,32 +11,22 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/health"
-	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/judge"
-	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
 // TestStoredVerdictIsTheJudgesOfTheStoredEvidence races every writer of
-// verdict evidence (the ingester, the liveness tracker, the health checker)
-// on the same workers, round after round, and checks after each round, and
+// verdict evidence (every source through the inbox, flushes, sweeps,
+// rebuilds, the health checker) on the same workers, round after round, and
+// checks after each round, and
 // continuously in between, that every stored verdict is what the judge makes
 // of the evidence stored with it. The previous design (the tracker deciding
 // under its own lock and committing afterwards) ended 1 to 15 of 20,000
 // such rounds with the tracker holding a verdict the registry did not.
-//
-// It runs with both wirings: each coalescing writer flushing on its own,
-// and the control plane's, where the ingester's flush stores the tracker's
-// pending records with the loads (ingest.Options.Rider, liveness.Options.Flush).
 func TestStoredVerdictIsTheJudgesOfTheStoredEvidence(t *testing.T) {
-	for _, oneFlush := range []bool{false, true} {
-		t.Run(fmt.Sprintf("one-flush=%v", oneFlush), func(t *testing.T) { testStoredVerdicts(t, oneFlush) })
-	}
-}
-
-func testStoredVerdicts(t *testing.T, oneFlush bool) {
 	const workers, rounds = 2, 3000
 	reg := registry.New("e", 0)
 	ids := make([]string, workers)
@@ -54,20 +44,12 @@ func testStoredVerdicts(t *testing.T, oneFlush bool) {
 	var clock atomic.Int64
 	now := func() time.Time { return t0.Add(time.Duration(clock.Add(int64(time.Millisecond)))) }
 	log := slog.New(slog.DiscardHandler)
-	// Both coalesce, as in the control plane: pending loads and records are
+	// It coalesces, as in the control plane: pending loads and records are
 	// not stored evidence until a flush or a later transaction stores them.
-	var in *ingest.Ingester
-	lopts := liveness.Options{Rules: judge.LivenessConfig{StallSecs: 0, WedgeSecs: 1, StaleSecs: 1}, Now: now, Coalesce: true}
-	if oneFlush {
-		lopts.Flush = func() { in.Flush() }
-	}
-	tr := liveness.New(reg, lopts, log, prometheus.NewRegistry())
-	iopts := ingest.Options{Coalesce: true}
-	if oneFlush {
-		iopts.Rider = tr
-	}
-	in = ingest.New(reg, iopts, log)
-	hc := health.New(reg, health.Options{FailureThreshold: 1, SuccessThreshold: 1, IntervalSecs: 1, TimeoutSecs: 1, Endpoint: "/health", Now: now}, nil, tr, log)
+	in := evidence.New(reg, evidence.Options{Rules: judge.LivenessConfig{StallSecs: 0, WedgeSecs: 1, StaleSecs: 1}, Now: now, Coalesce: true},
+		log, prometheus.NewRegistry())
+	tr := in
+	hc := health.New(reg, health.Options{FailureThreshold: 1, SuccessThreshold: 1, IntervalSecs: 1, TimeoutSecs: 1, Endpoint: "/health", Now: now}, nil, in, log)
 
 	var violations atomic.Int64
 	var firstViolation atomic.Value
@@ -111,7 +93,7 @@ func testStoredVerdicts(t *testing.T, oneFlush bool) {
 			},
 			func() { _ = in.NoReport(id) },
 			func() { in.Flush() },
-			func() { tr.Flush() },
+			func() { in.Rebuild("test", nil) },
 			func() { hc.Observe(id, "http://"+id, probeOK, "probe", now()) },
 			func() { tr.Sweep(now()) },
 		} {
@@ -127,7 +109,6 @@ func testStoredVerdicts(t *testing.T, oneFlush bool) {
 	close(stop)
 	<-checked
 	in.Flush()
-	tr.Flush()
 	check()
 	if n := violations.Load(); n > 0 {
 		t.Fatalf("%d stored verdicts were not the judge's verdict of the stored evidence; first: %s", n, firstViolation.Load())

@@ -303,7 +303,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		// off, or other writers or load phases, in place of the one New
 		// built (its metrics on their own registry).
 		watchMetrics = prometheus.NewRegistry()
-		cp.Watch = watch.NewServer(cp.Registry, watch.Options{Sink: cp.Liveness, Demand: cp.Windows, EncodePerStream: cfg.PerStream,
+		cp.Watch = watch.NewServer(cp.Registry, watch.Options{Sink: cp.Evidence, Demand: cp.Windows, EncodePerStream: cfg.PerStream,
 			Writers: cfg.Writers, LoadPhases: cfg.LoadPhases, LoadInterval: opts.WatchLoadInterval, Sent: sends.sent},
 			slog.New(flips), watchMetrics)
 	}
@@ -457,7 +457,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		// The tracker's gauge alone: gathering every metric (10,000
 		// workers' series) 4 times a second cost the control plane 12% of
 		// its CPU and 3 in 4 of its allocations in ingest-N10000.
-		heldMax = max(heldMax, cp.Liveness.HeldForReadLag())
+		heldMax = max(heldMax, cp.Evidence.HeldForReadLag())
 	}
 	sample.Stop()
 	stopProfile()

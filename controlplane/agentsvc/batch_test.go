@@ -12,8 +12,7 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
-// A message's records are handed to the ingester and the tracker together
-// (one lock each per message): a LoadRecords message leaves the registry as
+// A message's records are handed to the inbox together: a LoadRecords message leaves the registry as
 // the same records sent one message each do, whatever they hold: flips in
 // the middle of a batch and records of the same worker after them, another
 // node's worker (refused), a worker not Ready (its load kept unjudged), an
@@ -29,7 +28,7 @@ func TestBatchAppliesAsRecordsOneByOne(t *testing.T) {
 	clk := func() time.Time { return now }
 	open := func() side {
 		reg := registry.New("e", 0)
-		in, tr := pipeline(reg, clk)
+		ev := pipeline(reg, clk)
 		reg.Update(func(t *registry.Txn) error {
 			t.Insert(worker("w1", urls[0], "n1"))
 			t.Insert(worker("w2", urls[1], "n1"))
@@ -39,9 +38,9 @@ func TestBatchAppliesAsRecordsOneByOne(t *testing.T) {
 			t.Insert(worker("w4", urls[3], "n2")) // another node's
 			return nil
 		})
-		st := benchStream(tr)
+		st := benchStream(ev)
 		st.own = []string{urls[4]} // in the hello, not registered
-		return side{reg, New(reg, in, tr, nil, Options{Now: clk}, discard()), st}
+		return side{reg, New(reg, ev, nil, Options{Now: clk}, discard()), st}
 	}
 	for seed := range uint64(50) {
 		rng := rand.New(rand.NewPCG(seed, 11))
@@ -71,8 +70,8 @@ func TestBatchAppliesAsRecordsOneByOne(t *testing.T) {
 				}
 			}
 			if rng.IntN(4) == 0 {
-				a.s.tr.Sweep(now)
-				b.s.tr.Sweep(now)
+				a.s.ev.Sweep(now)
+				b.s.ev.Sweep(now)
 			}
 			if ra, rb := a.reg.Revision(), b.reg.Revision(); ra != rb {
 				t.Fatalf("seed %d step %d: revision %d batched, %d one by one", seed, step, ra, rb)
@@ -84,7 +83,7 @@ func TestBatchAppliesAsRecordsOneByOne(t *testing.T) {
 					t.Fatalf("seed %d step %d: %s differs:\nbatched %+v\none by one %+v", seed, step, id, wa, wb)
 				}
 			}
-			if c := cap(a.st.pushed); c > maxApply {
+			if c := cap(a.st.batch); c > maxApply {
 				t.Fatalf("seed %d step %d: the stream's batch grew to %d records, past %d per hold of the locks", seed, step, c, maxApply)
 			}
 			if !reflect.DeepEqual(a.st.pending, b.st.pending) {

@@ -17,9 +17,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
-	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
@@ -55,7 +54,7 @@ func benchFleet(reg *registry.Registry, workers int) []string {
 }
 
 // benchStream is an agent stream of node n1, as Report opens it.
-func benchStream(tr *liveness.Tracker) *agentStream {
+func benchStream(tr *evidence.Inbox) *agentStream {
 	return &agentStream{node: "n1", refused: map[string]bool{}, covered: map[string]bool{},
 		engines: map[string]*engineState{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{},
 		read: tr.OpenStream()}
@@ -74,8 +73,8 @@ func benchIngestRecords(b *testing.B, workers int) {
 	reg := registry.New("e", 0)
 	now := time.Unix(1_700_000_000, 0)
 	clk := func() time.Time { return now }
-	in, tr := pipeline(reg, clk)
-	s := New(reg, in, tr, nil, Options{Now: clk}, discard())
+	tr := pipeline(reg, clk)
+	s := New(reg, tr, nil, Options{Now: clk}, discard())
 	urls := benchFleet(reg, workers)
 	st := benchStream(tr)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -93,7 +92,7 @@ func benchIngestRecords(b *testing.B, workers int) {
 		if i%perFlush == 0 {
 			now = now.Add(50 * time.Millisecond)
 			ticks++
-			tick(in, tr, now, ticks)
+			tick(tr, now, ticks)
 		}
 	}
 	// The steady state: a stream's first record of a worker stores its
@@ -123,8 +122,8 @@ func BenchmarkIngestStreams(b *testing.B) {
 	var clock atomic.Int64
 	clock.Store(time.Unix(1_700_000_000, 0).UnixNano())
 	clk := func() time.Time { return time.Unix(0, clock.Load()) }
-	in, tr := pipeline(reg, clk)
-	s := New(reg, in, tr, nil, Options{Now: clk}, discard())
+	tr := pipeline(reg, clk)
+	s := New(reg, tr, nil, Options{Now: clk}, discard())
 	urls := benchFleet(reg, workers)
 	per := workers / streams
 	type feed struct {
@@ -209,19 +208,13 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// pipeline is the control plane's wiring: one flush, before every sweep,
-// stores loads and liveness records.
-func pipeline(reg *registry.Registry, now func() time.Time) (*ingest.Ingester, *liveness.Tracker) {
-	var in *ingest.Ingester
-	tr := liveness.New(reg, liveness.Options{Rules: judge.DefaultLivenessConfig(), Now: now, Coalesce: true,
-		Flush: func() { in.Flush() }}, discard(), prometheus.NewRegistry())
-	in = ingest.New(reg, ingest.Options{Coalesce: true, Rider: tr}, discard())
-	return in, tr
+// pipeline is the control plane's wiring: one inbox, flushed before every
+// sweep.
+func pipeline(reg *registry.Registry, now func() time.Time) *evidence.Inbox {
+	return evidence.New(reg, evidence.Options{Rules: judge.DefaultLivenessConfig(), Now: now, Coalesce: true}, discard(), prometheus.NewRegistry())
 }
 
-// tick is 50 ms of the control plane's loops: every fifth, the sweep
-// (which flushes first).
-func tick(_ *ingest.Ingester, tr *liveness.Tracker, now time.Time, n int) {
+func tick(tr *evidence.Inbox, now time.Time, n int) {
 	if n%5 == 0 {
 		tr.Sweep(now)
 	}

@@ -30,9 +30,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
-	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/loadpb"
@@ -97,8 +96,7 @@ type Server struct {
 	smgv1.UnimplementedAgentServiceServer
 
 	reg    *registry.Registry
-	in     *ingest.Ingester
-	tr     *liveness.Tracker
+	ev     *evidence.Inbox
 	submit func(*smgv1.WorkerSpec) (string, error)
 	opts   Options
 	log    *slog.Logger
@@ -118,8 +116,9 @@ type Server struct {
 
 // New returns an AgentService over the registry. submit registers a worker
 // in the background (admin.Service.Submit); it runs for engines an agent
-// registers itself (hello.register).
-func New(reg *registry.Registry, in *ingest.Ingester, tr *liveness.Tracker,
+// registers itself (hello.register). Every record, event and contact goes
+// to ev.
+func New(reg *registry.Registry, ev *evidence.Inbox,
 	submit func(*smgv1.WorkerSpec) (string, error), opts Options, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -136,7 +135,7 @@ func New(reg *registry.Registry, in *ingest.Ingester, tr *liveness.Tracker,
 	if opts.AfterFunc == nil {
 		opts.AfterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 	}
-	return &Server{reg: reg, in: in, tr: tr, submit: submit, opts: opts, log: log,
+	return &Server{reg: reg, ev: ev, submit: submit, opts: opts, log: log,
 		closing: make(chan struct{}), nodes: map[string]*agentStream{}, gone: map[string]func() bool{}, covering: map[string]int{}}
 }
 
@@ -164,7 +163,7 @@ type agentStream struct {
 	// sweep tells the agent's silence from its own lag with it); heard is
 	// the message being applied, as its evidence is heard. Only the receive
 	// goroutine sets heard.
-	read  *liveness.Stream
+	read  *evidence.Stream
 	heard judge.Heard
 
 	hosts *hostSet // where this node's engines may be
@@ -205,12 +204,10 @@ type agentStream struct {
 	dec     recordsDecoder
 	scratch wireRecord
 
-	// reports and pushed are the records of the message being applied,
-	// handed to the ingester and the tracker together (applyRecords); each
-	// locks each record's worker alone. Only the receive goroutine touches
-	// them.
-	reports []ingest.Reported
-	pushed  []liveness.Pushed
+	// batch is the records of the message being applied, handed to the
+	// inbox together (applyRecords); each locks its worker's cell alone.
+	// Only the receive goroutine touches it.
+	batch []evidence.Observed
 }
 
 type knownWorker struct {
@@ -243,7 +240,7 @@ type lastRecord struct {
 	// idle engine's may never change again.
 	unjudged *smgv1.EngineLoad
 	// confirmed is when a contact last moved the worker's load revision
-	// (ingest.Refresh), at most once per refreshEvery.
+	// (evidence.Inbox.Refresh), at most once per refreshEvery.
 	confirmed time.Time
 }
 
@@ -320,7 +317,7 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 	st := &agentStream{ctx: ctx, node: hello.GetNode(), peer: peerOf(ctx), own: dedup(canonical(hello.GetEngineUrls())),
 		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{},
 		engines: map[string]*engineState{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{},
-		read: s.tr.OpenStream()}
+		read: s.ev.OpenStream()}
 	s.log.Info("Agent connected", "node", st.node, "peer", st.peer, "engines", len(st.own), "register", hello.GetRegister())
 	s.addStream(st)
 	if hello.GetRegister() {
@@ -528,17 +525,18 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	// Like the poller, only Ready workers are judged for overload: a worker
 	// leaving Ready has its veto cleared and must not get it back from a
 	// record while it is out.
-	if st.pushed == nil { // full at maxApply: never grown past it
-		st.reports, st.pushed = make([]ingest.Reported, 0, maxApply), make([]liveness.Pushed, 0, maxApply)
+	if st.batch == nil { // full at maxApply: never grown past it
+		st.batch = make([]evidence.Observed, 0, maxApply)
 	}
+	o := evidence.Observed{WorkerID: w.ID, Rec: rec}
 	if w.Ready() {
-		st.reports = append(st.reports, ingest.Reported{WorkerID: w.ID, Load: r.load})
+		o.Load = r.load
 	} else if r.load != nil {
 		last.unjudged = proto.CloneOf(r.load)
 	}
 	e.last, e.hasLast = last, true
-	st.pushed = append(st.pushed, liveness.Pushed{WorkerID: w.ID, Rec: rec})
-	if len(st.pushed) == maxApply {
+	st.batch = append(st.batch, o)
+	if len(st.batch) == maxApply {
 		s.applyRecords(st, now)
 	}
 }
@@ -548,22 +546,14 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 // buffers never grow past it.
 const maxApply = 256
 
-// applyRecords hands the records that record took in to the ingester and
-// then to the tracker, each in order (at most maxApply: record applies a
-// full batch itself). A record's load and its liveness side are independent
-// verdicts (load and thresholds; the evidence), so the order between the
-// two batches changes neither.
+// applyRecords hands the records that record took in to the inbox, in
+// order (at most maxApply: record applies a full batch itself).
 func (s *Server) applyRecords(st *agentStream, now time.Time) {
-	if len(st.reports) > 0 {
-		s.in.ReportCopies(st.reports, func(i int, err error) {
-			s.log.Debug("Agent record not ingested", "worker_id", st.reports[i].WorkerID, "error", err)
-		})
-	}
-	if len(st.pushed) > 0 {
-		s.tr.RecordAll(st.pushed, now)
-	}
-	clear(st.reports) // no load kept past its message
-	st.reports, st.pushed = st.reports[:0], st.pushed[:0]
+	s.ev.ObserveAll(st.batch, now, func(i int, err error) {
+		s.log.Debug("Agent record not ingested", "worker_id", st.batch[i].WorkerID, "error", err)
+	})
+	clear(st.batch) // no load kept past its message
+	st.batch = st.batch[:0]
 }
 
 // recordWorker is worker for a record's URL, without copying the URL when
@@ -579,7 +569,7 @@ func (s *Server) recordWorker(st *agentStream, url []byte) (*registry.Worker, *e
 
 // ingest hands a copy of load to the ingester (load stays the caller's).
 func (s *Server) ingest(w *registry.Worker, load *smgv1.EngineLoad) {
-	if err := s.in.ReportCopy(w.ID, load); err != nil {
+	if err := s.ev.ReportCopy(w.ID, load); err != nil {
 		s.log.Debug("Agent record not ingested", "worker_id", w.ID, "url", w.Spec.GetUrl(), "error", err)
 	}
 }
@@ -608,16 +598,16 @@ func (s *Server) event(st *agentStream, e *smgv1.EngineEvent, now time.Time) {
 	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE:
 		eng.hasLast = false
 		s.log.Debug("Agent reports a transport failure", "worker_id", w.ID, "url", url, "detail", e.GetDetail())
-		s.tr.Failure(w.ID, judge.ConnectionFailure, now)
+		s.ev.Failure(w.ID, judge.ConnectionFailure, now)
 	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_NO_REPORT:
 		eng.hasLast = false
-		if err := s.in.NoReport(w.ID); err != nil {
+		if err := s.ev.NoReport(w.ID); err != nil {
 			s.log.Debug("Agent no-report not ingested", "worker_id", w.ID, "url", url, "error", err)
 		}
-		s.tr.Heard(w.ID, st.heard, now)
+		s.ev.Heard(w.ID, st.heard, now)
 	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_TIMEOUT:
 		eng.hasLast = false
-		if err := s.in.NoReport(w.ID); err != nil {
+		if err := s.ev.NoReport(w.ID); err != nil {
 			s.log.Debug("Agent timeout not ingested", "worker_id", w.ID, "url", url, "error", err)
 		}
 	default:
@@ -639,7 +629,7 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	}
 	e := st.engines[w.Spec.GetUrl()]
 	if e == nil || !e.hasLast {
-		s.tr.Heard(w.ID, st.heard, now)
+		s.ev.Heard(w.ID, st.heard, now)
 		return
 	}
 	lr := &e.last
@@ -650,7 +640,7 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 		lr.confirmed = now
 	case w.Ready() && now.Sub(lr.at) >= refreshEvery && now.Sub(lr.confirmed) >= refreshEvery:
 		// The engine answered with the load stored: a new report of it.
-		if err := s.in.Refresh(w.ID); err != nil {
+		if err := s.ev.Refresh(w.ID); err != nil {
 			s.log.Debug("Agent contact not ingested", "worker_id", w.ID, "error", err)
 		}
 		lr.confirmed = now
@@ -660,7 +650,7 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	if rec.Silence > 0 && now.After(lr.at) {
 		rec.Silence += now.Sub(lr.at)
 	}
-	s.tr.Record(w.ID, rec, now)
+	s.ev.Record(w.ID, rec, now)
 }
 
 // setAgentNode records which node's agent feeds the worker (w, as just
@@ -709,7 +699,7 @@ func (s *Server) addStream(st *agentStream) {
 // for its engines: a replaced stream ending later neither records failures
 // nor clears the feeding node.
 func (s *Server) endStream(st *agentStream, broke bool) {
-	s.tr.CloseStream(st.read) // its engines' silence is the control plane's clock's again
+	s.ev.CloseStream(st.read) // its engines' silence is the control plane's clock's again
 	s.mu.Lock()
 	current := s.nodes[st.node] == st
 	if current {
@@ -732,7 +722,7 @@ func (s *Server) endStream(st *agentStream, broke bool) {
 		}
 		ids = append(ids, w.ID)
 		if broke {
-			s.tr.Failure(w.ID, judge.ConnectionFailure, now)
+			s.ev.Failure(w.ID, judge.ConnectionFailure, now)
 		}
 	}
 	if s.opts.StreamEnded != nil && len(ids) > 0 {

@@ -20,9 +20,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
-	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
@@ -50,7 +49,7 @@ func (c *clock) Advance(d time.Duration) {
 type harness struct {
 	reg   *registry.Registry
 	srv   *Server
-	tr    *liveness.Tracker
+	tr    *evidence.Inbox
 	conn  *grpc.ClientConn
 	clock *clock
 
@@ -71,7 +70,7 @@ func defaultConfig() config { return config{liveness: judge.DefaultLivenessConfi
 func start(t testing.TB, cfg config) *harness {
 	t.Helper()
 	h := &harness{reg: registry.New("epoch", 0), clock: &clock{now: time.Unix(1_000_000, 0)}}
-	tr := liveness.New(h.reg, liveness.Options{Rules: cfg.liveness, Now: h.clock.Now}, discard(), prometheus.NewRegistry())
+	tr := evidence.New(h.reg, evidence.Options{Rules: cfg.liveness, Now: h.clock.Now}, discard(), prometheus.NewRegistry())
 	submit := func(spec *smgv1.WorkerSpec) (string, error) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
@@ -81,7 +80,7 @@ func start(t testing.TB, cfg config) *harness {
 	opts := cfg.opts
 	opts.Token, opts.Now = cfg.token, h.clock.Now
 	h.tr = tr
-	h.srv = New(h.reg, ingest.New(h.reg, ingest.Options{}, discard()), tr, submit, opts, discard())
+	h.srv = New(h.reg, tr, submit, opts, discard())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -47,7 +47,7 @@ func (r *rawRequest) release() {
 // wireRecord is a LoadRecord as the stream reads it: url aliases the
 // message's bytes, and load, silence and observedAt point into the record's
 // own buffers, reused by the next message. Nothing of it may be kept: the
-// ingester copies the load (ingest.ReportCopy), and own makes a
+// inbox copies the load (evidence.Inbox.ReportCopy), and own makes a
 // LoadRecord to keep.
 type wireRecord struct {
 	url        []byte

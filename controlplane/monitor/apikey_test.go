@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/health"
-	"github.com/smg-project/smg/controlplane/ingest"
 	"github.com/smg-project/smg/controlplane/monitor"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -50,7 +52,7 @@ func TestPollsAndProbesSendTheWorkersAPIKey(t *testing.T) {
 	done := make(chan struct{}, 2)
 	go func() { health.New(reg, hopts, engine.Client(), nil, log).Run(ctx); done <- struct{}{} }()
 	go func() {
-		monitor.New(reg, ingest.New(reg, ingest.Options{}, log), engine.Client(), monitor.Options{Interval: time.Second}, log).Run(ctx)
+		monitor.New(reg, evidence.New(reg, evidence.Options{}, log, prometheus.NewRegistry()), engine.Client(), monitor.Options{Interval: time.Second}, log).Run(ctx)
 		done <- struct{}{}
 	}()
 	defer func() { cancel(); <-done; <-done }()

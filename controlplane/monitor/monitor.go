@@ -19,7 +19,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/registry"
 	"github.com/smg-project/smg/controlplane/spread"
 	"github.com/smg-project/smg/internal/engine"
@@ -48,7 +48,7 @@ type Skipper interface {
 // Monitor polls worker groups.
 type Monitor struct {
 	reg      *registry.Registry
-	ingest   *ingest.Ingester
+	ingest   *evidence.Inbox
 	client   *http.Client
 	log      *slog.Logger
 	interval time.Duration
@@ -123,7 +123,7 @@ type LoadReader interface {
 type GroupKey struct{ Model, Type, Mode string }
 
 // New returns a monitor polling every opts.Interval unless a spec overrides it.
-func New(reg *registry.Registry, in *ingest.Ingester, client *http.Client, opts Options, log *slog.Logger) *Monitor {
+func New(reg *registry.Registry, in *evidence.Inbox, client *http.Client, opts Options, log *slog.Logger) *Monitor {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -445,7 +445,7 @@ func (m *Monitor) PollOnce(ctx context.Context, workerID string, r LoadReader) {
 func (m *Monitor) ingested(workerID string, err error) {
 	switch {
 	case err == nil:
-	case errors.Is(err, ingest.ErrUnknownWorker):
+	case errors.Is(err, evidence.ErrUnknownWorker):
 		m.log.Debug("Load poll of a removed worker ignored", "worker_id", workerID)
 	default:
 		m.log.Error("Load poll outcome not stored", "worker_id", workerID, "error", err)

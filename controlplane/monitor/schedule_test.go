@@ -12,7 +12,9 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/registry"
 	"github.com/smg-project/smg/controlplane/spread"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -129,7 +131,7 @@ type sched struct {
 
 func newSched(t *testing.T, reg *registry.Registry, clk *clock, client *http.Client, burst *spread.Burst, skip Skipper) *sched {
 	log := slog.New(slog.DiscardHandler)
-	m := New(reg, ingest.New(reg, ingest.Options{}, log), client,
+	m := New(reg, evidence.New(reg, evidence.Options{}, log, prometheus.NewRegistry()), client,
 		Options{Interval: 10 * time.Second, Now: clk.Now, Seed: "cp-test", Burst: burst, Skipper: skip}, log)
 	return &sched{m: m, g: &group{key: key, interval: 10 * time.Second, slots: map[string]*slot{}}, clk: clk, reg: reg}
 }
@@ -308,7 +310,7 @@ func TestRunPollsEachWorkerAtItsPhase(t *testing.T) {
 		register(t, reg, "http://fleet", registry.HealthPending, []string{"lone"})
 		rec := &testutil.Recorder{Suffix: "/metrics", Answer: vllm}
 		log := slog.New(slog.DiscardHandler)
-		m := New(reg, ingest.New(reg, ingest.Options{}, log), &http.Client{Transport: rec}, Options{Interval: iv, Seed: "cp-test"}, log)
+		m := New(reg, evidence.New(reg, evidence.Options{}, log, prometheus.NewRegistry()), &http.Client{Transport: rec}, Options{Interval: iv, Seed: "cp-test"}, log)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
 		start := time.Now()

@@ -10,7 +10,9 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/monitor"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -43,7 +45,7 @@ func TestRunWaitsForItsPolls(t *testing.T) {
 		}
 		log := slog.New(slog.DiscardHandler)
 		tr := &stuckTransport{entered: make(chan struct{}), release: make(chan struct{})}
-		m := monitor.New(reg, ingest.New(reg, ingest.Options{}, log), &http.Client{Transport: tr},
+		m := monitor.New(reg, evidence.New(reg, evidence.Options{}, log, prometheus.NewRegistry()), &http.Client{Transport: tr},
 			monitor.Options{Interval: time.Second}, log)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})

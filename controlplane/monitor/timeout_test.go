@@ -11,7 +11,9 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/monitor"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -43,7 +45,7 @@ func TestPollTimesOutAfterFiveSeconds(t *testing.T) {
 			return client, nil
 		}}
 		client := &http.Client{Transport: tr}
-		m := monitor.New(reg, ingest.New(reg, ingest.Options{}, log), client, monitor.Options{Interval: time.Second}, log)
+		m := monitor.New(reg, evidence.New(reg, evidence.Options{}, log, prometheus.NewRegistry()), client, monitor.Options{Interval: time.Second}, log)
 
 		start := time.Now()
 		m.PollOnce(context.Background(), "w1", engine.NewReader(client, "http://engine"))

@@ -192,9 +192,9 @@ func TestReportAggregates(t *testing.T) {
 		{DPRank: 0, Waiting: 3, Running: 10, TokenUsage: 0.5, GenThroughput: 100, CacheHitRate: 0.2, MaxRunning: 64},
 		{DPRank: 1, Waiting: 5, Running: 12, TokenUsage: 0.9, GenThroughput: 50, CacheHitRate: 0.4, MaxRunning: 64},
 	}}
-	if rep.Empty() || rep.Waiting() != 8 || rep.Running() != 22 || math.Abs(rep.TokenUsage()-0.7) > 1e-12 ||
+	if rep.Empty() || rep.Waiting() != 8 || rep.Running() != 22 ||
 		rep.GenThroughput() != 150 || math.Abs(rep.CacheHitRate()-0.3) > 1e-12 || rep.MaxRunning() != 128 {
-		t.Fatalf("aggregates wrong: W%d R%d U%v G%v H%v M%d", rep.Waiting(), rep.Running(), rep.TokenUsage(),
+		t.Fatalf("aggregates wrong: W%d R%d G%v H%v M%d", rep.Waiting(), rep.Running(),
 			rep.GenThroughput(), rep.CacheHitRate(), rep.MaxRunning())
 	}
 	rep.Ranks[1].MaxRunning = 0
@@ -202,7 +202,7 @@ func TestReportAggregates(t *testing.T) {
 		t.Errorf("MaxRunning with a rank lacking a window = %d, want 0 (no window)", rep.MaxRunning())
 	}
 	var empty Report
-	if !empty.Empty() || empty.TokenUsage() != 0 || empty.MaxRunning() != 0 || empty.CacheHitRate() != 0 {
+	if !empty.Empty() || empty.MaxRunning() != 0 || empty.CacheHitRate() != 0 {
 		t.Error("empty report must read as zero everywhere")
 	}
 }

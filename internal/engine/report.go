@@ -110,18 +110,6 @@ func (r Report) Running() int64 {
 	return n
 }
 
-// TokenUsage is the mean KV token usage over DP ranks (0 for an empty report).
-func (r Report) TokenUsage() float64 {
-	if len(r.Ranks) == 0 {
-		return 0
-	}
-	var s float64
-	for _, rk := range r.Ranks {
-		s += rk.TokenUsage
-	}
-	return s / float64(len(r.Ranks))
-}
-
 // GenThroughput is the generation throughput summed over DP ranks.
 func (r Report) GenThroughput() float64 {
 	var s float64

@@ -29,11 +29,28 @@ func FromReport(rep engine.Report, at time.Time) *smgv1.EngineLoad {
 			MaxRunningRequests: clamp32(r.MaxRunning),
 		}
 	}
-	return Clamp(&smgv1.EngineLoad{
-		Source: string(rep.Source), Ranks: ranks,
-		WaitingRequests: clamp32(rep.Waiting()), RunningRequests: clamp32(rep.Running()), TokenUsage: rep.TokenUsage(),
+	l := Clamp(&smgv1.EngineLoad{
+		Source: string(rep.Source), Ranks: ranks, RunningRequests: clamp32(rep.Running()),
 		MaxRunningRequests: clamp32(rep.MaxRunning()), ReportedAt: timestamppb.New(at),
 	})
+	waiting, usage := Signals(l.Ranks)
+	l.WaitingRequests, l.TokenUsage = clamp32(waiting), usage
+	return l
+}
+
+// Signals computes a load's two overload signals from its ranks: waiting
+// requests summed and KV token usage averaged over them (a field a rank
+// leaves out reads 0). It is the one aggregation of the rule: the control
+// plane computes it over whatever aggregates a sender filled in.
+func Signals(ranks []*smgv1.RankLoad) (waiting int64, tokenUsage float64) {
+	if len(ranks) == 0 {
+		return 0, 0
+	}
+	for _, r := range ranks {
+		waiting += int64(max(r.GetWaitingRequests(), 0))
+		tokenUsage += r.GetTokenUsage()
+	}
+	return waiting, tokenUsage / float64(len(ranks))
 }
 
 // MaxRanks bounds the ranks a load keeps (the engine reader keeps as many).

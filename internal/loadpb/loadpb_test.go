@@ -61,3 +61,24 @@ func TestFromReportIsClamped(t *testing.T) {
 		t.Errorf("polled %v\npushed %v", got, pushed)
 	}
 }
+
+// The signals are the ranks' waiting summed and token usage averaged, the
+// same whether the poller converts a report or the control plane reads a
+// pushed load's ranks.
+func TestSignals(t *testing.T) {
+	rep := engine.Report{Source: engine.SourceVLLM, Ranks: []engine.Rank{
+		{DPRank: 0, Waiting: 3, Running: 10, TokenUsage: 0.5},
+		{DPRank: 1, Waiting: 5, Running: 12, TokenUsage: 0.9},
+	}}
+	l := FromReport(rep, time.Unix(1, 0))
+	if l.GetWaitingRequests() != 8 || math.Abs(l.GetTokenUsage()-0.7) > 1e-12 {
+		t.Fatalf("FromReport aggregates: waiting %d usage %v, want 8 and 0.7", l.GetWaitingRequests(), l.GetTokenUsage())
+	}
+	l.Ranks[0].WaitingRequests = -4 // a hostile sender's
+	if w, u := Signals(l.Ranks); w != 5 || math.Abs(u-0.7) > 1e-12 {
+		t.Fatalf("Signals: waiting %d usage %v, want 5 (a negative rank reads 0) and 0.7", w, u)
+	}
+	if w, u := Signals(nil); w != 0 || u != 0 {
+		t.Fatalf("Signals of no ranks: %d %v, want 0 0", w, u)
+	}
+}

@@ -1,10 +1,9 @@
-package liveness
+package evidence
 
 import (
 	"fmt"
 	"log/slog"
 	"runtime/metrics"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -43,13 +42,12 @@ func benchRecord(b *testing.B, coalesce bool) {
 
 // BenchmarkRecordParallel is the agent streams' side at scale: 100
 // goroutines (GOMAXPROCS × 50) push records for 100 workers each of a
-// 10,000-worker fleet, while the ingester's flush (PendingIDs, then Take in
-// its transaction) runs every 5,000 records in the goroutine that reached
+// 10,000-worker fleet, while the flush runs every 5,000 records in the goroutine that reached
 // it. mutex-wait-ns/op is how long goroutines waited for a lock per record:
 // a lock every pusher takes shows there.
 func BenchmarkRecordParallel(b *testing.B) {
 	const workers, perPusher = 10000, 100
-	tr, reg, ids := benchFleet(workers, true)
+	tr, _, ids := benchFleet(workers, true)
 	var pushers, records atomic.Int64
 	var flushing atomic.Bool
 	b.SetParallelism(50)
@@ -63,17 +61,15 @@ func BenchmarkRecordParallel(b *testing.B) {
 			now = now.Add(time.Millisecond)
 			tr.Record(ids[first+i%perPusher], judge.Record{Pushed: true, Waiting: int64(i % 3), StepWire: true}, now)
 			i++
-			// One flush at a time, as the ingester runs them.
+			// One flush at a time, as Run runs them.
 			if records.Add(1)%5000 == 0 && flushing.CompareAndSwap(false, true) {
-				if err := flushRider(tr, reg); err != nil {
-					b.Error(err)
-				}
+				tr.Flush()
 				flushing.Store(false)
 			}
 		}
 	})
 	b.ReportMetric(float64(mutexWait()-waited)/float64(b.N), "mutex-wait-ns/op")
-	flushRider(tr, reg)
+	tr.Flush()
 }
 
 // mutexWait is how long goroutines have waited for a sync.Mutex or
@@ -84,41 +80,8 @@ func mutexWait() int64 {
 	return int64(s[0].Value.Float64() * 1e9)
 }
 
-// flushRider stores tr's pending records as the ingester's flush does
-// (ingest.Options.Rider): in sorted chunks of flushChunk workers, each
-// taken inside its own transaction.
-func flushRider(tr *Tracker, reg *registry.Registry) error {
-	ids := tr.PendingIDs(nil)
-	slices.Sort(ids)
-	for len(ids) > 0 {
-		chunk := ids[:min(flushChunk, len(ids))]
-		ids = ids[len(chunk):]
-		_, err := reg.Update(func(tx *registry.Txn) error {
-			apply, stored := tr.Take(chunk)
-			for _, id := range chunk {
-				w := tx.Get(id)
-				if w == nil {
-					continue
-				}
-				if c := w.Clone(); apply(w, c) {
-					tx.Insert(c)
-					stored(tx, w, c)
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// flushChunk is the ingester's chunk size (ingest's chunkSize).
-const flushChunk = 1024
-
-// benchFleet is a tracker over n Ready workers.
-func benchFleet(n int, coalesce bool) (*Tracker, *registry.Registry, []string) {
+// benchFleet is an inbox over n Ready workers.
+func benchFleet(n int, coalesce bool) (*Inbox, *registry.Registry, []string) {
 	reg := registry.New("e", 0)
 	ids := make([]string, n)
 	reg.Update(func(tx *registry.Txn) error {

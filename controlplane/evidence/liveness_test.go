@@ -1,4 +1,4 @@
-package liveness
+package evidence
 
 import (
 	"log/slog"
@@ -16,7 +16,7 @@ import (
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func setup(t *testing.T, health registry.Health) (*Tracker, *registry.Registry, *prometheus.Registry) {
+func setup(t *testing.T, health registry.Health) (*Inbox, *registry.Registry, *prometheus.Registry) {
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(txn *registry.Txn) error {

@@ -1,4 +1,4 @@
-package ingest_test
+package evidence_test
 
 import (
 	"errors"
@@ -6,9 +6,10 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -20,7 +21,7 @@ import (
 // other with the same loads, verdicts and commits, and the same errors.
 func TestReportCopiesIsReportCopyOfEach(t *testing.T) {
 	ids := []string{"w1", "w2", "w3", "gone"}
-	open := func() (*ingest.Ingester, *registry.Registry) {
+	open := func() (*evidence.Inbox, *registry.Registry) {
 		reg := registry.New("e", 0)
 		if _, err := reg.Update(func(tx *registry.Txn) error {
 			for i, id := range ids[:3] {
@@ -34,7 +35,7 @@ func TestReportCopiesIsReportCopyOfEach(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		return ingest.New(reg, ingest.Options{Coalesce: true}, slog.New(slog.DiscardHandler)), reg
+		return evidence.New(reg, evidence.Options{Coalesce: true}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()), reg
 	}
 	flips := 0
 	for seed := range uint64(100) {
@@ -46,7 +47,7 @@ func TestReportCopiesIsReportCopyOfEach(t *testing.T) {
 				inA.Flush()
 				inB.Flush()
 			} else {
-				batch := make([]ingest.Reported, 1+rng.IntN(8))
+				batch := make([]evidence.Reported, 1+rng.IntN(8))
 				for i := range batch {
 					batch[i].WorkerID = ids[rng.IntN(len(ids))]
 					if rng.IntN(6) != 0 {
@@ -72,7 +73,7 @@ func TestReportCopiesIsReportCopyOfEach(t *testing.T) {
 					t.Fatalf("seed %d step %d: %d errors with ReportCopies, %d with ReportCopy", seed, step, len(errsA), len(errsB))
 				}
 				for i := range errsA {
-					if !errors.Is(errsA[i], ingest.ErrUnknownWorker) || !errors.Is(errsB[i], ingest.ErrUnknownWorker) {
+					if !errors.Is(errsA[i], evidence.ErrUnknownWorker) || !errors.Is(errsB[i], evidence.ErrUnknownWorker) {
 						t.Fatalf("seed %d step %d: errors %v and %v, want unknown worker", seed, step, errsA[i], errsB[i])
 					}
 				}

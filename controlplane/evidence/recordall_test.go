@@ -1,4 +1,4 @@
-package liveness
+package evidence
 
 import (
 	"fmt"
@@ -22,7 +22,7 @@ import (
 // records, evidence, verdicts and commits after every step.
 func TestRecordAllIsRecordOfEach(t *testing.T) {
 	ids := []string{"w1", "w2", "w3"}
-	open := func() (*Tracker, *registry.Registry) { return openHealthy(t, ids, true) }
+	open := func() (*Inbox, *registry.Registry) { return openHealthy(t, ids, true) }
 	for seed := range uint64(200) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		trA, regA := open() // RecordAll
@@ -95,7 +95,7 @@ func sameWorker(a, b *registry.Worker) error {
 // are), and the same evidence once flushed.
 func TestCoalescingHoldsBackNoVerdict(t *testing.T) {
 	ids := []string{"w1", "w2"}
-	open := func(coalesce bool) (*Tracker, *registry.Registry) { return openHealthy(t, ids, coalesce) }
+	open := func(coalesce bool) (*Inbox, *registry.Registry) { return openHealthy(t, ids, coalesce) }
 	changes := 0
 	for seed := range uint64(300) {
 		rng := rand.New(rand.NewPCG(seed, 5))
@@ -180,7 +180,7 @@ func TestRecordAfterTheStoredRecordMovedUnderPendingOnes(t *testing.T) {
 }
 
 // openHealthy is a tracker over a registry of healthy workers ids.
-func openHealthy(t *testing.T, ids []string, coalesce bool) (*Tracker, *registry.Registry) {
+func openHealthy(t *testing.T, ids []string, coalesce bool) (*Inbox, *registry.Registry) {
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(txn *registry.Txn) error {

@@ -1,4 +1,4 @@
-package ingest_test
+package evidence_test
 
 import (
 	"errors"
@@ -10,12 +10,14 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/loadpb"
 )
 
 // workers is a registry of Ready workers with the default thresholds.
@@ -42,13 +44,14 @@ func TestAFlipWaitingForTheRegistryStopsNoOtherWorker(t *testing.T) {
 	reg := workers(t, "w1", "w2", "w3")
 	inTxn, release := make(chan struct{}), make(chan struct{})
 	first := true
-	in := ingest.New(reg, ingest.Options{Coalesce: true, Rider: hookRider{hook: func() {
+	in := evidence.New(reg, evidence.Options{Coalesce: true}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	evidence.InFlush(in, func() {
 		if first { // the first flush transaction holds the registry until released
 			first = false
 			inTxn <- struct{}{}
 			<-release
 		}
-	}}}, slog.New(slog.DiscardHandler))
+	})
 	for _, id := range []string{"w1", "w2"} {
 		if err := in.Report(id, load(1)); err != nil {
 			t.Fatal(err)
@@ -60,14 +63,10 @@ func TestAFlipWaitingForTheRegistryStopsNoOtherWorker(t *testing.T) {
 
 	flipped := make(chan error, 1)
 	go func() { flipped <- in.Report("w1", load(20)) }()
-	superseded := ingest.Superseded(in, "w1")
-	if superseded == nil {
-		t.Fatal("w1's load is not in the flush transaction")
-	}
-	for !superseded() { // the flip holds w1's state and goes on to wait for the registry
+	for evidence.PendingLoad(in, "w1").GetWaitingRequests() != 20 { // the flip goes on to wait for the registry
 		runtime.Gosched()
 	}
-	in.ReportCopies([]ingest.Reported{{WorkerID: "w2", Load: load(2)}, {WorkerID: "w3", Load: load(3)}},
+	in.ReportCopies([]evidence.Reported{{WorkerID: "w2", Load: load(2)}, {WorkerID: "w3", Load: load(3)}},
 		func(i int, err error) { t.Errorf("report %d: %v", i, err) })
 	if err := in.Refresh("w2"); err != nil {
 		t.Fatal(err)
@@ -103,16 +102,16 @@ func TestAFlipWaitingForTheRegistryStopsNoOtherWorker(t *testing.T) {
 // fleet's churn leave nothing behind.
 func TestPendingStateOnlyForRegisteredWorkers(t *testing.T) {
 	reg := workers(t, "w1", "w2")
-	in := ingest.New(reg, ingest.Options{Coalesce: true}, slog.New(slog.DiscardHandler))
+	in := evidence.New(reg, evidence.Options{Coalesce: true}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	for i := range 100 {
 		id := fmt.Sprint("made-up-", i)
 		for _, err := range []error{in.Report(id, load(1)), in.ReportCopy(id, load(20)), in.NoReport(id), in.Refresh(id)} {
-			if !errors.Is(err, ingest.ErrUnknownWorker) {
+			if !errors.Is(err, evidence.ErrUnknownWorker) {
 				t.Fatalf("%s: err = %v, want ErrUnknownWorker", id, err)
 			}
 		}
 	}
-	if n := ingest.Cells(in); n != 0 {
+	if n := evidence.Cells(in); n != 0 {
 		t.Fatalf("%d workers with pending state after reports about unknown ones, want 0", n)
 	}
 	for _, id := range []string{"w1", "w2"} {
@@ -125,10 +124,10 @@ func TestPendingStateOnlyForRegisteredWorkers(t *testing.T) {
 	}
 	in.Flush() // w2's load finds no record
 	in.Flush()
-	if n := ingest.Cells(in); n != 1 {
+	if n := evidence.Cells(in); n != 1 {
 		t.Fatalf("%d workers with pending state after w2 left, want 1", n)
 	}
-	if err := in.Report("w2", load(1)); !errors.Is(err, ingest.ErrUnknownWorker) {
+	if err := in.Report("w2", load(1)); !errors.Is(err, evidence.ErrUnknownWorker) {
 		t.Fatalf("a report about the removed w2: err = %v, want ErrUnknownWorker", err)
 	}
 	if got := reg.Get("w1").Load.GetWaitingRequests(); got != 1 {
@@ -150,7 +149,7 @@ func TestConcurrentReportsEndWithTheLastReport(t *testing.T) {
 		ids = append(ids, fmt.Sprintf("w%02d", i))
 	}
 	reg := workers(t, ids...)
-	in := ingest.New(reg, ingest.Options{Coalesce: true}, slog.New(slog.DiscardHandler))
+	in := evidence.New(reg, evidence.Options{Coalesce: true}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 
 	mine := func(g int) []string { // the workers reporter g reports
 		var ws []string
@@ -221,7 +220,7 @@ func TestConcurrentReportsEndWithTheLastReport(t *testing.T) {
 				for r := range 1 + rng.IntN(2) {
 					buf.Ranks = append(buf.Ranks, &smgv1.RankLoad{DpRank: int32(r), WaitingRequests: int32(rng.IntN(12)), TokenUsage: rng.Float64()})
 				}
-				in.ReportCopies([]ingest.Reported{{WorkerID: id, Load: buf}}, func(_ int, err error) { t.Error(err) })
+				in.ReportCopies([]evidence.Reported{{WorkerID: id, Load: buf}}, func(_ int, err error) { t.Error(err) })
 				last[g][id] = proto.CloneOf(buf)
 			}
 			for step := range 3000 {
@@ -267,7 +266,7 @@ func TestConcurrentReportsEndWithTheLastReport(t *testing.T) {
 		matched := false
 		for _, c := range candidates {
 			want := proto.CloneOf(c)
-			waiting, usage := ingest.Signals(want.Ranks)
+			waiting, usage := loadpb.Signals(want.Ranks)
 			want.WaitingRequests, want.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
 			matched = matched || proto.Equal(w.Load, want)
 		}
@@ -280,7 +279,7 @@ func TestConcurrentReportsEndWithTheLastReport(t *testing.T) {
 			t.Errorf("%s: no report %v, overloaded %v, want false and %v (its stored load's verdict)", id, w.Evidence.NoReport, w.Overloaded, over)
 		}
 	}
-	if n := ingest.Cells(in); n != len(ids) {
+	if n := evidence.Cells(in); n != len(ids) {
 		t.Errorf("%d workers with pending state, want %d", n, len(ids))
 	}
 }

@@ -1,4 +1,4 @@
-package ingest_test
+package evidence_test
 
 import (
 	"fmt"
@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -31,7 +31,7 @@ func scrapeFleet(b *testing.B, n int) *prometheus.Registry {
 		b.Fatal(err)
 	}
 	pr := prometheus.NewRegistry()
-	pr.MustRegister(ingest.NewCollector(reg))
+	pr.MustRegister(evidence.NewCollector(reg))
 	return pr
 }
 

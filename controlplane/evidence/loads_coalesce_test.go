@@ -1,4 +1,4 @@
-package ingest_test
+package evidence_test
 
 import (
 	"context"
@@ -7,13 +7,15 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
-func coalescing(t *testing.T) (*ingest.Ingester, *registry.Registry) {
+func coalescing(t *testing.T) (*evidence.Inbox, *registry.Registry) {
 	t.Helper()
 	reg := registry.New("e", 0)
 	if _, err := reg.Update(func(tx *registry.Txn) error {
@@ -22,7 +24,7 @@ func coalescing(t *testing.T) (*ingest.Ingester, *registry.Registry) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	in := ingest.New(reg, ingest.Options{Coalesce: true}, slog.New(slog.DiscardHandler))
+	in := evidence.New(reg, evidence.Options{Coalesce: true}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	return in, reg
 }
 
@@ -93,11 +95,11 @@ func TestRunFlushesWithinTheInterval(t *testing.T) {
 		in, reg := coalescing(t)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
-		go func() { in.Run(ctx, ingest.DefaultFlushInterval); close(done) }()
+		go func() { in.Run(ctx); close(done) }()
 		if err := in.Report("w1", load(2)); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(ingest.DefaultFlushInterval)
+		time.Sleep(judge.SweepInterval)
 		synctest.Wait()
 		if got := reg.Get("w1").Load.GetWaitingRequests(); got != 2 {
 			t.Fatalf("after one flush interval the load is %d, want 2", got)

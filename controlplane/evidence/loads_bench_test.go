@@ -1,4 +1,4 @@
-package ingest_test
+package evidence_test
 
 import (
 	"fmt"
@@ -18,9 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/smg-project/smg/controlplane/admin"
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
-	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
@@ -30,7 +29,7 @@ import (
 // commit, over a registry of 1,000 workers. reports/s = 1e9 / ns_per_op.
 func BenchmarkReport(b *testing.B) {
 	reg, ids, wires := benchFleet(b)
-	in := ingest.New(reg, ingest.Options{}, slog.New(slog.DiscardHandler))
+	in := evidence.New(reg, evidence.Options{}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
@@ -87,7 +86,7 @@ func benchFleet(b *testing.B) (*registry.Registry, []string, [][]byte) {
 // report, flushes included.
 func BenchmarkReportCoalesced(b *testing.B) {
 	reg, ids, wires := benchFleet(b)
-	in := ingest.New(reg, ingest.Options{Coalesce: true}, slog.New(slog.DiscardHandler))
+	in := evidence.New(reg, evidence.Options{Coalesce: true}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
@@ -127,7 +126,7 @@ func BenchmarkReportParallel(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			reg, ids, wires := benchFleet(b)
-			in := ingest.New(reg, ingest.Options{Coalesce: true}, slog.New(slog.DiscardHandler))
+			in := evidence.New(reg, evidence.Options{Coalesce: true}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 			const streams = 100
 			var next, ops atomic.Int64
 			var mu sync.Mutex
@@ -222,9 +221,8 @@ func (h *latencies) quantile(q float64) time.Duration {
 	return 0
 }
 
-// BenchmarkFlush is one flush of the control plane's configuration (the
-// liveness tracker riding with the loads) over 10,000 workers, each with
-// a pending load and a pending liveness record: what the 250 ms flush
+// BenchmarkFlush is one flush of the control plane's configuration over
+// 10,000 workers, each with a pending load and a pending liveness record: what the 250 ms flush
 // stores at 200,000 reports/s. One op is one flush; the reports between
 // flushes are not timed, and their allocations are not counted (B/op and
 // allocs/op are the flush's).
@@ -245,10 +243,8 @@ func BenchmarkFlush(b *testing.B) {
 	}
 	now := time.Unix(1_700_000_000, 0)
 	log := slog.New(slog.DiscardHandler)
-	var in *ingest.Ingester
-	tr := liveness.New(reg, liveness.Options{Rules: judge.DefaultLivenessConfig(), Now: func() time.Time { return now }, Coalesce: true,
-		Flush: func() { in.Flush() }}, log, prometheus.NewRegistry())
-	in = ingest.New(reg, ingest.Options{Coalesce: true, Rider: tr}, log)
+	in := evidence.New(reg, evidence.Options{Rules: judge.DefaultLivenessConfig(), Now: func() time.Time { return now }, Coalesce: true},
+		log, prometheus.NewRegistry())
 	load := &smgv1.EngineLoad{Source: "bench", ReportedAt: timestamppb.New(now), Ranks: []*smgv1.RankLoad{{WaitingRequests: 1, RunningRequests: 8, TokenUsage: 0.3}}}
 	report := func() {
 		now = now.Add(250 * time.Millisecond)
@@ -257,7 +253,7 @@ func BenchmarkFlush(b *testing.B) {
 			if err := in.ReportCopy(id, load); err != nil {
 				b.Fatal(err)
 			}
-			tr.Record(id, judge.Record{Pushed: true, Waiting: 1}, now)
+			in.Record(id, judge.Record{Pushed: true, Waiting: 1}, now)
 		}
 	}
 	for range 3 { // the steady state: fresh loads and records in reserve

@@ -1,4 +1,4 @@
-package ingest_test
+package evidence_test
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -22,7 +22,7 @@ type syncBuffer = smgtest.SyncBuffer
 
 type fixture struct {
 	reg  *registry.Registry
-	in   *ingest.Ingester
+	in   *evidence.Inbox
 	logs *syncBuffer
 }
 
@@ -30,7 +30,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	logs := &syncBuffer{}
 	reg := registry.New("test", 0)
-	return &fixture{reg: reg, in: ingest.New(reg, ingest.Options{}, slog.New(slog.NewTextHandler(logs, nil))), logs: logs}
+	return &fixture{reg: reg, in: evidence.New(reg, evidence.Options{}, slog.New(slog.NewTextHandler(logs, nil)), prometheus.NewRegistry()), logs: logs}
 }
 
 // add registers a Ready worker with the given thresholds.
@@ -177,11 +177,11 @@ func TestReasonFollowsTheReport(t *testing.T) {
 }
 
 func TestFailOpen(t *testing.T) {
-	noReports := map[string]func(in *ingest.Ingester) error{
-		"nil report":    func(in *ingest.Ingester) error { return in.Report("w1", nil) },
-		"empty report":  func(in *ingest.Ingester) error { return in.Report("w1", &smgv1.EngineLoad{Source: "vllm"}) },
-		"no report":     func(in *ingest.Ingester) error { return in.NoReport("w1") },
-		"state rebuilt": func(in *ingest.Ingester) error { in.Rebuild("test", nil); return nil },
+	noReports := map[string]func(in *evidence.Inbox) error{
+		"nil report":    func(in *evidence.Inbox) error { return in.Report("w1", nil) },
+		"empty report":  func(in *evidence.Inbox) error { return in.Report("w1", &smgv1.EngineLoad{Source: "vllm"}) },
+		"no report":     func(in *evidence.Inbox) error { return in.NoReport("w1") },
+		"state rebuilt": func(in *evidence.Inbox) error { in.Rebuild("test", nil); return nil },
 	}
 	for name, clear := range noReports {
 		t.Run(name, func(t *testing.T) {
@@ -247,25 +247,14 @@ func TestNotReadyWorkerGetsNoVeto(t *testing.T) {
 func TestUnknownWorker(t *testing.T) {
 	f := newFixture(t)
 	rev := f.reg.Revision()
-	if err := f.in.Report("nope", ranks(rank(1, 0))); !errors.Is(err, ingest.ErrUnknownWorker) {
+	if err := f.in.Report("nope", ranks(rank(1, 0))); !errors.Is(err, evidence.ErrUnknownWorker) {
 		t.Fatalf("Report: err = %v, want ErrUnknownWorker", err)
 	}
-	if err := f.in.NoReport("nope"); !errors.Is(err, ingest.ErrUnknownWorker) {
+	if err := f.in.NoReport("nope"); !errors.Is(err, evidence.ErrUnknownWorker) {
 		t.Fatalf("NoReport: err = %v, want ErrUnknownWorker", err)
 	}
 	if f.reg.Revision() != rev {
 		t.Fatalf("revision %d, want %d: a report about an unknown worker commits nothing", f.reg.Revision(), rev)
-	}
-}
-
-func TestSignals(t *testing.T) {
-	w, u := ingest.Signals(nil)
-	if w != 0 || u != 0 {
-		t.Fatalf("no ranks: %d, %v", w, u)
-	}
-	w, u = ingest.Signals([]*smgv1.RankLoad{rank(2, 0.5), rank(3, 0.25), rank(-4, 0)})
-	if w != 5 || u != 0.25 {
-		t.Fatalf("got %d, %v; want 5 (negative counts read 0), 0.25", w, u)
 	}
 }
 
@@ -274,7 +263,7 @@ func TestCollector(t *testing.T) {
 	f.add(t, "w1", "http://e1:8000", "llama", gateway)
 	f.add(t, "w2", "http://e2:8000", "llama", gateway)
 	f.add(t, "w3", "http://e3:8000", "qwen", gateway)
-	c := ingest.NewCollector(f.reg)
+	c := evidence.NewCollector(f.reg)
 	promReg := prometheus.NewRegistry()
 	promReg.MustRegister(c)
 
@@ -395,7 +384,7 @@ func labelValue(pairs []*dto.LabelPair, name string) string {
 func TestWorkersOverloadedReadsZeroAfterAModelsLastWorkerGoes(t *testing.T) {
 	reg := registry.New("e", 0)
 	promReg := prometheus.NewRegistry()
-	promReg.MustRegister(ingest.NewCollector(reg))
+	promReg.MustRegister(evidence.NewCollector(reg))
 	if _, err := reg.Update(func(tx *registry.Txn) error {
 		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "w1", Spec: &smgv1.WorkerSpec{Url: "http://e1"}, Model: "solo", Thresholds: judge.Thresholds{WaitingRequests: 1}}, State: registry.State{Health: registry.HealthHealthy, Load: &smgv1.EngineLoad{WaitingRequests: 2}}}) // overloaded
 		return nil

@@ -1,4 +1,4 @@
-package liveness
+package evidence
 
 import (
 	"fmt"
@@ -18,10 +18,9 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
-// Many agent streams push records for their own workers while the
-// ingester's flush (PendingIDs, Take in its transaction), the tracker's own
-// flush, the sweep's predictions and its prune of cells run, and workers of another set come
-// and go: each worker ends with the evidence, verdict and veto transitions
+// Many agent streams push records for their own workers while flushes,
+// predictions against the stored records and the drop of cells run, and
+// workers of another set come and go: each worker ends with the evidence, verdict and veto transitions
 // of a tracker that committed its records one by one in order (a record
 // lost, applied twice after a later one, or out of order would show), and
 // no cell is left for a removed worker. Run with -race.
@@ -71,17 +70,14 @@ func TestConcurrentPushesApplyEachRecordOnceInOrder(t *testing.T) {
 			}
 		})
 	}
-	loop(func() { // the ingester's flush
-		if err := flushRider(tr, reg); err != nil {
-			t.Error(err)
-		}
-	})
 	loop(tr.Flush)
-	loop(func() { // the sweep's part in the records (a whole sweep would move verdicts)
+	loop(tr.Flush)
+	loop(func() { // what a flip's commit asks after it (a whole sweep would move verdicts)
 		for _, w := range reg.Snapshot().Workers() {
-			tr.predicted(w)
+			if c := tr.cell(w.ID); c != nil {
+				c.stands(w, &tr.rules)
+			}
 		}
-		tr.prune()
 	})
 	loop(func() { // workers that come and go, and push meanwhile
 		for _, id := range churn {
@@ -118,44 +114,39 @@ func TestConcurrentPushesApplyEachRecordOnceInOrder(t *testing.T) {
 	if transitions == 0 {
 		t.Fatal("no record vetoed a worker: the test does not cover records that commit at once")
 	}
-	tr.Sweep(t0) // prunes what the churn left
-	if pending := tr.PendingIDs(nil); len(pending) != 0 {
+	tr.Sweep(t0) // drops what the churn left
+	if pending := pendingIDs(tr); len(pending) != 0 {
 		t.Fatalf("records still pending after the last flush: %v", pending)
 	}
 	for _, id := range churn {
-		if tr.cells.get(id) != nil {
+		if tr.cell(id) != nil {
 			t.Fatalf("a cell left for the removed worker %s", id)
 		}
 	}
-	if n := len(tr.cells.list()); n != len(ids) {
+	if n := Cells(tr); n != len(ids) {
 		t.Fatalf("%d cells listed, want one per pushing worker (%d)", n, len(ids))
 	}
 }
 
 // A worker's pusher never waits for another worker's pending records: while
 // w2's are held (its pusher or a flush taking them, delayed), records of w1
-// pend, commit a verdict change, and are listed and taken by a flush.
+// pend, commit a verdict change, and are taken by a commit.
 func TestAPushDoesNotWaitForAnotherWorkersRecords(t *testing.T) {
 	tr, reg := openHealthy(t, []string{"w1", "w2"}, true)
 	tr.Record("w2", judge.Record{Pushed: true}, t0)
-	held := tr.cells.get("w2")
+	held := tr.cell("w2")
 	held.mu.Lock()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		tr.RecordAll([]Pushed{{WorkerID: "w1", Rec: judge.Record{Pushed: true}}}, t0) // makes w1's cell
 		tr.RecordAll([]Pushed{{WorkerID: "w1", Rec: judge.Record{Pushed: true, Waiting: 1}}}, t0.Add(time.Millisecond))
-		if ids := tr.PendingIDs(nil); !slices.Contains(ids, "w1") {
-			t.Errorf("pending %v, want w1's records listed while w2's are held", ids)
+		if !tr.cell("w1").pending() {
+			t.Error("w1's records are not pending while w2's are held")
 		}
-		reg.Update(func(txn *registry.Txn) error {
-			apply, _ := tr.Take([]string{"w1"})
-			w := txn.Get("w1")
-			if c := w.Clone(); apply(w, c) {
-				txn.Insert(c)
-			}
-			return nil
-		})
+		if err := tr.commit([]string{"w1"}, nil); err != nil {
+			t.Error(err)
+		}
 		// A record that vetoes commits at once.
 		tr.Record("w1", judge.Record{Pushed: true, StepWire: true, Silence: time.Hour}, t0.Add(2*time.Millisecond))
 	}()
@@ -172,7 +163,7 @@ func TestAPushDoesNotWaitForAnotherWorkersRecords(t *testing.T) {
 	if w.Liveness != smgv1.Veto_VETO_WEDGED {
 		t.Fatalf("w1's veto %v, want wedged by its last record", w.Liveness)
 	}
-	if ids := tr.PendingIDs(nil); !reflect.DeepEqual(ids, []string{"w2"}) {
+	if ids := pendingIDs(tr); !reflect.DeepEqual(ids, []string{"w2"}) {
 		t.Fatalf("pending %v, want w2's record still", ids)
 	}
 }
@@ -186,22 +177,22 @@ func TestCellsOnlyForReadyWorkers(t *testing.T) {
 	for _, id := range []string{"nobody", "w1", "w2", "w3"} {
 		tr.Record(id, judge.Record{Pushed: true}, t0)
 	}
-	if tr.cells.get("nobody") != nil || tr.cells.get("w2") != nil || len(tr.cells.list()) != 2 {
-		t.Fatalf("%d cells: one made for an unknown or unready worker", len(tr.cells.list()))
+	if tr.cell("nobody") != nil || tr.cell("w2") != nil || Cells(tr) != 2 {
+		t.Fatalf("%d cells: one made for an unknown or unready worker", Cells(tr))
 	}
 	removeWorker(t, reg, "w1")
 	setHealth(t, reg, "w3", registry.HealthUnhealthy)
 	tr.Sweep(t0)
-	if tr.cells.get("w1") != nil || tr.cells.get("w3") != nil || len(tr.cells.list()) != 0 {
+	if tr.cell("w1") != nil || tr.cell("w3") != nil || Cells(tr) != 0 {
 		t.Fatal("the cell of a worker removed or out of Ready is kept")
 	}
-	if ids := tr.PendingIDs(nil); len(ids) != 0 {
-		t.Fatalf("pending %v after the prune", ids)
+	if ids := pendingIDs(tr); len(ids) != 0 {
+		t.Fatalf("pending %v after the sweep", ids)
 	}
 	// Back in Ready: a new cell, without the old records.
 	setHealth(t, reg, "w3", registry.HealthHealthy)
 	tr.Record("w3", judge.Record{Pushed: true}, t0.Add(time.Second))
-	if c := tr.cells.get("w3"); c == nil || len(c.p.recs) != 1 {
+	if c := tr.cell("w3"); c == nil || len(c.recs) != 1 {
 		t.Fatal("no new cell with the one new record for a worker back in Ready")
 	}
 }
@@ -222,4 +213,17 @@ func removeWorker(t *testing.T, reg *registry.Registry, id string) {
 	}); err != nil {
 		t.Error(err)
 	}
+}
+
+// pendingIDs lists the workers with evidence pending, sorted.
+func pendingIDs(in *Inbox) []string {
+	var ids []string
+	in.cells.Range(func(id string, c *cell) bool {
+		if c.pending() {
+			ids = append(ids, id)
+		}
+		return true
+	})
+	slices.Sort(ids)
+	return ids
 }

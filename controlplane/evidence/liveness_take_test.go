@@ -1,4 +1,4 @@
-package liveness
+package evidence
 
 import (
 	"reflect"
@@ -9,7 +9,7 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 )
 
-// Take's apply gives a clone the evidence of its pending records, whether
+// A cell's take gives a clone the evidence of its pending records, whether
 // it takes the prediction's evidence (the clone's source is the record the
 // records were predicted against) or replays the records (it is not): the
 // same evidence either way, and each set of records once.
@@ -25,17 +25,16 @@ func TestTakeAppliesThePredictionsEvidence(t *testing.T) {
 		} {
 			at := t0.Add(time.Duration(i) * 50 * time.Millisecond)
 			tr.Record("w1", rec, at)
-			tr.applyPushed(&want, timedRecord{rec, at})
+			applyPushed(&want, timedRecord{rec, at}, &tr.rules)
 		}
 		if _, err := reg.Update(func(txn *registry.Txn) error {
-			apply, _ := tr.Take([]string{"w1"})
 			w := txn.Get("w1")
 			src := w
 			if !predicted {
 				src = w.Clone() // another record than the one predicted against
 			}
 			c := w.Clone()
-			if !apply(src, c) {
+			if moved, _ := tr.cell("w1").takeOnto(src, c, &tr.rules); !moved {
 				t.Fatal("apply moved nothing")
 			}
 			if !reflect.DeepEqual(c.Evidence.Live, want.Live) || !c.Evidence.PushedAt.Equal(want.PushedAt) {
@@ -45,8 +44,8 @@ func TestTakeAppliesThePredictionsEvidence(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if ids := tr.PendingIDs(nil); len(ids) != 0 {
-			t.Fatalf("records still pending after Take: %v", ids)
+		if ids := pendingIDs(tr); len(ids) != 0 {
+			t.Fatalf("records still pending after the take: %v", ids)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package ingest_test
+package evidence_test
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -139,7 +139,7 @@ type fleet struct {
 	t       *testing.T
 	rng     *rand.Rand
 	reg     *registry.Registry
-	c       *ingest.Collector
+	c       *evidence.Collector
 	ref     *refCollector
 	got     *prometheus.Registry
 	want    *prometheus.Registry
@@ -149,7 +149,7 @@ type fleet struct {
 
 func newFleet(t *testing.T, seed uint64, models int) *fleet {
 	reg := registry.New("test", 0)
-	f := &fleet{t: t, rng: rand.New(rand.NewPCG(seed, 1)), reg: reg, c: ingest.NewCollector(reg),
+	f := &fleet{t: t, rng: rand.New(rand.NewPCG(seed, 1)), reg: reg, c: evidence.NewCollector(reg),
 		ref: newRefCollector(reg), got: prometheus.NewRegistry(), want: prometheus.NewRegistry(), nModels: models}
 	f.got.MustRegister(f.c)
 	f.want.MustRegister(f.ref)
@@ -324,7 +324,7 @@ func TestCollectorBoundsAsNewConstMetricDid(t *testing.T) {
 // changed, a rank gone) vanishes.
 func TestCollectorSeriesFollowWorkers(t *testing.T) {
 	reg := registry.New("test", 0)
-	c := ingest.NewCollector(reg)
+	c := evidence.NewCollector(reg)
 	pr := prometheus.NewRegistry()
 	pr.MustRegister(c)
 	put := func(id, url, model string, ranks ...int32) {
@@ -394,7 +394,7 @@ func TestCollectorSeriesFollowWorkers(t *testing.T) {
 func TestCollectorDuplicateRankKeepsTheFirst(t *testing.T) {
 	reg := registry.New("test", 0)
 	pr := prometheus.NewRegistry()
-	pr.MustRegister(ingest.NewCollector(reg))
+	pr.MustRegister(evidence.NewCollector(reg))
 	if _, err := reg.Update(func(tx *registry.Txn) error {
 		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "a", Spec: &smgv1.WorkerSpec{Url: "http://a"}, Model: "m"}, State: registry.State{Health: registry.HealthHealthy, Load: &smgv1.EngineLoad{Ranks: []*smgv1.RankLoad{{DpRank: 3, WaitingRequests: 7}, {DpRank: 3, WaitingRequests: 9}, {DpRank: 1, WaitingRequests: 2}}}}})
 		return nil
@@ -415,7 +415,7 @@ smg_engine_waiting_requests{dp_rank="3",model="m",worker="http://a"} 7
 // worker's series: MustNewConstMetric panicked, and with it the control plane.
 func TestCollectorSkipsLabelsNotUTF8(t *testing.T) {
 	reg := registry.New("test", 0)
-	c := ingest.NewCollector(reg)
+	c := evidence.NewCollector(reg)
 	pr := prometheus.NewRegistry()
 	pr.MustRegister(c)
 	load := func() *smgv1.EngineLoad { return &smgv1.EngineLoad{Ranks: []*smgv1.RankLoad{{WaitingRequests: 5}}} }
@@ -445,7 +445,7 @@ smg_workers_overloaded{model="m"} 0
 func TestCollectorKeepsLabelPairs(t *testing.T) {
 	reg := registry.New("test", 0)
 	pr := prometheus.NewRegistry()
-	pr.MustRegister(ingest.NewCollector(reg))
+	pr.MustRegister(evidence.NewCollector(reg))
 	put := func(model string, waiting int32) {
 		t.Helper()
 		if _, err := reg.Update(func(tx *registry.Txn) error {

@@ -1,4 +1,4 @@
-package liveness
+package evidence
 
 import (
 	"sync"
@@ -13,10 +13,10 @@ import (
 // receive loop calls Read for every message and Applied when done with it;
 // each sweep reads it to tell "the agent went silent" from "this process has
 // not read what the agent sent" (judge.StreamRead). Open one with
-// Tracker.OpenStream.
+// Inbox.OpenStream.
 type Stream struct {
 	id     uint64
-	stalls *atomic.Int64 // the tracker's: process stall time so far, ns
+	stalls *atomic.Int64 // the inbox's: process stall time so far, ns
 
 	mu          sync.Mutex
 	readAt      time.Time
@@ -84,34 +84,34 @@ func (ss *streams) swept(now time.Time) {
 
 // OpenStream registers a new agent stream; close it with CloseStream when
 // the stream ends, so its workers' silence is no longer credited to it.
-func (t *Tracker) OpenStream() *Stream {
-	t.streams.mu.Lock()
-	defer t.streams.mu.Unlock()
-	t.streams.next++
-	s := &Stream{id: t.streams.next, stalls: &t.streams.stalls}
-	if t.streams.open == nil {
-		t.streams.open = map[uint64]*Stream{}
+func (in *Inbox) OpenStream() *Stream {
+	in.streams.mu.Lock()
+	defer in.streams.mu.Unlock()
+	in.streams.next++
+	s := &Stream{id: in.streams.next, stalls: &in.streams.stalls}
+	if in.streams.open == nil {
+		in.streams.open = map[uint64]*Stream{}
 	}
-	t.streams.open[s.id] = s
+	in.streams.open[s.id] = s
 	return s
 }
 
 // CloseStream forgets an ended stream.
-func (t *Tracker) CloseStream(s *Stream) {
-	t.streams.mu.Lock()
-	defer t.streams.mu.Unlock()
-	delete(t.streams.open, s.id)
+func (in *Inbox) CloseStream(s *Stream) {
+	in.streams.mu.Lock()
+	defer in.streams.mu.Unlock()
+	delete(in.streams.open, s.id)
 }
 
 // readStates returns every open stream's read state, for one sweep at now.
-func (t *Tracker) readStates(now time.Time) map[uint64]*judge.StreamRead {
-	t.streams.swept(now)
-	t.streams.mu.Lock()
-	open := make([]*Stream, 0, len(t.streams.open))
-	for _, s := range t.streams.open {
+func (in *Inbox) readStates(now time.Time) map[uint64]*judge.StreamRead {
+	in.streams.swept(now)
+	in.streams.mu.Lock()
+	open := make([]*Stream, 0, len(in.streams.open))
+	for _, s := range in.streams.open {
 		open = append(open, s)
 	}
-	t.streams.mu.Unlock()
+	in.streams.mu.Unlock()
 	out := make(map[uint64]*judge.StreamRead, len(open))
 	for _, s := range open {
 		out[s.id] = s.state()
@@ -122,6 +122,6 @@ func (t *Tracker) readStates(now time.Time) map[uint64]*judge.StreamRead {
 // Heard records contact read on an agent stream (the agent vouches for the
 // engine): like Contact, and the stream's read state then times the
 // worker's silence.
-func (t *Tracker) Heard(workerID string, h judge.Heard, now time.Time) {
-	t.with(workerID, func(ev *registry.Evidence) { ev.Live.Heard(now, h, &t.rules) })
+func (in *Inbox) Heard(workerID string, h judge.Heard, now time.Time) {
+	in.with(workerID, func(ev *registry.Evidence) { ev.Live.Heard(now, h, &in.rules) })
 }

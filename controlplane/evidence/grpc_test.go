@@ -1,4 +1,4 @@
-package liveness
+package evidence
 
 import (
 	"log/slog"
@@ -22,17 +22,17 @@ import (
 func TestGRPCWorkerRules(t *testing.T) {
 	type step struct {
 		at   time.Duration
-		do   func(tr *Tracker, now time.Time)
+		do   func(tr *Inbox, now time.Time)
 		want smgv1.Veto // after a sweep at the same instant
 	}
-	failure := func(tr *Tracker, now time.Time) { tr.PollTransportFailure("w1", nil, now) }
-	contact := func(tr *Tracker, now time.Time) { tr.Contact("w1", now) }
-	pushed := func(silence time.Duration) func(*Tracker, time.Time) {
-		return func(tr *Tracker, now time.Time) {
+	failure := func(tr *Inbox, now time.Time) { tr.PollTransportFailure("w1", nil, now) }
+	contact := func(tr *Inbox, now time.Time) { tr.Contact("w1", now) }
+	pushed := func(silence time.Duration) func(*Inbox, time.Time) {
+		return func(tr *Inbox, now time.Time) {
 			tr.PushedRecord("w1", judge.Record{Waiting: 0, Silence: silence, StepWire: true}, now)
 		}
 	}
-	sweep := func(*Tracker, time.Time) {}
+	sweep := func(*Inbox, time.Time) {}
 	none, unreachable, wedged := smgv1.Veto_VETO_UNSPECIFIED, smgv1.Veto_VETO_UNREACHABLE, smgv1.Veto_VETO_WEDGED
 	for _, tc := range []struct {
 		name  string

@@ -1,4 +1,4 @@
-package ingest_test
+package evidence_test
 
 import (
 	"fmt"
@@ -13,11 +13,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/judge"
-	"github.com/smg-project/smg/controlplane/liveness"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/loadpb"
 )
 
 // The ingester reuses memory: the caller's decoded load (ReportCopies copies
@@ -48,10 +48,9 @@ func checkStoredNeverChange(t *testing.T, seed uint64) {
 	}
 	now := time.Unix(1_700_000_000, 0)
 	log := slog.New(slog.DiscardHandler)
-	var in *ingest.Ingester
-	tr := liveness.New(reg, liveness.Options{Rules: judge.DefaultLivenessConfig(), Now: func() time.Time { return now }, Coalesce: true,
-		Flush: func() { in.Flush() }}, log, prometheus.NewRegistry())
-	in = ingest.New(reg, ingest.Options{Coalesce: true, Rider: tr}, log)
+	in := evidence.New(reg, evidence.Options{Rules: judge.DefaultLivenessConfig(), Now: func() time.Time { return now }, Coalesce: true},
+		log, prometheus.NewRegistry())
+	tr := in
 
 	records := map[*registry.Worker]registry.Worker{}  // every record stored, as stored
 	loads := map[*smgv1.EngineLoad]*smgv1.EngineLoad{} // every load stored, as stored
@@ -108,7 +107,7 @@ func checkStoredNeverChange(t *testing.T, seed uint64) {
 				}
 				id := ids[rng.IntN(len(ids))]
 				rev := reg.Revision()
-				in.ReportCopies([]ingest.Reported{{WorkerID: id, Load: buf}}, func(_ int, err error) { t.Fatal(err) })
+				in.ReportCopies([]evidence.Reported{{WorkerID: id, Load: buf}}, func(_ int, err error) { t.Fatal(err) })
 				if reg.Revision() != rev {
 					flips++
 				}
@@ -129,7 +128,7 @@ func checkStoredNeverChange(t *testing.T, seed uint64) {
 	}
 	for id, l := range last {
 		want := proto.CloneOf(l)
-		waiting, usage := ingest.Signals(want.Ranks)
+		waiting, usage := loadpb.Signals(want.Ranks)
 		want.WaitingRequests, want.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
 		if got := reg.Get(id).Load; !proto.Equal(got, want) {
 			t.Fatalf("%s ends with load %v, want its latest report %v", id, got, want)

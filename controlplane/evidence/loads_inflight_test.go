@@ -1,30 +1,21 @@
-package ingest_test
+package evidence_test
 
 import (
 	"log/slog"
 	"runtime"
 	"testing"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/controlplane/evidence"
 	"github.com/smg-project/smg/controlplane/registry"
 )
 
-// hookRider runs hook inside each flush transaction, before the loads are
-// stored.
-type hookRider struct{ hook func() }
-
-func (hookRider) PendingIDs(ids []string) []string { return ids }
-
-func (r hookRider) Take([]string) (func(w, c *registry.Worker) bool, func(*registry.Txn, *registry.Worker, *registry.Worker)) {
-	r.hook()
-	return func(_, _ *registry.Worker) bool { return false }, func(*registry.Txn, *registry.Worker, *registry.Worker) {}
-}
-
-func withHook(t *testing.T, hook func(in *ingest.Ingester)) (*ingest.Ingester, *registry.Registry) {
+func withHook(t *testing.T, hook func(in *evidence.Inbox)) (*evidence.Inbox, *registry.Registry) {
 	t.Helper()
 	_, reg := coalescing(t)
-	var in *ingest.Ingester
-	in = ingest.New(reg, ingest.Options{Coalesce: true, Rider: hookRider{hook: func() { hook(in) }}}, slog.New(slog.DiscardHandler))
+	in := evidence.New(reg, evidence.Options{Coalesce: true}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	evidence.InFlush(in, func() { hook(in) })
 	return in, reg
 }
 
@@ -33,9 +24,9 @@ func withHook(t *testing.T, hook func(in *ingest.Ingester)) (*ingest.Ingester, *
 // transactions).
 func TestReportsGoOnDuringAFlushTransaction(t *testing.T) {
 	inTxn := 0
-	in, reg := withHook(t, func(in *ingest.Ingester) {
+	in, reg := withHook(t, func(in *evidence.Inbox) {
 		inTxn++
-		if !ingest.Unlocked(in, "w1") {
+		if !evidence.Unlocked(in, "w1") {
 			t.Fatal("the flush transaction holds w1's lock")
 		}
 		if err := in.Report("w1", load(2)); err != nil { // stands: pends
@@ -62,15 +53,11 @@ func TestReportsGoOnDuringAFlushTransaction(t *testing.T) {
 // load of its worker commits after it, and the older load is not stored.
 func TestAFlipDuringAFlushTransactionWins(t *testing.T) {
 	done := make(chan error, 1)
-	in, reg := withHook(t, func(in *ingest.Ingester) {
-		superseded := ingest.Superseded(in, "w1")
-		if superseded == nil {
-			t.Fatal("w1's load is not in the flush transaction")
-		}
-		// The flip takes its worker's lock, marks the load it replaces
-		// and waits for the registry, which this transaction holds.
+	in, reg := withHook(t, func(in *evidence.Inbox) {
+		// The flip makes its load the pending one and waits for the
+		// registry, which this transaction holds.
 		go func() { done <- in.Report("w1", load(20)) }()
-		for !superseded() {
+		for evidence.PendingLoad(in, "w1").GetWaitingRequests() != 20 {
 			runtime.Gosched()
 		}
 	})
@@ -92,7 +79,7 @@ func TestAFlipDuringAFlushTransactionWins(t *testing.T) {
 // and flips it back: that report was judged against the record before the
 // flush, and would have committed at once against the one after it.
 func TestAFlushFlipIsJudgedAgainstNewerLoads(t *testing.T) {
-	in, reg := withHook(t, func(in *ingest.Ingester) {
+	in, reg := withHook(t, func(in *evidence.Inbox) {
 		if err := in.Report("w1", load(1)); err != nil { // under 3: stands against the record before the flush
 			t.Fatal(err)
 		}

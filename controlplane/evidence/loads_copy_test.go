@@ -1,4 +1,4 @@
-package ingest_test
+package evidence_test
 
 import (
 	"bytes"
@@ -7,7 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/smg-project/smg/controlplane/ingest"
+	"github.com/smg-project/smg/controlplane/evidence"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/testutil"
 )
@@ -32,7 +32,7 @@ func TestCopyLoadCopiesEveryField(t *testing.T) {
 		}
 		wantB, _ := det.Marshal(want)
 		for _, dst := range []*smgv1.EngineLoad{nil, used} {
-			got := ingest.CopyLoad(dst, src)
+			got := evidence.CopyLoad(dst, src)
 			gotB, _ := det.Marshal(got)
 			if !bytes.Equal(gotB, wantB) {
 				t.Fatalf("copy %v, want %v", got, want)

@@ -1,4 +1,4 @@
-package liveness
+package evidence
 
 import dto "github.com/prometheus/client_model/go"
 
@@ -6,9 +6,9 @@ import dto "github.com/prometheus/client_model/go"
 // set it, read from the gauge alone: a caller sampling it often (the scale
 // harness, 4 times a second) must not gather every metric of a 10,000-worker
 // registry each time.
-func (t *Tracker) HeldForReadLag() float64 {
+func (in *Inbox) HeldForReadLag() float64 {
 	var m dto.Metric
-	if err := t.held.Write(&m); err != nil {
+	if err := in.held.Write(&m); err != nil {
 		return 0
 	}
 	return m.GetGauge().GetValue()

@@ -1,0 +1,221 @@
+package evidence
+
+import (
+	"sync"
+	"time"
+
+	"github.com/smg-project/smg/controlplane/judge"
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// cell is one worker's inbox: the evidence that reached the control plane
+// and is not stored yet, in order. Its lock is a leaf: every method of cell
+// locks it and takes no other lock, calls no callback and never touches
+// the registry, which is handed only the records read from it. So the one
+// lock order (a registry transaction, then a cell) holds by construction.
+//
+// 100 agent streams push 20,000 messages a second: one lock they all took
+// would form a convoy behind any holder that was delayed (a GC assist, a
+// preempted flush), handed over in FIFO order through every waiting stream.
+type cell struct {
+	mu       sync.Mutex
+	load     *smgv1.EngineLoad // the latest report; nil: none
+	noReport bool              // a no-report older than load
+	refresh  bool              // the engine confirmed the stored load: move its revision
+	recs     []timedRecord     // pushed liveness records, in order
+	// spare is a load no one holds, made by the flush, for the next
+	// report to copy into (nil: none; one is made then).
+	spare *smgv1.EngineLoad
+	// scratch is base, the stored record the pending evidence was last
+	// judged against, moved by it: an observation that finds the same
+	// base stored moves scratch by itself alone (a copy per record costs
+	// more than the rule). base nil: scratch is made again.
+	base    *registry.Worker
+	scratch registry.Worker
+	// dead: the flush dropped the cell (its worker left the registry);
+	// whoever holds it looks the worker up again.
+	dead bool
+}
+
+// timedRecord is a pushed record not yet stored.
+type timedRecord struct {
+	rec judge.Record
+	at  time.Time
+}
+
+// maxKept bounds the room a cell keeps for records: a burst's is not kept.
+const maxKept = 64
+
+// predictLocked moves the scratch copy of w (the stored record) to w moved by
+// every pending observation, made again only when w is not its base.
+func (c *cell) predictLocked(w *registry.Worker, r *judge.Rules) *registry.Worker {
+	if c.base != w {
+		c.scratch = *w
+		if c.load != nil {
+			setLoad(&c.scratch, c.load)
+		}
+		for _, rec := range c.recs {
+			applyPushed(&c.scratch.Evidence, rec, r)
+		}
+		c.base = w
+	}
+	return &c.scratch
+}
+
+// pendLoad makes load (copied when copied, into memory the cell owns) the
+// pending load and reports whether it leaves w's verdicts as they are (it
+// may wait for the flush). A report after a no-report never stands: it
+// ends the fail-open spell. dead: the cell was dropped, nothing pends.
+func (c *cell) pendLoad(w *registry.Worker, load *smgv1.EngineLoad, copied bool, waiting int64, usage float64, r *judge.Rules) (stands, dead bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return false, true
+	}
+	if copied {
+		dst := c.load
+		if dst == nil {
+			dst, c.spare = c.spare, nil
+		}
+		load = CopyLoad(dst, load)
+	}
+	setSignals(load, waiting, usage)
+	c.load, c.refresh = load, false
+	if c.noReport || w.Evidence.NoReport {
+		return false, false
+	}
+	if c.base == w {
+		c.scratch.Load = load // the rest of scratch is as it was
+	}
+	return registry.Stands(w, c.predictLocked(w, r)), false
+}
+
+// pendRecord appends a pushed record and reports whether it leaves w's
+// verdicts as they are.
+func (c *cell) pendRecord(w *registry.Worker, rec timedRecord, r *judge.Rules) (stands, dead bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return false, true
+	}
+	s := c.predictLocked(w, r)
+	c.recs = append(c.recs, rec)
+	applyPushed(&s.Evidence, rec, r)
+	return registry.Stands(w, s), false
+}
+
+// pendNoReport makes "no report" pending: newer than any load or refresh
+// pending.
+func (c *cell) pendNoReport() (dead bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.load, c.refresh, c.noReport, c.base = nil, false, true, nil
+	return c.dead
+}
+
+// pendRefresh asks the next store to move the load revision, unless a
+// pending load does.
+func (c *cell) pendRefresh() (dead bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.load == nil {
+		c.refresh = true
+	}
+	return c.dead
+}
+
+// pending reports whether the cell holds anything to store.
+func (c *cell) pending() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.load != nil || c.noReport || c.refresh || len(c.recs) > 0
+}
+
+// stands reports whether what the cell holds leaves w's verdicts as they are
+// (false: it must be stored now). Empty, it stands.
+func (c *cell) stands(w *registry.Worker, r *judge.Rules) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.load == nil && !c.noReport && !c.refresh && len(c.recs) == 0 {
+		return true
+	}
+	return !c.noReport && registry.Stands(w, c.predictLocked(w, r))
+}
+
+// takeOnto moves what the cell holds onto c, a clone of w (the stored
+// record), and empties it; it reports whether c moved and whether a load
+// was taken. Only a registry transaction calls it (the registry, then the
+// cell): whoever takes a worker's evidence takes all of it, in the order
+// the transactions commit, so it is stored in the order it came.
+func (cl *cell) takeOnto(w, c *registry.Worker, r *judge.Rules) (moved, tookLoad bool) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.noReport && !c.Evidence.NoReport {
+		c.Evidence.NoReport, moved = true, true
+	}
+	switch {
+	case cl.load != nil:
+		setLoad(c, cl.load)
+		moved, tookLoad = true, true
+	case cl.refresh && refreshable(c):
+		c.LoadRevision++
+		moved = true
+	}
+	if len(cl.recs) > 0 && c.Ready() { // the rules judge Ready workers only
+		if cl.base == w {
+			// The prediction's work, done already: the records touch
+			// these two fields.
+			c.Evidence.Live, c.Evidence.PushedAt = cl.scratch.Evidence.Live, cl.scratch.Evidence.PushedAt
+		} else {
+			for _, rec := range cl.recs {
+				applyPushed(&c.Evidence, rec, r)
+			}
+		}
+		moved = true
+	}
+	cl.clearLocked()
+	return moved, tookLoad
+}
+
+// clearLocked empties the cell, keeping its record room and spare.
+func (c *cell) clearLocked() {
+	recs := c.recs[:0]
+	if cap(recs) > maxKept {
+		recs = nil
+	}
+	clear(c.recs)
+	c.load, c.noReport, c.refresh, c.recs = nil, false, false, recs
+	c.base, c.scratch = nil, registry.Worker{}
+}
+
+// drop empties the cell (Rebuild: what it held is no one's signal now).
+func (c *cell) drop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clearLocked()
+}
+
+// giveSpare hands the cell a load for its next report, unless it has one
+// or holds one pending; it reports whether it took it.
+func (c *cell) giveSpare(l *smgv1.EngineLoad) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.spare != nil || c.load != nil {
+		return false
+	}
+	c.spare = l
+	return true
+}
+
+// kill marks the cell dropped unless it holds evidence; it reports whether
+// it did.
+func (c *cell) kill() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.load != nil || c.noReport || c.refresh || len(c.recs) > 0 {
+		return false
+	}
+	c.dead = true
+	return true
+}

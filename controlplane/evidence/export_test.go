@@ -1,0 +1,42 @@
+package evidence
+
+import smgv1 "github.com/smg-project/smg/gen/smg/v1"
+
+// BetweenChunks sets a hook run between a flush's transactions.
+func BetweenChunks(in *Inbox, f func()) { in.betweenChunks = f }
+
+// InFlush sets a hook run inside each flush transaction, after its cells
+// are taken.
+func InFlush(in *Inbox, f func()) { in.inFlush = f }
+
+// Unlocked reports whether the lock of id's cell is free now (true when it
+// has none).
+func Unlocked(in *Inbox, id string) bool {
+	c := in.cell(id)
+	if c == nil {
+		return true
+	}
+	if !c.mu.TryLock() {
+		return false
+	}
+	c.mu.Unlock()
+	return true
+}
+
+// Cells is how many workers have a cell kept.
+func Cells(in *Inbox) int {
+	n := 0
+	in.cells.Range(func(string, *cell) bool { n++; return true })
+	return n
+}
+
+// PendingLoad returns id's pending load (nil: none).
+func PendingLoad(in *Inbox, id string) *smgv1.EngineLoad {
+	c := in.cell(id)
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.load
+}

@@ -1,0 +1,371 @@
+// Package evidence is the one path by which what the control plane learns
+// of a worker reaches the registry: load reports and no-reports (agents,
+// the load monitor), liveness records, contact and transport failures
+// (agents, polls, health probes), and routers' piles, progress and
+// failures. Each source calls the Inbox; the registry decides every
+// verdict from the evidence it stores (registry.decide), in the same
+// transaction (the spec's "Polling", "When a Worker Does Not Report",
+// "When a Worker Dies or Loses Its Link", "When an Engine Freezes", "When a
+// Worker Goes Silent Entirely"; docs/verdicts.md).
+//
+// Each worker has one cell, its inbox: with Options.Coalesce, an
+// observation that leaves the worker's verdicts as they are (asked of the
+// registry's own rule, registry.Stands, on a scratch copy of the stored
+// record moved by everything pending) waits in it, latest load wins and
+// records in order; one that moves a verdict is stored at once, with
+// everything pending before it. Run flushes every cell, then sweeps (the
+// time-based rules), every judge.SweepInterval: a worker reporting 20
+// times a second is written once per 5 reports, and watchers see one
+// revision per flush.
+//
+// Lock order: a registry transaction, then a cell. A cell's lock is a leaf
+// (cell.go: its methods take no other lock and never reach the registry);
+// what it holds is taken out only inside a transaction, so evidence is
+// stored in the order it came, whoever stores it.
+//
+// It owns the cells, the flush and sweep, the routers' sums and the agent
+// streams' read states; the rules are judge's and every verdict is the
+// registry's. Nothing here runs per request.
+package evidence
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/controlplane/judge"
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/shardmap"
+)
+
+// ErrUnknownWorker is returned for a report about a worker not registered.
+var ErrUnknownWorker = errors.New("unknown worker")
+
+// Options configure an Inbox.
+type Options struct {
+	Rules judge.LivenessConfig
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
+	// Coalesce: an observation that leaves the verdicts as they are waits
+	// for the next flush (Run must then run); otherwise each is stored at
+	// once.
+	Coalesce bool
+	// Observe, when set, hears every non-empty load report of a registered
+	// worker as it arrives, before coalescing (the window allocator learns
+	// engines' windows from each one). It must not keep load.
+	Observe func(workerID string, load *smgv1.EngineLoad)
+}
+
+// Inbox takes every observation of every worker and stores it in the
+// registry.
+type Inbox struct {
+	reg   *registry.Registry
+	rules judge.Rules
+	log   *slog.Logger
+	opts  Options
+
+	// cells is each registered worker's inbox by id, made at its first
+	// observation and dropped by a flush once its worker left the registry.
+	cells *shardmap.Map[*cell]
+
+	stalled     *prometheus.GaugeVec
+	transitions *prometheus.CounterVec
+	held        prometheus.Gauge
+
+	// streams are the open agent streams and how far each is read.
+	streams streams
+
+	// vetoed is the URL of each worker whose liveness veto the metrics
+	// show; written inside registry transactions (so in commit order) and
+	// by Sweep.
+	mu     sync.Mutex
+	vetoed map[string]string
+
+	fmu sync.Mutex // one flush (or rebuild) at a time
+	ids []string   // the running flush's workers (fmu held)
+	// records are fresh records for the flush to clone into, and made is
+	// fresh loads for the cells' spares (fmu held): both made outside
+	// every lock. A flush runs during the collector's mark phases, which
+	// charge allocations to whoever makes them, as assists: made inside
+	// the registry's transaction, they would hold up a flip waiting for
+	// it; made by a report under its cell's lock, the flush behind it.
+	records []*registry.Worker
+	made    []*smgv1.EngineLoad
+
+	// For tests: inFlush runs inside each flush transaction after its
+	// cells are taken, betweenChunks between two of them.
+	inFlush, betweenChunks func()
+}
+
+// New returns an Inbox writing to reg; metrics register on m.
+func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Registerer) *Inbox {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	in := &Inbox{
+		reg: reg, rules: opts.Rules.Rules(), log: log, opts: opts, cells: shardmap.New[*cell](), vetoed: map[string]string{},
+		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "smg_worker_stalled",
+			Help: "1 while the worker is excluded from routing by liveness, labeled with the reason (unreachable or wedged).",
+		}, []string{"worker", "reason"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "smg_worker_stall_transitions_total",
+			Help: "Times the worker was vetoed by liveness, by reason.",
+		}, []string{"worker", "reason"}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "smg_liveness_held_for_read_lag_workers",
+			Help: "Workers whose stale or engine-silence veto the last liveness sweep held off because the control plane is behind reading their agent's stream (the silence it has not read is not counted, up to --worker-stale-secs more).",
+		}),
+	}
+	m.MustRegister(in.stalled, in.transitions, in.held)
+	return in
+}
+
+// Run sweeps every judge.SweepInterval (each sweep flushes first) until
+// ctx ends, then flushes once more.
+func (in *Inbox) Run(ctx context.Context) {
+	t := time.NewTicker(judge.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			in.Flush()
+			return
+		case <-t.C:
+			in.Sweep(in.opts.Now())
+		}
+	}
+}
+
+// cell returns id's cell, or nil.
+func (in *Inbox) cell(id string) *cell {
+	c, _ := in.cells.Load(id)
+	return c
+}
+
+// cellOf returns id's cell, made for a registered worker (a hostile
+// agent's made-up ids make none): nil when w is nil.
+func (in *Inbox) cellOf(id string, w *registry.Worker) *cell {
+	if c := in.cell(id); c != nil || w == nil {
+		return c
+	}
+	c, _ := in.cells.LoadOrStore(id, &cell{recs: make([]timedRecord, 0, 8)})
+	return c
+}
+
+// chunkSize is how many workers one flush transaction stores: an
+// observation that moves a verdict waits for at most one chunk (a few
+// milliseconds), not for a flush of the whole fleet.
+const chunkSize = 1024
+
+// Flush stores everything pending, in transactions of chunkSize workers in
+// id order, each worker cloned and inserted once. The registry decides
+// each verdict again from what it stores, so a verdict that the world
+// moved under (thresholds, health) is right at the flush.
+func (in *Inbox) Flush() {
+	in.fmu.Lock()
+	defer in.fmu.Unlock()
+	ids := in.ids[:0]
+	in.cells.Range(func(id string, c *cell) bool {
+		if c.pending() {
+			ids = append(ids, id)
+		} else {
+			in.dropIdle(id)
+		}
+		return true
+	})
+	// In key order, each transaction writes one stretch of the id index's
+	// radix tree: the inner nodes a chunk copies are its own, not copied
+	// again by every chunk as map order would have it.
+	slices.Sort(ids)
+	for start := 0; start < len(ids); start += chunkSize {
+		if start > 0 && in.betweenChunks != nil {
+			in.betweenChunks()
+		}
+		in.flushChunk(ids[start:min(start+chunkSize, len(ids))])
+	}
+	clear(ids)
+	in.ids = ids[:0]
+}
+
+// flushChunk stores the pending evidence of ids in one transaction, and
+// hands the cells whose load it took a spare for their next.
+func (in *Inbox) flushChunk(ids []string) {
+	for len(in.records) < len(ids) {
+		in.records = append(in.records, new(registry.Worker))
+	}
+	used, loads := 0, 0
+	var ch changes
+	_, err := in.reg.Update(func(t *registry.Txn) error {
+		used, loads, ch = 0, 0, changes{}
+		for _, id := range ids {
+			w, cl := t.Get(id), in.cell(id)
+			switch {
+			case cl == nil:
+				continue
+			case w == nil:
+				cl.drop() // its worker left the registry
+				continue
+			}
+			c := w.CloneInto(in.records[used])
+			moved, tookLoad := cl.takeOnto(w, c, &in.rules)
+			if tookLoad {
+				loads++
+			}
+			if moved {
+				t.Insert(c)
+				used++
+				in.committed(w, c, &ch)
+			}
+		}
+		if in.inFlush != nil {
+			in.inFlush()
+		}
+		return nil
+	})
+	// The records stored are the registry's now; the loads stored are
+	// replaced by as many spares for the reports to come.
+	n := copy(in.records, in.records[used:])
+	clear(in.records[n:])
+	in.records = in.records[:n]
+	for range loads {
+		in.made = append(in.made, newLoad())
+	}
+	for _, id := range ids {
+		if len(in.made) == 0 {
+			break
+		}
+		if c := in.cell(id); c != nil && c.giveSpare(in.made[len(in.made)-1]) {
+			in.made = in.made[:len(in.made)-1]
+		}
+	}
+	clear(in.made)
+	in.made = in.made[:0]
+	in.done(ch, err)
+	for _, id := range ids {
+		in.dropIdle(id)
+	}
+}
+
+// dropIdle drops id's cell if it is empty and its worker left the registry
+// or Ready (a Ready worker's records pend; a report makes a cell again).
+func (in *Inbox) dropIdle(id string) {
+	if w, c := in.reg.Get(id), in.cell(id); c != nil && (w == nil || !w.Ready()) && c.kill() {
+		in.cells.CompareAndDelete(id, c)
+	}
+}
+
+// commit stores, in one transaction, everything pending for each worker
+// of ids and then what fn adds (nil: nothing; it reports whether it moved
+// c, a clone of the stored record, the i-th of ids).
+func (in *Inbox) commit(ids []string, fn func(i int, c *registry.Worker) bool) error {
+	if len(ids) == 0 {
+		return nil // an empty router report: no transaction (1,000 routers send 4,000 a second)
+	}
+	var ch changes
+	_, err := in.reg.Update(func(t *registry.Txn) error {
+		ch = changes{}
+		for i, id := range ids {
+			w := t.Get(id)
+			if w == nil {
+				if len(ids) == 1 {
+					return ErrUnknownWorker
+				}
+				continue
+			}
+			c := w.Clone()
+			moved := false
+			if cl := in.cell(id); cl != nil {
+				moved, _ = cl.takeOnto(w, c, &in.rules)
+			}
+			if fn != nil && fn(i, c) {
+				moved = true
+			}
+			if moved {
+				t.Insert(c)
+				in.committed(w, c, &ch)
+			}
+		}
+		return nil
+	})
+	in.done(ch, err)
+	return err
+}
+
+// changes are the verdict changes of one transaction, to log after it.
+type changes struct {
+	flips []flip
+	live  []change
+}
+
+// committed notes the insert of c (w moved on): a liveness veto change
+// updates the metrics at once, so they follow the commit order.
+func (in *Inbox) committed(w, c *registry.Worker, ch *changes) {
+	if w.Overloaded != c.Overloaded {
+		ch.flips = append(ch.flips, flip{over: c.Overloaded, noReport: c.Evidence.NoReport, workerID: c.ID, model: c.Model,
+			reason: registry.OverloadFigures(c)})
+	}
+	if c.Liveness != w.Liveness {
+		ch.live = in.livenessChanged(w, c, ch.live)
+	}
+}
+
+// done logs a transaction's verdict changes (or its failure for a reason
+// other than an unknown worker, which callers are told about), then judges
+// again what came for the flipped workers meanwhile: it was judged against
+// the record before, and commits now if it no longer leaves the stored
+// verdicts as they are.
+func (in *Inbox) done(ch changes, err error) {
+	if err != nil {
+		if !errors.Is(err, ErrUnknownWorker) {
+			in.log.Error("Evidence not stored", "error", err)
+		}
+		return
+	}
+	for _, f := range ch.flips {
+		in.logFlip(f)
+	}
+	in.logLiveness(ch.live)
+	for _, f := range ch.flips {
+		in.judgeAgain(f.workerID)
+	}
+	for _, c := range ch.live {
+		in.judgeAgain(c.id)
+	}
+}
+
+// judgeAgain stores id's pending evidence now if it no longer leaves the
+// stored verdicts as they are.
+func (in *Inbox) judgeAgain(id string) {
+	c, w := in.cell(id), in.reg.Get(id)
+	if c == nil || w == nil || c.stands(w, &in.rules) {
+		return
+	}
+	_ = in.commit([]string{id}, nil)
+}
+
+// flip is an overload verdict change to log after the commit.
+type flip struct {
+	over     bool
+	noReport bool
+	workerID string
+	model    string
+	reason   judge.OverloadReason
+}
+
+func (in *Inbox) logFlip(f flip) {
+	switch {
+	case f.noReport:
+		in.log.Info("Worker sent no load report: overload veto cleared (fail open)", "worker_id", f.workerID, "model", f.model)
+	case f.over:
+		in.log.Info("Worker overloaded: excluded from routing", "worker_id", f.workerID, "model", f.model, "reason", f.reason.String())
+	default:
+		in.log.Info("Worker under every threshold: back in routing", "worker_id", f.workerID, "model", f.model, "reason", f.reason.String())
+	}
+}

@@ -1,0 +1,346 @@
+package evidence
+
+import (
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/smg-project/smg/controlplane/judge"
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/enginegrpc"
+)
+
+// applyPushed moves ev by one pushed record.
+func applyPushed(ev *registry.Evidence, r timedRecord, rules *judge.Rules) {
+	if r.rec.Pushed {
+		ev.PushedAt = r.at
+	}
+	ev.Live.Record(r.at, r.rec, rules)
+}
+
+// Sweep stores everything pending (Flush), then re-judges every Ready
+// worker at now, in one transaction, and clears the metrics of vetoed
+// workers that left Ready or were removed (the registry dropped their
+// evidence and veto as they went). A worker whose verdict the sweep moves
+// takes what came for it since the flush first. Each worker is judged with
+// how far its agent's stream is read.
+func (in *Inbox) Sweep(now time.Time) {
+	in.Flush()
+	reads := in.readStates(now)
+	held := 0
+	var ch changes
+	_, err := in.reg.Update(func(txn *registry.Txn) error {
+		ch, held = changes{}, 0
+		for _, w := range txn.Workers() {
+			if !w.Ready() {
+				continue
+			}
+			live := w.Evidence.Live // a copy of the liveness evidence only, unless it moves
+			sw := live.Sweep(now, reads[live.HeardStream()], &in.rules)
+			if sw.Held {
+				held++
+			}
+			if !sw.Changed() {
+				continue
+			}
+			c := w.Clone()
+			c.Evidence.Live = live
+			if cl := in.cell(w.ID); cl != nil {
+				if moved, _ := cl.takeOnto(w, c, &in.rules); moved {
+					c.Evidence.Live.Sweep(now, reads[c.Evidence.Live.HeardStream()], &in.rules)
+				}
+			}
+			txn.Insert(c)
+			in.committed(w, c, &ch)
+		}
+		return nil
+	})
+	if err == nil {
+		in.held.Set(float64(held))
+	}
+	in.done(ch, err)
+	snap := in.reg.Snapshot()
+	in.mu.Lock()
+	var gone []change
+	for id, url := range in.vetoed {
+		if w := snap.Get(id); w == nil || w.Spec.GetUrl() != url || w.Liveness == smgv1.Veto_VETO_UNSPECIFIED {
+			in.setGauges(url, smgv1.Veto_VETO_UNSPECIFIED)
+			delete(in.vetoed, id)
+			gone = append(gone, change{id: id, url: url, to: smgv1.Veto_VETO_UNSPECIFIED, dropped: true})
+		}
+	}
+	in.mu.Unlock()
+	in.logLiveness(gone)
+}
+
+// change is a committed liveness veto change, to log.
+type change struct {
+	id, url  string
+	from, to smgv1.Veto
+	cause    string
+	dropped  bool // left Ready or removed
+}
+
+// livenessChanged updates the metrics after the insert of c (w moved on),
+// whose liveness veto changed, and returns the change to log.
+func (in *Inbox) livenessChanged(w, c *registry.Worker, changes []change) []change {
+	url := c.Spec.GetUrl()
+	in.mu.Lock()
+	in.setGauges(url, c.Liveness)
+	if c.Liveness != smgv1.Veto_VETO_UNSPECIFIED {
+		in.transitions.WithLabelValues(url, verdictLabel(c.Liveness)).Inc()
+		in.vetoed[c.ID] = url
+	} else {
+		delete(in.vetoed, c.ID)
+	}
+	in.mu.Unlock()
+	_, cause := c.Evidence.Live.Status()
+	return append(changes, change{id: c.ID, url: url, from: w.Liveness, to: c.Liveness, cause: cause.String()})
+}
+
+func (in *Inbox) setGauges(url string, veto smgv1.Veto) {
+	for _, v := range []smgv1.Veto{smgv1.Veto_VETO_UNREACHABLE, smgv1.Veto_VETO_WEDGED} {
+		val := 0.0
+		if veto == v {
+			val = 1
+		}
+		in.stalled.WithLabelValues(url, verdictLabel(v)).Set(val)
+	}
+}
+
+func verdictLabel(v smgv1.Veto) string {
+	switch v {
+	case smgv1.Veto_VETO_UNREACHABLE:
+		return judge.Unreachable.String()
+	case smgv1.Veto_VETO_WEDGED:
+		return judge.Wedged.String()
+	}
+	return judge.Live.String()
+}
+
+// logLiveness logs committed liveness changes.
+func (in *Inbox) logLiveness(changes []change) {
+	for _, ch := range changes {
+		switch {
+		case ch.to != smgv1.Veto_VETO_UNSPECIFIED:
+			in.log.Warn("Worker vetoed by liveness", "worker_id", ch.id, "url", ch.url, "reason", verdictLabel(ch.to), "cause", ch.cause)
+		case ch.dropped:
+			in.log.Info("Worker re-admitted by liveness", "worker_id", ch.id, "url", ch.url, "cause", "left Ready or removed")
+		default:
+			in.log.Info("Worker re-admitted by liveness", "worker_id", ch.id, "url", ch.url, "cause", ch.cause)
+		}
+	}
+}
+
+// judge stores, in one transaction, the pending evidence of each worker of
+// ids and then moves each Ready one's with fn; the registry decides the
+// verdicts.
+func (in *Inbox) judge(ids []string, fn func(i int, w *registry.Worker)) {
+	_ = in.commit(ids, func(i int, c *registry.Worker) bool {
+		if !c.Ready() {
+			return false // the rules judge Ready workers only
+		}
+		fn(i, c)
+		return true
+	})
+}
+
+// with moves one worker's evidence.
+func (in *Inbox) with(workerID string, fn func(ev *registry.Evidence)) {
+	in.judge([]string{workerID}, func(_ int, w *registry.Worker) { fn(&w.Evidence) })
+}
+
+// Contact records contact that carries no load (an answered poll without a
+// usable report, a passing probe, a heartbeat for the engine).
+func (in *Inbox) Contact(workerID string, now time.Time) {
+	in.with(workerID, func(ev *registry.Evidence) { ev.Live.Contact(now, &in.rules) })
+}
+
+// Failure records a failure on one of the worker's channels.
+func (in *Inbox) Failure(workerID string, kind judge.FailureKind, now time.Time) {
+	in.with(workerID, func(ev *registry.Evidence) { ev.Live.Failure(now, kind, &in.rules) })
+}
+
+// Record takes a load report's liveness side (pushed by an agent, or an
+// answered poll). A pushed record of a Ready worker that leaves its
+// verdicts as they are waits for the flush (Coalesce); any other is stored
+// at once.
+func (in *Inbox) Record(workerID string, rec judge.Record, now time.Time) {
+	r := timedRecord{rec, now}
+	if in.opts.Coalesce && rec.Pushed {
+		if w := in.reg.Get(workerID); w != nil && w.Ready() {
+			for {
+				stands, dead := in.cellOf(workerID, w).pendRecord(w, r, &in.rules)
+				switch {
+				case dead:
+					continue
+				case !stands:
+					in.judge([]string{workerID}, func(int, *registry.Worker) {}) // stores it
+				}
+				return
+			}
+		}
+	}
+	in.with(workerID, func(ev *registry.Evidence) { applyPushed(ev, r, &in.rules) })
+}
+
+// Pushed is one record of a batch (RecordAll).
+type Pushed struct {
+	WorkerID string
+	Rec      judge.Record
+}
+
+// RecordAll is Record of each record in order, all received at now. A
+// record that must be stored at once is, in its place, before the next is
+// tried.
+func (in *Inbox) RecordAll(recs []Pushed, now time.Time) {
+	for i := range recs {
+		in.Record(recs[i].WorkerID, recs[i].Rec, now)
+	}
+}
+
+// Observed is one agent record: its load (nil: none to judge) and its
+// liveness side.
+type Observed struct {
+	WorkerID string
+	Load     *smgv1.EngineLoad
+	Rec      judge.Record
+}
+
+// ObserveAll takes one agent message's records in order, all received at
+// now: each one's load (ReportCopy: it stays the caller's), then its
+// liveness record. failed, when set, hears a load's error.
+func (in *Inbox) ObserveAll(obs []Observed, now time.Time, failed func(i int, err error)) {
+	for i := range obs {
+		o := &obs[i]
+		if o.Load != nil {
+			if err := in.ReportCopy(o.WorkerID, o.Load); err != nil && failed != nil {
+				failed(i, err)
+			}
+		}
+		in.Record(o.WorkerID, o.Rec, now)
+	}
+}
+
+// RecentlyPushed tells the poller to skip a worker whose agent delivered a
+// record within the interval (the poll takes over when records stop).
+func (in *Inbox) RecentlyPushed(workerID string, within time.Duration, now time.Time) bool {
+	w := in.reg.Get(workerID)
+	return w != nil && !w.Evidence.PushedAt.IsZero() && now.Sub(w.Evidence.PushedAt) < within
+}
+
+// StopPushed forgets when the worker's agent last pushed (its stream ended),
+// so the poller takes over at once.
+func (in *Inbox) StopPushed(workerID string) {
+	in.with(workerID, func(ev *registry.Evidence) { ev.PushedAt = time.Time{} })
+}
+
+// PollAnswered implements monitor.Observer.
+func (in *Inbox) PollAnswered(workerID string, now time.Time) { in.Contact(workerID, now) }
+
+// PollReport implements monitor.Observer: an answered poll is contact and
+// shows the waiting queue, and whether the engine runs anything.
+func (in *Inbox) PollReport(workerID string, waiting, running int64, now time.Time) {
+	in.Record(workerID, judge.Record{Waiting: waiting, Idle: running == 0}, now)
+}
+
+// PollTransportFailure implements monitor.Observer: an HTTP worker's failed
+// poll never arms the unreachable veto; a gRPC worker's (its load poll or
+// its KV event stream) does, with the stall rule.
+func (in *Inbox) PollTransportFailure(workerID string, _ error, now time.Time) {
+	kind := judge.HTTPPollFailed
+	if w := in.reg.Get(workerID); w != nil && enginegrpc.IsGRPC(w.Spec.GetUrl()) {
+		kind = judge.ConnectionFailure
+	}
+	in.Failure(workerID, kind, now)
+}
+
+// PushedRecord implements monitor.Observer: a load record a gRPC worker's
+// KV event stream carried.
+func (in *Inbox) PushedRecord(workerID string, rec judge.Record, now time.Time) {
+	rec.Pushed = true
+	in.Record(workerID, rec, now)
+}
+
+// HealthPassed implements health.ContactSink.
+func (in *Inbox) HealthPassed(workerID string, now time.Time) { in.Contact(workerID, now) }
+
+// RouterObservations implements watch.ObservationSink: piles and progress
+// are summed over routers. One transaction covers the whole report.
+func (in *Inbox) RouterObservations(routerID string, rep *smgv1.RouterReport, now time.Time) {
+	obs := rep.GetWorkers()
+	ids := make([]string, len(obs))
+	for i, o := range obs {
+		ids[i] = o.GetWorkerId()
+	}
+	in.judge(ids, func(i int, w *registry.Worker) {
+		ev, o := &w.Evidence, obs[i]
+		var lastProgress time.Time
+		if o.GetLastProgress() != nil {
+			lastProgress = o.GetLastProgress().AsTime()
+		}
+		if o.GetContact() {
+			ev.Live.Contact(now, &in.rules)
+		}
+		if o.GetConnectionFailures() > 0 {
+			at := now
+			if o.GetLastFailure() != nil {
+				at = o.GetLastFailure().AsTime()
+			}
+			ev.Live.Failure(at, routerFailureKind(w), &in.rules)
+		}
+		ev.Live.SetPrefillRate(o.GetPrefillTokensPerSec())
+		routers := make(map[string]registry.RouterView, len(ev.Routers)+1)
+		maps.Copy(routers, ev.Routers)
+		routers[routerID] = registry.RouterView{Streams: int64(o.GetStreamsInFlight()), LastProgress: lastProgress, PrefillTokens: o.GetPromptTokensInFlight()}
+		ev.Routers = routers
+		ev.Live.Routers(now, sum(routers), &in.rules)
+	})
+}
+
+// routerFailureKind is what a router's failed upstream connection to w is to
+// the rules. A router's request to a gRPC worker rides the worker's channel;
+// one to an HTTP worker is neither of its channels (the load poll, the KV
+// event stream): the spec leaves HTTP workers to health checks and the
+// circuit breaker.
+func routerFailureKind(w *registry.Worker) judge.FailureKind {
+	if w.Spec.GetConnectionMode() == "grpc" || strings.HasPrefix(w.Spec.GetUrl(), "grpc") {
+		return judge.ConnectionFailure
+	}
+	return judge.HTTPRequestFailed
+}
+
+// RouterGone implements watch.ObservationSink: the router's piles no longer count.
+func (in *Inbox) RouterGone(routerID string) {
+	now := in.opts.Now()
+	var ids []string
+	for _, w := range in.reg.Snapshot().Workers() {
+		if _, ok := w.Evidence.Routers[routerID]; ok {
+			ids = append(ids, w.ID)
+		}
+	}
+	in.judge(ids, func(_ int, w *registry.Worker) {
+		ev := &w.Evidence
+		if _, ok := ev.Routers[routerID]; !ok {
+			return
+		}
+		routers := maps.Clone(ev.Routers)
+		delete(routers, routerID)
+		ev.Routers = routers
+		ev.Live.Routers(now, sum(routers), &in.rules)
+	})
+}
+
+// sum adds up the routers' piles and takes the latest progress.
+func sum(routers map[string]registry.RouterView) judge.RouterObservation {
+	var o judge.RouterObservation
+	for _, v := range routers {
+		o.Streams += v.Streams
+		o.PrefillTokens += v.PrefillTokens
+		if v.LastProgress.After(o.LastProgress) {
+			o.LastProgress = v.LastProgress
+		}
+	}
+	return o
+}

@@ -1,0 +1,211 @@
+package evidence
+
+import (
+	"math"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/smg-project/smg/controlplane/registry"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/loadpb"
+)
+
+// Report takes one load report for a worker and takes ownership of load. A
+// nil or empty report is "no report": the veto clears (fail open) and the
+// last load stays visible. The signals are computed from the ranks
+// (loadpb.Signals), whatever aggregates the sender filled in. Only Ready
+// workers get a veto (the registry's rule).
+func (in *Inbox) Report(workerID string, load *smgv1.EngineLoad) error {
+	return in.report(workerID, load, false)
+}
+
+// ReportCopy is Report of a copy of load, which stays the caller's (an agent
+// stream decodes into memory it reuses). The copy reuses the memory of the
+// worker's pending load when it has one, so a worker reporting several
+// times per flush allocates once per flush, not once per report.
+func (in *Inbox) ReportCopy(workerID string, load *smgv1.EngineLoad) error {
+	return in.report(workerID, load, true)
+}
+
+// Reported is one load report of a batch (ReportCopies).
+type Reported struct {
+	WorkerID string
+	Load     *smgv1.EngineLoad
+}
+
+// ReportCopies is ReportCopy of each report in order (an agent's message
+// carries many records). failed, when set, hears each report's error (as
+// ReportCopy would return it).
+func (in *Inbox) ReportCopies(reps []Reported, failed func(i int, err error)) {
+	for i, r := range reps {
+		if err := in.report(r.WorkerID, r.Load, true); err != nil && failed != nil {
+			failed(i, err)
+		}
+	}
+}
+
+func (in *Inbox) report(workerID string, load *smgv1.EngineLoad, copied bool) error {
+	if load == nil || len(load.GetRanks()) == 0 {
+		return in.NoReport(workerID)
+	}
+	w := in.reg.Get(workerID)
+	if w == nil {
+		return ErrUnknownWorker
+	}
+	if in.opts.Observe != nil {
+		in.opts.Observe(workerID, load)
+	}
+	waiting, usage := loadpb.Signals(load.GetRanks())
+	for {
+		c := in.cellOf(workerID, w)
+		stands, dead := c.pendLoad(w, load, copied, waiting, usage, &in.rules)
+		switch {
+		case dead:
+			continue // dropped by a flush meanwhile: look again
+		case stands && in.opts.Coalesce:
+			return nil // the verdicts stand: stored by the next flush
+		}
+		return in.commit([]string{workerID}, nil)
+	}
+}
+
+// setSignals writes the signals computed from load's ranks over the
+// aggregates its sender filled in.
+func setSignals(load *smgv1.EngineLoad, waiting int64, usage float64) {
+	load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
+}
+
+// setLoad stores a report on c, a clone.
+func setLoad(c *registry.Worker, load *smgv1.EngineLoad) {
+	c.Load = load
+	c.LoadRevision++
+	c.Evidence.NoReport = false
+}
+
+// Refresh records a poll whose engine answered with the load already stored
+// (an agent sends a load only when it changes, and says "contact" when it
+// did not): the worker's LoadRevision moves, with its load as it is, at the
+// next flush (at once without Coalesce), unless a newer load does it first.
+// Routers count their dispatches to a worker since its last report
+// (least_load, power_of_two, the waiting cap) and start again when the load
+// revision moves; without this, an engine whose figures stay the same
+// between polls (requests that start and end between them) would collect
+// dispatches without end and be routed around.
+func (in *Inbox) Refresh(workerID string) error {
+	w := in.reg.Get(workerID)
+	if w == nil {
+		return ErrUnknownWorker
+	}
+	for in.cellOf(workerID, w).pendRefresh() {
+	}
+	if in.opts.Coalesce {
+		return nil
+	}
+	return in.commit([]string{workerID}, nil)
+}
+
+// refreshable: w holds a load that its engine's answer may confirm (not a
+// no-report, which clears the verdict until a load arrives).
+func refreshable(w *registry.Worker) bool { return w.Load != nil && !w.Evidence.NoReport }
+
+// NoReport records a poll that produced no report: the overload veto
+// clears, at once.
+func (in *Inbox) NoReport(workerID string) error {
+	w := in.reg.Get(workerID)
+	if w == nil {
+		return ErrUnknownWorker
+	}
+	for in.cellOf(workerID, w).pendNoReport() {
+	}
+	return in.commit([]string{workerID}, nil)
+}
+
+// Rebuild clears the overload veto of every worker: the monitor lost its
+// state and holds no fresh signal for any of them. reset gives each
+// worker's record without that state (nil: marked "no report", its last
+// load kept visible). What the cells held is dropped in the same
+// transaction (evidence from before the rebuild is no one's signal), and
+// what came while it ran is judged again against the records after it.
+func (in *Inbox) Rebuild(why string, reset func(*registry.Worker) *registry.Worker) {
+	in.fmu.Lock()
+	defer in.fmu.Unlock()
+	n, workers := 0, 0
+	_, err := in.reg.Update(func(t *registry.Txn) error {
+		n, workers = 0, 0
+		in.cells.Range(func(_ string, c *cell) bool { c.drop(); return true })
+		for _, w := range t.Workers() {
+			workers++
+			if w.Overloaded {
+				n++
+			}
+			if reset != nil {
+				t.Insert(reset(w))
+				continue
+			}
+			if w.Evidence.NoReport {
+				continue
+			}
+			c := w.Clone()
+			c.Evidence.NoReport = true
+			t.Insert(c)
+		}
+		return nil
+	})
+	in.done(changes{}, err)
+	in.log.Warn("Load monitor rebuilt its state: overload vetoes cleared for every worker", "reason", why, "workers", workers, "cleared", n)
+	in.cells.Range(func(id string, _ *cell) bool { in.judgeAgain(id); return true })
+}
+
+// loadBlock is a copied load with room for one rank and its timestamp: one
+// allocation for the common load.
+type loadBlock struct {
+	load  smgv1.EngineLoad
+	ranks [1]*smgv1.RankLoad
+	rank  smgv1.RankLoad
+	at    timestamppb.Timestamp
+}
+
+// newLoad returns an empty load with room for one rank and a timestamp, in
+// one allocation.
+func newLoad() *smgv1.EngineLoad {
+	blk := &loadBlock{}
+	blk.ranks[0] = &blk.rank
+	blk.load.Ranks = blk.ranks[:0]
+	blk.load.ReportedAt = &blk.at
+	return &blk.load
+}
+
+// CopyLoad copies every field of src into dst, reusing dst's ranks and
+// timestamp (dst must be the caller's alone), or into a new load when dst
+// is nil, and returns it. Unknown fields are not copied.
+func CopyLoad(dst, src *smgv1.EngineLoad) *smgv1.EngineLoad {
+	if dst == nil {
+		dst = newLoad()
+	}
+	dst.Source = src.GetSource()
+	dst.WaitingRequests, dst.RunningRequests = src.GetWaitingRequests(), src.GetRunningRequests()
+	dst.TokenUsage, dst.MaxRunningRequests = src.GetTokenUsage(), src.GetMaxRunningRequests()
+	if at := src.GetReportedAt(); at != nil {
+		if dst.ReportedAt == nil {
+			dst.ReportedAt = &timestamppb.Timestamp{}
+		}
+		dst.ReportedAt.Seconds, dst.ReportedAt.Nanos = at.GetSeconds(), at.GetNanos()
+	} else {
+		dst.ReportedAt = nil
+	}
+	ranks := dst.Ranks[:0]
+	for i, s := range src.GetRanks() {
+		var r *smgv1.RankLoad
+		if i < cap(ranks) && ranks[:i+1][i] != nil {
+			r = ranks[:i+1][i]
+		} else {
+			r = &smgv1.RankLoad{}
+		}
+		r.DpRank, r.WaitingRequests, r.RunningRequests = s.GetDpRank(), s.GetWaitingRequests(), s.GetRunningRequests()
+		r.TokenUsage, r.GenThroughput, r.CacheHitRate = s.GetTokenUsage(), s.GetGenThroughput(), s.GetCacheHitRate()
+		r.MaxRunningRequests = s.GetMaxRunningRequests()
+		ranks = append(ranks, r)
+	}
+	dst.Ranks = ranks
+	return dst
+}
