@@ -232,7 +232,7 @@ func compareScratch(t *testing.T, at string, r *Router, v *view, sent []Worker, 
 	if len(r.states) != len(workers) {
 		t.Fatalf("%s: %d states for %d workers", at, len(r.states), len(workers))
 	}
-	s := buildView(&Snapshot{Epoch: v.epoch, Revision: v.revision}, workers, states, nil, r.nextSlot)
+	s := buildView(&Snapshot{Epoch: v.epoch, Revision: v.revision}, workers, states, nil, r.nextSlot, r.opts.SpillOver)
 	if !slices.Equal(v.states, s.states) || !slices.Equal(v.hot.flat(), s.hot.flat()) {
 		t.Fatalf("%s: states or selection summaries differ", at)
 	}

@@ -66,6 +66,12 @@ type Options struct {
 	// decode windows.
 	WorkerAdmissionWindowMode string
 
+	// SpillOver sends a request whose every local candidate is vetoed or
+	// full to an external worker of its model, within the worker's spill
+	// budget (spill.go); external workers are then used for nothing else.
+	// Off: external workers are ordinary candidates.
+	SpillOver bool
+
 	DisableCircuitBreaker    bool
 	CBFailureThreshold       int
 	CBSuccessThreshold       int
@@ -196,6 +202,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"seconds (a `float`: fractions allowed, e.g. 0.05) a request waits for room in its pool's running windows before 503 worker_overload_protection_shed (0 sheds at once)")
 	str(&o.WorkerAdmissionWindowMode, "worker-admission-window-mode",
 		"how a worker's running window is counted: shared (within the share the control plane grants this router) or per-router (each router counts the whole window alone)")
+	boolean(&o.SpillOver, "spill-over",
+		"send a request whose every local candidate is vetoed or has no room to an external worker (provider) of its model, within the provider's spill budget, instead of steering, waiting or shedding; external workers then serve spill-over only (off: they are ordinary candidates)")
 	boolean(&o.DisableCircuitBreaker, "disable-circuit-breaker", "turn off the per-worker circuit breaker")
 	integer(&o.CBFailureThreshold, "cb-failure-threshold", "consecutive failures that open a worker's circuit breaker")
 	integer(&o.CBSuccessThreshold, "cb-success-threshold", "consecutive successes in half-open that close the breaker")

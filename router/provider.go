@@ -419,32 +419,47 @@ func withModel(body []byte, name string) []byte {
 // its bytes [start, end), start -1 when absent; ok false when obj is not a
 // valid object or a key has escapes.
 func modelSpan(obj []byte) (start, end int, ok bool) {
+	start, end = -1, -1
+	ok = walkTop(obj, func(key []byte, s, e int) bool {
+		if string(key) == "model" {
+			start, end = s, e
+			return true
+		}
+		return false
+	})
+	return start, end, ok
+}
+
+// walkTop calls fn with each top-level key of a JSON object and the span
+// of its value, until fn returns true; false when obj is not a valid
+// object or a key has escapes (the quick walk does not unescape).
+func walkTop(obj []byte, fn func(key []byte, start, end int) bool) bool {
 	if !json.Valid(obj) {
-		return 0, 0, false
+		return false
 	}
 	i := skipSpace(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
-		return 0, 0, false
+		return false
 	}
 	i = skipSpace(obj, i+1)
 	if obj[i] == '}' {
-		return -1, -1, true
+		return true
 	}
 	for {
 		kend := stringEnd(obj, i)
 		if kend < 0 {
-			return 0, 0, false
+			return false
 		}
 		key := obj[i+1 : kend-1]
 		i = skipSpace(obj, kend)
 		i = skipSpace(obj, i+1) // the colon
 		vend := valueEnd(obj, i)
-		if string(key) == "model" {
-			return i, vend, true
+		if fn(key, i, vend) {
+			return true
 		}
 		i = skipSpace(obj, vend)
 		if obj[i] == '}' {
-			return -1, -1, true
+			return true
 		}
 		i = skipSpace(obj, i+1) // the comma
 	}

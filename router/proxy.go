@@ -166,8 +166,12 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			}
 		}
 		i, out := r.sel.choose(v, p, &q, r.opts.WorkerOverloadShed)
+		spilled := false
+		if r.spill != nil {
+			i, out, spilled = r.spillOver(v, p, i, out, &q, body, promptTokens)
+		}
 		var held *workerState // the worker whose room this attempt holds
-		if q.need > 0 {
+		if q.need > 0 && !spilled {
 			waitFrom := r.clock()
 			g, res := r.acquireRoomAfter(ctx, v, p, i, out, f.Model, false, &q, roomWait)
 			if res != admission.RoomAtOnce {

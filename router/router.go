@@ -49,6 +49,7 @@ type Router struct {
 	sched *admission.Scheduler // the priority scheduler, when on and started
 	// providers reaches external workers (provider.go).
 	providers *providers
+	spill     *spiller // --spill-over (spill.go), nil when off
 	// schedFromFleet: the scheduler's capacity is the sum of this router's
 	// window shares, updated with every snapshot (else --max-concurrent-requests).
 	schedFromFleet bool
@@ -158,6 +159,11 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	}
 	if r.providers, err = newProviders(r, dialer, reg); err != nil {
 		return nil, fmt.Errorf("router metrics: %w", err)
+	}
+	if opts.SpillOver {
+		if r.spill, err = newSpiller(r.clock, reg); err != nil {
+			return nil, fmt.Errorf("router metrics: %w", err)
+		}
 	}
 	return r, nil
 }
@@ -403,7 +409,7 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 			r.freeSlots = append(r.freeSlots, st.slot)
 		}
 	}
-	v := buildView(s, kept, states, prev, r.nextSlot)
+	v := buildView(s, kept, states, prev, r.nextSlot, r.opts.SpillOver)
 	v.failOpen = failOpen
 	if failOpen {
 		v.sent = prev.sent // the verdicts the next delta applies to

@@ -132,6 +132,7 @@ type view struct {
 	pdAll    *pdPools            // every PD worker, for requests that name no model
 	models   []string            // sorted, for /v1/models
 	failOpen bool
+	spill    map[string][]int32 // --spill-over: external workers by model (spill.go)
 }
 
 // worker is entry i of the view (not to be written).
@@ -173,7 +174,10 @@ func (v *view) indexOfSlot(slot uint32) int32 {
 // buildView compiles the workers of a snapshot. prev (may be nil) donates
 // rings and round-robin counters of pools whose membership did not change.
 // states maps each worker to its long-lived state.
-func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view, maxSlot uint32) *view {
+// With spillApart (--spill-over), external workers are in no pool: they
+// are kept by model in spill, and a model they alone serve gets an empty
+// pool (its requests go straight to spill-over).
+func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view, maxSlot uint32, spillApart bool) *view {
 	v := &view{
 		epoch:    s.Epoch,
 		revision: s.Revision,
@@ -196,6 +200,13 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 		v.bySlot[states[i].slot] = int32(i)
 		if w.Type != "" && w.Type != TypeRegular {
 			pdm.add(w, int32(i)) // PD legs are not regular candidates
+			continue
+		}
+		if spillApart && w.Provider != nil {
+			v.addSpill(w.Model, int32(i))
+			if _, ok := members[w.Model]; !ok {
+				members[w.Model] = nil // the model's pool exists, empty if it has no engine
+			}
 			continue
 		}
 		members[w.Model] = append(members[w.Model], int32(i))

@@ -196,8 +196,8 @@ func applyUpdate(t *registry.Txn, c *Change) error {
 	if w == nil {
 		return errNotFound(c.WorkerID)
 	}
-	if w.Spec.GetProvider() != nil && (u.ApiKey != nil || u.Node != nil || u.LoadMonitorIntervalSecs != nil) {
-		return errBadRequest("update", "an external worker takes no api_key (its key is provider.api_key_ref), node or load_monitor_interval_secs; replace its spec with PUT /workers/{worker_id}")
+	if w.Spec.GetProvider() != nil && (u.ApiKey != nil || u.Node != nil || u.LoadMonitorIntervalSecs != nil || u.MaxRunningRequests != nil) {
+		return errBadRequest("update", "an external worker takes no api_key (its key is provider.api_key_ref), node, load_monitor_interval_secs or max_running_requests; replace its spec with PUT /workers/{worker_id}")
 	}
 	n := w.Clone()
 	spec := proto.Clone(w.Spec).(*smgv1.WorkerSpec)

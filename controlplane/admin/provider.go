@@ -98,8 +98,8 @@ func validateProvider(s *smgv1.WorkerSpec) error {
 		return errBadRequest("overload", "an external worker has no load feed, so it is never flagged: it takes no overload block")
 	case s.GetNode() != "":
 		return errBadRequest("node", "an external worker is not on a node: no agent covers it")
-	case s.DpSize != nil || s.BootstrapPort != nil || s.LoadMonitorIntervalSecs != nil:
-		return errBadRequest("provider", "dp_size, bootstrap_port and load_monitor_interval_secs describe an engine, not a provider")
+	case s.DpSize != nil || s.BootstrapPort != nil || s.LoadMonitorIntervalSecs != nil || s.MaxRunningRequests != nil:
+		return errBadRequest("provider", "dp_size, bootstrap_port, load_monitor_interval_secs and max_running_requests describe an engine, not a provider")
 	case len(p.GetModel()) > maxShortString:
 		return errBadRequest("provider.model", "provider.model must be at most %d bytes", maxShortString)
 	case p.TimeoutSecs != nil && (p.GetTimeoutSecs() < 1 || p.GetTimeoutSecs() > MaxProviderTimeoutSecs):

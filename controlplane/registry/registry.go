@@ -138,6 +138,14 @@ type RouterView struct {
 // set): never polled, probed, flagged nor judged by liveness.
 func (r *Registered) External() bool { return r.Spec.GetProvider() != nil }
 
+// SpillBudget reports whether w is an external worker with a spill-over
+// budget: the window allocator splits it among routers (Shares.WindowShare,
+// in millionths of the budget).
+func SpillBudget(w *Worker) bool {
+	p := w.Spec.GetProvider()
+	return p.GetSpillRequestsPerSec() > 0 || p.GetSpillTokensPerSec() > 0
+}
+
 // Ready reports whether the health checker has admitted the worker.
 func (w *Worker) Ready() bool { return w.Health == HealthHealthy }
 

@@ -97,9 +97,10 @@ func viewOf(w *registry.Worker) view {
 // sends it.
 func windowShare(w *registry.Worker, routerID string) int64 {
 	share := w.WindowShare[routerID]
-	if share == 0 && (w.Type == "decode" && maxRunning(w) > 0 || w.Admission.Rooms() > 0) {
-		// No share granted to this router (yet): -1 tells it to hold no room,
-		// where 0 would let it count against the whole window alone.
+	if share == 0 && (w.Type == "decode" && maxRunning(w) > 0 || w.Admission.Rooms() > 0 || registry.SpillBudget(w)) {
+		// No share granted to this router (yet): -1 tells it to hold no room
+		// (spill nothing), where 0 would let it count against the whole
+		// window (budget) alone.
 		share = -1
 	}
 	return share

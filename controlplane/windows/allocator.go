@@ -261,6 +261,15 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 	seen := make(map[string]bool)
 	for _, w := range workers {
 		seen[w.ID] = true
+		if w.External() {
+			// A provider has no running window; its spill-over budget is
+			// split evenly among the routers.
+			if shares := spillShares(w, ids, warm); !maps.Equal(shares, w.WindowShare) || (shares == nil) != (w.WindowShare == nil) || w.Admission != nil {
+				updates[w.ID] = update{shares: shares}
+			}
+			delete(a.grants, w.ID)
+			continue
+		}
 		window, adm := a.windowOf(w, now)
 		changedAdm := !admissionEqual(adm, w.Admission)
 		if window <= 0 {
@@ -360,6 +369,29 @@ func (a *Allocator) planWorker(w *registry.Worker, window int64, ids []string, w
 		}
 	}
 	return shares, decreased
+}
+
+// SpillParts is a whole spill-over budget in the parts routers are granted.
+const SpillParts = 1_000_000
+
+// spillShares splits an external worker's spill-over budget evenly among
+// the routers known (a disconnected one keeps its part until the stale
+// bound), in millionths: per router, the fleet's budget over the routers.
+// While warming up no part grows, so routers that reconnect to a new
+// leader are not each granted the whole budget before the others report.
+func spillShares(w *registry.Worker, ids []string, warm bool) map[string]int64 {
+	if !registry.SpillBudget(w) || len(ids) == 0 {
+		return nil
+	}
+	part := int64(SpillParts / len(ids))
+	shares := make(map[string]int64, len(ids))
+	for _, id := range ids {
+		shares[id] = part
+		if !warm {
+			shares[id] = min(part, w.WindowShare[id])
+		}
+	}
+	return shares
 }
 
 // commit writes the planned records in t and reports whether it wrote any.
