@@ -5,8 +5,12 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -344,4 +348,53 @@ func sendCut(t *testing.T, h *harness, path, body string) answer {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return answer{status: resp.StatusCode, header: resp.Header, body: string(b)}
+}
+
+// TestOpenAINodeClientThroughGRPC: the official OpenAI Node client streams a
+// chat completion through the router from a gRPC worker: role, text,
+// finish_reason and usage as it reads them. It needs node and the openai
+// npm package: set OPENAI_NODE_MODULES to a node_modules folder holding it
+// (npm install openai).
+func TestOpenAINodeClientThroughGRPC(t *testing.T) {
+	modules := os.Getenv("OPENAI_NODE_MODULES")
+	node, err := exec.LookPath("node")
+	if modules == "" || err != nil {
+		t.Skip("needs node and OPENAI_NODE_MODULES (a node_modules folder with the openai package)")
+	}
+	s := startSimGRPC(t, sim.FlavorVLLM, func(o *sim.Options) { o.EOSProbability = 0 })
+	h := newHarness(t, nil)
+	h.apply(Worker{ID: "g", URL: s.GRPCURL(), Model: testModel, Healthy: true})
+	// The script is run from a folder beside the modules, so that its import
+	// of "openai" finds them.
+	dir := t.TempDir()
+	script, err := os.ReadFile("testdata/openai_stream.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "openai_stream.mjs"), script, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(modules, filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(node, filepath.Join(dir, "openai_stream.mjs"), h.srv.URL, testModel).CombinedOutput()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, out)
+	}
+	var got struct {
+		Role, Text, Finish string
+		Usage              struct {
+			Prompt     int `json:"prompt_tokens"`
+			Completion int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if got.Role != "assistant" || len(strings.Fields(got.Text)) != 6 || got.Finish != "length" {
+		t.Fatalf("the client read %s", out)
+	}
+	if got.Usage.Completion != 6 || got.Usage.Prompt == 0 {
+		t.Fatalf("usage as the client read it: %s", out)
+	}
 }
