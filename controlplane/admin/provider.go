@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/secretref"
 	"github.com/smg-project/smg/internal/workerurl"
@@ -160,4 +161,13 @@ func workerKind(spec *smgv1.WorkerSpec) string {
 		return externalKind
 	}
 	return engineKind
+}
+
+// spillShares are the parts of an external worker's spill-over budget the
+// routers hold (the window allocator's, in millionths).
+func spillShares(w *registry.Worker) map[string]int64 {
+	if !w.External() {
+		return nil
+	}
+	return w.WindowShare
 }

@@ -435,9 +435,10 @@ func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 			Overloaded: w.Overloaded, OverloadReason: w.OverloadReason,
 			Liveness: liveness, LivenessReason: w.LivenessReason,
 		},
-		JobStatus: jobStatus(job),
-		AgentNode: w.AgentNode,
-		Kind:      workerKind(w.Spec),
+		JobStatus:   jobStatus(job),
+		AgentNode:   w.AgentNode,
+		Kind:        workerKind(w.Spec),
+		SpillShares: spillShares(w),
 	}
 }
 

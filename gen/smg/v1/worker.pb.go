@@ -604,7 +604,10 @@ type Worker struct {
 	// Running window under --worker-admission-window (absent when off).
 	Admission *AdmissionWindow `protobuf:"bytes,11,opt,name=admission,proto3" json:"admission,omitempty"`
 	// "engine" (polled, judged) or "external" (a provider: spec.provider).
-	Kind          string `protobuf:"bytes,12,opt,name=kind,proto3" json:"kind,omitempty"`
+	Kind string `protobuf:"bytes,12,opt,name=kind,proto3" json:"kind,omitempty"`
+	// An external worker with a spill-over budget: the part of the budget
+	// each router holds (router id -> millionths).
+	SpillShares   map[string]int64 `protobuf:"bytes,13,rep,name=spill_shares,json=spillShares,proto3" json:"spill_shares,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -721,6 +724,13 @@ func (x *Worker) GetKind() string {
 		return x.Kind
 	}
 	return ""
+}
+
+func (x *Worker) GetSpillShares() map[string]int64 {
+	if x != nil {
+		return x.SpillShares
+	}
+	return nil
 }
 
 // AdmissionWindow is a worker's running window and how it is split.
@@ -2173,7 +2183,7 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"overloaded\x12'\n" +
 	"\x0foverload_reason\x18\x05 \x01(\tR\x0eoverloadReason\x12\x1a\n" +
 	"\bliveness\x18\x06 \x01(\tR\bliveness\x12'\n" +
-	"\x0fliveness_reason\x18\a \x01(\tR\x0elivenessReasonJ\x04\b\x02\x10\x03\"\xc1\x03\n" +
+	"\x0fliveness_reason\x18\a \x01(\tR\x0elivenessReasonJ\x04\b\x02\x10\x03\"\xc5\x04\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12&\n" +
 	"\x04spec\x18\x02 \x01(\v2\x12.smg.v1.WorkerSpecR\x04spec\x122\n" +
@@ -2192,7 +2202,11 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\x05model\x18\n" +
 	" \x01(\tR\x05model\x125\n" +
 	"\tadmission\x18\v \x01(\v2\x17.smg.v1.AdmissionWindowR\tadmission\x12\x12\n" +
-	"\x04kind\x18\f \x01(\tR\x04kind\"\x88\x02\n" +
+	"\x04kind\x18\f \x01(\tR\x04kind\x12B\n" +
+	"\fspill_shares\x18\r \x03(\v2\x1f.smg.v1.Worker.SpillSharesEntryR\vspillShares\x1a>\n" +
+	"\x10SpillSharesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x88\x02\n" +
 	"\x0fAdmissionWindow\x12\x16\n" +
 	"\x06window\x18\x01 \x01(\x03R\x06window\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
@@ -2325,7 +2339,7 @@ func file_smg_v1_worker_proto_rawDescGZIP() []byte {
 	return file_smg_v1_worker_proto_rawDescData
 }
 
-var file_smg_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_smg_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_smg_v1_worker_proto_goTypes = []any{
 	(*OverloadBlock)(nil),         // 0: smg.v1.OverloadBlock
 	(*WorkerSpec)(nil),            // 1: smg.v1.WorkerSpec
@@ -2359,61 +2373,63 @@ var file_smg_v1_worker_proto_goTypes = []any{
 	(*ListRoutersResponse)(nil),   // 29: smg.v1.ListRoutersResponse
 	nil,                           // 30: smg.v1.WorkerSpec.LabelsEntry
 	nil,                           // 31: smg.v1.ProviderSpec.HeadersEntry
-	nil,                           // 32: smg.v1.AdmissionWindow.SharesEntry
-	nil,                           // 33: smg.v1.WorkerUpdate.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
-	(*EngineLoad)(nil),            // 35: smg.v1.EngineLoad
+	nil,                           // 32: smg.v1.Worker.SpillSharesEntry
+	nil,                           // 33: smg.v1.AdmissionWindow.SharesEntry
+	nil,                           // 34: smg.v1.WorkerUpdate.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
+	(*EngineLoad)(nil),            // 36: smg.v1.EngineLoad
 }
 var file_smg_v1_worker_proto_depIdxs = []int32{
 	30, // 0: smg.v1.WorkerSpec.labels:type_name -> smg.v1.WorkerSpec.LabelsEntry
 	0,  // 1: smg.v1.WorkerSpec.overload:type_name -> smg.v1.OverloadBlock
 	2,  // 2: smg.v1.WorkerSpec.provider:type_name -> smg.v1.ProviderSpec
 	31, // 3: smg.v1.ProviderSpec.headers:type_name -> smg.v1.ProviderSpec.HeadersEntry
-	34, // 4: smg.v1.JobStatus.updated_at:type_name -> google.protobuf.Timestamp
+	35, // 4: smg.v1.JobStatus.updated_at:type_name -> google.protobuf.Timestamp
 	1,  // 5: smg.v1.Worker.spec:type_name -> smg.v1.WorkerSpec
 	3,  // 6: smg.v1.Worker.thresholds:type_name -> smg.v1.Thresholds
-	35, // 7: smg.v1.Worker.engine_load:type_name -> smg.v1.EngineLoad
+	36, // 7: smg.v1.Worker.engine_load:type_name -> smg.v1.EngineLoad
 	5,  // 8: smg.v1.Worker.verdict:type_name -> smg.v1.Verdict
 	4,  // 9: smg.v1.Worker.job_status:type_name -> smg.v1.JobStatus
 	7,  // 10: smg.v1.Worker.admission:type_name -> smg.v1.AdmissionWindow
-	32, // 11: smg.v1.AdmissionWindow.shares:type_name -> smg.v1.AdmissionWindow.SharesEntry
-	1,  // 12: smg.v1.CreateWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
-	6,  // 13: smg.v1.ListWorkersResponse.workers:type_name -> smg.v1.Worker
-	6,  // 14: smg.v1.GetWorkerResponse.worker:type_name -> smg.v1.Worker
-	1,  // 15: smg.v1.ReplaceWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
-	33, // 16: smg.v1.WorkerUpdate.labels:type_name -> smg.v1.WorkerUpdate.LabelsEntry
-	0,  // 17: smg.v1.WorkerUpdate.overload:type_name -> smg.v1.OverloadBlock
-	16, // 18: smg.v1.UpdateWorkerRequest.update:type_name -> smg.v1.WorkerUpdate
-	35, // 19: smg.v1.WorkerLoad.engine_load:type_name -> smg.v1.EngineLoad
-	22, // 20: smg.v1.GetLoadsResponse.workers:type_name -> smg.v1.WorkerLoad
-	4,  // 21: smg.v1.Job.status:type_name -> smg.v1.JobStatus
-	24, // 22: smg.v1.ListJobsResponse.jobs:type_name -> smg.v1.Job
-	34, // 23: smg.v1.RouterInfo.connected_at:type_name -> google.protobuf.Timestamp
-	34, // 24: smg.v1.RouterInfo.last_seen:type_name -> google.protobuf.Timestamp
-	28, // 25: smg.v1.ListRoutersResponse.routers:type_name -> smg.v1.RouterInfo
-	8,  // 26: smg.v1.WorkerService.CreateWorker:input_type -> smg.v1.CreateWorkerRequest
-	10, // 27: smg.v1.WorkerService.ListWorkers:input_type -> smg.v1.ListWorkersRequest
-	12, // 28: smg.v1.WorkerService.GetWorker:input_type -> smg.v1.GetWorkerRequest
-	14, // 29: smg.v1.WorkerService.ReplaceWorker:input_type -> smg.v1.ReplaceWorkerRequest
-	17, // 30: smg.v1.WorkerService.UpdateWorker:input_type -> smg.v1.UpdateWorkerRequest
-	19, // 31: smg.v1.WorkerService.DeleteWorker:input_type -> smg.v1.DeleteWorkerRequest
-	21, // 32: smg.v1.WorkerService.GetLoads:input_type -> smg.v1.GetLoadsRequest
-	25, // 33: smg.v1.WorkerService.ListJobs:input_type -> smg.v1.ListJobsRequest
-	27, // 34: smg.v1.WorkerService.ListRouters:input_type -> smg.v1.ListRoutersRequest
-	9,  // 35: smg.v1.WorkerService.CreateWorker:output_type -> smg.v1.CreateWorkerResponse
-	11, // 36: smg.v1.WorkerService.ListWorkers:output_type -> smg.v1.ListWorkersResponse
-	13, // 37: smg.v1.WorkerService.GetWorker:output_type -> smg.v1.GetWorkerResponse
-	15, // 38: smg.v1.WorkerService.ReplaceWorker:output_type -> smg.v1.ReplaceWorkerResponse
-	18, // 39: smg.v1.WorkerService.UpdateWorker:output_type -> smg.v1.UpdateWorkerResponse
-	20, // 40: smg.v1.WorkerService.DeleteWorker:output_type -> smg.v1.DeleteWorkerResponse
-	23, // 41: smg.v1.WorkerService.GetLoads:output_type -> smg.v1.GetLoadsResponse
-	26, // 42: smg.v1.WorkerService.ListJobs:output_type -> smg.v1.ListJobsResponse
-	29, // 43: smg.v1.WorkerService.ListRouters:output_type -> smg.v1.ListRoutersResponse
-	35, // [35:44] is the sub-list for method output_type
-	26, // [26:35] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	32, // 11: smg.v1.Worker.spill_shares:type_name -> smg.v1.Worker.SpillSharesEntry
+	33, // 12: smg.v1.AdmissionWindow.shares:type_name -> smg.v1.AdmissionWindow.SharesEntry
+	1,  // 13: smg.v1.CreateWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
+	6,  // 14: smg.v1.ListWorkersResponse.workers:type_name -> smg.v1.Worker
+	6,  // 15: smg.v1.GetWorkerResponse.worker:type_name -> smg.v1.Worker
+	1,  // 16: smg.v1.ReplaceWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
+	34, // 17: smg.v1.WorkerUpdate.labels:type_name -> smg.v1.WorkerUpdate.LabelsEntry
+	0,  // 18: smg.v1.WorkerUpdate.overload:type_name -> smg.v1.OverloadBlock
+	16, // 19: smg.v1.UpdateWorkerRequest.update:type_name -> smg.v1.WorkerUpdate
+	36, // 20: smg.v1.WorkerLoad.engine_load:type_name -> smg.v1.EngineLoad
+	22, // 21: smg.v1.GetLoadsResponse.workers:type_name -> smg.v1.WorkerLoad
+	4,  // 22: smg.v1.Job.status:type_name -> smg.v1.JobStatus
+	24, // 23: smg.v1.ListJobsResponse.jobs:type_name -> smg.v1.Job
+	35, // 24: smg.v1.RouterInfo.connected_at:type_name -> google.protobuf.Timestamp
+	35, // 25: smg.v1.RouterInfo.last_seen:type_name -> google.protobuf.Timestamp
+	28, // 26: smg.v1.ListRoutersResponse.routers:type_name -> smg.v1.RouterInfo
+	8,  // 27: smg.v1.WorkerService.CreateWorker:input_type -> smg.v1.CreateWorkerRequest
+	10, // 28: smg.v1.WorkerService.ListWorkers:input_type -> smg.v1.ListWorkersRequest
+	12, // 29: smg.v1.WorkerService.GetWorker:input_type -> smg.v1.GetWorkerRequest
+	14, // 30: smg.v1.WorkerService.ReplaceWorker:input_type -> smg.v1.ReplaceWorkerRequest
+	17, // 31: smg.v1.WorkerService.UpdateWorker:input_type -> smg.v1.UpdateWorkerRequest
+	19, // 32: smg.v1.WorkerService.DeleteWorker:input_type -> smg.v1.DeleteWorkerRequest
+	21, // 33: smg.v1.WorkerService.GetLoads:input_type -> smg.v1.GetLoadsRequest
+	25, // 34: smg.v1.WorkerService.ListJobs:input_type -> smg.v1.ListJobsRequest
+	27, // 35: smg.v1.WorkerService.ListRouters:input_type -> smg.v1.ListRoutersRequest
+	9,  // 36: smg.v1.WorkerService.CreateWorker:output_type -> smg.v1.CreateWorkerResponse
+	11, // 37: smg.v1.WorkerService.ListWorkers:output_type -> smg.v1.ListWorkersResponse
+	13, // 38: smg.v1.WorkerService.GetWorker:output_type -> smg.v1.GetWorkerResponse
+	15, // 39: smg.v1.WorkerService.ReplaceWorker:output_type -> smg.v1.ReplaceWorkerResponse
+	18, // 40: smg.v1.WorkerService.UpdateWorker:output_type -> smg.v1.UpdateWorkerResponse
+	20, // 41: smg.v1.WorkerService.DeleteWorker:output_type -> smg.v1.DeleteWorkerResponse
+	23, // 42: smg.v1.WorkerService.GetLoads:output_type -> smg.v1.GetLoadsResponse
+	26, // 43: smg.v1.WorkerService.ListJobs:output_type -> smg.v1.ListJobsResponse
+	29, // 44: smg.v1.WorkerService.ListRouters:output_type -> smg.v1.ListRoutersResponse
+	36, // [36:45] is the sub-list for method output_type
+	27, // [27:36] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_worker_proto_init() }
@@ -2432,7 +2448,7 @@ func file_smg_v1_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_smg_v1_worker_proto_rawDesc), len(file_smg_v1_worker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
