@@ -22,6 +22,7 @@ type faultPatch struct {
 	Kill           *bool           `json:"kill"`
 	GarbageMetrics *bool           `json:"garbage_metrics"`
 	StallKVEvents  *bool           `json:"stall_kv_events"`
+	Throttle       *int            `json:"throttle_retry_after"`
 	Duration       string          `json:"duration"` // Go duration, "5s"
 }
 
@@ -42,6 +43,9 @@ func (p *faultPatch) apply(f Fault) Fault {
 	set(&f.StallKVEvents, p.StallKVEvents)
 	if p.Slow != nil {
 		f.Slow = *p.Slow
+	}
+	if p.Throttle != nil {
+		f.Throttle = *p.Throttle
 	}
 	return f
 }
@@ -68,6 +72,9 @@ func (p *faultPatch) undo(f Fault) Fault {
 	}
 	if p.Slow != nil {
 		f.Slow = 0
+	}
+	if p.Throttle != nil {
+		f.Throttle = 0
 	}
 	return f
 }
