@@ -19,7 +19,7 @@ import (
 // would form a convoy behind any holder that was delayed (a GC assist, a
 // preempted flush), handed over in FIFO order through every waiting stream.
 type cell struct {
-	mu       sync.Mutex
+	lock     sync.Mutex
 	load     *smgv1.EngineLoad // the latest report; nil: none
 	noReport bool              // a no-report older than load
 	refresh  bool              // the engine confirmed the stored load: move its revision
@@ -68,8 +68,8 @@ func (c *cell) predictLocked(w *registry.Worker, r *judge.Rules) *registry.Worke
 // may wait for the flush). A report after a no-report never stands: it
 // ends the fail-open spell. dead: the cell was dropped, nothing pends.
 func (c *cell) pendLoad(w *registry.Worker, load *smgv1.EngineLoad, copied bool, waiting int64, usage float64, r *judge.Rules) (stands, dead bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock.Lock()
+	defer c.lock.Unlock()
 	if c.dead {
 		return false, true
 	}
@@ -94,8 +94,8 @@ func (c *cell) pendLoad(w *registry.Worker, load *smgv1.EngineLoad, copied bool,
 // pendRecord appends a pushed record and reports whether it leaves w's
 // verdicts as they are.
 func (c *cell) pendRecord(w *registry.Worker, rec timedRecord, r *judge.Rules) (stands, dead bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock.Lock()
+	defer c.lock.Unlock()
 	if c.dead {
 		return false, true
 	}
@@ -108,8 +108,8 @@ func (c *cell) pendRecord(w *registry.Worker, rec timedRecord, r *judge.Rules) (
 // pendNoReport makes "no report" pending: newer than any load or refresh
 // pending.
 func (c *cell) pendNoReport() (dead bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock.Lock()
+	defer c.lock.Unlock()
 	c.load, c.refresh, c.noReport, c.base = nil, false, true, nil
 	return c.dead
 }
@@ -117,8 +117,8 @@ func (c *cell) pendNoReport() (dead bool) {
 // pendRefresh asks the next store to move the load revision, unless a
 // pending load does.
 func (c *cell) pendRefresh() (dead bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock.Lock()
+	defer c.lock.Unlock()
 	if c.load == nil {
 		c.refresh = true
 	}
@@ -127,16 +127,16 @@ func (c *cell) pendRefresh() (dead bool) {
 
 // pending reports whether the cell holds anything to store.
 func (c *cell) pending() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock.Lock()
+	defer c.lock.Unlock()
 	return c.load != nil || c.noReport || c.refresh || len(c.recs) > 0
 }
 
 // stands reports whether what the cell holds leaves w's verdicts as they are
 // (false: it must be stored now). Empty, it stands.
 func (c *cell) stands(w *registry.Worker, r *judge.Rules) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock.Lock()
+	defer c.lock.Unlock()
 	if c.load == nil && !c.noReport && !c.refresh && len(c.recs) == 0 {
 		return true
 	}
@@ -144,20 +144,20 @@ func (c *cell) stands(w *registry.Worker, r *judge.Rules) bool {
 }
 
 // takeOnto moves what the cell holds onto c, a clone of w (the stored
-// record), and empties it; it reports whether c moved and whether a load
-// was taken. Only a registry transaction calls it (the registry, then the
+// record), and empties it; it reports whether c moved and whether the cell
+// wants a spare (a load was taken and it holds none). Only a registry transaction calls it (the registry, then the
 // cell): whoever takes a worker's evidence takes all of it, in the order
 // the transactions commit, so it is stored in the order it came.
-func (cl *cell) takeOnto(w, c *registry.Worker, r *judge.Rules) (moved, tookLoad bool) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
+func (cl *cell) takeOnto(w, c *registry.Worker, r *judge.Rules) (moved, wantsSpare bool) {
+	cl.lock.Lock()
+	defer cl.lock.Unlock()
 	if cl.noReport && !c.Evidence.NoReport {
 		c.Evidence.NoReport, moved = true, true
 	}
 	switch {
 	case cl.load != nil:
 		setLoad(c, cl.load)
-		moved, tookLoad = true, true
+		moved, wantsSpare = true, cl.spare == nil
 	case cl.refresh && refreshable(c):
 		c.LoadRevision++
 		moved = true
@@ -175,7 +175,7 @@ func (cl *cell) takeOnto(w, c *registry.Worker, r *judge.Rules) (moved, tookLoad
 		moved = true
 	}
 	cl.clearLocked()
-	return moved, tookLoad
+	return moved, wantsSpare
 }
 
 // clearLocked empties the cell, keeping its record room and spare.
@@ -191,16 +191,16 @@ func (c *cell) clearLocked() {
 
 // drop empties the cell (Rebuild: what it held is no one's signal now).
 func (c *cell) drop() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock.Lock()
+	defer c.lock.Unlock()
 	c.clearLocked()
 }
 
 // giveSpare hands the cell a load for its next report, unless it has one
 // or holds one pending; it reports whether it took it.
 func (c *cell) giveSpare(l *smgv1.EngineLoad) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock.Lock()
+	defer c.lock.Unlock()
 	if c.spare != nil || c.load != nil {
 		return false
 	}
@@ -211,8 +211,8 @@ func (c *cell) giveSpare(l *smgv1.EngineLoad) bool {
 // kill marks the cell dropped unless it holds evidence; it reports whether
 // it did.
 func (c *cell) kill() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock.Lock()
+	defer c.lock.Unlock()
 	if c.load != nil || c.noReport || c.refresh || len(c.recs) > 0 {
 		return false
 	}

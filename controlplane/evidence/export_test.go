@@ -16,10 +16,10 @@ func Unlocked(in *Inbox, id string) bool {
 	if c == nil {
 		return true
 	}
-	if !c.mu.TryLock() {
+	if !c.lock.TryLock() {
 		return false
 	}
-	c.mu.Unlock()
+	c.lock.Unlock()
 	return true
 }
 
@@ -36,7 +36,7 @@ func PendingLoad(in *Inbox, id string) *smgv1.EngineLoad {
 	if c == nil {
 		return nil
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock.Lock()
+	defer c.lock.Unlock()
 	return c.load
 }

@@ -19,9 +19,10 @@
 // revision per flush.
 //
 // Lock order: a registry transaction, then a cell. A cell's lock is a leaf
-// (cell.go: its methods take no other lock and never reach the registry);
-// what it holds is taken out only inside a transaction, so evidence is
-// stored in the order it came, whoever stores it.
+// (cell.go: its methods take no other lock and never reach the registry;
+// TestACellsLockIsALeaf checks it); what it holds is taken out only inside
+// a transaction, so evidence is stored in the order it came, whoever
+// stores it.
 //
 // It owns the cells, the flush and sweep, the routers' sums and the agent
 // streams' read states; the rules are judge's and every verdict is the
@@ -155,7 +156,7 @@ func (in *Inbox) cellOf(id string, w *registry.Worker) *cell {
 	if c := in.cell(id); c != nil || w == nil {
 		return c
 	}
-	c, _ := in.cells.LoadOrStore(id, &cell{recs: make([]timedRecord, 0, 8)})
+	c, _ := in.cells.LoadOrStore(id, &cell{})
 	return c
 }
 
@@ -214,8 +215,8 @@ func (in *Inbox) flushChunk(ids []string) {
 				continue
 			}
 			c := w.CloneInto(in.records[used])
-			moved, tookLoad := cl.takeOnto(w, c, &in.rules)
-			if tookLoad {
+			moved, wantsSpare := cl.takeOnto(w, c, &in.rules)
+			if wantsSpare {
 				loads++
 			}
 			if moved {
@@ -230,7 +231,7 @@ func (in *Inbox) flushChunk(ids []string) {
 		return nil
 	})
 	// The records stored are the registry's now; the loads stored are
-	// replaced by as many spares for the reports to come.
+	// replaced by spares for the reports to come.
 	n := copy(in.records, in.records[used:])
 	clear(in.records[n:])
 	in.records = in.records[:n]

@@ -135,7 +135,7 @@ func TestAPushDoesNotWaitForAnotherWorkersRecords(t *testing.T) {
 	tr, reg := openHealthy(t, []string{"w1", "w2"}, true)
 	tr.Record("w2", judge.Record{Pushed: true}, t0)
 	held := tr.cell("w2")
-	held.mu.Lock()
+	held.lock.Lock()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -155,7 +155,7 @@ func TestAPushDoesNotWaitForAnotherWorkersRecords(t *testing.T) {
 	case <-time.After(time.Minute): // a watchdog, not a measure: done comes at once
 		t.Fatal("w1's records waited for w2's")
 	}
-	held.mu.Unlock()
+	held.lock.Unlock()
 	w := reg.Get("w1")
 	if !w.Evidence.PushedAt.Equal(t0.Add(2 * time.Millisecond)) {
 		t.Fatalf("w1's PushedAt %v, want its last record's", w.Evidence.PushedAt)
