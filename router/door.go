@@ -78,11 +78,14 @@ func fleetCapacitySource(opts Options) bool { return opts.WorkerAdmissionWindow 
 type fleetCap struct {
 	sum       int64
 	unlimited int // regular workers without a window
+	// spillApart (--spill-over): external workers serve the overflow only,
+	// so they add nothing to the capacity of the local windows.
+	spillApart bool
 }
 
 // add counts (sign 1) or uncounts (sign -1) a worker's gate limit.
 func (c *fleetCap) add(w *Worker, limit int64, sign int64) {
-	if t := w.Type; t == TypePrefill || t == TypeDecode {
+	if t := w.Type; t == TypePrefill || t == TypeDecode || (c.spillApart && w.Provider != nil) {
 		return
 	}
 	if limit == admission.Unlimited {

@@ -426,7 +426,7 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 	}
 	r.view.Store(v)
 	r.grpc.retain(kept)
-	r.fleetCap = fleetCap{}
+	r.fleetCap = fleetCap{spillApart: r.opts.SpillOver}
 	for i := range kept {
 		r.setWindow(states[i], &kept[i])
 		r.fleetCap.add(&kept[i], states[i].gate.Limit(), 1)

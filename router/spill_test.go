@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/smg-project/smg/router/admission"
 )
 
 // spillHarness is a router with --spill-over and running windows (wait 0:
@@ -145,5 +147,24 @@ func TestSpillOverPartsAndOff(t *testing.T) {
 	}
 	if off.r.spill != nil {
 		t.Fatal("spill-over state without the flag")
+	}
+}
+
+// With spill-over, an external worker (ungated) adds nothing to the
+// scheduler's capacity from the fleet's windows; without it, it is an
+// ordinary candidate with no window and the capacity is unlimited.
+func TestSpillOverKeepsProvidersOutOfTheFleetCapacity(t *testing.T) {
+	ext := &Worker{Type: TypeRegular, Provider: &Provider{}}
+	apart := fleetCap{spillApart: true}
+	apart.add(&Worker{Type: TypeRegular}, 4, 1)
+	apart.add(ext, admission.Unlimited, 1)
+	if got := apart.capacity(); got != 4 {
+		t.Fatalf("spill-over: capacity %d, want the local window of 4", got)
+	}
+	var ordinary fleetCap
+	ordinary.add(&Worker{Type: TypeRegular}, 4, 1)
+	ordinary.add(ext, admission.Unlimited, 1)
+	if got := ordinary.capacity(); got != admission.Unlimited {
+		t.Fatalf("without spill-over: capacity %d, want unlimited", got)
 	}
 }
