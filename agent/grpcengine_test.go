@@ -1,11 +1,16 @@
 package agent
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/testutil"
 	"github.com/smg-project/smg/sim"
 )
 
@@ -34,4 +39,38 @@ func TestGRPCEngineCoveredByTheAgent(t *testing.T) {
 	cp.waitFor(t, "unreachable after the engine's channels failed", func(s *registry.Snapshot) bool {
 		return s.Get("w1").Liveness == smgv1.Veto_VETO_UNREACHABLE
 	})
+}
+
+// TestGRPCEngineAbsurdLoadsDropped: an engine whose KV event batches carry
+// absurd loads (rank 2^31-1, negative counts, NaN usage) has them dropped
+// and counted; the control plane never receives one, and the engine is not
+// overloaded by them.
+func TestGRPCEngineAbsurdLoadsDropped(t *testing.T) {
+	cp := startControlPlane(t, cpConfig{})
+	o := sim.DefaultOptions()
+	o.Flavor, o.GRPC, o.ITL, o.KVHeartbeat = sim.FlavorVLLM, true, time.Millisecond, 20*time.Millisecond
+	eng, err := sim.Start("127.0.0.1:0", o, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	cp.put(t, "w1", eng.GRPCURL(), "n1")
+	a := runAgent(t, fastOpts(cp.addr))
+	cp.waitFor(t, "a pushed gRPC load record", func(s *registry.Snapshot) bool { return s.Get("w1").AgentNode == "n1" })
+	if err := eng.SetFault(sim.Fault{GarbageMetrics: true}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "absurd records counted", func() (bool, string) {
+		n := promtest.ToFloat64(a.m.badPushes)
+		return n >= 3, fmt.Sprintf("%v dropped", n)
+	})
+	w := cp.reg.Snapshot().Get("w1")
+	for _, r := range w.Load.GetRanks() {
+		if r.GetDpRank() >= enginegrpc.MaxRanks || r.GetWaitingRequests() < 0 {
+			t.Fatalf("an absurd load reached the control plane: %v", w.Load)
+		}
+	}
+	if w.Overloaded {
+		t.Fatal("overloaded by an absurd load")
+	}
 }

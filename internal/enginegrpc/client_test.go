@@ -22,6 +22,7 @@ import (
 	sglangpb "github.com/smg-project/smg/gen/sglang/grpc/scheduler"
 	commonpb "github.com/smg-project/smg/gen/smg/grpc/common"
 	"github.com/smg-project/smg/internal/engine"
+	"github.com/smg-project/smg/internal/enginegrpc/enginegrpctest"
 	"github.com/smg-project/smg/sim"
 )
 
@@ -119,61 +120,11 @@ func TestHTTPPortIsNamed(t *testing.T) {
 	}
 }
 
-// fake is an SGLang servicer that misbehaves on demand.
-type fake struct {
-	sglangpb.UnimplementedSglangSchedulerServer
-	hang      bool
-	tokenizer func(grpc.ServerStreamingServer[commonpb.GetTokenizerChunk]) error
-	loads     []*sglangpb.SchedulerLoad
-	bigModel  bool
-}
-
-func (f *fake) HealthCheck(ctx context.Context, _ *sglangpb.HealthCheckRequest) (*sglangpb.HealthCheckResponse, error) {
-	if f.hang {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}
-	return &sglangpb.HealthCheckResponse{Healthy: true}, nil
-}
-
-func (f *fake) GetModelInfo(context.Context, *sglangpb.GetModelInfoRequest) (*sglangpb.GetModelInfoResponse, error) {
-	r := &sglangpb.GetModelInfoResponse{ServedModelName: "m"}
-	if f.bigModel {
-		r.ModelPath = strings.Repeat("x", 2<<20)
-	}
-	return r, nil
-}
-
-func (f *fake) GetServerInfo(context.Context, *sglangpb.GetServerInfoRequest) (*sglangpb.GetServerInfoResponse, error) {
-	return &sglangpb.GetServerInfoResponse{}, nil
-}
-
-func (f *fake) GetLoads(context.Context, *sglangpb.GetLoadsRequest) (*sglangpb.GetLoadsResponse, error) {
-	return &sglangpb.GetLoadsResponse{Loads: f.loads}, nil
-}
-
-func (f *fake) GetTokenizer(_ *commonpb.GetTokenizerRequest, st grpc.ServerStreamingServer[commonpb.GetTokenizerChunk]) error {
-	return f.tokenizer(st)
-}
-
-func serveFake(t *testing.T, f *fake) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	sglangpb.RegisterSglangSchedulerServer(gs, f)
-	go func() { _ = gs.Serve(ln) }()
-	t.Cleanup(gs.Stop)
-	return "grpc://" + ln.Addr().String()
-}
-
 // TestNeverAnswers: a servicer that never answers ends the call at the
 // caller's deadline, and a load poll at engine.RequestTimeout at most; the
 // deadline is not a connection failure.
 func TestNeverAnswers(t *testing.T) {
-	c := newClient(t, serveFake(t, &fake{hang: true}), Options{})
+	c := newClient(t, enginegrpctest.Serve(t, &enginegrpctest.Servicer{Hang: true}), Options{})
 	start := time.Now()
 	_, err := c.Info(ctxT(t, 300*time.Millisecond))
 	if status.Code(err) != codes.DeadlineExceeded || IsConnectionFailure(err) || Answered(err) {
@@ -226,7 +177,7 @@ func TestTokenizerBounded(t *testing.T) {
 		}, "no tokenizer"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			url := serveFake(t, &fake{tokenizer: tc.send})
+			url := enginegrpctest.Serve(t, &enginegrpctest.Servicer{Tokenizer: tc.send})
 			c := newClient(t, url, Options{})
 			_, err := c.Tokenizer(ctxT(t, 20*time.Second), 1<<20)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), url) {
@@ -240,7 +191,7 @@ func TestTokenizerBounded(t *testing.T) {
 // (ResourceExhausted) instead of being buffered.
 func TestReceiveLimit(t *testing.T) {
 	var over atomic.Int64
-	c := newClient(t, serveFake(t, &fake{bigModel: true}), Options{MaxRecvMsgSize: 1 << 20, Oversized: func(string, error) { over.Add(1) }})
+	c := newClient(t, enginegrpctest.Serve(t, &enginegrpctest.Servicer{BigModel: true}), Options{MaxRecvMsgSize: 1 << 20, Oversized: func(string, error) { over.Add(1) }})
 	_, err := c.Info(ctxT(t, 5*time.Second))
 	if status.Code(err) != codes.ResourceExhausted || over.Load() != 1 {
 		t.Fatalf("err = %v, counted %d", err, over.Load())
@@ -260,14 +211,14 @@ func TestAbsurdLoads(t *testing.T) {
 		"negative mx": {{MaxRunningRequests: -3}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			c := newClient(t, serveFake(t, &fake{loads: loads}), Options{Flavor: FlavorSGLang})
+			c := newClient(t, enginegrpctest.Serve(t, &enginegrpctest.Servicer{Loads: loads}), Options{Flavor: FlavorSGLang})
 			_, err := c.Read(ctxT(t, 5*time.Second))
 			if !errors.Is(err, engine.ErrNoReport) {
 				t.Fatalf("err = %v", err)
 			}
 		})
 	}
-	c := newClient(t, serveFake(t, &fake{loads: []*sglangpb.SchedulerLoad{{DpRank: 1, NumWaitingReqs: 2, TokenUsage: 0.5}, {DpRank: 0}}}), Options{Flavor: FlavorSGLang})
+	c := newClient(t, enginegrpctest.Serve(t, &enginegrpctest.Servicer{Loads: []*sglangpb.SchedulerLoad{{DpRank: 1, NumWaitingReqs: 2, TokenUsage: 0.5}, {DpRank: 0}}}), Options{Flavor: FlavorSGLang})
 	rep, err := c.Read(ctxT(t, 5*time.Second))
 	if err != nil || rep.Source != engine.SourceGRPCSGLang || len(rep.Ranks) != 2 || rep.Ranks[1].Waiting != 2 || rep.Ranks[0].DPRank != 0 {
 		t.Fatalf("report %+v %v", rep, err)

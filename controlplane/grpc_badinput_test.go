@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -17,23 +16,63 @@ import (
 	"github.com/smg-project/smg/agent"
 	"github.com/smg-project/smg/controlplane"
 	"github.com/smg-project/smg/controlplane/admin"
-	sglangpb "github.com/smg-project/smg/gen/sglang/grpc/scheduler"
+	"github.com/smg-project/smg/controlplane/registry"
+	commonpb "github.com/smg-project/smg/gen/smg/grpc/common"
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/enginegrpc/enginegrpctest"
 	"github.com/smg-project/smg/internal/testutil"
 	"github.com/smg-project/smg/sim"
 )
 
-// bigModelServicer is an SGLang servicer whose GetModelInfo answer is
-// 2 MiB: over a 1 MiB receive limit, under the 16 MiB default.
-type bigModelServicer struct {
-	sglangpb.UnimplementedSglangSchedulerServer
-}
-
-func (bigModelServicer) HealthCheck(context.Context, *sglangpb.HealthCheckRequest) (*sglangpb.HealthCheckResponse, error) {
-	return &sglangpb.HealthCheckResponse{Healthy: true}, nil
-}
-
-func (bigModelServicer) GetModelInfo(context.Context, *sglangpb.GetModelInfoRequest) (*sglangpb.GetModelInfoResponse, error) {
-	return &sglangpb.GetModelInfoResponse{ServedModelName: strings.Repeat("m", 2<<20)}, nil
+// TestGRPCRegistrationBadInput: a servicer that never answers fails its
+// registration at the registration timeout, an endless or malformed
+// GetTokenizer stream fails it at once (bounded), each job message naming
+// the worker; none of them is added, and a good gRPC worker registered
+// beside them is Ready and fed as usual.
+func TestGRPCRegistrationBadInput(t *testing.T) {
+	good := startSim(t, grpcSim(sim.FlavorSGLang, 1))
+	h := startCP(t, fastOptions())
+	gid := h.register(t, fmt.Sprintf(`{"url":%q}`, good.GRPCURL()))
+	for _, tc := range []struct {
+		name string
+		f    *enginegrpctest.Servicer
+		want string
+	}{
+		{"never answers", &enginegrpctest.Servicer{Hang: true}, "not reachable within"},
+		{"endless tokenizer", &enginegrpctest.Servicer{Tokenizer: func(st grpc.ServerStreamingServer[commonpb.GetTokenizerChunk]) error {
+			for {
+				if err := st.Send(&commonpb.GetTokenizerChunk{Data: []byte("x")}); err != nil {
+					return err
+				}
+			}
+		}}, "tokenizer unusable"},
+		{"malformed tokenizer", &enginegrpctest.Servicer{Tokenizer: func(st grpc.ServerStreamingServer[commonpb.GetTokenizerChunk]) error {
+			return st.Send(&commonpb.GetTokenizerChunk{Data: []byte("not a zip"), Sha256: "00"})
+		}}, "tokenizer unusable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := enginegrpctest.Serve(t, tc.f)
+			if r := h.do(t, http.MethodPost, "/workers", fmt.Sprintf(`{"url":%q}`, url)); r.status != http.StatusAccepted {
+				t.Fatalf("POST = %d %s", r.status, r.body)
+			}
+			job := h.waitJob(t, admin.WorkerID(url))
+			if job.State != "failed" || !strings.Contains(job.Message, url) || !strings.Contains(job.Message, tc.want) {
+				t.Fatalf("job %+v, want failed naming %s: %q", job, url, tc.want)
+			}
+			if w := h.reg.Snapshot().GetByURL(url); w != nil {
+				t.Fatalf("the failed worker was added: %+v", w)
+			}
+		})
+	}
+	rev := h.reg.Snapshot().Get(gid).LoadRevision
+	h.waitFor(t, "the good worker Ready and fed", func(s *registry.Snapshot) bool {
+		w := s.Get(gid)
+		return w.Ready() && w.LoadRevision > rev && w.Liveness == smgv1.Veto_VETO_UNSPECIFIED
+	})
+	if n := len(h.reg.Snapshot().Workers()); n != 1 {
+		t.Fatalf("%d workers, want the good one alone", n)
+	}
 }
 
 // TestGRPCReceiveLimitFlag: --grpc-engine-max-message-mib sets the control
@@ -42,15 +81,7 @@ func (bigModelServicer) GetModelInfo(context.Context, *sglangpb.GetModelInfoRequ
 // worker, counted in smg_grpc_engine_oversized_messages_total. Values out
 // of range are refused naming the flag.
 func TestGRPCReceiveLimitFlag(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	sglangpb.RegisterSglangSchedulerServer(gs, bigModelServicer{})
-	go func() { _ = gs.Serve(ln) }()
-	t.Cleanup(gs.Stop)
-	url := "grpc://" + ln.Addr().String()
+	url := enginegrpctest.Serve(t, &enginegrpctest.Servicer{BigModel: true})
 
 	opts := fastOptions()
 	opts.GRPCEngineMaxMessageMiB = 1
@@ -151,4 +182,39 @@ func runAgent(t *testing.T, opts agent.Options) (stop func()) {
 	stop = sync.OnceFunc(func() { cancel(); <-done })
 	t.Cleanup(stop)
 	return stop
+}
+
+// TestGRPCWorkerAbsurdLoads: a servicer whose KV event batches and
+// GetLoads answers carry absurd loads (rank 2^31-1, negative counts, NaN
+// usage, infinite throughput, a negative silence) has every pushed record
+// dropped and logged and every poll taken as no report: the worker is
+// neither overloaded nor vetoed and no absurd load is stored, and its
+// neighbour is fed as usual.
+func TestGRPCWorkerAbsurdLoads(t *testing.T) {
+	bad := startSim(t, func(o *sim.Options) {
+		grpcSim(sim.FlavorVLLM, 1)(o)
+		o.KVHeartbeat = 100 * time.Millisecond
+	})
+	good := startSim(t, grpcSim(sim.FlavorVLLM, 1))
+	h := startCP(t, fastOptions())
+	bid := h.register(t, fmt.Sprintf(`{"url":%q}`, bad.GRPCURL()))
+	gid := h.register(t, fmt.Sprintf(`{"url":%q}`, good.GRPCURL()))
+	h.waitFor(t, "a pushed record", func(s *registry.Snapshot) bool { return !s.Get(bid).Evidence.PushedAt.IsZero() })
+	if err := bad.SetFault(sim.Fault{GarbageMetrics: true}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "absurd records dropped and logged", func() (bool, string) {
+		return strings.Contains(h.logs.String(), "KV event batch with a load record that cannot be believed; dropped"), "not logged"
+	})
+	rev := h.reg.Snapshot().Get(gid).LoadRevision
+	h.waitFor(t, "the neighbour fed after the fault", func(s *registry.Snapshot) bool { return s.Get(gid).LoadRevision > rev })
+	w := h.reg.Snapshot().Get(bid)
+	if w.Overloaded || w.Liveness != smgv1.Veto_VETO_UNSPECIFIED || !w.Ready() {
+		t.Fatalf("worker with absurd loads: overloaded %v liveness %v ready %v", w.Overloaded, w.Liveness, w.Ready())
+	}
+	for _, r := range w.Load.GetRanks() {
+		if r.GetDpRank() >= enginegrpc.MaxRanks || r.GetWaitingRequests() < 0 || r.GetTokenUsage() != r.GetTokenUsage() {
+			t.Fatalf("an absurd load was stored: %v", w.Load)
+		}
+	}
 }
