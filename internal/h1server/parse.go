@@ -93,10 +93,11 @@ type parser struct {
 	beforeWait func()
 	waited     bool
 
-	url  url.URL
-	vals []string          // backing store of the header values, one per field
-	last map[string]string // each field's previous value on this connection, to reuse its string
-	te   []string
+	url     url.URL
+	lastURI string
+	vals    []string          // backing store of the header values, one per field
+	last    map[string]string // each field's previous value on this connection, to reuse its string
+	te      []string
 }
 
 // readLine returns the next line without its CRLF.
@@ -206,7 +207,10 @@ func isDigit(b byte) bool { return '0' <= b && b <= '9' }
 // escapes (the usual one) is split in place; anything else goes through
 // url.ParseRequestURI, as net/http does.
 func (p *parser) parseTarget(req *http.Request, target []byte) error {
-	req.RequestURI = string(target)
+	if p.lastURI != string(target) {
+		p.lastURI = string(target) // a kept-alive client asks for the same one again and again
+	}
+	req.RequestURI = p.lastURI
 	if q := plainPath(target); q > 0 {
 		p.url = url.URL{Path: req.RequestURI[:q]}
 		if q < len(target) {

@@ -149,9 +149,7 @@ func (w *response) writeBody(p []byte) (int, error) {
 	}
 	bw := w.c.bw
 	if w.chunked {
-		var size [16]byte
-		_, _ = bw.Write(strconv.AppendInt(size[:0], int64(len(p)), 16))
-		_, _ = bw.WriteString("\r\n")
+		_, _ = bw.Write(append(strconv.AppendInt(bw.AvailableBuffer(), int64(len(p)), 16), "\r\n"...))
 	}
 	n, err := bw.Write(p)
 	if w.chunked && err == nil {
@@ -293,10 +291,8 @@ func (w *response) commit(final bool) {
 	case w.chunked:
 		_, _ = bw.WriteString("Transfer-Encoding: chunked\r\n")
 	case w.length >= 0:
-		var n [20]byte
 		_, _ = bw.WriteString("Content-Length: ")
-		_, _ = bw.Write(strconv.AppendInt(n[:0], w.length, 10))
-		_, _ = bw.WriteString("\r\n")
+		_, _ = bw.Write(append(strconv.AppendInt(bw.AvailableBuffer(), w.length, 10), "\r\n"...))
 	}
 	switch {
 	case w.closeAfter:
@@ -310,17 +306,20 @@ func (w *response) commit(final bool) {
 }
 
 func writeStatusLine(bw *bufio.Writer, code int) {
-	var b [24]byte
-	line := append(b[:0], "HTTP/1.1 "...)
+	if code == http.StatusOK {
+		_, _ = bw.WriteString("HTTP/1.1 200 OK\r\n")
+		return
+	}
+	line := append(bw.AvailableBuffer(), "HTTP/1.1 "...)
 	line = strconv.AppendInt(line, int64(code), 10)
 	line = append(line, ' ')
-	_, _ = bw.Write(line)
-	text := http.StatusText(code)
-	if text == "" {
-		text = "status code " + strconv.Itoa(code)
+	if text := http.StatusText(code); text != "" {
+		line = append(line, text...)
+	} else {
+		line = append(line, "status code "...)
+		line = strconv.AppendInt(line, int64(code), 10)
 	}
-	_, _ = bw.WriteString(text)
-	_, _ = bw.WriteString("\r\n")
+	_, _ = bw.Write(append(line, "\r\n"...))
 }
 
 // writeField writes a header field, dropping an invalid name and turning

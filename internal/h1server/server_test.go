@@ -616,3 +616,56 @@ func TestWatch(t *testing.T) {
 		}
 	})
 }
+
+// No handler can split an answer: CR and LF in a header value become
+// spaces, and a field with an invalid name is dropped. HEAD gets the head
+// alone, 204 no body, and 103 goes out before the final answer.
+func TestAnswerFraming(t *testing.T) {
+	_, addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/inject":
+			w.Header().Set("X-A", "a\r\nX-Injected: 1")
+			w.Header()["Bad Name"] = []string{"x"}
+			io.WriteString(w, "ok")
+		case "/head":
+			w.Header().Set("Content-Length", "5")
+			io.WriteString(w, "hello")
+		case "/nocontent":
+			w.WriteHeader(http.StatusNoContent)
+			if _, err := io.WriteString(w, "x"); !errors.Is(err, http.ErrBodyNotAllowed) {
+				t.Errorf("a body after 204: %v", err)
+			}
+		case "/hints":
+			w.Header().Set("Link", "</a.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			io.WriteString(w, "final")
+		}
+	}), nil)
+	resp, body, _, _ := rawExchange(t, addr, "GET /inject HTTP/1.1\r\nHost: h\r\n\r\n")
+	if resp.Header.Get("X-Injected") != "" || resp.Header.Get("X-A") != "a  X-Injected: 1" || resp.Header.Get("Bad Name") != "" || body != "ok" {
+		t.Errorf("header injection: %v %q", resp.Header, body)
+	}
+	c, _ := net.Dial("tcp", addr)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	io.WriteString(c, "HEAD /head HTTP/1.1\r\nHost: h\r\n\r\nGET /nocontent HTTP/1.1\r\nHost: h\r\n\r\nGET /hints HTTP/1.1\r\nHost: h\r\n\r\n")
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodHead})
+	if err != nil || resp.ContentLength != 5 {
+		t.Fatalf("HEAD: %v, Content-Length %d", err, resp.ContentLength)
+	}
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("204: %v", err)
+	}
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusEarlyHints || resp.Header.Get("Link") == "" {
+		t.Fatalf("103: %v %v", err, resp)
+	}
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after 103: %v", err)
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != "final" {
+		t.Fatalf("after 103: %q", b)
+	}
+}
