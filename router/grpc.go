@@ -2,7 +2,10 @@ package router
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/smg-project/smg/internal/enginegrpc"
@@ -60,6 +63,18 @@ func (p *grpcPath) retain(workers []Worker) {
 	p.models.Forget(func(u string) bool { return keep[u] })
 }
 
+// model is the worker's tokenizer and template, read on first use.
+func (p *grpcPath) model(ctx context.Context, c *enginegrpc.Client) (*openaigrpc.Model, error) {
+	return p.models.ForWorker(ctx, c.URL(), func(ctx context.Context) ([]byte, int, error) {
+		info, err := c.Info(ctx)
+		if err != nil {
+			return nil, 0, err
+		}
+		data, err := c.Tokenizer(ctx, enginegrpc.MaxTokenizerBytes)
+		return data, info.MaxContext, err
+	})
+}
+
 // grpcNotServableFor is how long a worker whose tokenizer cannot load is
 // left out of selection before its files are read again.
 const grpcNotServableFor = 30 * time.Second
@@ -85,14 +100,7 @@ func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 		writeError(w, http.StatusBadGateway, CodeUpstreamError, "Invalid worker URL '"+wk.URL+"': "+err.Error(), 0)
 		return dispatchResult{status: http.StatusBadGateway}
 	}
-	m, err := r.grpc.models.ForWorker(ctx, wk.URL, func(ctx context.Context) ([]byte, int, error) {
-		info, err := c.Info(ctx)
-		if err != nil {
-			return nil, 0, err
-		}
-		data, err := c.Tokenizer(ctx, enginegrpc.MaxTokenizerBytes)
-		return data, info.MaxContext, err
-	})
+	m, err := r.grpc.model(ctx, c)
 	if err != nil {
 		if ctx.Err() != nil {
 			return r.endedBeforeAnswer(ctx, w, in)
@@ -223,4 +231,126 @@ func writeEngineError(w http.ResponseWriter, e *openaigrpc.EngineError) {
 	h["Content-Type"] = []string{"application/json"}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(body)
+}
+
+// sendPairGRPC serves a PD request over a pair of gRPC workers: the prefill
+// leg's Generate runs beside the decode leg's, both with the prefill
+// engine's bootstrap host and port and a fresh room, and the client gets
+// the decode leg's tokens. A leg that fails cancels the other and fails the
+// request with an explicit error. PD legs form no pile.
+func (r *Router) sendPairGRPC(ctx context.Context, w http.ResponseWriter, in *http.Request,
+	pw *Worker, pst *workerState, dw *Worker, dst *workerState, body []byte) int {
+	if !enginegrpc.IsGRPC(pw.URL) || !enginegrpc.IsGRPC(dw.URL) {
+		writeError(w, http.StatusBadGateway, CodeUpstreamError, "A prefill/decode pair must be both gRPC or both HTTP workers: prefill '"+
+			pw.URL+"', decode '"+dw.URL+"'", 0)
+		return http.StatusBadGateway
+	}
+	chat := in.URL.Path == "/v1/chat/completions"
+	if !chat && in.URL.Path != "/v1/completions" {
+		writeError(w, http.StatusNotImplemented, CodeRouteNotServed,
+			in.URL.Path+" is not served by gRPC workers; chat and text completions are", 0)
+		return http.StatusNotImplemented
+	}
+	req, err := openaigrpc.ParseRequest(body, chat)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error(), 0)
+		return http.StatusBadRequest
+	}
+	pc, err := r.grpc.clients.Get(pw.URL)
+	if err == nil {
+		var dc *enginegrpc.Client
+		if dc, err = r.grpc.clients.Get(dw.URL); err == nil {
+			return r.servePairGRPC(ctx, w, in, req, pw, pst, pc, dw, dst, dc)
+		}
+	}
+	writeError(w, http.StatusBadGateway, CodeUpstreamError, err.Error(), 0)
+	return http.StatusBadGateway
+}
+
+func (r *Router) servePairGRPC(ctx context.Context, w http.ResponseWriter, in *http.Request, req *openaigrpc.Request,
+	pw *Worker, pst *workerState, pc *enginegrpc.Client, dw *Worker, dst *workerState, dc *enginegrpc.Client) int {
+	m, err := r.grpc.model(ctx, dc)
+	if err != nil {
+		if ctx.Err() != nil {
+			return r.endedBeforeAnswer(ctx, w, in).status
+		}
+		writeError(w, http.StatusServiceUnavailable, CodeWorkerNotServable, "Worker '"+dw.URL+"' is not routable: "+err.Error(), 0)
+		return http.StatusServiceUnavailable
+	}
+	prompts, err := m.Prompts(req)
+	if err == nil && (len(prompts) != 1 || req.Choices() != 1) {
+		err = errors.New("a prefill/decode pair of gRPC workers serves one prompt with one choice (n=1)")
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error(), 0)
+		return http.StatusBadRequest
+	}
+	host := pw.URL
+	if u, err := url.Parse(pw.URL); err == nil && u.Hostname() != "" {
+		host = u.Hostname()
+	}
+	req.Bootstrap = &openaigrpc.Bootstrap{Host: host, Port: pw.BootstrapPort, Room: newBootstrapRoom()}
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	pst.dispatched.Add(1)
+	dst.dispatched.Add(1)
+	prefillDone := make(chan error, 1)
+	go func() {
+		err := openaigrpc.Prefill(ctx, pc, "prefill-"+strconv.FormatUint(req.Bootstrap.Room, 16), prompts[0], req.Sampling())
+		switch {
+		case err == nil:
+			pst.contacts.Add(1)
+			r.recordSuccess(pw, pst)
+		case ctx.Err() == nil:
+			r.recordFailure(pw, pst)
+			cancel(&legError{leg: "prefill", url: pw.URL, err: openaigrpc.Classify(err)})
+		}
+		prefillDone <- err
+	}()
+	// The prefill leg ends before the decode leg in a healthy pair; if not,
+	// the deferred cancel stops it and this waits for its goroutine.
+	defer func() { cancel(nil); <-prefillDone }()
+
+	call := openaigrpc.Start(ctx, dc, m, req, prompts, dw.Model)
+	defer call.Close()
+	if err := call.Wait(ctx); err != nil {
+		if in.Context().Err() != nil {
+			return statusClientClosed
+		}
+		var le *legError
+		if errors.As(context.Cause(ctx), &le) {
+			writeError(w, http.StatusBadGateway, CodeUpstreamError, le.Error(), 0)
+			return http.StatusBadGateway
+		}
+		if ctx.Err() != nil {
+			return r.endedBeforeAnswer(ctx, w, in).status
+		}
+		ee := openaigrpc.Classify(err)
+		if ee.Status >= 500 {
+			r.recordFailure(dw, dst)
+		}
+		ee.Message = "decode worker '" + dw.URL + "' failed: " + ee.Message
+		writeEngineError(w, ee)
+		return ee.Status
+	}
+	dst.contacts.Add(1)
+	r.recordSuccess(dw, dst)
+	if err := call.Serve(ctx, w, func(int) { dst.lastProgress.Store(r.clock().UnixNano()) }); err != nil {
+		if in.Context().Err() != nil {
+			return statusClientClosed
+		}
+		msg := "Worker '" + dw.URL + "' broke off the stream: " + openaigrpc.Classify(err).Message
+		var le *legError
+		if errors.As(context.Cause(ctx), &le) {
+			msg = le.Error()
+		}
+		r.recordFailure(dw, dst)
+		writeStreamError(w, CodeUpstreamError, msg)
+		panic(http.ErrAbortHandler)
+	}
+	now := r.clock()
+	dst.lastProgress.Store(now.UnixNano())
+	r.completions.add(now)
+	return http.StatusOK
 }

@@ -6,11 +6,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -42,6 +44,7 @@ func startSimGRPC(t *testing.T, flavor string, mutate func(*sim.Options)) *sim.S
 var (
 	idField      = regexp.MustCompile(`"id":"[^"]*"`)
 	createdField = regexp.MustCompile(`"created":\d+`)
+	wordDelta    = regexp.MustCompile(`"delta":\{"content":"[a-z]+ "\}`)
 	promptUsage  = regexp.MustCompile(`"prompt_tokens":\d+,"completion_tokens":(\d+),"total_tokens":\d+`)
 )
 
@@ -396,5 +399,55 @@ func TestOpenAINodeClientThroughGRPC(t *testing.T) {
 	}
 	if got.Usage.Completion != 6 || got.Usage.Prompt == 0 {
 		t.Fatalf("usage as the client read it: %s", out)
+	}
+}
+
+// TestPDOverGRPC: a prefill/decode pair of gRPC simulators serves chat
+// completions, streamed and not: both legs get the prefill engine's
+// bootstrap host, port and room (the decode engine fetches the KV from the
+// prefill engine's bootstrap endpoint), and the client gets the decode
+// leg's tokens. The pair forms no pile.
+func TestPDOverGRPC(t *testing.T) {
+	for _, flavor := range []string{sim.FlavorSGLang, sim.FlavorVLLM} {
+		t.Run(flavor, func(t *testing.T) {
+			prefill := startSimGRPC(t, flavor, func(o *sim.Options) { o.Role = sim.RolePrefill })
+			decode := startSimGRPC(t, flavor, func(o *sim.Options) { o.Role = sim.RoleDecode; o.EOSProbability = 0 })
+			port, err := strconv.Atoi(prefill.Addr()[strings.LastIndexByte(prefill.Addr(), ':')+1:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := newHarness(t, func(o *Options) { o.PDDisaggregation = true })
+			h.apply(Worker{ID: "p", URL: prefill.GRPCURL(), Model: testModel, Type: TypePrefill, Healthy: true, BootstrapPort: int32(port)},
+				Worker{ID: "d", URL: decode.GRPCURL(), Model: testModel, Type: TypeDecode, Healthy: true, MaxRunning: 8, WindowShare: 8})
+			for _, stream := range []bool{false, true} {
+				a := h.send("/v1/chat/completions", fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, testModel, stream), "")
+				words := len(wordDelta.FindAllString(a.body, -1))
+				if !stream {
+					var b struct {
+						Choices []struct{ Message struct{ Content string } }
+					}
+					_ = json.Unmarshal([]byte(a.body), &b)
+					if len(b.Choices) == 1 {
+						words = len(strings.Fields(b.Choices[0].Message.Content))
+					}
+				}
+				if a.status != http.StatusOK || !strings.Contains(a.body, `"finish_reason":"length"`) || words != 5 {
+					t.Fatalf("stream %v: %d %s", stream, a.status, a.body)
+				}
+				if stream && !strings.HasSuffix(a.body, "data: [DONE]\n\n") {
+					t.Fatalf("stream without [DONE]: %s", a.body)
+				}
+			}
+			if prefill.GRPCRequests() != 2 || decode.GRPCRequests() != 2 {
+				t.Errorf("prefill took %d, decode %d requests, want 2 each", prefill.GRPCRequests(), decode.GRPCRequests())
+			}
+			if obs := observation(h.r, "d"); obs.StreamsInFlight != 0 || obs.LastProgress.IsZero() {
+				t.Errorf("decode leg's observation: %+v", obs)
+			}
+			a := h.send("/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":["a","b"]}`, testModel), "")
+			if a.status != http.StatusBadRequest || a.errorCode() != CodeInvalidRequest {
+				t.Errorf("a batch over a gRPC pair: %d %s", a.status, a.body)
+			}
+		})
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/smg-project/smg/internal/enginegrpc"
 	"github.com/smg-project/smg/router/admission"
 )
 
@@ -123,6 +124,9 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 	}
 
 	pw, dw := v.worker(pi), v.worker(di)
+	if enginegrpc.IsGRPC(pw.URL) || enginegrpc.IsGRPC(dw.URL) {
+		return r.sendPairGRPC(ctx, w, in, pw, v.states[pi], dw, dec, body)
+	}
 	legBody, err := injectBootstrap(body, pw, prompts)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, err.Error(), 0)

@@ -2,7 +2,9 @@ package openaigrpc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 
 	"google.golang.org/grpc"
 
@@ -20,12 +22,23 @@ type Sampling struct {
 	Stop        []string
 	Seed        *int64
 	SkipSpecial bool
+	// Bootstrap, on both legs of a prefill/decode pair, names the prefill
+	// engine's KV bootstrap endpoint and the pair's room.
+	Bootstrap *Bootstrap
+}
+
+// Bootstrap is a PD pair's KV handover: SGLang's DisaggregatedParams, or
+// the same triple in vLLM's kv_transfer_params_json.
+type Bootstrap struct {
+	Host string `json:"bootstrap_host"`
+	Port int32  `json:"bootstrap_port"`
+	Room uint64 `json:"bootstrap_room"`
 }
 
 // Sampling reads the request's sampling parameters.
 func (r *Request) Sampling() Sampling {
 	return Sampling{MaxTokens: r.maxTokens(), Temperature: r.Temperature, TopP: r.TopP, TopK: r.TopK,
-		Stop: r.stops, Seed: r.Seed, SkipSpecial: r.SkipSpecialTokens == nil || *r.SkipSpecialTokens}
+		Stop: r.stops, Seed: r.Seed, SkipSpecial: r.SkipSpecialTokens == nil || *r.SkipSpecialTokens, Bootstrap: r.Bootstrap}
 }
 
 // Update is one message of a Generate stream, flavor aside.
@@ -67,8 +80,12 @@ func Generate(ctx context.Context, c *enginegrpc.Client, id string, ids []uint32
 			mt := uint32(min(*sp.MaxTokens, 1<<31))
 			p.MaxNewTokens = &mt
 		}
-		st, err := sglangpb.NewSglangSchedulerClient(c.Conn()).Generate(ctx, &sglangpb.GenerateRequest{RequestId: id,
-			Tokenized: &sglangpb.TokenizedInput{InputIds: ids}, SamplingParams: p, Stream: stream})
+		gr := &sglangpb.GenerateRequest{RequestId: id, Tokenized: &sglangpb.TokenizedInput{InputIds: ids}, SamplingParams: p, Stream: stream}
+		if b := sp.Bootstrap; b != nil {
+			// SGLang's room is an int32 on this wire.
+			gr.DisaggregatedParams = &sglangpb.DisaggregatedParams{BootstrapHost: b.Host, BootstrapPort: b.Port, BootstrapRoom: int32(b.Room & 0x7fffffff)}
+		}
+		st, err := sglangpb.NewSglangSchedulerClient(c.Conn()).Generate(ctx, gr)
 		if err != nil {
 			return nil, err
 		}
@@ -90,8 +107,14 @@ func Generate(ctx context.Context, c *enginegrpc.Client, id string, ids []uint32
 		s := int32(*sp.Seed)
 		p.Seed = &s
 	}
-	st, err := vllmpb.NewVllmEngineClient(c.Conn()).Generate(ctx, &vllmpb.GenerateRequest{RequestId: id,
-		Input: &vllmpb.GenerateRequest_Tokenized{Tokenized: &vllmpb.TokenizedInput{InputIds: ids}}, SamplingParams: p, Stream: stream})
+	gr := &vllmpb.GenerateRequest{RequestId: id,
+		Input: &vllmpb.GenerateRequest_Tokenized{Tokenized: &vllmpb.TokenizedInput{InputIds: ids}}, SamplingParams: p, Stream: stream}
+	if b := sp.Bootstrap; b != nil {
+		kv, _ := json.Marshal(b)
+		s := string(kv)
+		gr.KvTransferParamsJson = &s
+	}
+	st, err := vllmpb.NewVllmEngineClient(c.Conn()).Generate(ctx, gr)
 	if err != nil {
 		return nil, err
 	}
@@ -156,4 +179,25 @@ func Abort(ctx context.Context, c *enginegrpc.Client, reason string, ids ...stri
 	}
 	_, err = vllmpb.NewVllmEngineClient(c.Conn()).Abort(ctx, &vllmpb.AbortRequest{RequestIds: ids})
 	return err
+}
+
+// Prefill runs the prefill leg of a PD pair: one Generate, not streamed,
+// read to its completion.
+func Prefill(ctx context.Context, c *enginegrpc.Client, id string, ids []uint32, sp Sampling) error {
+	st, err := Generate(ctx, c, id, ids, sp, false)
+	if err != nil {
+		return err
+	}
+	for {
+		u, err := st.Recv()
+		if err == io.EOF {
+			return errNoComplete
+		}
+		if err != nil {
+			return err
+		}
+		if u.Complete {
+			return nil
+		}
+	}
 }

@@ -37,6 +37,8 @@ type Request struct {
 	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs"`
 	// SkipSpecialTokens (default true) leaves special tokens out of the text.
 	SkipSpecialTokens *bool `json:"skip_special_tokens"`
+	// Bootstrap is set by the caller for the legs of a PD pair.
+	Bootstrap *Bootstrap `json:"-"`
 
 	stops []string
 }
@@ -224,3 +226,6 @@ func (m *Model) checkIDs(ids []int64, prompt int) ([]uint32, error) {
 	}
 	return out, nil
 }
+
+// Choices is n: the choices asked per prompt.
+func (r *Request) Choices() int { return r.n() }

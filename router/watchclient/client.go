@@ -23,7 +23,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -726,11 +725,6 @@ func (c *Client) staleFired() {
 }
 
 func routerWorker(w *smgv1.RoutingWorker) router.Worker {
-	// A gRPC worker serves regular requests only: PD over gRPC (the
-	// prefill and decode legs with their bootstrap parameters) is not
-	// built, so a gRPC prefill or decode worker is never a candidate here.
-	grpcLeg := (strings.HasPrefix(w.GetUrl(), "grpc://") || strings.HasPrefix(w.GetUrl(), "grpcs://")) &&
-		(w.GetWorkerType() == router.TypePrefill || w.GetWorkerType() == router.TypeDecode)
 	return router.Worker{
 		ID:             w.GetWorkerId(),
 		URL:            w.GetUrl(),
@@ -738,7 +732,7 @@ func routerWorker(w *smgv1.RoutingWorker) router.Worker {
 		Type:           w.GetWorkerType(),
 		Priority:       w.GetPriority(),
 		Cost:           w.GetCost(),
-		Healthy:        w.GetHealthy() && !grpcLeg,
+		Healthy:        w.GetHealthy(),
 		Veto:           routerVeto(w.GetVeto()),
 		VetoReason:     w.GetVetoReason(),
 		Overloaded:     w.GetOverloaded(),
