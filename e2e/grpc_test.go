@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	sglangpb "github.com/smg-project/smg/gen/sglang/grpc/scheduler"
 	vllmpb "github.com/smg-project/smg/gen/vllm/grpc/engine"
 )
 
@@ -119,9 +120,10 @@ func (a admin) holdLive(t *testing.T, url string, hold time.Duration, cond func(
 	})
 }
 
-// generate opens a streaming Generate on a vLLM gRPC engine, read until the
-// test ends, and waits until the engine holds it (its HTTP side's stats).
-func generate(t *testing.T, grpcURL, httpURL string) {
+// generate opens a streaming Generate on a gRPC engine of the flavor
+// ("vllm" or "sglang"), read until the test ends, and waits until the
+// engine holds it (its HTTP side's stats).
+func generate(t *testing.T, flavor, grpcURL, httpURL string) {
 	t.Helper()
 	conn, err := grpc.NewClient(strings.TrimPrefix(grpcURL, "grpc://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -130,17 +132,26 @@ func generate(t *testing.T, grpcURL, httpURL string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); conn.Close() })
 	max := uint32(10000) // within the cache: ~50 s of output at 5 ms a step
-	st, err := vllmpb.NewVllmEngineClient(conn).Generate(ctx, &vllmpb.GenerateRequest{Stream: true,
-		SamplingParams: &vllmpb.SamplingParams{MaxTokens: &max},
-		Input:          &vllmpb.GenerateRequest_Tokenized{Tokenized: &vllmpb.TokenizedInput{InputIds: []uint32{3, 4, 5}}}})
-	if err != nil {
-		t.Fatalf("Generate on %s: %v", grpcURL, err)
+	ids := []uint32{3, 4, 5}
+	var recv func() error
+	if flavor == "sglang" {
+		st, err := sglangpb.NewSglangSchedulerClient(conn).Generate(ctx, &sglangpb.GenerateRequest{Stream: true,
+			SamplingParams: &sglangpb.SamplingParams{MaxNewTokens: &max}, Tokenized: &sglangpb.TokenizedInput{InputIds: ids}})
+		if err != nil {
+			t.Fatalf("Generate on %s: %v", grpcURL, err)
+		}
+		recv = func() error { _, err := st.Recv(); return err }
+	} else {
+		st, err := vllmpb.NewVllmEngineClient(conn).Generate(ctx, &vllmpb.GenerateRequest{Stream: true,
+			SamplingParams: &vllmpb.SamplingParams{MaxTokens: &max},
+			Input:          &vllmpb.GenerateRequest_Tokenized{Tokenized: &vllmpb.TokenizedInput{InputIds: ids}}})
+		if err != nil {
+			t.Fatalf("Generate on %s: %v", grpcURL, err)
+		}
+		recv = func() error { _, err := st.Recv(); return err }
 	}
 	go func() {
-		for {
-			if _, err := st.Recv(); err != nil {
-				return
-			}
+		for recv() == nil {
 		}
 	}()
 	waitFor(t, 10*time.Second, "the engine holding the request", func() (bool, string) {
@@ -162,14 +173,15 @@ func TestGRPCWorkerLivenessEndToEnd(t *testing.T) {
 	sims := startGRPCSims(t, "sim-grpc", 5)
 	older := startGRPCSims(t, "sim-grpc-older", 1, "--grpc-extensions", "load")
 	solo := startGRPCSims(t, "sim-grpc-solo", 1)
-	urls := append(append(append([]string{}, sims.grpc...), older.grpc...), solo.grpc...)
+	sg := startGRPCSims(t, "sim-grpc-sglang", 1, "--flavor", "sglang")
+	urls := append(append(append(append([]string{}, sims.grpc...), older.grpc...), solo.grpc...), sg.grpc...)
 	cp := newControlPlane(t, urls, grpcCPArgs()...)
 	cp.admin.waitReady(t, urls...)
 	// Every worker pushes: its load comes from its KV event stream.
 	for _, u := range urls {
 		waitFor(t, 20*time.Second, u+" fed over gRPC", func() (bool, string) {
 			w, detail := cp.admin.worker(u)
-			return w.EngineLoad != nil && w.EngineLoad.Source == "grpc_vllm", detail
+			return w.EngineLoad != nil && strings.HasPrefix(w.EngineLoad.Source, "grpc_"), detail
 		})
 	}
 
@@ -219,7 +231,7 @@ func TestGRPCWorkerLivenessEndToEnd(t *testing.T) {
 	t.Run("freeze_is_wedged_by_the_servicers_silence", func(t *testing.T) {
 		u := sims.grpc[eFreeze]
 		sims.fault(t, eFreeze, `{"freeze":true}`)
-		generate(t, u, sims.http[eFreeze])
+		generate(t, "vllm", u, sims.http[eFreeze])
 		took, w := cp.admin.awaitLiveness(t, u, "wedged", grpcWedge+grpcSlack)
 		t.Logf("frozen with a stream in hand: wedged after %s (%s)", took.Round(time.Millisecond), w.Verdict.LivenessReason)
 		sims.fault(t, eFreeze, `{"clear":true}`)
@@ -230,17 +242,28 @@ func TestGRPCWorkerLivenessEndToEnd(t *testing.T) {
 	t.Run("older_servicer_without_the_figure_stays_quiet", func(t *testing.T) {
 		u := older.grpc[0]
 		older.fault(t, 0, `{"freeze":true}`)
-		generate(t, u, older.http[0])
+		generate(t, "vllm", u, older.http[0])
 		// Its records still come (not stale), without a silence figure:
 		// frozen past the wedge bound, it is not wedged.
 		cp.admin.holdLive(t, u, grpcWedge+grpcSlack, nil)
 		older.fault(t, 0, `{"clear":true}`)
 	})
 
+	// SGLang's wire carries token batches only: its silence figure may be
+	// a long prefill's, so it passes no verdict before a prefill rate is
+	// measured on the worker (no router has measured one here).
+	t.Run("token_batch_wire_no_verdict_before_a_rate", func(t *testing.T) {
+		u := sg.grpc[0]
+		sg.fault(t, 0, `{"freeze":true}`)
+		generate(t, "sglang", u, sg.http[0])
+		cp.admin.holdLive(t, u, grpcWedge+grpcSlack, nil)
+		sg.fault(t, 0, `{"clear":true}`)
+	})
+
 	t.Run("slow_streams_on", func(t *testing.T) {
 		u := sims.grpc[eSlow]
 		sims.fault(t, eSlow, `{"slow":20}`)
-		generate(t, u, sims.http[eSlow])
+		generate(t, "vllm", u, sims.http[eSlow])
 		cp.admin.holdLive(t, u, grpcWedge+grpcSlack, nil)
 		sims.fault(t, eSlow, `{"clear":true}`)
 	})
