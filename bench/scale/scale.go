@@ -454,7 +454,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				lags = append(lags, float64(r.GetLag()))
 			}
 		}
-		// The tracker's gauge alone: gathering every metric (10,000
+		// The inbox's gauge alone: gathering every metric (10,000
 		// workers' series) 4 times a second cost the control plane 12% of
 		// its CPU and 3 in 4 of its allocations in ingest-N10000.
 		heldMax = max(heldMax, cp.Evidence.HeldForReadLag())
@@ -858,7 +858,7 @@ func (l *sendLog) allAt(rev uint64, routers int) (int64, bool) {
 }
 
 // flipLog is the control plane's logger: it keeps the time each verdict
-// flip was committed (the ingester logs a flip right after its commit),
+// flip was committed (the inbox logs a flip right after its commit),
 // counts warnings and errors by message (a run that logs them says so), and
 // drops everything else.
 type flipLog struct {
@@ -886,7 +886,7 @@ func (l *flipLog) Enabled(_ context.Context, lv slog.Level) bool { return lv >= 
 func (l *flipLog) WithAttrs([]slog.Attr) slog.Handler            { return l }
 func (l *flipLog) WithGroup(string) slog.Handler                 { return l }
 
-// Handle records the ingester's "Worker overloaded" and "back in routing",
+// Handle records the inbox's "Worker overloaded" and "back in routing",
 // a timed joiner's hello taken (the watch server's "router watching"), and
 // counts warnings.
 func (l *flipLog) Handle(_ context.Context, r slog.Record) error {

@@ -3,10 +3,10 @@
 // failures, the engine's own silence) and receive the engines assigned to
 // their node.
 //
-// Pushed records feed the same ingester as the built-in poller (the overload
-// check runs once per record) and the liveness tracker as pushed evidence, so
-// agent-covered workers are judged by silence (the spec's "When a Worker Goes
-// Silent Entirely"). The stream itself is one of the covered engines'
+// Pushed records feed the same evidence inbox as the built-in poller (the
+// overload check runs once per record), their liveness side as pushed
+// evidence, so agent-covered workers are judged by silence (the spec's "When
+// a Worker Goes Silent Entirely"). The stream itself is one of the covered engines'
 // channels: when it breaks, every engine it covered records a connection
 // failure.
 //
@@ -567,7 +567,7 @@ func (s *Server) recordWorker(st *agentStream, url []byte) (*registry.Worker, *e
 	return s.workerEngine(st, string(url))
 }
 
-// ingest hands a copy of load to the ingester (load stays the caller's).
+// ingest hands a copy of load to the inbox (load stays the caller's).
 func (s *Server) ingest(w *registry.Worker, load *smgv1.EngineLoad) {
 	if err := s.ev.ReportCopy(w.ID, load); err != nil {
 		s.log.Debug("Agent record not ingested", "worker_id", w.ID, "url", w.Spec.GetUrl(), "error", err)

@@ -185,21 +185,6 @@ func (in *Inbox) Record(workerID string, rec judge.Record, now time.Time) {
 	in.with(workerID, func(ev *registry.Evidence) { applyPushed(ev, r, &in.rules) })
 }
 
-// Pushed is one record of a batch (RecordAll).
-type Pushed struct {
-	WorkerID string
-	Rec      judge.Record
-}
-
-// RecordAll is Record of each record in order, all received at now. A
-// record that must be stored at once is, in its place, before the next is
-// tried.
-func (in *Inbox) RecordAll(recs []Pushed, now time.Time) {
-	for i := range recs {
-		in.Record(recs[i].WorkerID, recs[i].Rec, now)
-	}
-}
-
 // Observed is one agent record: its load (nil: none to judge) and its
 // liveness side.
 type Observed struct {

@@ -60,13 +60,13 @@ func TestConcurrentPushesApplyEachRecordOnceInOrder(t *testing.T) {
 	}
 	for g := range pushers {
 		pushing.Go(func() {
-			batch := make([]Pushed, perPusher)
+			batch := make([]Observed, perPusher)
 			for k := range messages {
 				for i := range batch {
 					w := g*perPusher + i
-					batch[i] = Pushed{WorkerID: ids[w], Rec: recs[w][k]}
+					batch[i] = Observed{WorkerID: ids[w], Rec: recs[w][k]}
 				}
-				tr.RecordAll(batch, at(k))
+				tr.ObserveAll(batch, at(k), nil)
 			}
 		})
 	}
@@ -139,8 +139,8 @@ func TestAPushDoesNotWaitForAnotherWorkersRecords(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tr.RecordAll([]Pushed{{WorkerID: "w1", Rec: judge.Record{Pushed: true}}}, t0) // makes w1's cell
-		tr.RecordAll([]Pushed{{WorkerID: "w1", Rec: judge.Record{Pushed: true, Waiting: 1}}}, t0.Add(time.Millisecond))
+		tr.Record("w1", judge.Record{Pushed: true}, t0) // makes w1's cell
+		tr.Record("w1", judge.Record{Pushed: true, Waiting: 1}, t0.Add(time.Millisecond))
 		if !tr.cell("w1").pending() {
 			t.Error("w1's records are not pending while w2's are held")
 		}

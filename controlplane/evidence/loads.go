@@ -27,23 +27,6 @@ func (in *Inbox) ReportCopy(workerID string, load *smgv1.EngineLoad) error {
 	return in.report(workerID, load, true)
 }
 
-// Reported is one load report of a batch (ReportCopies).
-type Reported struct {
-	WorkerID string
-	Load     *smgv1.EngineLoad
-}
-
-// ReportCopies is ReportCopy of each report in order (an agent's message
-// carries many records). failed, when set, hears each report's error (as
-// ReportCopy would return it).
-func (in *Inbox) ReportCopies(reps []Reported, failed func(i int, err error)) {
-	for i, r := range reps {
-		if err := in.report(r.WorkerID, r.Load, true); err != nil && failed != nil {
-			failed(i, err)
-		}
-	}
-}
-
 func (in *Inbox) report(workerID string, load *smgv1.EngineLoad, copied bool) error {
 	if load == nil || len(load.GetRanks()) == 0 {
 		return in.NoReport(workerID)

@@ -66,8 +66,11 @@ func TestAFlipWaitingForTheRegistryStopsNoOtherWorker(t *testing.T) {
 	for evidence.PendingLoad(in, "w1").GetWaitingRequests() != 20 { // the flip goes on to wait for the registry
 		runtime.Gosched()
 	}
-	in.ReportCopies([]evidence.Reported{{WorkerID: "w2", Load: load(2)}, {WorkerID: "w3", Load: load(3)}},
-		func(i int, err error) { t.Errorf("report %d: %v", i, err) })
+	for id, l := range map[string]*smgv1.EngineLoad{"w2": load(2), "w3": load(3)} {
+		if err := in.ReportCopy(id, l); err != nil {
+			t.Error(err)
+		}
+	}
 	if err := in.Refresh("w2"); err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +223,9 @@ func TestConcurrentReportsEndWithTheLastReport(t *testing.T) {
 				for r := range 1 + rng.IntN(2) {
 					buf.Ranks = append(buf.Ranks, &smgv1.RankLoad{DpRank: int32(r), WaitingRequests: int32(rng.IntN(12)), TokenUsage: rng.Float64()})
 				}
-				in.ReportCopies([]evidence.Reported{{WorkerID: id, Load: buf}}, func(_ int, err error) { t.Error(err) })
+				if err := in.ReportCopy(id, buf); err != nil {
+					t.Error(err)
+				}
 				last[g][id] = proto.CloneOf(buf)
 			}
 			for step := range 3000 {

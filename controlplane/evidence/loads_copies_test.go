@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
@@ -15,11 +16,12 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
-// ReportCopies is ReportCopy of each report in order: random batches (flips
-// in the middle, the same worker again after them, no-reports, unknown
-// workers, a worker out of Ready) leave two registries fed one way and the
-// other with the same loads, verdicts and commits, and the same errors.
-func TestReportCopiesIsReportCopyOfEach(t *testing.T) {
+// ObserveAll is ReportCopy and then Record of each agent record in order:
+// random batches (flips in the middle, the same worker again after them,
+// no-reports, unknown workers, a worker out of Ready) leave two registries
+// fed one way and the other with the same loads, verdicts and commits, and
+// the same errors.
+func TestObserveAllIsReportCopyOfEach(t *testing.T) {
 	ids := []string{"w1", "w2", "w3", "gone"}
 	open := func() (*evidence.Inbox, *registry.Registry) {
 		reg := registry.New("e", 0)
@@ -38,25 +40,28 @@ func TestReportCopiesIsReportCopyOfEach(t *testing.T) {
 		return evidence.New(reg, evidence.Options{Coalesce: true}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()), reg
 	}
 	flips := 0
+	at := time.Unix(1_700_000_000, 0)
 	for seed := range uint64(100) {
 		rng := rand.New(rand.NewPCG(seed, 3))
-		inA, regA := open() // ReportCopies
-		inB, regB := open() // ReportCopy
+		inA, regA := open() // ObserveAll
+		inB, regB := open() // ReportCopy, Record
 		for step := range 40 {
 			if rng.IntN(5) == 0 {
 				inA.Flush()
 				inB.Flush()
 			} else {
-				batch := make([]evidence.Reported, 1+rng.IntN(8))
+				batch := make([]evidence.Observed, 1+rng.IntN(8))
 				for i := range batch {
 					batch[i].WorkerID = ids[rng.IntN(len(ids))]
+					batch[i].Load = &smgv1.EngineLoad{} // no report
 					if rng.IntN(6) != 0 {
 						batch[i].Load = load(int32(rng.IntN(12))) // the default ceiling is 8
 					}
+					batch[i].Rec = judge.Record{Pushed: true, Waiting: int64(batch[i].Load.GetWaitingRequests())}
 				}
 				var errsA, errsB []error
 				rev := regA.Revision()
-				inA.ReportCopies(batch, func(i int, err error) { errsA = append(errsA, err) })
+				inA.ObserveAll(batch, at, func(i int, err error) { errsA = append(errsA, err) })
 				if regA.Revision() != rev {
 					flips++
 				}
@@ -68,9 +73,10 @@ func TestReportCopiesIsReportCopyOfEach(t *testing.T) {
 					if !proto.Equal(l, r.Load) {
 						t.Fatal("ReportCopy changed its caller's load")
 					}
+					inB.Record(r.WorkerID, r.Rec, at)
 				}
 				if len(errsA) != len(errsB) {
-					t.Fatalf("seed %d step %d: %d errors with ReportCopies, %d with ReportCopy", seed, step, len(errsA), len(errsB))
+					t.Fatalf("seed %d step %d: %d errors with ObserveAll, %d one by one", seed, step, len(errsA), len(errsB))
 				}
 				for i := range errsA {
 					if !errors.Is(errsA[i], evidence.ErrUnknownWorker) || !errors.Is(errsB[i], evidence.ErrUnknownWorker) {
@@ -79,7 +85,7 @@ func TestReportCopiesIsReportCopyOfEach(t *testing.T) {
 				}
 			}
 			if a, b := regA.Revision(), regB.Revision(); a != b {
-				t.Fatalf("seed %d step %d: revision %d with ReportCopies, %d with ReportCopy", seed, step, a, b)
+				t.Fatalf("seed %d step %d: revision %d with ObserveAll, %d one by one", seed, step, a, b)
 			}
 			for _, id := range ids[:3] {
 				a, b := regA.Get(id), regB.Get(id)

@@ -20,11 +20,11 @@ import (
 	"github.com/smg-project/smg/internal/loadpb"
 )
 
-// The ingester reuses memory: the caller's decoded load (ReportCopies copies
+// The inbox reuses memory: the caller's decoded load (ReportCopy copies
 // it), fresh loads that the flush makes for the reports to come, records it
 // clones into. None of it may be what a stored record holds: over random
 // reports (flips, no-reports, a hostile load of 300 ranks, the caller's
-// buffer rewritten for each) and flushes with the liveness rider, every
+// buffer rewritten for each) and flushes with liveness records, every
 // record and load ever stored stays as it was stored, and each worker ends
 // with its latest report (or the one before a no-report).
 func TestStoredRecordsAndLoadsNeverChange(t *testing.T) {
@@ -107,7 +107,9 @@ func checkStoredNeverChange(t *testing.T, seed uint64) {
 				}
 				id := ids[rng.IntN(len(ids))]
 				rev := reg.Revision()
-				in.ReportCopies([]evidence.Reported{{WorkerID: id, Load: buf}}, func(_ int, err error) { t.Fatal(err) })
+				if err := in.ReportCopy(id, buf); err != nil {
+					t.Fatal(err)
+				}
 				if reg.Revision() != rev {
 					flips++
 				}

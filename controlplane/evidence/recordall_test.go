@@ -15,17 +15,17 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
-// RecordAll is Record of each record in order: random batches of records
+// ObserveAll of records without a load is Record of each in order: random batches of records
 // (some that flip a verdict, in the middle of a batch, with records of the
 // same worker after them), mixed with failures, router piles, flushes and
 // sweeps, leave two registries fed one way and the other with the same
 // records, evidence, verdicts and commits after every step.
-func TestRecordAllIsRecordOfEach(t *testing.T) {
+func TestObserveAllIsRecordOfEach(t *testing.T) {
 	ids := []string{"w1", "w2", "w3"}
 	open := func() (*Inbox, *registry.Registry) { return openHealthy(t, ids, true) }
 	for seed := range uint64(200) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		trA, regA := open() // RecordAll
+		trA, regA := open() // ObserveAll
 		trB, regB := open() // Record
 		now := t0
 		flips := 0
@@ -48,15 +48,15 @@ func TestRecordAllIsRecordOfEach(t *testing.T) {
 				trA.RouterObservations("r1", rep, now)
 				trB.RouterObservations("r1", rep, now)
 			default:
-				batch := make([]Pushed, 1+rng.IntN(8))
+				batch := make([]Observed, 1+rng.IntN(8))
 				for i := range batch {
-					batch[i] = Pushed{WorkerID: ids[rng.IntN(len(ids))], Rec: judge.Record{
+					batch[i] = Observed{WorkerID: ids[rng.IntN(len(ids))], Rec: judge.Record{
 						Pushed: rng.IntN(8) != 0, Waiting: int64(rng.IntN(3)), StepWire: true, Idle: rng.IntN(2) == 0,
 						Silence: time.Duration(rng.IntN(3)) * 2 * time.Second,
 						Heard:   judge.Heard{Stream: 1, SentAt: now.Add(-time.Millisecond)}}}
 				}
 				rev := regA.Revision()
-				trA.RecordAll(batch, now)
+				trA.ObserveAll(batch, now, nil)
 				if regA.Revision() != rev {
 					flips++
 				}
@@ -65,7 +65,7 @@ func TestRecordAllIsRecordOfEach(t *testing.T) {
 				}
 			}
 			if a, b := regA.Revision(), regB.Revision(); a != b {
-				t.Fatalf("seed %d step %d: revision %d with RecordAll, %d with Record", seed, step, a, b)
+				t.Fatalf("seed %d step %d: revision %d with ObserveAll, %d with Record", seed, step, a, b)
 			}
 			for _, id := range ids {
 				if err := sameWorker(regA.Snapshot().Get(id), regB.Snapshot().Get(id)); err != nil {
@@ -81,7 +81,7 @@ func TestRecordAllIsRecordOfEach(t *testing.T) {
 
 func sameWorker(a, b *registry.Worker) error {
 	if a.Liveness != b.Liveness || a.LivenessReason != b.LivenessReason {
-		return fmt.Errorf("veto %v %q with RecordAll, %v %q with Record", a.Liveness, a.LivenessReason, b.Liveness, b.LivenessReason)
+		return fmt.Errorf("veto %v %q with ObserveAll, %v %q with Record", a.Liveness, a.LivenessReason, b.Liveness, b.LivenessReason)
 	}
 	if !reflect.DeepEqual(a.Evidence, b.Evidence) {
 		return fmt.Errorf("evidence differs:\n%+v\n%+v", a.Evidence, b.Evidence)

@@ -13,7 +13,7 @@ import (
 )
 
 // PushObserver hears of the load records gRPC workers' KV event streams
-// carry (the liveness tracker listens): pushed records hold a worker to the
+// carry (the evidence inbox listens): pushed records hold a worker to the
 // push cadence and bring the servicer's engine-silence figure.
 type PushObserver interface {
 	PushedRecord(workerID string, rec judge.Record, now time.Time)

@@ -3,7 +3,7 @@
 // mode, every --load-monitor-interval seconds or at the smallest
 // load_monitor_interval_secs override among the group's workers (floored to
 // 1 s). Only Ready workers are polled; each answer, or the lack of one, is
-// handed to the ingester, which runs the overload check. Each worker is
+// handed to the evidence inbox, which runs the overload check. Each worker is
 // polled at its own phase in the interval (controlplane/spread), so the polls
 // of many workers are spread over it.
 //
@@ -28,7 +28,7 @@ import (
 	"github.com/smg-project/smg/internal/readbudget"
 )
 
-// Observer hears of every poll outcome (the liveness tracker listens).
+// Observer hears of every poll outcome (the evidence inbox listens).
 type Observer interface {
 	// PollAnswered: the engine answered without a usable report.
 	PollAnswered(workerID string, now time.Time)
@@ -440,7 +440,7 @@ func (m *Monitor) PollOnce(ctx context.Context, workerID string, r LoadReader) {
 	m.ingested(workerID, m.ingest.Report(workerID, loadpb.FromReport(rep, now)))
 }
 
-// ingested logs a poll outcome the ingester did not store: the worker was
+// ingested logs a poll outcome the inbox did not store: the worker was
 // removed while the poll ran (debug), or the write failed.
 func (m *Monitor) ingested(workerID string, err error) {
 	switch {
