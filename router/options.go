@@ -65,6 +65,12 @@ type Options struct {
 	// WorkerAdmissionWindowMode: PDWindowShared or PDWindowPerRouter, as for
 	// decode windows.
 	WorkerAdmissionWindowMode string
+	// PeerRouters are the base URLs of the other routers sharing the
+	// control plane's windows, comma-separated: a request that finds no
+	// room in this router's shares borrows a free room from one of them
+	// before it is shed, and only they may borrow this router's (empty:
+	// neither).
+	PeerRouters string
 
 	// SpillOver sends a request whose every local candidate is vetoed or
 	// full to an external worker of its model, within the worker's spill
@@ -204,6 +210,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"how a worker's running window is counted: shared (within the share the control plane grants this router) or per-router (each router counts the whole window alone)")
 	boolean(&o.SpillOver, "spill-over",
 		"send a request whose every local candidate is vetoed or has no room to an external worker (provider) of its model, within the provider's spill budget, instead of steering, waiting or shedding; external workers then serve spill-over only (off: they are ordinary candidates)")
+	str(&o.PeerRouters, "peer-routers",
+		"comma-separated base URLs of the other routers that share this control plane's windows: a request that finds no room in this router's shares (--worker-admission-window) borrows a room free now from one of them (POST /smg/lend) before it is shed, and only they may borrow this router's rooms (empty: neither)")
 	boolean(&o.DisableCircuitBreaker, "disable-circuit-breaker", "turn off the per-worker circuit breaker")
 	integer(&o.CBFailureThreshold, "cb-failure-threshold", "consecutive failures that open a worker's circuit breaker")
 	integer(&o.CBSuccessThreshold, "cb-success-threshold", "consecutive successes in half-open that close the breaker")
@@ -282,6 +290,9 @@ func (o Options) Validate() error {
 	}
 	if o.WorkerAdmissionWindowMode != PDWindowShared && o.WorkerAdmissionWindowMode != PDWindowPerRouter {
 		bad("--worker-admission-window-mode %q: must be %s or %s", o.WorkerAdmissionWindowMode, PDWindowShared, PDWindowPerRouter)
+	}
+	if _, err := parsePeers(o.PeerRouters); err != nil {
+		bad("--peer-routers: %v", err)
 	}
 	if o.CBFailureThreshold < 1 || o.CBSuccessThreshold < 1 || o.CBTimeoutDurationSecs < 1 {
 		bad("--cb-failure-threshold, --cb-success-threshold and --cb-timeout-duration-secs must be >= 1")

@@ -171,6 +171,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			i, out, spilled = r.spillOver(v, p, i, out, &q, body, promptTokens)
 		}
 		var held *workerState // the worker whose room this attempt holds
+		var borrowed *loan    // or the peer router that lent the room
 		if q.need > 0 && !spilled {
 			waitFrom := r.clock()
 			g, res := r.acquireRoomAfter(ctx, v, p, i, out, f.Model, false, &q, roomWait)
@@ -180,13 +181,17 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			switch res {
 			case admission.RoomWaited:
 				r.wm.waits.Inc()
-			case admission.RoomShed, admission.RoomTooWide, admission.RoomQueueFull:
+			case admission.RoomShed, admission.RoomQueueFull:
+				if g, borrowed = r.borrowRoom(ctx, f.Model, &q); borrowed == nil {
+					return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
+				}
+			case admission.RoomTooWide:
 				return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
 			case admission.RoomCancelled:
 				return r.waitEnded(w, req, f.Model, StageAdmissionWindow, r.wm.sheds)
 			}
 			v, i, out = g.v, g.i, g.out
-			if i >= 0 {
+			if i >= 0 && borrowed == nil {
 				held = v.states[i]
 			}
 		}
@@ -216,6 +221,9 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			if held != nil {
 				r.releaseRoom(held, q.need)
 			}
+			if borrowed != nil {
+				borrowed.release()
+			}
 			r.metrics.shed.WithLabelValues(StageDispatch).Inc()
 			writeError(w, http.StatusServiceUnavailable, CodeShed,
 				"Worker '"+wk.URL+"'"+forModel(f.Model)+" became overloaded before dispatch", r.retryAfterShed())
@@ -226,6 +234,9 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			if held != nil {
 				// The answer ended (a stream cut mid-way too): the room frees now.
 				defer r.releaseRoom(held, q.need)
+			}
+			if borrowed != nil {
+				defer borrowed.release() // the lender's room, likewise
 			}
 			return r.dispatch(ctx, w, req, wk, st, body, streaming, promptTokens, attempt < maxRetries, ticket)
 		}()

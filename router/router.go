@@ -38,6 +38,7 @@ type Router struct {
 	metrics  *metrics
 	pdm      *pdMetrics
 	wm       *windowMetrics      // the wait path of running windows
+	handoff  *handoff            // rooms borrowed from and lent to peer routers
 	gatherer prometheus.Gatherer // nil when the Registerer cannot gather
 	cb       breakerConfig
 	sel      selector
@@ -124,6 +125,13 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	// Registered whatever the flag, so dashboards and alerts find the
 	// families (at zero); the per-worker gauges appear only for gated workers.
 	if r.wm, err = newWindowMetrics(r, reg); err != nil {
+		return nil, fmt.Errorf("router metrics: %w", err)
+	}
+	peers, err := parsePeers(opts.PeerRouters)
+	if err != nil {
+		return nil, fmt.Errorf("--peer-routers: %w", err)
+	}
+	if r.handoff, err = newHandoff(peers, opts, reg); err != nil {
 		return nil, fmt.Errorf("router metrics: %w", err)
 	}
 	if opts.WorkerAdmissionWindow {
@@ -538,6 +546,7 @@ func (r *Router) Handler() http.Handler {
 	mux.Handle("POST /generate", r.proxyHandler(routeGenerate))
 	mux.HandleFunc("GET /v1/models", r.serveModels)
 	mux.HandleFunc("GET /loads", r.serveLoads)
+	mux.HandleFunc("POST "+LendPath, r.serveLend)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"status":"ok"}`))
@@ -562,7 +571,7 @@ func (r *Router) Handler() http.Handler {
 var routeMethods = map[string]string{
 	"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST", "/generate": "POST",
 	"/v1/models": "GET, HEAD", "/loads": "GET, HEAD", "/health": "GET, HEAD", "/readyz": "GET, HEAD",
-	"/metrics": "GET, HEAD", identity.Path: "GET, HEAD",
+	"/metrics": "GET, HEAD", identity.Path: "GET, HEAD", LendPath: "POST",
 }
 
 func (r *Router) serveReadyz(w http.ResponseWriter, _ *http.Request) {

@@ -23,6 +23,9 @@ type GatewayConfig struct {
 	Spread string `json:"spread,omitempty"`
 	// ShedFailover: the client sends a shed request on to the next router.
 	ShedFailover bool `json:"shed_failover,omitempty"`
+	// Handoff: every router lists the others in --peer-routers, so one with
+	// no room in its share borrows a peer's free room.
+	Handoff bool `json:"handoff,omitempty"`
 	// SimArgs are extra simulator flags (the window configurations run the
 	// SGLang flavor, whose engines report their running window, or the
 	// vLLM flavor, whose engines report none).

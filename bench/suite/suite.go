@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -132,6 +133,13 @@ func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error)
 		return nil, err
 	}
 	flags := append(append([]string{}, gc.Flags...), sched...)
+	var peers [][]string // each router's --port and --peer-routers, gateway first
+	if gc.Handoff && gc.Routers > 1 {
+		if peers, err = peerFlags(gc.Routers); err != nil {
+			return nil, err
+		}
+		flags = append(flags, peers[0]...)
+	}
 	f, err := StartFleet(ctx, s.Bin, fleetSize, append(s.simArgs(), gc.SimArgs...))
 	if err != nil {
 		return nil, err
@@ -151,7 +159,11 @@ func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error)
 	if gc.Routers > 1 {
 		e.urls = []string{gw.URL}
 		for i := 1; i < gc.Routers; i++ {
-			p, url, err := StartRouter(ctx, s.Bin, gw, fmt.Sprintf("r%d", i), gc.RouterFlags)
+			rf := gc.RouterFlags
+			if peers != nil {
+				rf = append(append([]string{}, rf...), peers[i]...)
+			}
+			p, url, err := StartRouter(ctx, s.Bin, gw, fmt.Sprintf("r%d", i), rf)
 			if err != nil {
 				e.stop()
 				return nil, err
@@ -170,6 +182,32 @@ func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error)
 		}
 	}
 	return e, nil
+}
+
+// peerFlags picks n free loopback ports and gives each router its --port and
+// the others' URLs as --peer-routers (a port picked here may be taken before
+// its router binds it; the router then fails to start and the run says so).
+func peerFlags(n int) ([][]string, error) {
+	ports := make([]string, n)
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		_, ports[i], _ = net.SplitHostPort(ln.Addr().String())
+		defer ln.Close()
+	}
+	out := make([][]string, n)
+	for i := range out {
+		var others []string
+		for j, p := range ports {
+			if j != i {
+				others = append(others, "http://127.0.0.1:"+p)
+			}
+		}
+		out[i] = []string{"--port", ports[i], "--peer-routers", strings.Join(others, ",")}
+	}
+	return out, nil
 }
 
 // Capacity is the fleet's measured saturation throughput.

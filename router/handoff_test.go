@@ -1,0 +1,147 @@
+package router
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// loanRouters are two routers that list each other in --peer-routers and
+// share worker e's window.
+func loanRouters(t *testing.T, e *engine, shareA, shareB int64) (a, b *harness) {
+	noWait := func(o *Options) {
+		windowsOn(PolicyRoundRobin)(o)
+		o.WorkerAdmissionWaitSecs = 0
+	}
+	b = newHarness(t, noWait)
+	a = newHarness(t, func(o *Options) {
+		noWait(o)
+		o.PeerRouters = "http://127.0.0.1:1, " + b.srv.URL + "/" // an unreachable peer is skipped
+	})
+	b.r.handoff.peers, _ = parsePeers(a.srv.URL) // b lends to a (b's listener exists only now)
+	a.apply(e.worker(rooms(4), func(w *Worker) { w.WindowShare = shareA }))
+	b.apply(e.worker(rooms(4), func(w *Worker) { w.WindowShare = shareB }))
+	return a, b
+}
+
+// TestLoanFromAPeerWithRoom: a request that finds no room in its router's
+// share borrows a peer's free room and is sent to that worker by its own
+// router; the room stays in the lender's count until the answer ends; when
+// every peer is full too, the client gets the spec's shed answer.
+func TestLoanFromAPeerWithRoom(t *testing.T) {
+	release := make(chan struct{})
+	e := holdingEngine(t, "w", release)
+	a, b := loanRouters(t, e, 1, 1)
+	openRelease := gateOpen(t, release)
+
+	first := make(chan answer, 1)
+	go func() { first <- a.post(testModel, "", "one") }()
+	waitUntil(t, func() bool { return e.hits.Load() == 1 })
+	second := make(chan answer, 1)
+	go func() { second <- a.post(testModel, "", "two") }()
+	waitUntil(t, func() bool { return e.hits.Load() == 2 })
+	if a.inFlight("w") != 1 || b.inFlight("w") != 1 {
+		t.Fatalf("rooms held: router a %d, router b %d; want one each (b lent its room)", a.inFlight("w"), b.inFlight("w"))
+	}
+
+	full := a.post(testModel, "", "three")
+	if full.status != http.StatusServiceUnavailable || full.errorCode() != CodeShed || full.header.Get("Retry-After") == "" {
+		t.Fatalf("both shares full: %d %s, want 503 %s with Retry-After", full.status, full.body, CodeShed)
+	}
+	if e.hits.Load() != 2 {
+		t.Fatalf("worker hits = %d, want 2: nothing past the window", e.hits.Load())
+	}
+
+	openRelease()
+	for _, c := range []chan answer{first, second} {
+		if got := <-c; got.status != http.StatusOK || got.servedBy() != "w" {
+			t.Fatalf("answer %d %q from %q, want 200 from the worker", got.status, got.body, got.servedBy())
+		}
+	}
+	waitUntil(t, func() bool { return b.inFlight("w") == 0 }) // the loan ended with the answer
+	if n := testutil.ToFloat64(a.r.handoff.borrowed); n != 1 {
+		t.Errorf("a: loans borrowed = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(a.r.handoff.none); n != 1 {
+		t.Errorf("a: no loan = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(b.r.handoff.lent); n != 1 {
+		t.Errorf("b: loans lent = %v, want 1", n)
+	}
+}
+
+// TestLoanWithoutAShareHereStreams: a router holding no room at all serves
+// a streamed request through a peer's room, the answer straight from the
+// worker.
+func TestLoanWithoutAShareHereStreams(t *testing.T) {
+	const events = "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n"
+	e := newEngine(t, "s", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for ev := range strings.SplitAfterSeq(events, "\n\n") {
+			_, _ = io.WriteString(w, ev)
+			w.(http.Flusher).Flush()
+		}
+	})
+	a, b := loanRouters(t, e, -1, 1) // router a holds no room
+	got := a.send("/v1/chat/completions", `{"model":"`+testModel+`","stream":true,"messages":[]}`, "")
+	if got.status != http.StatusOK || got.servedBy() != "s" || got.body != events {
+		t.Fatalf("answer through a loan: %d %v %q, want the worker's stream", got.status, got.header, got.body)
+	}
+	waitUntil(t, func() bool { return b.inFlight("s") == 0 })
+}
+
+// TestLendOnlyToPeers: a loan asked from an address that is not a peer is
+// refused; a malformed one gets 400; a router with waiters of its own, or no
+// room, lends nothing.
+func TestLendOnlyToPeers(t *testing.T) {
+	e := newEngine(t, "w", nil)
+	stranger := newHarness(t, func(o *Options) {
+		windowsOn(PolicyRoundRobin)(o)
+		o.PeerRouters = "http://192.0.2.1:8080" // not the test's address
+	})
+	stranger.apply(e.worker(rooms(4), func(w *Worker) { w.WindowShare = 2 }))
+	if got := stranger.send(LendPath+"?model="+testModel+"&need=1", "", ""); got.status != http.StatusForbidden || got.errorCode() != CodeNotAPeer {
+		t.Fatalf("a loan asked by a stranger: %d %s, want 403 %s", got.status, got.body, CodeNotAPeer)
+	}
+	if stranger.inFlight("w") != 0 {
+		t.Fatal("a refused loan holds a room")
+	}
+
+	_, b := loanRouters(t, e, 0, -1) // b holds no room
+	for q, want := range map[string]int{
+		"?model=" + testModel + "&need=0": http.StatusBadRequest,
+		"?model=" + testModel + "&need=x": http.StatusBadRequest,
+		"?model=" + testModel + "&need=1": http.StatusServiceUnavailable, // no room at b
+		"?model=nosuchmodel&need=1":       http.StatusServiceUnavailable,
+	} {
+		req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, b.srv.URL+LendPath+q, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := do(t, req); got.status != want || got.header.Get(LentWorkerHeader) != "" {
+			t.Errorf("loan %s: %d %s, want %d and no worker", q, got.status, got.body, want)
+		}
+	}
+}
+
+func TestParsePeers(t *testing.T) {
+	for in, ok := range map[string]bool{
+		"":                                  true,
+		"http://r1:8080, https://r2:8443/ ": true,
+		"r1:8080":                           false,
+		"ftp://r1":                          false,
+		"http://":                           false,
+		"http://u:p@r1":                     false,
+		"http://r1?x=1":                     false,
+		"http://r1\x7f":                     false,
+	} {
+		if _, err := parsePeers(in); (err == nil) != ok {
+			t.Errorf("parsePeers(%q): err %v, want ok %v", in, err, ok)
+		}
+	}
+}
