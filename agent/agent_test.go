@@ -181,7 +181,13 @@ func eventOf(url string, kind smgv1.EngineEventKind) func(*smgv1.ReportRequest) 
 // runAgent runs an agent until the test ends and checks that Run returned nil.
 func runAgent(t *testing.T, opts Options) *Agent {
 	t.Helper()
-	a, err := New(opts, discard(), prometheus.NewRegistry())
+	return runAgentWith(t, opts, prometheus.NewRegistry())
+}
+
+// runAgentWith is runAgent with the agent's metrics on reg.
+func runAgentWith(t *testing.T, opts Options, reg prometheus.Registerer) *Agent {
+	t.Helper()
+	a, err := New(opts, discard(), reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,11 +5,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
 
 	"github.com/smg-project/smg/controlplane/registry"
+	commonpb "github.com/smg-project/smg/gen/smg/grpc/common"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/enginegrpc/enginegrpctest"
 	"github.com/smg-project/smg/internal/testutil"
 	"github.com/smg-project/smg/sim"
 )
@@ -73,4 +77,38 @@ func TestGRPCEngineAbsurdLoadsDropped(t *testing.T) {
 	if w.Overloaded {
 		t.Fatal("overloaded by an absurd load")
 	}
+}
+
+// TestGRPCEngineOversizedKVBatch: a KV event batch over
+// --grpc-engine-max-message-mib ends the agent's stream (reopened with
+// backoff) and is counted in smg_grpc_engine_oversized_messages_total.
+func TestGRPCEngineOversizedKVBatch(t *testing.T) {
+	cp := startControlPlane(t, cpConfig{})
+	big := &commonpb.KvEventBatch{Events: []*commonpb.KvCacheEvent{{Data: &commonpb.KvCacheEvent_Removed{
+		Removed: &commonpb.KvBlocksRemoved{BlockHashes: make([]int64, 400_000)}}}}}
+	for i := range big.Events[0].GetRemoved().BlockHashes {
+		big.Events[0].GetRemoved().BlockHashes[i] = int64(i) << 20 // 3-6 bytes each: about 2 MiB
+	}
+	url := enginegrpctest.Serve(t, &enginegrpctest.Servicer{KVEvents: func(st grpc.ServerStreamingServer[commonpb.KvEventBatch]) error {
+		return st.Send(big)
+	}})
+	cp.put(t, "w1", url, "n1")
+	opts := fastOpts(cp.addr)
+	opts.GRPCEngineMaxMessageMiB = 1
+	reg := prometheus.NewRegistry()
+	runAgentWith(t, opts, reg)
+	testutil.WaitFor(t, 10*time.Second, "oversized batches counted", func() (bool, string) {
+		n, err := promtest.GatherAndCount(reg, "smg_grpc_engine_oversized_messages_total")
+		if err != nil || n != 1 {
+			return false, fmt.Sprintf("%d series, %v", n, err)
+		}
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() == "smg_grpc_engine_oversized_messages_total" {
+				v := mf.GetMetric()[0].GetCounter().GetValue()
+				return v >= 2, fmt.Sprintf("%v counted", v) // the stream was reopened and refused again
+			}
+		}
+		return false, "no counter"
+	})
 }

@@ -25,6 +25,8 @@ type Servicer struct {
 	Loads []*sglangpb.SchedulerLoad
 	// Tokenizer streams GetTokenizer (nil: Unimplemented).
 	Tokenizer func(grpc.ServerStreamingServer[commonpb.GetTokenizerChunk]) error
+	// KVEvents streams SubscribeKvEvents (nil: Unimplemented).
+	KVEvents func(grpc.ServerStreamingServer[commonpb.KvEventBatch]) error
 }
 
 // HealthCheck answers healthy, or never with Hang.
@@ -61,6 +63,14 @@ func (f *Servicer) GetTokenizer(req *commonpb.GetTokenizerRequest, st grpc.Serve
 		return f.UnimplementedSglangSchedulerServer.GetTokenizer(req, st)
 	}
 	return f.Tokenizer(st)
+}
+
+// SubscribeKvEvents runs KVEvents.
+func (f *Servicer) SubscribeKvEvents(req *commonpb.SubscribeKvEventsRequest, st grpc.ServerStreamingServer[commonpb.KvEventBatch]) error {
+	if f.KVEvents == nil {
+		return f.UnimplementedSglangSchedulerServer.SubscribeKvEvents(req, st)
+	}
+	return f.KVEvents(st)
 }
 
 // Serve serves f on loopback until the test ends and returns its grpc:// URL.
