@@ -62,6 +62,7 @@ type WorkerLoad struct {
 	// WindowInFlight is the rooms of the worker's window this router's
 	// requests occupy now (gated workers only).
 	WindowInFlight int64 `json:"window_in_flight,omitempty"`
+	TTFTLoad
 }
 
 // LoadsResponse is the body of GET /loads.
@@ -89,6 +90,7 @@ func (r *Router) serveLoads(w http.ResponseWriter, _ *http.Request) {
 				Waiting: wk.Waiting, Running: wk.Running, TokenUsage: wk.TokenUsage, MaxRunning: wk.MaxRunning,
 				Dispatched: d, Load: wk.Waiting + wk.Running + d, StreamsInFlight: st.streams.Load(), Held: wk.Held,
 				AdmissionRooms: wk.AdmissionRooms, WindowShare: wk.WindowShare, WindowInFlight: st.gate.InFlight(),
+				TTFTLoad: ttftLoad(wk, st),
 			})
 		}
 	}

@@ -298,6 +298,7 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 	}
 
 	st.dispatched.Add(1)
+	tt := r.startTTFT(wk, st, promptTokens)
 	st.promptTokens.Add(promptTokens)
 	prefilling := true // until the first byte: the prompt is still in hand
 	defer func() {
@@ -370,8 +371,12 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 			prefilling = false
 			st.promptTokens.Add(-promptTokens)
 			if resp.StatusCode == http.StatusOK {
-				st.notePrefill(promptTokens, r.clock().Sub(sent))
+				now := r.clock()
+				st.notePrefill(promptTokens, now.Sub(sent))
+				tt.firstByte(now, now.Sub(sent))
 			}
+		} else if streaming || sse {
+			tt.chunk(r.clock)
 		}
 		return headSent || sendHead()
 	}

@@ -29,6 +29,7 @@ import (
 
 	"github.com/smg-project/smg/internal/identity"
 	"github.com/smg-project/smg/router/admission"
+	"github.com/smg-project/smg/router/ttft"
 )
 
 // Router proxies requests to the workers of its current snapshot.
@@ -39,6 +40,7 @@ type Router struct {
 	pdm      *pdMetrics
 	wm       *windowMetrics      // the wait path of running windows
 	handoff  *handoff            // rooms borrowed from and lent to peer routers
+	ttm      *ttftMetrics        // TTFT predictions
 	gatherer prometheus.Gatherer // nil when the Registerer cannot gather
 	cb       breakerConfig
 	sel      selector
@@ -132,6 +134,9 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		return nil, fmt.Errorf("--peer-routers: %w", err)
 	}
 	if r.handoff, err = newHandoff(peers, opts, reg); err != nil {
+		return nil, fmt.Errorf("router metrics: %w", err)
+	}
+	if r.ttm, err = newTTFTMetrics(r, reg); err != nil {
 		return nil, fmt.Errorf("router metrics: %w", err)
 	}
 	if opts.WorkerAdmissionWindow {
@@ -401,7 +406,7 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 		seen[w.ID] = true
 		st, ok := r.states[w.ID]
 		if !ok {
-			st = &workerState{id: w.ID, slot: r.allocSlot(), loadRevision: w.LoadRevision}
+			st = &workerState{id: w.ID, slot: r.allocSlot(), loadRevision: w.LoadRevision, ttft: ttft.New(r.clock)}
 			r.states[w.ID] = st
 		}
 		r.noteLoad(st, w)
@@ -530,6 +535,7 @@ func (r *Router) Observations() Observations {
 		if ns := st.lastProgress.Load(); ns != 0 {
 			o.LastProgress = time.Unix(0, ns)
 		}
+		st.reportedPrompt.Store(o.PromptTokensInFlight)
 		out.Workers[i] = o
 	}
 	out.Demand = r.windowDemand(v)

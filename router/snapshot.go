@@ -73,6 +73,10 @@ type Worker struct {
 	// (--worker-admission-window on the control plane; 0: none known). The
 	// router gates on it with --worker-admission-window.
 	AdmissionRooms int64
+	// PromptTokensAhead is the prompt tokens waiting for prefill on the
+	// worker, summed over routers by the control plane (this router's own
+	// last report included); TTFT predictions start from it.
+	PromptTokensAhead int64
 	// Held: kept from the previous control plane epoch, without vetoes,
 	// while the new control plane refills its registry (warming_secs).
 	Held bool

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/smg-project/smg/router/admission"
+	"github.com/smg-project/smg/router/ttft"
 )
 
 // workerState holds what this router alone knows about a worker. It is keyed
@@ -36,6 +37,12 @@ type workerState struct {
 	connFailures atomic.Uint64 // connection-level upstream failures since the last Observations
 	contacts     atomic.Uint64 // answers received since the last Observations (contact)
 	prefillRate  atomic.Uint64 // float64 bits: prompt tokens/s measured to the first byte (EWMA)
+
+	// TTFT prediction: the worker's prefill rate and step time, and the
+	// prompt tokens in flight this router last reported (the part of the
+	// control plane's sum that is its own).
+	ttft           *ttft.Estimator
+	reportedPrompt atomic.Int64
 
 	base atomic.Pointer[baseURL] // the worker's URL, parsed once
 

@@ -444,6 +444,12 @@ func (l *Liveness) Routers(now time.Time, o RouterObservation, r *Rules) Change 
 	return l.judge(now, r, nil, false)
 }
 
+// PromptTokensAhead is the prompt tokens waiting for prefill on the worker:
+// the routers' sum of those dispatched without a first token yet, or the
+// engine's own count of tokens still to prefill when it is larger (they
+// count the same requests, so they are not added).
+func (l *Liveness) PromptTokensAhead() int64 { return max(l.prefillTokens, l.enginePrefill, 0) }
+
 // SetPrefillRate records the prefill rate measured on the worker, in prompt
 // tokens per second; non-positive or non-finite values are ignored. Until a
 // rate is known, a token-batch wire's silence passes no verdict.

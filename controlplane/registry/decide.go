@@ -30,6 +30,7 @@ func decide(old, w *Worker) {
 	if !w.Ready() || w.External() {
 		w.Evidence.Live, w.Evidence.Routers, w.Evidence.PushedAt = judge.Liveness{}, nil, time.Time{}
 	}
+	w.PromptTokensAhead = w.Evidence.Live.PromptTokensAhead()
 	v := judged(w)
 	switch {
 	case !v.over:

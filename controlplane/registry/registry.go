@@ -77,6 +77,11 @@ type State struct {
 	ContactSeq     uint64 // bumps when contact ends a failure spell (routers close breakers)
 
 	AgentNode string // agent feeding this worker's load, if any
+
+	// PromptTokensAhead is the prompt tokens waiting for prefill on the
+	// worker (judge.Liveness.PromptTokensAhead), for routers' TTFT
+	// predictions; set with the verdicts from the evidence.
+	PromptTokensAhead int64
 }
 
 // Shares are a worker's window, kept by the window allocator
@@ -236,11 +241,13 @@ type Change struct {
 }
 
 // loadOnly reports whether b differs from a only where routers need not
-// hear at once: its load report, or the agent that feeds it (not sent to
-// routers; a fleet of agents connecting sets it on every worker).
+// hear at once: its load report, the prompt tokens ahead on it, or the
+// agent that feeds it (not sent to routers; a fleet of agents connecting
+// sets it on every worker).
 func loadOnly(a, b *Worker) bool {
 	c := *a
 	c.Load, c.LoadRevision, c.OverloadReason, c.AgentNode = b.Load, b.LoadRevision, b.OverloadReason, b.AgentNode
+	c.PromptTokensAhead = b.PromptTokensAhead
 	return sameVisible(&c, b)
 }
 

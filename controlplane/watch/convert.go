@@ -44,6 +44,7 @@ func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 		Overloaded:         w.Overloaded,
 		OverloadReason:     w.OverloadReason,
 		Provider:           ProviderRoute(spec.GetProvider()),
+		PromptTokensAhead:  w.PromptTokensAhead,
 	}
 }
 

@@ -111,6 +111,7 @@ func appendWorker(buf []byte, w *registry.Worker, routerID string) []byte {
 		buf = appendProvider(buf, ProviderRoute(p))
 		buf = closeField(buf, m)
 	}
+	buf = appendInt(buf, 23, w.PromptTokensAhead)
 	return buf
 }
 

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
@@ -108,6 +109,10 @@ func randWorker(r *rand.Rand, id string, routers []string) *registry.Worker {
 	}
 	if r.IntN(3) == 0 {
 		w.Admission = &registry.Admission{Window: int64(randInt32(r)), Queue: int64(r.IntN(4))}
+	}
+	if r.IntN(2) == 0 {
+		// Insert takes the prompt tokens ahead from the evidence.
+		w.Evidence.Live.Routers(time.Time{}, judge.RouterObservation{PrefillTokens: int64(randInt32(r))}, &judge.Rules{})
 	}
 	return w
 }

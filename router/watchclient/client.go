@@ -746,8 +746,9 @@ func routerWorker(w *smgv1.RoutingWorker) router.Worker {
 		APIKey:         w.GetApiKey(),
 		WindowShare:    w.GetWindowShare(),
 
-		AdmissionRooms: w.GetAdmissionRooms(),
-		Provider:       routerProvider(w.GetProvider()),
+		AdmissionRooms:    w.GetAdmissionRooms(),
+		Provider:          routerProvider(w.GetProvider()),
+		PromptTokensAhead: w.GetPromptTokensAhead(),
 	}
 }
 

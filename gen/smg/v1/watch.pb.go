@@ -638,9 +638,14 @@ type RoutingWorker struct {
 	OverloadReason string `protobuf:"bytes,21,opt,name=overload_reason,json=overloadReason,proto3" json:"overload_reason,omitempty"`
 	// Set for an external worker: how the router reaches the provider. Its
 	// key travels as a reference only; each router resolves it.
-	Provider      *ProviderRoute `protobuf:"bytes,22,opt,name=provider,proto3" json:"provider,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Provider *ProviderRoute `protobuf:"bytes,22,opt,name=provider,proto3" json:"provider,omitempty"`
+	// Prompt tokens waiting for prefill on the worker: what every router has
+	// dispatched there without a first token yet (summed over routers), or the
+	// engine's own count of tokens still to prefill when it reports one and it
+	// is larger. Routers predict time to first token from it.
+	PromptTokensAhead int64 `protobuf:"varint,23,opt,name=prompt_tokens_ahead,json=promptTokensAhead,proto3" json:"prompt_tokens_ahead,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RoutingWorker) Reset() {
@@ -825,6 +830,13 @@ func (x *RoutingWorker) GetProvider() *ProviderRoute {
 		return x.Provider
 	}
 	return nil
+}
+
+func (x *RoutingWorker) GetPromptTokensAhead() int64 {
+	if x != nil {
+		return x.PromptTokensAhead
+	}
+	return 0
 }
 
 // ProviderRoute is the routing part of a worker's ProviderSpec.
@@ -1225,7 +1237,7 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x05delta\x18\x04 \x01(\v2\x12.smg.v1.WatchDeltaH\x00R\x05delta\x126\n" +
 	"\theartbeat\x18\x05 \x01(\v2\x16.smg.v1.WatchHeartbeatH\x00R\theartbeat\x12+\n" +
 	"\agoodbye\x18\x06 \x01(\v2\x0f.smg.v1.GoodbyeH\x00R\agoodbyeB\x05\n" +
-	"\x03msg\"\xf9\x05\n" +
+	"\x03msg\"\xa9\x06\n" +
 	"\rRoutingWorker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -1255,7 +1267,8 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"overloaded\x18\x14 \x01(\bR\n" +
 	"overloaded\x12'\n" +
 	"\x0foverload_reason\x18\x15 \x01(\tR\x0eoverloadReason\x121\n" +
-	"\bprovider\x18\x16 \x01(\v2\x15.smg.v1.ProviderRouteR\bprovider\"\x80\x02\n" +
+	"\bprovider\x18\x16 \x01(\v2\x15.smg.v1.ProviderRouteR\bprovider\x12.\n" +
+	"\x13prompt_tokens_ahead\x18\x17 \x01(\x03R\x11promptTokensAhead\"\x80\x02\n" +
 	"\rProviderRoute\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1e\n" +
 	"\vapi_key_ref\x18\x02 \x01(\tR\tapiKeyRef\x120\n" +

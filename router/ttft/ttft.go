@@ -1,0 +1,203 @@
+// Package ttft predicts a request's time to first token on a worker from
+// what the router measures: the worker's prefill rate (prompt tokens over
+// time to first token, counting the work that was ahead), its decode step
+// time, the prompt tokens ahead of the request there and the request's own
+// prompt length.
+//
+//	predicted TTFT = (tokens ahead + own tokens) / prefill rate + one decode step
+//
+// The rate is measured on requests, not read from the engine's prompt-token
+// counter: that counter moves with demand (an idle engine reads 0 tokens/s),
+// so it bounds the capacity from below and says nothing of it while the
+// engine is lightly loaded. A first token answered after prefilling W tokens
+// (its own plus those ahead of it when it was dispatched) in a time T is one
+// sample of the rate, W / (T - one step).
+//
+// The estimator bounds what it learns: a rate outside [MinRate, MaxRate]
+// (an engine that answers a first byte before any prefill, or one that
+// never gets through its prompts) makes it say Implausible, and callers
+// fail open to the running window alone.
+package ttft
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Bounds of a plausible prefill rate, in prompt tokens per second. Real
+// engines prefill between a few hundred and a few hundred thousand tokens a
+// second; the bounds are an order of magnitude or more outside.
+const (
+	MinRate = 10.0
+	MaxRate = 1e7
+)
+
+// TimeConstant is how fast old samples lose weight: a sample taken dt after
+// the previous one moves the estimate 1-e^(-dt/TimeConstant) of the way
+// (the first sample sets it), so the estimate follows a rate that changes
+// within a few time constants whatever the request rate.
+const TimeConstant = 5 * time.Second
+
+// minWeight keeps a sample's weight from vanishing when samples come close
+// together (many routers' requests complete in the same instant).
+const minWeight = 0.02
+
+// Status says whether a prediction can be used.
+type Status uint8
+
+const (
+	OK          Status = iota // a prediction from a plausible measured rate
+	NoData                    // no first token measured on this worker yet
+	Implausible               // the measured rate is outside [MinRate, MaxRate]: fail open
+)
+
+// String is the status's label ("ok", "no_data", "implausible").
+func (s Status) String() string {
+	switch s {
+	case NoData:
+		return "no_data"
+	case Implausible:
+		return "implausible"
+	}
+	return "ok"
+}
+
+// Predict is the time to first token of a request of own prompt tokens
+// behind ahead tokens on a worker that prefills rate tokens per second and
+// takes step per decode step. A rate <= 0 predicts nothing (0).
+func Predict(ahead, own int64, rate float64, step time.Duration) time.Duration {
+	if !(rate > 0) || math.IsInf(rate, 1) {
+		return 0
+	}
+	work := float64(max(ahead, 0) + max(own, 0))
+	d := work/rate*float64(time.Second) + float64(max(step, 0))
+	if d > float64(math.MaxInt64/2) {
+		return math.MaxInt64 / 2
+	}
+	return time.Duration(d)
+}
+
+// RateSample is the prefill rate one first token shows: work tokens (the
+// request's own plus those ahead of it at dispatch) prefilled in ttft, less
+// one decode step (its first token's), counting at least half of ttft as
+// prefill so a step estimate larger than ttft cannot make the rate infinite.
+func RateSample(work int64, ttft, step time.Duration) float64 {
+	if work <= 0 || ttft <= 0 {
+		return 0
+	}
+	prefill := max(ttft-max(step, 0), ttft/2)
+	return float64(work) / prefill.Seconds()
+}
+
+// Estimator learns one worker's prefill rate and decode step time. Reads are
+// lock-free (atomics); samples are folded in under a mutex. The zero value is
+// not usable: use New.
+type Estimator struct {
+	now func() time.Time
+
+	mu        sync.Mutex
+	lastRate  time.Time // when the last rate sample was folded in
+	lastStep  time.Time
+	rateSeen  bool
+	stepSeen  bool
+	secsPer   float64 // seconds per prompt token (the estimate is averaged in time per token)
+	stepSecs  float64
+	published atomic.Pointer[estimate]
+}
+
+type estimate struct {
+	rate   float64 // tokens/s, unbounded (Status tells when it is out of bounds)
+	step   time.Duration
+	hasOne bool
+}
+
+// New returns an estimator on the clock now.
+func New(now func() time.Time) *Estimator {
+	e := &Estimator{now: now}
+	e.published.Store(&estimate{})
+	return e
+}
+
+// weight is how far a sample taken at t moves an estimate last moved at last.
+func weight(seen bool, last, t time.Time) float64 {
+	if !seen {
+		return 1
+	}
+	dt := t.Sub(last)
+	if dt <= 0 {
+		return minWeight
+	}
+	return max(minWeight, 1-math.Exp(-dt.Seconds()/TimeConstant.Seconds()))
+}
+
+// ObserveFirstToken folds in one request's first token: work prompt tokens
+// (its own plus those ahead of it when it was dispatched) in ttft.
+func (e *Estimator) ObserveFirstToken(work int64, ttft time.Duration) {
+	if work <= 0 || ttft <= 0 {
+		return
+	}
+	cur := e.published.Load()
+	rate := RateSample(work, ttft, cur.step)
+	if !(rate > 0) || math.IsInf(rate, 1) {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	t := e.now()
+	w := weight(e.rateSeen, e.lastRate, t)
+	e.secsPer += w * (1/rate - e.secsPer)
+	e.rateSeen, e.lastRate = true, t
+	e.publish()
+}
+
+// ObserveStep folds in one decode step: the time between two tokens of one
+// streamed answer.
+func (e *Estimator) ObserveStep(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	t := e.now()
+	w := weight(e.stepSeen, e.lastStep, t)
+	e.stepSecs += w * (d.Seconds() - e.stepSecs)
+	e.stepSeen, e.lastStep = true, t
+	e.publish()
+}
+
+func (e *Estimator) publish() {
+	est := &estimate{step: time.Duration(e.stepSecs * float64(time.Second)), hasOne: e.rateSeen}
+	if e.rateSeen && e.secsPer > 0 {
+		est.rate = 1 / e.secsPer
+	}
+	e.published.Store(est)
+}
+
+// Rate is the measured prefill rate in tokens per second and whether it can
+// be used.
+func (e *Estimator) Rate() (float64, Status) {
+	est := e.published.Load()
+	switch {
+	case !est.hasOne:
+		return 0, NoData
+	case !(est.rate >= MinRate && est.rate <= MaxRate):
+		return est.rate, Implausible
+	}
+	return est.rate, OK
+}
+
+// Step is the measured decode step time (0 until measured).
+func (e *Estimator) Step() time.Duration { return e.published.Load().step }
+
+// Predict is the predicted time to first token of a request of own prompt
+// tokens behind ahead tokens on this worker; with a status other than OK the
+// prediction is 0 and must not be used.
+func (e *Estimator) Predict(ahead, own int64) (time.Duration, Status) {
+	rate, s := e.Rate()
+	if s != OK {
+		return 0, s
+	}
+	return Predict(ahead, own, rate, e.Step()), OK
+}

@@ -1,0 +1,122 @@
+package ttft
+
+import (
+	"math"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestPredictIsWorkOverRatePlusAStep(t *testing.T) {
+	cases := []struct {
+		ahead, own int64
+		rate       float64
+		step, want time.Duration
+	}{
+		{0, 1000, 10000, 0, 100 * time.Millisecond},
+		{9000, 1000, 10000, 20 * time.Millisecond, time.Second + 20*time.Millisecond},
+		{-5, 1000, 10000, -time.Second, 100 * time.Millisecond}, // negatives read as 0
+		{1000, 0, 0, time.Second, 0},                            // no rate: no prediction
+		{1000, 0, math.Inf(1), time.Second, 0},
+		{1000, 0, math.NaN(), time.Second, 0},
+	}
+	for _, c := range cases {
+		if got := Predict(c.ahead, c.own, c.rate, c.step); got != c.want {
+			t.Errorf("Predict(%d, %d, %v, %v) = %v, want %v", c.ahead, c.own, c.rate, c.step, got, c.want)
+		}
+	}
+	if got := Predict(math.MaxInt64/2, math.MaxInt64/2, 1e-9, 0); got <= 0 {
+		t.Errorf("a huge prediction overflowed: %v", got)
+	}
+}
+
+func TestRateSampleCountsTheWorkAheadAndLeavesOutOneStep(t *testing.T) {
+	// 4000 tokens (1000 own behind 3000) in 210 ms with a 10 ms step: 20000 tokens/s.
+	if got := RateSample(4000, 210*time.Millisecond, 10*time.Millisecond); math.Abs(got-20000) > 1e-6 {
+		t.Errorf("rate sample = %v, want 20000", got)
+	}
+	// A step estimate longer than the TTFT counts half the TTFT as prefill.
+	if got := RateSample(1000, 100*time.Millisecond, time.Second); math.Abs(got-20000) > 1e-6 {
+		t.Errorf("rate sample = %v, want 20000", got)
+	}
+	if RateSample(0, time.Second, 0) != 0 || RateSample(10, 0, 0) != 0 {
+		t.Error("empty samples must read 0")
+	}
+}
+
+func TestEstimatorLearnsTheRateAndStep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := New(time.Now)
+		if _, s := e.Predict(0, 100); s != NoData {
+			t.Fatalf("status before any sample = %v, want no_data", s)
+		}
+		e.ObserveStep(10 * time.Millisecond)
+		if e.Step() != 10*time.Millisecond {
+			t.Fatalf("step = %v, want 10ms", e.Step())
+		}
+		// Work 2000 in 110 ms with a 10 ms step: 20000 tokens/s.
+		e.ObserveFirstToken(2000, 110*time.Millisecond)
+		rate, s := e.Rate()
+		if s != OK || math.Abs(rate-20000) > 1 {
+			t.Fatalf("rate = %v %v, want 20000 ok", rate, s)
+		}
+		// 3000 ahead + 1000 own at 20000/s + one 10 ms step.
+		if d, s := e.Predict(3000, 1000); s != OK || d != 210*time.Millisecond {
+			t.Fatalf("predict = %v %v, want 210ms ok", d, s)
+		}
+	})
+}
+
+func TestEstimatorDecaysTowardANewRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := New(time.Now)
+		e.ObserveFirstToken(10000, time.Second) // 10000 tokens/s
+		// Samples close together barely move it.
+		e.ObserveFirstToken(20000, time.Second)
+		r1, _ := e.Rate()
+		if r1 > 10300 {
+			t.Fatalf("a sample right after the first moved the rate to %v: it should weigh ~%v", r1, minWeight)
+		}
+		// The engine now runs at 20000 tokens/s, one sample a second: after
+		// three time constants the estimate is within 5% of it.
+		for range int(3 * TimeConstant / time.Second) {
+			time.Sleep(time.Second)
+			e.ObserveFirstToken(20000, time.Second)
+		}
+		r2, s := e.Rate()
+		if s != OK || r2 < 19000 || r2 > 20000 {
+			t.Fatalf("rate after 3 time constants = %v %v, want within 5%% of 20000", r2, s)
+		}
+		// A sample after a long silence replaces the estimate almost whole.
+		time.Sleep(10 * TimeConstant)
+		e.ObserveFirstToken(5000, time.Second)
+		if r3, _ := e.Rate(); math.Abs(r3-5000) > 5 {
+			t.Fatalf("rate after a long silence = %v, want ~5000", r3)
+		}
+	})
+}
+
+func TestEstimatorBoundsALyingEngine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// First bytes before any prefill: 100000 tokens in 1 µs.
+		fast := New(time.Now)
+		fast.ObserveFirstToken(100000, time.Microsecond)
+		if _, s := fast.Predict(0, 10); s != Implausible {
+			t.Fatalf("an infinite rate predicted with status %v, want implausible", s)
+		}
+		// An engine that never gets through its prompts: 10 tokens in 100 s.
+		slow := New(time.Now)
+		slow.ObserveFirstToken(10, 100*time.Second)
+		if d, s := slow.Predict(0, 10); s != Implausible || d != 0 {
+			t.Fatalf("a zero rate predicted %v with status %v, want 0 implausible", d, s)
+		}
+		// Honest samples bring it back within bounds.
+		for range 10 {
+			time.Sleep(TimeConstant)
+			slow.ObserveFirstToken(10000, time.Second)
+		}
+		if _, s := slow.Predict(0, 10); s != OK {
+			t.Fatalf("status after honest samples = %v, want ok", s)
+		}
+	})
+}
