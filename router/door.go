@@ -62,6 +62,7 @@ func buildScheduler(opts Options, reg prometheus.Registerer) (*admission.Schedul
 		return nil, fmt.Errorf("scheduler metrics: %w", err)
 	}
 	cfg.Now = opts.Now
+	capQueueTimeouts(&cfg, opts)
 	return admission.NewScheduler(cfg, capacity, m), nil
 }
 
@@ -117,7 +118,7 @@ func (r *Router) startDoor(reg prometheus.Registerer) {
 	}
 	if r.opts.MaxConcurrentRequests > 0 {
 		r.door = admission.NewLimiter(r.opts.MaxConcurrentRequests, r.opts.RateLimitTokensPerSecond, r.opts.QueueSize,
-			time.Duration(r.opts.QueueTimeoutSecs)*time.Second, r.metrics.limiter, r.opts.Now)
+			r.objectiveQueueTimeout(admission.Default, time.Duration(r.opts.QueueTimeoutSecs)*time.Second), r.metrics.limiter, r.opts.Now)
 	}
 }
 

@@ -68,6 +68,7 @@ func (r *Router) proxyHandler(route int) http.Handler {
 // serveProxy admits, parses, selects, dispatches (with retries) and streams
 // the answer back. It returns the status sent, for metrics.
 func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
+	arrived := r.now() // a TTFT objective counts from here
 	if _, looped := req.Header[hopHeader]; looped {
 		r.metrics.refused.WithLabelValues(refusedLoop).Inc()
 		writeError(w, http.StatusLoopDetected, CodeLoopDetected,
@@ -129,6 +130,9 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 	q := request{model: f.Model, key: req.Header.Get(r.opts.DispatchKeyHeader), prompt: f.prompt(), class: ticket.Class()}
 	streaming := f.Stream
 	promptTokens := int64(len(q.prompt) / r.opts.PromptBytesPerTokenGuess)
+	if o := r.objectives[q.class]; o > 0 {
+		q.own, q.ttftBy = promptTokens, arrived+int64(o)
+	}
 
 	maxRetries := r.opts.RetryMaxRetries
 	if r.opts.DisableRetries {
@@ -165,10 +169,22 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 				return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
 			}
 		}
+		objWait := false // the room wait is the objective's
+		if q.ttftBy != 0 {
+			verdict, wait, retry := r.objectiveGate(v, p, &q)
+			if verdict == admission.ObjectiveRefuse {
+				return r.refuseObjective(w, &q, f.Model, retry)
+			}
+			roomWait, objWait = wait, true
+		}
 		i, out := r.sel.choose(v, p, &q, r.opts.WorkerOverloadShed)
 		spilled := false
 		if r.spill != nil {
 			i, out, spilled = r.spillOver(v, p, i, out, &q, body, promptTokens)
+		}
+		if out == full && q.need == 0 && !spilled { // no window to wait in: only an objective leaves none that meets it
+			_, _, retry := r.objectiveGate(v, p, &q)
+			return r.refuseObjective(w, &q, f.Model, retry)
 		}
 		var held *workerState // the worker whose room this attempt holds
 		var borrowed *loan    // or the peer router that lent the room
@@ -181,7 +197,15 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			switch res {
 			case admission.RoomWaited:
 				r.wm.waits.Inc()
+				if objWait {
+					r.om.waits[q.class].Inc()
+				}
 			case admission.RoomShed, admission.RoomQueueFull:
+				if objWait {
+					q.now = r.now()
+					_, _, retry := r.objectiveGate(v, p, &q)
+					return r.refuseObjective(w, &q, f.Model, retry)
+				}
 				if g, borrowed = r.borrowRoom(ctx, f.Model, &q); borrowed == nil {
 					return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
 				}

@@ -41,11 +41,14 @@ type Router struct {
 	wm       *windowMetrics      // the wait path of running windows
 	handoff  *handoff            // rooms borrowed from and lent to peer routers
 	ttm      *ttftMetrics        // TTFT predictions
+	om       *objectiveMetrics   // TTFT objectives
 	gatherer prometheus.Gatherer // nil when the Registerer cannot gather
 	cb       breakerConfig
 	sel      selector
 	upstream *upstream
 	grpc     *grpcPath // the upstream of gRPC workers
+	// objectives is each class's TTFT objective (0: none; objective.go).
+	objectives [admission.NumClasses]time.Duration
 	// door is the first admission layer: the priority scheduler (then
 	// sched too) or the token bucket, nil when neither is on.
 	door  admission.Door
@@ -164,7 +167,12 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		r.sel.sticky = newAffinityTable(18)
 	}
 	r.completions = newCompletionMeter(completionTau)
+	if r.om, err = newObjectiveMetrics(reg); err != nil {
+		return nil, fmt.Errorf("router metrics: %w", err)
+	}
+	r.setObjectives(true) // the flag's, for the door's queue timeout
 	r.startDoor(reg)
+	r.setObjectives(false) // and the scheduler YAML's
 	dialer := &net.Dialer{Timeout: opts.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
 	r.upstream = newUpstream(dialer, opts.EngineTLS.DialTLS(dialer), opts.MaxIdleConnsPerWorker, 90*time.Second)
 	if r.grpc, err = newGRPCPath(opts); err != nil {

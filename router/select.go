@@ -68,8 +68,8 @@ func (s *selector) steer(v *view, p *pool, q *request, shed bool) (int32, outcom
 			if room && (bestLiveness < 0 || l < livenessLoad) {
 				bestLiveness, livenessLoad = i, l
 			}
-		case !room:
-			sawFull = true // not vetoed, only full: its room frees
+		case !room || !q.meets(w):
+			sawFull = true // not vetoed, only full (or not meeting the TTFT objective now): its room frees
 		default:
 			// Routable and not vetoed, yet the policy found nobody: the
 			// snapshot view is immutable, so only a breaker that tripped

@@ -154,7 +154,8 @@ type hotWorker struct {
 	eligible bool  // Healthy and not vetoed (the breaker is checked live)
 	healthy  bool
 	veto     Veto
-	over     bool // over its overload ceiling, whatever veto says
+	over     bool  // over its overload ceiling, whatever veto says
+	ahead    int64 // PromptTokensAhead (TTFT objectives)
 }
 
 // pool is the set of candidates a request for one model draws from.
@@ -235,7 +236,7 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 // hotOf is the selection summary of w.
 func hotOf(w *Worker, st *workerState) hotWorker {
 	return hotWorker{st: st, reported: w.Waiting + w.Running, waiting: w.Waiting, eligible: w.Healthy && w.Veto == VetoNone,
-		healthy: w.Healthy, veto: w.Veto, over: w.Overloaded || w.Veto == VetoOverload}
+		healthy: w.Healthy, veto: w.Veto, over: w.Overloaded || w.Veto == VetoOverload, ahead: w.PromptTokensAhead}
 }
 
 // sameIndexes reports whether w may replace old in place: every index of a

@@ -25,6 +25,9 @@ type ClassConfig struct {
 	// plus a margin), so a lower class does not take the slots this class's
 	// next arrivals need.
 	ReserveDemand bool
+	// TTFTObjective (smg's extension; 0: none) is the class's time to
+	// first token objective (objective.go).
+	TTFTObjective time.Duration
 }
 
 // SchedulerConfig is the scheduler's whole configuration: the classes, the tenants'
@@ -77,6 +80,7 @@ type fileClass struct {
 	StarvationThresholdSecs *float64 `yaml:"starvation_threshold_secs"`
 	CanPreempt              *bool    `yaml:"can_preempt"`
 	ReserveDemand           *bool    `yaml:"reserve_demand"`
+	TTFTObjectiveSecs       *float64 `yaml:"ttft_objective_secs"`
 }
 
 type fileConfig struct {
@@ -142,6 +146,13 @@ func ParseSchedulerConfig(data []byte, base SchedulerConfig) (SchedulerConfig, e
 		}
 		if fc.ReserveDemand != nil {
 			cc.ReserveDemand = *fc.ReserveDemand
+		}
+		if fc.TTFTObjectiveSecs != nil {
+			d, err := ObjectiveFromSecs(*fc.TTFTObjectiveSecs)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("classes.%s.ttft_objective_secs %w (omit it for no objective)", name, err))
+			}
+			cc.TTFTObjective = d
 		}
 	}
 	for tenant, p := range f.TenantPolicies {

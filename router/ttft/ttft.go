@@ -11,7 +11,11 @@
 // so it bounds the capacity from below and says nothing of it while the
 // engine is lightly loaded. A first token answered after prefilling W tokens
 // (its own plus those ahead of it when it was dispatched) in a time T is one
-// sample of the rate, W / (T - one step).
+// sample of the rate, W / (T - one step). The rate is the median of the
+// latest samples: the work ahead comes partly from the control plane, a
+// fraction of a second behind, so a sample may count work already done (too
+// fast) or miss work just dispatched by another router (too slow); the
+// median ignores such outliers on both sides where a mean follows them.
 //
 // The estimator bounds what it learns: a rate outside [MinRate, MaxRate]
 // (an engine that answers a first byte before any prefill, or one that
@@ -21,6 +25,7 @@ package ttft
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,11 +39,18 @@ const (
 	MaxRate = 1e7
 )
 
-// TimeConstant is how fast old samples lose weight: a sample taken dt after
-// the previous one moves the estimate 1-e^(-dt/TimeConstant) of the way
-// (the first sample sets it), so the estimate follows a rate that changes
-// within a few time constants whatever the request rate.
+// TimeConstant is how fast old step samples lose weight: a step sample taken
+// dt after the previous one moves the estimate 1-e^(-dt/TimeConstant) of the
+// way (the first sets it).
 const TimeConstant = 5 * time.Second
+
+// The rate is the median of at most Samples samples, none older than MaxAge
+// before the newest: it follows an engine that changes within half of them,
+// and a sample after a long silence replaces the old ones.
+const (
+	Samples = 31
+	MaxAge  = 30 * time.Second
+)
 
 // minWeight keeps a sample's weight from vanishing when samples come close
 // together (many routers' requests complete in the same instant).
@@ -98,13 +110,18 @@ type Estimator struct {
 	now func() time.Time
 
 	mu        sync.Mutex
-	lastRate  time.Time // when the last rate sample was folded in
 	lastStep  time.Time
 	rateSeen  bool
 	stepSeen  bool
-	secsPer   float64 // seconds per prompt token (the estimate is averaged in time per token)
+	samples   []rateSample // oldest first, at most Samples
+	sorted    []float64    // scratch for the median
 	stepSecs  float64
 	published atomic.Pointer[estimate]
+}
+
+type rateSample struct {
+	at   time.Time
+	rate float64
 }
 
 type estimate struct {
@@ -138,22 +155,28 @@ func (e *Estimator) ObserveFirstToken(work int64, ttft time.Duration) {
 	if work <= 0 || ttft <= 0 {
 		return
 	}
-	cur := e.published.Load()
-	rate := RateSample(work, ttft, cur.step)
+	rate := RateSample(work, ttft, e.published.Load().step)
 	if !(rate > 0) || math.IsInf(rate, 1) {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	t := e.now()
-	w := weight(e.rateSeen, e.lastRate, t)
-	e.secsPer += w * (1/rate - e.secsPer)
-	e.rateSeen, e.lastRate = true, t
+	drop := 0
+	for drop < len(e.samples) && (t.Sub(e.samples[drop].at) > MaxAge || len(e.samples)-drop >= Samples) {
+		drop++
+	}
+	e.samples = append(e.samples[:0], e.samples[drop:]...)
+	e.samples = append(e.samples, rateSample{at: t, rate: rate})
+	e.rateSeen = true
 	e.publish()
 }
 
 // ObserveStep folds in one decode step: the time between two tokens of one
-// streamed answer.
+// streamed answer. A gap longer than the estimate moves it a tenth as far:
+// under chunked prefill a step also computes other requests' prompt chunks,
+// work the prefill rate already counts, so the estimate leans to the plain
+// decode step (the one that ends a prefill and sends its first token).
 func (e *Estimator) ObserveStep(d time.Duration) {
 	if d <= 0 {
 		return
@@ -162,6 +185,9 @@ func (e *Estimator) ObserveStep(d time.Duration) {
 	defer e.mu.Unlock()
 	t := e.now()
 	w := weight(e.stepSeen, e.lastStep, t)
+	if e.stepSeen && d.Seconds() > e.stepSecs {
+		w /= 10
+	}
 	e.stepSecs += w * (d.Seconds() - e.stepSecs)
 	e.stepSeen, e.lastStep = true, t
 	e.publish()
@@ -169,8 +195,13 @@ func (e *Estimator) ObserveStep(d time.Duration) {
 
 func (e *Estimator) publish() {
 	est := &estimate{step: time.Duration(e.stepSecs * float64(time.Second)), hasOne: e.rateSeen}
-	if e.rateSeen && e.secsPer > 0 {
-		est.rate = 1 / e.secsPer
+	if n := len(e.samples); n > 0 {
+		e.sorted = e.sorted[:0]
+		for _, s := range e.samples {
+			e.sorted = append(e.sorted, s.rate)
+		}
+		slices.Sort(e.sorted)
+		est.rate = e.sorted[n/2]
 	}
 	e.published.Store(est)
 }

@@ -1,0 +1,131 @@
+package router
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/router/admission"
+	"github.com/smg-project/smg/router/ttft"
+)
+
+// CodeTTFTObjective is the refusal of a request no worker is predicted to
+// answer within its class's TTFT objective (503, Retry-After from the
+// prediction).
+const CodeTTFTObjective = "ttft_objective_unreachable"
+
+// meets reports whether a candidate is predicted to send q's first token by
+// q's objective (always, without one, and for a worker with no usable
+// prediction: it fails open to the running window).
+func (q *request) meets(h *hotWorker) bool {
+	if q.ttftBy == 0 {
+		return true
+	}
+	d, s := h.st.ttft.Predict(max(h.ahead-h.st.reportedPrompt.Load(), 0)+h.st.promptTokens.Load(), q.own)
+	return s != ttft.OK || q.now+int64(d) <= q.ttftBy
+}
+
+// objectiveMetrics count the objective gate's answers by class.
+type objectiveMetrics struct {
+	refused, waits [admission.NumClasses]prometheus.Counter
+}
+
+func newObjectiveMetrics(reg prometheus.Registerer) (*objectiveMetrics, error) {
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "smg_ttft_objective_refused_total",
+		Help: "Requests refused with ttft_objective_unreachable: no worker predicted to meet their class's TTFT objective in time.",
+	}, []string{"class"})
+	waits := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "smg_ttft_objective_waits_total",
+		Help: "Requests that waited for a room on a worker predicted to meet their class's TTFT objective.",
+	}, []string{"class"})
+	m := &objectiveMetrics{}
+	for _, c := range admission.Classes {
+		m.refused[c] = refused.WithLabelValues(c.String())
+		m.waits[c] = waits.WithLabelValues(c.String())
+	}
+	for _, c := range []prometheus.Collector{refused, waits} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// setObjectives fills r.objectives: the class's objective from the
+// scheduler's YAML, else --ttft-objective-secs (0: off). A bad flag value is
+// logged (when logBad) with its fallback, no default objective; the router
+// still starts.
+func (r *Router) setObjectives(logBad bool) {
+	var def time.Duration
+	if s := r.opts.TTFTObjectiveSecs; s != 0 {
+		var err error
+		if def, err = admission.ObjectiveFromSecs(s); err != nil && logBad {
+			r.log.Error("Bad --ttft-objective-secs; no default TTFT objective", "problem", "--ttft-objective-secs "+err.Error(),
+				"fallback", "classes without an objective in the scheduler YAML are admitted by the running window alone")
+		}
+	}
+	for _, c := range admission.Classes {
+		r.objectives[c] = def
+		if r.sched != nil {
+			if d := r.sched.Config().Classes[c].TTFTObjective; d > 0 {
+				r.objectives[c] = d
+			}
+		}
+	}
+}
+
+// objectiveQueueTimeout bounds a door's queue timeout for class c by its
+// objective: a request never waits in the router longer than its objective.
+func (r *Router) objectiveQueueTimeout(c admission.Class, d time.Duration) time.Duration {
+	if o := r.objectives[c]; o > 0 && o < d {
+		return o
+	}
+	return d
+}
+
+// objectiveGate decides for q (with an objective) in pool p of v.
+func (r *Router) objectiveGate(v *view, p *pool, q *request) (admission.ObjectiveVerdict, time.Duration, time.Duration) {
+	var buf [16]admission.Candidate
+	cands := buf[:0]
+	for _, i := range p.idx {
+		h := v.hot.at(i)
+		if !h.eligible || h.st == q.avoid || !h.st.breaker.allow(&r.cb, q.now) {
+			continue
+		}
+		d, s := h.st.ttft.Predict(max(h.ahead-h.st.reportedPrompt.Load(), 0)+h.st.promptTokens.Load(), q.own)
+		cands = append(cands, admission.Candidate{TTFT: d, Predicted: s == ttft.OK,
+			Room: q.need == 0 || h.st.gate.HasRoom(q.need)})
+	}
+	return admission.DecideObjective(time.Duration(q.ttftBy-q.now), cands)
+}
+
+// refuseObjective answers a request refused by its objective.
+func (r *Router) refuseObjective(w http.ResponseWriter, q *request, model string, retry time.Duration) int {
+	r.om.refused[q.class].Inc()
+	secs := int(min(math.Ceil(retry.Seconds()), 3600))
+	writeError(w, http.StatusServiceUnavailable, CodeTTFTObjective,
+		"No worker"+forModel(model)+" is predicted to send a first token within the "+q.class.String()+
+			" objective ("+strconv.FormatFloat(r.objectives[q.class].Seconds(), 'f', -1, 64)+" s)", max(secs, 1))
+	return http.StatusServiceUnavailable
+}
+
+// capQueueTimeouts bounds each class's scheduler queue timeout by its TTFT
+// objective (the YAML's, else the flag's when valid), so a request never
+// waits in the router longer than its objective.
+func capQueueTimeouts(cfg *admission.SchedulerConfig, opts Options) {
+	def, _ := admission.ObjectiveFromSecs(opts.TTFTObjectiveSecs) // a bad value is logged by setObjectives
+	for _, c := range admission.Classes {
+		cc := &cfg.Classes[c]
+		o := cc.TTFTObjective
+		if o == 0 {
+			o = def
+		}
+		if o > 0 && o < cc.QueueTimeout {
+			cc.QueueTimeout = o
+		}
+	}
+}

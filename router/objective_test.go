@@ -1,0 +1,189 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/smg-project/smg/router/admission"
+)
+
+// objectiveEngine prefills at 10000 tokens/s on the router's fake clock
+// (its prompt plus *ahead), and holds a prompt containing "hold" until
+// release is closed.
+func objectiveEngine(t *testing.T, name string, clk *fakeClock, ahead *atomic.Int64, release <-chan struct{}) *engine {
+	return newEngine(t, name, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		var body struct{ Prompt string }
+		_ = json.Unmarshal(b, &body)
+		if strings.Contains(body.Prompt, "hold") {
+			<-release
+		}
+		clk.advance(time.Duration((float64(len(body.Prompt)+2)/4 + float64(ahead.Load())) / 10000 * float64(time.Second)))
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	})
+}
+
+func withAhead(n int64) func(*Worker) { return func(w *Worker) { w.PromptTokensAhead = n } }
+
+// warm sends 1000-token requests until every worker has a measured rate
+// (10000 tokens/s).
+func warm(t *testing.T, h *harness, workers ...Worker) {
+	t.Helper()
+	h.apply(workers...)
+	v := h.r.view.Load()
+	for range 100 {
+		if a := h.send("/v1/completions", completion(1000, false), ""); a.status != http.StatusOK {
+			t.Fatalf("warm-up: %d %s", a.status, a.body)
+		}
+		done := true
+		for _, w := range workers {
+			if _, s := v.states[v.index(w.ID)].ttft.Rate(); s != 0 {
+				done = false
+			}
+		}
+		if done {
+			return
+		}
+	}
+	t.Fatal("warm-up: a worker got no request")
+}
+
+// With an objective, a request goes only to a worker predicted to meet it,
+// whatever the policy prefers.
+func TestObjectiveSendsOnlyToAWorkerThatMeetsIt(t *testing.T) {
+	clk := newFakeClock()
+	h := newHarness(t, func(o *Options) { clk.opts(o); o.Policy = PolicyRoundRobin; o.TTFTObjectiveSecs = 0.5 })
+	var ahead atomic.Int64
+	a, b := objectiveEngine(t, "a", clk, &ahead, nil), objectiveEngine(t, "b", clk, &ahead, nil)
+	warm(t, h, a.worker(), b.worker())
+	// 20000 tokens ahead on a: 2 s predicted; b has none: 0.1 s.
+	h.apply(a.worker(withAhead(20000)), b.worker())
+	for range 4 {
+		if got := h.send("/v1/completions", completion(1000, false), ""); got.status != http.StatusOK || got.servedBy() != "b" {
+			t.Fatalf("answer %d from %q, want 200 from b (the only one meeting 0.5 s)", got.status, got.servedBy())
+		}
+	}
+}
+
+// When no worker is predicted to meet the objective and waiting cannot
+// help, the request is refused at once with its own code and a Retry-After
+// from the prediction, counted by class; the engine never sees it.
+func TestObjectiveRefusesAtOnceWithRetryAfterFromThePrediction(t *testing.T) {
+	clk := newFakeClock()
+	h := newHarness(t, func(o *Options) { clk.opts(o); o.TTFTObjectiveSecs = 0.5 })
+	var ahead atomic.Int64
+	a := objectiveEngine(t, "a", clk, &ahead, nil)
+	warm(t, h, a.worker())
+	// 25000 tokens ahead + 1000 own at 10000/s: 2.6 s predicted, 2.1 s over.
+	h.apply(a.worker(withAhead(25000)))
+	hits := a.hits.Load()
+	got := h.send("/v1/completions", completion(1000, false), "")
+	if got.status != http.StatusServiceUnavailable || got.errorCode() != CodeTTFTObjective ||
+		got.header.Get(ErrorCodeHeader) != CodeTTFTObjective || got.header.Get("Retry-After") != "3" {
+		t.Fatalf("answer %d %v %s, want 503 %s with Retry-After 3", got.status, got.header, got.body, CodeTTFTObjective)
+	}
+	if !strings.Contains(got.body, "default objective (0.5 s)") {
+		t.Errorf("the refusal does not name the class and its objective: %s", got.body)
+	}
+	if a.hits.Load() != hits {
+		t.Error("a refused request reached the engine")
+	}
+	if n := testutil.ToFloat64(h.r.om.refused[admission.Default]); n != 1 {
+		t.Errorf("smg_ttft_objective_refused_total{class=default} = %v, want 1", n)
+	}
+	// The work ahead drains: admitted again.
+	h.apply(a.worker(withAhead(1000)))
+	if got := h.send("/v1/completions", completion(1000, false), ""); got.status != http.StatusOK {
+		t.Fatalf("after the work drained: %d %s", got.status, got.body)
+	}
+}
+
+// With running windows, a request whose only worker that would meet the
+// objective is full waits for its room, at most until the objective could
+// no longer be met; then it is refused with the objective's answer, not the
+// window's shed.
+func TestObjectiveWaitsForARoomOnlyWhileItCouldBeMet(t *testing.T) {
+	clk := newFakeClock()
+	h := newHarness(t, func(o *Options) {
+		clk.opts(o)
+		windowsOn(PolicyRoundRobin)(o)
+		o.WorkerAdmissionWaitSecs = 0 // the objective, not this, bounds the wait
+		o.TTFTObjectiveSecs = 0.4
+	})
+	var ahead atomic.Int64
+	release := make(chan struct{})
+	openRelease := gateOpen(t, release)
+	a := objectiveEngine(t, "a", clk, &ahead, release)
+	warm(t, h, a.worker(rooms(1)))
+	hold := fmt.Sprintf(`{"model":%q,"prompt":"hold"}`, testModel)
+
+	// Admitted after a wait: the held request ends while the next waits.
+	first := make(chan answer, 1)
+	go func() { first <- h.send("/v1/completions", hold, "") }()
+	waitUntil(t, func() bool { return h.inFlight("a") == 1 })
+	second := make(chan answer, 1)
+	go func() { second <- h.send("/v1/completions", completion(1000, false), "") }()
+	waitUntil(t, func() bool { return h.waiters() == 1 })
+	openRelease()
+	if got := <-second; got.status != http.StatusOK {
+		t.Fatalf("the waiting request: %d %s", got.status, got.body)
+	}
+	<-first
+	if n := testutil.ToFloat64(h.r.om.waits[admission.Default]); n != 1 {
+		t.Errorf("smg_ttft_objective_waits_total{class=default} = %v, want 1", n)
+	}
+
+	// Refused after at most the objective: the room never frees in time.
+	release2 := make(chan struct{})
+	open2 := gateOpen(t, release2)
+	b := objectiveEngine(t, "b", clk, &ahead, release2)
+	warm(t, h, b.worker(rooms(1)))
+	h.apply(b.worker(rooms(1)))
+	go func() { first <- h.send("/v1/completions", hold, "") }()
+	waitUntil(t, func() bool { return h.inFlight("b") == 1 })
+	began := time.Now()
+	got := h.send("/v1/completions", completion(1000, false), "")
+	waited := time.Since(began)
+	open2()
+	<-first
+	if got.status != http.StatusServiceUnavailable || got.errorCode() != CodeTTFTObjective || got.header.Get("Retry-After") != "1" {
+		t.Fatalf("answer %d %v %s, want 503 %s, Retry-After 1", got.status, got.header, got.body, CodeTTFTObjective)
+	}
+	// 0.4 s objective, 0.1 s predicted: it waited about 0.3 s, never past 0.4 s.
+	if waited < 250*time.Millisecond || waited > 2*time.Second {
+		t.Errorf("waited %v, want about 0.3 s", waited)
+	}
+}
+
+// A bad --ttft-objective-secs is an ERROR naming the problem and the
+// fallback; the router starts and admits by the running window alone.
+func TestObjectiveBadFlagIsLoggedAndOff(t *testing.T) {
+	for _, v := range []float64{-1, 1e6, 0.0001} {
+		var buf bytes.Buffer
+		opts := DefaultOptions()
+		opts.TTFTObjectiveSecs = v
+		r, err := New(opts, slog.New(slog.NewTextHandler(&buf, nil)), prometheus.NewRegistry())
+		if err != nil {
+			t.Fatalf("--ttft-objective-secs %v failed the start: %v", v, err)
+		}
+		if log := buf.String(); !strings.Contains(log, "level=ERROR") || !strings.Contains(log, "--ttft-objective-secs must be") ||
+			!strings.Contains(log, "fallback=") {
+			t.Errorf("--ttft-objective-secs %v logged %q, want an ERROR naming the problem and the fallback", v, log)
+		}
+		if r.objectives != [admission.NumClasses]time.Duration{} {
+			t.Errorf("--ttft-objective-secs %v left objectives %v, want none", v, r.objectives)
+		}
+	}
+}
