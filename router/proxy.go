@@ -330,11 +330,9 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 			st.promptTokens.Add(-promptTokens)
 		}
 	}()
+	// An HTTP stream is no pile: the spec counts streaming gRPC generations
+	// only (dispatchGRPC), though every chunk still counts as progress.
 	sent := r.clock()
-	if streaming {
-		st.streams.Add(1)
-		defer st.streams.Add(-1)
-	}
 
 	resp, err := r.roundTripTo(ctx, wk, st, out)
 	if err != nil {

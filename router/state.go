@@ -31,7 +31,7 @@ type workerState struct {
 	wls atomic.Pointer[[]*admission.Waitlist]
 
 	// Observations for the control plane.
-	streams      atomic.Int64  // streaming requests in flight (the pile)
+	streams      atomic.Int64  // the pile: streaming gRPC generations in flight
 	promptTokens atomic.Int64  // estimated prompt tokens of requests in flight
 	lastProgress atomic.Int64  // unix nanoseconds of the last chunk or completion
 	connFailures atomic.Uint64 // connection-level upstream failures since the last Observations
