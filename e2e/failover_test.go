@@ -69,6 +69,7 @@ func awaitExit(t *testing.T, p *proc, timeout time.Duration) {
 // request fails, and the new leader's verdicts are back within one agent
 // report.
 func TestHAFailoverUnderLoad(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs a 3-replica fleet under load for about 15 s")
 	}
@@ -183,6 +184,7 @@ func leaderTerms(c *haCluster, procs []*proc) map[uint64][]string {
 // view) steps down when it resumes; a write queued on it meanwhile is never
 // acknowledged by it in its old term, and nothing acknowledged is lost.
 func TestHAPausedLeaderStepsDown(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("pauses a replica for 10 s")
 	}
@@ -305,6 +307,7 @@ func classifyWrite(code int, body []byte, err error) regOutcome {
 // acknowledged registration that was not deleted is there (and done),
 // nothing refused is there, and every acknowledged deletion holds.
 func TestHARegistryThroughLeaderKills(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("kills and restarts leaders for about 20 s")
 	}

@@ -366,6 +366,7 @@ func TestJoinAndNodeIDInUse(t *testing.T) {
 // the registered workers (presumed Ready), not an empty fleet: every request
 // gets a full answer, none a 404 model_not_found or 503 no_available_workers.
 func TestDataDirRestartUnderLoadNoClientErrors(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("restarts a control plane under load for several seconds")
 	}

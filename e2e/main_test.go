@@ -4,7 +4,10 @@
 // stripped X-SMG-Error-Code, router convergence and a control-plane restart
 // under load.
 //
-// TestMain builds ./cmd/smg once into a temp dir. SMG_E2E_RACE=1 builds it with
+// TestMain builds ./cmd/smg once into a temp dir. The long tests whose
+// processes mostly wait (failover, restarts, PD bursts) run in parallel, four
+// at a time unless -parallel says otherwise; the ones that measure a liveness
+// bound run alone. SMG_E2E_RACE=1 builds it with
 // -race; every process's stderr is then scanned for data race reports.
 //
 // It drives the binaries from outside only (flags, HTTP, gRPC); it imports no
@@ -12,6 +15,7 @@
 package e2e
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -23,6 +27,12 @@ import (
 var smgBin string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		_ = flag.Set("test.parallel", "4")
+	}
 	os.Exit(buildAndRun(m))
 }
 

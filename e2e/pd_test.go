@@ -203,6 +203,7 @@ func pdDecodeLoad(url string) (running, waiting int64, err error) {
 // every routing policy (the engines and control plane are shared; each
 // policy gets three fresh routers).
 func TestPDAdmissionWindowAcrossThreeRouters(t *testing.T) {
+	t.Parallel()
 	f := pdEngines(t)
 	var expiriesBefore float64
 	for _, policy := range []string{"cache_aware", "round_robin", "random", "power_of_two", "least_load",

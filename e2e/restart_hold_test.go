@@ -46,6 +46,7 @@ type timedOutcome struct {
 // requests for the agent's model too: the test's own baseline, which proves it
 // can fail.
 func TestInMemoryRestartHoldsTheFleet(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("restarts a control plane under load for about 15 s")
 	}

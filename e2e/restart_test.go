@@ -20,6 +20,7 @@ type outcome struct {
 // A control-plane restart mid-load loses no request: every request through the
 // routers ends in a full answer or an explicit error, none hangs or is cut.
 func TestControlPlaneRestartLosesNoRequest(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("restarts a control plane under load for several seconds")
 	}

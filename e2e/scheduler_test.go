@@ -76,6 +76,7 @@ func checkAnswer(t *testing.T, what string, a answer, status int, body string, h
 // queues as bulk, preempts nobody and times out with 408); a full queue is
 // 429. Every refusal carries the JSON body and X-SMG-Error-Code.
 func TestPrioritySchedulerEndToEnd(t *testing.T) {
+	t.Parallel()
 	sims := startSims(t, 1, "--prefill-tokens-per-sec", "200", "--itl-ms", "5")
 	cfg := filepath.Join(t.TempDir(), "scheduler.yaml")
 	if err := os.WriteFile(cfg, []byte(schedulerYAML), 0o600); err != nil {

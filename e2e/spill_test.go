@@ -47,6 +47,7 @@ func spillCounter(t *testing.T, base, name string) float64 {
 // (fleet-wide, not per router); the rest gets the spec's shed answer; every
 // request ends in a whole answer or that answer.
 func TestSpillOverAtTwiceCapacity(t *testing.T) {
+	t.Parallel()
 	const key, budget, duration = "sk-spill-e2e-4b1d", 4.0, 5 * time.Second
 	locals := startSims(t, 2, "--flavor", "sglang", "--max-running-requests", "4", "--itl-ms", "20", "--default-max-tokens", "40")
 	psim := startSMG(t, "provider", "sim", "--port", "0", "--model", "gpt-provider", "--api-key", key,
