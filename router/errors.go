@@ -3,7 +3,8 @@ package router
 import (
 	"net/http"
 	"strconv"
-	"unicode/utf8"
+
+	"github.com/smg-project/smg/internal/jsonstr"
 )
 
 // Error codes the router answers with. Each goes in the body's "code" and in
@@ -51,9 +52,9 @@ func writeError(w http.ResponseWriter, status int, code, message string, retryAf
 	body = append(body, `{"error":{"type":"`...)
 	body = append(body, errType...)
 	body = append(body, `","code":`...)
-	body = appendJSONString(body, code)
+	body = jsonstr.Append(body, code)
 	body = append(body, `,"message":`...)
-	body = appendJSONString(body, message)
+	body = jsonstr.Append(body, message)
 	body = append(body, `,"param":null}}`...)
 
 	h := w.Header()
@@ -68,50 +69,14 @@ func writeError(w http.ResponseWriter, status int, code, message string, retryAf
 	_, _ = w.Write(body)
 }
 
-// appendJSONString appends s as a JSON string, escaping only what JSON
-// requires so that model names come out byte for byte.
-func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case c == '"' || c == '\\':
-				b = append(b, '\\', c)
-			case c == '\n':
-				b = append(b, '\\', 'n')
-			case c == '\r':
-				b = append(b, '\\', 'r')
-			case c == '\t':
-				b = append(b, '\\', 't')
-			case c < 0x20:
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			default:
-				b = append(b, c)
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, `\ufffd`...)
-		} else {
-			b = append(b, s[i:i+size]...)
-		}
-		i += size
-	}
-	return append(b, '"')
-}
-
 // writeStreamError ends an SSE stream already under way with an error event
 // of the same shape, so the client reads an explicit failure.
 func writeStreamError(w http.ResponseWriter, code, message string) {
 	body := make([]byte, 0, 96+len(code)+len(message))
 	body = append(body, `data: {"error":{"type":"server_error","code":`...)
-	body = appendJSONString(body, code)
+	body = jsonstr.Append(body, code)
 	body = append(body, `,"message":`...)
-	body = appendJSONString(body, message)
+	body = jsonstr.Append(body, message)
 	body = append(body, `,"param":null}}`+"\n\n"...)
 	_, _ = w.Write(body)
 	if f, ok := w.(http.Flusher); ok {

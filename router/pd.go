@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/jsonstr"
 	"github.com/smg-project/smg/router/admission"
 )
 
@@ -203,7 +204,7 @@ func injectBootstrap(body []byte, prefill *Worker, prompts int64) ([]byte, error
 		}
 		return append(b, ']')
 	}
-	out = one(out, "bootstrap_host", func(b []byte) []byte { return appendJSONString(b, host) })
+	out = one(out, "bootstrap_host", func(b []byte) []byte { return jsonstr.Append(b, host) })
 	out = append(out, ',')
 	out = one(out, "bootstrap_port", func(b []byte) []byte { return append(b, port...) })
 	out = append(out, ',')

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/jsonstr"
 )
 
 // EngineError is a generation that failed on the engine's side, with the
@@ -106,53 +106,16 @@ func snake(c codes.Code) string {
 // {"error":{"type":…,"code":…,"message":…,"param":null}}.
 func (e *EngineError) AppendErrorBody(b []byte) []byte {
 	b = append(b, `{"error":{"type":`...)
-	b = AppendJSONString(b, e.Type)
+	b = jsonstr.Append(b, e.Type)
 	b = append(b, `,"code":`...)
 	if e.Code == "" {
 		b = append(b, "null"...)
 	} else {
-		b = AppendJSONString(b, e.Code)
+		b = jsonstr.Append(b, e.Code)
 	}
 	b = append(b, `,"message":`...)
-	b = AppendJSONString(b, e.Message)
+	b = jsonstr.Append(b, e.Message)
 	return append(b, `,"param":null}}`...)
-}
-
-// AppendJSONString appends s as a JSON string, escaping only what JSON
-// requires (no HTML escapes, as engines write text); invalid UTF-8 is
-// written as U+FFFD.
-func AppendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case c == '"' || c == '\\':
-				b = append(b, '\\', c)
-			case c == '\n':
-				b = append(b, '\\', 'n')
-			case c == '\r':
-				b = append(b, '\\', 'r')
-			case c == '\t':
-				b = append(b, '\\', 't')
-			case c < 0x20:
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			default:
-				b = append(b, c)
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, `\ufffd`...)
-		} else {
-			b = append(b, s[i:i+size]...)
-		}
-		i += size
-	}
-	return append(b, '"')
 }
 
 // stopper holds back text that may be the start of a stop string and cuts

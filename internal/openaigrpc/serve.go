@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/jsonstr"
 	"github.com/smg-project/smg/internal/tokenizer"
 )
 
@@ -399,13 +400,13 @@ func (c *Call) chunkHead() []byte {
 
 func (c *Call) appendHead(b []byte, object string) []byte {
 	b = append(b, `{"id":`...)
-	b = AppendJSONString(b, c.id)
+	b = jsonstr.Append(b, c.id)
 	b = append(b, `,"object":"`...)
 	b = append(b, object...)
 	b = append(b, `","created":`...)
 	b = strconv.AppendInt(b, c.created, 10)
 	b = append(b, `,"model":`...)
-	return AppendJSONString(b, c.model)
+	return jsonstr.Append(b, c.model)
 }
 
 type delta uint8
@@ -427,15 +428,15 @@ func (c *Call) appendEvent(b []byte, g *gen, kind delta, text string) []byte {
 		b = append(b, `,"delta":{"role":"assistant","content":""}`...)
 	case c.req.Chat:
 		b = append(b, `,"delta":{"content":`...)
-		b = AppendJSONString(b, text)
+		b = jsonstr.Append(b, text)
 		b = append(b, '}')
 	default:
 		b = append(b, `,"text":`...)
-		b = AppendJSONString(b, text)
+		b = jsonstr.Append(b, text)
 	}
 	b = append(b, `,"logprobs":null,"finish_reason":`...)
 	if kind == finishDelta {
-		b = AppendJSONString(b, g.finish)
+		b = jsonstr.Append(b, g.finish)
 	} else {
 		b = append(b, "null"...)
 	}
@@ -454,14 +455,14 @@ func (c *Call) final() []byte {
 		b = strconv.AppendInt(b, int64(g.index), 10)
 		if c.req.Chat {
 			b = append(b, `,"message":{"role":"assistant","content":`...)
-			b = AppendJSONString(b, string(g.text))
+			b = jsonstr.Append(b, string(g.text))
 			b = append(b, '}')
 		} else {
 			b = append(b, `,"text":`...)
-			b = AppendJSONString(b, string(g.text))
+			b = jsonstr.Append(b, string(g.text))
 		}
 		b = append(b, `,"logprobs":null,"finish_reason":`...)
-		b = AppendJSONString(b, g.finish)
+		b = jsonstr.Append(b, g.finish)
 		b = append(b, '}')
 	}
 	b = append(b, `],`...)
