@@ -111,6 +111,10 @@ type loan struct {
 // lender's hold.
 func (l *loan) release() { l.body.Close() }
 
+// askWait bounds how long a request without a room waits for its peers'
+// answers: a peer lends or refuses at once, so a slower one is in trouble.
+const askWait = 250 * time.Millisecond
+
 // borrow asks every peer at once for need rooms in model's pool and keeps
 // the first loan granted (the others are given back at once); nil when none
 // lends. The loan lives at most as long as ctx.
@@ -123,16 +127,29 @@ func (h *handoff) borrow(ctx context.Context, model string, need int64) *loan {
 	for _, p := range h.peers {
 		go func() { answers <- h.ask(ctx, p.String()+LendPath+"?"+q) }()
 	}
+	// The first loan is taken as it comes, and a peer slow to answer delays
+	// the shed by askWait at most: late answers are given back as they come.
+	waited := time.NewTimer(askWait)
+	defer waited.Stop()
 	var got *loan
-	for range h.peers {
-		l := <-answers
-		switch {
-		case l == nil:
-		case got == nil:
-			got = l
-		default:
-			l.release()
+	pending := len(h.peers)
+wait:
+	for got == nil && pending > 0 {
+		select {
+		case got = <-answers:
+			pending--
+		case <-waited.C:
+			break wait
 		}
+	}
+	if pending > 0 {
+		go func() {
+			for range pending {
+				if l := <-answers; l != nil {
+					l.release()
+				}
+			}
+		}()
 	}
 	if got == nil {
 		h.none.Inc()

@@ -4,9 +4,13 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -144,4 +148,56 @@ func TestParsePeers(t *testing.T) {
 			t.Errorf("parsePeers(%q): err %v, want ok %v", in, err, ok)
 		}
 	}
+}
+
+// roundTripFunc is an http.RoundTripper from a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A peer that does not answer delays a request without a room by askWait
+// at most; a peer that lends is taken at once.
+func TestBorrowWaitsForASilentPeerAskWaitAtMost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		silent, lender := &url.URL{Scheme: "http", Host: "silent"}, &url.URL{Scheme: "http", Host: "lender"}
+		client := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.URL.Host == "silent" {
+				<-r.Context().Done() // never answers while the request lives
+				return nil, r.Context().Err()
+			}
+			h := http.Header{}
+			h.Set(LentWorkerHeader, "w1")
+			return &http.Response{StatusCode: http.StatusOK, Header: h, Body: io.NopCloser(strings.NewReader(""))}, nil
+		})}
+		newH := func(peers ...*url.URL) *handoff {
+			reg := prometheus.NewRegistry()
+			h, err := newHandoff(peers, DefaultOptions(), reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.client = client
+			return h
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+
+		start := time.Now()
+		if l := newH(silent).borrow(ctx, "m", 1); l != nil {
+			t.Fatalf("a silent peer lent %+v", l)
+		}
+		if d := time.Since(start); d != askWait {
+			t.Fatalf("waited %s for a silent peer, want askWait %s", d, askWait)
+		}
+		start = time.Now()
+		l := newH(silent, lender).borrow(ctx, "m", 1)
+		if l == nil || l.worker != "w1" {
+			t.Fatalf("loan %+v, want w1's from the lender", l)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("the lender's loan was taken after %s, want at once", d)
+		}
+		l.release()
+		cancel()
+		synctest.Wait()
+	})
 }
