@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/smg-project/smg/internal/enginegrpc"
@@ -278,9 +280,6 @@ func (r *Router) servePairGRPC(ctx context.Context, w http.ResponseWriter, in *h
 		return http.StatusServiceUnavailable
 	}
 	prompts, err := m.Prompts(req)
-	if err == nil && (len(prompts) != 1 || req.Choices() != 1) {
-		err = errors.New("a prefill/decode pair of gRPC workers serves one prompt with one choice (n=1)")
-	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error(), 0)
 		return http.StatusBadRequest
@@ -289,28 +288,45 @@ func (r *Router) servePairGRPC(ctx context.Context, w http.ResponseWriter, in *h
 	if u, err := url.Parse(pw.URL); err == nil && u.Hostname() != "" {
 		host = u.Hostname()
 	}
-	req.Bootstrap = &openaigrpc.Bootstrap{Host: host, Port: pw.BootstrapPort, Room: newBootstrapRoom()}
+	// Each generation (a prompt's choice) is its own engine request on each
+	// leg, so each gets its own room: DisaggregatedParams names one room per
+	// GenerateRequest. The decode window took one room per generation.
+	n := req.Choices()
+	req.Bootstraps = make([]openaigrpc.Bootstrap, len(prompts)*n)
+	for i := range req.Bootstraps {
+		req.Bootstraps[i] = openaigrpc.Bootstrap{Host: host, Port: pw.BootstrapPort, Room: newBootstrapRoom() & 0x7fffffff}
+	}
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	pst.dispatched.Add(1)
 	dst.dispatched.Add(1)
-	prefillDone := make(chan error, 1)
-	go func() {
-		err := openaigrpc.Prefill(ctx, pc, "prefill-"+strconv.FormatUint(req.Bootstrap.Room, 16), prompts[0], req.Sampling())
-		switch {
-		case err == nil:
+	var prefills sync.WaitGroup
+	var prefillFailed atomic.Bool
+	var prefilled atomic.Int64
+	for i := range req.Bootstraps {
+		sp := req.Sampling()
+		sp.Bootstrap = &req.Bootstraps[i]
+		prefills.Go(func() {
+			err := openaigrpc.Prefill(ctx, pc, "prefill-"+strconv.FormatUint(sp.Bootstrap.Room, 16), prompts[i/n], sp)
+			if err == nil {
+				prefilled.Add(1)
+			} else if ctx.Err() == nil && !prefillFailed.Swap(true) {
+				r.recordFailure(pw, pst)
+				cancel(&legError{leg: "prefill", url: pw.URL, err: openaigrpc.Classify(err)})
+			}
+		})
+	}
+	// The prefill legs end before the decode legs in a healthy pair; if not,
+	// the deferred cancel stops them and this waits for their goroutines.
+	defer func() {
+		cancel(nil)
+		prefills.Wait()
+		if prefilled.Load() > 0 {
 			pst.contacts.Add(1)
 			r.recordSuccess(pw, pst)
-		case ctx.Err() == nil:
-			r.recordFailure(pw, pst)
-			cancel(&legError{leg: "prefill", url: pw.URL, err: openaigrpc.Classify(err)})
 		}
-		prefillDone <- err
 	}()
-	// The prefill leg ends before the decode leg in a healthy pair; if not,
-	// the deferred cancel stops it and this waits for its goroutine.
-	defer func() { cancel(nil); <-prefillDone }()
 
 	call := openaigrpc.Start(ctx, dc, m, req, prompts, dw.Model)
 	defer call.Close()

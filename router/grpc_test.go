@@ -444,9 +444,27 @@ func TestPDOverGRPC(t *testing.T) {
 			if obs := observation(h.r, "d"); obs.StreamsInFlight != 0 || obs.LastProgress.IsZero() {
 				t.Errorf("decode leg's observation: %+v", obs)
 			}
-			a := h.send("/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":["a","b"]}`, testModel), "")
-			if a.status != http.StatusBadRequest || a.errorCode() != CodeInvalidRequest {
-				t.Errorf("a batch over a gRPC pair: %d %s", a.status, a.body)
+			// A batch of two prompts with n=2, streamed and not: four
+			// generations, each its own engine request with its own room on
+			// both legs (the simulator refuses a room already in use), every
+			// choice answered to its finish.
+			for _, stream := range []bool{false, true} {
+				before, beforeD := prefill.GRPCRequests(), decode.GRPCRequests()
+				a := h.send("/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":["a b","c"],"n":2,"max_tokens":3,"stream":%v}`, testModel, stream), "")
+				if a.status != http.StatusOK {
+					t.Fatalf("a batch with n=2 over a gRPC pair (stream %v): %d %s", stream, a.status, a.body)
+				}
+				for i := range 4 {
+					if !strings.Contains(a.body, fmt.Sprintf(`"index":%d,`, i)) {
+						t.Errorf("stream %v: choice %d missing: %s", stream, i, a.body)
+					}
+				}
+				if got := strings.Count(a.body, `"finish_reason":"length"`); got != 4 {
+					t.Errorf("stream %v: %d choices finished, want 4: %s", stream, got, a.body)
+				}
+				if p, d := prefill.GRPCRequests()-before, decode.GRPCRequests()-beforeD; p != 4 || d != 4 {
+					t.Errorf("stream %v: prefill took %d, decode %d requests, want 4 each", stream, p, d)
+				}
 			}
 		})
 	}

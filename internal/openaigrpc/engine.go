@@ -38,7 +38,7 @@ type Bootstrap struct {
 // Sampling reads the request's sampling parameters.
 func (r *Request) Sampling() Sampling {
 	return Sampling{MaxTokens: r.maxTokens(), Temperature: r.Temperature, TopP: r.TopP, TopK: r.TopK,
-		Stop: r.stops, Seed: r.Seed, SkipSpecial: r.SkipSpecialTokens == nil || *r.SkipSpecialTokens, Bootstrap: r.Bootstrap}
+		Stop: r.stops, Seed: r.Seed, SkipSpecial: r.SkipSpecialTokens == nil || *r.SkipSpecialTokens}
 }
 
 // Update is one message of a Generate stream, flavor aside.

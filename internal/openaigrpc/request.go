@@ -37,8 +37,10 @@ type Request struct {
 	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs"`
 	// SkipSpecialTokens (default true) leaves special tokens out of the text.
 	SkipSpecialTokens *bool `json:"skip_special_tokens"`
-	// Bootstrap is set by the caller for the legs of a PD pair.
-	Bootstrap *Bootstrap `json:"-"`
+	// Bootstraps, set by the caller for the legs of a PD pair, hold one
+	// bootstrap per generation, prompt-major (prompt p's choice k is
+	// p*n+k): each generation is its own engine request with its own room.
+	Bootstraps []Bootstrap `json:"-"`
 
 	stops []string
 }

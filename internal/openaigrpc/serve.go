@@ -81,17 +81,23 @@ func Start(ctx context.Context, c *enginegrpc.Client, m *Model, req *Request, pr
 	n := req.n()
 	call.msgs = make(chan msg, len(prompts)*n)
 	sp := req.Sampling()
-	for _, ids := range prompts {
-		for k := range n {
-			g := &gen{id: call.id, index: len(call.gens), first: k == 0, dec: m.Tok.NewStreamDecoder(sp.SkipSpecial), stop: stopper{stops: sp.Stop}}
-			if len(prompts)*n > 1 {
-				g.id += "-" + strconv.Itoa(g.index)
-			}
-			ctx, gcancel := context.WithCancel(gctx)
-			g.cancel = gcancel
-			call.gens = append(call.gens, g)
-			go call.run(ctx, len(call.gens)-1, ids, sp)
+	// Every generation is in call.gens before any runs: run reads the slice.
+	call.gens = make([]*gen, len(prompts)*n)
+	ctxs := make([]context.Context, len(call.gens))
+	for i := range call.gens {
+		g := &gen{id: call.id, index: i, first: i%n == 0, dec: m.Tok.NewStreamDecoder(sp.SkipSpecial), stop: stopper{stops: sp.Stop}}
+		if len(call.gens) > 1 {
+			g.id += "-" + strconv.Itoa(i)
 		}
+		ctxs[i], g.cancel = context.WithCancel(gctx)
+		call.gens[i] = g
+	}
+	for i := range call.gens {
+		gsp := sp
+		if i < len(req.Bootstraps) {
+			gsp.Bootstrap = &req.Bootstraps[i]
+		}
+		go call.run(ctxs[i], i, prompts[i/n], gsp)
 	}
 	call.live = len(call.gens)
 	call.unhook = context.AfterFunc(ctx, call.Close)
