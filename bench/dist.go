@@ -9,40 +9,51 @@ package bench
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 )
 
-// Dist is a distribution of token counts: a fixed value ("48") or a uniform
-// range ("32-64", both ends included).
+// Dist is a distribution of token counts: a fixed value ("48"), a uniform
+// range ("32-64", both ends included) or a log-uniform one ("64~16384":
+// each doubling of length as likely as the next, as real prompt lengths
+// spread over orders of magnitude).
 type Dist struct {
 	Min, Max int
+	Log      bool
 }
 
-// ParseDist reads "N" or "MIN-MAX".
+// ParseDist reads "N", "MIN-MAX" or "MIN~MAX".
 func ParseDist(s string) (Dist, error) {
-	lo, hi, isRange := strings.Cut(strings.TrimSpace(s), "-")
+	sep := "-"
+	if strings.Contains(s, "~") {
+		sep = "~"
+	}
+	lo, hi, isRange := strings.Cut(strings.TrimSpace(s), sep)
 	a, err := strconv.Atoi(lo)
 	if err != nil {
-		return Dist{}, fmt.Errorf("%q: want N or MIN-MAX", s)
+		return Dist{}, fmt.Errorf("%q: want N, MIN-MAX or MIN~MAX", s)
 	}
 	b := a
 	if isRange {
 		if b, err = strconv.Atoi(hi); err != nil {
-			return Dist{}, fmt.Errorf("%q: want N or MIN-MAX", s)
+			return Dist{}, fmt.Errorf("%q: want N, MIN-MAX or MIN~MAX", s)
 		}
 	}
 	if a < 1 || b < a {
 		return Dist{}, fmt.Errorf("%q: want 1 <= MIN <= MAX", s)
 	}
-	return Dist{a, b}, nil
+	return Dist{a, b, sep == "~" && a < b}, nil
 }
 
 // String formats d the way ParseDist reads it.
 func (d Dist) String() string {
-	if d.Min == d.Max {
+	switch {
+	case d.Min == d.Max:
 		return strconv.Itoa(d.Min)
+	case d.Log:
+		return fmt.Sprintf("%d~%d", d.Min, d.Max)
 	}
 	return fmt.Sprintf("%d-%d", d.Min, d.Max)
 }
@@ -61,11 +72,22 @@ func (d Dist) Sample(r *rand.Rand) int {
 	if d.Max <= d.Min {
 		return d.Min
 	}
+	if d.Log {
+		lo, hi := math.Log(float64(d.Min)), math.Log(float64(d.Max)+1)
+		return min(d.Max, int(math.Exp(lo+r.Float64()*(hi-lo))))
+	}
 	return d.Min + r.IntN(d.Max-d.Min+1)
 }
 
 // Mean is the expected value.
-func (d Dist) Mean() float64 { return float64(d.Min+d.Max) / 2 }
+func (d Dist) Mean() float64 {
+	if d.Log && d.Max > d.Min {
+		// The continuous log-uniform on [Min, Max+1), floored.
+		lo, hi := float64(d.Min), float64(d.Max)+1
+		return (hi-lo)/math.Log(hi/lo) - 0.5
+	}
+	return float64(d.Min+d.Max) / 2
+}
 
 // promptWords are the words prompts are made of; each is 4 characters with its
 // space, so a prompt of n words reads as about n tokens to a 4-chars-per-token

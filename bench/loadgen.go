@@ -82,7 +82,8 @@ func pickPriority(r *rand.Rand, mix []PriorityShare) *PriorityShare {
 // refusalCodes are the router's explicit refusals a client may retry later:
 // the overload shed and the admission and scheduler answers.
 var refusalCodes = map[string]bool{ShedCode: true, "admission_queue_full": true, "admission_queue_timeout": true,
-	"scheduler_queue_full": true, "scheduler_queue_timeout": true, "scheduler_preempted": true}
+	"scheduler_queue_full": true, "scheduler_queue_timeout": true, "scheduler_preempted": true,
+	"ttft_objective_unreachable": true}
 
 // Record is what one request did. Times are seconds from the start of the run.
 type Record struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -12,16 +13,51 @@ import (
 )
 
 func TestParseDist(t *testing.T) {
-	for in, want := range map[string]Dist{"48": {48, 48}, "32-64": {32, 64}} {
+	for in, want := range map[string]Dist{"48": {48, 48, false}, "32-64": {32, 64, false}, "64~16384": {64, 16384, true}} {
 		got, err := ParseDist(in)
 		if err != nil || got != want || got.String() != in {
 			t.Errorf("ParseDist(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "0", "64-32", "a-b", "5-"} {
+	for _, bad := range []string{"", "0", "64-32", "a-b", "5-", "64~32", "1~x"} {
 		if _, err := ParseDist(bad); err == nil {
 			t.Errorf("ParseDist(%q) accepted", bad)
 		}
+	}
+}
+
+// A log-uniform draw stays in its bounds, puts as many draws in each
+// doubling of length, and averages what Mean says.
+func TestLogUniformDist(t *testing.T) {
+	d, err := ParseDist("64~16384")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	const n = 200000
+	var sum float64
+	var below128, above8192 int
+	for range n {
+		v := d.Sample(r)
+		if v < 64 || v > 16384 {
+			t.Fatalf("sample %d outside 64..16384", v)
+		}
+		sum += float64(v)
+		if v < 128 {
+			below128++
+		}
+		if v >= 8192 {
+			above8192++
+		}
+	}
+	// 8 doublings: each holds an eighth of the draws.
+	for name, got := range map[string]int{"[64, 128)": below128, "[8192, 16384]": above8192} {
+		if share := float64(got) / n; math.Abs(share-0.125) > 0.005 {
+			t.Errorf("share in %s = %.4f, want 0.125", name, share)
+		}
+	}
+	if mean := sum / n; math.Abs(mean-d.Mean())/d.Mean() > 0.01 {
+		t.Errorf("sample mean %.0f, Mean() %.0f", mean, d.Mean())
 	}
 }
 
@@ -99,7 +135,7 @@ func TestRunRecordsStreamedTokens(t *testing.T) {
 	srv, calls := sseServer(t, 5, 0)
 	var progress atomic.Int64
 	res, err := Run(context.Background(), NewHTTPClient(), Config{URL: srv.URL, Rate: 200, Duration: 200 * time.Millisecond,
-		Prompt: Dist{8, 16}, Output: Dist{5, 5}, Timeout: 5 * time.Second, TTFTObjective: time.Second, Seed: 3},
+		Prompt: Dist{Min: 8, Max: 16}, Output: Dist{Min: 5, Max: 5}, Timeout: 5 * time.Second, TTFTObjective: time.Second, Seed: 3},
 		func(Progress) { progress.Add(1) })
 	if err != nil {
 		t.Fatal(err)

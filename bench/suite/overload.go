@@ -38,6 +38,19 @@ type GatewayConfig struct {
 	// --priority-scheduler-config; Priorities is the arrivals' class mix.
 	SchedulerYAML string                `json:"scheduler_yaml,omitempty"`
 	Priorities    []bench.PriorityShare `json:"priorities,omitempty"`
+	// Engines is the fleet's size (0: the suite's 4).
+	Engines int `json:"engines,omitempty"`
+	// NginxMaxConns > 0 puts nginx (least_conn, this max_conns per engine)
+	// in front of the fleet instead of smg.
+	NginxMaxConns int `json:"nginx_max_conns,omitempty"`
+}
+
+// engines is the configuration's fleet size.
+func (gc GatewayConfig) engines() int {
+	if gc.Engines > 0 {
+		return gc.Engines
+	}
+	return fleetSize
 }
 
 // tunedWaiting is the waiting-requests ceiling of the tuned configuration: a

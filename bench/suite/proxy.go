@@ -95,7 +95,7 @@ func (s *Suite) Proxy(ctx context.Context, o ProxyOptions) (*ProxyReport, error)
 		return nil, err
 	}
 	defer gw.Stop(5 * time.Second)
-	ng, ngURL, err := startNginx(nginxBin, dir, f.URLs)
+	ng, ngURL, err := startNginx(nginxBin, dir, f.URLs, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -300,16 +300,22 @@ func findNginx() (string, error) {
 
 // startNginx runs nginx in the foreground with two workers, least_conn over
 // the engines and a keepalive pool to them, on a free port.
-func startNginx(bin, dir string, engines []string) (*Proc, string, error) {
+func startNginx(bin, dir string, engines []string, maxConns int) (*Proc, string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, "", err
 	}
 	addr := ln.Addr().String()
 	ln.Close()
+	// max_conns counts per worker process unless the upstream has a shared
+	// zone: with one, the cap holds across both workers.
+	capStr, zone := "", ""
+	if maxConns > 0 {
+		capStr, zone = fmt.Sprintf(" max_conns=%d", maxConns), "    zone engines 64k;\n"
+	}
 	var servers strings.Builder
 	for _, u := range engines {
-		fmt.Fprintf(&servers, "    server %s;\n", strings.TrimPrefix(strings.TrimPrefix(u, "http://"), "https://"))
+		fmt.Fprintf(&servers, "    server %s%s;\n", strings.TrimPrefix(strings.TrimPrefix(u, "http://"), "https://"), capStr)
 	}
 	conf := fmt.Sprintf(`worker_processes 2;
 daemon off;
@@ -325,7 +331,7 @@ http {
   scgi_temp_path %[1]s/scgi;
   upstream engines {
     least_conn;
-%[2]s    keepalive 64;
+%[4]s%[2]s    keepalive 64;
   }
   server {
     listen %[3]s;
@@ -337,7 +343,7 @@ http {
     }
   }
 }
-`, dir, servers.String(), addr)
+`, dir, servers.String(), addr, zone)
 	path := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		return nil, "", err

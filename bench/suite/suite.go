@@ -105,9 +105,24 @@ type env struct {
 	agent   *Proc
 	routers []*Proc  // extra routers beside the gateway's own
 	urls    []string // every router's URL when there are several
+	// nginx, when the configuration has no smg: its URL and scratch dir.
+	nginx              *Proc
+	nginxURL, nginxDir string
+}
+
+// url is where clients send requests (the first router's, or nginx's).
+func (e *env) url() string {
+	if e.nginx != nil {
+		return e.nginxURL
+	}
+	return e.gw.URL
 }
 
 func (e *env) stop() {
+	if e.nginx != nil {
+		e.nginx.Stop(5 * time.Second)
+		os.RemoveAll(e.nginxDir)
+	}
 	for _, r := range e.routers {
 		r.Stop(5 * time.Second)
 	}
@@ -140,9 +155,17 @@ func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error)
 		}
 		flags = append(flags, peers[0]...)
 	}
-	f, err := StartFleet(ctx, s.Bin, fleetSize, append(s.simArgs(), gc.SimArgs...))
+	f, err := StartFleet(ctx, s.Bin, gc.engines(), append(s.simArgs(), gc.SimArgs...))
 	if err != nil {
 		return nil, err
+	}
+	if gc.NginxMaxConns > 0 {
+		e := &env{fleet: f}
+		if e.nginx, e.nginxURL, e.nginxDir, err = s.startNginxFor(f, gc.NginxMaxConns); err != nil {
+			f.Stop(time.Second)
+			return nil, err
+		}
+		return e, nil
 	}
 	gw, err := StartGateway(ctx, s.Bin, f.URLs, append(append([]string{}, gatewayBase...), flags...))
 	if err != nil {
@@ -173,10 +196,10 @@ func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error)
 		}
 	}
 	if gc.LearnWindows {
-		warmWindows(ctx, gw.URL, 2*fleetSize*engineSlots)
+		warmWindows(ctx, gw.URL, 2*gc.engines()*engineSlots)
 	}
 	if slices.Contains(flags, "--worker-admission-window") {
-		if err := gw.waitShares(ctx, fleetSize, max(1, gc.Routers), 20*time.Second); err != nil {
+		if err := gw.waitShares(ctx, gc.engines(), max(1, gc.Routers), 20*time.Second); err != nil {
 			e.stop()
 			return nil, err
 		}
@@ -223,20 +246,27 @@ type Capacity struct {
 // a gateway with protection off. Only requests that end after a warm-up (the
 // first quarter, while the first batches fill) and inside the window count.
 func (s *Suite) Calibrate(ctx context.Context) (Capacity, error) {
-	e, err := s.start(ctx, []string{"--disable-worker-overload-protection"})
-	if err != nil {
-		return Capacity{}, err
-	}
-	defer e.stop()
 	d := 12 * time.Second
 	if s.Short {
 		d = 4 * time.Second
 	}
+	return s.calibrate(ctx, GatewayConfig{Flags: []string{"--disable-worker-overload-protection"}}, fleetSize*engineSlots,
+		promptDist, outputDist, d)
+}
+
+// calibrate measures the capacity of gc's fleet (slots running slots in
+// all) under the given request lengths for d.
+func (s *Suite) calibrate(ctx context.Context, gc GatewayConfig, slots int, prompt, output bench.Dist, d time.Duration) (Capacity, error) {
+	e, err := s.startConfig(ctx, gc)
+	if err != nil {
+		return Capacity{}, err
+	}
+	defer e.stop()
 	warm := d / 4
-	clients := fleetSize * engineSlots * 3 / 2
+	clients := slots * 3 / 2
 	s.logf("calibrating: %d closed-loop clients for %s", clients, d)
-	res, err := bench.Run(ctx, s.httpClient(), bench.Config{URL: e.gw.URL, Clients: clients, Duration: d, Prompt: promptDist,
-		Output: outputDist, Timeout: 30 * time.Second, Seed: s.Seed}, nil)
+	res, err := bench.Run(ctx, s.httpClient(), bench.Config{URL: e.gw.URL, Clients: clients, Duration: d, Prompt: prompt,
+		Output: output, Timeout: 30 * time.Second, Seed: s.Seed}, nil)
 	if err != nil {
 		return Capacity{}, err
 	}

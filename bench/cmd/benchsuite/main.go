@@ -29,15 +29,15 @@ func main() {
 	scale.MaybeChild() // the scale suite's agent and router processes are this binary
 	fs := flag.NewFlagSet("benchsuite", flag.ContinueOnError)
 	bin := fs.String("bin", "bin/smg", "smg binary to run the simulated fleet and the gateway with")
-	which := fs.String("suite", "overload", "which benchmark: overload (make bench-overload), faults (make bench-faults), scale (make bench-scale) or proxy (make bench-proxy)")
+	which := fs.String("suite", "overload", "which benchmark: overload (make bench-overload: the overload scenario, then the objectives one), objectives (that one alone), faults (make bench-faults), scale (make bench-scale) or proxy (make bench-proxy)")
 	short := fs.Bool("short", false, "smoke-test sizes (2 loads, 3-second runs): checks shapes, not timings; writes no docs")
 	raw := fs.String("raw", "docs/bench-raw", "directory for per-run JSON results (git-ignored)")
 	docs := fs.String("docs", "docs", "directory holding benchmarks.md and img/")
 	seed := fs.Uint64("seed", 1, "seed of the simulated engines and of the offered load")
 	agentPoll := fs.Duration("agent-poll", 50*time.Millisecond,
 		"run one smg agent covering every engine, polling each this often (0: the control plane polls over HTTP)")
-	only := fs.String("configs", "", "overload: comma-separated configurations to run (empty: all)")
-	loads := fs.String("loads", "", "overload: comma-separated multiples of capacity (empty: 0.5,1,1.5,2)")
+	only := fs.String("configs", "", "overload, objectives: comma-separated configurations to run (empty: all)")
+	loads := fs.String("loads", "", "overload, objectives: comma-separated multiples of capacity (empty: 0.5,1,1.5,2; objectives 1,2,4)")
 	replot := fs.Bool("republish", false, "overload: rewrite the docs tables and plots from the last full run's overload.json in --raw, without running")
 	tuned := fs.Int("tuned-waiting", 0, "overload: waiting-requests ceiling of shed-tuned (0: the benchmark's choice)")
 	windowWait := fs.String("window-wait", "", "overload: --worker-admission-wait-secs of every window configuration instead of the benchmark's")
@@ -78,7 +78,11 @@ func main() {
 	case *replot:
 		err = republish(s)
 	case *which == "overload":
-		err = runOverload(ctx, s)
+		if err = runOverload(ctx, s); err == nil {
+			err = runObjectives(ctx, s)
+		}
+	case *which == "objectives":
+		err = runObjectives(ctx, s)
 	case *which == "faults":
 		err = runFaults(ctx, s)
 	case *which == "scale" && *scaleRepublish != "":
@@ -88,7 +92,7 @@ func main() {
 	case *which == "scale":
 		err = runScale(ctx, s.DocsDir, *raw, *short, *scaleConfig, *scaleWindow)
 	default:
-		err = fmt.Errorf("unknown suite %q (overload, faults, scale or proxy)", *which)
+		err = fmt.Errorf("unknown suite %q (overload, objectives, faults, scale or proxy)", *which)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchsuite:", err)
@@ -111,6 +115,18 @@ func runOverload(ctx context.Context, s *suite.Suite) error {
 		return nil
 	}
 	return publishOverload(s, rep)
+}
+
+func runObjectives(ctx context.Context, s *suite.Suite) error {
+	rep, err := s.Objectives(ctx)
+	if err != nil {
+		return err
+	}
+	suite.WriteObjectiveTable(os.Stdout, rep)
+	if s.DocsDir == "" {
+		return nil
+	}
+	return s.PublishObjectives(rep)
 }
 
 // publishOverload writes the tables and draws the plots they link to.
