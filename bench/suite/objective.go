@@ -94,6 +94,7 @@ type ObjectiveReport struct {
 	RunSeconds   float64         `json:"run_seconds"`
 	TimeoutSecs  float64         `json:"timeout_seconds"`
 	Objective    float64         `json:"ttft_objective_seconds"`
+	Output       bench.Dist      `json:"output_tokens"`
 	Runs         []ObjectiveRun  `json:"runs"`
 	Took         float64         `json:"took_seconds"`
 	LoadAvgStart string          `json:"loadavg_start"`
@@ -116,11 +117,13 @@ func (r *ObjectiveReport) Run(config string, load float64) (ObjectiveRun, bool) 
 func (s *Suite) Objectives(ctx context.Context) (*ObjectiveReport, error) {
 	began := time.Now()
 	rep := &ObjectiveReport{Configs: ObjectiveConfigs(), Loads: []float64{1, 2, 4}, RunSeconds: 15, TimeoutSecs: 20,
-		Objective: HetObjective.Seconds(), LoadAvgStart: loadAvg()}
+		Objective: HetObjective.Seconds(), Output: hetOutput, LoadAvgStart: loadAvg()}
 	if s.Short {
-		rep.Loads, rep.RunSeconds, rep.TimeoutSecs = []float64{2}, 3, 10
+		// Short answers: the smoke test's streams end well within its timeout
+		// however loaded the machine.
+		rep.Loads, rep.RunSeconds, rep.TimeoutSecs, rep.Output = []float64{2}, 3, 10, bench.Dist{Min: 16, Max: 64}
 		rep.Configs = slices.DeleteFunc(rep.Configs, func(gc GatewayConfig) bool { return gc.Name != "het-objective-1r" })
-		rep.Capacity = hetNominalCapacity()
+		rep.Capacity = hetNominalCapacity(rep.Output)
 	} else if len(s.Configs) > 0 {
 		rep.Configs = slices.DeleteFunc(rep.Configs, func(gc GatewayConfig) bool { return !slices.Contains(s.Configs, gc.Name) })
 	}
@@ -156,10 +159,10 @@ func (s *Suite) Objectives(ctx context.Context) (*ObjectiveReport, error) {
 
 // hetNominalCapacity is what the heterogeneous fleet's parameters promise
 // (short runs use it instead of a calibration run).
-func hetNominalCapacity() Capacity {
-	service := hetPrompt.Mean()/prefillRate + hetOutput.Mean()*hetITLMs/1000*(1+itlGrowth*(hetSlots-1))
+func hetNominalCapacity(output bench.Dist) Capacity {
+	service := hetPrompt.Mean()/prefillRate + output.Mean()*hetITLMs/1000*(1+itlGrowth*(hetSlots-1))
 	rps := hetEngines * hetSlots / service
-	return Capacity{ReqPerSec: rps, TokensPerSec: rps * hetOutput.Mean()}
+	return Capacity{ReqPerSec: rps, TokensPerSec: rps * output.Mean()}
 }
 
 func (s *Suite) objectiveRun(ctx context.Context, gc GatewayConfig, load float64, rep *ObjectiveReport) (ObjectiveRun, error) {
@@ -177,7 +180,7 @@ func (s *Suite) objectiveRun(ctx context.Context, gc GatewayConfig, load float64
 	label := fmt.Sprintf("%s %.0fx", gc.Name, load)
 	e.fleet.simStats(ctx, true)
 	cfg := bench.Config{URL: e.url(), URLs: e.urls, Rate: rate, Duration: time.Duration(rep.RunSeconds * float64(time.Second)),
-		Prompt: hetPrompt, Output: hetOutput, Timeout: time.Duration(rep.TimeoutSecs * float64(time.Second)),
+		Prompt: hetPrompt, Output: rep.Output, Timeout: time.Duration(rep.TimeoutSecs * float64(time.Second)),
 		TTFTObjective: HetObjective, Seed: s.Seed + uint64(load*10)}
 	res, err := bench.Run(ctx, s.httpClient(), cfg, progressLogger(s, label))
 	if err != nil {
@@ -375,7 +378,7 @@ func (s *Suite) PublishObjectives(rep *ObjectiveReport) error {
 		"prompts log-uniform over %s tokens, outputs %s tokens (uniform); TTFT objective %g s. "+
 		"Capacity (closed loop, %d clients, %.0f s): **%.1f req/s, %.0f output tokens/s**. "+
 		"Each run: %.0f s of Poisson arrivals, request timeout %.0f s. Run took %.0f s in all; load average (1, 5, 15 min) %s at the start, %s at the end, on %s.\n\n",
-		hetEngines, strings.Join(hetSimArgs, " "), hetSlots, hetKV, hetITLMs, prefillRate, hetPrompt.String(), hetOutput.String(), rep.Objective,
+		hetEngines, strings.Join(hetSimArgs, " "), hetSlots, hetKV, hetITLMs, prefillRate, hetPrompt.String(), rep.Output.String(), rep.Objective,
 		rep.Capacity.Clients, rep.Capacity.Seconds, rep.Capacity.ReqPerSec, rep.Capacity.TokensPerSec,
 		rep.RunSeconds, rep.TimeoutSecs, rep.Took, rep.LoadAvgStart, rep.LoadAvgEnd, Machine())
 	fmt.Fprintf(&b, "| config | gateway flags (plus `%s`) |\n|---|---|\n", strings.Join(gatewayBase, " "))
