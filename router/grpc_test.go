@@ -469,3 +469,55 @@ func TestPDOverGRPC(t *testing.T) {
 		})
 	}
 }
+
+// simBootstrapPort is a prefill simulator's bootstrap port: its HTTP port.
+func simBootstrapPort(t *testing.T, s *sim.Server) int32 {
+	t.Helper()
+	port, err := strconv.Atoi(s.Addr()[strings.LastIndexByte(s.Addr(), ':')+1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(port)
+}
+
+// TestPDPairsSpeakOneProtocol: a model whose PD workers speak HTTP and gRPC
+// forms its pairs within one protocol (the legs must agree on the prompt's
+// token ids), so every request is served and each gRPC prefill leg meets a
+// gRPC decode leg; a model whose prefill workers speak only HTTP and decode
+// workers only gRPC forms no pair, and its requests get an explicit 503
+// naming the protocols instead of a pair that cannot work.
+func TestPDPairsSpeakOneProtocol(t *testing.T) {
+	prefillHTTP := startSim(t, func(o *sim.Options) { o.Role = sim.RolePrefill })
+	prefillGRPC := startSimGRPC(t, sim.FlavorSGLang, func(o *sim.Options) { o.Role = sim.RolePrefill })
+	decodeHTTP := startSim(t, func(o *sim.Options) { o.Role = sim.RoleDecode })
+	decodeGRPC := startSimGRPC(t, sim.FlavorSGLang, func(o *sim.Options) { o.Role = sim.RoleDecode })
+	h := newHarness(t, func(o *Options) { o.PDDisaggregation = true; o.Policy = "round_robin" })
+	h.apply(
+		Worker{ID: "ph", URL: prefillHTTP.URL(), Model: testModel, Type: TypePrefill, Healthy: true, BootstrapPort: simBootstrapPort(t, prefillHTTP)},
+		Worker{ID: "pg", URL: prefillGRPC.GRPCURL(), Model: testModel, Type: TypePrefill, Healthy: true, BootstrapPort: simBootstrapPort(t, prefillGRPC)},
+		Worker{ID: "dh", URL: decodeHTTP.URL(), Model: testModel, Type: TypeDecode, Healthy: true},
+		Worker{ID: "dg", URL: decodeGRPC.GRPCURL(), Model: testModel, Type: TypeDecode, Healthy: true},
+		Worker{ID: "ph2", URL: prefillHTTP.URL() + "/", Model: "other", Type: TypePrefill, Healthy: true, BootstrapPort: simBootstrapPort(t, prefillHTTP)},
+		Worker{ID: "dg2", URL: decodeGRPC.GRPCURL() + "/", Model: "other", Type: TypeDecode, Healthy: true},
+	)
+	const total = 8
+	for i := range total {
+		a := h.send("/v1/chat/completions", fmt.Sprintf(`{"model":%q,"max_tokens":3,"messages":[{"role":"user","content":"hi %d"}]}`, testModel, i), "")
+		if a.status != http.StatusOK {
+			t.Fatalf("request %d over a mixed fleet: %d %s", i, a.status, a.body)
+		}
+	}
+	p, d := prefillGRPC.GRPCRequests(), decodeGRPC.GRPCRequests()
+	if p != d || p == 0 || p == total {
+		t.Errorf("gRPC prefill legs %d, gRPC decode legs %d of %d requests: want equal, and both protocols used", p, d, total)
+	}
+
+	a := h.send("/v1/chat/completions", `{"model":"other","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`, "")
+	if a.status != http.StatusServiceUnavailable || a.errorCode() != CodeNoAvailableWorkers ||
+		!strings.Contains(a.body, "prefill workers speak HTTP and its decode workers gRPC") {
+		t.Errorf("a model with HTTP prefill and gRPC decode workers: %d %s", a.status, a.body)
+	}
+	if got := h.r.view.Load().unpaired(); got != "other (prefill HTTP, decode gRPC)" {
+		t.Errorf("unpaired models: %q", got)
+	}
+}

@@ -61,8 +61,20 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 	body []byte, f *requestFields, q *request) int {
 	q.now = r.now()
 	need, prompts := batchSize(f)
+	switch pp.pairs {
+	case 0:
+		writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers, pp.unpairedMessage(f.Model), 0)
+		return http.StatusServiceUnavailable
+	case 1 << protoHTTP:
+		q.proto = protoHTTP
+	case 1 << protoGRPC:
+		q.proto = protoGRPC
+	}
 	pi, pout := r.sel.choose(v, pp.prefill, q, r.opts.WorkerOverloadShed)
 	q.need = need // the decode leg takes rooms in its worker's window
+	if pi >= 0 {
+		q.proto = v.hot.at(pi).proto // the decode leg speaks the prefill leg's protocol
+	}
 	di, dout := r.sel.choose(v, pp.decode, q, r.opts.WorkerOverloadShed)
 	switch {
 	case pout == noneAvailable || dout == noneAvailable:

@@ -1,9 +1,21 @@
 package router
 
+import (
+	"slices"
+	"strings"
+
+	"github.com/smg-project/smg/internal/enginegrpc"
+)
+
 // pdPools are the two pools a disaggregated request draws its pair from: the
 // policy picks each leg in its own pool, so vetoes apply to each leg.
 type pdPools struct {
 	prefill, decode *pool
+	// pairs are the protocols (1 << protocol) spoken by both a prefill and
+	// a decode worker: a pair is formed within one protocol only, as the
+	// legs must agree on the prompt's token ids. prefillProto and
+	// decodeProto are each leg's protocols, for the refusal's message.
+	pairs, prefillProto, decodeProto uint8
 }
 
 // pdMembers collects PD workers by model while a view is built.
@@ -42,6 +54,7 @@ func (v *view) buildPD(m *pdMembers, prev *view) {
 			decode:  v.newPool(model, dIdx, prevPD(prev, model, false, false), nil),
 		}
 		v.pd[model].prefill.kind, v.pd[model].decode.kind = TypePrefill, TypeDecode
+		v.pd[model].pairs, v.pd[model].prefillProto, v.pd[model].decodeProto = pairProtocols(v, pIdx, dIdx)
 		if _, regular := v.pools[model]; !regular {
 			v.models = append(v.models, model)
 		}
@@ -52,6 +65,7 @@ func (v *view) buildPD(m *pdMembers, prev *view) {
 			decode:  v.newPool("", m.allD, prevPD(prev, "", true, false), nil),
 		}
 		v.pdAll.prefill.kind, v.pdAll.decode.kind = TypePrefill, TypeDecode
+		v.pdAll.pairs, v.pdAll.prefillProto, v.pdAll.decodeProto = pairProtocols(v, m.allP, m.allD)
 	}
 }
 
@@ -70,4 +84,72 @@ func prevPD(prev *view, model string, all, prefill bool) *pool {
 		return pp.prefill
 	}
 	return pp.decode
+}
+
+// protocol is what a worker speaks: a prefill/decode pair speaks one.
+type protocol uint8
+
+const (
+	protoAny  protocol = 0
+	protoHTTP protocol = 1
+	protoGRPC protocol = 2
+)
+
+func protocolOf(url string) protocol {
+	if enginegrpc.IsGRPC(url) {
+		return protoGRPC
+	}
+	return protoHTTP
+}
+
+func (p protocol) String() string {
+	switch p {
+	case protoHTTP:
+		return "HTTP"
+	case protoGRPC:
+		return "gRPC"
+	}
+	return "HTTP and gRPC"
+}
+
+// pairProtocols returns the protocols spoken by both a prefill and a decode
+// worker of the pools (a bit set of 1 << protocol), and the protocols of
+// each leg.
+func pairProtocols(v *view, prefill, decode []int32) (pairs, p, d uint8) {
+	for _, i := range prefill {
+		p |= 1 << v.hot.at(i).proto
+	}
+	for _, i := range decode {
+		d |= 1 << v.hot.at(i).proto
+	}
+	return p & d, p, d
+}
+
+// unpairedMessage explains why a model's PD workers form no pair.
+func (pp *pdPools) unpairedMessage(model string) string {
+	return "No prefill/decode pair" + forModel(model) + ": its prefill workers speak " + protoSet(pp.prefillProto) +
+		" and its decode workers " + protoSet(pp.decodeProto) + "; both legs of a pair must speak one protocol"
+}
+
+func protoSet(set uint8) string {
+	switch set {
+	case 1 << protoHTTP:
+		return protoHTTP.String()
+	case 1 << protoGRPC:
+		return protoGRPC.String()
+	}
+	return protoAny.String()
+}
+
+// unpaired lists the models (sorted) whose PD workers form no pair for want
+// of a prefill and a decode worker speaking one protocol.
+func (v *view) unpaired() string {
+	var out []string
+	for model, pp := range v.pd {
+		if pp.pairs == 0 {
+			out = append(out, model+" (prefill "+protoSet(pp.prefillProto)+", decode "+protoSet(pp.decodeProto)+")")
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", ")
 }

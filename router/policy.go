@@ -18,6 +18,7 @@ type request struct {
 	class  admission.Class // priority class (Default without the scheduler)
 	ttftBy int64           // monotonic nanoseconds by which its TTFT objective wants a first token (0: none)
 	own    int64           // its estimated prompt tokens (for TTFT predictions)
+	proto  protocol        // the protocol a PD leg must speak (protoAny: either)
 }
 
 // selector runs the configured policy over a pool. Every method reads only
@@ -41,7 +42,7 @@ func (s *selector) eligible(v *view, i int32, q *request) bool { return s.eligib
 
 func (s *selector) eligibleHot(h *hotWorker, q *request) bool {
 	return h.eligible && h.st != q.avoid && (q.need == 0 || h.st.gate.HasRoom(q.need)) &&
-		h.st.routable(s.cb, q.now) && q.meets(h)
+		(q.proto == protoAny || q.proto == h.proto) && h.st.routable(s.cb, q.now) && q.meets(h)
 }
 
 // load is the reported load plus this router's dispatches since that report.

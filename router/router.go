@@ -74,6 +74,7 @@ type Router struct {
 	freeSlots []uint32
 	nextSlot  uint32
 	fleetCap  fleetCap // the scheduler's capacity from the fleet's windows
+	unpaired  string   // the models whose PD workers form no pair, as last logged
 
 	clock func() time.Time // Options.Now
 	start time.Time
@@ -446,6 +447,13 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 		v.pdAll.decode.wl = r.waitlistFor(waitlistKey{true, ""})
 	}
 	r.view.Store(v)
+	if u := v.unpaired(); u != r.unpaired {
+		r.unpaired = u
+		if u != "" {
+			r.log.Warn("Prefill/decode workers form no pair: both legs of a pair must speak one protocol (HTTP or gRPC)",
+				"models", u)
+		}
+	}
 	r.grpc.retain(kept)
 	r.fleetCap = fleetCap{spillApart: r.opts.SpillOver}
 	for i := range kept {

@@ -156,6 +156,7 @@ type hotWorker struct {
 	veto     Veto
 	over     bool  // over its overload ceiling, whatever veto says
 	ahead    int64 // PromptTokensAhead (TTFT objectives)
+	proto    protocol
 }
 
 // pool is the set of candidates a request for one model draws from.
@@ -236,7 +237,8 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 // hotOf is the selection summary of w.
 func hotOf(w *Worker, st *workerState) hotWorker {
 	return hotWorker{st: st, reported: w.Waiting + w.Running, waiting: w.Waiting, eligible: w.Healthy && w.Veto == VetoNone,
-		healthy: w.Healthy, veto: w.Veto, over: w.Overloaded || w.Veto == VetoOverload, ahead: w.PromptTokensAhead}
+		healthy: w.Healthy, veto: w.Veto, over: w.Overloaded || w.Veto == VetoOverload, ahead: w.PromptTokensAhead,
+		proto: protocolOf(w.URL)}
 }
 
 // sameIndexes reports whether w may replace old in place: every index of a
