@@ -18,6 +18,11 @@ const (
 	CodeSchedulerQueueFull       = "scheduler_queue_full"
 	CodeSchedulerQueueTimeout    = "scheduler_queue_timeout"
 	CodeSchedulerClientCancelled = "scheduler_client_cancelled"
+	// CodeTenantOverFairShare is smg's 429 for a tenant that holds its fair
+	// share of the capacity while other tenants are active (fair_share in
+	// the scheduler's YAML): its own doing, unlike the fleet out of capacity
+	// (503).
+	CodeTenantOverFairShare = "tenant_over_fair_share"
 )
 
 // PriorityHeader carries the requested class.
@@ -134,6 +139,9 @@ func (r *Router) startScheduler(reg prometheus.Registerer) bool {
 		r.log.Error("Priority scheduler not started; falling back", "problem", err.Error(), "fallback", fallback)
 		return false
 	}
+	for _, p := range s.Config().Problems {
+		r.log.Error("Priority scheduler config: a mistake, fallback taken", "config", r.opts.PrioritySchedulerConfig, "problem", p)
+	}
 	r.sched, r.door = s, s
 	r.schedFromFleet = fleetCapacitySource(r.opts)
 	capacity := "--max-concurrent-requests"
@@ -184,10 +192,14 @@ func (r *Router) admit(w http.ResponseWriter, req *http.Request) (*admission.Tic
 		return nil, statusClientClosed, false
 	}
 	class, tenant := r.requestClass(req)
-	t, res := r.door.Admit(req.Context(), class)
+	t, res := r.sched.AdmitTenant(req.Context(), class, tenant)
 	switch res {
 	case admission.Admitted:
 		return t, 0, true
+	case admission.OverFairShare:
+		writeError(w, http.StatusTooManyRequests, CodeTenantOverFairShare,
+			"Too many requests: tenant '"+tenant+"' holds its fair share of the capacity while other tenants wait", r.retryAfterQueued(class))
+		return nil, http.StatusTooManyRequests, false
 	case admission.QueueFull:
 		writeError(w, http.StatusTooManyRequests, CodeSchedulerQueueFull,
 			"Too many requests: the "+class.String()+" queue is full", r.retryAfterQueued(class))

@@ -182,7 +182,12 @@ func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 	if ticket != nil && !ticket.Start() {
 		return dispatchResult{status: writePreempted(w)}
 	}
-	err = call.Serve(ctx, w, func(int) { st.lastProgress.Store(r.clock().UnixNano()) })
+	var out int64 // output tokens, for the tenant's counter (fair shares)
+	defer func() { ticket.Charge(out, admission.OutputTokenWeight) }()
+	err = call.Serve(ctx, w, func(n int) {
+		out += int64(n)
+		st.lastProgress.Store(r.clock().UnixNano())
+	})
 	if err != nil {
 		if in.Context().Err() != nil {
 			return dispatchResult{status: statusClientClosed}

@@ -233,7 +233,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	str(&o.PrioritySchedulerDefaultMaxClass, "priority-scheduler-default-max-class",
 		"highest class a tenant without a policy may use: system, interactive, default or bulk (parsed like the header)")
 	str(&o.PrioritySchedulerConfig, "priority-scheduler-config",
-		"YAML file with per-class settings (classes), tenant ceilings (tenant_policies), api_keys and tenant header trust; see docs/admission.md")
+		"YAML file with per-class settings (classes), tenant ceilings and weights (tenant_policies), fair shares (fair_share), api_keys and tenant header trust; see docs/admission.md")
 	integer(&o.PrioritySchedulerTenantMetricTopN, "priority-scheduler-tenant-metric-top-n",
 		"tenants labelled by name in scheduler metrics; later ones are labelled \"other\"")
 	define(fs, (*int64Value)(&o.LeastLoadWaitingCap), "least-load-waiting-cap",

@@ -130,6 +130,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 	q := request{model: f.Model, key: req.Header.Get(r.opts.DispatchKeyHeader), prompt: f.prompt(), class: ticket.Class()}
 	streaming := f.Stream
 	promptTokens := int64(len(q.prompt) / r.opts.PromptBytesPerTokenGuess)
+	ticket.Charge(promptTokens, admission.PromptTokenWeight) // the tenant's counter (fair shares)
 	if o := r.objectives[q.class]; o > 0 {
 		q.own, q.ttftBy = promptTokens, arrived+int64(o)
 	}
@@ -360,6 +361,12 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 	}
 	defer resp.Body.Close()
 	st.contacts.Add(1)
+	if ticket.Fair() {
+		oc := &outputCounter{r: resp.Body, sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"),
+			bytesPerToken: int64(r.opts.PromptBytesPerTokenGuess)}
+		resp.Body = oc
+		defer func() { ticket.Charge(oc.tokens(), admission.OutputTokenWeight) }()
+	}
 
 	if resp.StatusCode >= 500 {
 		r.metrics.upstream.WithLabelValues("status_5xx").Inc()

@@ -20,8 +20,9 @@ type Door interface {
 type Result uint8
 
 const (
-	Admitted     Result = iota // holds a place: Release it when the answer ends
-	QueueFull                  // refused at once: the queue is full
-	QueueTimeout               // waited past the queue's timeout
-	Cancelled                  // the client left while waiting
+	Admitted      Result = iota // holds a place: Release it when the answer ends
+	QueueFull                   // refused at once: the queue is full
+	QueueTimeout                // waited past the queue's timeout
+	Cancelled                   // the client left while waiting
+	OverFairShare               // refused at once: the tenant holds its fair share and others wait (Scheduler.AdmitTenant)
 )

@@ -3,6 +3,7 @@ package admission
 import (
 	"container/list"
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ const Unlimited = -1
 type Ticket struct {
 	s        *Scheduler
 	class    Class
+	tenant   *tenantState  // with fair shares on
 	admitted time.Time     // when it took its slot
 	elem     *list.Element // in s.running[class] while it holds the slot; guarded by s.mu
 	// state decides, with one compare-and-swap, "first byte sent" against
@@ -53,6 +55,27 @@ func (t *Ticket) Start() bool {
 	return t.state.Load() == ticketStarted
 }
 
+// Charge advances the virtual token counter of the ticket's tenant by tokens
+// served to the request, of weight PromptTokenWeight or OutputTokenWeight
+// (nothing without fair shares).
+func (t *Ticket) Charge(tokens int64, weight float64) {
+	if t == nil || t.tenant == nil || tokens <= 0 {
+		return
+	}
+	s := t.s
+	s.mu.Lock()
+	s.fair.charge(t.tenant, float64(tokens)*weight)
+	name := t.tenant.name
+	s.mu.Unlock()
+	if s.m != nil {
+		s.m.tokens.WithLabelValues(s.m.tenants.label(name)).Add(float64(tokens) * weight)
+	}
+}
+
+// Fair reports whether the ticket's tenant has a virtual token counter to
+// charge (fair shares on).
+func (t *Ticket) Fair() bool { return t != nil && t.tenant != nil }
+
 // Preempted is closed when the request is chosen as a victim.
 func (t *Ticket) Preempted() <-chan struct{} { return t.preempted }
 
@@ -85,8 +108,7 @@ func (t *Ticket) Release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.running[t.class].Remove(t.elem)
-	s.inflight[t.class]--
-	s.total--
+	s.dropLocked(t)
 	s.completions.Add(1)
 	now := s.cfg.Now()
 	s.demand[t.class].held(now.Sub(t.admitted))
@@ -97,6 +119,7 @@ func (t *Ticket) Release() {
 
 type waiter struct {
 	class    Class
+	tenant   *tenantState // with fair shares on
 	enqueued time.Time
 	elem     *list.Element
 	ready    chan struct{}
@@ -124,6 +147,7 @@ type Scheduler struct {
 	total    int64
 	queues   [NumClasses]*list.List // of *waiter, oldest first
 	running  [NumClasses]*list.List // of *Ticket, in admission order
+	fair     *vtc                   // per-tenant virtual token counters (nil: fair shares off)
 
 	completions atomic.Uint64 // answers ended, for the completion rate
 }
@@ -135,6 +159,9 @@ func NewScheduler(cfg SchedulerConfig, capacity int64, m *SchedulerMetrics) *Sch
 		cfg.Now = time.Now
 	}
 	s := &Scheduler{cfg: cfg, m: m, started: cfg.Now()}
+	if cfg.FairShare {
+		s.fair = newVTC(cfg.Weight)
+	}
 	for _, c := range Classes {
 		s.queues[c] = list.New()
 		s.running[c] = list.New()
@@ -230,8 +257,17 @@ func (s *Scheduler) fitsLocked(c Class) bool {
 	return s.capacity == Unlimited || s.total+1+s.heldBackLocked(c) <= s.capacity
 }
 
-// Admit asks for a slot in class c, waiting in c's queue if none is free.
+// Admit asks for a slot in class c, waiting in c's queue if none is free
+// (Door: the caller's tenant is unknown, "anonymous" to fair shares).
 func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
+	return s.AdmitTenant(ctx, c, "anonymous")
+}
+
+// AdmitTenant asks for a slot in class c for tenant, waiting in c's queue if
+// none is free. With fair shares on, a tenant that would wait while it holds
+// or waits for its fair share of the capacity, and another tenant is active,
+// is refused at once (OverFairShare): its own demand is what is missing.
+func (s *Scheduler) AdmitTenant(ctx context.Context, c Class, tenant string) (*Ticket, Result) {
 	arrived := s.cfg.Now()
 	cc := &s.cfg.Classes[c]
 	s.mu.Lock()
@@ -239,19 +275,38 @@ func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
 		s.demand[c].arrive(arrived)
 	}
 	s.refreshReservedLocked(arrived) // a demand reservation decays between arrivals of its class
+	var ts *tenantState
+	if s.fair != nil {
+		ts = s.fair.state(tenant)
+	}
 	if s.queues[c].Len() == 0 && (s.fitsLocked(c) || cc.CanPreempt && s.preemptForLocked(c)) {
-		t := s.admitLocked(c)
+		t := s.admitLocked(c, ts)
 		s.publishLocked()
 		s.mu.Unlock()
 		s.observeAdmitted(c, 0)
 		return t, Admitted
 	}
+	if ts != nil && !s.cfg.FairShareWait && s.overShareLocked(ts, tenant) {
+		s.fair.settle(ts)
+		s.mu.Unlock()
+		s.count(c, OutcomeOverFairShare)
+		if s.m != nil {
+			s.m.CountOverShare(tenant)
+		}
+		return nil, OverFairShare
+	}
 	if s.queues[c].Len() >= cc.QueueSize {
+		if ts != nil {
+			s.fair.settle(ts)
+		}
 		s.mu.Unlock()
 		s.count(c, OutcomeQueueFull)
 		return nil, QueueFull
 	}
-	w := &waiter{class: c, enqueued: arrived, ready: make(chan struct{})}
+	w := &waiter{class: c, tenant: ts, enqueued: arrived, ready: make(chan struct{})}
+	if ts != nil {
+		ts.waiting++
+	}
 	w.elem = s.queues[c].PushBack(w)
 	s.publishLocked()
 	s.mu.Unlock()
@@ -287,6 +342,10 @@ func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
 		return w.ticket, Admitted
 	}
 	s.queues[c].Remove(w.elem)
+	if w.tenant != nil {
+		w.tenant.waiting--
+		s.fair.settle(w.tenant)
+	}
 	s.dispatchLocked() // a new head may be starving already
 	s.publishLocked()
 	s.mu.Unlock()
@@ -298,12 +357,45 @@ func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
 	return nil, res
 }
 
-func (s *Scheduler) admitLocked(c Class) *Ticket {
-	t := &Ticket{s: s, class: c, admitted: s.cfg.Now(), preempted: make(chan struct{})}
+func (s *Scheduler) admitLocked(c Class, ts *tenantState) *Ticket {
+	t := &Ticket{s: s, class: c, tenant: ts, admitted: s.cfg.Now(), preempted: make(chan struct{})}
 	t.elem = s.running[c].PushBack(t)
 	s.inflight[c]++
 	s.total++
+	if ts != nil {
+		ts.inflight++
+	}
 	return t
+}
+
+// dropLocked uncounts an admitted request that gave its slot back or was
+// preempted (the caller took it off s.running).
+func (s *Scheduler) dropLocked(t *Ticket) {
+	s.inflight[t.class]--
+	s.total--
+	if t.tenant != nil {
+		t.tenant.inflight--
+		s.fair.settle(t.tenant)
+	}
+}
+
+// nextLocked is the waiter of class c a free slot goes to: the oldest, or
+// with fair shares on the oldest of the tenant with the lowest counter.
+func (s *Scheduler) nextLocked(c Class) *waiter {
+	f := s.queues[c].Front()
+	if f == nil {
+		return nil
+	}
+	best := f.Value.(*waiter)
+	if s.fair == nil {
+		return best
+	}
+	for e := f.Next(); e != nil; e = e.Next() {
+		if w := e.Value.(*waiter); w.tenant.counter < best.tenant.counter {
+			best = w
+		}
+	}
+	return best
 }
 
 // dispatchLocked hands free slots to waiters: first any head that waited past
@@ -329,8 +421,8 @@ func (s *Scheduler) dispatchLocked() {
 			}
 		}
 		for _, c := range Classes {
-			if f := s.queues[c].Front(); f != nil && s.fitsLocked(c) {
-				s.grantLocked(f.Value.(*waiter))
+			if w := s.nextLocked(c); w != nil && s.fitsLocked(c) {
+				s.grantLocked(w)
 				progress = true
 			}
 		}
@@ -339,7 +431,10 @@ func (s *Scheduler) dispatchLocked() {
 
 func (s *Scheduler) grantLocked(w *waiter) {
 	s.queues[w.class].Remove(w.elem)
-	w.ticket = s.admitLocked(w.class)
+	if w.tenant != nil {
+		w.tenant.waiting--
+	}
+	w.ticket = s.admitLocked(w.class, w.tenant)
 	close(w.ready)
 }
 
@@ -357,8 +452,7 @@ func (s *Scheduler) preemptForLocked(c Class) bool {
 				continue // already sent a byte
 			}
 			s.running[v].Remove(e)
-			s.inflight[v]--
-			s.total--
+			s.dropLocked(t)
 			close(t.preempted)
 			if t.onPreempt != nil {
 				t.onPreempt()
@@ -419,6 +513,36 @@ func (s *Scheduler) publishLocked() {
 		}
 		s.m.pressure.WithLabelValues(n).Set(max(queueP, slotP))
 	}
+}
+
+// overShareLocked reports whether ts, asking for one more slot, would hold
+// or wait for more than its fair share of the capacity while another tenant
+// is active.
+func (s *Scheduler) overShareLocked(ts *tenantState, tenant string) bool {
+	if s.capacity == Unlimited {
+		return false
+	}
+	demands := make([]TenantDemand, 0, s.fair.active)
+	others := false
+	for _, t := range s.fair.tenants {
+		if !t.busy() && t != ts {
+			continue
+		}
+		d := TenantDemand{Tenant: t.name, Weight: t.weight, InFlight: t.inflight, Waiting: t.waiting, Demand: t.inflight + t.waiting}
+		if t == ts {
+			d.Demand++
+		} else {
+			others = true
+		}
+		demands = append(demands, d)
+	}
+	if !others {
+		return false // alone: what it misses is the fleet's capacity, not its share
+	}
+	// A share under one slot is a rounding artefact: every tenant may hold
+	// or wait for one.
+	share := math.Ceil(fairShare(float64(s.capacity), demands, tenant) - 1e-9)
+	return ts.inflight+ts.waiting >= max(1, int64(share))
 }
 
 // ClassDemand is one class's use of the capacity: slots held and requests

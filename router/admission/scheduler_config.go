@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -44,6 +46,20 @@ type SchedulerConfig struct {
 	// set a header.
 	TrustTenantHeader bool
 	TenantHeader      string
+	// FairShare (smg's extension, off by default) orders each class's queue
+	// by a virtual token counter per tenant and refuses with 429 a tenant
+	// over its weighted fair share while another is active (vtc.go).
+	FairShare bool
+	// FairShareWait keeps a tenant over its fair share waiting (its turn
+	// still comes by its counter) instead of refusing it with 429.
+	FairShareWait bool
+	// TenantWeight is a tenant's weight in fair shares (tenant_policies'
+	// weight); DefaultWeight the weight of every other tenant.
+	TenantWeight  map[string]float64
+	DefaultWeight float64
+	// Problems are the configuration's mistakes that were not fatal, each
+	// naming the fallback taken: the router logs them as errors.
+	Problems []string
 	// TenantMetricTopN bounds the tenant label: tenants past the first N
 	// (configured tenants first) are labelled "other".
 	TenantMetricTopN int
@@ -66,6 +82,8 @@ func DefaultSchedulerConfig() SchedulerConfig {
 		},
 		DefaultMaxClass:  Default,
 		TenantMaxClass:   map[string]Class{},
+		TenantWeight:     map[string]float64{},
+		DefaultWeight:    1,
 		APIKeys:          map[string]string{},
 		TenantHeader:     DefaultTenantHeader,
 		TenantMetricTopN: 32,
@@ -86,8 +104,14 @@ type fileClass struct {
 type fileConfig struct {
 	Classes        map[string]fileClass `yaml:"classes"`
 	TenantPolicies map[string]struct {
-		MaxClass string `yaml:"max_class"`
+		MaxClass *string  `yaml:"max_class"`
+		Weight   *float64 `yaml:"weight"`
 	} `yaml:"tenant_policies"`
+	FairShare *struct {
+		Enabled         bool     `yaml:"enabled"`
+		DefaultWeight   *float64 `yaml:"default_weight"`
+		RefuseOverShare *bool    `yaml:"refuse_over_share"`
+	} `yaml:"fair_share"`
 	APIKeys           map[string]string `yaml:"api_keys"`
 	TrustTenantHeader *bool             `yaml:"trust_tenant_header"`
 	TenantHeaderName  *string           `yaml:"tenant_header_name"`
@@ -117,6 +141,11 @@ func ParseSchedulerConfig(data []byte, base SchedulerConfig) (SchedulerConfig, e
 	for k, v := range base.TenantMaxClass {
 		c.TenantMaxClass[k] = v
 	}
+	c.TenantWeight = make(map[string]float64, len(base.TenantWeight)+len(f.TenantPolicies))
+	for k, v := range base.TenantWeight {
+		c.TenantWeight[k] = v
+	}
+	c.Problems = append([]string(nil), base.Problems...)
 	c.APIKeys = make(map[string]string, len(base.APIKeys)+len(f.APIKeys))
 	for k, v := range base.APIKeys {
 		c.APIKeys[k] = v
@@ -155,13 +184,35 @@ func ParseSchedulerConfig(data []byte, base SchedulerConfig) (SchedulerConfig, e
 			cc.TTFTObjective = d
 		}
 	}
-	for tenant, p := range f.TenantPolicies {
-		cl, ok := classByName(p.MaxClass)
-		if !ok {
-			errs = append(errs, fmt.Errorf("tenant_policies.%q.max_class: unknown class %q", tenant, p.MaxClass))
-			continue
+	if fs := f.FairShare; fs != nil {
+		c.FairShare = fs.Enabled
+		if fs.RefuseOverShare != nil {
+			c.FairShareWait = !*fs.RefuseOverShare
 		}
-		c.TenantMaxClass[tenant] = cl
+		if fs.DefaultWeight != nil {
+			if w := *fs.DefaultWeight; validWeight(w) {
+				c.DefaultWeight = w
+			} else {
+				c.Problems = append(c.Problems, fmt.Sprintf("fair_share.default_weight must be a number > 0 and <= %g, got %g: using 1", maxWeight, w))
+			}
+		}
+	}
+	for tenant, p := range f.TenantPolicies {
+		if p.MaxClass != nil {
+			cl, ok := classByName(*p.MaxClass)
+			if !ok {
+				errs = append(errs, fmt.Errorf("tenant_policies.%q.max_class: unknown class %q", tenant, *p.MaxClass))
+				continue
+			}
+			c.TenantMaxClass[tenant] = cl
+		}
+		if p.Weight != nil {
+			if w := *p.Weight; validWeight(w) {
+				c.TenantWeight[tenant] = w
+			} else {
+				c.Problems = append(c.Problems, fmt.Sprintf("tenant_policies.%q.weight must be a number > 0 and <= %g, got %g: the tenant gets fair_share.default_weight", tenant, maxWeight, w))
+			}
+		}
 	}
 	for key, tenant := range f.APIKeys {
 		if key == "" || tenant == "" {
@@ -175,6 +226,11 @@ func ParseSchedulerConfig(data []byte, base SchedulerConfig) (SchedulerConfig, e
 	}
 	if f.TenantHeaderName != nil {
 		c.TenantHeader = *f.TenantHeaderName
+	}
+	for tenant := range f.TenantPolicies {
+		if p := c.unknownTenant(tenant); p != "" {
+			c.Problems = append(c.Problems, fmt.Sprintf("tenant_policies.%q: %s: the policy applies to no caller", tenant, p))
+		}
 	}
 	if err := errors.Join(append(errs, c.Validate())...); err != nil {
 		return base, fmt.Errorf("scheduler config: %w", err)
@@ -210,6 +266,42 @@ func (c SchedulerConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("tenant metric top N must be >= 0, got %d", c.TenantMetricTopN))
 	}
 	return errors.Join(errs...)
+}
+
+// maxWeight bounds a tenant's weight: counters divide by it.
+const maxWeight = 1e6
+
+func validWeight(w float64) bool { return w > 0 && w <= maxWeight }
+
+// Weight is the tenant's weight in fair shares.
+func (c *SchedulerConfig) Weight(tenant string) float64 {
+	if w, ok := c.TenantWeight[tenant]; ok {
+		return w
+	}
+	return c.DefaultWeight
+}
+
+// unknownTenant says why a policy's tenant key can never be a caller's
+// (Tenant's spellings), or "" when it can.
+func (c *SchedulerConfig) unknownTenant(key string) string {
+	name, ok := strings.CutPrefix(key, "auth:")
+	switch {
+	case ok:
+		for _, t := range c.APIKeys {
+			if t == name {
+				return ""
+			}
+		}
+		return "no api_keys entry names tenant " + strconv.Quote(name)
+	case strings.HasPrefix(key, "header:"):
+		if !c.TrustTenantHeader {
+			return "trust_tenant_header is off, so no caller is a header: tenant"
+		}
+		return ""
+	case strings.HasPrefix(key, "ip:"), key == "anonymous":
+		return ""
+	}
+	return `not a tenant key (want "auth:<name>", "header:<id>", "ip:<address>" or "anonymous")`
 }
 
 // ReservesDemand reports whether any class's reservation follows its demand.

@@ -98,3 +98,72 @@ func TestDocsExampleParses(t *testing.T) {
 		t.Fatalf("example not applied: %+v", c)
 	}
 }
+
+// fair_share and weights: a bad weight or an unknown tenant is a problem
+// named with its fallback, never a failed config.
+func TestParseFairShareConfig(t *testing.T) {
+	c, err := ParseSchedulerConfig([]byte(`
+fair_share:
+  enabled: true
+  default_weight: 2
+tenant_policies:
+  "auth:gold":
+    weight: 4
+  "auth:zero":
+    weight: 0
+  "auth:neg":
+    weight: -1
+  "gold":
+    max_class: default
+api_keys:
+  sk-gold: gold
+  sk-zero: zero
+  sk-neg: neg
+`), DefaultSchedulerConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.FairShare || c.FairShareWait {
+		t.Fatalf("fair_share.enabled: FairShare %v, wait %v", c.FairShare, c.FairShareWait)
+	}
+	for tenant, want := range map[string]float64{"auth:gold": 4, "auth:zero": 2, "auth:neg": 2, "ip:10.0.0.1": 2} {
+		if w := c.Weight(tenant); w != want {
+			t.Errorf("Weight(%s) = %v, want %v", tenant, w, want)
+		}
+	}
+	all := strings.Join(c.Problems, "\n")
+	for _, want := range []string{
+		`tenant_policies."auth:zero".weight must be a number > 0`,
+		`tenant_policies."auth:neg".weight must be a number > 0`,
+		`tenant_policies."gold": not a tenant key`,
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("problems %q lack %q", all, want)
+		}
+	}
+	if len(c.Problems) != 3 {
+		t.Errorf("problems = %q, want 3", c.Problems)
+	}
+
+	c, err = ParseSchedulerConfig([]byte(`
+fair_share: {enabled: true, default_weight: 0, refuse_over_share: false}
+tenant_policies:
+  "auth:nobody": {weight: 1}
+  "header:x": {weight: 1}
+`), DefaultSchedulerConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DefaultWeight != 1 || !c.FairShareWait {
+		t.Fatalf("default weight %v (want the fallback 1), wait %v", c.DefaultWeight, c.FairShareWait)
+	}
+	all = strings.Join(c.Problems, "\n")
+	for _, want := range []string{"fair_share.default_weight must be", `no api_keys entry names tenant "nobody"`, "trust_tenant_header is off"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("problems %q lack %q", all, want)
+		}
+	}
+	if c, _ := ParseSchedulerConfig(nil, DefaultSchedulerConfig()); c.FairShare {
+		t.Error("fair shares must be off by default")
+	}
+}

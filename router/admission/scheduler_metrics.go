@@ -14,6 +14,7 @@ const (
 	OutcomeQueueTimeout    = "rejected_queue_timeout"
 	OutcomePreempted       = "preempted"
 	OutcomeClientCancelled = "client_cancelled"
+	OutcomeOverFairShare   = "rejected_over_fair_share"
 )
 
 // SchedulerMetrics are SMG's smg_scheduler_* series.
@@ -29,6 +30,8 @@ type SchedulerMetrics struct {
 	sizeLimit    *prometheus.GaugeVec
 	utilization  prometheus.Gauge
 	pressure     *prometheus.GaugeVec
+	overShare    *prometheus.CounterVec
+	tokens       *prometheus.CounterVec
 	waitByClass  [NumClasses]prometheus.Observer
 	admitByClass [NumClasses]map[string]prometheus.Counter
 
@@ -73,9 +76,15 @@ func NewSchedulerMetrics(reg prometheus.Registerer) (*SchedulerMetrics, error) {
 		pressure: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "smg_scheduler_class_capacity_pressure", Help: "0-1, the worse of the class's queue fill and slot pressure.",
 		}, byClass),
+		overShare: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "smg_scheduler_fair_share_refused_total", Help: "Requests refused with 429 because their tenant held its fair share while another tenant was active (fair_share).",
+		}, []string{"tenant"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "smg_scheduler_tenant_tokens_total", Help: "Tokens served per tenant as its virtual token counter counts them (prompt tokens x1, output tokens x2, before its weight; fair_share).",
+		}, []string{"tenant"}),
 	}
 	for _, c := range []prometheus.Collector{m.admit, m.wait, m.preemption, m.clamp, m.unknown, m.starvation,
-		m.inflight, m.depth, m.sizeLimit, m.utilization, m.pressure} {
+		m.inflight, m.depth, m.sizeLimit, m.utilization, m.pressure, m.overShare, m.tokens} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -84,7 +93,7 @@ func NewSchedulerMetrics(reg prometheus.Registerer) (*SchedulerMetrics, error) {
 		n := cl.String()
 		m.waitByClass[cl] = m.wait.WithLabelValues(n)
 		m.admitByClass[cl] = map[string]prometheus.Counter{}
-		for _, o := range []string{OutcomeAdmitted, OutcomeQueueFull, OutcomeQueueTimeout, OutcomePreempted, OutcomeClientCancelled} {
+		for _, o := range []string{OutcomeAdmitted, OutcomeQueueFull, OutcomeQueueTimeout, OutcomePreempted, OutcomeClientCancelled, OutcomeOverFairShare} {
 			m.admitByClass[cl][o] = m.admit.WithLabelValues(n, o)
 		}
 		m.starvation.WithLabelValues(n)
@@ -98,6 +107,11 @@ func NewSchedulerMetrics(reg prometheus.Registerer) (*SchedulerMetrics, error) {
 // CountUnknown counts a header value that named no class.
 func (m *SchedulerMetrics) CountUnknown(tenant string) {
 	m.unknown.WithLabelValues(m.tenants.label(tenant)).Inc()
+}
+
+// CountOverShare counts a refusal of a tenant over its fair share.
+func (m *SchedulerMetrics) CountOverShare(tenant string) {
+	m.overShare.WithLabelValues(m.tenants.label(tenant)).Inc()
 }
 
 // CountClamp counts a class lowered by the tenant's ceiling.
