@@ -112,7 +112,7 @@ type TTFTLoad struct {
 	PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec"`
 	DecodeStepMs        float64 `json:"decode_step_ms"`
 	// PredictedTTFTMs is the predicted time to first token of a request
-	// with an empty prompt sent now (the work ahead plus one step); 0 when
+	// with an empty prompt sent now (the fixed time plus the work ahead over the rate); 0 when
 	// TTFTPredictor is not "ok".
 	PredictedTTFTMs float64 `json:"predicted_ttft_ms"`
 	// TTFTPredictor: ok, no_data (no first token measured yet) or

@@ -130,6 +130,9 @@ func (s *Suite) Objectives(ctx context.Context) (*ObjectiveReport, error) {
 	if len(s.Loads) > 0 && !s.Short {
 		rep.Loads = s.Loads
 	}
+	if s.Capacity > 0 && !s.Short {
+		rep.Capacity = Capacity{ReqPerSec: s.Capacity, TokensPerSec: s.Capacity * rep.Output.Mean()}
+	}
 	if rep.Capacity.ReqPerSec == 0 {
 		c, err := s.calibrate(ctx, GatewayConfig{Engines: hetEngines, Flags: []string{"--disable-worker-overload-protection"}, SimArgs: hetSimArgs},
 			hetEngines*hetSlots, hetPrompt, hetOutput, 20*time.Second)

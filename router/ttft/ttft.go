@@ -4,7 +4,13 @@
 // time, the prompt tokens ahead of the request there and the request's own
 // prompt length.
 //
-//	predicted TTFT = (tokens ahead + own tokens) / prefill rate + one decode step
+//	predicted TTFT = fixed time + (tokens ahead + own tokens) / prefill rate
+//
+// Both terms are fitted through the latest first tokens (see fit): the fixed
+// time is what a first token waits beyond its prefill (the step under way,
+// the decodes of the requests beside it). When the samples' work is too
+// alike to tell the two apart, the rate goes through the origin and the
+// fixed time is one measured decode step.
 //
 // The rate is measured on requests, not read from the engine's prompt-token
 // counter: that counter moves with demand (an idle engine reads 0 tokens/s),
@@ -122,12 +128,18 @@ type Estimator struct {
 type rateSample struct {
 	at   time.Time
 	rate float64
+	work float64 // tokens
+	ttft float64 // seconds
 }
 
 type estimate struct {
 	rate   float64 // tokens/s, unbounded (Status tells when it is out of bounds)
 	step   time.Duration
 	hasOne bool
+	// fixed is the time a first token takes beyond the prefill of the
+	// work, when fitted (fitted true): see fit.
+	fixed  time.Duration
+	fitted bool
 }
 
 // New returns an estimator on the clock now.
@@ -167,7 +179,7 @@ func (e *Estimator) ObserveFirstToken(work int64, ttft time.Duration) {
 		drop++
 	}
 	e.samples = append(e.samples[:0], e.samples[drop:]...)
-	e.samples = append(e.samples, rateSample{at: t, rate: rate})
+	e.samples = append(e.samples, rateSample{at: t, rate: rate, work: float64(work), ttft: ttft.Seconds()})
 	e.rateSeen = true
 	e.publish()
 }
@@ -202,8 +214,56 @@ func (e *Estimator) publish() {
 		}
 		slices.Sort(e.sorted)
 		est.rate = e.sorted[n/2]
+		if slope, fixed, ok := e.fit(); ok {
+			est.rate, est.fixed, est.fitted = 1/slope, time.Duration(fixed*float64(time.Second)), true
+		}
 	}
 	e.published.Store(est)
+}
+
+// fitMin is the fewest samples fit draws a line through.
+const fitMin = 8
+
+// fit draws TTFT = fixed + work × slope through the samples (Theil-Sen: the
+// median of the slopes between pairs whose work differs by a quarter or
+// more, then the median intercept). A first token waits for more than its
+// prefill: the step under way when the request arrived and, on every step
+// of its prefill, the decode of the requests running beside it, a time that
+// does not grow with the prompt; a rate alone counts it into every token
+// and so over-predicts long prompts and under-predicts short ones. Medians
+// ignore the samples whose work ahead was stale. ok is false when the
+// samples' work is too alike to show a slope (uniform prompts: the rate
+// through the origin and one decode step serve then) or the slope is not
+// positive.
+func (e *Estimator) fit() (slope, fixed float64, ok bool) {
+	n := len(e.samples)
+	if n < fitMin {
+		return 0, 0, false
+	}
+	e.sorted = e.sorted[:0]
+	for i := range n {
+		a := &e.samples[i]
+		for j := i + 1; j < n; j++ {
+			b := &e.samples[j]
+			if dw := b.work - a.work; math.Abs(dw) >= 0.25*max(a.work, b.work) {
+				e.sorted = append(e.sorted, (b.ttft-a.ttft)/dw)
+			}
+		}
+	}
+	if len(e.sorted) < n {
+		return 0, 0, false
+	}
+	slices.Sort(e.sorted)
+	slope = e.sorted[len(e.sorted)/2]
+	if !(slope > 0) {
+		return 0, 0, false
+	}
+	e.sorted = e.sorted[:0]
+	for _, s := range e.samples {
+		e.sorted = append(e.sorted, s.ttft-s.work*slope)
+	}
+	slices.Sort(e.sorted)
+	return slope, max(e.sorted[n/2], 0), true
 }
 
 // Rate is the measured prefill rate in tokens per second and whether it can
@@ -229,6 +289,9 @@ func (e *Estimator) Predict(ahead, own int64) (time.Duration, Status) {
 	rate, s := e.Rate()
 	if s != OK {
 		return 0, s
+	}
+	if est := e.published.Load(); est.fitted {
+		return Predict(ahead, own, rate, est.fixed), OK
 	}
 	return Predict(ahead, own, rate, e.Step()), OK
 }

@@ -132,3 +132,52 @@ func TestEstimatorBoundsALyingEngine(t *testing.T) {
 		}
 	})
 }
+
+// Prompts of many lengths: the estimator fits the time a first token takes
+// beyond its prefill (the step under way, the decodes beside it) apart from
+// the rate, so short and long prompts are both predicted right, where a
+// rate through the origin would count that time into every token.
+func TestEstimatorFitsAFixedTimeBesideTheRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := New(time.Now)
+		e.ObserveStep(5 * time.Millisecond) // under the real 20 ms: the fit, not the step, must serve
+		ttftOf := func(work int64) time.Duration {
+			return 20*time.Millisecond + time.Duration(float64(work)/20000*float64(time.Second))
+		}
+		works := []int64{64, 16384, 256, 4096, 128, 8192, 1024, 512, 2048, 96}
+		for _, w := range works {
+			time.Sleep(100 * time.Millisecond)
+			e.ObserveFirstToken(w, ttftOf(w))
+		}
+		// Stale work ahead: two samples that counted 20,000 tokens already
+		// done, one that missed 10,000 just dispatched. Medians ignore them.
+		e.ObserveFirstToken(20100, ttftOf(100))
+		e.ObserveFirstToken(20200, ttftOf(200))
+		e.ObserveFirstToken(300, ttftOf(10300))
+		if rate, s := e.Rate(); s != OK || math.Abs(rate-20000) > 200 {
+			t.Fatalf("rate = %v %v, want 20000 ok", rate, s)
+		}
+		for _, w := range []int64{64, 1000, 16000} {
+			d, s := e.Predict(w/2, w-w/2)
+			if want := ttftOf(w); s != OK || (d-want).Abs() > want/50 {
+				t.Errorf("predict %d tokens = %v %v, want %v ok", w, d, s, want)
+			}
+		}
+	})
+}
+
+// Prompts all of one length show no slope: the rate through the origin and
+// one decode step serve, as before any fit.
+func TestEstimatorWithoutSpreadFallsBackToTheStep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := New(time.Now)
+		e.ObserveStep(10 * time.Millisecond)
+		for range 2 * fitMin {
+			time.Sleep(100 * time.Millisecond)
+			e.ObserveFirstToken(1000, 60*time.Millisecond) // 1000 in 50 ms + one step
+		}
+		if d, s := e.Predict(1000, 1000); s != OK || (d-110*time.Millisecond).Abs() > time.Millisecond {
+			t.Fatalf("predict = %v %v, want 110ms ok", d, s)
+		}
+	})
+}
