@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/smg-project/smg/internal/h1client"
 )
 
 // upstream is the router's HTTP/1.1 client to the engines: connections kept
@@ -20,8 +22,9 @@ import (
 // goroutine and every answer back from a reader goroutine, two goroutine
 // switches with their channels per request; on short completions that was
 // the largest part of the router's CPU beyond the system calls themselves.
-// Writing the request and parsing the answer are net/http's own
-// (Request.Write, ReadResponse).
+// Writing the request and parsing the answer are h1client's, which cost a
+// few allocations where net/http's Request.Write and ReadResponse cost
+// dozens.
 type upstream struct {
 	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
 	dialTLS     func(ctx context.Context, network, addr string) (net.Conn, error) // nil: Go's defaults
@@ -43,6 +46,7 @@ type upConn struct {
 	c      net.Conn
 	br     *bufio.Reader
 	bw     *bufio.Writer
+	parser h1client.Parser
 	key    upKey
 	idleAt time.Time
 }
@@ -98,20 +102,16 @@ func (u *upstream) RoundTrip(ctx context.Context, req *http.Request) (*http.Resp
 	}
 }
 
-// rewindBody is a request body in memory that a retry reads again.
+// rewindBody is a request body in memory that a retry reads again; the
+// upstream writes its bytes as they are.
 type rewindBody struct {
 	bytes.Reader
 	b []byte
-	// inMemory is the same reader as net/http recognises one in memory, so
-	// Request.Write sends head and body in one write instead of flushing
-	// the head on its own.
-	inMemory io.ReadCloser
 }
 
 func newRewindBody(b []byte) *rewindBody {
 	rb := &rewindBody{b: b}
 	rb.Reset(b)
-	rb.inMemory = io.NopCloser(&rb.Reader)
 	return rb
 }
 
@@ -122,13 +122,14 @@ func (*rewindBody) Close() error { return nil }
 func (u *upstream) send(ctx context.Context, pc *upConn, req *http.Request) (*http.Response, error) {
 	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
 	fail := func(err error) (*http.Response, error) { stop(); return nil, err }
-	body := req.Body
-	if rb, ok := body.(*rewindBody); ok {
-		req.Body = rb.inMemory
+	var inMemory []byte
+	if rb, ok := req.Body.(*rewindBody); ok {
+		inMemory = rb.b
+		if inMemory == nil {
+			inMemory = []byte{}
+		}
 	}
-	err := req.Write(pc.bw)
-	req.Body = body
-	if err != nil {
+	if err := h1client.WriteRequest(pc.bw, req, inMemory); err != nil {
 		return fail(nothingRead(err))
 	}
 	if err := pc.bw.Flush(); err != nil {
@@ -137,16 +138,14 @@ func (u *upstream) send(ctx context.Context, pc *upConn, req *http.Request) (*ht
 	if _, err := pc.br.Peek(1); err != nil {
 		return fail(nothingRead(err))
 	}
-	resp, err := http.ReadResponse(pc.br, req)
-	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-		resp, err = http.ReadResponse(pc.br, req) // informational: the answer follows
-	}
+	b := &upBody{u: u, pc: pc, stop: stop, ctx: ctx}
+	resp, err := pc.parser.ReadResponse(pc.br, req, &b.body)
 	if err != nil {
 		return fail(err)
 	}
 	// Only an answer whose end the body marks leaves the connection reusable.
-	delimited := resp.ContentLength >= 0 || len(resp.TransferEncoding) > 0
-	resp.Body = &upBody{u: u, pc: pc, body: resp.Body, stop: stop, ctx: ctx, reuse: delimited && !resp.Close}
+	b.reuse = !resp.Close
+	resp.Body = b
 	return resp, nil
 }
 
@@ -245,7 +244,7 @@ func (u *upstream) put(pc *upConn) {
 type upBody struct {
 	u     *upstream
 	pc    *upConn
-	body  io.ReadCloser
+	body  h1client.Body
 	stop  func() bool // unhooks the cancellation; false once it has fired
 	ctx   context.Context
 	reuse bool

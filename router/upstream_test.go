@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -134,5 +135,90 @@ func TestUpstreamCancelEndsAWaitingRequest(t *testing.T) {
 		if len(list) > 0 {
 			t.Fatal("the cancelled request's connection went back to the pool")
 		}
+	}
+}
+
+// rawEngine answers every request with raw bytes, then closes the
+// connection: an engine that speaks broken HTTP.
+func rawEngine(t *testing.T, raw string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				_, _ = io.WriteString(c, raw)
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// Whatever an engine sends, the client gets a full answer or an explicit
+// error, never a hang: a malformed or oversized head is a 502 naming it; a
+// body cut short cuts the client's connection (an SSE stream after an error
+// event), so the client never reads a clean end.
+func TestBadUpstreamAnswersEndExplicitly(t *testing.T) {
+	for _, tc := range []struct {
+		name, raw string
+		status    int    // 0: the head was sent, the body must fail
+		want      string // in the 502's body, or in what the client read
+	}{
+		{"malformed status line", "HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n{}", 502, "malformed HTTP status line"},
+		{"not HTTP", "SSH-2.0-OpenSSH_9.6\r\n", 502, "malformed HTTP status line"},
+		{"oversized head", "HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("a", 70<<10) + "\r\n\r\n{}", 502, "answer head larger than"},
+		{"malformed field", "HTTP/1.1 200 OK\r\nBroken header\r\n\r\n{}", 502, "malformed HTTP header field"},
+		{"unsupported coding", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n{}", 502, "unsupported Transfer-Encoding"},
+		{"closed before the head ended", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n", 502, "unexpected EOF"},
+		{"closed mid-body", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"partial\":", 0, `{"partial":`},
+		{"chunked body cut short", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n20\r\n{\"partial\":", 0, `{"partial":`},
+		{"malformed chunk", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n", 0, `{}`},
+		{"stream cut short", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"e\r\ndata: {\"a\":1}\n\n\r\n", 0, `"code":"upstream_error"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *Options) { o.DisableRetries = true })
+			h.apply(Worker{ID: "raw", URL: rawEngine(t, tc.raw), Model: testModel, Type: TypeRegular, Healthy: true})
+			body := `{"model":"` + testModel + `","messages":[{"role":"user","content":"x"}]}`
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // a hang fails, not blocks
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				if tc.status == 0 && ctx.Err() == nil {
+					return // cut before the head: the router held the short answer whole
+				}
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got, rerr := io.ReadAll(resp.Body)
+			if ctx.Err() != nil {
+				t.Fatal("the client waited for an answer that never ended")
+			}
+			if tc.status != 0 {
+				if resp.StatusCode != tc.status || rerr != nil || resp.Header.Get(ErrorCodeHeader) != CodeUpstreamError ||
+					!strings.Contains(string(got), tc.want) {
+					t.Fatalf("%d %q (%v), code %q; want %d naming %q", resp.StatusCode, got, rerr,
+						resp.Header.Get(ErrorCodeHeader), tc.status, tc.want)
+				}
+				return
+			}
+			if rerr == nil || !strings.Contains(string(got), tc.want) {
+				t.Fatalf("read %q, %v; want %q and then a cut connection", got, rerr, tc.want)
+			}
+		})
 	}
 }

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"io"
 	"sync/atomic"
+
+	"github.com/smg-project/smg/internal/h1wire"
 )
 
-var (
-	errBodyClosed    = errors.New("h1server: read on a closed request body")
-	errChunkTooLarge = errors.New("h1server: chunk size too large")
-)
+var errBodyClosed = errors.New("h1server: read on a closed request body")
 
 // body is a request body read off the connection's buffered reader:
 // Content-Length bytes, or chunks up to the last one.
@@ -90,7 +89,7 @@ func (b *body) read(p []byte) (int, error) {
 		return n, io.ErrUnexpectedEOF
 	}
 	if err == nil && b.remaining == 0 {
-		err = b.chunkEnd()
+		err = h1wire.ChunkEnd(b.br)
 		if err == nil && b.peekLast() {
 			err = io.EOF // the last chunk is already here: say so now
 		}
@@ -98,25 +97,14 @@ func (b *body) read(p []byte) (int, error) {
 	return n, err
 }
 
-// maxChunkLine bounds a chunk-size line with its extensions.
-const maxChunkLine = 4096
-
 // nextChunk reads a chunk-size line (and, for the last chunk, the trailer
 // section, which is discarded).
 func (b *body) nextChunk() error {
-	line, err := readChunkLine(b.br)
+	size, err := h1wire.NextChunk(b.br)
 	if err != nil {
 		return err
 	}
-	size, err := parseChunkSize(line)
-	if err != nil {
-		return err
-	}
-	if size == 0 {
-		b.last = true
-		return b.skipTrailer()
-	}
-	b.remaining = size
+	b.remaining, b.last = size, size == 0
 	return nil
 }
 
@@ -130,102 +118,6 @@ func (b *body) peekLast() bool {
 	_, _ = b.br.Discard(5)
 	b.last = true
 	return true
-}
-
-func (b *body) chunkEnd() error {
-	var crlf [2]byte
-	if _, err := io.ReadFull(b.br, crlf[:]); err != nil {
-		return unexpected(err)
-	}
-	if crlf != [2]byte{'\r', '\n'} {
-		return errChunkLine
-	}
-	return nil
-}
-
-// maxTrailerBytes bounds a chunked body's trailer section.
-const maxTrailerBytes = 8 << 10
-
-func (b *body) skipTrailer() error {
-	total := 0
-	for {
-		line, err := readChunkLine(b.br)
-		if err != nil {
-			return err
-		}
-		if len(line) == 0 {
-			return nil
-		}
-		if total += len(line) + 2; total > maxTrailerBytes {
-			return errChunkLine
-		}
-		if !validField(line) {
-			return errChunkLine
-		}
-	}
-}
-
-func readChunkLine(br *bufio.Reader) ([]byte, error) {
-	line, err := br.ReadSlice('\n')
-	if err == bufio.ErrBufferFull || len(line) > maxChunkLine {
-		return nil, errChunkLine
-	}
-	if err != nil {
-		return nil, unexpected(err)
-	}
-	if len(line) < 2 || line[len(line)-2] != '\r' {
-		return nil, errChunkLine
-	}
-	return line[:len(line)-2], nil
-}
-
-// parseChunkSize parses "HEX[;ext...]": hex digits only, at most 15 of
-// them, extensions without control bytes (and ignored).
-func parseChunkSize(line []byte) (int64, error) {
-	var n int64
-	i := 0
-	for ; i < len(line); i++ {
-		c := line[i]
-		var d byte
-		switch {
-		case '0' <= c && c <= '9':
-			d = c - '0'
-		case 'a' <= c && c <= 'f':
-			d = c - 'a' + 10
-		case 'A' <= c && c <= 'F':
-			d = c - 'A' + 10
-		default:
-			goto ext
-		}
-		if i == 15 {
-			return 0, errChunkTooLarge
-		}
-		n = n<<4 | int64(d)
-	}
-ext:
-	if i == 0 {
-		return 0, errChunkLine
-	}
-	rest := line[i:]
-	for len(rest) > 0 && (rest[0] == ' ' || rest[0] == '\t') {
-		rest = rest[1:]
-	}
-	if len(rest) > 0 && rest[0] != ';' {
-		return 0, errChunkLine
-	}
-	for _, c := range rest {
-		if (c < ' ' && c != '\t') || c == 0x7f {
-			return 0, errChunkLine
-		}
-	}
-	return n, nil
-}
-
-func unexpected(err error) error {
-	if err == io.EOF {
-		return io.ErrUnexpectedEOF
-	}
-	return err
 }
 
 func (b *body) Close() error {

@@ -3,10 +3,10 @@ package h1server
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"net/http"
 	"net/url"
-	"strconv"
+
+	"github.com/smg-project/smg/internal/h1wire"
 )
 
 // Limits bound what a client may send before its handler runs. Zero fields
@@ -181,7 +181,7 @@ func parseRequestLine(line []byte) (method, target []byte, minor int, err error)
 		return nil, nil, 0, errBadRequestLine
 	}
 	target, version := rest[:sp], rest[sp+1:]
-	if !validToken(method) {
+	if !h1wire.ValidToken(method) {
 		return nil, nil, 0, errBadMethod
 	}
 	for _, b := range target {
@@ -289,14 +289,14 @@ func (p *parser) readHeader(req *http.Request, h *reqHead) error {
 			return errObsFold
 		}
 		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || !validToken(line[:colon]) {
+		if colon <= 0 || !h1wire.ValidToken(line[:colon]) {
 			return errBadHeader // whitespace before the colon among them
 		}
-		name, value := line[:colon], trimOWS(line[colon+1:])
-		if !validValue(value) {
+		name, value := line[:colon], h1wire.TrimOWS(line[colon+1:])
+		if !h1wire.ValidValue(value) {
 			return errBadHeaderValue
 		}
-		key := p.canonicalKey(name)
+		key := h1wire.CanonicalKey(name)
 		v, ok := p.last[key]
 		if !ok || v != string(value) {
 			v = string(value)
@@ -312,22 +312,6 @@ func (p *parser) readHeader(req *http.Request, h *reqHead) error {
 		p.vals = append(p.vals, v)
 		req.Header[key] = p.vals[len(p.vals)-1 : len(p.vals) : len(p.vals)]
 	}
-}
-
-// validValue: field-content bytes (VCHAR, obs-text, SP, HTAB).
-func validValue(v []byte) bool {
-	for _, b := range v {
-		if (b < ' ' && b != '\t') || b == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
-// validField: a header field line, "name: value" (trailers are checked so).
-func validField(line []byte) bool {
-	colon := bytes.IndexByte(line, ':')
-	return colon > 0 && validToken(line[:colon]) && validValue(line[colon+1:])
 }
 
 // interpret applies the fields that frame the request: Host, the body's
@@ -359,7 +343,7 @@ func (p *parser) interpret(req *http.Request, h *reqHead) error {
 		if req.ProtoMinor == 0 {
 			return errTEVersion
 		}
-		if len(te) != 1 || !asciiEqualFold(te[0], "chunked") {
+		if len(te) != 1 || !h1wire.EqualFold(te[0], "chunked") {
 			return errTE
 		}
 		delete(req.Header, "Transfer-Encoding")
@@ -371,7 +355,7 @@ func (p *parser) interpret(req *http.Request, h *reqHead) error {
 	case len(cl) > 1:
 		return errTwoLengths
 	case len(cl) == 1:
-		n, ok := parseLength(cl[0])
+		n, ok := h1wire.ParseLength(cl[0])
 		if !ok {
 			return errBadLength
 		}
@@ -381,11 +365,11 @@ func (p *parser) interpret(req *http.Request, h *reqHead) error {
 
 	keepAlive := false
 	for _, v := range req.Header["Connection"] {
-		for tok := range tokens(v) {
+		for tok := range h1wire.Tokens(v) {
 			switch {
-			case asciiEqualFold(tok, "close"):
+			case h1wire.EqualFold(tok, "close"):
 				h.close = true
-			case asciiEqualFold(tok, "keep-alive"):
+			case h1wire.EqualFold(tok, "keep-alive"):
 				keepAlive = true
 			}
 		}
@@ -396,112 +380,12 @@ func (p *parser) interpret(req *http.Request, h *reqHead) error {
 	req.Close = h.close
 
 	if ex := req.Header["Expect"]; len(ex) > 0 {
-		if len(ex) != 1 || !asciiEqualFold(ex[0], "100-continue") {
+		if len(ex) != 1 || !h1wire.EqualFold(ex[0], "100-continue") {
 			return errExpect
 		}
 		h.expect = req.ProtoMinor == 1 && h.length != 0
 	}
 	return nil
-}
-
-// parseLength parses a Content-Length: decimal digits only, no sign, no
-// list, no overflow.
-func parseLength(s string) (int64, bool) {
-	if s == "" || len(s) > 18 {
-		return 0, false
-	}
-	for i := 0; i < len(s); i++ {
-		if !isDigit(s[i]) {
-			return 0, false
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n, err == nil
-}
-
-// tokens yields the comma-separated elements of a list field, trimmed.
-func tokens(v string) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for v != "" {
-			i := 0
-			for i < len(v) && v[i] != ',' {
-				i++
-			}
-			tok := trimOWSString(v[:i])
-			if i < len(v) {
-				i++
-			}
-			v = v[i:]
-			if tok != "" && !yield(tok) {
-				return
-			}
-		}
-	}
-}
-
-func trimOWS(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
-		b = b[1:]
-	}
-	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
-		b = b[:len(b)-1]
-	}
-	return b
-}
-
-func trimOWSString(s string) string {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
-}
-
-func asciiEqualFold(s, t string) bool {
-	if len(s) != len(t) {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if lower(s[i]) != lower(t[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-func lower(b byte) byte {
-	if 'A' <= b && b <= 'Z' {
-		return b + 'a' - 'A'
-	}
-	return b
-}
-
-// tchar (RFC 9110 5.6.2).
-var isTchar = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c], t[c-'a'+'A'] = true, true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
-}()
-
-func validToken(b []byte) bool {
-	if len(b) == 0 {
-		return false
-	}
-	for _, c := range b {
-		if !isTchar[c] {
-			return false
-		}
-	}
-	return true
 }
 
 // validHost accepts a uri-host with an optional port: reg-name and IP
@@ -518,40 +402,6 @@ func validHost(s string) bool {
 	}
 	return true
 }
-
-// canonicalKey is name in canonical form (textproto.CanonicalMIMEHeaderKey
-// for a valid token), from a table for common fields so they cost nothing.
-func (p *parser) canonicalKey(name []byte) string {
-	upper := true
-	for i, c := range name {
-		if upper {
-			if 'a' <= c && c <= 'z' {
-				name[i] = c - 'a' + 'A'
-			}
-		} else if 'A' <= c && c <= 'Z' {
-			name[i] = c + 'a' - 'A'
-		}
-		upper = c == '-'
-	}
-	if k, ok := commonKeys[string(name)]; ok {
-		return k
-	}
-	return string(name)
-}
-
-var commonKeys = func() map[string]string {
-	m := map[string]string{}
-	for _, k := range []string{
-		"Accept", "Accept-Encoding", "Accept-Language", "Authorization", "Cache-Control", "Connection",
-		"Content-Length", "Content-Type", "Cookie", "Expect", "Host", "Keep-Alive", "Origin", "Pragma",
-		"Referer", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "User-Agent", "Via",
-		"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "X-Request-Id", "Traceparent",
-		"Tracestate", "Openai-Organization", "Openai-Project", "X-Api-Key",
-	} {
-		m[k] = k
-	}
-	return m
-}()
 
 func internMethod(b []byte) string {
 	switch string(b) {
@@ -572,6 +422,3 @@ func internMethod(b []byte) string {
 	}
 	return string(b)
 }
-
-// errLineTooLong is io.ErrUnexpectedEOF's kin for chunk lines.
-var errChunkLine = errors.New("h1server: malformed chunk")

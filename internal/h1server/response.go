@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/smg-project/smg/internal/h1wire"
 )
 
 // bufferBeforeCommit is how much of a body is held before the header is
@@ -63,7 +65,7 @@ func (w *response) WriteHeader(code int) {
 	}
 	w.wroteHeader, w.status = true, code
 	if v := w.hdr["Content-Length"]; len(v) > 0 {
-		if n, ok := parseLength(v[0]); ok && len(v) == 1 {
+		if n, ok := h1wire.ParseLength(v[0]); ok && len(v) == 1 {
 			w.length = n
 		}
 		delete(w.hdr, "Content-Length") // written from w.length
@@ -260,8 +262,8 @@ func (w *response) commit(final bool) {
 	if !allowed {
 		w.length = -1
 	}
-	for tok := range tokens(strings.Join(hdr["Connection"], ",")) {
-		if asciiEqualFold(tok, "close") {
+	for tok := range h1wire.Tokens(strings.Join(hdr["Connection"], ",")) {
+		if h1wire.EqualFold(tok, "close") {
 			w.closeAfter = true
 		}
 	}
@@ -351,7 +353,7 @@ func validTokenString(s string) bool {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
-		if !isTchar[s[i]] {
+		if !h1wire.IsTchar[s[i]] {
 			return false
 		}
 	}
