@@ -22,8 +22,8 @@ const (
 	// chat template fails on it, a prompt over the context, token ids outside
 	// the vocabulary), refused before anything is sent to the engine.
 	CodeInvalidRequest = "invalid_request"
-	// CodeRouteNotServed: a route gRPC workers do not serve (embeddings,
-	// /generate).
+	// CodeRouteNotServed: a route gRPC workers do not serve (embeddings on
+	// a prefill/decode pair).
 	CodeRouteNotServed = "route_not_served_by_grpc_worker"
 	// CodeWorkerNotServable: the worker's tokenizer or template cannot load.
 	CodeWorkerNotServable = "worker_not_servable"
@@ -86,16 +86,9 @@ const grpcNotServableFor = 30 * time.Second
 // first byte, preemption), with the request translated to Generate.
 func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *http.Request, wk *Worker, st *workerState,
 	body []byte, mayRetry bool, ticket *admission.Ticket) dispatchResult {
-	chat := in.URL.Path == "/v1/chat/completions"
-	if !chat && in.URL.Path != "/v1/completions" {
-		writeError(w, http.StatusNotImplemented, CodeRouteNotServed,
-			in.URL.Path+" is not served by gRPC workers (worker '"+wk.URL+"'); chat and text completions are", 0)
-		return dispatchResult{status: http.StatusNotImplemented}
-	}
-	req, err := openaigrpc.ParseRequest(body, chat)
+	job, err := parseGRPC(in.URL.Path, body)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error(), 0)
-		return dispatchResult{status: http.StatusBadRequest}
+		return dispatchResult{status: writeParseError(w, in.URL.Path, err)}
 	}
 	c, err := r.grpc.clients.Get(wk.URL)
 	if err != nil {
@@ -117,7 +110,7 @@ func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 		return dispatchResult{status: http.StatusServiceUnavailable}
 	}
 	st.grpcDownUntil.Store(0)
-	prompts, err := m.Prompts(req)
+	prompts, err := job.prompts(m)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error(), 0)
 		return dispatchResult{status: http.StatusBadRequest}
@@ -135,12 +128,12 @@ func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 			st.promptTokens.Add(-promptTokens)
 		}
 	}()
-	if req.Stream { // the pile: streaming gRPC generations
+	if job.streaming() { // the pile: streaming gRPC generations
 		st.streams.Add(1)
 		defer st.streams.Add(-1)
 	}
 	sent := r.clock()
-	call := openaigrpc.Start(ctx, c, m, req, prompts, wk.Model)
+	call := job.start(ctx, c, m, prompts, wk.Model)
 	defer call.Close() // aborts on the engine whatever did not finish
 
 	if err := call.Wait(ctx); err != nil {
@@ -252,17 +245,14 @@ func (r *Router) sendPairGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 			pw.URL+"', decode '"+dw.URL+"'", 0)
 		return http.StatusBadGateway
 	}
-	chat := in.URL.Path == "/v1/chat/completions"
-	if !chat && in.URL.Path != "/v1/completions" {
-		writeError(w, http.StatusNotImplemented, CodeRouteNotServed,
-			in.URL.Path+" is not served by gRPC workers; chat and text completions are", 0)
-		return http.StatusNotImplemented
+	job, err := parseGRPC(in.URL.Path, body)
+	if err == nil && job.gen == nil {
+		err = errRouteNotServed
 	}
-	req, err := openaigrpc.ParseRequest(body, chat)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error(), 0)
-		return http.StatusBadRequest
+		return writeParseError(w, in.URL.Path, err)
 	}
+	req := job.gen
 	pc, err := r.grpc.clients.Get(pw.URL)
 	if err == nil {
 		var dc *enginegrpc.Client
@@ -374,4 +364,74 @@ func (r *Router) servePairGRPC(ctx context.Context, w http.ResponseWriter, in *h
 	dst.lastProgress.Store(now.UnixNano())
 	r.completions.add(now)
 	return http.StatusOK
+}
+
+// grpcAnswer is one request being served over the engine protocol.
+type grpcAnswer interface {
+	// Wait blocks until the answer can start; an error reached the client
+	// with nothing.
+	Wait(context.Context) error
+	// Serve writes the answer.
+	Serve(context.Context, http.ResponseWriter, openaigrpc.Progress) error
+	// Close ends what the engine still runs.
+	Close()
+}
+
+// grpcJob is a request parsed for a gRPC worker: a generation (chat, text
+// completion, /generate) or embeddings.
+type grpcJob struct {
+	gen   *openaigrpc.Request
+	embed *openaigrpc.EmbedRequest
+}
+
+// errRouteNotServed: a route a gRPC worker (or pair) does not serve.
+var errRouteNotServed = errors.New("route not served")
+
+func parseGRPC(path string, body []byte) (grpcJob, error) {
+	var j grpcJob
+	var err error
+	switch path {
+	case "/v1/chat/completions":
+		j.gen, err = openaigrpc.ParseRequest(body, true)
+	case "/v1/completions":
+		j.gen, err = openaigrpc.ParseRequest(body, false)
+	case "/generate":
+		j.gen, err = openaigrpc.ParseGenerate(body)
+	case "/v1/embeddings":
+		j.embed, err = openaigrpc.ParseEmbed(body)
+	default:
+		err = errRouteNotServed
+	}
+	return j, err
+}
+
+// writeParseError answers a request parseGRPC refused.
+func writeParseError(w http.ResponseWriter, path string, err error) int {
+	if errors.Is(err, errRouteNotServed) {
+		msg := path + " is not served by gRPC workers"
+		if path == "/v1/embeddings" {
+			msg = "/v1/embeddings is not served by a prefill/decode pair"
+		}
+		writeError(w, http.StatusNotImplemented, CodeRouteNotServed, msg, 0)
+		return http.StatusNotImplemented
+	}
+	writeError(w, http.StatusBadRequest, CodeInvalidRequest, err.Error(), 0)
+	return http.StatusBadRequest
+}
+
+func (j grpcJob) prompts(m *openaigrpc.Model) ([][]uint32, error) {
+	if j.embed != nil {
+		return m.EmbedPrompts(j.embed)
+	}
+	return m.Prompts(j.gen)
+}
+
+// streaming: the answer is a stream, whose generations form the pile.
+func (j grpcJob) streaming() bool { return j.gen != nil && j.gen.Stream }
+
+func (j grpcJob) start(ctx context.Context, c *enginegrpc.Client, m *openaigrpc.Model, prompts [][]uint32, model string) grpcAnswer {
+	if j.embed != nil {
+		return openaigrpc.StartEmbed(ctx, c, j.embed, prompts, model)
+	}
+	return openaigrpc.Start(ctx, c, m, j.gen, prompts, model)
 }

@@ -187,8 +187,9 @@ func TestGRPCRequestRefusedBeforeDispatch(t *testing.T) {
 			t.Errorf("%s %s: %d %s, want 400 invalid_request with %q", c.path, c.body[:min(len(c.body), 60)], a.status, a.body, c.want)
 		}
 	}
-	if a := h.send("/v1/embeddings", `{"model":"`+testModel+`","input":"hi"}`, ""); a.status != http.StatusNotImplemented || a.errorCode() != CodeRouteNotServed {
-		t.Errorf("embeddings: %d %s", a.status, a.body)
+	if a := h.send("/v1/embeddings", `{"model":"`+testModel+`","input":"`+long+`"}`, ""); a.status != http.StatusBadRequest ||
+		!strings.Contains(a.body, "maximum context length is 256 tokens") {
+		t.Errorf("embeddings over the context: %d %s", a.status, a.body)
 	}
 	if n := s.GRPCRequests(); n != 0 {
 		t.Errorf("the engine took %d requests, want none", n)
@@ -248,17 +249,29 @@ func simArchive(t *testing.T) []byte {
 }
 
 func startFake(t *testing.T, f *fakeEngine) *fakeEngine {
+	f.url = startFakeServer(t, f)
+	return f
+}
+
+// startFakeServer serves srv on loopback and returns its grpc:// URL (also
+// set in srv's fakeEngine).
+func startFakeServer(t *testing.T, srv interface {
+	sglangpb.SglangSchedulerServer
+	fake() *fakeEngine
+}) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	sglangpb.RegisterSglangSchedulerServer(gs, f)
+	sglangpb.RegisterSglangSchedulerServer(gs, srv)
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
-	f.url = "grpc://" + ln.Addr().String()
-	return f
+	srv.fake().url = "grpc://" + ln.Addr().String()
+	return srv.fake().url
 }
+
+func (f *fakeEngine) fake() *fakeEngine { return f }
 
 func chunk(ids ...uint32) *sglangpb.GenerateResponse {
 	return &sglangpb.GenerateResponse{Response: &sglangpb.GenerateResponse_Chunk{Chunk: &sglangpb.GenerateStreamChunk{TokenIds: ids, PromptTokens: 3, CompletionTokens: uint32(len(ids))}}}

@@ -43,6 +43,19 @@ func (v sglangServicer) Generate(req *sglangpb.GenerateRequest, stream grpc.Serv
 	})
 }
 
+func (v sglangServicer) Embed(ctx context.Context, req *sglangpb.EmbedRequest) (*sglangpb.EmbedResponse, error) {
+	rank := -1
+	if r := req.GetDataParallelRank(); r > 0 {
+		rank = int(r)
+	}
+	ids := req.GetTokenized().GetInputIds()
+	vec, err := v.s.embedGRPC(ctx, ids, rank)
+	if err != nil {
+		return nil, err
+	}
+	return &sglangpb.EmbedResponse{EmbeddingDim: uint32(len(vec)), Embedding: vec, PromptTokens: uint32(len(ids))}, nil
+}
+
 func (v sglangServicer) HealthCheck(context.Context, *sglangpb.HealthCheckRequest) (*sglangpb.HealthCheckResponse, error) {
 	return &sglangpb.HealthCheckResponse{Healthy: true, Message: "ok"}, nil
 }
@@ -176,6 +189,15 @@ func (v vllmServicer) Generate(req *vllmpb.GenerateRequest, stream grpc.ServerSt
 		}
 		return stream.Send(resp)
 	})
+}
+
+func (v vllmServicer) Embed(ctx context.Context, req *vllmpb.EmbedRequest) (*vllmpb.EmbedResponse, error) {
+	ids := req.GetTokenized().GetInputIds()
+	vec, err := v.s.embedGRPC(ctx, ids, -1)
+	if err != nil {
+		return nil, err
+	}
+	return &vllmpb.EmbedResponse{Embedding: vec, PromptTokens: uint32(len(ids)), EmbeddingDim: uint32(len(vec))}, nil
 }
 
 func (v vllmServicer) HealthCheck(context.Context, *vllmpb.HealthCheckRequest) (*vllmpb.HealthCheckResponse, error) {

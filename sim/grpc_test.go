@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"io"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -542,5 +543,44 @@ func TestGRPCFaults(t *testing.T) {
 	}
 	if l, err := c.GetLoads(ctx, &vllmpb.GetLoadsRequest{}); err != nil || len(l.GetLoads()) != 0 {
 		t.Fatalf("silent loads %v %v", l, err)
+	}
+}
+
+// TestGRPCEmbed: Embed answers the prompt's embedding (a unit vector of the
+// ids alone) after the prompt went through the engine; refusals are gRPC
+// statuses.
+func TestGRPCEmbed(t *testing.T) {
+	o := grpcOptions(FlavorSGLang)
+	o.KVCapacityTokens = 100
+	s := startSim(t, o)
+	c := sglangpb.NewSglangSchedulerClient(dial(t, s))
+	ctx := ctxT(t)
+	r, err := c.Embed(ctx, &sglangpb.EmbedRequest{Tokenized: &sglangpb.TokenizedInput{InputIds: []uint32{5, 6, 7}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var norm float64
+	for _, v := range r.GetEmbedding() {
+		norm += float64(v) * float64(v)
+	}
+	if r.GetEmbeddingDim() != EmbeddingDim || len(r.GetEmbedding()) != EmbeddingDim || r.GetPromptTokens() != 3 || math.Abs(norm-1) > 1e-5 {
+		t.Fatalf("embedding: %v", r)
+	}
+	if other := Embedding([]uint32{5, 7, 6}); slices.Equal(other, r.GetEmbedding()) {
+		t.Error("the order of the ids does not change the embedding")
+	}
+	for name, req := range map[string]*sglangpb.EmbedRequest{
+		"empty":    {},
+		"too long": {Tokenized: &sglangpb.TokenizedInput{InputIds: ids(200)}},
+	} {
+		if _, err := c.Embed(ctx, req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	o.Role = RolePrefill
+	p := startSim(t, o)
+	if _, err := sglangpb.NewSglangSchedulerClient(dial(t, p)).Embed(ctx, &sglangpb.EmbedRequest{
+		Tokenized: &sglangpb.TokenizedInput{InputIds: []uint32{5}}}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a prefill engine: %v", err)
 	}
 }

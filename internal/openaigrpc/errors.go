@@ -121,8 +121,9 @@ func (e *EngineError) AppendErrorBody(b []byte) []byte {
 // stopper holds back text that may be the start of a stop string and cuts
 // the text at the first stop string, which is left out as engines do.
 type stopper struct {
-	stops []string
-	held  string
+	stops   []string
+	held    string
+	matched string // the stop string that ended the text
 }
 
 // feed takes the next text; it returns what may be sent now and whether a
@@ -135,7 +136,7 @@ func (s *stopper) feed(text string) (string, bool) {
 	at := -1
 	for _, st := range s.stops {
 		if i := strings.Index(s.held, st); i >= 0 && (at < 0 || i < at) {
-			at = i
+			at, s.matched = i, st
 		}
 	}
 	if at >= 0 {

@@ -15,7 +15,10 @@ const MaxGenerations = 128
 
 // Request is the part of an OpenAI chat or text completion served here.
 type Request struct {
-	Chat     bool
+	Chat bool
+	// Native is SGLang's /generate: its answer is text, output_ids and
+	// meta_info per generation.
+	Native   bool
 	Model    string                 `json:"model"`
 	Messages []chattemplate.Message `json:"messages"`
 	Prompt   json.RawMessage        `json:"prompt"`
@@ -43,6 +46,7 @@ type Request struct {
 	Bootstraps []Bootstrap `json:"-"`
 
 	stops []string
+	batch bool // /generate: the answer is a list (a batch of prompts, or n>1)
 }
 
 // BadRequest is a request this package refuses before anything is sent to
@@ -65,33 +69,41 @@ func ParseRequest(body []byte, chat bool) (*Request, error) {
 	if !chat && isNull(r.Prompt) {
 		return nil, badf("prompt is required")
 	}
+	if err := r.check(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// check validates the sampling parameters and reads stop.
+func (r *Request) check() error {
 	if mt := r.maxTokens(); mt != nil && *mt < 1 {
-		return nil, badf("max_tokens must be at least 1")
+		return badf("max_tokens must be at least 1")
 	}
 	if r.N != nil && (*r.N < 1 || *r.N > MaxGenerations) {
-		return nil, badf("n must be between 1 and %d", MaxGenerations)
+		return badf("n must be between 1 and %d", MaxGenerations)
 	}
 	if r.Temperature != nil && (*r.Temperature < 0 || *r.Temperature > 2) {
-		return nil, badf("temperature must be between 0 and 2")
+		return badf("temperature must be between 0 and 2")
 	}
 	if r.TopP != nil && (*r.TopP <= 0 || *r.TopP > 1) {
-		return nil, badf("top_p must be in (0, 1]")
+		return badf("top_p must be in (0, 1]")
 	}
 	if r.TopK != nil && (*r.TopK < -1 || *r.TopK > 1<<20) {
-		return nil, badf("top_k must be -1 (off) or a positive number")
+		return badf("top_k must be -1 (off) or a positive number")
 	}
 	if !isNull(r.Logprobs) && !bytes.Equal(bytes.TrimSpace(r.Logprobs), []byte("false")) {
-		return nil, badf("logprobs are not served by gRPC workers")
+		return badf("logprobs are not served by gRPC workers")
 	}
 	if !isNull(r.Stop) {
 		var one string
 		if json.Unmarshal(r.Stop, &one) == nil {
 			r.stops = []string{one}
 		} else if err := json.Unmarshal(r.Stop, &r.stops); err != nil {
-			return nil, badf("stop must be a string or a list of strings")
+			return badf("stop must be a string or a list of strings")
 		}
 		if len(r.stops) > 16 {
-			return nil, badf("stop lists %d strings; at most 16", len(r.stops))
+			return badf("stop lists %d strings; at most 16", len(r.stops))
 		}
 		kept := r.stops[:0]
 		for _, s := range r.stops {
@@ -101,7 +113,7 @@ func ParseRequest(body []byte, chat bool) (*Request, error) {
 		}
 		r.stops = kept
 	}
-	return r, nil
+	return nil
 }
 
 func isNull(raw json.RawMessage) bool {

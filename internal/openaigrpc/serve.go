@@ -43,8 +43,11 @@ type gen struct {
 	cancel   context.CancelFunc
 	dec      *tokenizer.StreamDecoder
 	stop     stopper
-	received int    // tokens received in chunks
-	text     []byte // a non-streamed answer's text
+	received int      // tokens received in chunks
+	text     []byte   // a non-streamed answer's text, or /generate's text so far
+	ids      []uint32 // /generate: the output ids so far
+	sentIDs  int      // /generate: the ids already in an event
+	matched  string   // the stop string that ended the choice
 	finish   string
 	ended    bool        // the answer of this choice is complete
 	done     atomic.Bool // the engine finished it or was told to drop it (no abort needed)
@@ -224,7 +227,17 @@ func (c *Call) Serve(ctx context.Context, w http.ResponseWriter, progress Progre
 		}
 	}
 	progress(c.completion())
-	body := c.final()
+	var body []byte
+	if c.req.Native {
+		body = c.finalNative()
+	} else {
+		body = c.final()
+	}
+	return writeJSON(w, body)
+}
+
+// writeJSON writes a 200 answer of body.
+func writeJSON(w http.ResponseWriter, body []byte) error {
 	h := w.Header()
 	h["Content-Type"] = []string{"application/json"}
 	h["Content-Length"] = []string{strconv.Itoa(len(body))}
@@ -252,7 +265,7 @@ func (c *Call) serveStream(ctx context.Context, w http.ResponseWriter, progress 
 			return err
 		}
 		if c.live == 0 {
-			if c.req.IncludeUsage() {
+			if c.req.IncludeUsage() && !c.req.Native {
 				buf = append(buf, "data: "...)
 				buf = append(buf, c.chunkHead()...)
 				buf = append(buf, `,"choices":[],`...)
@@ -278,6 +291,14 @@ func (c *Call) serveStream(ctx context.Context, w http.ResponseWriter, progress 
 // apply runs one update through its choice: detokenized token by token,
 // stop strings cut, and (streaming) appended to buf as SSE events.
 func (c *Call) apply(m msg, buf []byte) ([]byte, error) {
+	buf, err := c.applyTokens(m, buf)
+	if g := c.gens[m.g]; err == nil && c.req.Native && c.req.Stream && !g.ended && len(g.ids) > g.sentIDs {
+		buf = c.appendNativeEvent(buf, g, false) // /generate: one event per token batch
+	}
+	return buf, err
+}
+
+func (c *Call) applyTokens(m msg, buf []byte) ([]byte, error) {
 	g := c.gens[m.g]
 	if g.ended {
 		return buf, nil // tokens after a stop string this side matched
@@ -306,10 +327,13 @@ func (c *Call) apply(m msg, buf []byte) ([]byte, error) {
 			return buf, &EngineError{Status: http.StatusBadGateway, Type: "server_error",
 				Message: fmt.Sprintf("the engine sent %v", err)}
 		}
+		if c.req.Native {
+			g.ids = append(g.ids, id)
+		}
 		out, stopped := g.stop.feed(text)
 		buf = c.emit(buf, g, out)
 		if stopped {
-			g.finish = "stop"
+			g.finish, g.matched = "stop", g.stop.matched
 			return c.end(buf, g), nil
 		}
 	}
@@ -320,7 +344,7 @@ func (c *Call) apply(m msg, buf []byte) ([]byte, error) {
 	out, stopped := g.stop.feed(g.dec.Flush())
 	buf = c.emit(buf, g, out)
 	if stopped {
-		g.finish = "stop"
+		g.finish, g.matched = "stop", g.stop.matched
 	} else {
 		buf = c.emit(buf, g, g.stop.rest())
 		g.finish = u.Finish
@@ -341,7 +365,10 @@ func (c *Call) end(buf []byte, g *gen) []byte {
 			g.cancel()
 		}()
 	}
-	if c.req.Stream {
+	switch {
+	case c.req.Stream && c.req.Native:
+		buf = c.appendNativeEvent(buf, g, true)
+	case c.req.Stream:
 		buf = c.appendEvent(buf, g, finishDelta, "")
 	}
 	return buf
@@ -352,7 +379,7 @@ func (c *Call) emit(buf []byte, g *gen, text string) []byte {
 	if text == "" {
 		return buf
 	}
-	if !c.req.Stream {
+	if !c.req.Stream || c.req.Native {
 		g.text = append(g.text, text...)
 		return buf
 	}

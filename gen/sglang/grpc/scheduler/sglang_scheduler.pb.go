@@ -1569,6 +1569,128 @@ func (x *AggregateMetrics) GetAvgUtilization() float64 {
 	return 0
 }
 
+type EmbedRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Input as token ids (no raw text).
+	Tokenized        *TokenizedInput `protobuf:"bytes,2,opt,name=tokenized,proto3" json:"tokenized,omitempty"`
+	DataParallelRank int32           `protobuf:"varint,8,opt,name=data_parallel_rank,json=dataParallelRank,proto3" json:"data_parallel_rank,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *EmbedRequest) Reset() {
+	*x = EmbedRequest{}
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmbedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmbedRequest) ProtoMessage() {}
+
+func (x *EmbedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmbedRequest.ProtoReflect.Descriptor instead.
+func (*EmbedRequest) Descriptor() ([]byte, []int) {
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *EmbedRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *EmbedRequest) GetTokenized() *TokenizedInput {
+	if x != nil {
+		return x.Tokenized
+	}
+	return nil
+}
+
+func (x *EmbedRequest) GetDataParallelRank() int32 {
+	if x != nil {
+		return x.DataParallelRank
+	}
+	return 0
+}
+
+// EmbedResponse is flat: fields 1 to 3 held an older layout.
+type EmbedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	EmbeddingDim  uint32                 `protobuf:"varint,4,opt,name=embedding_dim,json=embeddingDim,proto3" json:"embedding_dim,omitempty"`
+	Embedding     []float32              `protobuf:"fixed32,5,rep,packed,name=embedding,proto3" json:"embedding,omitempty"`
+	PromptTokens  uint32                 `protobuf:"varint,6,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmbedResponse) Reset() {
+	*x = EmbedResponse{}
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmbedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmbedResponse) ProtoMessage() {}
+
+func (x *EmbedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmbedResponse.ProtoReflect.Descriptor instead.
+func (*EmbedResponse) Descriptor() ([]byte, []int) {
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *EmbedResponse) GetEmbeddingDim() uint32 {
+	if x != nil {
+		return x.EmbeddingDim
+	}
+	return 0
+}
+
+func (x *EmbedResponse) GetEmbedding() []float32 {
+	if x != nil {
+		return x.Embedding
+	}
+	return nil
+}
+
+func (x *EmbedResponse) GetPromptTokens() uint32 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
 var File_sglang_grpc_scheduler_sglang_scheduler_proto protoreflect.FileDescriptor
 
 const file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDesc = "" +
@@ -1717,9 +1839,19 @@ const file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDesc = "" +
 	"total_reqs\x18\x03 \x01(\x05R\ttotalReqs\x12&\n" +
 	"\x0favg_token_usage\x18\x04 \x01(\x01R\ravgTokenUsage\x12%\n" +
 	"\x0eavg_throughput\x18\x05 \x01(\x01R\ravgThroughput\x12'\n" +
-	"\x0favg_utilization\x18\x06 \x01(\x01R\x0eavgUtilization2\x99\x06\n" +
+	"\x0favg_utilization\x18\x06 \x01(\x01R\x0eavgUtilization\"\xa6\x01\n" +
+	"\fEmbedRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12C\n" +
+	"\ttokenized\x18\x02 \x01(\v2%.sglang.grpc.scheduler.TokenizedInputR\ttokenized\x12,\n" +
+	"\x12data_parallel_rank\x18\b \x01(\x05R\x10dataParallelRankJ\x04\b\x06\x10\a\"\x89\x01\n" +
+	"\rEmbedResponse\x12#\n" +
+	"\rembedding_dim\x18\x04 \x01(\rR\fembeddingDim\x12\x1c\n" +
+	"\tembedding\x18\x05 \x03(\x02R\tembedding\x12#\n" +
+	"\rprompt_tokens\x18\x06 \x01(\rR\fpromptTokensJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x042\xed\x06\n" +
 	"\x0fSglangScheduler\x12]\n" +
-	"\bGenerate\x12&.sglang.grpc.scheduler.GenerateRequest\x1a'.sglang.grpc.scheduler.GenerateResponse0\x01\x12d\n" +
+	"\bGenerate\x12&.sglang.grpc.scheduler.GenerateRequest\x1a'.sglang.grpc.scheduler.GenerateResponse0\x01\x12R\n" +
+	"\x05Embed\x12#.sglang.grpc.scheduler.EmbedRequest\x1a$.sglang.grpc.scheduler.EmbedResponse\x12d\n" +
 	"\vHealthCheck\x12).sglang.grpc.scheduler.HealthCheckRequest\x1a*.sglang.grpc.scheduler.HealthCheckResponse\x12R\n" +
 	"\x05Abort\x12#.sglang.grpc.scheduler.AbortRequest\x1a$.sglang.grpc.scheduler.AbortResponse\x12g\n" +
 	"\fGetModelInfo\x12*.sglang.grpc.scheduler.GetModelInfoRequest\x1a+.sglang.grpc.scheduler.GetModelInfoResponse\x12j\n" +
@@ -1740,7 +1872,7 @@ func file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP() []byte {
 	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescData
 }
 
-var file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_sglang_grpc_scheduler_sglang_scheduler_proto_goTypes = []any{
 	(*SamplingParams)(nil),                  // 0: sglang.grpc.scheduler.SamplingParams
 	(*DisaggregatedParams)(nil),             // 1: sglang.grpc.scheduler.DisaggregatedParams
@@ -1761,11 +1893,13 @@ var file_sglang_grpc_scheduler_sglang_scheduler_proto_goTypes = []any{
 	(*GetLoadsResponse)(nil),                // 16: sglang.grpc.scheduler.GetLoadsResponse
 	(*SchedulerLoad)(nil),                   // 17: sglang.grpc.scheduler.SchedulerLoad
 	(*AggregateMetrics)(nil),                // 18: sglang.grpc.scheduler.AggregateMetrics
-	(*structpb.Struct)(nil),                 // 19: google.protobuf.Struct
-	(*common.GetTokenizerRequest)(nil),      // 20: smg.grpc.common.GetTokenizerRequest
-	(*common.SubscribeKvEventsRequest)(nil), // 21: smg.grpc.common.SubscribeKvEventsRequest
-	(*common.GetTokenizerChunk)(nil),        // 22: smg.grpc.common.GetTokenizerChunk
-	(*common.KvEventBatch)(nil),             // 23: smg.grpc.common.KvEventBatch
+	(*EmbedRequest)(nil),                    // 19: sglang.grpc.scheduler.EmbedRequest
+	(*EmbedResponse)(nil),                   // 20: sglang.grpc.scheduler.EmbedResponse
+	(*structpb.Struct)(nil),                 // 21: google.protobuf.Struct
+	(*common.GetTokenizerRequest)(nil),      // 22: smg.grpc.common.GetTokenizerRequest
+	(*common.SubscribeKvEventsRequest)(nil), // 23: smg.grpc.common.SubscribeKvEventsRequest
+	(*common.GetTokenizerChunk)(nil),        // 24: smg.grpc.common.GetTokenizerChunk
+	(*common.KvEventBatch)(nil),             // 25: smg.grpc.common.KvEventBatch
 }
 var file_sglang_grpc_scheduler_sglang_scheduler_proto_depIdxs = []int32{
 	3,  // 0: sglang.grpc.scheduler.GenerateRequest.tokenized:type_name -> sglang.grpc.scheduler.TokenizedInput
@@ -1773,31 +1907,34 @@ var file_sglang_grpc_scheduler_sglang_scheduler_proto_depIdxs = []int32{
 	1,  // 2: sglang.grpc.scheduler.GenerateRequest.disaggregated_params:type_name -> sglang.grpc.scheduler.DisaggregatedParams
 	5,  // 3: sglang.grpc.scheduler.GenerateResponse.chunk:type_name -> sglang.grpc.scheduler.GenerateStreamChunk
 	6,  // 4: sglang.grpc.scheduler.GenerateResponse.complete:type_name -> sglang.grpc.scheduler.GenerateComplete
-	19, // 5: sglang.grpc.scheduler.GetServerInfoResponse.server_args:type_name -> google.protobuf.Struct
-	19, // 6: sglang.grpc.scheduler.GetServerInfoResponse.scheduler_info:type_name -> google.protobuf.Struct
+	21, // 5: sglang.grpc.scheduler.GetServerInfoResponse.server_args:type_name -> google.protobuf.Struct
+	21, // 6: sglang.grpc.scheduler.GetServerInfoResponse.scheduler_info:type_name -> google.protobuf.Struct
 	17, // 7: sglang.grpc.scheduler.GetLoadsResponse.loads:type_name -> sglang.grpc.scheduler.SchedulerLoad
 	18, // 8: sglang.grpc.scheduler.GetLoadsResponse.aggregate:type_name -> sglang.grpc.scheduler.AggregateMetrics
-	2,  // 9: sglang.grpc.scheduler.SglangScheduler.Generate:input_type -> sglang.grpc.scheduler.GenerateRequest
-	7,  // 10: sglang.grpc.scheduler.SglangScheduler.HealthCheck:input_type -> sglang.grpc.scheduler.HealthCheckRequest
-	9,  // 11: sglang.grpc.scheduler.SglangScheduler.Abort:input_type -> sglang.grpc.scheduler.AbortRequest
-	11, // 12: sglang.grpc.scheduler.SglangScheduler.GetModelInfo:input_type -> sglang.grpc.scheduler.GetModelInfoRequest
-	13, // 13: sglang.grpc.scheduler.SglangScheduler.GetServerInfo:input_type -> sglang.grpc.scheduler.GetServerInfoRequest
-	15, // 14: sglang.grpc.scheduler.SglangScheduler.GetLoads:input_type -> sglang.grpc.scheduler.GetLoadsRequest
-	20, // 15: sglang.grpc.scheduler.SglangScheduler.GetTokenizer:input_type -> smg.grpc.common.GetTokenizerRequest
-	21, // 16: sglang.grpc.scheduler.SglangScheduler.SubscribeKvEvents:input_type -> smg.grpc.common.SubscribeKvEventsRequest
-	4,  // 17: sglang.grpc.scheduler.SglangScheduler.Generate:output_type -> sglang.grpc.scheduler.GenerateResponse
-	8,  // 18: sglang.grpc.scheduler.SglangScheduler.HealthCheck:output_type -> sglang.grpc.scheduler.HealthCheckResponse
-	10, // 19: sglang.grpc.scheduler.SglangScheduler.Abort:output_type -> sglang.grpc.scheduler.AbortResponse
-	12, // 20: sglang.grpc.scheduler.SglangScheduler.GetModelInfo:output_type -> sglang.grpc.scheduler.GetModelInfoResponse
-	14, // 21: sglang.grpc.scheduler.SglangScheduler.GetServerInfo:output_type -> sglang.grpc.scheduler.GetServerInfoResponse
-	16, // 22: sglang.grpc.scheduler.SglangScheduler.GetLoads:output_type -> sglang.grpc.scheduler.GetLoadsResponse
-	22, // 23: sglang.grpc.scheduler.SglangScheduler.GetTokenizer:output_type -> smg.grpc.common.GetTokenizerChunk
-	23, // 24: sglang.grpc.scheduler.SglangScheduler.SubscribeKvEvents:output_type -> smg.grpc.common.KvEventBatch
-	17, // [17:25] is the sub-list for method output_type
-	9,  // [9:17] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	3,  // 9: sglang.grpc.scheduler.EmbedRequest.tokenized:type_name -> sglang.grpc.scheduler.TokenizedInput
+	2,  // 10: sglang.grpc.scheduler.SglangScheduler.Generate:input_type -> sglang.grpc.scheduler.GenerateRequest
+	19, // 11: sglang.grpc.scheduler.SglangScheduler.Embed:input_type -> sglang.grpc.scheduler.EmbedRequest
+	7,  // 12: sglang.grpc.scheduler.SglangScheduler.HealthCheck:input_type -> sglang.grpc.scheduler.HealthCheckRequest
+	9,  // 13: sglang.grpc.scheduler.SglangScheduler.Abort:input_type -> sglang.grpc.scheduler.AbortRequest
+	11, // 14: sglang.grpc.scheduler.SglangScheduler.GetModelInfo:input_type -> sglang.grpc.scheduler.GetModelInfoRequest
+	13, // 15: sglang.grpc.scheduler.SglangScheduler.GetServerInfo:input_type -> sglang.grpc.scheduler.GetServerInfoRequest
+	15, // 16: sglang.grpc.scheduler.SglangScheduler.GetLoads:input_type -> sglang.grpc.scheduler.GetLoadsRequest
+	22, // 17: sglang.grpc.scheduler.SglangScheduler.GetTokenizer:input_type -> smg.grpc.common.GetTokenizerRequest
+	23, // 18: sglang.grpc.scheduler.SglangScheduler.SubscribeKvEvents:input_type -> smg.grpc.common.SubscribeKvEventsRequest
+	4,  // 19: sglang.grpc.scheduler.SglangScheduler.Generate:output_type -> sglang.grpc.scheduler.GenerateResponse
+	20, // 20: sglang.grpc.scheduler.SglangScheduler.Embed:output_type -> sglang.grpc.scheduler.EmbedResponse
+	8,  // 21: sglang.grpc.scheduler.SglangScheduler.HealthCheck:output_type -> sglang.grpc.scheduler.HealthCheckResponse
+	10, // 22: sglang.grpc.scheduler.SglangScheduler.Abort:output_type -> sglang.grpc.scheduler.AbortResponse
+	12, // 23: sglang.grpc.scheduler.SglangScheduler.GetModelInfo:output_type -> sglang.grpc.scheduler.GetModelInfoResponse
+	14, // 24: sglang.grpc.scheduler.SglangScheduler.GetServerInfo:output_type -> sglang.grpc.scheduler.GetServerInfoResponse
+	16, // 25: sglang.grpc.scheduler.SglangScheduler.GetLoads:output_type -> sglang.grpc.scheduler.GetLoadsResponse
+	24, // 26: sglang.grpc.scheduler.SglangScheduler.GetTokenizer:output_type -> smg.grpc.common.GetTokenizerChunk
+	25, // 27: sglang.grpc.scheduler.SglangScheduler.SubscribeKvEvents:output_type -> smg.grpc.common.KvEventBatch
+	19, // [19:28] is the sub-list for method output_type
+	10, // [10:19] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_sglang_grpc_scheduler_sglang_scheduler_proto_init() }
@@ -1821,7 +1958,7 @@ func file_sglang_grpc_scheduler_sglang_scheduler_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDesc), len(file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	SglangScheduler_Generate_FullMethodName          = "/sglang.grpc.scheduler.SglangScheduler/Generate"
+	SglangScheduler_Embed_FullMethodName             = "/sglang.grpc.scheduler.SglangScheduler/Embed"
 	SglangScheduler_HealthCheck_FullMethodName       = "/sglang.grpc.scheduler.SglangScheduler/HealthCheck"
 	SglangScheduler_Abort_FullMethodName             = "/sglang.grpc.scheduler.SglangScheduler/Abort"
 	SglangScheduler_GetModelInfo_FullMethodName      = "/sglang.grpc.scheduler.SglangScheduler/GetModelInfo"
@@ -43,6 +44,8 @@ type SglangSchedulerClient interface {
 	// Generate streams a request's tokens (one response per token batch, then
 	// a GenerateComplete), or answers once when stream is false.
 	Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GenerateResponse], error)
+	// Embed answers one prompt's embedding (errors as gRPC statuses).
+	Embed(ctx context.Context, in *EmbedRequest, opts ...grpc.CallOption) (*EmbedResponse, error)
 	HealthCheck(ctx context.Context, in *HealthCheckRequest, opts ...grpc.CallOption) (*HealthCheckResponse, error)
 	Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*AbortResponse, error)
 	GetModelInfo(ctx context.Context, in *GetModelInfoRequest, opts ...grpc.CallOption) (*GetModelInfoResponse, error)
@@ -79,6 +82,16 @@ func (c *sglangSchedulerClient) Generate(ctx context.Context, in *GenerateReques
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SglangScheduler_GenerateClient = grpc.ServerStreamingClient[GenerateResponse]
+
+func (c *sglangSchedulerClient) Embed(ctx context.Context, in *EmbedRequest, opts ...grpc.CallOption) (*EmbedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EmbedResponse)
+	err := c.cc.Invoke(ctx, SglangScheduler_Embed_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 func (c *sglangSchedulerClient) HealthCheck(ctx context.Context, in *HealthCheckRequest, opts ...grpc.CallOption) (*HealthCheckResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -175,6 +188,8 @@ type SglangSchedulerServer interface {
 	// Generate streams a request's tokens (one response per token batch, then
 	// a GenerateComplete), or answers once when stream is false.
 	Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateResponse]) error
+	// Embed answers one prompt's embedding (errors as gRPC statuses).
+	Embed(context.Context, *EmbedRequest) (*EmbedResponse, error)
 	HealthCheck(context.Context, *HealthCheckRequest) (*HealthCheckResponse, error)
 	Abort(context.Context, *AbortRequest) (*AbortResponse, error)
 	GetModelInfo(context.Context, *GetModelInfoRequest) (*GetModelInfoResponse, error)
@@ -195,6 +210,9 @@ type UnimplementedSglangSchedulerServer struct{}
 
 func (UnimplementedSglangSchedulerServer) Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateResponse]) error {
 	return status.Error(codes.Unimplemented, "method Generate not implemented")
+}
+func (UnimplementedSglangSchedulerServer) Embed(context.Context, *EmbedRequest) (*EmbedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Embed not implemented")
 }
 func (UnimplementedSglangSchedulerServer) HealthCheck(context.Context, *HealthCheckRequest) (*HealthCheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method HealthCheck not implemented")
@@ -248,6 +266,24 @@ func _SglangScheduler_Generate_Handler(srv interface{}, stream grpc.ServerStream
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SglangScheduler_GenerateServer = grpc.ServerStreamingServer[GenerateResponse]
+
+func _SglangScheduler_Embed_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EmbedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SglangSchedulerServer).Embed(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SglangScheduler_Embed_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SglangSchedulerServer).Embed(ctx, req.(*EmbedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
 
 func _SglangScheduler_HealthCheck_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HealthCheckRequest)
@@ -368,6 +404,10 @@ var SglangScheduler_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "sglang.grpc.scheduler.SglangScheduler",
 	HandlerType: (*SglangSchedulerServer)(nil),
 	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Embed",
+			Handler:    _SglangScheduler_Embed_Handler,
+		},
 		{
 			MethodName: "HealthCheck",
 			Handler:    _SglangScheduler_HealthCheck_Handler,

@@ -1399,6 +1399,118 @@ func (x *SchedulerLoad) GetMaxRunningRequests() int32 {
 	return 0
 }
 
+type EmbedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Tokenized     *TokenizedInput        `protobuf:"bytes,2,opt,name=tokenized,proto3" json:"tokenized,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmbedRequest) Reset() {
+	*x = EmbedRequest{}
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmbedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmbedRequest) ProtoMessage() {}
+
+func (x *EmbedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmbedRequest.ProtoReflect.Descriptor instead.
+func (*EmbedRequest) Descriptor() ([]byte, []int) {
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EmbedRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *EmbedRequest) GetTokenized() *TokenizedInput {
+	if x != nil {
+		return x.Tokenized
+	}
+	return nil
+}
+
+type EmbedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Embedding     []float32              `protobuf:"fixed32,1,rep,packed,name=embedding,proto3" json:"embedding,omitempty"`
+	PromptTokens  uint32                 `protobuf:"varint,2,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	EmbeddingDim  uint32                 `protobuf:"varint,3,opt,name=embedding_dim,json=embeddingDim,proto3" json:"embedding_dim,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmbedResponse) Reset() {
+	*x = EmbedResponse{}
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmbedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmbedResponse) ProtoMessage() {}
+
+func (x *EmbedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmbedResponse.ProtoReflect.Descriptor instead.
+func (*EmbedResponse) Descriptor() ([]byte, []int) {
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *EmbedResponse) GetEmbedding() []float32 {
+	if x != nil {
+		return x.Embedding
+	}
+	return nil
+}
+
+func (x *EmbedResponse) GetPromptTokens() uint32 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *EmbedResponse) GetEmbeddingDim() uint32 {
+	if x != nil {
+		return x.EmbeddingDim
+	}
+	return 0
+}
+
 var File_vllm_grpc_engine_vllm_engine_proto protoreflect.FileDescriptor
 
 const file_vllm_grpc_engine_vllm_engine_proto_rawDesc = "" +
@@ -1533,10 +1645,19 @@ const file_vllm_grpc_engine_vllm_engine_proto_rawDesc = "" +
 	"\x0ecache_hit_rate\x18\t \x01(\x01R\fcacheHitRate\x12 \n" +
 	"\vutilization\x18\n" +
 	" \x01(\x01R\vutilization\x120\n" +
-	"\x14max_running_requests\x18\v \x01(\x05R\x12maxRunningRequests2\xd8\x05\n" +
+	"\x14max_running_requests\x18\v \x01(\x05R\x12maxRunningRequests\"m\n" +
+	"\fEmbedRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12>\n" +
+	"\ttokenized\x18\x02 \x01(\v2 .vllm.grpc.engine.TokenizedInputR\ttokenized\"w\n" +
+	"\rEmbedResponse\x12\x1c\n" +
+	"\tembedding\x18\x01 \x03(\x02R\tembedding\x12#\n" +
+	"\rprompt_tokens\x18\x02 \x01(\rR\fpromptTokens\x12#\n" +
+	"\rembedding_dim\x18\x03 \x01(\rR\fembeddingDim2\xa2\x06\n" +
 	"\n" +
 	"VllmEngine\x12S\n" +
-	"\bGenerate\x12!.vllm.grpc.engine.GenerateRequest\x1a\".vllm.grpc.engine.GenerateResponse0\x01\x12Z\n" +
+	"\bGenerate\x12!.vllm.grpc.engine.GenerateRequest\x1a\".vllm.grpc.engine.GenerateResponse0\x01\x12H\n" +
+	"\x05Embed\x12\x1e.vllm.grpc.engine.EmbedRequest\x1a\x1f.vllm.grpc.engine.EmbedResponse\x12Z\n" +
 	"\vHealthCheck\x12$.vllm.grpc.engine.HealthCheckRequest\x1a%.vllm.grpc.engine.HealthCheckResponse\x12H\n" +
 	"\x05Abort\x12\x1e.vllm.grpc.engine.AbortRequest\x1a\x1f.vllm.grpc.engine.AbortResponse\x12]\n" +
 	"\fGetModelInfo\x12%.vllm.grpc.engine.GetModelInfoRequest\x1a&.vllm.grpc.engine.GetModelInfoResponse\x12`\n" +
@@ -1557,7 +1678,7 @@ func file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP() []byte {
 	return file_vllm_grpc_engine_vllm_engine_proto_rawDescData
 }
 
-var file_vllm_grpc_engine_vllm_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_vllm_grpc_engine_vllm_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_vllm_grpc_engine_vllm_engine_proto_goTypes = []any{
 	(*SamplingParams)(nil),                  // 0: vllm.grpc.engine.SamplingParams
 	(*TokenizedInput)(nil),                  // 1: vllm.grpc.engine.TokenizedInput
@@ -1576,10 +1697,12 @@ var file_vllm_grpc_engine_vllm_engine_proto_goTypes = []any{
 	(*GetLoadsRequest)(nil),                 // 14: vllm.grpc.engine.GetLoadsRequest
 	(*GetLoadsResponse)(nil),                // 15: vllm.grpc.engine.GetLoadsResponse
 	(*SchedulerLoad)(nil),                   // 16: vllm.grpc.engine.SchedulerLoad
-	(*common.GetTokenizerRequest)(nil),      // 17: smg.grpc.common.GetTokenizerRequest
-	(*common.SubscribeKvEventsRequest)(nil), // 18: smg.grpc.common.SubscribeKvEventsRequest
-	(*common.GetTokenizerChunk)(nil),        // 19: smg.grpc.common.GetTokenizerChunk
-	(*common.KvEventBatch)(nil),             // 20: smg.grpc.common.KvEventBatch
+	(*EmbedRequest)(nil),                    // 17: vllm.grpc.engine.EmbedRequest
+	(*EmbedResponse)(nil),                   // 18: vllm.grpc.engine.EmbedResponse
+	(*common.GetTokenizerRequest)(nil),      // 19: smg.grpc.common.GetTokenizerRequest
+	(*common.SubscribeKvEventsRequest)(nil), // 20: smg.grpc.common.SubscribeKvEventsRequest
+	(*common.GetTokenizerChunk)(nil),        // 21: smg.grpc.common.GetTokenizerChunk
+	(*common.KvEventBatch)(nil),             // 22: smg.grpc.common.KvEventBatch
 }
 var file_vllm_grpc_engine_vllm_engine_proto_depIdxs = []int32{
 	1,  // 0: vllm.grpc.engine.GenerateRequest.tokenized:type_name -> vllm.grpc.engine.TokenizedInput
@@ -1587,27 +1710,30 @@ var file_vllm_grpc_engine_vllm_engine_proto_depIdxs = []int32{
 	4,  // 2: vllm.grpc.engine.GenerateResponse.chunk:type_name -> vllm.grpc.engine.GenerateStreamChunk
 	5,  // 3: vllm.grpc.engine.GenerateResponse.complete:type_name -> vllm.grpc.engine.GenerateComplete
 	16, // 4: vllm.grpc.engine.GetLoadsResponse.loads:type_name -> vllm.grpc.engine.SchedulerLoad
-	2,  // 5: vllm.grpc.engine.VllmEngine.Generate:input_type -> vllm.grpc.engine.GenerateRequest
-	6,  // 6: vllm.grpc.engine.VllmEngine.HealthCheck:input_type -> vllm.grpc.engine.HealthCheckRequest
-	8,  // 7: vllm.grpc.engine.VllmEngine.Abort:input_type -> vllm.grpc.engine.AbortRequest
-	10, // 8: vllm.grpc.engine.VllmEngine.GetModelInfo:input_type -> vllm.grpc.engine.GetModelInfoRequest
-	12, // 9: vllm.grpc.engine.VllmEngine.GetServerInfo:input_type -> vllm.grpc.engine.GetServerInfoRequest
-	14, // 10: vllm.grpc.engine.VllmEngine.GetLoads:input_type -> vllm.grpc.engine.GetLoadsRequest
-	17, // 11: vllm.grpc.engine.VllmEngine.GetTokenizer:input_type -> smg.grpc.common.GetTokenizerRequest
-	18, // 12: vllm.grpc.engine.VllmEngine.SubscribeKvEvents:input_type -> smg.grpc.common.SubscribeKvEventsRequest
-	3,  // 13: vllm.grpc.engine.VllmEngine.Generate:output_type -> vllm.grpc.engine.GenerateResponse
-	7,  // 14: vllm.grpc.engine.VllmEngine.HealthCheck:output_type -> vllm.grpc.engine.HealthCheckResponse
-	9,  // 15: vllm.grpc.engine.VllmEngine.Abort:output_type -> vllm.grpc.engine.AbortResponse
-	11, // 16: vllm.grpc.engine.VllmEngine.GetModelInfo:output_type -> vllm.grpc.engine.GetModelInfoResponse
-	13, // 17: vllm.grpc.engine.VllmEngine.GetServerInfo:output_type -> vllm.grpc.engine.GetServerInfoResponse
-	15, // 18: vllm.grpc.engine.VllmEngine.GetLoads:output_type -> vllm.grpc.engine.GetLoadsResponse
-	19, // 19: vllm.grpc.engine.VllmEngine.GetTokenizer:output_type -> smg.grpc.common.GetTokenizerChunk
-	20, // 20: vllm.grpc.engine.VllmEngine.SubscribeKvEvents:output_type -> smg.grpc.common.KvEventBatch
-	13, // [13:21] is the sub-list for method output_type
-	5,  // [5:13] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	1,  // 5: vllm.grpc.engine.EmbedRequest.tokenized:type_name -> vllm.grpc.engine.TokenizedInput
+	2,  // 6: vllm.grpc.engine.VllmEngine.Generate:input_type -> vllm.grpc.engine.GenerateRequest
+	17, // 7: vllm.grpc.engine.VllmEngine.Embed:input_type -> vllm.grpc.engine.EmbedRequest
+	6,  // 8: vllm.grpc.engine.VllmEngine.HealthCheck:input_type -> vllm.grpc.engine.HealthCheckRequest
+	8,  // 9: vllm.grpc.engine.VllmEngine.Abort:input_type -> vllm.grpc.engine.AbortRequest
+	10, // 10: vllm.grpc.engine.VllmEngine.GetModelInfo:input_type -> vllm.grpc.engine.GetModelInfoRequest
+	12, // 11: vllm.grpc.engine.VllmEngine.GetServerInfo:input_type -> vllm.grpc.engine.GetServerInfoRequest
+	14, // 12: vllm.grpc.engine.VllmEngine.GetLoads:input_type -> vllm.grpc.engine.GetLoadsRequest
+	19, // 13: vllm.grpc.engine.VllmEngine.GetTokenizer:input_type -> smg.grpc.common.GetTokenizerRequest
+	20, // 14: vllm.grpc.engine.VllmEngine.SubscribeKvEvents:input_type -> smg.grpc.common.SubscribeKvEventsRequest
+	3,  // 15: vllm.grpc.engine.VllmEngine.Generate:output_type -> vllm.grpc.engine.GenerateResponse
+	18, // 16: vllm.grpc.engine.VllmEngine.Embed:output_type -> vllm.grpc.engine.EmbedResponse
+	7,  // 17: vllm.grpc.engine.VllmEngine.HealthCheck:output_type -> vllm.grpc.engine.HealthCheckResponse
+	9,  // 18: vllm.grpc.engine.VllmEngine.Abort:output_type -> vllm.grpc.engine.AbortResponse
+	11, // 19: vllm.grpc.engine.VllmEngine.GetModelInfo:output_type -> vllm.grpc.engine.GetModelInfoResponse
+	13, // 20: vllm.grpc.engine.VllmEngine.GetServerInfo:output_type -> vllm.grpc.engine.GetServerInfoResponse
+	15, // 21: vllm.grpc.engine.VllmEngine.GetLoads:output_type -> vllm.grpc.engine.GetLoadsResponse
+	21, // 22: vllm.grpc.engine.VllmEngine.GetTokenizer:output_type -> smg.grpc.common.GetTokenizerChunk
+	22, // 23: vllm.grpc.engine.VllmEngine.SubscribeKvEvents:output_type -> smg.grpc.common.KvEventBatch
+	15, // [15:24] is the sub-list for method output_type
+	6,  // [6:15] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_vllm_grpc_engine_vllm_engine_proto_init() }
@@ -1635,7 +1761,7 @@ func file_vllm_grpc_engine_vllm_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vllm_grpc_engine_vllm_engine_proto_rawDesc), len(file_vllm_grpc_engine_vllm_engine_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

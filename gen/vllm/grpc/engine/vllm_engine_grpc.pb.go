@@ -26,6 +26,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	VllmEngine_Generate_FullMethodName          = "/vllm.grpc.engine.VllmEngine/Generate"
+	VllmEngine_Embed_FullMethodName             = "/vllm.grpc.engine.VllmEngine/Embed"
 	VllmEngine_HealthCheck_FullMethodName       = "/vllm.grpc.engine.VllmEngine/HealthCheck"
 	VllmEngine_Abort_FullMethodName             = "/vllm.grpc.engine.VllmEngine/Abort"
 	VllmEngine_GetModelInfo_FullMethodName      = "/vllm.grpc.engine.VllmEngine/GetModelInfo"
@@ -42,6 +43,8 @@ type VllmEngineClient interface {
 	// Generate streams a request's tokens (one response per token batch, then
 	// a GenerateComplete), or answers once when stream is false.
 	Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GenerateResponse], error)
+	// Embed answers one prompt's embedding (errors as gRPC statuses).
+	Embed(ctx context.Context, in *EmbedRequest, opts ...grpc.CallOption) (*EmbedResponse, error)
 	HealthCheck(ctx context.Context, in *HealthCheckRequest, opts ...grpc.CallOption) (*HealthCheckResponse, error)
 	Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*AbortResponse, error)
 	GetModelInfo(ctx context.Context, in *GetModelInfoRequest, opts ...grpc.CallOption) (*GetModelInfoResponse, error)
@@ -78,6 +81,16 @@ func (c *vllmEngineClient) Generate(ctx context.Context, in *GenerateRequest, op
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type VllmEngine_GenerateClient = grpc.ServerStreamingClient[GenerateResponse]
+
+func (c *vllmEngineClient) Embed(ctx context.Context, in *EmbedRequest, opts ...grpc.CallOption) (*EmbedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EmbedResponse)
+	err := c.cc.Invoke(ctx, VllmEngine_Embed_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 func (c *vllmEngineClient) HealthCheck(ctx context.Context, in *HealthCheckRequest, opts ...grpc.CallOption) (*HealthCheckResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -174,6 +187,8 @@ type VllmEngineServer interface {
 	// Generate streams a request's tokens (one response per token batch, then
 	// a GenerateComplete), or answers once when stream is false.
 	Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateResponse]) error
+	// Embed answers one prompt's embedding (errors as gRPC statuses).
+	Embed(context.Context, *EmbedRequest) (*EmbedResponse, error)
 	HealthCheck(context.Context, *HealthCheckRequest) (*HealthCheckResponse, error)
 	Abort(context.Context, *AbortRequest) (*AbortResponse, error)
 	GetModelInfo(context.Context, *GetModelInfoRequest) (*GetModelInfoResponse, error)
@@ -194,6 +209,9 @@ type UnimplementedVllmEngineServer struct{}
 
 func (UnimplementedVllmEngineServer) Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateResponse]) error {
 	return status.Error(codes.Unimplemented, "method Generate not implemented")
+}
+func (UnimplementedVllmEngineServer) Embed(context.Context, *EmbedRequest) (*EmbedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Embed not implemented")
 }
 func (UnimplementedVllmEngineServer) HealthCheck(context.Context, *HealthCheckRequest) (*HealthCheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method HealthCheck not implemented")
@@ -247,6 +265,24 @@ func _VllmEngine_Generate_Handler(srv interface{}, stream grpc.ServerStream) err
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type VllmEngine_GenerateServer = grpc.ServerStreamingServer[GenerateResponse]
+
+func _VllmEngine_Embed_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EmbedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VllmEngineServer).Embed(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VllmEngine_Embed_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VllmEngineServer).Embed(ctx, req.(*EmbedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
 
 func _VllmEngine_HealthCheck_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HealthCheckRequest)
@@ -367,6 +403,10 @@ var VllmEngine_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "vllm.grpc.engine.VllmEngine",
 	HandlerType: (*VllmEngineServer)(nil),
 	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Embed",
+			Handler:    _VllmEngine_Embed_Handler,
+		},
 		{
 			MethodName: "HealthCheck",
 			Handler:    _VllmEngine_HealthCheck_Handler,
