@@ -17,6 +17,7 @@ import (
 type genRequest struct {
 	Model    string `json:"model"`
 	Messages []struct {
+		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
@@ -199,6 +200,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	prompts := g.promptBatch(chat, whole)
+	usage := whole // the answer carries no usage: no tokenizing
+	if !g.Stream || (g.StreamOptions != nil && g.StreamOptions.IncludeUsage) {
+		usage = g.usagePrompt(chat, whole)
+	}
 	maxTokens := s.opts.DefaultMaxTokens
 	if g.MaxCompletionTokens != nil {
 		maxTokens = *g.MaxCompletionTokens
@@ -268,7 +273,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	outs := make([]*output, len(reqs))
 	for i, req := range reqs {
 		outs[i] = &output{chat: chat, id: id, model: s.opts.Model, created: time.Now().Unix(),
-			words: rand.New(rand.NewPCG(req.seed, 0)), prompt: whole, index: i}
+			words: rand.New(rand.NewPCG(req.seed, 0)), prompt: usage, index: i}
 	}
 	if g.Stream {
 		s.stream(w, r, reqs, outs, g.StreamOptions != nil && g.StreamOptions.IncludeUsage)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/smg-project/smg/internal/chattemplate"
 	"github.com/smg-project/smg/internal/tokenizer"
 )
 
@@ -118,3 +119,52 @@ var tokenizerArchive = sync.OnceValues(func() ([]byte, string) {
 	sum := sha256.Sum256(buf.Bytes())
 	return buf.Bytes(), hex.EncodeToString(sum[:])
 })
+
+// simModel is the simulated model's tokenizer and chat template, as a
+// router loads them from the archive.
+var simModel = sync.OnceValues(func() (*tokenizer.Tokenizer, *chattemplate.Template) {
+	tj, cfg := tokenizerFiles()
+	tok, err := tokenizer.Load(bytes.NewReader(tj), tokenizer.Options{Config: bytes.NewReader(cfg)})
+	if err != nil {
+		panic("sim: the simulated tokenizer does not load: " + err.Error())
+	}
+	tmpl, err := chattemplate.Load(bytes.NewReader(cfg))
+	if err != nil {
+		panic("sim: the simulated chat template does not load: " + err.Error())
+	}
+	return tok, tmpl
+})
+
+// usagePrompt is the prompt tokens an answer's usage reports: the model's
+// tokenizer count of the prompt (a chat rendered with its template), which
+// is what a gRPC worker reports for the router's token ids of the same
+// request. The engine's work stays on the estimate (whole): four characters
+// a token, which loads and tests are calibrated on. A chat the template
+// cannot render reports the estimate.
+func (g *genRequest) usagePrompt(chat bool, whole int) int {
+	tok, tmpl := simModel()
+	if chat {
+		msgs := make([]chattemplate.Message, len(g.Messages))
+		for i, m := range g.Messages {
+			msgs[i] = chattemplate.Message{Role: m.Role, Content: m.Content}
+		}
+		text, err := tmpl.Render(msgs, chattemplate.Options{AddGenerationPrompt: true})
+		if err != nil {
+			return whole
+		}
+		return len(tok.Encode(text))
+	}
+	var s string
+	if json.Unmarshal(g.Prompt, &s) == nil {
+		return len(tok.Encode(s))
+	}
+	var ss []string
+	if json.Unmarshal(g.Prompt, &ss) == nil {
+		n := 0
+		for _, p := range ss {
+			n += len(tok.Encode(p))
+		}
+		return n
+	}
+	return whole // token ids: counted as they are
+}
