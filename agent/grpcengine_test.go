@@ -45,6 +45,31 @@ func TestGRPCEngineCoveredByTheAgent(t *testing.T) {
 	})
 }
 
+// TestGRPCEngineOnTheCommandLine: a gRPC engine given with --engine-urls
+// (not assigned by the control plane) is covered as an assigned one is: its
+// KV events stream and their load records reach the control plane.
+func TestGRPCEngineOnTheCommandLine(t *testing.T) {
+	cp := startControlPlane(t, cpConfig{})
+	o := sim.DefaultOptions()
+	o.Flavor, o.GRPC, o.ITL, o.KVHeartbeat = sim.FlavorVLLM, true, time.Millisecond, 100*time.Millisecond
+	eng, err := sim.Start("127.0.0.1:0", o, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	cp.put(t, "w1", eng.GRPCURL(), "")
+	flags := DefaultOptions() // as smg agent --engine-urls grpc://... checks them
+	flags.Node, flags.ControlPlane, flags.EngineURLs = "n1", cp.addr, []string{eng.GRPCURL()}
+	if err := flags.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, fastOpts(cp.addr, eng.GRPCURL()))
+	cp.waitFor(t, "a pushed gRPC load record", func(s *registry.Snapshot) bool {
+		w := s.Get("w1")
+		return w.AgentNode == "n1" && w.Load.GetSource() == "grpc_vllm" && !w.Evidence.PushedAt.IsZero()
+	})
+}
+
 // TestGRPCEngineAbsurdLoadsDropped: an engine whose KV event batches carry
 // absurd loads (rank 2^31-1, negative counts, NaN usage) has them dropped
 // and counted; the control plane never receives one, and the engine is not

@@ -129,8 +129,8 @@ func (o Options) Validate() error {
 		errs = append(errs, errors.New("--node must not be empty"))
 	}
 	for _, u := range o.EngineURLs {
-		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
-			errs = append(errs, fmt.Errorf("--engine-urls %q: want an http:// or https:// URL", workerurl.Redact(u)))
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") && !enginegrpc.IsGRPC(u) {
+			errs = append(errs, fmt.Errorf("--engine-urls %q: want an http://, https://, grpc:// or grpcs:// URL", workerurl.Redact(u)))
 		} else if _, err := workerurl.Normalize(u, workerurl.Options{AllowLinkLocal: true}); err != nil {
 			errs = append(errs, fmt.Errorf("--engine-urls: %v", err)) // credentials, bad ports: never echoed
 		}

@@ -89,7 +89,7 @@ func TestSummaryDecidesRecords(t *testing.T) {
 func TestOptionsValidate(t *testing.T) {
 	good := DefaultOptions()
 	good.Node = "n1"
-	good.EngineURLs = []string{"http://127.0.0.1:8000"}
+	good.EngineURLs = []string{"http://127.0.0.1:8000", "grpc://127.0.0.1:31000", "grpcs://engine.local:31001"}
 	if err := good.Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
@@ -100,6 +100,8 @@ func TestOptionsValidate(t *testing.T) {
 		"no node":             {func(o *Options) { o.Node = "" }, "--node"},
 		"bad address":         {func(o *Options) { o.ControlPlane = "localhost" }, "--controlplane"},
 		"bad url":             {func(o *Options) { o.EngineURLs = []string{"127.0.0.1:8000"} }, "--engine-urls"},
+		"unknown scheme":      {func(o *Options) { o.EngineURLs = []string{"ftp://127.0.0.1:8000"} }, "--engine-urls"},
+		"gRPC without port":   {func(o *Options) { o.EngineURLs = []string{"grpc://u:hunter2@127.0.0.1:0"} }, "--engine-urls"},
 		"password in url":     {func(o *Options) { o.EngineURLs = []string{"http://u:hunter2@127.0.0.1:8000"} }, "--engine-urls"},
 		"port out of range":   {func(o *Options) { o.EngineURLs = []string{"http://127.0.0.1:99999"} }, "--engine-urls"},
 		"register nothing":    {func(o *Options) { o.EngineURLs = nil; o.Register = true }, "--register"},

@@ -28,7 +28,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var engines cli.List
 	fs.StringVar(&opts.ControlPlane, "controlplane", opts.ControlPlane, "HOST:PORT of the control plane's gRPC port; the replicas of a replicated control plane comma-separated (the agent follows the leader)")
 	fs.StringVar(&opts.Node, "node", host, "name of this node; the control plane assigns it the workers registered with this node")
-	fs.Var(&engines, "engine-urls", "engines on this node, space-separated after one flag or repeated (e.g. http://127.0.0.1:8000)")
+	fs.Var(&engines, "engine-urls", "engines on this node, space-separated after one flag or repeated: http://, https://, grpc:// or grpcs:// URLs (e.g. http://127.0.0.1:8000)")
 	fs.BoolVar(&opts.Register, "register", false, "register the --engine-urls engines (and, with --service-discovery, the engine pods on this node) with the control plane under this node's name")
 	fs.DurationVar(&opts.PollInterval, "poll-interval", opts.PollInterval, "how often each engine is polled (Go duration; sub-second allowed, e.g. 250ms)")
 	fs.IntVar(&opts.EngineReadBudgetMiB, "engine-read-budget-mib", opts.EngineReadBudgetMiB,
