@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/smg-project/smg/router/admission"
 )
@@ -164,6 +165,73 @@ func TestObjectiveWaitsForARoomOnlyWhileItCouldBeMet(t *testing.T) {
 	// 0.4 s objective, 0.1 s predicted: it waited about 0.3 s, never past 0.4 s.
 	if waited < 250*time.Millisecond || waited > 2*time.Second {
 		t.Errorf("waited %v, want about 0.3 s", waited)
+	}
+}
+
+// A request that would wait for a room is refused at once instead when, at
+// the pace rooms went to waiters lately, its room is not expected before its
+// objective could no longer be met: a refusal comes now, not at the end of
+// a wait that would most likely fail.
+func TestObjectiveRefusesAtOnceWhenNoRoomIsExpectedInTime(t *testing.T) {
+	clk := newFakeClock()
+	h := newHarness(t, func(o *Options) {
+		clk.opts(o)
+		windowsOn(PolicyRoundRobin)(o)
+		o.TTFTObjectiveSecs = 0.4
+	})
+	var release atomic.Pointer[chan struct{}]
+	ch := make(chan struct{})
+	release.Store(&ch)
+	a := newEngine(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(b), "hold") {
+			<-*release.Load()
+		}
+		clk.advance(time.Duration(float64(len(b))/4/10000*float64(time.Second)))
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	})
+	warm(t, h, a.worker(rooms(1)))
+	hold := fmt.Sprintf(`{"model":%q,"prompt":"hold"}`, testModel)
+	waited := func() uint64 {
+		m := &dto.Metric{}
+		_ = h.r.wm.wait.(prometheus.Histogram).Write(m)
+		return m.GetHistogram().GetSampleCount()
+	}
+	// Rooms go to waiters every 100 ms (the router's clock): each waiter
+	// waits and is admitted.
+	for i := range 5 {
+		first := make(chan answer, 1)
+		go func() { first <- h.send("/v1/completions", hold, "") }()
+		waitUntil(t, func() bool { return h.inFlight("a") == 1 })
+		second := make(chan answer, 1)
+		go func() { second <- h.send("/v1/completions", completion(100, false), "") }()
+		waitUntil(t, func() bool { return h.waiters() == 1 })
+		clk.advance(100 * time.Millisecond)
+		close(*release.Load())
+		if got := <-second; got.status != http.StatusOK {
+			t.Fatalf("waiter %d: %d %s", i, got.status, got.body)
+		}
+		<-first
+		ch := make(chan struct{})
+		release.Store(&ch)
+	}
+	// Now no room has gone to a waiter for a second: the next is expected
+	// no sooner, past what the objective leaves to wait (0.4 s less the
+	// prediction). Refused at once: it never entered the wait.
+	first := make(chan answer, 1)
+	go func() { first <- h.send("/v1/completions", hold, "") }()
+	waitUntil(t, func() bool { return h.inFlight("a") == 1 })
+	clk.advance(time.Second)
+	before := waited()
+	got := h.send("/v1/completions", completion(100, false), "")
+	close(*release.Load())
+	<-first
+	if got.status != http.StatusServiceUnavailable || got.errorCode() != CodeTTFTObjective || got.header.Get("Retry-After") == "" {
+		t.Fatalf("answer %d %v %s, want 503 %s with Retry-After", got.status, got.header, got.body, CodeTTFTObjective)
+	}
+	if n := waited(); n != before {
+		t.Errorf("the refused request waited for a room (%d waits recorded, want %d)", n, before)
 	}
 }
 

@@ -197,6 +197,7 @@ func (r *Router) waitlistFor(k waitlistKey) *admission.Waitlist {
 	wl := r.waitlists[k]
 	if wl == nil {
 		wl = admission.NewWaitlist()
+		wl.Now = r.clock
 		r.waitlists[k] = wl
 	}
 	return wl

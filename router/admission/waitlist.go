@@ -59,6 +59,53 @@ type Waitlist struct {
 	// once or at the end of their wait) since the last report: demand the
 	// control plane must see even when nobody is left waiting.
 	refused [NumClasses]atomic.Int64
+	// grants are the times of the latest rooms handed to waiters (a ring,
+	// newest at grantAt[(grantNext-1)%grantRing]), for ExpectedWait.
+	grants    [grantRing]time.Time
+	grantNext int
+	// Now is the clock grants are timed on (nil: time.Now); set it before
+	// the first use.
+	Now func() time.Time
+}
+
+func (wl *Waitlist) now() time.Time {
+	if wl.Now != nil {
+		return wl.Now()
+	}
+	return time.Now()
+}
+
+// ExpectedWait reads the pace of the latest grants to waiters: grantRing of
+// them, none older than grantWindow.
+const (
+	grantRing   = 16
+	grantWindow = 10 * time.Second
+	grantMin    = 4 // fewer recent grants say nothing of the pace
+)
+
+// ExpectedWait is how long a request joining the queue now should expect
+// to wait for its room: the mean time between the latest grants to waiters
+// (or the time since the last grant, when longer: the pace has slowed),
+// once for each waiter before it and once for itself. ok is false while too
+// few rooms were handed to waiters lately to tell (a pool seldom full).
+func (wl *Waitlist) ExpectedWait() (d time.Duration, ok bool) {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	now := wl.now()
+	newest := wl.grants[(wl.grantNext+grantRing-1)%grantRing]
+	oldest, k := newest, 0
+	for i := range grantRing {
+		t := wl.grants[(wl.grantNext+grantRing-1-i)%grantRing]
+		if t.IsZero() || now.Sub(t) > grantWindow {
+			break
+		}
+		oldest, k = t, k+1
+	}
+	if k < grantMin {
+		return 0, false
+	}
+	gap := max(newest.Sub(oldest)/time.Duration(k-1), now.Sub(newest))
+	return gap * time.Duration(wl.queue.len()+1), true
 }
 
 // NewWaitlist makes an empty waitlist.
@@ -146,6 +193,8 @@ func (wl *Waitlist) grantLocked() {
 		wl.n.Add(-1)
 		h.done = true
 		close(h.ready)
+		wl.grants[wl.grantNext] = wl.now()
+		wl.grantNext = (wl.grantNext + 1) % grantRing
 	}
 }
 

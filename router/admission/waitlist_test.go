@@ -255,3 +255,57 @@ func TestGateLimit(t *testing.T) {
 		}
 	}
 }
+
+// ExpectedWait reads the pace of the latest grants to waiters: nothing
+// until a few rooms went to waiters, then the mean gap between grants once
+// per waiter ahead and once more; a pace that slowed shows at once, and
+// grants older than the window no longer count.
+func TestWaitlistExpectedWaitFollowsThePaceOfGrants(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		o.acquire(context.Background(), 1, 0)
+		if _, ok := o.wl.ExpectedWait(); ok {
+			t.Fatal("an expected wait before any grant")
+		}
+		// A room frees every 100 ms, each to a waiter.
+		for i := range grantMin {
+			res := o.run(1, time.Minute)
+			synctest.Wait()
+			if _, ok := o.wl.ExpectedWait(); ok {
+				t.Fatalf("an expected wait after %d grants", i)
+			}
+			time.Sleep(100 * time.Millisecond)
+			o.release(1)
+			synctest.Wait()
+			admittedNow(t, res, "waiter")
+		}
+		d, ok := o.wl.ExpectedWait()
+		if !ok || d != 100*time.Millisecond {
+			t.Fatalf("expected wait with nobody waiting = %v %v, want 100ms", d, ok)
+		}
+		// Two waiting: the third in line waits three gaps.
+		a := o.run(1, time.Minute)
+		synctest.Wait()
+		b := o.run(1, time.Minute)
+		synctest.Wait()
+		if d, _ := o.wl.ExpectedWait(); d != 300*time.Millisecond {
+			t.Fatalf("expected wait behind two waiters = %v, want 300ms", d)
+		}
+		// No room for 500 ms: the pace has slowed to at least that.
+		time.Sleep(500 * time.Millisecond)
+		if d, _ := o.wl.ExpectedWait(); d != 1500*time.Millisecond {
+			t.Fatalf("expected wait after 500 ms without a grant = %v, want 1.5s", d)
+		}
+		o.release(1)
+		synctest.Wait()
+		admittedNow(t, a, "first waiter")
+		o.release(1)
+		synctest.Wait()
+		admittedNow(t, b, "second waiter")
+		// Grants older than the window say nothing.
+		time.Sleep(grantWindow + time.Second)
+		if _, ok := o.wl.ExpectedWait(); ok {
+			t.Fatal("an expected wait from grants older than the window")
+		}
+	})
+}
