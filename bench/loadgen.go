@@ -59,6 +59,17 @@ type PriorityShare struct {
 	Class  string  `json:"class"`   // x-smg-priority value
 	Weight float64 `json:"weight"`  // relative share of arrivals
 	APIKey string  `json:"api_key"` // bearer token naming the tenant ("" none)
+	// Label names the share in records and per-share summaries (Class when
+	// empty): two tenants sending the same class are told apart by it.
+	Label string `json:"label,omitempty"`
+}
+
+// label is what records and summaries call the share.
+func (p *PriorityShare) label() string {
+	if p.Label != "" {
+		return p.Label
+	}
+	return p.Class
 }
 
 // pick draws a class by weight.
@@ -83,7 +94,7 @@ func pickPriority(r *rand.Rand, mix []PriorityShare) *PriorityShare {
 // the overload shed and the admission and scheduler answers.
 var refusalCodes = map[string]bool{ShedCode: true, "admission_queue_full": true, "admission_queue_timeout": true,
 	"scheduler_queue_full": true, "scheduler_queue_timeout": true, "scheduler_preempted": true,
-	"ttft_objective_unreachable": true}
+	"ttft_objective_unreachable": true, "tenant_over_fair_share": true}
 
 // Record is what one request did. Times are seconds from the start of the run.
 type Record struct {
@@ -95,7 +106,7 @@ type Record struct {
 	Attempts   int       `json:"attempts"`
 	RetryAfter int       `json:"retry_after,omitempty"` // Retry-After of the last refusal, seconds
 	Engine     string    `json:"engine,omitempty"`      // engine index from the simulator's response id
-	Priority   string    `json:"priority,omitempty"`    // x-smg-priority sent (priority mixes only)
+	Priority   string    `json:"priority,omitempty"`    // the share's label, by default the x-smg-priority sent (priority mixes only)
 	TTFT       float64   `json:"ttft,omitempty"`        // first token, from Start
 	E2E        float64   `json:"e2e"`                   // from Start to the end (or the failure)
 	ITL        []float64 `json:"itl,omitempty"`         // gaps between token chunks, seconds
@@ -258,11 +269,11 @@ func Run(ctx context.Context, client *http.Client, c Config, onProgress func(Pro
 		for _, p := range c.Priorities {
 			var mine []Record
 			for _, r := range records {
-				if r.Priority == p.Class {
+				if r.Priority == p.label() {
 					mine = append(mine, r)
 				}
 			}
-			res.ByClass[p.Class] = Summarize(mine, c.Duration, c.TTFTObjective)
+			res.ByClass[p.label()] = Summarize(mine, c.Duration, c.TTFTObjective)
 		}
 	}
 	if c.Clients > 0 {
@@ -324,7 +335,7 @@ func doRequest(ctx context.Context, client *http.Client, c Config, runStart time
 	rec := Record{Start: t0.Sub(runStart).Seconds(), MaxTokens: maxTokens}
 	var header http.Header
 	if prio != nil {
-		rec.Priority = prio.Class
+		rec.Priority = prio.label()
 		header = http.Header{"X-Smg-Priority": {prio.Class}}
 		if prio.APIKey != "" {
 			header.Set("Authorization", "Bearer "+prio.APIKey)

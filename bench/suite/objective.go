@@ -59,6 +59,9 @@ func ObjectiveConfigs() []GatewayConfig {
 			Why: fmt.Sprintf("running windows and `--ttft-objective-secs %g`; 1 router", HetObjective.Seconds())},
 		{Name: "het-objective-3r", Engines: hetEngines, Flags: obj, SimArgs: hetSimArgs, Routers: 3, RouterFlags: three(obj),
 			Why: "the same, 3 routers sharing each window"},
+		{Name: "het-objective-3r-fresh", Engines: hetEngines, Flags: append(slices.Clone(obj), "--watch-load-interval", "0"),
+			SimArgs: hetSimArgs, Routers: 3, RouterFlags: three(obj),
+			Why: "the same, the control plane sending every load at once (`--watch-load-interval 0`): the other routers' work ahead a report (250 ms) late instead of up to a second more"},
 	}
 }
 

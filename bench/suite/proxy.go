@@ -324,6 +324,7 @@ error_log %[1]s/nginx-error.log warn;
 events { worker_connections 4096; }
 http {
   access_log off;
+  client_body_buffer_size 1m;
   client_body_temp_path %[1]s/body;
   proxy_temp_path %[1]s/proxy;
   fastcgi_temp_path %[1]s/fastcgi;
