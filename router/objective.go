@@ -24,8 +24,17 @@ func (q *request) meets(h *hotWorker) bool {
 	if q.ttftBy == 0 {
 		return true
 	}
-	d, s := h.st.ttft.Predict(max(h.ahead-h.st.reportedPrompt.Load(), 0)+h.st.promptTokens.Load(), q.own)
+	d, s := objectivePrediction(h, q.own)
 	return s != ttft.OK || q.now+int64(d) <= q.ttftBy
+}
+
+// objectivePrediction is the TTFT an objective is held against on h: the
+// prediction scaled by the worker's margin (the 90th percentile of its
+// latest observed/predicted ratios, at least 1), so the objective holds for
+// the requests the predictor under-estimates too.
+func objectivePrediction(h *hotWorker, own int64) (time.Duration, ttft.Status) {
+	d, s := h.st.ttft.Predict(max(h.ahead-h.st.reportedPrompt.Load(), 0)+h.st.promptTokens.Load(), own)
+	return time.Duration(float64(d) * h.st.ttft.Margin()), s
 }
 
 // objectiveMetrics count the objective gate's answers by class.
@@ -96,7 +105,7 @@ func (r *Router) objectiveGate(v *view, p *pool, q *request) (admission.Objectiv
 		if !h.eligible || h.st == q.avoid || !h.st.breaker.allow(&r.cb, q.now) {
 			continue
 		}
-		d, s := h.st.ttft.Predict(max(h.ahead-h.st.reportedPrompt.Load(), 0)+h.st.promptTokens.Load(), q.own)
+		d, s := objectivePrediction(h, q.own)
 		cands = append(cands, admission.Candidate{TTFT: d, Predicted: s == ttft.OK,
 			Room: q.need == 0 || h.st.gate.HasRoom(q.need)})
 	}

@@ -401,6 +401,7 @@ func (s *Suite) PublishObjectives(rep *ObjectiveReport) error {
 	WriteObjectiveTable(&b, rep)
 	b.WriteString("\nTargets:\n\n")
 	objectiveTargets(&b, rep)
+	b.WriteString("\n![Share of admitted requests meeting the objective](img/objectives-attainment.png)\n\n![Goodput within the objective](img/objectives-goodput.png)\n")
 	return replaceBlock(filepath.Join(s.DocsDir, "benchmarks.md"), "bench-objectives", b.String())
 }
 

@@ -123,6 +123,11 @@ type Estimator struct {
 	sorted    []float64    // scratch for the median
 	stepSecs  float64
 	published atomic.Pointer[estimate]
+	// ratios are the latest observed/predicted TTFTs (a ring), for Margin.
+	ratios    [Samples]float64
+	ratioNext int
+	ratioN    int
+	margin    atomic.Uint64 // float64 bits
 }
 
 type rateSample struct {
@@ -277,6 +282,45 @@ func (e *Estimator) Rate() (float64, Status) {
 		return est.rate, Implausible
 	}
 	return est.rate, OK
+}
+
+// Margin bounds: a margin never shrinks a prediction, and never grows it
+// past MaxMargin (an estimator that wrong is better fixed than hidden).
+const (
+	MaxMargin = 3.0
+	// marginQuantile is the share of the latest first tokens a prediction
+	// scaled by the margin would have covered.
+	marginQuantile = 0.9
+	marginMin      = 8 // fewer ratios say nothing of the error: margin 1
+)
+
+// ObserveError folds in one request's observed over predicted TTFT.
+func (e *Estimator) ObserveError(ratio float64) {
+	if !(ratio > 0) || math.IsInf(ratio, 1) {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.ratios[e.ratioNext] = ratio
+	e.ratioNext = (e.ratioNext + 1) % Samples
+	e.ratioN = min(e.ratioN+1, Samples)
+	m := 1.0
+	if e.ratioN >= marginMin {
+		sorted := slices.Clone(e.ratios[:e.ratioN])
+		slices.Sort(sorted)
+		m = min(max(sorted[int(marginQuantile*float64(e.ratioN-1)+0.5)], 1), MaxMargin)
+	}
+	e.margin.Store(math.Float64bits(m))
+}
+
+// Margin is what a prediction is scaled by where it must hold (an objective
+// to meet): the 90th percentile of the latest observed/predicted ratios, in
+// [1, MaxMargin]; 1 before 8 are known.
+func (e *Estimator) Margin() float64 {
+	if b := e.margin.Load(); b != 0 {
+		return math.Float64frombits(b)
+	}
+	return 1
 }
 
 // Step is the measured decode step time (0 until measured).

@@ -181,3 +181,45 @@ func TestEstimatorWithoutSpreadFallsBackToTheStep(t *testing.T) {
 		}
 	})
 }
+
+// The margin is the 90th percentile of the latest observed/predicted
+// ratios, never below 1 nor above MaxMargin, and 1 until a few are known.
+func TestMarginIsTheNinetiethPercentileOfTheError(t *testing.T) {
+	e := New(time.Now)
+	for range marginMin - 1 {
+		e.ObserveError(2)
+	}
+	if m := e.Margin(); m != 1 {
+		t.Fatalf("margin before %d ratios = %v, want 1", marginMin, m)
+	}
+	// 31 ratios: 27 of 1.0, 4 of 1.5: the 90th percentile is 1.5.
+	for i := range Samples {
+		r := 1.0
+		if i%8 == 0 {
+			r = 1.5
+		}
+		e.ObserveError(r)
+	}
+	if m := e.Margin(); m != 1.5 {
+		t.Fatalf("margin = %v, want 1.5", m)
+	}
+	// Over-predictions never shrink a prediction; absurd errors are capped.
+	for range Samples {
+		e.ObserveError(0.2)
+	}
+	if m := e.Margin(); m != 1 {
+		t.Fatalf("margin after over-predictions = %v, want 1", m)
+	}
+	for range Samples {
+		e.ObserveError(50)
+	}
+	if m := e.Margin(); m != MaxMargin {
+		t.Fatalf("margin after absurd errors = %v, want %v", m, MaxMargin)
+	}
+	for _, bad := range []float64{0, -1, math.NaN(), math.Inf(1)} {
+		e.ObserveError(bad)
+	}
+	if m := e.Margin(); m != MaxMargin {
+		t.Fatalf("bad ratios moved the margin to %v", m)
+	}
+}

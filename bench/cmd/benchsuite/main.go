@@ -38,7 +38,7 @@ func main() {
 		"run one smg agent covering every engine, polling each this often (0: the control plane polls over HTTP)")
 	only := fs.String("configs", "", "overload, objectives: comma-separated configurations to run (empty: all)")
 	loads := fs.String("loads", "", "overload, objectives: comma-separated multiples of capacity (empty: 0.5,1,1.5,2; objectives 1,2,4)")
-	replot := fs.Bool("republish", false, "overload: rewrite the docs tables and plots from the last full run's overload.json in --raw, without running")
+	replot := fs.Bool("republish", false, "overload, objectives: rewrite the docs tables and plots from the last full run's overload.json (objectives.json) in --raw, without running")
 	tuned := fs.Int("tuned-waiting", 0, "overload: waiting-requests ceiling of shed-tuned (0: the benchmark's choice)")
 	windowWait := fs.String("window-wait", "", "overload: --worker-admission-wait-secs of every window configuration instead of the benchmark's")
 	capacity := fs.Float64("capacity", 0, "overload: fleet capacity in req/s instead of calibrating (output tokens/s follow from the mean length)")
@@ -76,6 +76,8 @@ func main() {
 	start := time.Now()
 	var err error
 	switch {
+	case *replot && *which == "objectives":
+		err = republishObjectives(s)
 	case *replot:
 		err = republish(s)
 	case *which == "overload":
@@ -132,7 +134,25 @@ func runObjectives(ctx context.Context, s *suite.Suite) error {
 	if s.DocsDir == "" {
 		return nil
 	}
+	if err := plotObjectives(rep, filepath.Join(s.DocsDir, "img")); err != nil {
+		return err
+	}
 	return s.PublishObjectives(rep)
+}
+
+func republishObjectives(s *suite.Suite) error {
+	b, err := os.ReadFile(filepath.Join(s.RawDir, "objectives.json"))
+	if err != nil {
+		return err
+	}
+	var rep suite.ObjectiveReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return err
+	}
+	if err := plotObjectives(&rep, filepath.Join(s.DocsDir, "img")); err != nil {
+		return err
+	}
+	return s.PublishObjectives(&rep)
 }
 
 func runTenants(ctx context.Context, s *suite.Suite, rounds int) error {

@@ -183,3 +183,54 @@ func plotFaults(rep *suite.FaultReport, dir string) error {
 	p.Y.Max = maxY * 3
 	return p.Save(9*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, "faults-ttft.png"))
 }
+
+// plotObjectives writes objectives.png into dir: the share of admitted
+// requests that met the TTFT objective, and goodput within it, by load.
+func plotObjectives(rep *suite.ObjectiveReport, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	att := plot.New()
+	att.Title.Text = fmt.Sprintf("Admitted requests meeting the %g s TTFT objective", rep.Objective)
+	att.X.Label.Text = "offered load (× measured capacity)"
+	att.Y.Label.Text = "share of admitted (%)"
+	good := plot.New()
+	good.Title.Text = "Goodput within the objective"
+	good.X.Label.Text = "offered load (× measured capacity)"
+	good.Y.Label.Text = "output tokens/s"
+	for i, gc := range rep.Configs {
+		var pa, pg plotter.XYs
+		for _, load := range rep.Loads {
+			if run, ok := rep.Run(gc.Name, load); ok {
+				pa = append(pa, plotter.XY{X: load, Y: 100 * run.Attainment()})
+				pg = append(pg, plotter.XY{X: load, Y: run.Summary.Goodput})
+			}
+		}
+		for _, p := range []struct {
+			plt *plot.Plot
+			xys plotter.XYs
+		}{{att, pa}, {good, pg}} {
+			line, points, err := plotter.NewLinePoints(p.xys)
+			if err != nil {
+				return err
+			}
+			line.Color, points.Color = plotutil.Color(i), plotutil.Color(i)
+			line.Dashes = plotutil.Dashes(i)
+			points.Shape = plotutil.Shape(i)
+			line.Width = vg.Points(1.5)
+			p.plt.Add(line, points)
+			p.plt.Legend.Add(gc.Name, line, points)
+		}
+	}
+	target := hline(rep.Loads, 97, color.Gray{Y: 120})
+	att.Add(target, plotter.NewGrid())
+	att.Legend.Add("target 97%", target)
+	att.Legend.Top = false
+	good.Add(plotter.NewGrid())
+	good.Y.Min = 0
+	good.Legend.Top = false
+	if err := att.Save(7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, "objectives-attainment.png")); err != nil {
+		return err
+	}
+	return good.Save(7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, "objectives-goodput.png"))
+}
