@@ -187,7 +187,7 @@ func TestObjectiveRefusesAtOnceWhenNoRoomIsExpectedInTime(t *testing.T) {
 		if strings.Contains(string(b), "hold") {
 			<-*release.Load()
 		}
-		clk.advance(time.Duration(float64(len(b))/4/10000*float64(time.Second)))
+		clk.advance(time.Duration(float64(len(b)) / 4 / 10000 * float64(time.Second)))
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"ok":true}`)
 	})
