@@ -29,12 +29,12 @@ func (q *request) meets(h *hotWorker) bool {
 }
 
 // objectivePrediction is the TTFT an objective is held against on h: the
-// prediction scaled by the worker's margin (the 90th percentile of its
-// latest observed/predicted ratios, at least 1), so the objective holds for
-// the requests the predictor under-estimates too.
+// prediction plus the worker's margin (the 90th percentile of its latest
+// observed less predicted TTFTs), so the objective holds for the requests
+// the predictor under-estimates too.
 func objectivePrediction(h *hotWorker, own int64) (time.Duration, ttft.Status) {
 	d, s := h.st.ttft.Predict(max(h.ahead-h.st.reportedPrompt.Load(), 0)+h.st.promptTokens.Load(), own)
-	return time.Duration(float64(d) * h.st.ttft.Margin()), s
+	return d + h.st.ttft.Margin(), s
 }
 
 // objectiveMetrics count the objective gate's answers by class.

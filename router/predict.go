@@ -53,9 +53,8 @@ func (r *Router) startTTFT(wk *Worker, st *workerState, own int64) ttftTrack {
 func (t *ttftTrack) firstByte(at time.Time, observed time.Duration) {
 	t.first = at
 	if t.status == ttft.OK && t.predicted > 0 {
-		ratio := observed.Seconds() / t.predicted.Seconds()
-		t.m.ratio.Observe(ratio)
-		t.est.ObserveError(ratio)
+		t.m.ratio.Observe(observed.Seconds() / t.predicted.Seconds())
+		t.est.ObserveError(observed, t.predicted)
 	}
 	t.est.ObserveFirstToken(t.work, observed)
 }
@@ -120,9 +119,9 @@ type TTFTLoad struct {
 	// TTFTPredictor: ok, no_data (no first token measured yet) or
 	// implausible (a rate outside the predictor's bounds: not used).
 	TTFTPredictor string `json:"ttft_predictor"`
-	// TTFTMargin is what TTFT objectives scale the prediction by: the 90th
-	// percentile of the latest observed/predicted ratios, in [1, 3].
-	TTFTMargin float64 `json:"ttft_margin"`
+	// TTFTMarginMs is what TTFT objectives add to the prediction: the 90th
+	// percentile of the latest observed less predicted TTFTs (>= 0).
+	TTFTMarginMs float64 `json:"ttft_margin_ms"`
 }
 
 func ttftLoad(wk *Worker, st *workerState) TTFTLoad {
@@ -130,7 +129,7 @@ func ttftLoad(wk *Worker, st *workerState) TTFTLoad {
 	d, s := predictTTFT(wk, st, 0)
 	return TTFTLoad{PromptTokensAhead: promptAhead(wk, st), PrefillTokensPerSec: rate,
 		DecodeStepMs: float64(st.ttft.Step()) / 1e6, PredictedTTFTMs: float64(d) / 1e6, TTFTPredictor: s.String(),
-		TTFTMargin: st.ttft.Margin()}
+		TTFTMarginMs: float64(st.ttft.Margin()) / 1e6}
 }
 
 // ttftGauges shows each regular worker's prediction at scrape time.

@@ -123,11 +123,11 @@ type Estimator struct {
 	sorted    []float64    // scratch for the median
 	stepSecs  float64
 	published atomic.Pointer[estimate]
-	// ratios are the latest observed/predicted TTFTs (a ring), for Margin.
-	ratios    [Samples]float64
-	ratioNext int
-	ratioN    int
-	margin    atomic.Uint64 // float64 bits
+	// errs are the latest observed less predicted TTFTs (a ring), for Margin.
+	errs    [Samples]time.Duration
+	errNext int
+	errN    int
+	margin  atomic.Int64 // time.Duration
 }
 
 type rateSample struct {
@@ -284,44 +284,42 @@ func (e *Estimator) Rate() (float64, Status) {
 	return est.rate, OK
 }
 
-// Margin bounds: a margin never shrinks a prediction, and never grows it
-// past MaxMargin (an estimator that wrong is better fixed than hidden).
+// MaxMargin bounds the margin: an estimator wrong by more is better fixed
+// than hidden.
 const (
-	MaxMargin = 3.0
+	MaxMargin = 10 * time.Second
 	// marginQuantile is the share of the latest first tokens a prediction
-	// scaled by the margin would have covered.
+	// plus the margin would have covered.
 	marginQuantile = 0.9
-	marginMin      = 8 // fewer ratios say nothing of the error: margin 1
+	marginMin      = 8 // fewer errors say nothing: margin 0
 )
 
-// ObserveError folds in one request's observed over predicted TTFT.
-func (e *Estimator) ObserveError(ratio float64) {
-	if !(ratio > 0) || math.IsInf(ratio, 1) {
+// ObserveError folds in one request's observed and predicted TTFT.
+func (e *Estimator) ObserveError(observed, predicted time.Duration) {
+	if observed <= 0 || predicted <= 0 {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.ratios[e.ratioNext] = ratio
-	e.ratioNext = (e.ratioNext + 1) % Samples
-	e.ratioN = min(e.ratioN+1, Samples)
-	m := 1.0
-	if e.ratioN >= marginMin {
-		sorted := slices.Clone(e.ratios[:e.ratioN])
+	e.errs[e.errNext] = observed - predicted
+	e.errNext = (e.errNext + 1) % Samples
+	e.errN = min(e.errN+1, Samples)
+	var m time.Duration
+	if e.errN >= marginMin {
+		sorted := slices.Clone(e.errs[:e.errN])
 		slices.Sort(sorted)
-		m = min(max(sorted[int(marginQuantile*float64(e.ratioN-1)+0.5)], 1), MaxMargin)
+		m = min(max(sorted[int(marginQuantile*float64(e.errN-1)+0.5)], 0), MaxMargin)
 	}
-	e.margin.Store(math.Float64bits(m))
+	e.margin.Store(int64(m))
 }
 
-// Margin is what a prediction is scaled by where it must hold (an objective
-// to meet): the 90th percentile of the latest observed/predicted ratios, in
-// [1, MaxMargin]; 1 before 8 are known.
-func (e *Estimator) Margin() float64 {
-	if b := e.margin.Load(); b != 0 {
-		return math.Float64frombits(b)
-	}
-	return 1
-}
+// Margin is what a prediction is lengthened by where it must hold (an
+// objective to meet): the 90th percentile of the latest observed less
+// predicted TTFTs, in [0, MaxMargin]; 0 before 8 are known. It is a time,
+// not a factor: what makes first tokens late (a stalled host, a step under
+// way, work another router sent that this one has not heard of yet) adds
+// time whatever the request's own prefill.
+func (e *Estimator) Margin() time.Duration { return time.Duration(e.margin.Load()) }
 
 // Step is the measured decode step time (0 until measured).
 func (e *Estimator) Step() time.Duration { return e.published.Load().step }

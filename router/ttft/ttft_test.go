@@ -182,44 +182,45 @@ func TestEstimatorWithoutSpreadFallsBackToTheStep(t *testing.T) {
 	})
 }
 
-// The margin is the 90th percentile of the latest observed/predicted
-// ratios, never below 1 nor above MaxMargin, and 1 until a few are known.
+// The margin is the 90th percentile of the latest observed less predicted
+// TTFTs, never below 0 nor above MaxMargin, and 0 until a few are known.
 func TestMarginIsTheNinetiethPercentileOfTheError(t *testing.T) {
 	e := New(time.Now)
+	ms := time.Millisecond
 	for range marginMin - 1 {
-		e.ObserveError(2)
+		e.ObserveError(300*ms, 100*ms)
 	}
-	if m := e.Margin(); m != 1 {
-		t.Fatalf("margin before %d ratios = %v, want 1", marginMin, m)
+	if m := e.Margin(); m != 0 {
+		t.Fatalf("margin before %d errors = %v, want 0", marginMin, m)
 	}
-	// 31 ratios: 27 of 1.0, 4 of 1.5: the 90th percentile is 1.5.
+	// 31 errors: 27 of 0, 4 of +50 ms: the 90th percentile is 50 ms.
 	for i := range Samples {
-		r := 1.0
+		late := time.Duration(0)
 		if i%8 == 0 {
-			r = 1.5
+			late = 50 * ms
 		}
-		e.ObserveError(r)
+		e.ObserveError(100*ms+late, 100*ms)
 	}
-	if m := e.Margin(); m != 1.5 {
-		t.Fatalf("margin = %v, want 1.5", m)
+	if m := e.Margin(); m != 50*ms {
+		t.Fatalf("margin = %v, want 50ms", m)
 	}
-	// Over-predictions never shrink a prediction; absurd errors are capped.
+	// Over-predictions never shorten a prediction; absurd errors are capped.
 	for range Samples {
-		e.ObserveError(0.2)
+		e.ObserveError(10*ms, 100*ms)
 	}
-	if m := e.Margin(); m != 1 {
-		t.Fatalf("margin after over-predictions = %v, want 1", m)
+	if m := e.Margin(); m != 0 {
+		t.Fatalf("margin after over-predictions = %v, want 0", m)
 	}
 	for range Samples {
-		e.ObserveError(50)
+		e.ObserveError(time.Hour, ms)
 	}
 	if m := e.Margin(); m != MaxMargin {
 		t.Fatalf("margin after absurd errors = %v, want %v", m, MaxMargin)
 	}
-	for _, bad := range []float64{0, -1, math.NaN(), math.Inf(1)} {
-		e.ObserveError(bad)
-	}
+	e.ObserveError(0, ms)
+	e.ObserveError(ms, 0)
+	e.ObserveError(-ms, ms)
 	if m := e.Margin(); m != MaxMargin {
-		t.Fatalf("bad ratios moved the margin to %v", m)
+		t.Fatalf("empty samples moved the margin to %v", m)
 	}
 }
