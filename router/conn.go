@@ -1,7 +1,6 @@
 package router
 
 import (
-	"container/list"
 	"context"
 	"net"
 	"net/http"
@@ -94,7 +93,55 @@ type ConnLimiter struct {
 
 // idleSet holds connections waiting for a request, oldest first: idle
 // between keep-alive requests, and fresh (not one request yet).
-type idleSet struct{ idle, fresh list.List }
+type idleSet struct{ idle, fresh connList }
+
+// connList is a list of connections linked through their own fields, so a
+// connection turning idle after every request costs no allocation. link is
+// which of a connection's links the list uses: a connection is in one of
+// l.all's lists and in one of its client's at once.
+type connList struct {
+	head, tail *limitConn
+	link       int
+}
+
+const (
+	linkAll = iota
+	linkClient
+)
+
+type connLink struct {
+	prev, next *limitConn
+	in         bool
+}
+
+func (q *connList) pushBack(c *limitConn) {
+	ln := &c.links[q.link]
+	ln.prev, ln.next, ln.in = q.tail, nil, true
+	if q.tail != nil {
+		q.tail.links[q.link].next = c
+	} else {
+		q.head = c
+	}
+	q.tail = c
+}
+
+func (q *connList) remove(c *limitConn) {
+	ln := &c.links[q.link]
+	if !ln.in {
+		return
+	}
+	if ln.prev != nil {
+		ln.prev.links[q.link].next = ln.next
+	} else {
+		q.head = ln.next
+	}
+	if ln.next != nil {
+		ln.next.links[q.link].prev = ln.prev
+	} else {
+		q.tail = ln.prev
+	}
+	*ln = connLink{}
+}
 
 type clientConns struct {
 	n int
@@ -156,7 +203,7 @@ func (l *ConnLimiter) admit(c net.Conn) *limitConn {
 	l.mu.Lock()
 	cl := l.clients[key]
 	if cl == nil {
-		cl = &clientConns{}
+		cl = &clientConns{idleSet: idleSet{idle: connList{link: linkClient}, fresh: connList{link: linkClient}}}
 		l.clients[key] = cl
 	}
 	var victim *limitConn
@@ -223,16 +270,15 @@ func (l *ConnLimiter) wait(d time.Duration) bool {
 // keep-alive one, else a fresh one silent for freshGrace. With none, wait
 // is when the oldest fresh one will qualify (0: none). l.mu is held.
 func (l *ConnLimiter) takeOldest(s *idleSet) (v *limitConn, wait time.Duration) {
-	e := s.idle.Front()
-	if e == nil {
-		if e = s.fresh.Front(); e == nil {
+	v = s.idle.head
+	if v == nil {
+		if v = s.fresh.head; v == nil {
 			return nil, 0
 		}
-		if age := time.Since(e.Value.(*limitConn).since); age < freshGrace {
+		if age := time.Since(v.since); age < freshGrace {
 			return nil, freshGrace - age
 		}
 	}
-	v = e.Value.(*limitConn)
 	l.busy(v)
 	return v, 0
 }
@@ -253,9 +299,9 @@ func (l *ConnLimiter) ConnState(c net.Conn, s http.ConnState) {
 	l.busy(lc)
 	if s == http.StateNew || s == http.StateIdle {
 		lc.fresh, lc.since = s == http.StateNew, time.Now()
-		lc.inAll = l.all.list(lc.fresh).PushBack(lc)
+		l.all.list(lc.fresh).pushBack(lc)
 		if lc.client != nil {
-			lc.inClient = lc.client.list(lc.fresh).PushBack(lc)
+			lc.client.list(lc.fresh).pushBack(lc)
 		}
 	}
 	l.mu.Unlock()
@@ -264,7 +310,7 @@ func (l *ConnLimiter) ConnState(c net.Conn, s http.ConnState) {
 	}
 }
 
-func (s *idleSet) list(fresh bool) *list.List {
+func (s *idleSet) list(fresh bool) *connList {
 	if fresh {
 		return &s.fresh
 	}
@@ -273,13 +319,9 @@ func (s *idleSet) list(fresh bool) *list.List {
 
 // busy takes lc out of the idle sets; l.mu is held.
 func (l *ConnLimiter) busy(lc *limitConn) {
-	if lc.inAll != nil {
-		l.all.list(lc.fresh).Remove(lc.inAll)
-		lc.inAll = nil
-	}
-	if lc.inClient != nil {
-		lc.client.list(lc.fresh).Remove(lc.inClient)
-		lc.inClient = nil
+	l.all.list(lc.fresh).remove(lc)
+	if lc.client != nil {
+		lc.client.list(lc.fresh).remove(lc)
 	}
 }
 
@@ -353,12 +395,12 @@ type limitConn struct {
 	once sync.Once
 
 	// Guarded by l.mu.
-	client          *clientConns // nil: not counted per client
-	key             netip.Prefix
-	fresh           bool          // waiting for its first request (else idle after one)
-	since           time.Time     // waiting since
-	inAll, inClient *list.Element // set while waiting for a request
-	gone            bool          // released
+	client *clientConns // nil: not counted per client
+	key    netip.Prefix
+	fresh  bool        // waiting for its first request (else idle after one)
+	since  time.Time   // waiting since
+	links  [2]connLink // in the idle lists while waiting for a request (linkAll, linkClient)
+	gone   bool        // released
 }
 
 func (c *limitConn) Close() error {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -557,5 +559,49 @@ func TestWorkerAPIKeyIsSentAsBearerToken(t *testing.T) {
 	resp.Body.Close()
 	if a := <-got; a != "Bearer engine-secret" {
 		t.Fatalf("engine saw Authorization %q, want the worker's api_key", a)
+	}
+}
+
+// Served on the router's Listener (as smg serves it), a request waiting on
+// its worker ends with an explicit router_shutting_down at Stop too: it
+// inherits Stop from its server's base context.
+func TestStopEndsRequestsServedOnTheListener(t *testing.T) {
+	for _, server := range []string{HTTPServerLean, HTTPServerNet} {
+		t.Run(server, func(t *testing.T) {
+			arrived, release := make(chan struct{}, 1), make(chan struct{})
+			e := newEngine(t, "silent", func(w http.ResponseWriter, r *http.Request) {
+				arrived <- struct{}{}
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+			})
+			t.Cleanup(func() { close(release) })
+			opts := DefaultOptions()
+			opts.HTTPServer = server
+			r, err := New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Apply(&Snapshot{Revision: 1, Workers: []Worker{e.worker()}})
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := opts.Server(r.Handler())
+			hs := opts.Serving(srv, false)
+			go func() { _ = hs.Serve(r.Listener(ln, srv)) }()
+			t.Cleanup(func() { _ = hs.Close() })
+			go func() { <-arrived; r.Drain(); r.Stop() }()
+			resp, err := http.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"`+testModel+`","messages":[]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get(ErrorCodeHeader) != CodeShuttingDown {
+				t.Fatalf("request in flight at Stop: %d %q", resp.StatusCode, resp.Header.Get(ErrorCodeHeader))
+			}
+		})
 	}
 }

@@ -562,10 +562,15 @@ func (r *Router) Observations() Observations {
 // /v1/models, /health, /readyz, /metrics and /loads.
 func (r *Router) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/chat/completions", r.proxyHandler(routeChat))
-	mux.Handle("POST /v1/completions", r.proxyHandler(routeCompletions))
-	mux.Handle("POST /v1/embeddings", r.proxyHandler(routeEmbeddings))
-	mux.Handle("POST /generate", r.proxyHandler(routeGenerate))
+	proxied := map[string]http.Handler{
+		"/v1/chat/completions": r.proxyHandler(routeChat),
+		"/v1/completions":      r.proxyHandler(routeCompletions),
+		"/v1/embeddings":       r.proxyHandler(routeEmbeddings),
+		"/generate":            r.proxyHandler(routeGenerate),
+	}
+	for path, h := range proxied {
+		mux.Handle("POST "+path, h)
+	}
 	mux.HandleFunc("GET /v1/models", r.serveModels)
 	mux.HandleFunc("GET /loads", r.serveLoads)
 	mux.HandleFunc("POST "+LendPath, r.serveLend)
@@ -585,7 +590,17 @@ func (r *Router) Handler() http.Handler {
 		}
 		writeError(w, http.StatusNotFound, CodeNotFound, "No route for "+req.Method+" "+req.URL.Path, 0)
 	})
-	return mux
+	// The proxied routes skip the mux's matching (its allocations), as
+	// the mux would route them: POST on the exact path.
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method == http.MethodPost {
+			if h, ok := proxied[req.URL.Path]; ok && req.URL.RawPath == "" {
+				h.ServeHTTP(w, req)
+				return
+			}
+		}
+		mux.ServeHTTP(w, req)
+	})
 }
 
 // routeMethods is the Allow header of each route, for the 405 of a wrong
