@@ -73,6 +73,15 @@ func (c *cell) pendLoad(w *registry.Worker, load *smgv1.EngineLoad, copied bool,
 	if c.dead {
 		return false, true
 	}
+	if !c.pendLoadLocked(w, load, copied, waiting, usage) {
+		return false, false
+	}
+	return registry.Stands(w, c.predictLocked(w, r)), false
+}
+
+// pendLoadLocked is pendLoad's work up to the rule: false when the load
+// cannot stand (it ends a fail-open spell).
+func (c *cell) pendLoadLocked(w *registry.Worker, load *smgv1.EngineLoad, copied bool, waiting int64, usage float64) bool {
 	if copied {
 		dst := c.load
 		if dst == nil {
@@ -82,13 +91,10 @@ func (c *cell) pendLoad(w *registry.Worker, load *smgv1.EngineLoad, copied bool,
 	}
 	setSignals(load, waiting, usage)
 	c.load, c.refresh = load, false
-	if c.noReport || w.Evidence.NoReport {
-		return false, false
-	}
 	if c.base == w {
 		c.scratch.Load = load // the rest of scratch is as it was
 	}
-	return registry.Stands(w, c.predictLocked(w, r)), false
+	return !c.noReport && !w.Evidence.NoReport
 }
 
 // pendRecord appends a pushed record and reports whether it leaves w's
@@ -103,6 +109,21 @@ func (c *cell) pendRecord(w *registry.Worker, rec timedRecord, r *judge.Rules) (
 	c.recs = append(c.recs, rec)
 	applyPushed(&s.Evidence, rec, r)
 	return registry.Stands(w, s), false
+}
+
+// pendObserved is pendLoad (of a copy) and pendRecord under one lock and
+// one run of the rule: an agent's record carries both.
+func (c *cell) pendObserved(w *registry.Worker, load *smgv1.EngineLoad, waiting int64, usage float64, rec timedRecord, r *judge.Rules) (stands, dead bool) {
+	c.lock.Lock()
+	defer c.lock.Unlock()
+	if c.dead {
+		return false, true
+	}
+	stands = c.pendLoadLocked(w, load, true, waiting, usage)
+	s := c.predictLocked(w, r)
+	c.recs = append(c.recs, rec)
+	applyPushed(&s.Evidence, rec, r)
+	return stands && registry.Stands(w, s), false
 }
 
 // pendNoReport makes "no report" pending: newer than any load or refresh

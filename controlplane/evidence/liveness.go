@@ -9,6 +9,7 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/loadpb"
 )
 
 // applyPushed moves ev by one pushed record.
@@ -199,12 +200,42 @@ type Observed struct {
 func (in *Inbox) ObserveAll(obs []Observed, now time.Time, failed func(i int, err error)) {
 	for i := range obs {
 		o := &obs[i]
+		if in.observe(o, now) {
+			continue
+		}
 		if o.Load != nil {
 			if err := in.ReportCopy(o.WorkerID, o.Load); err != nil && failed != nil {
 				failed(i, err)
 			}
 		}
 		in.Record(o.WorkerID, o.Rec, now)
+	}
+}
+
+// observe is ReportCopy and Record of a Ready worker's load and pushed
+// record in one pass (one lookup, one lock, one run of the rule: 200,000
+// of them a second at 10,000 workers); false: o is not one, nothing done.
+func (in *Inbox) observe(o *Observed, now time.Time) bool {
+	if !in.opts.Coalesce || !o.Rec.Pushed || len(o.Load.GetRanks()) == 0 {
+		return false
+	}
+	w := in.reg.Get(o.WorkerID)
+	if w == nil || !w.Ready() {
+		return false
+	}
+	if in.opts.Observe != nil {
+		in.opts.Observe(o.WorkerID, o.Load)
+	}
+	waiting, usage := loadpb.Signals(o.Load.GetRanks())
+	for {
+		stands, dead := in.cellOf(o.WorkerID, w).pendObserved(w, o.Load, waiting, usage, timedRecord{o.Rec, now}, &in.rules)
+		switch {
+		case dead:
+			continue // dropped by a flush meanwhile: look again
+		case !stands:
+			_ = in.commit([]string{o.WorkerID}, nil)
+		}
+		return true
 	}
 }
 
