@@ -68,3 +68,23 @@ func TestLoadOrStoreOneWinner(t *testing.T) {
 		}
 	}
 }
+
+// Range's f may change the map (a flush drops idle cells as it ranges over
+// them): it holds no shard's lock while f runs.
+func TestRangeMayChangeTheMap(t *testing.T) {
+	m := New[*int]()
+	for i := range 500 {
+		m.LoadOrStore(fmt.Sprint("w", i), new(int))
+	}
+	m.Range(func(k string, v *int) bool {
+		if !m.CompareAndDelete(k, v) {
+			t.Errorf("CompareAndDelete(%q) inside Range kept it", k)
+		}
+		return true
+	})
+	for i := range 500 {
+		if _, ok := m.Load(fmt.Sprint("w", i)); ok {
+			t.Fatalf("w%d still loads after Range deleted it", i)
+		}
+	}
+}
