@@ -11,7 +11,7 @@
 // failure.
 //
 // It owns the agents' streams (identity, assignment, wire decoding); it
-// hands what it decodes to ingest and liveness and writes to the registry
+// hands what it decodes to the evidence inbox and writes to the registry
 // only which node's agent feeds a worker, never a verdict.
 package agentsvc
 
@@ -567,13 +567,6 @@ func (s *Server) recordWorker(st *agentStream, url []byte) (*registry.Worker, *e
 	return s.workerEngine(st, string(url))
 }
 
-// ingest hands a copy of load to the inbox (load stays the caller's).
-func (s *Server) ingest(w *registry.Worker, load *smgv1.EngineLoad) {
-	if err := s.ev.ReportCopy(w.ID, load); err != nil {
-		s.log.Debug("Agent record not ingested", "worker_id", w.ID, "url", w.Spec.GetUrl(), "error", err)
-	}
-}
-
 // runsNothing reports whether a load shows ranks and none of them runs a
 // request (an empty load says nothing).
 func runsNothing(l *smgv1.EngineLoad) bool {
@@ -635,7 +628,9 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	lr := &e.last
 	switch {
 	case lr.unjudged != nil && w.Ready():
-		s.ingest(w, lr.unjudged)
+		if err := s.ev.Report(w.ID, lr.unjudged); err != nil { // the inbox's now
+			s.log.Debug("Agent record not ingested", "worker_id", w.ID, "url", w.Spec.GetUrl(), "error", err)
+		}
 		lr.unjudged = nil
 		lr.confirmed = now
 	case w.Ready() && now.Sub(lr.at) >= refreshEvery && now.Sub(lr.confirmed) >= refreshEvery:
