@@ -91,8 +91,10 @@ func (d Dist) Mean() float64 {
 
 // promptWords are the words prompts are made of; each is 4 characters with its
 // space, so a prompt of n words reads as about n tokens to a 4-chars-per-token
-// estimate (the simulator's and the router's).
-var promptWords = strings.Fields("the and for are but not you all any can had her was one our out day get has him his how man new now old see two way who boy did its let put say she too use")
+// estimate (the simulator's and the router's), and each is a word of the
+// simulated model, so its tokenizer (which a router serving the engines over
+// gRPC runs) reads one token per word too.
+var promptWords = strings.Fields("the and for was you her all she him has who out its can new two may any now our man did one")
 
 // makePrompt returns text of about tokens tokens. Prompts start with different
 // words so that prefix-affinity policies see unrelated requests, as they would

@@ -55,7 +55,10 @@ func (p *Proc) Stop(grace time.Duration) {
 // Fleet is a running smg sim process with its engines' URLs.
 type Fleet struct {
 	*Proc
-	URLs       []string
+	URLs []string
+	// GRPCURLs are the engines' grpc:// URLs, in URLs' order, when the
+	// simulator serves gRPC too (--grpc-port).
+	GRPCURLs   []string
 	ControlURL string // /sim/fault for every engine, reachable whatever the faults
 }
 
@@ -72,7 +75,12 @@ func StartFleet(ctx context.Context, bin string, n int, simArgs []string) (*Flee
 		mu.Lock()
 		defer mu.Unlock()
 		if strings.HasPrefix(line, "http://") {
-			f.URLs = append(f.URLs, strings.TrimSpace(line))
+			// "http://host:port", then " grpc://host:port" with gRPC.
+			urls := strings.Fields(line)
+			f.URLs = append(f.URLs, urls[0])
+			if len(urls) > 1 {
+				f.GRPCURLs = append(f.GRPCURLs, urls[1])
+			}
 		} else if m := controlRe.FindStringSubmatch(line); m != nil {
 			f.ControlURL = m[1]
 		}

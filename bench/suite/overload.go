@@ -30,6 +30,10 @@ type GatewayConfig struct {
 	// SGLang flavor, whose engines report their running window, or the
 	// vLLM flavor, whose engines report none).
 	SimArgs []string `json:"sim_args,omitempty"`
+	// GRPC registers the engines by their gRPC URLs (the simulator serves
+	// SMG's engine protocol beside HTTP): the router renders the template,
+	// tokenizes, calls Generate and detokenizes the answer itself.
+	GRPC bool `json:"grpc,omitempty"`
 	// LearnWindows: the engines report no running window, so smg learns it
 	// from their queue; a saturating burst before the run lets it (as any
 	// fleet that has seen load once), and the engines' marks start after.
@@ -213,7 +217,7 @@ func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64,
 		Prompt: promptDist, Output: outputDist, Timeout: time.Duration(rep.TimeoutSecs * float64(time.Second)),
 		TTFTObjective: TTFTObjective, Seed: s.Seed + uint64(load*10), Priorities: gc.Priorities, Spread: gc.Spread,
 		ShedFailover: gc.ShedFailover}
-	sampler := sampleWorkers(ctx, e.gw, e.fleet.URLs, time.Now(), 100*time.Millisecond)
+	sampler := sampleWorkers(ctx, e.gw, e.workers, time.Now(), 100*time.Millisecond)
 	res, err := bench.Run(ctx, s.httpClient(), cfg, progressLogger(s, label))
 	samples := sampler.stop()
 	if err != nil {

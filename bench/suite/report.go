@@ -166,6 +166,11 @@ func (s *Suite) PublishOverload(rep *OverloadReport) error {
 			t.P99High/t.P99Low, metStr(t.TTFTMet), 100*t.GoodputFraction, metStr(t.GoodMet))
 	}
 	writeWindowSection(&b, rep)
+	if len(GRPCPairs(rep)) > 0 {
+		b.WriteString("\nThe same engines served over gRPC (SMG's engine protocol: the router renders the chat template, tokenizes, " +
+			"calls `Generate` and detokenizes) beside their HTTP twin, admitted requests only:\n\n")
+		WriteGRPCTable(&b, rep)
+	}
 	writePrioritySection(&b, rep)
 	b.WriteString("\n![TTFT p99 vs offered load](img/overload-ttft-p99.png)\n\n![Goodput vs offered load](img/overload-goodput.png)\n")
 	if run, ok := rep.Run("shed-tuned", 2); ok && len(run.Trace) > 0 {

@@ -98,6 +98,11 @@ func TestOverloadSmoke(t *testing.T) {
 			t.Errorf("%s at %.1fx: trace counts %d arrivals, summary %d requests", run.Config, run.Load, arrivals, run.Summary.Requests)
 		}
 	}
+	// The gRPC twin (2× only in a short run) answers beside its HTTP one.
+	if pairs := GRPCPairs(rep); len(pairs) != 1 || pairs[0].Config != "window-1r-grpc" || pairs[0].Load != 2 ||
+		pairs[0].GRPC.Completed == 0 || pairs[0].HTTP.Completed == 0 {
+		t.Errorf("gRPC beside HTTP: %+v; want window-1r-grpc at 2x with answers on both", pairs)
+	}
 	// The priority mix: both classes sent and summarised apart.
 	for _, load := range rep.Loads {
 		run, ok := rep.Run("window-priority", load)

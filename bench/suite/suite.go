@@ -105,6 +105,7 @@ type env struct {
 	agent   *Proc
 	routers []*Proc  // extra routers beside the gateway's own
 	urls    []string // every router's URL when there are several
+	workers []string // the engines' URLs as registered (gRPC ones for a GRPC configuration)
 	// nginx, when the configuration has no smg: its URL and scratch dir.
 	nginx              *Proc
 	nginxURL, nginxDir string
@@ -155,7 +156,11 @@ func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error)
 		}
 		flags = append(flags, peers[0]...)
 	}
-	f, err := StartFleet(ctx, s.Bin, gc.engines(), append(s.simArgs(), gc.SimArgs...))
+	simArgs := append(s.simArgs(), gc.SimArgs...)
+	if gc.GRPC {
+		simArgs = append(simArgs, "--grpc-port", "0")
+	}
+	f, err := StartFleet(ctx, s.Bin, gc.engines(), simArgs)
 	if err != nil {
 		return nil, err
 	}
@@ -167,14 +172,18 @@ func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error)
 		}
 		return e, nil
 	}
-	gw, err := StartGateway(ctx, s.Bin, f.URLs, append(append([]string{}, gatewayBase...), flags...))
+	workers := f.URLs
+	if gc.GRPC {
+		workers = f.GRPCURLs
+	}
+	gw, err := StartGateway(ctx, s.Bin, workers, append(append([]string{}, gatewayBase...), flags...))
 	if err != nil {
 		f.Stop(time.Second)
 		return nil, err
 	}
-	e := &env{fleet: f, gw: gw}
+	e := &env{fleet: f, gw: gw, workers: workers}
 	if s.AgentPoll > 0 {
-		if e.agent, err = StartAgent(ctx, s.Bin, gw, "n1", f.URLs, s.AgentPoll); err != nil {
+		if e.agent, err = StartAgent(ctx, s.Bin, gw, "n1", workers, s.AgentPoll); err != nil {
 			e.stop()
 			return nil, err
 		}

@@ -36,6 +36,8 @@ func WindowConfigs() []GatewayConfig {
 	return []GatewayConfig{
 		{Name: "window-1r", Flags: windowFlags, SimArgs: sglang,
 			Why: "running windows (8, reported by the engines), wait 0, queue 0; 1 router"},
+		{Name: "window-1r-grpc", Flags: windowFlags, SimArgs: sglang, GRPC: true,
+			Why: "window-1r with the same engines registered by their gRPC URLs (SMG's engine protocol): the router renders the chat template, tokenizes, calls Generate and detokenizes"},
 		{Name: "window-3r", Flags: windowFlags, SimArgs: sglang, Routers: 3,
 			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
 			Why:         "the same, 3 routers sharing each window (client spreads requests over them in turn)"},
@@ -283,4 +285,58 @@ func (g *Gateway) waitShares(ctx context.Context, engines, routers int, within t
 		}
 		time.Sleep(50 * time.Millisecond) // polling a start-up condition, not a timed assertion
 	}
+}
+
+// GRPCPair is a configuration served over gRPC beside its HTTP twin (the
+// same name without "-grpc") at one load.
+type GRPCPair struct {
+	Config     string // the gRPC configuration
+	Load       float64
+	HTTP, GRPC bench.Summary
+}
+
+// GRPCPairs pairs every gRPC configuration of rep with its HTTP twin, load
+// by load.
+func GRPCPairs(rep *OverloadReport) []GRPCPair {
+	var out []GRPCPair
+	for _, gc := range rep.Configs {
+		twin, ok := strings.CutSuffix(gc.Name, "-grpc")
+		if !gc.GRPC || !ok {
+			continue
+		}
+		for _, load := range rep.Loads {
+			h, ok1 := rep.Run(twin, load)
+			g, ok2 := rep.Run(gc.Name, load)
+			if ok1 && ok2 {
+				out = append(out, GRPCPair{Config: gc.Name, Load: load, HTTP: h.Summary, GRPC: g.Summary})
+			}
+		}
+	}
+	return out
+}
+
+// WriteGRPCTable writes each gRPC configuration beside its HTTP twin:
+// admitted TTFT and goodput, and their ratios.
+func WriteGRPCTable(w io.Writer, rep *OverloadReport) {
+	pairs := GRPCPairs(rep)
+	if len(pairs) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "| config | load | TTFT p50 HTTP / gRPC | TTFT p99 HTTP / gRPC | p99 gRPC / HTTP | goodput / capacity HTTP / gRPC | goodput gRPC / HTTP | 503 rate HTTP / gRPC | errors HTTP / gRPC |\n")
+	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|\n")
+	capTok := rep.Capacity.TokensPerSec
+	for _, p := range pairs {
+		h, g := p.HTTP, p.GRPC
+		fmt.Fprintf(w, "| %s | %.1f× | %s / %s | %s / %s | %.2f | %.0f%% / %.0f%% | %.2f | %.1f%% / %.1f%% | %d / %d |\n",
+			p.Config, p.Load, msStr(h.TTFT.P50), msStr(g.TTFT.P50), msStr(h.TTFT.P99), msStr(g.TTFT.P99), ratio(g.TTFT.P99, h.TTFT.P99),
+			100*h.Goodput/capTok, 100*g.Goodput/capTok, ratio(g.Goodput, h.Goodput), 100*h.Rate503, 100*g.Rate503, h.Errors, g.Errors)
+	}
+}
+
+// ratio is a/b, 0 when b is 0.
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }

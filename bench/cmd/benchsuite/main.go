@@ -119,6 +119,10 @@ func runOverload(ctx context.Context, s *suite.Suite) error {
 		return err
 	}
 	suite.WriteOverloadTable(os.Stdout, rep)
+	if len(suite.GRPCPairs(rep)) > 0 {
+		fmt.Println()
+		suite.WriteGRPCTable(os.Stdout, rep)
+	}
 	if s.DocsDir == "" {
 		return nil
 	}
