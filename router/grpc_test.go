@@ -72,6 +72,14 @@ func TestGoldenTranscriptsHTTPAndGRPC(t *testing.T) {
 		{"completion of ids", "/v1/completions", `{"max_tokens":6,"prompt":[5,6,7,8]}`},
 		{"completion stream of text", "/v1/completions", `{"stream":true,"max_tokens":4,"prompt":"the man said"}`},
 		{"completion of text", "/v1/completions", `{"max_tokens":5,"prompt":"Write a haiku about the sea, please."}`},
+		{"chat stream with logprobs", "/v1/chat/completions",
+			`{"stream":true,"logprobs":true,"top_logprobs":3,"max_tokens":6,"messages":[{"role":"user","content":"hi"}]}`},
+		{"chat with logprobs", "/v1/chat/completions", `{"logprobs":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`},
+		{"chat with top logprobs", "/v1/chat/completions",
+			`{"logprobs":true,"top_logprobs":20,"max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`},
+		{"completion stream with logprobs", "/v1/completions", `{"stream":true,"logprobs":2,"max_tokens":7,"prompt":[5,6,7]}`},
+		{"completion with logprobs", "/v1/completions", `{"logprobs":0,"max_tokens":6,"prompt":[5,6,7,8]}`},
+		{"completion with logprobs 5", "/v1/completions", `{"logprobs":5,"max_tokens":4,"prompt":[5,6,7,8]}`},
 	}
 	for _, flavor := range []string{sim.FlavorVLLM, sim.FlavorSGLang} {
 		for _, c := range cases {
@@ -102,6 +110,11 @@ func TestGoldenTranscriptsHTTPAndGRPC(t *testing.T) {
 				}
 				if strings.Contains(body, `"stream":true`) && !strings.HasSuffix(grpcBody, "data: [DONE]\n\n") {
 					t.Errorf("stream does not end with [DONE]: %s", grpcBody)
+				}
+				asked := strings.Contains(body, `"logprobs"`)
+				answered := strings.Contains(grpcBody, `"token_logprobs":[`) || strings.Contains(grpcBody, `"content":[{"token":`)
+				if asked != answered {
+					t.Errorf("logprobs asked %v, answered %v: %s", asked, answered, grpcBody)
 				}
 			})
 		}
@@ -159,8 +172,8 @@ func TestClientDisconnectAbortsGeneration(t *testing.T) {
 
 // TestGRPCRequestRefusedBeforeDispatch: a prompt over the model's context, a
 // template that cannot render a message, token ids outside the vocabulary
-// and logprobs are refused with 400 invalid_request before the engine sees
-// anything; other routes are 501.
+// and logprobs asked for out of range are refused with 400 invalid_request
+// naming the field before the engine sees anything; other routes are 501.
 func TestGRPCRequestRefusedBeforeDispatch(t *testing.T) {
 	s := startSimGRPC(t, sim.FlavorVLLM, func(o *sim.Options) { o.KVCapacityTokens = 256 })
 	h := newHarness(t, nil)
@@ -173,7 +186,15 @@ func TestGRPCRequestRefusedBeforeDispatch(t *testing.T) {
 			`messages[1]: content[0]: part of type \"image_url\" is not supported`},
 		{"/v1/chat/completions", `{"messages":[{"content":"hi"}]}`, "messages[0]: role is missing"},
 		{"/v1/completions", `{"prompt":[1,2,99999999]}`, "prompt[2]: token id 99999999 is outside the vocabulary"},
-		{"/v1/completions", `{"prompt":"hi","logprobs":2}`, "logprobs are not served"},
+		{"/v1/chat/completions", `{"logprobs":true,"top_logprobs":21,"messages":[{"role":"user","content":"hi"}]}`,
+			"top_logprobs must be between 0 and 20"},
+		{"/v1/chat/completions", `{"logprobs":true,"top_logprobs":-1,"messages":[{"role":"user","content":"hi"}]}`,
+			"top_logprobs must be between 0 and 20"},
+		{"/v1/chat/completions", `{"logprobs":true,"top_logprobs":"3","messages":[{"role":"user","content":"hi"}]}`, "top_logprobs"},
+		{"/v1/chat/completions", `{"top_logprobs":2,"messages":[{"role":"user","content":"hi"}]}`, "top_logprobs needs logprobs set to true"},
+		{"/v1/chat/completions", `{"logprobs":1,"messages":[{"role":"user","content":"hi"}]}`, "logprobs must be a boolean"},
+		{"/v1/completions", `{"prompt":"hi","logprobs":21}`, "logprobs must be an integer between 0 and 20"},
+		{"/v1/completions", `{"prompt":"hi","logprobs":true}`, "logprobs must be an integer between 0 and 20"},
 	} {
 		a := h.send(c.path, `{"model":"`+testModel+`",`+c.body[1:], "")
 		if a.status != http.StatusBadRequest || a.errorCode() != CodeInvalidRequest || !strings.Contains(a.body, c.want) {

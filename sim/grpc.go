@@ -118,11 +118,13 @@ type genParams struct {
 	stream    bool
 	dpRank    int // -1: the engine picks
 	pd        *pdInfo
+	logprobs  int // alternatives per position, -1: no logprobs
 }
 
 // genUpdate is what one Generate response carries.
 type genUpdate struct {
 	tokens             []uint32 // new tokens (a chunk) or every token (the end)
+	start              int      // the position of tokens[0] in the output
 	done               bool
 	finish             string
 	prompt, completion int
@@ -177,7 +179,7 @@ func (s *Server) generateGRPC(ctx context.Context, p genParams, send func(genUpd
 			out = append(out, wordID(words.IntN(len(vocab))))
 		}
 		if p.stream && len(out) > sent {
-			if err := send(genUpdate{tokens: out[sent:], prompt: len(p.ids), completion: len(out)}); err != nil {
+			if err := send(genUpdate{tokens: out[sent:], start: sent, prompt: len(p.ids), completion: len(out)}); err != nil {
 				return err
 			}
 			sent = len(out)

@@ -23,7 +23,13 @@ var _ sglangpb.SglangSchedulerServer = sglangServicer{}
 
 func (v sglangServicer) Generate(req *sglangpb.GenerateRequest, stream grpc.ServerStreamingServer[sglangpb.GenerateResponse]) error {
 	p := genParams{id: req.GetRequestId(), ids: req.GetTokenized().GetInputIds(), stream: req.GetStream(), dpRank: -1,
-		maxTokens: int(req.GetSamplingParams().GetMaxNewTokens())}
+		maxTokens: int(req.GetSamplingParams().GetMaxNewTokens()), logprobs: -1}
+	if req.GetReturnLogprob() {
+		if k := req.GetTopLogprobsNum(); k < 0 || k > MaxTopLogprobs {
+			return invalid("top_logprobs_num %d: want 0..%d", k, MaxTopLogprobs)
+		}
+		p.logprobs = int(req.GetTopLogprobsNum())
+	}
 	if r := req.GetDataParallelRank(); r > 0 { // proto3 cannot tell 0 from unset: 0 lets the engine pick
 		p.dpRank = int(r)
 	}
@@ -33,11 +39,18 @@ func (v sglangServicer) Generate(req *sglangpb.GenerateRequest, stream grpc.Serv
 	return v.s.generateGRPC(stream.Context(), p, func(u genUpdate) error {
 		resp := &sglangpb.GenerateResponse{RequestId: req.GetRequestId()}
 		if u.done {
-			resp.Response = &sglangpb.GenerateResponse_Complete{Complete: &sglangpb.GenerateComplete{
-				OutputIds: u.tokens, FinishReason: u.finish, PromptTokens: uint32(u.prompt), CompletionTokens: uint32(u.completion)}}
+			c := &sglangpb.GenerateComplete{OutputIds: u.tokens, FinishReason: u.finish, PromptTokens: uint32(u.prompt),
+				CompletionTokens: uint32(u.completion)}
+			if p.logprobs >= 0 {
+				c.OutputLogprobs = sglangLogprobs(u.tokens, u.start, p.logprobs)
+			}
+			resp.Response = &sglangpb.GenerateResponse_Complete{Complete: c}
 		} else {
-			resp.Response = &sglangpb.GenerateResponse_Chunk{Chunk: &sglangpb.GenerateStreamChunk{
-				TokenIds: u.tokens, PromptTokens: uint32(u.prompt), CompletionTokens: uint32(u.completion)}}
+			c := &sglangpb.GenerateStreamChunk{TokenIds: u.tokens, PromptTokens: uint32(u.prompt), CompletionTokens: uint32(u.completion)}
+			if p.logprobs >= 0 {
+				c.OutputLogprobs = sglangLogprobs(u.tokens, u.start, p.logprobs)
+			}
+			resp.Response = &sglangpb.GenerateResponse_Chunk{Chunk: c}
 		}
 		return stream.Send(resp)
 	})
@@ -164,7 +177,13 @@ type kvTransfer struct {
 
 func (v vllmServicer) Generate(req *vllmpb.GenerateRequest, stream grpc.ServerStreamingServer[vllmpb.GenerateResponse]) error {
 	p := genParams{id: req.GetRequestId(), ids: req.GetTokenized().GetInputIds(), stream: req.GetStream(), dpRank: -1,
-		maxTokens: int(req.GetSamplingParams().GetMaxTokens())}
+		maxTokens: int(req.GetSamplingParams().GetMaxTokens()), logprobs: -1}
+	if k := req.GetSamplingParams().Logprobs; k != nil {
+		if *k < 0 || *k > MaxTopLogprobs {
+			return invalid("sampling_params.logprobs %d: want 0..%d", *k, MaxTopLogprobs)
+		}
+		p.logprobs = int(*k)
+	}
 	if req.DataParallelRank != nil {
 		p.dpRank = int(*req.DataParallelRank)
 	}
@@ -181,11 +200,18 @@ func (v vllmServicer) Generate(req *vllmpb.GenerateRequest, stream grpc.ServerSt
 	return v.s.generateGRPC(stream.Context(), p, func(u genUpdate) error {
 		resp := &vllmpb.GenerateResponse{}
 		if u.done {
-			resp.Response = &vllmpb.GenerateResponse_Complete{Complete: &vllmpb.GenerateComplete{
-				OutputIds: u.tokens, FinishReason: u.finish, PromptTokens: uint32(u.prompt), CompletionTokens: uint32(u.completion)}}
+			c := &vllmpb.GenerateComplete{OutputIds: u.tokens, FinishReason: u.finish, PromptTokens: uint32(u.prompt),
+				CompletionTokens: uint32(u.completion)}
+			if p.logprobs >= 0 {
+				c.OutputLogprobs = vllmLogprobs(u.tokens, u.start, p.logprobs)
+			}
+			resp.Response = &vllmpb.GenerateResponse_Complete{Complete: c}
 		} else {
-			resp.Response = &vllmpb.GenerateResponse_Chunk{Chunk: &vllmpb.GenerateStreamChunk{
-				TokenIds: u.tokens, PromptTokens: uint32(u.prompt), CompletionTokens: uint32(u.completion)}}
+			c := &vllmpb.GenerateStreamChunk{TokenIds: u.tokens, PromptTokens: uint32(u.prompt), CompletionTokens: uint32(u.completion)}
+			if p.logprobs >= 0 {
+				c.OutputLogprobs = vllmLogprobs(u.tokens, u.start, p.logprobs)
+			}
+			resp.Response = &vllmpb.GenerateResponse_Chunk{Chunk: c}
 		}
 		return stream.Send(resp)
 	})

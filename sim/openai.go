@@ -33,6 +33,10 @@ type genRequest struct {
 	BootstrapPort    json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom    json.RawMessage `json:"bootstrap_room"`
 	DataParallelRank *int            `json:"data_parallel_rank"`
+	// Logprobs is a chat's boolean or a completion's number of
+	// alternatives; TopLogprobs a chat's.
+	Logprobs    json.RawMessage `json:"logprobs"`
+	TopLogprobs *int            `json:"top_logprobs"`
 }
 
 // promptBatch is the prompt tokens of each prompt of a completion's batch (a
@@ -199,6 +203,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	ask, err := readLogprobs(chat, g.Logprobs, g.TopLogprobs)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	prompts := g.promptBatch(chat, whole)
 	usage := whole // the answer carries no usage: no tokenizing
 	if !g.Stream || (g.StreamOptions != nil && g.StreamOptions.IncludeUsage) {
@@ -273,7 +282,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	outs := make([]*output, len(reqs))
 	for i, req := range reqs {
 		outs[i] = &output{chat: chat, id: id, model: s.opts.Model, created: time.Now().Unix(),
-			words: rand.New(rand.NewPCG(req.seed, 0)), prompt: usage, index: i}
+			words: rand.New(rand.NewPCG(req.seed, 0)), prompt: usage, index: i, ask: ask}
 	}
 	if g.Stream {
 		s.stream(w, r, reqs, outs, g.StreamOptions != nil && g.StreamOptions.IncludeUsage)
@@ -295,10 +304,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		}
 		n := int(req.generated.Load())
 		var text strings.Builder
-		for range n {
-			text.WriteString(outs[i].word())
+		words := make([]int, n)
+		for k := range n {
+			words[k] = outs[i].next()
+			text.WriteString(vocab[words[k]] + " ")
 		}
-		choices[i] = choice{text: text.String(), finish: req.finish}
+		choices[i] = choice{text: text.String(), finish: req.finish, logprobs: outs[i].logprobs(words)}
 		completion += n
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -306,7 +317,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 }
 
 // choice is one prompt's answer in a final (non-streamed) answer.
-type choice struct{ text, finish string }
+type choice struct {
+	text, finish string
+	logprobs     []byte // nil: null
+}
 
 // output writes one request's answer in the OpenAI format.
 type output struct {
@@ -318,9 +332,21 @@ type output struct {
 	prompt  int    // of the whole request
 	index   int    // the choice: the prompt's place in a batch
 	prefix  []byte // every chunk up to its text
+	ask     logprobsAsk
+	pos     int // words said so far
+	offset  int // their text's length
 }
 
-func (o *output) word() string { return vocab[o.words.IntN(len(vocab))] + " " }
+// next is the index in vocab of the next word said.
+func (o *output) next() int { return o.words.IntN(len(vocab)) }
+
+// orNull is raw JSON, or null when empty.
+func orNull(raw []byte) []byte {
+	if raw == nil {
+		return []byte("null")
+	}
+	return raw
+}
 
 func (o *output) object() string {
 	if o.chat {
@@ -352,17 +378,18 @@ func (o *output) final(choices []choice, completion int) []byte {
 			b.WriteByte(',')
 		}
 		if o.chat {
-			fmt.Fprintf(&b, `{"index":%d,"message":{"role":"assistant","content":%s},"logprobs":null,"finish_reason":"%s"}`, i, t, c.finish)
+			fmt.Fprintf(&b, `{"index":%d,"message":{"role":"assistant","content":%s},"logprobs":%s,"finish_reason":"%s"}`, i, t, orNull(c.logprobs), c.finish)
 		} else {
-			fmt.Fprintf(&b, `{"index":%d,"text":%s,"logprobs":null,"finish_reason":"%s"}`, i, t, c.finish)
+			fmt.Fprintf(&b, `{"index":%d,"text":%s,"logprobs":%s,"finish_reason":"%s"}`, i, t, orNull(c.logprobs), c.finish)
 		}
 	}
 	b.WriteString(`],` + o.usage(completion) + "}")
 	return []byte(b.String())
 }
 
-// appendChunk appends one SSE event carrying text (finish "" means null).
-func (o *output) appendChunk(b []byte, text, finish string) []byte {
+// appendChunk appends one SSE event carrying text and its logprobs (nil
+// means null; finish "" means null).
+func (o *output) appendChunk(b []byte, text string, logprobs []byte, finish string) []byte {
 	if o.prefix == nil {
 		field := `"text":"`
 		if o.chat {
@@ -377,7 +404,9 @@ func (o *output) appendChunk(b []byte, text, finish string) []byte {
 	} else {
 		b = append(b, '"')
 	}
-	b = append(b, `,"logprobs":null,"finish_reason":`...)
+	b = append(b, `,"logprobs":`...)
+	b = append(b, orNull(logprobs)...)
+	b = append(b, `,"finish_reason":`...)
 	if finish == "" {
 		b = append(b, "null"...)
 	} else {
@@ -413,7 +442,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, reqs []*request,
 				roleSent = true
 			}
 			for ; sent < n; sent++ {
-				buf = out.appendChunk(buf, out.word(), "")
+				w := out.next()
+				buf = out.appendChunk(buf, vocab[w]+" ", out.logprobs([]int{w}), "")
 			}
 			failed := done && req.err != nil
 			if failed {
@@ -422,7 +452,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, reqs []*request,
 				buf = append(buf, "\n\n"...)
 			} else if done {
 				completion += n
-				buf = out.appendChunk(buf, "", req.finish)
+				buf = out.appendChunk(buf, "", nil, req.finish)
 				if last && includeUsage {
 					buf = append(buf, "data: "+out.head()+`,"choices":[],`+out.usage(completion)+"}\n\n"...)
 				}

@@ -748,3 +748,23 @@ func TestBatchedBootstrapFieldsMustMatchThePrompts(t *testing.T) {
 		}
 	}
 }
+
+// Logprobs asked for out of range, or of the wrong type, are a 400 naming
+// the field on both routes.
+func TestLogprobsOutOfRange(t *testing.T) {
+	s := startSim(t, fastOptions())
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21}`, "top_logprobs must be between 0 and 20"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"top_logprobs":2}`, "top_logprobs needs logprobs"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"logprobs":3}`, "logprobs must be a boolean"},
+		{"/v1/completions", `{"prompt":"hi","logprobs":-1}`, "logprobs must be an integer between 0 and 20"},
+		{"/v1/completions", `{"prompt":"hi","logprobs":true}`, "logprobs must be an integer between 0 and 20"},
+	} {
+		resp := post(t, t.Context(), s.URL()+c.path, c.body)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !bytes.Contains(b, []byte(c.want)) {
+			t.Errorf("%s %s: %d %s, want 400 naming %q", c.path, c.body, resp.StatusCode, b, c.want)
+		}
+	}
+}

@@ -47,13 +47,17 @@ var upstream = map[string]map[string]string{
 			ignore_eos=19:bool no_stop_trim=20:bool stream_interval=21:int32,opt custom_params=23:google.protobuf.Struct`,
 		"DisaggregatedParams": `bootstrap_host=1:string bootstrap_port=2:int32 bootstrap_room=3:int32`,
 		"GenerateRequest": `request_id=1:string tokenized=2:.TokenizedInput sampling_params=4:.SamplingParams
-			return_logprob=5:bool logprob_start_len=6:int32 disaggregated_params=10:.DisaggregatedParams lora_id=15:string
+			return_logprob=5:bool logprob_start_len=6:int32 top_logprobs_num=7:int32 disaggregated_params=10:.DisaggregatedParams lora_id=15:string
 			data_parallel_rank=16:int32 stream=17:bool require_reasoning=18:bool`,
-		"TokenizedInput":      `original_text=1:string input_ids=2:uint32,rep`,
-		"GenerateResponse":    `request_id=1:string chunk=2:.GenerateStreamChunk|response complete=3:.GenerateComplete|response`,
-		"GenerateStreamChunk": `token_ids=1:uint32,rep prompt_tokens=2:uint32 completion_tokens=3:uint32 cached_tokens=4:uint32 hidden_states=6:float,rep index=8:uint32 reasoning_tokens=9:uint32`,
+		"TokenizedInput":   `original_text=1:string input_ids=2:uint32,rep`,
+		"GenerateResponse": `request_id=1:string chunk=2:.GenerateStreamChunk|response complete=3:.GenerateComplete|response`,
+		"GenerateStreamChunk": `token_ids=1:uint32,rep prompt_tokens=2:uint32 completion_tokens=3:uint32 cached_tokens=4:uint32
+			output_logprobs=5:.OutputLogProbs hidden_states=6:float,rep index=8:uint32 reasoning_tokens=9:uint32`,
 		"GenerateComplete": `output_ids=1:uint32,rep finish_reason=2:string prompt_tokens=3:uint32 completion_tokens=4:uint32
-			cached_tokens=5:uint32 matched_token_id=8:uint32|matched_stop matched_stop_str=9:string|matched_stop index=11:uint32 reasoning_tokens=12:uint32`,
+			cached_tokens=5:uint32 output_logprobs=6:.OutputLogProbs matched_token_id=8:uint32|matched_stop matched_stop_str=9:string|matched_stop
+			index=11:uint32 reasoning_tokens=12:uint32`,
+		"OutputLogProbs":      `token_logprobs=1:float,rep token_ids=2:uint32,rep top_logprobs=3:.TopLogProbs,rep`,
+		"TopLogProbs":         `values=1:float,rep token_ids=2:uint32,rep`,
 		"HealthCheckRequest":  ``,
 		"HealthCheckResponse": `healthy=1:bool message=2:string`,
 		"AbortRequest":        `request_id=1:string reason=2:string`,
@@ -83,11 +87,14 @@ var upstream = map[string]map[string]string{
 		"TokenizedInput": `original_text=1:string input_ids=2:uint32,rep`,
 		"GenerateRequest": `request_id=1:string tokenized=2:.TokenizedInput|input text=3:string|input sampling_params=4:.SamplingParams
 			stream=5:bool kv_transfer_params_json=8:string,opt data_parallel_rank=9:int32,opt`,
-		"GenerateResponse":    `chunk=1:.GenerateStreamChunk|response complete=2:.GenerateComplete|response`,
-		"GenerateStreamChunk": `token_ids=1:uint32,rep prompt_tokens=2:uint32 completion_tokens=3:uint32 cached_tokens=4:uint32 index=7:uint32`,
+		"GenerateResponse": `chunk=1:.GenerateStreamChunk|response complete=2:.GenerateComplete|response`,
+		"GenerateStreamChunk": `token_ids=1:uint32,rep prompt_tokens=2:uint32 completion_tokens=3:uint32 cached_tokens=4:uint32
+			output_logprobs=5:.OutputLogProbs index=7:uint32`,
 		"GenerateComplete": `output_ids=1:uint32,rep finish_reason=2:string prompt_tokens=3:uint32 completion_tokens=4:uint32
-			cached_tokens=5:uint32 index=8:uint32 matched_token_id=10:uint32|matched_stop matched_stop_str=11:string|matched_stop
-			kv_transfer_params_json=12:string,opt`,
+			cached_tokens=5:uint32 output_logprobs=6:.OutputLogProbs index=8:uint32 matched_token_id=10:uint32|matched_stop
+			matched_stop_str=11:string|matched_stop kv_transfer_params_json=12:string,opt`,
+		"OutputLogProbs":      `token_logprobs=1:float,rep token_ids=2:uint32,rep top_logprobs=3:.TopLogProbs,rep`,
+		"TopLogProbs":         `values=1:float,rep token_ids=2:uint32,rep`,
 		"HealthCheckRequest":  ``,
 		"HealthCheckResponse": `healthy=1:bool message=2:string`,
 		"AbortRequest":        `request_ids=1:string,rep`,
@@ -233,12 +240,12 @@ func ours() []proto.Message {
 		&sglangpb.HealthCheckRequest{}, &sglangpb.HealthCheckResponse{}, &sglangpb.AbortRequest{}, &sglangpb.AbortResponse{},
 		&sglangpb.GetModelInfoRequest{}, &sglangpb.GetModelInfoResponse{}, &sglangpb.GetServerInfoRequest{},
 		&sglangpb.GetServerInfoResponse{}, &sglangpb.GetLoadsRequest{}, &sglangpb.GetLoadsResponse{},
-		&sglangpb.SchedulerLoad{}, &sglangpb.AggregateMetrics{},
+		&sglangpb.SchedulerLoad{}, &sglangpb.AggregateMetrics{}, &sglangpb.OutputLogProbs{}, &sglangpb.TopLogProbs{},
 		&vllmpb.SamplingParams{}, &vllmpb.TokenizedInput{}, &vllmpb.GenerateRequest{}, &vllmpb.GenerateResponse{},
 		&vllmpb.GenerateStreamChunk{}, &vllmpb.GenerateComplete{}, &vllmpb.HealthCheckRequest{}, &vllmpb.HealthCheckResponse{},
 		&vllmpb.AbortRequest{}, &vllmpb.AbortResponse{}, &vllmpb.GetModelInfoRequest{}, &vllmpb.GetModelInfoResponse{},
 		&vllmpb.GetServerInfoRequest{}, &vllmpb.GetServerInfoResponse{}, &vllmpb.GetLoadsRequest{}, &vllmpb.GetLoadsResponse{},
-		&vllmpb.SchedulerLoad{},
+		&vllmpb.SchedulerLoad{}, &vllmpb.OutputLogProbs{}, &vllmpb.TopLogProbs{},
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 
 	"google.golang.org/grpc"
@@ -22,6 +23,10 @@ type Sampling struct {
 	Stop        []string
 	Seed        *int64
 	SkipSpecial bool
+	// Logprobs asks for each output token's logprob, and TopLogprobs most
+	// likely tokens at each position.
+	Logprobs    bool
+	TopLogprobs int
 	// Bootstrap, on both legs of a prefill/decode pair, names the prefill
 	// engine's KV bootstrap endpoint and the pair's room.
 	Bootstrap *Bootstrap
@@ -37,8 +42,13 @@ type Bootstrap struct {
 
 // Sampling reads the request's sampling parameters.
 func (r *Request) Sampling() Sampling {
-	return Sampling{MaxTokens: r.maxTokens(), Temperature: r.Temperature, TopP: r.TopP, TopK: r.TopK,
-		Stop: r.stops, Seed: r.Seed, SkipSpecial: r.SkipSpecialTokens == nil || *r.SkipSpecialTokens}
+	sp := Sampling{MaxTokens: r.maxTokens(), Temperature: r.Temperature, TopP: r.TopP, TopK: r.TopK,
+		Stop: r.stops, Seed: r.Seed, SkipSpecial: r.SkipSpecialTokens == nil || *r.SkipSpecialTokens,
+		Logprobs: r.withLogprobs}
+	if r.withLogprobs {
+		sp.TopLogprobs = r.topLogprobs
+	}
+	return sp
 }
 
 // Update is one message of a Generate stream, flavor aside.
@@ -50,6 +60,49 @@ type Update struct {
 	Finish   string // "stop", "length" or "abort" (complete only)
 	// Prompt and Completion are the engine's token counts so far.
 	Prompt, Completion uint32
+	// Logprobs are the output logprobs the message carries (nil: none),
+	// position by position as Tokens.
+	Logprobs []TokenLogprob
+}
+
+// TokenLogprob is one output position: the token's logprob and the most
+// likely tokens there.
+type TokenLogprob struct {
+	Logprob float32
+	Top     []TopLogprob
+}
+
+// TopLogprob is one of the most likely tokens at a position.
+type TopLogprob struct {
+	ID      uint32
+	Logprob float32
+}
+
+// readLogprobs reads either flavor's OutputLogProbs; lists that do not line
+// up are an engine fault.
+func readLogprobs[T interface {
+	GetValues() []float32
+	GetTokenIds() []uint32
+}](lps []float32, ids []uint32, tops []T) ([]TokenLogprob, error) {
+	if len(lps) != len(ids) || (len(tops) != 0 && len(tops) != len(ids)) {
+		return nil, fmt.Errorf("the engine sent output logprobs for %d positions with %d token ids and %d top lists", len(lps), len(ids), len(tops))
+	}
+	out := make([]TokenLogprob, len(lps))
+	for i, lp := range lps {
+		out[i].Logprob = lp
+		if len(tops) == 0 {
+			continue
+		}
+		v, t := tops[i].GetValues(), tops[i].GetTokenIds()
+		if len(v) != len(t) {
+			return nil, fmt.Errorf("the engine sent top logprobs with %d values for %d token ids", len(v), len(t))
+		}
+		out[i].Top = make([]TopLogprob, len(v))
+		for j := range v {
+			out[i].Top[j] = TopLogprob{ID: t[j], Logprob: v[j]}
+		}
+	}
+	return out, nil
 }
 
 // Stream is one Generate call.
@@ -81,6 +134,10 @@ func Generate(ctx context.Context, c *enginegrpc.Client, id string, ids []uint32
 			p.MaxNewTokens = &mt
 		}
 		gr := &sglangpb.GenerateRequest{RequestId: id, Tokenized: &sglangpb.TokenizedInput{InputIds: ids}, SamplingParams: p, Stream: stream}
+		if sp.Logprobs {
+			// No prompt logprobs: OpenAI's answers carry the output's only.
+			gr.ReturnLogprob, gr.LogprobStartLen, gr.TopLogprobsNum = true, -1, int32(sp.TopLogprobs)
+		}
 		if b := sp.Bootstrap; b != nil {
 			// SGLang's room is an int32 on this wire.
 			gr.DisaggregatedParams = &sglangpb.DisaggregatedParams{BootstrapHost: b.Host, BootstrapPort: b.Port, BootstrapRoom: int32(b.Room & 0x7fffffff)}
@@ -106,6 +163,10 @@ func Generate(ctx context.Context, c *enginegrpc.Client, id string, ids []uint32
 	if sp.Seed != nil {
 		s := int32(*sp.Seed)
 		p.Seed = &s
+	}
+	if sp.Logprobs {
+		k := int32(sp.TopLogprobs)
+		p.Logprobs = &k
 	}
 	gr := &vllmpb.GenerateRequest{RequestId: id,
 		Input: &vllmpb.GenerateRequest_Tokenized{Tokenized: &vllmpb.TokenizedInput{InputIds: ids}}, SamplingParams: p, Stream: stream}
@@ -134,11 +195,19 @@ func (s sglangStream) Recv() (Update, error) {
 		return Update{}, err
 	}
 	if c := m.GetChunk(); c != nil {
-		return Update{Tokens: c.GetTokenIds(), Prompt: c.GetPromptTokens(), Completion: c.GetCompletionTokens()}, nil
+		u := Update{Tokens: c.GetTokenIds(), Prompt: c.GetPromptTokens(), Completion: c.GetCompletionTokens()}
+		if o := c.GetOutputLogprobs(); o != nil {
+			u.Logprobs, err = readLogprobs(o.GetTokenLogprobs(), o.GetTokenIds(), o.GetTopLogprobs())
+		}
+		return u, err
 	}
 	if c := m.GetComplete(); c != nil {
-		return Update{Tokens: c.GetOutputIds(), Complete: true, Finish: c.GetFinishReason(),
-			Prompt: c.GetPromptTokens(), Completion: c.GetCompletionTokens()}, nil
+		u := Update{Tokens: c.GetOutputIds(), Complete: true, Finish: c.GetFinishReason(),
+			Prompt: c.GetPromptTokens(), Completion: c.GetCompletionTokens()}
+		if o := c.GetOutputLogprobs(); o != nil {
+			u.Logprobs, err = readLogprobs(o.GetTokenLogprobs(), o.GetTokenIds(), o.GetTopLogprobs())
+		}
+		return u, err
 	}
 	return Update{}, errEmpty
 }
@@ -153,11 +222,19 @@ func (s vllmStream) Recv() (Update, error) {
 		return Update{}, err
 	}
 	if c := m.GetChunk(); c != nil {
-		return Update{Tokens: c.GetTokenIds(), Prompt: c.GetPromptTokens(), Completion: c.GetCompletionTokens()}, nil
+		u := Update{Tokens: c.GetTokenIds(), Prompt: c.GetPromptTokens(), Completion: c.GetCompletionTokens()}
+		if o := c.GetOutputLogprobs(); o != nil {
+			u.Logprobs, err = readLogprobs(o.GetTokenLogprobs(), o.GetTokenIds(), o.GetTopLogprobs())
+		}
+		return u, err
 	}
 	if c := m.GetComplete(); c != nil {
-		return Update{Tokens: c.GetOutputIds(), Complete: true, Finish: c.GetFinishReason(),
-			Prompt: c.GetPromptTokens(), Completion: c.GetCompletionTokens()}, nil
+		u := Update{Tokens: c.GetOutputIds(), Complete: true, Finish: c.GetFinishReason(),
+			Prompt: c.GetPromptTokens(), Completion: c.GetCompletionTokens()}
+		if o := c.GetOutputLogprobs(); o != nil {
+			u.Logprobs, err = readLogprobs(o.GetTokenLogprobs(), o.GetTokenIds(), o.GetTopLogprobs())
+		}
+		return u, err
 	}
 	return Update{}, errEmpty
 }

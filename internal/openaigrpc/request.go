@@ -35,7 +35,10 @@ type Request struct {
 	N                   *int64          `json:"n"`
 	Seed                *int64          `json:"seed"`
 	Stop                json.RawMessage `json:"stop"`
-	Logprobs            json.RawMessage `json:"logprobs"`
+	// Logprobs is a chat's boolean, or a completion's number of most likely
+	// tokens per position; TopLogprobs is a chat's.
+	Logprobs    json.RawMessage `json:"logprobs"`
+	TopLogprobs *int64          `json:"top_logprobs"`
 	// ChatTemplateKwargs are extra template variables (e.g. enable_thinking).
 	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs"`
 	// SkipSpecialTokens (default true) leaves special tokens out of the text.
@@ -47,7 +50,15 @@ type Request struct {
 
 	stops []string
 	batch bool // /generate: the answer is a list (a batch of prompts, or n>1)
+	// withLogprobs: the answer carries logprobs, with topLogprobs most
+	// likely tokens per position.
+	withLogprobs bool
+	topLogprobs  int
 }
+
+// MaxTopLogprobs bounds the most likely tokens a position may list (vLLM's
+// default max_logprobs).
+const MaxTopLogprobs = 20
 
 // BadRequest is a request this package refuses before anything is sent to
 // an engine: a 400 naming what is wrong.
@@ -92,8 +103,8 @@ func (r *Request) check() error {
 	if r.TopK != nil && (*r.TopK < -1 || *r.TopK > 1<<20) {
 		return badf("top_k must be -1 (off) or a positive number")
 	}
-	if !isNull(r.Logprobs) && !bytes.Equal(bytes.TrimSpace(r.Logprobs), []byte("false")) {
-		return badf("logprobs are not served by gRPC workers")
+	if err := r.readLogprobs(); err != nil {
+		return err
 	}
 	if !isNull(r.Stop) {
 		var one string
@@ -115,6 +126,42 @@ func (r *Request) check() error {
 	}
 	return nil
 }
+
+// readLogprobs reads a chat's logprobs (a boolean) and top_logprobs, or a
+// completion's logprobs (the most likely tokens per position).
+func (r *Request) readLogprobs() error {
+	if r.Chat {
+		on := false
+		if !isNull(r.Logprobs) && json.Unmarshal(r.Logprobs, &on) != nil {
+			return badf("logprobs must be a boolean")
+		}
+		if k := r.TopLogprobs; k != nil {
+			if *k < 0 || *k > MaxTopLogprobs {
+				return badf("top_logprobs must be between 0 and %d, got %d", MaxTopLogprobs, *k)
+			}
+			if *k > 0 && !on {
+				return badf("top_logprobs needs logprobs set to true")
+			}
+		}
+		r.withLogprobs = on
+		if on && r.TopLogprobs != nil {
+			r.topLogprobs = int(*r.TopLogprobs)
+		}
+		return nil
+	}
+	if isNull(r.Logprobs) {
+		return nil
+	}
+	var k int64
+	if json.Unmarshal(r.Logprobs, &k) != nil || k < 0 || k > MaxTopLogprobs {
+		return badf("logprobs must be an integer between 0 and %d (the most likely tokens listed per position)", MaxTopLogprobs)
+	}
+	r.withLogprobs, r.topLogprobs = true, int(k)
+	return nil
+}
+
+// WantsLogprobs reports whether the answer carries logprobs.
+func (r *Request) WantsLogprobs() bool { return r.withLogprobs }
 
 func isNull(raw json.RawMessage) bool {
 	raw = bytes.TrimSpace(raw)

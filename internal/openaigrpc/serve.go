@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -22,6 +21,7 @@ import (
 // prompt and choice (n), each its own engine request.
 type Call struct {
 	c       *enginegrpc.Client
+	tok     *tokenizer.Tokenizer
 	req     *Request
 	model   string
 	id      string
@@ -54,6 +54,11 @@ type gen struct {
 	roleSent bool
 	prompt   uint32
 	complete uint32
+	// lps are the logprobs of tokens whose text has not been sent yet
+	// (every token's, for a non-streamed answer); offset is a completion's
+	// text offset of the next token.
+	lps    []lpToken
+	offset int
 }
 
 type msg struct {
@@ -80,7 +85,7 @@ func Start(ctx context.Context, c *enginegrpc.Client, m *Model, req *Request, pr
 	// client left, a deadline, a preemption) the engine is told to Abort
 	// first, then the streams are cancelled.
 	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	call := &Call{c: c, req: req, model: model, id: newID(prefix), created: time.Now().Unix(), cancel: cancel}
+	call := &Call{c: c, tok: m.Tok, req: req, model: model, id: newID(prefix), created: time.Now().Unix(), cancel: cancel}
 	n := req.n()
 	call.msgs = make(chan msg, len(prompts)*n)
 	sp := req.Sampling()
@@ -316,16 +321,29 @@ func (c *Call) applyTokens(m msg, buf []byte) ([]byte, error) {
 	if !u.Complete {
 		g.received += len(tokens)
 	}
+	var lps []TokenLogprob
+	if c.req.WantsLogprobs() {
+		var err error
+		if lps, err = logprobsFor(u, tokens); err != nil {
+			return buf, err
+		}
+	}
 	g.prompt, g.complete = u.Prompt, u.Completion
 	if c.req.Stream && c.req.Chat && !g.roleSent {
 		buf = c.appendEvent(buf, g, roleDelta, "")
 		g.roleSent = true
 	}
-	for _, id := range tokens {
+	for i, id := range tokens {
 		text, err := g.dec.Next(id)
 		if err != nil {
-			return buf, &EngineError{Status: http.StatusBadGateway, Type: "server_error",
-				Message: fmt.Sprintf("the engine sent %v", err)}
+			return buf, engineSent(err)
+		}
+		if lps != nil {
+			t, err := newLPToken(c.tok, id, lps[i])
+			if err != nil {
+				return buf, err
+			}
+			g.lps = append(g.lps, t)
 		}
 		if c.req.Native {
 			g.ids = append(g.ids, id)
@@ -467,13 +485,31 @@ func (c *Call) appendEvent(b []byte, g *gen, kind delta, text string) []byte {
 		b = append(b, `,"text":`...)
 		b = jsonstr.Append(b, text)
 	}
-	b = append(b, `,"logprobs":null,"finish_reason":`...)
+	// A token's logprobs go with the event that carries its text, or with
+	// the finish when its text never came.
+	b = append(b, `,"logprobs":`...)
+	if kind != roleDelta && len(g.lps) > 0 {
+		b = c.appendLogprobs(b, g)
+		g.lps = g.lps[:0]
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `,"finish_reason":`...)
 	if kind == finishDelta {
 		b = jsonstr.Append(b, g.finish)
 	} else {
 		b = append(b, "null"...)
 	}
 	return append(b, "}]}\n\n"...)
+}
+
+// appendLogprobs writes the logprobs object of g's tokens in g.lps.
+func (c *Call) appendLogprobs(b []byte, g *gen) []byte {
+	if c.req.Chat {
+		return appendChatLogprobs(b, g.lps)
+	}
+	b, g.offset = appendCompletionLogprobs(b, g.lps, g.offset)
+	return b
 }
 
 // final is a non-streamed answer.
@@ -494,7 +530,13 @@ func (c *Call) final() []byte {
 			b = append(b, `,"text":`...)
 			b = jsonstr.Append(b, string(g.text))
 		}
-		b = append(b, `,"logprobs":null,"finish_reason":`...)
+		b = append(b, `,"logprobs":`...)
+		if c.req.WantsLogprobs() {
+			b = c.appendLogprobs(b, g)
+		} else {
+			b = append(b, "null"...)
+		}
+		b = append(b, `,"finish_reason":`...)
 		b = jsonstr.Append(b, g.finish)
 		b = append(b, '}')
 	}

@@ -430,6 +430,10 @@ func (t *Tokenizer) Decode(ids []uint32, skipSpecial bool) (string, error) {
 	return s, nil
 }
 
+// TokenBytes returns the bytes of one token as it stands in a text (a
+// special token's content), which may be part of a UTF-8 character.
+func (t *Tokenizer) TokenBytes(id uint32) ([]byte, error) { return t.appendToken(nil, id, false) }
+
 // appendToken appends the bytes of one id.
 func (t *Tokenizer) appendToken(b []byte, id uint32, skipSpecial bool) ([]byte, error) {
 	if a := t.addedBy[id]; a != nil {

@@ -268,8 +268,14 @@ type GenerateRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Input as token ids (no raw text).
-	Tokenized           *TokenizedInput      `protobuf:"bytes,2,opt,name=tokenized,proto3" json:"tokenized,omitempty"`
-	SamplingParams      *SamplingParams      `protobuf:"bytes,4,opt,name=sampling_params,json=samplingParams,proto3" json:"sampling_params,omitempty"`
+	Tokenized      *TokenizedInput `protobuf:"bytes,2,opt,name=tokenized,proto3" json:"tokenized,omitempty"`
+	SamplingParams *SamplingParams `protobuf:"bytes,4,opt,name=sampling_params,json=samplingParams,proto3" json:"sampling_params,omitempty"`
+	// return_logprob asks for each output token's logprob, top_logprobs_num
+	// for that many most likely tokens at each position; logprob_start_len -1
+	// asks for no prompt logprobs.
+	ReturnLogprob       bool                 `protobuf:"varint,5,opt,name=return_logprob,json=returnLogprob,proto3" json:"return_logprob,omitempty"`
+	LogprobStartLen     int32                `protobuf:"varint,6,opt,name=logprob_start_len,json=logprobStartLen,proto3" json:"logprob_start_len,omitempty"`
+	TopLogprobsNum      int32                `protobuf:"varint,7,opt,name=top_logprobs_num,json=topLogprobsNum,proto3" json:"top_logprobs_num,omitempty"`
 	DisaggregatedParams *DisaggregatedParams `protobuf:"bytes,10,opt,name=disaggregated_params,json=disaggregatedParams,proto3" json:"disaggregated_params,omitempty"`
 	DataParallelRank    int32                `protobuf:"varint,16,opt,name=data_parallel_rank,json=dataParallelRank,proto3" json:"data_parallel_rank,omitempty"`
 	Stream              bool                 `protobuf:"varint,17,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -326,6 +332,27 @@ func (x *GenerateRequest) GetSamplingParams() *SamplingParams {
 		return x.SamplingParams
 	}
 	return nil
+}
+
+func (x *GenerateRequest) GetReturnLogprob() bool {
+	if x != nil {
+		return x.ReturnLogprob
+	}
+	return false
+}
+
+func (x *GenerateRequest) GetLogprobStartLen() int32 {
+	if x != nil {
+		return x.LogprobStartLen
+	}
+	return 0
+}
+
+func (x *GenerateRequest) GetTopLogprobsNum() int32 {
+	if x != nil {
+		return x.TopLogprobsNum
+	}
+	return 0
 }
 
 func (x *GenerateRequest) GetDisaggregatedParams() *DisaggregatedParams {
@@ -498,10 +525,12 @@ type GenerateStreamChunk struct {
 	PromptTokens     uint32                 `protobuf:"varint,2,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	CompletionTokens uint32                 `protobuf:"varint,3,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
 	CachedTokens     uint32                 `protobuf:"varint,4,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
-	Index            uint32                 `protobuf:"varint,8,opt,name=index,proto3" json:"index,omitempty"`
-	ReasoningTokens  uint32                 `protobuf:"varint,9,opt,name=reasoning_tokens,json=reasoningTokens,proto3" json:"reasoning_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The logprobs of this chunk's tokens, when asked for.
+	OutputLogprobs  *OutputLogProbs `protobuf:"bytes,5,opt,name=output_logprobs,json=outputLogprobs,proto3" json:"output_logprobs,omitempty"`
+	Index           uint32          `protobuf:"varint,8,opt,name=index,proto3" json:"index,omitempty"`
+	ReasoningTokens uint32          `protobuf:"varint,9,opt,name=reasoning_tokens,json=reasoningTokens,proto3" json:"reasoning_tokens,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GenerateStreamChunk) Reset() {
@@ -562,6 +591,13 @@ func (x *GenerateStreamChunk) GetCachedTokens() uint32 {
 	return 0
 }
 
+func (x *GenerateStreamChunk) GetOutputLogprobs() *OutputLogProbs {
+	if x != nil {
+		return x.OutputLogprobs
+	}
+	return nil
+}
+
 func (x *GenerateStreamChunk) GetIndex() uint32 {
 	if x != nil {
 		return x.Index
@@ -584,6 +620,8 @@ type GenerateComplete struct {
 	PromptTokens     uint32 `protobuf:"varint,3,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	CompletionTokens uint32 `protobuf:"varint,4,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
 	CachedTokens     uint32 `protobuf:"varint,5,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	// The logprobs of every output token, when asked for.
+	OutputLogprobs *OutputLogProbs `protobuf:"bytes,6,opt,name=output_logprobs,json=outputLogprobs,proto3" json:"output_logprobs,omitempty"`
 	// Types that are valid to be assigned to MatchedStop:
 	//
 	//	*GenerateComplete_MatchedTokenId
@@ -660,6 +698,13 @@ func (x *GenerateComplete) GetCachedTokens() uint32 {
 	return 0
 }
 
+func (x *GenerateComplete) GetOutputLogprobs() *OutputLogProbs {
+	if x != nil {
+		return x.OutputLogprobs
+	}
+	return nil
+}
+
 func (x *GenerateComplete) GetMatchedStop() isGenerateComplete_MatchedStop {
 	if x != nil {
 		return x.MatchedStop
@@ -715,6 +760,121 @@ func (*GenerateComplete_MatchedTokenId) isGenerateComplete_MatchedStop() {}
 
 func (*GenerateComplete_MatchedStopStr) isGenerateComplete_MatchedStop() {}
 
+// OutputLogProbs: position i is output token token_ids[i], its logprob, and
+// the most likely tokens there.
+type OutputLogProbs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TokenLogprobs []float32              `protobuf:"fixed32,1,rep,packed,name=token_logprobs,json=tokenLogprobs,proto3" json:"token_logprobs,omitempty"`
+	TokenIds      []uint32               `protobuf:"varint,2,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	TopLogprobs   []*TopLogProbs         `protobuf:"bytes,3,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputLogProbs) Reset() {
+	*x = OutputLogProbs{}
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputLogProbs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputLogProbs) ProtoMessage() {}
+
+func (x *OutputLogProbs) ProtoReflect() protoreflect.Message {
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputLogProbs.ProtoReflect.Descriptor instead.
+func (*OutputLogProbs) Descriptor() ([]byte, []int) {
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *OutputLogProbs) GetTokenLogprobs() []float32 {
+	if x != nil {
+		return x.TokenLogprobs
+	}
+	return nil
+}
+
+func (x *OutputLogProbs) GetTokenIds() []uint32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *OutputLogProbs) GetTopLogprobs() []*TopLogProbs {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
+// TopLogProbs: the most likely tokens at one position, most likely first.
+type TopLogProbs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Values        []float32              `protobuf:"fixed32,1,rep,packed,name=values,proto3" json:"values,omitempty"`
+	TokenIds      []uint32               `protobuf:"varint,2,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopLogProbs) Reset() {
+	*x = TopLogProbs{}
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopLogProbs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopLogProbs) ProtoMessage() {}
+
+func (x *TopLogProbs) ProtoReflect() protoreflect.Message {
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopLogProbs.ProtoReflect.Descriptor instead.
+func (*TopLogProbs) Descriptor() ([]byte, []int) {
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *TopLogProbs) GetValues() []float32 {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+func (x *TopLogProbs) GetTokenIds() []uint32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
 type HealthCheckRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -723,7 +883,7 @@ type HealthCheckRequest struct {
 
 func (x *HealthCheckRequest) Reset() {
 	*x = HealthCheckRequest{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[7]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -735,7 +895,7 @@ func (x *HealthCheckRequest) String() string {
 func (*HealthCheckRequest) ProtoMessage() {}
 
 func (x *HealthCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[7]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -748,7 +908,7 @@ func (x *HealthCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckRequest.ProtoReflect.Descriptor instead.
 func (*HealthCheckRequest) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{7}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{9}
 }
 
 type HealthCheckResponse struct {
@@ -761,7 +921,7 @@ type HealthCheckResponse struct {
 
 func (x *HealthCheckResponse) Reset() {
 	*x = HealthCheckResponse{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[8]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +933,7 @@ func (x *HealthCheckResponse) String() string {
 func (*HealthCheckResponse) ProtoMessage() {}
 
 func (x *HealthCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[8]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +946,7 @@ func (x *HealthCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckResponse.ProtoReflect.Descriptor instead.
 func (*HealthCheckResponse) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{8}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HealthCheckResponse) GetHealthy() bool {
@@ -813,7 +973,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[9]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -825,7 +985,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[9]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -838,7 +998,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{9}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AbortRequest) GetRequestId() string {
@@ -865,7 +1025,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[10]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +1037,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[10]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +1050,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{10}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AbortResponse) GetSuccess() bool {
@@ -915,7 +1075,7 @@ type GetModelInfoRequest struct {
 
 func (x *GetModelInfoRequest) Reset() {
 	*x = GetModelInfoRequest{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[11]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1087,7 @@ func (x *GetModelInfoRequest) String() string {
 func (*GetModelInfoRequest) ProtoMessage() {}
 
 func (x *GetModelInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[11]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1100,7 @@ func (x *GetModelInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetModelInfoRequest) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{11}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{13}
 }
 
 type GetModelInfoResponse struct {
@@ -963,7 +1123,7 @@ type GetModelInfoResponse struct {
 
 func (x *GetModelInfoResponse) Reset() {
 	*x = GetModelInfoResponse{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[12]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1135,7 @@ func (x *GetModelInfoResponse) String() string {
 func (*GetModelInfoResponse) ProtoMessage() {}
 
 func (x *GetModelInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[12]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1148,7 @@ func (x *GetModelInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetModelInfoResponse) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{12}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetModelInfoResponse) GetModelPath() string {
@@ -1083,7 +1243,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[13]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1255,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[13]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1268,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{13}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{15}
 }
 
 // GetServerInfoResponse: server_args holds SGLang's server arguments
@@ -1132,7 +1292,7 @@ type GetServerInfoResponse struct {
 
 func (x *GetServerInfoResponse) Reset() {
 	*x = GetServerInfoResponse{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[14]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1304,7 @@ func (x *GetServerInfoResponse) String() string {
 func (*GetServerInfoResponse) ProtoMessage() {}
 
 func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[14]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1317,7 @@ func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetServerInfoResponse) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{14}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetServerInfoResponse) GetServerArgs() *structpb.Struct {
@@ -1233,7 +1393,7 @@ type GetLoadsRequest struct {
 
 func (x *GetLoadsRequest) Reset() {
 	*x = GetLoadsRequest{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[15]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1405,7 @@ func (x *GetLoadsRequest) String() string {
 func (*GetLoadsRequest) ProtoMessage() {}
 
 func (x *GetLoadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[15]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1418,7 @@ func (x *GetLoadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLoadsRequest.ProtoReflect.Descriptor instead.
 func (*GetLoadsRequest) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{15}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetLoadsRequest) GetDpRank() int32 {
@@ -1289,7 +1449,7 @@ type GetLoadsResponse struct {
 
 func (x *GetLoadsResponse) Reset() {
 	*x = GetLoadsResponse{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[16]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1461,7 @@ func (x *GetLoadsResponse) String() string {
 func (*GetLoadsResponse) ProtoMessage() {}
 
 func (x *GetLoadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[16]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1474,7 @@ func (x *GetLoadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLoadsResponse.ProtoReflect.Descriptor instead.
 func (*GetLoadsResponse) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{16}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetLoadsResponse) GetTimestamp() string {
@@ -1373,7 +1533,7 @@ type SchedulerLoad struct {
 
 func (x *SchedulerLoad) Reset() {
 	*x = SchedulerLoad{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[17]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1545,7 @@ func (x *SchedulerLoad) String() string {
 func (*SchedulerLoad) ProtoMessage() {}
 
 func (x *SchedulerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[17]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1558,7 @@ func (x *SchedulerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SchedulerLoad.ProtoReflect.Descriptor instead.
 func (*SchedulerLoad) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{17}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SchedulerLoad) GetDpRank() int32 {
@@ -1499,7 +1659,7 @@ type AggregateMetrics struct {
 
 func (x *AggregateMetrics) Reset() {
 	*x = AggregateMetrics{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[18]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1671,7 @@ func (x *AggregateMetrics) String() string {
 func (*AggregateMetrics) ProtoMessage() {}
 
 func (x *AggregateMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[18]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1684,7 @@ func (x *AggregateMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateMetrics.ProtoReflect.Descriptor instead.
 func (*AggregateMetrics) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{18}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AggregateMetrics) GetTotalRunningReqs() int32 {
@@ -1581,7 +1741,7 @@ type EmbedRequest struct {
 
 func (x *EmbedRequest) Reset() {
 	*x = EmbedRequest{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[19]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1753,7 @@ func (x *EmbedRequest) String() string {
 func (*EmbedRequest) ProtoMessage() {}
 
 func (x *EmbedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[19]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1766,7 @@ func (x *EmbedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmbedRequest.ProtoReflect.Descriptor instead.
 func (*EmbedRequest) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{19}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EmbedRequest) GetRequestId() string {
@@ -1642,7 +1802,7 @@ type EmbedResponse struct {
 
 func (x *EmbedResponse) Reset() {
 	*x = EmbedResponse{}
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[20]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1654,7 +1814,7 @@ func (x *EmbedResponse) String() string {
 func (*EmbedResponse) ProtoMessage() {}
 
 func (x *EmbedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[20]
+	mi := &file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1667,7 +1827,7 @@ func (x *EmbedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmbedResponse.ProtoReflect.Descriptor instead.
 func (*EmbedResponse) Descriptor() ([]byte, []int) {
-	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{20}
+	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EmbedResponse) GetEmbeddingDim() uint32 {
@@ -1722,12 +1882,15 @@ const file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDesc = "" +
 	"\x13DisaggregatedParams\x12%\n" +
 	"\x0ebootstrap_host\x18\x01 \x01(\tR\rbootstrapHost\x12%\n" +
 	"\x0ebootstrap_port\x18\x02 \x01(\x05R\rbootstrapPort\x12%\n" +
-	"\x0ebootstrap_room\x18\x03 \x01(\x05R\rbootstrapRoom\"\xea\x02\n" +
+	"\x0ebootstrap_room\x18\x03 \x01(\x05R\rbootstrapRoom\"\xe7\x03\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12C\n" +
 	"\ttokenized\x18\x02 \x01(\v2%.sglang.grpc.scheduler.TokenizedInputR\ttokenized\x12N\n" +
-	"\x0fsampling_params\x18\x04 \x01(\v2%.sglang.grpc.scheduler.SamplingParamsR\x0esamplingParams\x12]\n" +
+	"\x0fsampling_params\x18\x04 \x01(\v2%.sglang.grpc.scheduler.SamplingParamsR\x0esamplingParams\x12%\n" +
+	"\x0ereturn_logprob\x18\x05 \x01(\bR\rreturnLogprob\x12*\n" +
+	"\x11logprob_start_len\x18\x06 \x01(\x05R\x0flogprobStartLen\x12(\n" +
+	"\x10top_logprobs_num\x18\a \x01(\x05R\x0etopLogprobsNum\x12]\n" +
 	"\x14disaggregated_params\x18\n" +
 	" \x01(\v2*.sglang.grpc.scheduler.DisaggregatedParamsR\x13disaggregatedParams\x12,\n" +
 	"\x12data_parallel_rank\x18\x10 \x01(\x05R\x10dataParallelRank\x12\x16\n" +
@@ -1741,26 +1904,35 @@ const file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDesc = "" +
 	"\x05chunk\x18\x02 \x01(\v2*.sglang.grpc.scheduler.GenerateStreamChunkH\x00R\x05chunk\x12E\n" +
 	"\bcomplete\x18\x03 \x01(\v2'.sglang.grpc.scheduler.GenerateCompleteH\x00R\bcompleteB\n" +
 	"\n" +
-	"\bresponseJ\x04\b\x04\x10\x05\"\xea\x01\n" +
+	"\bresponseJ\x04\b\x04\x10\x05\"\xba\x02\n" +
 	"\x13GenerateStreamChunk\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12#\n" +
 	"\rprompt_tokens\x18\x02 \x01(\rR\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x03 \x01(\rR\x10completionTokens\x12#\n" +
-	"\rcached_tokens\x18\x04 \x01(\rR\fcachedTokens\x12\x14\n" +
+	"\rcached_tokens\x18\x04 \x01(\rR\fcachedTokens\x12N\n" +
+	"\x0foutput_logprobs\x18\x05 \x01(\v2%.sglang.grpc.scheduler.OutputLogProbsR\x0eoutputLogprobs\x12\x14\n" +
 	"\x05index\x18\b \x01(\rR\x05index\x12)\n" +
-	"\x10reasoning_tokens\x18\t \x01(\rR\x0freasoningTokens\"\xf6\x02\n" +
+	"\x10reasoning_tokens\x18\t \x01(\rR\x0freasoningTokens\"\xc6\x03\n" +
 	"\x10GenerateComplete\x12\x1d\n" +
 	"\n" +
 	"output_ids\x18\x01 \x03(\rR\toutputIds\x12#\n" +
 	"\rfinish_reason\x18\x02 \x01(\tR\ffinishReason\x12#\n" +
 	"\rprompt_tokens\x18\x03 \x01(\rR\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x04 \x01(\rR\x10completionTokens\x12#\n" +
-	"\rcached_tokens\x18\x05 \x01(\rR\fcachedTokens\x12*\n" +
+	"\rcached_tokens\x18\x05 \x01(\rR\fcachedTokens\x12N\n" +
+	"\x0foutput_logprobs\x18\x06 \x01(\v2%.sglang.grpc.scheduler.OutputLogProbsR\x0eoutputLogprobs\x12*\n" +
 	"\x10matched_token_id\x18\b \x01(\rH\x00R\x0ematchedTokenId\x12*\n" +
 	"\x10matched_stop_str\x18\t \x01(\tH\x00R\x0ematchedStopStr\x12\x14\n" +
 	"\x05index\x18\v \x01(\rR\x05index\x12)\n" +
 	"\x10reasoning_tokens\x18\f \x01(\rR\x0freasoningTokensB\x0e\n" +
-	"\fmatched_stop\"\x14\n" +
+	"\fmatched_stop\"\x9b\x01\n" +
+	"\x0eOutputLogProbs\x12%\n" +
+	"\x0etoken_logprobs\x18\x01 \x03(\x02R\rtokenLogprobs\x12\x1b\n" +
+	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\x12E\n" +
+	"\ftop_logprobs\x18\x03 \x03(\v2\".sglang.grpc.scheduler.TopLogProbsR\vtopLogprobs\"B\n" +
+	"\vTopLogProbs\x12\x16\n" +
+	"\x06values\x18\x01 \x03(\x02R\x06values\x12\x1b\n" +
+	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\"\x14\n" +
 	"\x12HealthCheckRequest\"I\n" +
 	"\x13HealthCheckResponse\x12\x18\n" +
 	"\ahealthy\x18\x01 \x01(\bR\ahealthy\x12\x18\n" +
@@ -1872,7 +2044,7 @@ func file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescGZIP() []byte {
 	return file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDescData
 }
 
-var file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_sglang_grpc_scheduler_sglang_scheduler_proto_goTypes = []any{
 	(*SamplingParams)(nil),                  // 0: sglang.grpc.scheduler.SamplingParams
 	(*DisaggregatedParams)(nil),             // 1: sglang.grpc.scheduler.DisaggregatedParams
@@ -1881,25 +2053,27 @@ var file_sglang_grpc_scheduler_sglang_scheduler_proto_goTypes = []any{
 	(*GenerateResponse)(nil),                // 4: sglang.grpc.scheduler.GenerateResponse
 	(*GenerateStreamChunk)(nil),             // 5: sglang.grpc.scheduler.GenerateStreamChunk
 	(*GenerateComplete)(nil),                // 6: sglang.grpc.scheduler.GenerateComplete
-	(*HealthCheckRequest)(nil),              // 7: sglang.grpc.scheduler.HealthCheckRequest
-	(*HealthCheckResponse)(nil),             // 8: sglang.grpc.scheduler.HealthCheckResponse
-	(*AbortRequest)(nil),                    // 9: sglang.grpc.scheduler.AbortRequest
-	(*AbortResponse)(nil),                   // 10: sglang.grpc.scheduler.AbortResponse
-	(*GetModelInfoRequest)(nil),             // 11: sglang.grpc.scheduler.GetModelInfoRequest
-	(*GetModelInfoResponse)(nil),            // 12: sglang.grpc.scheduler.GetModelInfoResponse
-	(*GetServerInfoRequest)(nil),            // 13: sglang.grpc.scheduler.GetServerInfoRequest
-	(*GetServerInfoResponse)(nil),           // 14: sglang.grpc.scheduler.GetServerInfoResponse
-	(*GetLoadsRequest)(nil),                 // 15: sglang.grpc.scheduler.GetLoadsRequest
-	(*GetLoadsResponse)(nil),                // 16: sglang.grpc.scheduler.GetLoadsResponse
-	(*SchedulerLoad)(nil),                   // 17: sglang.grpc.scheduler.SchedulerLoad
-	(*AggregateMetrics)(nil),                // 18: sglang.grpc.scheduler.AggregateMetrics
-	(*EmbedRequest)(nil),                    // 19: sglang.grpc.scheduler.EmbedRequest
-	(*EmbedResponse)(nil),                   // 20: sglang.grpc.scheduler.EmbedResponse
-	(*structpb.Struct)(nil),                 // 21: google.protobuf.Struct
-	(*common.GetTokenizerRequest)(nil),      // 22: smg.grpc.common.GetTokenizerRequest
-	(*common.SubscribeKvEventsRequest)(nil), // 23: smg.grpc.common.SubscribeKvEventsRequest
-	(*common.GetTokenizerChunk)(nil),        // 24: smg.grpc.common.GetTokenizerChunk
-	(*common.KvEventBatch)(nil),             // 25: smg.grpc.common.KvEventBatch
+	(*OutputLogProbs)(nil),                  // 7: sglang.grpc.scheduler.OutputLogProbs
+	(*TopLogProbs)(nil),                     // 8: sglang.grpc.scheduler.TopLogProbs
+	(*HealthCheckRequest)(nil),              // 9: sglang.grpc.scheduler.HealthCheckRequest
+	(*HealthCheckResponse)(nil),             // 10: sglang.grpc.scheduler.HealthCheckResponse
+	(*AbortRequest)(nil),                    // 11: sglang.grpc.scheduler.AbortRequest
+	(*AbortResponse)(nil),                   // 12: sglang.grpc.scheduler.AbortResponse
+	(*GetModelInfoRequest)(nil),             // 13: sglang.grpc.scheduler.GetModelInfoRequest
+	(*GetModelInfoResponse)(nil),            // 14: sglang.grpc.scheduler.GetModelInfoResponse
+	(*GetServerInfoRequest)(nil),            // 15: sglang.grpc.scheduler.GetServerInfoRequest
+	(*GetServerInfoResponse)(nil),           // 16: sglang.grpc.scheduler.GetServerInfoResponse
+	(*GetLoadsRequest)(nil),                 // 17: sglang.grpc.scheduler.GetLoadsRequest
+	(*GetLoadsResponse)(nil),                // 18: sglang.grpc.scheduler.GetLoadsResponse
+	(*SchedulerLoad)(nil),                   // 19: sglang.grpc.scheduler.SchedulerLoad
+	(*AggregateMetrics)(nil),                // 20: sglang.grpc.scheduler.AggregateMetrics
+	(*EmbedRequest)(nil),                    // 21: sglang.grpc.scheduler.EmbedRequest
+	(*EmbedResponse)(nil),                   // 22: sglang.grpc.scheduler.EmbedResponse
+	(*structpb.Struct)(nil),                 // 23: google.protobuf.Struct
+	(*common.GetTokenizerRequest)(nil),      // 24: smg.grpc.common.GetTokenizerRequest
+	(*common.SubscribeKvEventsRequest)(nil), // 25: smg.grpc.common.SubscribeKvEventsRequest
+	(*common.GetTokenizerChunk)(nil),        // 26: smg.grpc.common.GetTokenizerChunk
+	(*common.KvEventBatch)(nil),             // 27: smg.grpc.common.KvEventBatch
 }
 var file_sglang_grpc_scheduler_sglang_scheduler_proto_depIdxs = []int32{
 	3,  // 0: sglang.grpc.scheduler.GenerateRequest.tokenized:type_name -> sglang.grpc.scheduler.TokenizedInput
@@ -1907,34 +2081,37 @@ var file_sglang_grpc_scheduler_sglang_scheduler_proto_depIdxs = []int32{
 	1,  // 2: sglang.grpc.scheduler.GenerateRequest.disaggregated_params:type_name -> sglang.grpc.scheduler.DisaggregatedParams
 	5,  // 3: sglang.grpc.scheduler.GenerateResponse.chunk:type_name -> sglang.grpc.scheduler.GenerateStreamChunk
 	6,  // 4: sglang.grpc.scheduler.GenerateResponse.complete:type_name -> sglang.grpc.scheduler.GenerateComplete
-	21, // 5: sglang.grpc.scheduler.GetServerInfoResponse.server_args:type_name -> google.protobuf.Struct
-	21, // 6: sglang.grpc.scheduler.GetServerInfoResponse.scheduler_info:type_name -> google.protobuf.Struct
-	17, // 7: sglang.grpc.scheduler.GetLoadsResponse.loads:type_name -> sglang.grpc.scheduler.SchedulerLoad
-	18, // 8: sglang.grpc.scheduler.GetLoadsResponse.aggregate:type_name -> sglang.grpc.scheduler.AggregateMetrics
-	3,  // 9: sglang.grpc.scheduler.EmbedRequest.tokenized:type_name -> sglang.grpc.scheduler.TokenizedInput
-	2,  // 10: sglang.grpc.scheduler.SglangScheduler.Generate:input_type -> sglang.grpc.scheduler.GenerateRequest
-	19, // 11: sglang.grpc.scheduler.SglangScheduler.Embed:input_type -> sglang.grpc.scheduler.EmbedRequest
-	7,  // 12: sglang.grpc.scheduler.SglangScheduler.HealthCheck:input_type -> sglang.grpc.scheduler.HealthCheckRequest
-	9,  // 13: sglang.grpc.scheduler.SglangScheduler.Abort:input_type -> sglang.grpc.scheduler.AbortRequest
-	11, // 14: sglang.grpc.scheduler.SglangScheduler.GetModelInfo:input_type -> sglang.grpc.scheduler.GetModelInfoRequest
-	13, // 15: sglang.grpc.scheduler.SglangScheduler.GetServerInfo:input_type -> sglang.grpc.scheduler.GetServerInfoRequest
-	15, // 16: sglang.grpc.scheduler.SglangScheduler.GetLoads:input_type -> sglang.grpc.scheduler.GetLoadsRequest
-	22, // 17: sglang.grpc.scheduler.SglangScheduler.GetTokenizer:input_type -> smg.grpc.common.GetTokenizerRequest
-	23, // 18: sglang.grpc.scheduler.SglangScheduler.SubscribeKvEvents:input_type -> smg.grpc.common.SubscribeKvEventsRequest
-	4,  // 19: sglang.grpc.scheduler.SglangScheduler.Generate:output_type -> sglang.grpc.scheduler.GenerateResponse
-	20, // 20: sglang.grpc.scheduler.SglangScheduler.Embed:output_type -> sglang.grpc.scheduler.EmbedResponse
-	8,  // 21: sglang.grpc.scheduler.SglangScheduler.HealthCheck:output_type -> sglang.grpc.scheduler.HealthCheckResponse
-	10, // 22: sglang.grpc.scheduler.SglangScheduler.Abort:output_type -> sglang.grpc.scheduler.AbortResponse
-	12, // 23: sglang.grpc.scheduler.SglangScheduler.GetModelInfo:output_type -> sglang.grpc.scheduler.GetModelInfoResponse
-	14, // 24: sglang.grpc.scheduler.SglangScheduler.GetServerInfo:output_type -> sglang.grpc.scheduler.GetServerInfoResponse
-	16, // 25: sglang.grpc.scheduler.SglangScheduler.GetLoads:output_type -> sglang.grpc.scheduler.GetLoadsResponse
-	24, // 26: sglang.grpc.scheduler.SglangScheduler.GetTokenizer:output_type -> smg.grpc.common.GetTokenizerChunk
-	25, // 27: sglang.grpc.scheduler.SglangScheduler.SubscribeKvEvents:output_type -> smg.grpc.common.KvEventBatch
-	19, // [19:28] is the sub-list for method output_type
-	10, // [10:19] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	7,  // 5: sglang.grpc.scheduler.GenerateStreamChunk.output_logprobs:type_name -> sglang.grpc.scheduler.OutputLogProbs
+	7,  // 6: sglang.grpc.scheduler.GenerateComplete.output_logprobs:type_name -> sglang.grpc.scheduler.OutputLogProbs
+	8,  // 7: sglang.grpc.scheduler.OutputLogProbs.top_logprobs:type_name -> sglang.grpc.scheduler.TopLogProbs
+	23, // 8: sglang.grpc.scheduler.GetServerInfoResponse.server_args:type_name -> google.protobuf.Struct
+	23, // 9: sglang.grpc.scheduler.GetServerInfoResponse.scheduler_info:type_name -> google.protobuf.Struct
+	19, // 10: sglang.grpc.scheduler.GetLoadsResponse.loads:type_name -> sglang.grpc.scheduler.SchedulerLoad
+	20, // 11: sglang.grpc.scheduler.GetLoadsResponse.aggregate:type_name -> sglang.grpc.scheduler.AggregateMetrics
+	3,  // 12: sglang.grpc.scheduler.EmbedRequest.tokenized:type_name -> sglang.grpc.scheduler.TokenizedInput
+	2,  // 13: sglang.grpc.scheduler.SglangScheduler.Generate:input_type -> sglang.grpc.scheduler.GenerateRequest
+	21, // 14: sglang.grpc.scheduler.SglangScheduler.Embed:input_type -> sglang.grpc.scheduler.EmbedRequest
+	9,  // 15: sglang.grpc.scheduler.SglangScheduler.HealthCheck:input_type -> sglang.grpc.scheduler.HealthCheckRequest
+	11, // 16: sglang.grpc.scheduler.SglangScheduler.Abort:input_type -> sglang.grpc.scheduler.AbortRequest
+	13, // 17: sglang.grpc.scheduler.SglangScheduler.GetModelInfo:input_type -> sglang.grpc.scheduler.GetModelInfoRequest
+	15, // 18: sglang.grpc.scheduler.SglangScheduler.GetServerInfo:input_type -> sglang.grpc.scheduler.GetServerInfoRequest
+	17, // 19: sglang.grpc.scheduler.SglangScheduler.GetLoads:input_type -> sglang.grpc.scheduler.GetLoadsRequest
+	24, // 20: sglang.grpc.scheduler.SglangScheduler.GetTokenizer:input_type -> smg.grpc.common.GetTokenizerRequest
+	25, // 21: sglang.grpc.scheduler.SglangScheduler.SubscribeKvEvents:input_type -> smg.grpc.common.SubscribeKvEventsRequest
+	4,  // 22: sglang.grpc.scheduler.SglangScheduler.Generate:output_type -> sglang.grpc.scheduler.GenerateResponse
+	22, // 23: sglang.grpc.scheduler.SglangScheduler.Embed:output_type -> sglang.grpc.scheduler.EmbedResponse
+	10, // 24: sglang.grpc.scheduler.SglangScheduler.HealthCheck:output_type -> sglang.grpc.scheduler.HealthCheckResponse
+	12, // 25: sglang.grpc.scheduler.SglangScheduler.Abort:output_type -> sglang.grpc.scheduler.AbortResponse
+	14, // 26: sglang.grpc.scheduler.SglangScheduler.GetModelInfo:output_type -> sglang.grpc.scheduler.GetModelInfoResponse
+	16, // 27: sglang.grpc.scheduler.SglangScheduler.GetServerInfo:output_type -> sglang.grpc.scheduler.GetServerInfoResponse
+	18, // 28: sglang.grpc.scheduler.SglangScheduler.GetLoads:output_type -> sglang.grpc.scheduler.GetLoadsResponse
+	26, // 29: sglang.grpc.scheduler.SglangScheduler.GetTokenizer:output_type -> smg.grpc.common.GetTokenizerChunk
+	27, // 30: sglang.grpc.scheduler.SglangScheduler.SubscribeKvEvents:output_type -> smg.grpc.common.KvEventBatch
+	22, // [22:31] is the sub-list for method output_type
+	13, // [13:22] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_sglang_grpc_scheduler_sglang_scheduler_proto_init() }
@@ -1951,14 +2128,14 @@ func file_sglang_grpc_scheduler_sglang_scheduler_proto_init() {
 		(*GenerateComplete_MatchedTokenId)(nil),
 		(*GenerateComplete_MatchedStopStr)(nil),
 	}
-	file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[15].OneofWrappers = []any{}
+	file_sglang_grpc_scheduler_sglang_scheduler_proto_msgTypes[17].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDesc), len(file_sglang_grpc_scheduler_sglang_scheduler_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

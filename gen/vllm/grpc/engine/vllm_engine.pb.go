@@ -44,9 +44,12 @@ type SamplingParams struct {
 	SpacesBetweenSpecialTokens bool                   `protobuf:"varint,13,opt,name=spaces_between_special_tokens,json=spacesBetweenSpecialTokens,proto3" json:"spaces_between_special_tokens,omitempty"`
 	IgnoreEos                  bool                   `protobuf:"varint,14,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
 	N                          uint32                 `protobuf:"varint,15,opt,name=n,proto3" json:"n,omitempty"`
-	Seed                       *int32                 `protobuf:"varint,24,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
-	unknownFields              protoimpl.UnknownFields
-	sizeCache                  protoimpl.SizeCache
+	// logprobs asks for each output token's logprob and that many most likely
+	// tokens at each position (0: the sampled token's alone).
+	Logprobs      *int32 `protobuf:"varint,22,opt,name=logprobs,proto3,oneof" json:"logprobs,omitempty"`
+	Seed          *int32 `protobuf:"varint,24,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -180,6 +183,13 @@ func (x *SamplingParams) GetIgnoreEos() bool {
 func (x *SamplingParams) GetN() uint32 {
 	if x != nil {
 		return x.N
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetLogprobs() int32 {
+	if x != nil && x.Logprobs != nil {
+		return *x.Logprobs
 	}
 	return 0
 }
@@ -454,9 +464,11 @@ type GenerateStreamChunk struct {
 	PromptTokens     uint32                 `protobuf:"varint,2,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	CompletionTokens uint32                 `protobuf:"varint,3,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
 	CachedTokens     uint32                 `protobuf:"varint,4,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
-	Index            uint32                 `protobuf:"varint,7,opt,name=index,proto3" json:"index,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The logprobs of this chunk's tokens, when asked for.
+	OutputLogprobs *OutputLogProbs `protobuf:"bytes,5,opt,name=output_logprobs,json=outputLogprobs,proto3" json:"output_logprobs,omitempty"`
+	Index          uint32          `protobuf:"varint,7,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GenerateStreamChunk) Reset() {
@@ -517,6 +529,13 @@ func (x *GenerateStreamChunk) GetCachedTokens() uint32 {
 	return 0
 }
 
+func (x *GenerateStreamChunk) GetOutputLogprobs() *OutputLogProbs {
+	if x != nil {
+		return x.OutputLogprobs
+	}
+	return nil
+}
+
 func (x *GenerateStreamChunk) GetIndex() uint32 {
 	if x != nil {
 		return x.Index
@@ -532,7 +551,9 @@ type GenerateComplete struct {
 	PromptTokens     uint32 `protobuf:"varint,3,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	CompletionTokens uint32 `protobuf:"varint,4,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
 	CachedTokens     uint32 `protobuf:"varint,5,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
-	Index            uint32 `protobuf:"varint,8,opt,name=index,proto3" json:"index,omitempty"`
+	// The logprobs of every output token, when asked for.
+	OutputLogprobs *OutputLogProbs `protobuf:"bytes,6,opt,name=output_logprobs,json=outputLogprobs,proto3" json:"output_logprobs,omitempty"`
+	Index          uint32          `protobuf:"varint,8,opt,name=index,proto3" json:"index,omitempty"`
 	// Types that are valid to be assigned to MatchedStop:
 	//
 	//	*GenerateComplete_MatchedTokenId
@@ -608,6 +629,13 @@ func (x *GenerateComplete) GetCachedTokens() uint32 {
 	return 0
 }
 
+func (x *GenerateComplete) GetOutputLogprobs() *OutputLogProbs {
+	if x != nil {
+		return x.OutputLogprobs
+	}
+	return nil
+}
+
 func (x *GenerateComplete) GetIndex() uint32 {
 	if x != nil {
 		return x.Index
@@ -663,6 +691,121 @@ func (*GenerateComplete_MatchedTokenId) isGenerateComplete_MatchedStop() {}
 
 func (*GenerateComplete_MatchedStopStr) isGenerateComplete_MatchedStop() {}
 
+// OutputLogProbs: position i is output token token_ids[i], its logprob, and
+// the most likely tokens there.
+type OutputLogProbs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TokenLogprobs []float32              `protobuf:"fixed32,1,rep,packed,name=token_logprobs,json=tokenLogprobs,proto3" json:"token_logprobs,omitempty"`
+	TokenIds      []uint32               `protobuf:"varint,2,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	TopLogprobs   []*TopLogProbs         `protobuf:"bytes,3,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputLogProbs) Reset() {
+	*x = OutputLogProbs{}
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputLogProbs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputLogProbs) ProtoMessage() {}
+
+func (x *OutputLogProbs) ProtoReflect() protoreflect.Message {
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputLogProbs.ProtoReflect.Descriptor instead.
+func (*OutputLogProbs) Descriptor() ([]byte, []int) {
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *OutputLogProbs) GetTokenLogprobs() []float32 {
+	if x != nil {
+		return x.TokenLogprobs
+	}
+	return nil
+}
+
+func (x *OutputLogProbs) GetTokenIds() []uint32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *OutputLogProbs) GetTopLogprobs() []*TopLogProbs {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
+// TopLogProbs: the most likely tokens at one position, most likely first.
+type TopLogProbs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Values        []float32              `protobuf:"fixed32,1,rep,packed,name=values,proto3" json:"values,omitempty"`
+	TokenIds      []uint32               `protobuf:"varint,2,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopLogProbs) Reset() {
+	*x = TopLogProbs{}
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopLogProbs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopLogProbs) ProtoMessage() {}
+
+func (x *TopLogProbs) ProtoReflect() protoreflect.Message {
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopLogProbs.ProtoReflect.Descriptor instead.
+func (*TopLogProbs) Descriptor() ([]byte, []int) {
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TopLogProbs) GetValues() []float32 {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+func (x *TopLogProbs) GetTokenIds() []uint32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
 type HealthCheckRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -671,7 +814,7 @@ type HealthCheckRequest struct {
 
 func (x *HealthCheckRequest) Reset() {
 	*x = HealthCheckRequest{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[6]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +826,7 @@ func (x *HealthCheckRequest) String() string {
 func (*HealthCheckRequest) ProtoMessage() {}
 
 func (x *HealthCheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[6]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +839,7 @@ func (x *HealthCheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckRequest.ProtoReflect.Descriptor instead.
 func (*HealthCheckRequest) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{6}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{8}
 }
 
 type HealthCheckResponse struct {
@@ -709,7 +852,7 @@ type HealthCheckResponse struct {
 
 func (x *HealthCheckResponse) Reset() {
 	*x = HealthCheckResponse{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[7]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +864,7 @@ func (x *HealthCheckResponse) String() string {
 func (*HealthCheckResponse) ProtoMessage() {}
 
 func (x *HealthCheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[7]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +877,7 @@ func (x *HealthCheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckResponse.ProtoReflect.Descriptor instead.
 func (*HealthCheckResponse) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{7}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HealthCheckResponse) GetHealthy() bool {
@@ -760,7 +903,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[8]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +915,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[8]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +928,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{8}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AbortRequest) GetRequestIds() []string {
@@ -803,7 +946,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[9]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -815,7 +958,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[9]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -828,7 +971,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{9}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{11}
 }
 
 type GetModelInfoRequest struct {
@@ -839,7 +982,7 @@ type GetModelInfoRequest struct {
 
 func (x *GetModelInfoRequest) Reset() {
 	*x = GetModelInfoRequest{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[10]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +994,7 @@ func (x *GetModelInfoRequest) String() string {
 func (*GetModelInfoRequest) ProtoMessage() {}
 
 func (x *GetModelInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[10]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1007,7 @@ func (x *GetModelInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetModelInfoRequest) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{10}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{12}
 }
 
 type GetModelInfoResponse struct {
@@ -888,7 +1031,7 @@ type GetModelInfoResponse struct {
 
 func (x *GetModelInfoResponse) Reset() {
 	*x = GetModelInfoResponse{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[11]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +1043,7 @@ func (x *GetModelInfoResponse) String() string {
 func (*GetModelInfoResponse) ProtoMessage() {}
 
 func (x *GetModelInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[11]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +1056,7 @@ func (x *GetModelInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetModelInfoResponse) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{11}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetModelInfoResponse) GetModelPath() string {
@@ -1015,7 +1158,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[12]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1170,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[12]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1183,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{12}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{14}
 }
 
 type GetServerInfoResponse struct {
@@ -1062,7 +1205,7 @@ type GetServerInfoResponse struct {
 
 func (x *GetServerInfoResponse) Reset() {
 	*x = GetServerInfoResponse{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[13]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1217,7 @@ func (x *GetServerInfoResponse) String() string {
 func (*GetServerInfoResponse) ProtoMessage() {}
 
 func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[13]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1230,7 @@ func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetServerInfoResponse) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{13}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetServerInfoResponse) GetActiveRequests() uint32 {
@@ -1163,7 +1306,7 @@ type GetLoadsRequest struct {
 
 func (x *GetLoadsRequest) Reset() {
 	*x = GetLoadsRequest{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[14]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1318,7 @@ func (x *GetLoadsRequest) String() string {
 func (*GetLoadsRequest) ProtoMessage() {}
 
 func (x *GetLoadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[14]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1331,7 @@ func (x *GetLoadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLoadsRequest.ProtoReflect.Descriptor instead.
 func (*GetLoadsRequest) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{14}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetLoadsRequest) GetDpRank() int32 {
@@ -1218,7 +1361,7 @@ type GetLoadsResponse struct {
 
 func (x *GetLoadsResponse) Reset() {
 	*x = GetLoadsResponse{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[15]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1373,7 @@ func (x *GetLoadsResponse) String() string {
 func (*GetLoadsResponse) ProtoMessage() {}
 
 func (x *GetLoadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[15]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1386,7 @@ func (x *GetLoadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLoadsResponse.ProtoReflect.Descriptor instead.
 func (*GetLoadsResponse) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{15}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetLoadsResponse) GetTimestamp() string {
@@ -1294,7 +1437,7 @@ type SchedulerLoad struct {
 
 func (x *SchedulerLoad) Reset() {
 	*x = SchedulerLoad{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[16]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1449,7 @@ func (x *SchedulerLoad) String() string {
 func (*SchedulerLoad) ProtoMessage() {}
 
 func (x *SchedulerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[16]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1462,7 @@ func (x *SchedulerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SchedulerLoad.ProtoReflect.Descriptor instead.
 func (*SchedulerLoad) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{16}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SchedulerLoad) GetDpRank() int32 {
@@ -1409,7 +1552,7 @@ type EmbedRequest struct {
 
 func (x *EmbedRequest) Reset() {
 	*x = EmbedRequest{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[17]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1564,7 @@ func (x *EmbedRequest) String() string {
 func (*EmbedRequest) ProtoMessage() {}
 
 func (x *EmbedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[17]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1577,7 @@ func (x *EmbedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmbedRequest.ProtoReflect.Descriptor instead.
 func (*EmbedRequest) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{17}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EmbedRequest) GetRequestId() string {
@@ -1462,7 +1605,7 @@ type EmbedResponse struct {
 
 func (x *EmbedResponse) Reset() {
 	*x = EmbedResponse{}
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[18]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1617,7 @@ func (x *EmbedResponse) String() string {
 func (*EmbedResponse) ProtoMessage() {}
 
 func (x *EmbedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[18]
+	mi := &file_vllm_grpc_engine_vllm_engine_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1630,7 @@ func (x *EmbedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmbedResponse.ProtoReflect.Descriptor instead.
 func (*EmbedResponse) Descriptor() ([]byte, []int) {
-	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{18}
+	return file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EmbedResponse) GetEmbedding() []float32 {
@@ -1515,7 +1658,7 @@ var File_vllm_grpc_engine_vllm_engine_proto protoreflect.FileDescriptor
 
 const file_vllm_grpc_engine_vllm_engine_proto_rawDesc = "" +
 	"\n" +
-	"\"vllm/grpc/engine/vllm_engine.proto\x12\x10vllm.grpc.engine\x1a\x1csmg/grpc/common/common.proto\"\xdb\x04\n" +
+	"\"vllm/grpc/engine/vllm_engine.proto\x12\x10vllm.grpc.engine\x1a\x1csmg/grpc/common/common.proto\"\x89\x05\n" +
 	"\x0eSamplingParams\x12%\n" +
 	"\vtemperature\x18\x01 \x01(\x02H\x00R\vtemperature\x88\x01\x01\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x13\n" +
@@ -1535,10 +1678,12 @@ const file_vllm_grpc_engine_vllm_engine_proto_rawDesc = "" +
 	"\x1dspaces_between_special_tokens\x18\r \x01(\bR\x1aspacesBetweenSpecialTokens\x12\x1d\n" +
 	"\n" +
 	"ignore_eos\x18\x0e \x01(\bR\tignoreEos\x12\f\n" +
-	"\x01n\x18\x0f \x01(\rR\x01n\x12\x17\n" +
-	"\x04seed\x18\x18 \x01(\x05H\x02R\x04seed\x88\x01\x01B\x0e\n" +
+	"\x01n\x18\x0f \x01(\rR\x01n\x12\x1f\n" +
+	"\blogprobs\x18\x16 \x01(\x05H\x02R\blogprobs\x88\x01\x01\x12\x17\n" +
+	"\x04seed\x18\x18 \x01(\x05H\x03R\x04seed\x88\x01\x01B\x0e\n" +
 	"\f_temperatureB\r\n" +
-	"\v_max_tokensB\a\n" +
+	"\v_max_tokensB\v\n" +
+	"\t_logprobsB\a\n" +
 	"\x05_seed\"R\n" +
 	"\x0eTokenizedInput\x12#\n" +
 	"\roriginal_text\x18\x01 \x01(\tR\foriginalText\x12\x1b\n" +
@@ -1559,27 +1704,36 @@ const file_vllm_grpc_engine_vllm_engine_proto_rawDesc = "" +
 	"\x05chunk\x18\x01 \x01(\v2%.vllm.grpc.engine.GenerateStreamChunkH\x00R\x05chunk\x12@\n" +
 	"\bcomplete\x18\x02 \x01(\v2\".vllm.grpc.engine.GenerateCompleteH\x00R\bcompleteB\n" +
 	"\n" +
-	"\bresponse\"\xbf\x01\n" +
+	"\bresponse\"\x8a\x02\n" +
 	"\x13GenerateStreamChunk\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12#\n" +
 	"\rprompt_tokens\x18\x02 \x01(\rR\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x03 \x01(\rR\x10completionTokens\x12#\n" +
-	"\rcached_tokens\x18\x04 \x01(\rR\fcachedTokens\x12\x14\n" +
-	"\x05index\x18\a \x01(\rR\x05index\"\xa3\x03\n" +
+	"\rcached_tokens\x18\x04 \x01(\rR\fcachedTokens\x12I\n" +
+	"\x0foutput_logprobs\x18\x05 \x01(\v2 .vllm.grpc.engine.OutputLogProbsR\x0eoutputLogprobs\x12\x14\n" +
+	"\x05index\x18\a \x01(\rR\x05index\"\xee\x03\n" +
 	"\x10GenerateComplete\x12\x1d\n" +
 	"\n" +
 	"output_ids\x18\x01 \x03(\rR\toutputIds\x12#\n" +
 	"\rfinish_reason\x18\x02 \x01(\tR\ffinishReason\x12#\n" +
 	"\rprompt_tokens\x18\x03 \x01(\rR\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x04 \x01(\rR\x10completionTokens\x12#\n" +
-	"\rcached_tokens\x18\x05 \x01(\rR\fcachedTokens\x12\x14\n" +
+	"\rcached_tokens\x18\x05 \x01(\rR\fcachedTokens\x12I\n" +
+	"\x0foutput_logprobs\x18\x06 \x01(\v2 .vllm.grpc.engine.OutputLogProbsR\x0eoutputLogprobs\x12\x14\n" +
 	"\x05index\x18\b \x01(\rR\x05index\x12*\n" +
 	"\x10matched_token_id\x18\n" +
 	" \x01(\rH\x00R\x0ematchedTokenId\x12*\n" +
 	"\x10matched_stop_str\x18\v \x01(\tH\x00R\x0ematchedStopStr\x12:\n" +
 	"\x17kv_transfer_params_json\x18\f \x01(\tH\x01R\x14kvTransferParamsJson\x88\x01\x01B\x0e\n" +
 	"\fmatched_stopB\x1a\n" +
-	"\x18_kv_transfer_params_json\"\x14\n" +
+	"\x18_kv_transfer_params_json\"\x96\x01\n" +
+	"\x0eOutputLogProbs\x12%\n" +
+	"\x0etoken_logprobs\x18\x01 \x03(\x02R\rtokenLogprobs\x12\x1b\n" +
+	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\x12@\n" +
+	"\ftop_logprobs\x18\x03 \x03(\v2\x1d.vllm.grpc.engine.TopLogProbsR\vtopLogprobs\"B\n" +
+	"\vTopLogProbs\x12\x16\n" +
+	"\x06values\x18\x01 \x03(\x02R\x06values\x12\x1b\n" +
+	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\"\x14\n" +
 	"\x12HealthCheckRequest\"I\n" +
 	"\x13HealthCheckResponse\x12\x18\n" +
 	"\ahealthy\x18\x01 \x01(\bR\ahealthy\x12\x18\n" +
@@ -1678,7 +1832,7 @@ func file_vllm_grpc_engine_vllm_engine_proto_rawDescGZIP() []byte {
 	return file_vllm_grpc_engine_vllm_engine_proto_rawDescData
 }
 
-var file_vllm_grpc_engine_vllm_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_vllm_grpc_engine_vllm_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_vllm_grpc_engine_vllm_engine_proto_goTypes = []any{
 	(*SamplingParams)(nil),                  // 0: vllm.grpc.engine.SamplingParams
 	(*TokenizedInput)(nil),                  // 1: vllm.grpc.engine.TokenizedInput
@@ -1686,54 +1840,59 @@ var file_vllm_grpc_engine_vllm_engine_proto_goTypes = []any{
 	(*GenerateResponse)(nil),                // 3: vllm.grpc.engine.GenerateResponse
 	(*GenerateStreamChunk)(nil),             // 4: vllm.grpc.engine.GenerateStreamChunk
 	(*GenerateComplete)(nil),                // 5: vllm.grpc.engine.GenerateComplete
-	(*HealthCheckRequest)(nil),              // 6: vllm.grpc.engine.HealthCheckRequest
-	(*HealthCheckResponse)(nil),             // 7: vllm.grpc.engine.HealthCheckResponse
-	(*AbortRequest)(nil),                    // 8: vllm.grpc.engine.AbortRequest
-	(*AbortResponse)(nil),                   // 9: vllm.grpc.engine.AbortResponse
-	(*GetModelInfoRequest)(nil),             // 10: vllm.grpc.engine.GetModelInfoRequest
-	(*GetModelInfoResponse)(nil),            // 11: vllm.grpc.engine.GetModelInfoResponse
-	(*GetServerInfoRequest)(nil),            // 12: vllm.grpc.engine.GetServerInfoRequest
-	(*GetServerInfoResponse)(nil),           // 13: vllm.grpc.engine.GetServerInfoResponse
-	(*GetLoadsRequest)(nil),                 // 14: vllm.grpc.engine.GetLoadsRequest
-	(*GetLoadsResponse)(nil),                // 15: vllm.grpc.engine.GetLoadsResponse
-	(*SchedulerLoad)(nil),                   // 16: vllm.grpc.engine.SchedulerLoad
-	(*EmbedRequest)(nil),                    // 17: vllm.grpc.engine.EmbedRequest
-	(*EmbedResponse)(nil),                   // 18: vllm.grpc.engine.EmbedResponse
-	(*common.GetTokenizerRequest)(nil),      // 19: smg.grpc.common.GetTokenizerRequest
-	(*common.SubscribeKvEventsRequest)(nil), // 20: smg.grpc.common.SubscribeKvEventsRequest
-	(*common.GetTokenizerChunk)(nil),        // 21: smg.grpc.common.GetTokenizerChunk
-	(*common.KvEventBatch)(nil),             // 22: smg.grpc.common.KvEventBatch
+	(*OutputLogProbs)(nil),                  // 6: vllm.grpc.engine.OutputLogProbs
+	(*TopLogProbs)(nil),                     // 7: vllm.grpc.engine.TopLogProbs
+	(*HealthCheckRequest)(nil),              // 8: vllm.grpc.engine.HealthCheckRequest
+	(*HealthCheckResponse)(nil),             // 9: vllm.grpc.engine.HealthCheckResponse
+	(*AbortRequest)(nil),                    // 10: vllm.grpc.engine.AbortRequest
+	(*AbortResponse)(nil),                   // 11: vllm.grpc.engine.AbortResponse
+	(*GetModelInfoRequest)(nil),             // 12: vllm.grpc.engine.GetModelInfoRequest
+	(*GetModelInfoResponse)(nil),            // 13: vllm.grpc.engine.GetModelInfoResponse
+	(*GetServerInfoRequest)(nil),            // 14: vllm.grpc.engine.GetServerInfoRequest
+	(*GetServerInfoResponse)(nil),           // 15: vllm.grpc.engine.GetServerInfoResponse
+	(*GetLoadsRequest)(nil),                 // 16: vllm.grpc.engine.GetLoadsRequest
+	(*GetLoadsResponse)(nil),                // 17: vllm.grpc.engine.GetLoadsResponse
+	(*SchedulerLoad)(nil),                   // 18: vllm.grpc.engine.SchedulerLoad
+	(*EmbedRequest)(nil),                    // 19: vllm.grpc.engine.EmbedRequest
+	(*EmbedResponse)(nil),                   // 20: vllm.grpc.engine.EmbedResponse
+	(*common.GetTokenizerRequest)(nil),      // 21: smg.grpc.common.GetTokenizerRequest
+	(*common.SubscribeKvEventsRequest)(nil), // 22: smg.grpc.common.SubscribeKvEventsRequest
+	(*common.GetTokenizerChunk)(nil),        // 23: smg.grpc.common.GetTokenizerChunk
+	(*common.KvEventBatch)(nil),             // 24: smg.grpc.common.KvEventBatch
 }
 var file_vllm_grpc_engine_vllm_engine_proto_depIdxs = []int32{
 	1,  // 0: vllm.grpc.engine.GenerateRequest.tokenized:type_name -> vllm.grpc.engine.TokenizedInput
 	0,  // 1: vllm.grpc.engine.GenerateRequest.sampling_params:type_name -> vllm.grpc.engine.SamplingParams
 	4,  // 2: vllm.grpc.engine.GenerateResponse.chunk:type_name -> vllm.grpc.engine.GenerateStreamChunk
 	5,  // 3: vllm.grpc.engine.GenerateResponse.complete:type_name -> vllm.grpc.engine.GenerateComplete
-	16, // 4: vllm.grpc.engine.GetLoadsResponse.loads:type_name -> vllm.grpc.engine.SchedulerLoad
-	1,  // 5: vllm.grpc.engine.EmbedRequest.tokenized:type_name -> vllm.grpc.engine.TokenizedInput
-	2,  // 6: vllm.grpc.engine.VllmEngine.Generate:input_type -> vllm.grpc.engine.GenerateRequest
-	17, // 7: vllm.grpc.engine.VllmEngine.Embed:input_type -> vllm.grpc.engine.EmbedRequest
-	6,  // 8: vllm.grpc.engine.VllmEngine.HealthCheck:input_type -> vllm.grpc.engine.HealthCheckRequest
-	8,  // 9: vllm.grpc.engine.VllmEngine.Abort:input_type -> vllm.grpc.engine.AbortRequest
-	10, // 10: vllm.grpc.engine.VllmEngine.GetModelInfo:input_type -> vllm.grpc.engine.GetModelInfoRequest
-	12, // 11: vllm.grpc.engine.VllmEngine.GetServerInfo:input_type -> vllm.grpc.engine.GetServerInfoRequest
-	14, // 12: vllm.grpc.engine.VllmEngine.GetLoads:input_type -> vllm.grpc.engine.GetLoadsRequest
-	19, // 13: vllm.grpc.engine.VllmEngine.GetTokenizer:input_type -> smg.grpc.common.GetTokenizerRequest
-	20, // 14: vllm.grpc.engine.VllmEngine.SubscribeKvEvents:input_type -> smg.grpc.common.SubscribeKvEventsRequest
-	3,  // 15: vllm.grpc.engine.VllmEngine.Generate:output_type -> vllm.grpc.engine.GenerateResponse
-	18, // 16: vllm.grpc.engine.VllmEngine.Embed:output_type -> vllm.grpc.engine.EmbedResponse
-	7,  // 17: vllm.grpc.engine.VllmEngine.HealthCheck:output_type -> vllm.grpc.engine.HealthCheckResponse
-	9,  // 18: vllm.grpc.engine.VllmEngine.Abort:output_type -> vllm.grpc.engine.AbortResponse
-	11, // 19: vllm.grpc.engine.VllmEngine.GetModelInfo:output_type -> vllm.grpc.engine.GetModelInfoResponse
-	13, // 20: vllm.grpc.engine.VllmEngine.GetServerInfo:output_type -> vllm.grpc.engine.GetServerInfoResponse
-	15, // 21: vllm.grpc.engine.VllmEngine.GetLoads:output_type -> vllm.grpc.engine.GetLoadsResponse
-	21, // 22: vllm.grpc.engine.VllmEngine.GetTokenizer:output_type -> smg.grpc.common.GetTokenizerChunk
-	22, // 23: vllm.grpc.engine.VllmEngine.SubscribeKvEvents:output_type -> smg.grpc.common.KvEventBatch
-	15, // [15:24] is the sub-list for method output_type
-	6,  // [6:15] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	6,  // 4: vllm.grpc.engine.GenerateStreamChunk.output_logprobs:type_name -> vllm.grpc.engine.OutputLogProbs
+	6,  // 5: vllm.grpc.engine.GenerateComplete.output_logprobs:type_name -> vllm.grpc.engine.OutputLogProbs
+	7,  // 6: vllm.grpc.engine.OutputLogProbs.top_logprobs:type_name -> vllm.grpc.engine.TopLogProbs
+	18, // 7: vllm.grpc.engine.GetLoadsResponse.loads:type_name -> vllm.grpc.engine.SchedulerLoad
+	1,  // 8: vllm.grpc.engine.EmbedRequest.tokenized:type_name -> vllm.grpc.engine.TokenizedInput
+	2,  // 9: vllm.grpc.engine.VllmEngine.Generate:input_type -> vllm.grpc.engine.GenerateRequest
+	19, // 10: vllm.grpc.engine.VllmEngine.Embed:input_type -> vllm.grpc.engine.EmbedRequest
+	8,  // 11: vllm.grpc.engine.VllmEngine.HealthCheck:input_type -> vllm.grpc.engine.HealthCheckRequest
+	10, // 12: vllm.grpc.engine.VllmEngine.Abort:input_type -> vllm.grpc.engine.AbortRequest
+	12, // 13: vllm.grpc.engine.VllmEngine.GetModelInfo:input_type -> vllm.grpc.engine.GetModelInfoRequest
+	14, // 14: vllm.grpc.engine.VllmEngine.GetServerInfo:input_type -> vllm.grpc.engine.GetServerInfoRequest
+	16, // 15: vllm.grpc.engine.VllmEngine.GetLoads:input_type -> vllm.grpc.engine.GetLoadsRequest
+	21, // 16: vllm.grpc.engine.VllmEngine.GetTokenizer:input_type -> smg.grpc.common.GetTokenizerRequest
+	22, // 17: vllm.grpc.engine.VllmEngine.SubscribeKvEvents:input_type -> smg.grpc.common.SubscribeKvEventsRequest
+	3,  // 18: vllm.grpc.engine.VllmEngine.Generate:output_type -> vllm.grpc.engine.GenerateResponse
+	20, // 19: vllm.grpc.engine.VllmEngine.Embed:output_type -> vllm.grpc.engine.EmbedResponse
+	9,  // 20: vllm.grpc.engine.VllmEngine.HealthCheck:output_type -> vllm.grpc.engine.HealthCheckResponse
+	11, // 21: vllm.grpc.engine.VllmEngine.Abort:output_type -> vllm.grpc.engine.AbortResponse
+	13, // 22: vllm.grpc.engine.VllmEngine.GetModelInfo:output_type -> vllm.grpc.engine.GetModelInfoResponse
+	15, // 23: vllm.grpc.engine.VllmEngine.GetServerInfo:output_type -> vllm.grpc.engine.GetServerInfoResponse
+	17, // 24: vllm.grpc.engine.VllmEngine.GetLoads:output_type -> vllm.grpc.engine.GetLoadsResponse
+	23, // 25: vllm.grpc.engine.VllmEngine.GetTokenizer:output_type -> smg.grpc.common.GetTokenizerChunk
+	24, // 26: vllm.grpc.engine.VllmEngine.SubscribeKvEvents:output_type -> smg.grpc.common.KvEventBatch
+	18, // [18:27] is the sub-list for method output_type
+	9,  // [9:18] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_vllm_grpc_engine_vllm_engine_proto_init() }
@@ -1754,14 +1913,14 @@ func file_vllm_grpc_engine_vllm_engine_proto_init() {
 		(*GenerateComplete_MatchedTokenId)(nil),
 		(*GenerateComplete_MatchedStopStr)(nil),
 	}
-	file_vllm_grpc_engine_vllm_engine_proto_msgTypes[14].OneofWrappers = []any{}
+	file_vllm_grpc_engine_vllm_engine_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vllm_grpc_engine_vllm_engine_proto_rawDesc), len(file_vllm_grpc_engine_vllm_engine_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
