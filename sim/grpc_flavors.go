@@ -178,7 +178,8 @@ type kvTransfer struct {
 func (v vllmServicer) Generate(req *vllmpb.GenerateRequest, stream grpc.ServerStreamingServer[vllmpb.GenerateResponse]) error {
 	p := genParams{id: req.GetRequestId(), ids: req.GetTokenized().GetInputIds(), stream: req.GetStream(), dpRank: -1,
 		maxTokens: int(req.GetSamplingParams().GetMaxTokens()), logprobs: -1}
-	if k := req.GetSamplingParams().Logprobs; k != nil {
+	if sp := req.GetSamplingParams(); sp != nil && sp.Logprobs != nil {
+		k := sp.Logprobs
 		if *k < 0 || *k > MaxTopLogprobs {
 			return invalid("sampling_params.logprobs %d: want 0..%d", *k, MaxTopLogprobs)
 		}
