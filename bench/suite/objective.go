@@ -380,6 +380,8 @@ func objectiveTargets(w io.Writer, rep *ObjectiveReport) {
 func (s *Suite) PublishObjectives(rep *ObjectiveReport) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "### TTFT objectives: heterogeneous requests at 1×, 2× and 4× of measured capacity\n\n")
+	fmt.Fprintf(&b, "`make bench-overload` (this scenario alone: `go run ./bench/cmd/benchsuite --bin bin/smg --suite objectives`; "+
+		"`--republish` redraws the tables and plots from the last run's JSON). ")
 	fmt.Fprintf(&b, "%d engines (`smg sim %s`: window %d, KV %d tokens, %.0f ms decode steps growing 2%% per running request, %.0f prompt tokens/s); "+
 		"prompts log-uniform over %s tokens, outputs %s tokens (uniform); TTFT objective %g s. "+
 		"Capacity (closed loop, %d clients, %.0f s): **%.1f req/s, %.0f output tokens/s**. "+

@@ -191,9 +191,10 @@ func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error)
 	if gc.Routers > 1 {
 		e.urls = []string{gw.URL}
 		for i := 1; i < gc.Routers; i++ {
-			rf := gc.RouterFlags
+			// Every router runs the same scheduler YAML as the gateway's.
+			rf := append(append([]string{}, gc.RouterFlags...), sched...)
 			if peers != nil {
-				rf = append(append([]string{}, rf...), peers[i]...)
+				rf = append(rf, peers[i]...)
 			}
 			p, url, err := StartRouter(ctx, s.Bin, gw, fmt.Sprintf("r%d", i), rf)
 			if err != nil {
