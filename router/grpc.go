@@ -239,7 +239,7 @@ func writeEngineError(w http.ResponseWriter, e *openaigrpc.EngineError) {
 // the decode leg's tokens. A leg that fails cancels the other and fails the
 // request with an explicit error. PD legs form no pile.
 func (r *Router) sendPairGRPC(ctx context.Context, w http.ResponseWriter, in *http.Request,
-	pw *Worker, pst *workerState, dw *Worker, dst *workerState, body []byte) int {
+	pw *Worker, pst *workerState, dw *Worker, dst *workerState, body []byte, rooms int64, model string) int {
 	if !enginegrpc.IsGRPC(pw.URL) || !enginegrpc.IsGRPC(dw.URL) {
 		writeError(w, http.StatusBadGateway, CodeUpstreamError, "A prefill/decode pair must be both gRPC or both HTTP workers: prefill '"+
 			pw.URL+"', decode '"+dw.URL+"'", 0)
@@ -257,7 +257,7 @@ func (r *Router) sendPairGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 	if err == nil {
 		var dc *enginegrpc.Client
 		if dc, err = r.grpc.clients.Get(dw.URL); err == nil {
-			return r.servePairGRPC(ctx, w, in, req, pw, pst, pc, dw, dst, dc)
+			return r.servePairGRPC(ctx, w, in, req, pw, pst, pc, dw, dst, dc, rooms, model)
 		}
 	}
 	writeError(w, http.StatusBadGateway, CodeUpstreamError, err.Error(), 0)
@@ -265,7 +265,8 @@ func (r *Router) sendPairGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 }
 
 func (r *Router) servePairGRPC(ctx context.Context, w http.ResponseWriter, in *http.Request, req *openaigrpc.Request,
-	pw *Worker, pst *workerState, pc *enginegrpc.Client, dw *Worker, dst *workerState, dc *enginegrpc.Client) int {
+	pw *Worker, pst *workerState, pc *enginegrpc.Client, dw *Worker, dst *workerState, dc *enginegrpc.Client,
+	rooms int64, model string) int {
 	m, err := r.grpc.model(ctx, dc)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -287,6 +288,15 @@ func (r *Router) servePairGRPC(ctx context.Context, w http.ResponseWriter, in *h
 	// leg, so each gets its own room: DisaggregatedParams names one room per
 	// GenerateRequest. The decode window took one room per generation.
 	n := req.Choices()
+	if extra := int64(len(prompts)*n) - rooms; extra > 0 {
+		// More generations than the rooms taken before the body was read
+		// in full (/generate's n is inside sampling_params): the rest now,
+		// or the window's shed.
+		if !dst.gate.TryAcquire(extra) {
+			return r.writeWindowShed(w, model, StagePDAdmission, r.pdm.sheds)
+		}
+		defer r.releaseRoom(dst, extra)
+	}
 	req.Bootstraps = make([]openaigrpc.Bootstrap, len(prompts)*n)
 	for i := range req.Bootstraps {
 		req.Bootstraps[i] = openaigrpc.Bootstrap{Host: host, Port: pw.BootstrapPort, Room: newBootstrapRoom() & 0x7fffffff}

@@ -282,3 +282,28 @@ func TestEmbedFailures(t *testing.T) {
 		}
 	}
 }
+
+// TestGenerateOverGRPCPair: /generate over a prefill/decode pair of gRPC
+// workers, with n inside sampling_params: each generation takes its room in
+// the decode window (the rooms past the one taken at selection are taken
+// once the body is read), or the window's shed answers.
+func TestGenerateOverGRPCPair(t *testing.T) {
+	for _, window := range []int64{8, 2} {
+		prefill := startSimGRPC(t, sim.FlavorSGLang, func(o *sim.Options) { o.Role = sim.RolePrefill })
+		decode := startSimGRPC(t, sim.FlavorSGLang, func(o *sim.Options) { o.Role = sim.RoleDecode; o.EOSProbability = 0 })
+		h := newHarness(t, func(o *Options) { o.PDDisaggregation = true })
+		h.apply(Worker{ID: "p", URL: prefill.GRPCURL(), Model: testModel, Type: TypePrefill, Healthy: true, BootstrapPort: simBootstrapPort(t, prefill)},
+			Worker{ID: "d", URL: decode.GRPCURL(), Model: testModel, Type: TypeDecode, Healthy: true, MaxRunning: window, WindowShare: window})
+		a := h.send("/generate", `{"model":"`+testModel+`","input_ids":[5,6],"sampling_params":{"max_new_tokens":2,"n":3}}`, "")
+		var list []nativeItem
+		switch {
+		case window == 2 && (a.status != http.StatusServiceUnavailable || a.errorCode() != CodeShed):
+			t.Errorf("3 generations over a window of 2: %d %s", a.status, a.body)
+		case window == 8 && (a.status != http.StatusOK || json.Unmarshal([]byte(a.body), &list) != nil || len(list) != 3):
+			t.Errorf("3 generations over a window of 8: %d %s", a.status, a.body)
+		case window == 8 && decode.GRPCRequests() != 3:
+			t.Errorf("decode took %d requests, want 3", decode.GRPCRequests())
+		}
+		pollFor(t, "the decode rooms released", func() bool { return h.r.states["d"].gate.InFlight() == 0 })
+	}
+}

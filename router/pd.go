@@ -138,7 +138,7 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 
 	pw, dw := v.worker(pi), v.worker(di)
 	if enginegrpc.IsGRPC(pw.URL) || enginegrpc.IsGRPC(dw.URL) {
-		return r.sendPairGRPC(ctx, w, in, pw, v.states[pi], dw, dec, body)
+		return r.sendPairGRPC(ctx, w, in, pw, v.states[pi], dw, dec, body, need, f.Model)
 	}
 	legBody, err := injectBootstrap(body, pw, prompts)
 	if err != nil {
