@@ -409,42 +409,68 @@ func (b *Body) read(p []byte) (int, error) {
 		}
 		return n, err
 	}
-	if !b.chunkOpen || b.remaining == 0 {
-		if err := b.nextChunk(); err != nil {
-			return 0, err
-		}
-		if b.done {
-			return 0, io.EOF
-		}
-	}
-	if int64(len(p)) > b.remaining {
-		p = p[:b.remaining]
-	}
-	n, err := b.br.Read(p)
-	b.remaining -= int64(n)
-	if err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return n, err
-	}
-	if b.remaining == 0 {
-		// The chunk's CRLF, and the last chunk, when already here: never a
-		// wait before the bytes read are handed on.
-		if buf, _ := b.br.Peek(b.br.Buffered()); len(buf) >= 2 {
-			if buf[0] != '\r' || buf[1] != '\n' {
-				return n, h1wire.ErrChunk
+	// Chunks already buffered are read together, as net/http's reader
+	// does: one write to the client for the events that came at once.
+	// Nothing is waited for once bytes are in hand.
+	total := 0
+	for {
+		if !b.chunkOpen || b.remaining == 0 {
+			if total > 0 && !b.sizeBuffered() {
+				return total, nil
 			}
-			_, _ = b.br.Discard(2)
-			b.chunkOpen = false
-			if bytes.HasPrefix(buf[2:], []byte("0\r\n\r\n")) {
-				_, _ = b.br.Discard(5)
-				b.done = true
-				return n, io.EOF
+			if err := b.nextChunk(); err != nil {
+				return total, err
+			}
+			if b.done {
+				return total, io.EOF
 			}
 		}
+		if total > 0 && b.br.Buffered() == 0 {
+			return total, nil
+		}
+		q := p[total:]
+		if int64(len(q)) > b.remaining {
+			q = q[:b.remaining]
+		}
+		n, err := b.br.Read(q)
+		total += n
+		b.remaining -= int64(n)
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return total, err
+		}
+		if b.remaining > 0 || total == len(p) {
+			return total, nil
+		}
+		// The chunk's CRLF, and the last chunk, when already here.
+		buf, _ := b.br.Peek(b.br.Buffered())
+		if len(buf) < 2 {
+			return total, nil
+		}
+		if buf[0] != '\r' || buf[1] != '\n' {
+			return total, h1wire.ErrChunk
+		}
+		_, _ = b.br.Discard(2)
+		b.chunkOpen = false
+		if bytes.HasPrefix(buf[2:], []byte("0\r\n\r\n")) {
+			_, _ = b.br.Discard(5)
+			b.done = true
+			return total, io.EOF
+		}
 	}
-	return n, nil
+}
+
+// sizeBuffered reports whether the next chunk's size line is buffered
+// whole and names a chunk with data (the last chunk may be followed by a
+// trailer still to come).
+func (b *Body) sizeBuffered() bool {
+	if b.chunkOpen {
+		return false // the chunk's CRLF is not here yet
+	}
+	buf, _ := b.br.Peek(b.br.Buffered())
+	return len(buf) > 0 && buf[0] != '0' && bytes.IndexByte(buf, '\n') >= 0
 }
 
 // nextChunk ends the chunk read (its CRLF) and reads the next chunk-size

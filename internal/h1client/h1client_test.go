@@ -143,6 +143,43 @@ func TestBodyEndsWithItsLastBytes(t *testing.T) {
 	}
 }
 
+// Chunks that arrived together are read together (one write to the
+// client), as net/http's reader does.
+func TestBufferedChunksReadTogether(t *testing.T) {
+	raw := "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n1\r\n!\r\n0\r\n\r\n"
+	br := bufio.NewReader(strings.NewReader(raw))
+	var p Parser
+	var body Body
+	if _, err := p.ReadResponse(br, &http.Request{Method: http.MethodPost}, &body); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	n, err := body.Read(buf)
+	if string(buf[:n]) != "hello world!" || err != io.EOF {
+		t.Fatalf("read %q, %v; want the three chunks with io.EOF", buf[:n], err)
+	}
+	// A small buffer takes what fits, the rest follows.
+	br = bufio.NewReader(strings.NewReader(raw))
+	if _, err := p.ReadResponse(br, &http.Request{Method: http.MethodPost}, &body); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	small := make([]byte, 4)
+	for {
+		n, err := body.Read(small)
+		got = append(got, small[:n]...)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if string(got) != "hello world!" {
+		t.Fatalf("read %q in small pieces", got)
+	}
+}
+
 // A streamed chunk is handed on as it arrives, never held for the next.
 func TestChunkHandedOnBeforeTheNextArrives(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
