@@ -83,17 +83,19 @@ func fleetCapacitySource(opts Options) bool { return opts.WorkerAdmissionWindow 
 // Guarded by Router.applyMu.
 type fleetCap struct {
 	sum       int64
-	unlimited int // regular workers without a window
+	windows   int64 // the whole windows those limits are shares of: the fleet's capacity
+	unlimited int   // regular workers without a window
 	// spillApart (--spill-over): external workers serve the overflow only,
 	// so they add nothing to the capacity of the local windows.
 	spillApart bool
 }
 
 // add counts (sign 1) or uncounts (sign -1) a worker's gate limit.
-func (c *fleetCap) add(w *Worker, limit int64, sign int64) {
+func (c *fleetCap) add(w *Worker, limit, window int64, sign int64) {
 	if t := w.Type; t == TypePrefill || t == TypeDecode || (c.spillApart && w.Provider != nil) {
 		return
 	}
+	c.windows += sign * window
 	if limit == admission.Unlimited {
 		c.unlimited += int(sign)
 		return

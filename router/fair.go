@@ -3,7 +3,17 @@ package router
 import (
 	"bytes"
 	"io"
+
+	"github.com/smg-project/smg/router/admission"
 )
+
+// FleetTenants takes what the control plane relayed of the other routers'
+// tenants (fair shares fleet-wide); nothing without the scheduler.
+func (r *Router) FleetTenants(others []admission.TenantDemand) {
+	if r.sched != nil {
+		r.sched.SetFleetTenants(others)
+	}
+}
 
 // outputCounter estimates the output tokens of an HTTP answer as it is read,
 // for the tenant's virtual token counter: one per SSE data event (an

@@ -270,7 +270,7 @@ func compareScratch(t *testing.T, at string, r *Router, v *view, sent []Worker, 
 		if rooms <= 0 && w.Type != TypeDecode {
 			limit, window = admission.Unlimited, 0
 		}
-		capacity.add(w, limit, 1)
+		capacity.add(w, limit, window, 1)
 		if st.gate.Limit() != limit || st.gate.Window() != window || (st.wls.Load() != nil) != (rooms > 0 || w.Type == TypeDecode) {
 			t.Fatalf("%s: %s gated at %d/%d, want %d/%d", at, w.ID, st.gate.Limit(), st.gate.Window(), limit, window)
 		}

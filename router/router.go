@@ -341,12 +341,13 @@ func (r *Router) patch(cur *view, d *Delta) bool {
 	for _, c := range changes {
 		st := v.states[c.i]
 		r.noteLoad(st, c.w)
-		r.fleetCap.add(c.w, st.gate.Limit(), -1) // its type is unchanged
+		r.fleetCap.add(c.w, st.gate.Limit(), st.gate.Window(), -1) // its type is unchanged
 		r.setWindow(st, c.w)
-		r.fleetCap.add(c.w, st.gate.Limit(), 1)
+		r.fleetCap.add(c.w, st.gate.Limit(), st.gate.Window(), 1)
 	}
 	r.pokeAll() // a share that grew has room for waiters
 	if r.sched != nil && r.schedFromFleet {
+		r.sched.SetFleetCapacity(r.fleetCap.windows)
 		r.sched.SetCapacity(r.fleetCap.capacity())
 	}
 	return true
@@ -458,10 +459,11 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 	r.fleetCap = fleetCap{spillApart: r.opts.SpillOver}
 	for i := range kept {
 		r.setWindow(states[i], &kept[i])
-		r.fleetCap.add(&kept[i], states[i].gate.Limit(), 1)
+		r.fleetCap.add(&kept[i], states[i].gate.Limit(), states[i].gate.Window(), 1)
 	}
 	r.pokeAll() // a share that grew, or a new worker, has room for waiters
 	if r.sched != nil && r.schedFromFleet {
+		r.sched.SetFleetCapacity(r.fleetCap.windows)
 		r.sched.SetCapacity(r.fleetCap.capacity())
 	}
 }
@@ -507,6 +509,9 @@ type Observations struct {
 	// Demand is this router's use of each gated worker's window: the
 	// control plane moves window shares toward the routers that wait.
 	Demand []WindowDemand
+	// Tenants is each active tenant's use of the scheduler's slots (fair
+	// shares on): the control plane relays the other routers' to each.
+	Tenants []admission.TenantDemand
 }
 
 // WorkerObservation is one worker's share of Observations.
@@ -555,6 +560,9 @@ func (r *Router) Observations() Observations {
 		out.Workers[i] = o
 	}
 	out.Demand = r.windowDemand(v)
+	if r.sched != nil {
+		out.Tenants = r.sched.Tenants()
+	}
 	return out
 }
 

@@ -156,14 +156,14 @@ func TestSpillOverPartsAndOff(t *testing.T) {
 func TestSpillOverKeepsProvidersOutOfTheFleetCapacity(t *testing.T) {
 	ext := &Worker{Type: TypeRegular, Provider: &Provider{}}
 	apart := fleetCap{spillApart: true}
-	apart.add(&Worker{Type: TypeRegular}, 4, 1)
-	apart.add(ext, admission.Unlimited, 1)
+	apart.add(&Worker{Type: TypeRegular}, 4, 4, 1)
+	apart.add(ext, admission.Unlimited, 0, 1)
 	if got := apart.capacity(); got != 4 {
 		t.Fatalf("spill-over: capacity %d, want the local window of 4", got)
 	}
 	var ordinary fleetCap
-	ordinary.add(&Worker{Type: TypeRegular}, 4, 1)
-	ordinary.add(ext, admission.Unlimited, 1)
+	ordinary.add(&Worker{Type: TypeRegular}, 4, 4, 1)
+	ordinary.add(ext, admission.Unlimited, 0, 1)
 	if got := ordinary.capacity(); got != admission.Unlimited {
 		t.Fatalf("without spill-over: capacity %d, want unlimited", got)
 	}

@@ -16,6 +16,7 @@ import (
 // encoder (appendResponse) never writes, and who does.
 var notHandEncoded = map[protoreflect.FullName]string{
 	"smg.v1.WatchResponse.goodbye": "sent once at shutdown as a message, through gRPC's codec (Server.goodbye)",
+	"smg.v1.WatchResponse.tenants": "relayed per router as a message, through gRPC's codec (watcher.relayTenants)",
 }
 
 // The hand encoder writes every field of WatchResponse and of every message

@@ -49,6 +49,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/smg-project/smg/controlplane/registry"
+	"github.com/smg-project/smg/controlplane/tenants"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/bearer"
 )
@@ -58,6 +59,7 @@ const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultMaxPending        = 1024
 	DefaultLoadInterval      = time.Second
+	DefaultTenantInterval    = 250 * time.Millisecond
 	DefaultLoadPhases        = 10
 )
 
@@ -124,6 +126,13 @@ type Options struct {
 	Sink ObservationSink
 	// Demand receives routers' decode window demand (nil: dropped).
 	Demand DemandSink
+	// Tenants keeps routers' tenant reports and relays to each router the
+	// others' (fair shares fleet-wide; nil: dropped, nothing relayed).
+	Tenants *tenants.Table
+	// TenantInterval is the least time between two relays to one router
+	// (default 250ms): while any router reports a tenant, streams look at
+	// the table this often.
+	TenantInterval time.Duration
 	// Now is the clock of the passes, the writers and router records (nil: time.Now).
 	Now func() time.Time
 	// Settings go to every router with each snapshot: the values routers
@@ -170,6 +179,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.TenantInterval <= 0 {
+		o.TenantInterval = DefaultTenantInterval
 	}
 	return o
 }
@@ -409,6 +421,10 @@ type watcher struct {
 	// sharedAgain, each stall doubling the wait (stallWait).
 	sharedAgain time.Time
 	stallWait   time.Duration
+	// The tenants relay (Options.Tenants): the table's version last sent
+	// and when the next relay may go.
+	tenantsSent uint64
+	nextTenants time.Time
 	// Shared writers' bookkeeping: the shard it joined (set by its own
 	// goroutine), the writer in a pass on it, when it is due next.
 	shard *shard
@@ -517,6 +533,14 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 		w.beatAt = now.Add(s.opts.HeartbeatInterval)
 	}
 	next := w.beatAt
+	if t := s.opts.Tenants; t != nil {
+		if err := w.relayTenants(t, now); err != nil {
+			return now, err
+		}
+		if at := now.Add(s.opts.TenantInterval); (t.Active() || t.Version() != w.tenantsSent) && at.Before(next) {
+			next = at
+		}
+	}
 	if s.opts.LoadInterval > 0 {
 		if !now.Before(w.nextLoad) { // nothing was pending at this grid instant
 			w.nextLoad = s.loadGrid(now, w.phase)
@@ -526,6 +550,24 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 		}
 	}
 	return next, nil
+}
+
+// relayTenants sends the router what the other routers reported of their
+// tenants, when the table changed since the last relay and at most every
+// TenantInterval. It is marshalled per router (it leaves the router's own
+// report out), through gRPC's codec.
+func (w *watcher) relayTenants(t *tenants.Table, now time.Time) error {
+	v := t.Version()
+	if v == w.tenantsSent || now.Before(w.nextTenants) || !w.confirmed {
+		return nil
+	}
+	err := w.stream.SendMsg(&smgv1.WatchResponse{Epoch: w.epoch, Revision: w.last,
+		Msg: &smgv1.WatchResponse_Tenants{Tenants: t.Others(w.id)}})
+	if err != nil {
+		return err
+	}
+	w.tenantsSent, w.nextTenants = v, now.Add(w.s.opts.TenantInterval)
+	return nil
 }
 
 // sendBase sends b's message under k and counts its bytes as not yet acked.
@@ -721,6 +763,9 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smg
 			if s.opts.Demand != nil {
 				s.opts.Demand.RouterDemand(rec.id, s.applied(rec), m.Report.GetDemand(), now)
 			}
+			if s.opts.Tenants != nil {
+				s.opts.Tenants.Report(rec.id, m.Report.GetTenants())
+			}
 		case *smgv1.WatchRequest_Hello:
 			s.log.Warn("router sent a second hello; ignored", "router", rec.id)
 		}
@@ -763,6 +808,9 @@ func (s *Server) removeRouter(rec *routerRecord) {
 	}
 	if current && s.opts.Demand != nil {
 		s.opts.Demand.RouterDisconnected(rec.id, s.opts.Now())
+	}
+	if current && s.opts.Tenants != nil {
+		s.opts.Tenants.Gone(rec.id)
 	}
 }
 

@@ -3,7 +3,6 @@ package admission
 import (
 	"container/list"
 	"context"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,6 +147,7 @@ type Scheduler struct {
 	queues   [NumClasses]*list.List // of *waiter, oldest first
 	running  [NumClasses]*list.List // of *Ticket, in admission order
 	fair     *vtc                   // per-tenant virtual token counters (nil: fair shares off)
+	fleet    fleetTenants           // the other routers' tenants, for fair shares fleet-wide
 
 	completions atomic.Uint64 // answers ended, for the completion rate
 }
@@ -279,14 +279,14 @@ func (s *Scheduler) AdmitTenant(ctx context.Context, c Class, tenant string) (*T
 	if s.fair != nil {
 		ts = s.fair.state(tenant)
 	}
-	if s.queues[c].Len() == 0 && (s.fitsLocked(c) || cc.CanPreempt && s.preemptForLocked(c)) {
+	if s.queues[c].Len() == 0 && !s.yieldLocked(ts, tenant, arrived) && (s.fitsLocked(c) || cc.CanPreempt && s.preemptForLocked(c)) {
 		t := s.admitLocked(c, ts)
 		s.publishLocked()
 		s.mu.Unlock()
 		s.observeAdmitted(c, 0)
 		return t, Admitted
 	}
-	if ts != nil && !s.cfg.FairShareWait && s.overShareLocked(ts, tenant) {
+	if ts != nil && !s.cfg.FairShareWait && s.overShareLocked(ts, tenant, arrived) {
 		s.fair.settle(ts)
 		s.mu.Unlock()
 		s.count(c, OutcomeOverFairShare)
@@ -513,36 +513,6 @@ func (s *Scheduler) publishLocked() {
 		}
 		s.m.pressure.WithLabelValues(n).Set(max(queueP, slotP))
 	}
-}
-
-// overShareLocked reports whether ts, asking for one more slot, would hold
-// or wait for more than its fair share of the capacity while another tenant
-// is active.
-func (s *Scheduler) overShareLocked(ts *tenantState, tenant string) bool {
-	if s.capacity == Unlimited {
-		return false
-	}
-	demands := make([]TenantDemand, 0, s.fair.active)
-	others := false
-	for _, t := range s.fair.tenants {
-		if !t.busy() && t != ts {
-			continue
-		}
-		d := TenantDemand{Tenant: t.name, Weight: t.weight, InFlight: t.inflight, Waiting: t.waiting, Demand: t.inflight + t.waiting}
-		if t == ts {
-			d.Demand++
-		} else {
-			others = true
-		}
-		demands = append(demands, d)
-	}
-	if !others {
-		return false // alone: what it misses is the fleet's capacity, not its share
-	}
-	// A share under one slot is a rounding artefact: every tenant may hold
-	// or wait for one.
-	share := math.Ceil(fairShare(float64(s.capacity), demands, tenant) - 1e-9)
-	return ts.inflight+ts.waiting >= max(1, int64(share))
 }
 
 // ClassDemand is one class's use of the capacity: slots held and requests

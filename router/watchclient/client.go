@@ -35,6 +35,7 @@ import (
 	"github.com/smg-project/smg/internal/backoff"
 	"github.com/smg-project/smg/internal/cpconn"
 	"github.com/smg-project/smg/router"
+	"github.com/smg-project/smg/router/admission"
 )
 
 // Target is the router the client feeds.
@@ -47,6 +48,22 @@ type Target interface {
 	ContactSeen(workerID string)
 	// Observations returns what the router saw since the previous call.
 	Observations() router.Observations
+}
+
+// FleetTenantsTarget is a Target that weighs fair shares fleet-wide: it takes
+// the other routers' tenants as the control plane relays them.
+type FleetTenantsTarget interface {
+	FleetTenants([]admission.TenantDemand)
+}
+
+// fleetTenants converts the relayed tenants.
+func fleetTenants(m *smgv1.TenantShares) []admission.TenantDemand {
+	out := make([]admission.TenantDemand, 0, len(m.GetOthers()))
+	for _, u := range m.GetOthers() {
+		out = append(out, admission.TenantDemand{Tenant: u.GetTenant(), Weight: u.GetWeight(),
+			InFlight: u.GetInFlight(), Waiting: u.GetWaiting()})
+	}
+	return out
 }
 
 // Defaults for Options.
@@ -374,6 +391,11 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 			}
 			delete(c.carried, id)
 		}
+	case *smgv1.WatchResponse_Tenants:
+		if ft, ok := c.target.(FleetTenantsTarget); ok {
+			ft.FleetTenants(fleetTenants(m.Tenants))
+		}
+		return nil
 	case *smgv1.WatchResponse_Heartbeat:
 		if c.failedOpen || expired {
 			c.publish(epoch, c.heldRevision()) // the control plane is back: verdicts return
@@ -798,6 +820,9 @@ func report(obs router.Observations) *smgv1.RouterReport {
 	for _, d := range obs.Demand {
 		r.Demand = append(r.Demand, &smgv1.DecodeDemand{WorkerId: d.WorkerID, InFlight: d.InFlight, Waiting: d.Waiting,
 			WaitingByClass: d.WaitingByClass[:], Queued: d.Queued})
+	}
+	for _, t := range obs.Tenants {
+		r.Tenants = append(r.Tenants, &smgv1.TenantUsage{Tenant: t.Tenant, Weight: t.Weight, InFlight: t.InFlight, Waiting: t.Waiting})
 	}
 	return r
 }

@@ -229,9 +229,13 @@ func (x *WatchAck) GetRevision() uint64 {
 
 // RouterReport carries a router's observations since its previous report.
 type RouterReport struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Workers       []*WorkerObservation   `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
-	Demand        []*DecodeDemand        `protobuf:"bytes,2,rep,name=demand,proto3" json:"demand,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Workers []*WorkerObservation   `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	Demand  []*DecodeDemand        `protobuf:"bytes,2,rep,name=demand,proto3" json:"demand,omitempty"`
+	// Each active tenant's use of the router's admission slots (fair shares
+	// on; empty otherwise): the control plane sums them over routers so that
+	// a tenant's fair share holds fleet-wide.
+	Tenants       []*TenantUsage `protobuf:"bytes,3,rep,name=tenants,proto3" json:"tenants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -280,6 +284,84 @@ func (x *RouterReport) GetDemand() []*DecodeDemand {
 	return nil
 }
 
+func (x *RouterReport) GetTenants() []*TenantUsage {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+// TenantUsage is one tenant's use of admission slots: held and waiting.
+type TenantUsage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant key, as the router's scheduler spells it ("auth:<name>", ...).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Its weight in fair shares (> 0).
+	Weight        float64 `protobuf:"fixed64,2,opt,name=weight,proto3" json:"weight,omitempty"`
+	InFlight      int64   `protobuf:"varint,3,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	Waiting       int64   `protobuf:"varint,4,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantUsage) Reset() {
+	*x = TenantUsage{}
+	mi := &file_smg_v1_watch_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantUsage) ProtoMessage() {}
+
+func (x *TenantUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_smg_v1_watch_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantUsage.ProtoReflect.Descriptor instead.
+func (*TenantUsage) Descriptor() ([]byte, []int) {
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TenantUsage) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantUsage) GetWeight() float64 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *TenantUsage) GetInFlight() int64 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *TenantUsage) GetWaiting() int64 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
 // WorkerObservation is what one router sees of one worker.
 type WorkerObservation struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -303,7 +385,7 @@ type WorkerObservation struct {
 
 func (x *WorkerObservation) Reset() {
 	*x = WorkerObservation{}
-	mi := &file_smg_v1_watch_proto_msgTypes[4]
+	mi := &file_smg_v1_watch_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -315,7 +397,7 @@ func (x *WorkerObservation) String() string {
 func (*WorkerObservation) ProtoMessage() {}
 
 func (x *WorkerObservation) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[4]
+	mi := &file_smg_v1_watch_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -328,7 +410,7 @@ func (x *WorkerObservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerObservation.ProtoReflect.Descriptor instead.
 func (*WorkerObservation) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{4}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WorkerObservation) GetWorkerId() string {
@@ -408,7 +490,7 @@ type DecodeDemand struct {
 
 func (x *DecodeDemand) Reset() {
 	*x = DecodeDemand{}
-	mi := &file_smg_v1_watch_proto_msgTypes[5]
+	mi := &file_smg_v1_watch_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +502,7 @@ func (x *DecodeDemand) String() string {
 func (*DecodeDemand) ProtoMessage() {}
 
 func (x *DecodeDemand) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[5]
+	mi := &file_smg_v1_watch_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +515,7 @@ func (x *DecodeDemand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecodeDemand.ProtoReflect.Descriptor instead.
 func (*DecodeDemand) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{5}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DecodeDemand) GetWorkerId() string {
@@ -481,6 +563,7 @@ type WatchResponse struct {
 	//	*WatchResponse_Delta
 	//	*WatchResponse_Heartbeat
 	//	*WatchResponse_Goodbye
+	//	*WatchResponse_Tenants
 	Msg           isWatchResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -488,7 +571,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_smg_v1_watch_proto_msgTypes[6]
+	mi := &file_smg_v1_watch_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +583,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[6]
+	mi := &file_smg_v1_watch_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +596,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{6}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WatchResponse) GetEpoch() string {
@@ -573,6 +656,15 @@ func (x *WatchResponse) GetGoodbye() *Goodbye {
 	return nil
 }
 
+func (x *WatchResponse) GetTenants() *TenantShares {
+	if x != nil {
+		if x, ok := x.Msg.(*WatchResponse_Tenants); ok {
+			return x.Tenants
+		}
+	}
+	return nil
+}
+
 type isWatchResponse_Msg interface {
 	isWatchResponse_Msg()
 }
@@ -593,6 +685,10 @@ type WatchResponse_Goodbye struct {
 	Goodbye *Goodbye `protobuf:"bytes,6,opt,name=goodbye,proto3,oneof"`
 }
 
+type WatchResponse_Tenants struct {
+	Tenants *TenantShares `protobuf:"bytes,7,opt,name=tenants,proto3,oneof"`
+}
+
 func (*WatchResponse_Snapshot) isWatchResponse_Msg() {}
 
 func (*WatchResponse_Delta) isWatchResponse_Msg() {}
@@ -600,6 +696,57 @@ func (*WatchResponse_Delta) isWatchResponse_Msg() {}
 func (*WatchResponse_Heartbeat) isWatchResponse_Msg() {}
 
 func (*WatchResponse_Goodbye) isWatchResponse_Msg() {}
+
+func (*WatchResponse_Tenants) isWatchResponse_Msg() {}
+
+// TenantShares is what every other router reported of its tenants, summed
+// per tenant (the receiving router's own report is not in it): the router
+// adds its own live use and weighs each tenant's fleet-wide demand against
+// the fleet's windows. Sent when it changes, at most every quarter second;
+// a router that hears none for a few seconds falls back to its own view.
+type TenantShares struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Others        []*TenantUsage         `protobuf:"bytes,1,rep,name=others,proto3" json:"others,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantShares) Reset() {
+	*x = TenantShares{}
+	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantShares) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantShares) ProtoMessage() {}
+
+func (x *TenantShares) ProtoReflect() protoreflect.Message {
+	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantShares.ProtoReflect.Descriptor instead.
+func (*TenantShares) Descriptor() ([]byte, []int) {
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *TenantShares) GetOthers() []*TenantUsage {
+	if x != nil {
+		return x.Others
+	}
+	return nil
+}
 
 // RoutingWorker is the part of a worker routing needs.
 type RoutingWorker struct {
@@ -650,7 +797,7 @@ type RoutingWorker struct {
 
 func (x *RoutingWorker) Reset() {
 	*x = RoutingWorker{}
-	mi := &file_smg_v1_watch_proto_msgTypes[7]
+	mi := &file_smg_v1_watch_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +809,7 @@ func (x *RoutingWorker) String() string {
 func (*RoutingWorker) ProtoMessage() {}
 
 func (x *RoutingWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[7]
+	mi := &file_smg_v1_watch_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +822,7 @@ func (x *RoutingWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutingWorker.ProtoReflect.Descriptor instead.
 func (*RoutingWorker) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{7}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RoutingWorker) GetWorkerId() string {
@@ -856,7 +1003,7 @@ type ProviderRoute struct {
 
 func (x *ProviderRoute) Reset() {
 	*x = ProviderRoute{}
-	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	mi := &file_smg_v1_watch_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +1015,7 @@ func (x *ProviderRoute) String() string {
 func (*ProviderRoute) ProtoMessage() {}
 
 func (x *ProviderRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	mi := &file_smg_v1_watch_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +1028,7 @@ func (x *ProviderRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderRoute.ProtoReflect.Descriptor instead.
 func (*ProviderRoute) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{8}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ProviderRoute) GetModel() string {
@@ -936,7 +1083,7 @@ type ProviderHeader struct {
 
 func (x *ProviderHeader) Reset() {
 	*x = ProviderHeader{}
-	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	mi := &file_smg_v1_watch_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -948,7 +1095,7 @@ func (x *ProviderHeader) String() string {
 func (*ProviderHeader) ProtoMessage() {}
 
 func (x *ProviderHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	mi := &file_smg_v1_watch_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -961,7 +1108,7 @@ func (x *ProviderHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderHeader.ProtoReflect.Descriptor instead.
 func (*ProviderHeader) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{9}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ProviderHeader) GetName() string {
@@ -998,7 +1145,7 @@ type WatchSnapshot struct {
 
 func (x *WatchSnapshot) Reset() {
 	*x = WatchSnapshot{}
-	mi := &file_smg_v1_watch_proto_msgTypes[10]
+	mi := &file_smg_v1_watch_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1010,7 +1157,7 @@ func (x *WatchSnapshot) String() string {
 func (*WatchSnapshot) ProtoMessage() {}
 
 func (x *WatchSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[10]
+	mi := &file_smg_v1_watch_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1023,7 +1170,7 @@ func (x *WatchSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSnapshot.ProtoReflect.Descriptor instead.
 func (*WatchSnapshot) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{10}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WatchSnapshot) GetWorkers() []*RoutingWorker {
@@ -1065,7 +1212,7 @@ type FleetSettings struct {
 
 func (x *FleetSettings) Reset() {
 	*x = FleetSettings{}
-	mi := &file_smg_v1_watch_proto_msgTypes[11]
+	mi := &file_smg_v1_watch_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1224,7 @@ func (x *FleetSettings) String() string {
 func (*FleetSettings) ProtoMessage() {}
 
 func (x *FleetSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[11]
+	mi := &file_smg_v1_watch_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1237,7 @@ func (x *FleetSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSettings.ProtoReflect.Descriptor instead.
 func (*FleetSettings) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{11}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FleetSettings) GetLoadMonitorIntervalSecs() int32 {
@@ -1117,7 +1264,7 @@ type WatchDelta struct {
 
 func (x *WatchDelta) Reset() {
 	*x = WatchDelta{}
-	mi := &file_smg_v1_watch_proto_msgTypes[12]
+	mi := &file_smg_v1_watch_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +1276,7 @@ func (x *WatchDelta) String() string {
 func (*WatchDelta) ProtoMessage() {}
 
 func (x *WatchDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[12]
+	mi := &file_smg_v1_watch_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +1289,7 @@ func (x *WatchDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDelta.ProtoReflect.Descriptor instead.
 func (*WatchDelta) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{12}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchDelta) GetUpserts() []*RoutingWorker {
@@ -1167,7 +1314,7 @@ type WatchHeartbeat struct {
 
 func (x *WatchHeartbeat) Reset() {
 	*x = WatchHeartbeat{}
-	mi := &file_smg_v1_watch_proto_msgTypes[13]
+	mi := &file_smg_v1_watch_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1179,7 +1326,7 @@ func (x *WatchHeartbeat) String() string {
 func (*WatchHeartbeat) ProtoMessage() {}
 
 func (x *WatchHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[13]
+	mi := &file_smg_v1_watch_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1192,7 +1339,7 @@ func (x *WatchHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchHeartbeat.ProtoReflect.Descriptor instead.
 func (*WatchHeartbeat) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{13}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{15}
 }
 
 var File_smg_v1_watch_proto protoreflect.FileDescriptor
@@ -1211,10 +1358,16 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\tR\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\"&\n" +
 	"\bWatchAck\x12\x1a\n" +
-	"\brevision\x18\x01 \x01(\x04R\brevision\"q\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"\xa0\x01\n" +
 	"\fRouterReport\x123\n" +
 	"\aworkers\x18\x01 \x03(\v2\x19.smg.v1.WorkerObservationR\aworkers\x12,\n" +
-	"\x06demand\x18\x02 \x03(\v2\x14.smg.v1.DecodeDemandR\x06demand\"\x93\x03\n" +
+	"\x06demand\x18\x02 \x03(\v2\x14.smg.v1.DecodeDemandR\x06demand\x12-\n" +
+	"\atenants\x18\x03 \x03(\v2\x13.smg.v1.TenantUsageR\atenants\"t\n" +
+	"\vTenantUsage\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06weight\x18\x02 \x01(\x01R\x06weight\x12\x1b\n" +
+	"\tin_flight\x18\x03 \x01(\x03R\binFlight\x12\x18\n" +
+	"\awaiting\x18\x04 \x01(\x03R\awaiting\"\x93\x03\n" +
 	"\x11WorkerObservation\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12*\n" +
 	"\x11streams_in_flight\x18\x02 \x01(\x05R\x0fstreamsInFlight\x12?\n" +
@@ -1229,15 +1382,18 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\tin_flight\x18\x02 \x01(\x03R\binFlight\x12\x18\n" +
 	"\awaiting\x18\x03 \x01(\x03R\awaiting\x12(\n" +
 	"\x10waiting_by_class\x18\x04 \x03(\x03R\x0ewaitingByClass\x12\x16\n" +
-	"\x06queued\x18\x05 \x01(\x03R\x06queued\"\x8e\x02\n" +
+	"\x06queued\x18\x05 \x01(\x03R\x06queued\"\xc0\x02\n" +
 	"\rWatchResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x123\n" +
 	"\bsnapshot\x18\x03 \x01(\v2\x15.smg.v1.WatchSnapshotH\x00R\bsnapshot\x12*\n" +
 	"\x05delta\x18\x04 \x01(\v2\x12.smg.v1.WatchDeltaH\x00R\x05delta\x126\n" +
 	"\theartbeat\x18\x05 \x01(\v2\x16.smg.v1.WatchHeartbeatH\x00R\theartbeat\x12+\n" +
-	"\agoodbye\x18\x06 \x01(\v2\x0f.smg.v1.GoodbyeH\x00R\agoodbyeB\x05\n" +
-	"\x03msg\"\xa9\x06\n" +
+	"\agoodbye\x18\x06 \x01(\v2\x0f.smg.v1.GoodbyeH\x00R\agoodbye\x120\n" +
+	"\atenants\x18\a \x01(\v2\x14.smg.v1.TenantSharesH\x00R\atenantsB\x05\n" +
+	"\x03msg\";\n" +
+	"\fTenantShares\x12+\n" +
+	"\x06others\x18\x01 \x03(\v2\x13.smg.v1.TenantUsageR\x06others\"\xa9\x06\n" +
 	"\rRoutingWorker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -1306,51 +1462,56 @@ func file_smg_v1_watch_proto_rawDescGZIP() []byte {
 	return file_smg_v1_watch_proto_rawDescData
 }
 
-var file_smg_v1_watch_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_smg_v1_watch_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_smg_v1_watch_proto_goTypes = []any{
 	(*WatchRequest)(nil),          // 0: smg.v1.WatchRequest
 	(*WatchHello)(nil),            // 1: smg.v1.WatchHello
 	(*WatchAck)(nil),              // 2: smg.v1.WatchAck
 	(*RouterReport)(nil),          // 3: smg.v1.RouterReport
-	(*WorkerObservation)(nil),     // 4: smg.v1.WorkerObservation
-	(*DecodeDemand)(nil),          // 5: smg.v1.DecodeDemand
-	(*WatchResponse)(nil),         // 6: smg.v1.WatchResponse
-	(*RoutingWorker)(nil),         // 7: smg.v1.RoutingWorker
-	(*ProviderRoute)(nil),         // 8: smg.v1.ProviderRoute
-	(*ProviderHeader)(nil),        // 9: smg.v1.ProviderHeader
-	(*WatchSnapshot)(nil),         // 10: smg.v1.WatchSnapshot
-	(*FleetSettings)(nil),         // 11: smg.v1.FleetSettings
-	(*WatchDelta)(nil),            // 12: smg.v1.WatchDelta
-	(*WatchHeartbeat)(nil),        // 13: smg.v1.WatchHeartbeat
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*Goodbye)(nil),               // 15: smg.v1.Goodbye
-	(Veto)(0),                     // 16: smg.v1.Veto
+	(*TenantUsage)(nil),           // 4: smg.v1.TenantUsage
+	(*WorkerObservation)(nil),     // 5: smg.v1.WorkerObservation
+	(*DecodeDemand)(nil),          // 6: smg.v1.DecodeDemand
+	(*WatchResponse)(nil),         // 7: smg.v1.WatchResponse
+	(*TenantShares)(nil),          // 8: smg.v1.TenantShares
+	(*RoutingWorker)(nil),         // 9: smg.v1.RoutingWorker
+	(*ProviderRoute)(nil),         // 10: smg.v1.ProviderRoute
+	(*ProviderHeader)(nil),        // 11: smg.v1.ProviderHeader
+	(*WatchSnapshot)(nil),         // 12: smg.v1.WatchSnapshot
+	(*FleetSettings)(nil),         // 13: smg.v1.FleetSettings
+	(*WatchDelta)(nil),            // 14: smg.v1.WatchDelta
+	(*WatchHeartbeat)(nil),        // 15: smg.v1.WatchHeartbeat
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*Goodbye)(nil),               // 17: smg.v1.Goodbye
+	(Veto)(0),                     // 18: smg.v1.Veto
 }
 var file_smg_v1_watch_proto_depIdxs = []int32{
 	1,  // 0: smg.v1.WatchRequest.hello:type_name -> smg.v1.WatchHello
 	2,  // 1: smg.v1.WatchRequest.ack:type_name -> smg.v1.WatchAck
 	3,  // 2: smg.v1.WatchRequest.report:type_name -> smg.v1.RouterReport
-	4,  // 3: smg.v1.RouterReport.workers:type_name -> smg.v1.WorkerObservation
-	5,  // 4: smg.v1.RouterReport.demand:type_name -> smg.v1.DecodeDemand
-	14, // 5: smg.v1.WorkerObservation.last_progress:type_name -> google.protobuf.Timestamp
-	14, // 6: smg.v1.WorkerObservation.last_failure:type_name -> google.protobuf.Timestamp
-	10, // 7: smg.v1.WatchResponse.snapshot:type_name -> smg.v1.WatchSnapshot
-	12, // 8: smg.v1.WatchResponse.delta:type_name -> smg.v1.WatchDelta
-	13, // 9: smg.v1.WatchResponse.heartbeat:type_name -> smg.v1.WatchHeartbeat
-	15, // 10: smg.v1.WatchResponse.goodbye:type_name -> smg.v1.Goodbye
-	16, // 11: smg.v1.RoutingWorker.veto:type_name -> smg.v1.Veto
-	8,  // 12: smg.v1.RoutingWorker.provider:type_name -> smg.v1.ProviderRoute
-	9,  // 13: smg.v1.ProviderRoute.headers:type_name -> smg.v1.ProviderHeader
-	7,  // 14: smg.v1.WatchSnapshot.workers:type_name -> smg.v1.RoutingWorker
-	11, // 15: smg.v1.WatchSnapshot.settings:type_name -> smg.v1.FleetSettings
-	7,  // 16: smg.v1.WatchDelta.upserts:type_name -> smg.v1.RoutingWorker
-	0,  // 17: smg.v1.WatchService.Watch:input_type -> smg.v1.WatchRequest
-	6,  // 18: smg.v1.WatchService.Watch:output_type -> smg.v1.WatchResponse
-	18, // [18:19] is the sub-list for method output_type
-	17, // [17:18] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	5,  // 3: smg.v1.RouterReport.workers:type_name -> smg.v1.WorkerObservation
+	6,  // 4: smg.v1.RouterReport.demand:type_name -> smg.v1.DecodeDemand
+	4,  // 5: smg.v1.RouterReport.tenants:type_name -> smg.v1.TenantUsage
+	16, // 6: smg.v1.WorkerObservation.last_progress:type_name -> google.protobuf.Timestamp
+	16, // 7: smg.v1.WorkerObservation.last_failure:type_name -> google.protobuf.Timestamp
+	12, // 8: smg.v1.WatchResponse.snapshot:type_name -> smg.v1.WatchSnapshot
+	14, // 9: smg.v1.WatchResponse.delta:type_name -> smg.v1.WatchDelta
+	15, // 10: smg.v1.WatchResponse.heartbeat:type_name -> smg.v1.WatchHeartbeat
+	17, // 11: smg.v1.WatchResponse.goodbye:type_name -> smg.v1.Goodbye
+	8,  // 12: smg.v1.WatchResponse.tenants:type_name -> smg.v1.TenantShares
+	4,  // 13: smg.v1.TenantShares.others:type_name -> smg.v1.TenantUsage
+	18, // 14: smg.v1.RoutingWorker.veto:type_name -> smg.v1.Veto
+	10, // 15: smg.v1.RoutingWorker.provider:type_name -> smg.v1.ProviderRoute
+	11, // 16: smg.v1.ProviderRoute.headers:type_name -> smg.v1.ProviderHeader
+	9,  // 17: smg.v1.WatchSnapshot.workers:type_name -> smg.v1.RoutingWorker
+	13, // 18: smg.v1.WatchSnapshot.settings:type_name -> smg.v1.FleetSettings
+	9,  // 19: smg.v1.WatchDelta.upserts:type_name -> smg.v1.RoutingWorker
+	0,  // 20: smg.v1.WatchService.Watch:input_type -> smg.v1.WatchRequest
+	7,  // 21: smg.v1.WatchService.Watch:output_type -> smg.v1.WatchResponse
+	21, // [21:22] is the sub-list for method output_type
+	20, // [20:21] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_watch_proto_init() }
@@ -1365,11 +1526,12 @@ func file_smg_v1_watch_proto_init() {
 		(*WatchRequest_Ack)(nil),
 		(*WatchRequest_Report)(nil),
 	}
-	file_smg_v1_watch_proto_msgTypes[6].OneofWrappers = []any{
+	file_smg_v1_watch_proto_msgTypes[7].OneofWrappers = []any{
 		(*WatchResponse_Snapshot)(nil),
 		(*WatchResponse_Delta)(nil),
 		(*WatchResponse_Heartbeat)(nil),
 		(*WatchResponse_Goodbye)(nil),
+		(*WatchResponse_Tenants)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1377,7 +1539,7 @@ func file_smg_v1_watch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_smg_v1_watch_proto_rawDesc), len(file_smg_v1_watch_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,145 @@
+// Package tenants keeps what each router last reported of its tenants' use
+// of admission slots and tells every router what the others reported, summed
+// per tenant, so that a tenant's fair share holds fleet-wide: a tenant that
+// floods through three routers is weighed against its fleet-wide demand,
+// not three times its share.
+package tenants
+
+import (
+	"math"
+	"sort"
+	"sync"
+
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// MaxPerReport bounds the tenants taken from one report (the largest by
+// demand): a router cannot grow the control plane's memory without bound.
+const MaxPerReport = 1024
+
+// maxWeight is the largest weight a router may report (the scheduler's bound).
+const maxWeight = 1e6
+
+// maxCount bounds a reported count, so sums over routers cannot overflow.
+const maxCount = 1 << 32
+
+// Table is every router's latest tenant report. Safe for concurrent use.
+type Table struct {
+	mu      sync.Mutex
+	routers map[string][]*smgv1.TenantUsage
+	version uint64 // changes whenever a report changes what some router would be told
+}
+
+// New returns an empty table.
+func New() *Table { return &Table{routers: map[string][]*smgv1.TenantUsage{}} }
+
+// Report replaces routerID's tenants with those of its latest report.
+func (t *Table) Report(routerID string, us []*smgv1.TenantUsage) {
+	clean := sanitize(us)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old, had := t.routers[routerID]
+	if len(clean) == 0 {
+		if had {
+			delete(t.routers, routerID)
+			t.version++
+		}
+		return
+	}
+	if !had || !same(old, clean) {
+		t.routers[routerID] = clean
+		t.version++
+	}
+}
+
+// Gone drops routerID's tenants: its stream ended.
+func (t *Table) Gone(routerID string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.routers[routerID]; ok {
+		delete(t.routers, routerID)
+		t.version++
+	}
+}
+
+// Version changes with every change of the table.
+func (t *Table) Version() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.version
+}
+
+// Active reports whether any router reported a tenant.
+func (t *Table) Active() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.routers) > 0
+}
+
+// Others is what every router but routerID reported, summed per tenant
+// (sorted by tenant; a tenant's weight is the largest reported).
+func (t *Table) Others(routerID string) *smgv1.TenantShares {
+	t.mu.Lock()
+	sum := map[string]*smgv1.TenantUsage{}
+	for id, us := range t.routers {
+		if id == routerID {
+			continue
+		}
+		for _, u := range us {
+			s := sum[u.Tenant]
+			if s == nil {
+				s = &smgv1.TenantUsage{Tenant: u.Tenant}
+				sum[u.Tenant] = s
+			}
+			s.Weight = max(s.Weight, u.Weight)
+			s.InFlight += u.InFlight
+			s.Waiting += u.Waiting
+		}
+	}
+	t.mu.Unlock()
+	out := &smgv1.TenantShares{Others: make([]*smgv1.TenantUsage, 0, len(sum))}
+	for _, s := range sum {
+		out.Others = append(out.Others, s)
+	}
+	sort.Slice(out.Others, func(i, j int) bool { return out.Others[i].Tenant < out.Others[j].Tenant })
+	return out
+}
+
+// sanitize drops idle tenants and bad values (a weight outside (0, 1e6]
+// becomes 1, negative counts 0), keeps the MaxPerReport largest, and
+// copies: the report's messages are not kept.
+func sanitize(us []*smgv1.TenantUsage) []*smgv1.TenantUsage {
+	out := make([]*smgv1.TenantUsage, 0, min(len(us), MaxPerReport))
+	for _, u := range us {
+		if u == nil || u.Tenant == "" {
+			continue
+		}
+		c := &smgv1.TenantUsage{Tenant: u.Tenant, Weight: u.Weight,
+			InFlight: min(max(0, u.InFlight), maxCount), Waiting: min(max(0, u.Waiting), maxCount)}
+		if !(c.Weight > 0 && c.Weight <= maxWeight) || math.IsNaN(c.Weight) {
+			c.Weight = 1
+		}
+		if c.InFlight+c.Waiting > 0 {
+			out = append(out, c)
+		}
+	}
+	if len(out) > MaxPerReport {
+		sort.Slice(out, func(i, j int) bool { return out[i].InFlight+out[i].Waiting > out[j].InFlight+out[j].Waiting })
+		out = out[:MaxPerReport]
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Tenant < out[j].Tenant })
+	return out
+}
+
+func same(a, b []*smgv1.TenantUsage) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x.Tenant != y.Tenant || x.Weight != y.Weight || x.InFlight != y.InFlight || x.Waiting != y.Waiting {
+			return false
+		}
+	}
+	return true
+}
