@@ -94,6 +94,7 @@ func (t *Table) Others(routerID string) *smgv1.TenantShares {
 			s.Weight = max(s.Weight, u.Weight)
 			s.InFlight += u.InFlight
 			s.Waiting += u.Waiting
+			s.Demand += u.Demand
 		}
 	}
 	t.mu.Unlock()
@@ -116,15 +117,16 @@ func sanitize(us []*smgv1.TenantUsage) []*smgv1.TenantUsage {
 		}
 		c := &smgv1.TenantUsage{Tenant: u.Tenant, Weight: u.Weight,
 			InFlight: min(max(0, u.InFlight), maxCount), Waiting: min(max(0, u.Waiting), maxCount)}
+		c.Demand = min(max(u.Demand, c.InFlight+c.Waiting), maxCount)
 		if !(c.Weight > 0 && c.Weight <= maxWeight) || math.IsNaN(c.Weight) {
 			c.Weight = 1
 		}
-		if c.InFlight+c.Waiting > 0 {
+		if c.Demand > 0 {
 			out = append(out, c)
 		}
 	}
 	if len(out) > MaxPerReport {
-		sort.Slice(out, func(i, j int) bool { return out[i].InFlight+out[i].Waiting > out[j].InFlight+out[j].Waiting })
+		sort.Slice(out, func(i, j int) bool { return out[i].Demand > out[j].Demand })
 		out = out[:MaxPerReport]
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tenant < out[j].Tenant })
@@ -137,7 +139,7 @@ func same(a, b []*smgv1.TenantUsage) bool {
 	}
 	for i := range a {
 		x, y := a[i], b[i]
-		if x.Tenant != y.Tenant || x.Weight != y.Weight || x.InFlight != y.InFlight || x.Waiting != y.Waiting {
+		if x.Tenant != y.Tenant || x.Weight != y.Weight || x.InFlight != y.InFlight || x.Waiting != y.Waiting || x.Demand != y.Demand {
 			return false
 		}
 	}

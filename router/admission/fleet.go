@@ -39,7 +39,7 @@ func (s *Scheduler) SetFleetTenants(others []TenantDemand) {
 		if o.Tenant == "" || !validWeight(o.Weight) || o.InFlight < 0 || o.Waiting < 0 {
 			continue
 		}
-		o.Demand = o.InFlight + o.Waiting
+		o.Demand = max(o.Demand, o.InFlight+o.Waiting)
 		m[o.Tenant] = o
 	}
 	s.mu.Lock()
@@ -48,18 +48,19 @@ func (s *Scheduler) SetFleetTenants(others []TenantDemand) {
 }
 
 // Tenants lists this router's active tenants (fair shares on; nil
-// otherwise): what it reports to the control plane.
+// otherwise): what it reports to the control plane. Demand is the slots the
+// tenant is expected to use (see expectedLocked).
 func (s *Scheduler) Tenants() []TenantDemand {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.fair == nil {
 		return nil
 	}
+	now := s.cfg.Now()
 	out := make([]TenantDemand, 0, s.fair.active)
 	for _, t := range s.fair.tenants {
-		if t.busy() {
-			out = append(out, TenantDemand{Tenant: t.name, Weight: t.weight, InFlight: t.inflight, Waiting: t.waiting,
-				Demand: t.inflight + t.waiting})
+		if d := s.expectedLocked(t, now); d > 0 {
+			out = append(out, TenantDemand{Tenant: t.name, Weight: t.weight, InFlight: t.inflight, Waiting: t.waiting, Demand: d})
 		}
 	}
 	if len(out) > maxReportedTenants {
@@ -67,6 +68,12 @@ func (s *Scheduler) Tenants() []TenantDemand {
 		out = out[:maxReportedTenants]
 	}
 	return out
+}
+
+// expectedLocked is the slots a tenant is expected to use: what it holds
+// and waits for, or what its arrivals keep busy when that is more.
+func (s *Scheduler) expectedLocked(t *tenantState, now time.Time) int64 {
+	return max(t.inflight+t.waiting, t.use.slots(now, s.started))
 }
 
 // fleetLocked returns the other routers' tenants and the capacity to weigh
@@ -80,51 +87,53 @@ func (s *Scheduler) fleetLocked(now time.Time) (map[string]TenantDemand, int64) 
 	return f.others, f.capacity
 }
 
-// demandsLocked lists every active tenant's demand, this router's and the
-// other routers' summed, with one more slot for ts (the newcomer), and
-// whether another tenant is active and whether one waits.
-func (s *Scheduler) demandsLocked(ts *tenantState, others map[string]TenantDemand) (ds []TenantDemand, mine int64, active, waiting bool) {
+// demandsLocked lists every active tenant's expected demand, this router's
+// and the other routers' summed, with one more slot for ts (the newcomer);
+// mine is what ts holds and waits for fleet-wide, active whether another
+// tenant is active.
+func (s *Scheduler) demandsLocked(ts *tenantState, others map[string]TenantDemand, now time.Time) (ds []TenantDemand, mine int64, active bool) {
 	ds = make([]TenantDemand, 0, s.fair.active+len(others)+1)
 	for _, t := range s.fair.tenants {
-		if !t.busy() && t != ts {
-			continue
-		}
-		d := TenantDemand{Tenant: t.name, Weight: t.weight, InFlight: t.inflight, Waiting: t.waiting}
+		d := TenantDemand{Tenant: t.name, Weight: t.weight, InFlight: t.inflight, Waiting: t.waiting, Demand: s.expectedLocked(t, now)}
 		if o, ok := others[t.name]; ok {
 			d.InFlight += o.InFlight
 			d.Waiting += o.Waiting
+			d.Demand += o.Demand
 		}
-		d.Demand = d.InFlight + d.Waiting
-		if t == ts {
-			mine = d.Demand
-			d.Demand++
-		} else if d.Demand > 0 {
-			active, waiting = true, waiting || d.Waiting > 0
+		switch {
+		case t == ts:
+			mine = d.InFlight + d.Waiting
+			d.Demand = max(d.Demand, mine+1)
+		case d.Demand <= 0:
+			continue
+		default:
+			active = true
 		}
 		ds = append(ds, d)
 	}
 	for name, o := range others {
-		if t := s.fair.tenants[name]; t != nil && (t.busy() || t == ts) {
+		if _, ok := s.fair.tenants[name]; ok {
 			continue // counted above
 		}
 		if o.Demand > 0 {
-			active, waiting = true, waiting || o.Waiting > 0
+			active = true
 			ds = append(ds, o)
 		}
 	}
-	return ds, mine, active, waiting
+	return ds, mine, active
 }
 
 // overShareLocked reports whether ts, asking for one more slot, already
 // holds or waits for its fair share of the capacity (fleet-wide when the
 // control plane relays the other routers' tenants) while another tenant is
-// active.
+// active. It is asked at every arrival, a slot free or not: the capacity
+// past a tenant's share is kept for the others' next arrivals.
 func (s *Scheduler) overShareLocked(ts *tenantState, tenant string, now time.Time) bool {
 	others, capacity := s.fleetLocked(now)
 	if capacity == Unlimited {
 		return false
 	}
-	ds, mine, active, _ := s.demandsLocked(ts, others)
+	ds, mine, active := s.demandsLocked(ts, others, now)
 	if !active {
 		return false // alone: what it misses is the fleet's capacity, not its share
 	}
@@ -132,22 +141,4 @@ func (s *Scheduler) overShareLocked(ts *tenantState, tenant string, now time.Tim
 	// or wait for one.
 	share := math.Ceil(fairShare(float64(capacity), ds, tenant) - 1e-9)
 	return mine >= max(1, int64(share))
-}
-
-// yieldLocked: a tenant over its fair share does not take a free slot while
-// another tenant waits somewhere in the fleet (the slot, or the share it is
-// part of, is theirs); it is refused instead. Only with the other routers'
-// tenants relayed: in one router, a waiting tenant means no slot is free.
-func (s *Scheduler) yieldLocked(ts *tenantState, tenant string, now time.Time) bool {
-	if ts == nil || s.cfg.FairShareWait {
-		return false
-	}
-	others, _ := s.fleetLocked(now)
-	if others == nil {
-		return false
-	}
-	if _, _, _, waiting := s.demandsLocked(ts, others); !waiting {
-		return false
-	}
-	return s.overShareLocked(ts, tenant, now)
 }

@@ -111,6 +111,9 @@ func (t *Ticket) Release() {
 	s.completions.Add(1)
 	now := s.cfg.Now()
 	s.demand[t.class].held(now.Sub(t.admitted))
+	if t.tenant != nil {
+		t.tenant.use.held(now.Sub(t.admitted))
+	}
 	s.refreshReservedLocked(now)
 	s.dispatchLocked()
 	s.publishLocked()
@@ -278,22 +281,23 @@ func (s *Scheduler) AdmitTenant(ctx context.Context, c Class, tenant string) (*T
 	var ts *tenantState
 	if s.fair != nil {
 		ts = s.fair.state(tenant)
+		ts.use.arrive(arrived)
+		if !s.cfg.FairShareWait && s.overShareLocked(ts, tenant, arrived) {
+			s.fair.settle(ts)
+			s.mu.Unlock()
+			s.count(c, OutcomeOverFairShare)
+			if s.m != nil {
+				s.m.CountOverShare(tenant)
+			}
+			return nil, OverFairShare
+		}
 	}
-	if s.queues[c].Len() == 0 && !s.yieldLocked(ts, tenant, arrived) && (s.fitsLocked(c) || cc.CanPreempt && s.preemptForLocked(c)) {
+	if s.queues[c].Len() == 0 && (s.fitsLocked(c) || cc.CanPreempt && s.preemptForLocked(c)) {
 		t := s.admitLocked(c, ts)
 		s.publishLocked()
 		s.mu.Unlock()
 		s.observeAdmitted(c, 0)
 		return t, Admitted
-	}
-	if ts != nil && !s.cfg.FairShareWait && s.overShareLocked(ts, tenant, arrived) {
-		s.fair.settle(ts)
-		s.mu.Unlock()
-		s.count(c, OutcomeOverFairShare)
-		if s.m != nil {
-			s.m.CountOverShare(tenant)
-		}
-		return nil, OverFairShare
 	}
 	if s.queues[c].Len() >= cc.QueueSize {
 		if ts != nil {

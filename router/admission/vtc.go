@@ -39,6 +39,10 @@ type tenantState struct {
 	weight   float64
 	inflight int64 // slots held
 	waiting  int64 // requests queued
+	// use is the slots the tenant's arrivals keep busy (Little's law, as a
+	// class's reserve_demand): a tenant between two requests is still
+	// active, and its share keeps room for its next arrivals.
+	use classDemand
 }
 
 func (t *tenantState) busy() bool { return t.inflight+t.waiting > 0 }

@@ -61,7 +61,7 @@ func fleetTenants(m *smgv1.TenantShares) []admission.TenantDemand {
 	out := make([]admission.TenantDemand, 0, len(m.GetOthers()))
 	for _, u := range m.GetOthers() {
 		out = append(out, admission.TenantDemand{Tenant: u.GetTenant(), Weight: u.GetWeight(),
-			InFlight: u.GetInFlight(), Waiting: u.GetWaiting()})
+			InFlight: u.GetInFlight(), Waiting: u.GetWaiting(), Demand: u.GetDemand()})
 	}
 	return out
 }
@@ -822,7 +822,8 @@ func report(obs router.Observations) *smgv1.RouterReport {
 			WaitingByClass: d.WaitingByClass[:], Queued: d.Queued})
 	}
 	for _, t := range obs.Tenants {
-		r.Tenants = append(r.Tenants, &smgv1.TenantUsage{Tenant: t.Tenant, Weight: t.Weight, InFlight: t.InFlight, Waiting: t.Waiting})
+		r.Tenants = append(r.Tenants, &smgv1.TenantUsage{Tenant: t.Tenant, Weight: t.Weight, InFlight: t.InFlight, Waiting: t.Waiting,
+			Demand: t.Demand})
 	}
 	return r
 }

@@ -297,9 +297,13 @@ type TenantUsage struct {
 	// The tenant key, as the router's scheduler spells it ("auth:<name>", ...).
 	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// Its weight in fair shares (> 0).
-	Weight        float64 `protobuf:"fixed64,2,opt,name=weight,proto3" json:"weight,omitempty"`
-	InFlight      int64   `protobuf:"varint,3,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
-	Waiting       int64   `protobuf:"varint,4,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	Weight   float64 `protobuf:"fixed64,2,opt,name=weight,proto3" json:"weight,omitempty"`
+	InFlight int64   `protobuf:"varint,3,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	Waiting  int64   `protobuf:"varint,4,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// The slots the tenant is expected to use: at least in_flight + waiting,
+	// more when its arrival rate times its holding time is (a tenant between
+	// two requests keeps its place).
+	Demand        int64 `protobuf:"varint,5,opt,name=demand,proto3" json:"demand,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -358,6 +362,13 @@ func (x *TenantUsage) GetInFlight() int64 {
 func (x *TenantUsage) GetWaiting() int64 {
 	if x != nil {
 		return x.Waiting
+	}
+	return 0
+}
+
+func (x *TenantUsage) GetDemand() int64 {
+	if x != nil {
+		return x.Demand
 	}
 	return 0
 }
@@ -1362,12 +1373,13 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\fRouterReport\x123\n" +
 	"\aworkers\x18\x01 \x03(\v2\x19.smg.v1.WorkerObservationR\aworkers\x12,\n" +
 	"\x06demand\x18\x02 \x03(\v2\x14.smg.v1.DecodeDemandR\x06demand\x12-\n" +
-	"\atenants\x18\x03 \x03(\v2\x13.smg.v1.TenantUsageR\atenants\"t\n" +
+	"\atenants\x18\x03 \x03(\v2\x13.smg.v1.TenantUsageR\atenants\"\x8c\x01\n" +
 	"\vTenantUsage\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06weight\x18\x02 \x01(\x01R\x06weight\x12\x1b\n" +
 	"\tin_flight\x18\x03 \x01(\x03R\binFlight\x12\x18\n" +
-	"\awaiting\x18\x04 \x01(\x03R\awaiting\"\x93\x03\n" +
+	"\awaiting\x18\x04 \x01(\x03R\awaiting\x12\x16\n" +
+	"\x06demand\x18\x05 \x01(\x03R\x06demand\"\x93\x03\n" +
 	"\x11WorkerObservation\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12*\n" +
 	"\x11streams_in_flight\x18\x02 \x01(\x05R\x0fstreamsInFlight\x12?\n" +
