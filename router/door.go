@@ -200,7 +200,7 @@ func (r *Router) admit(w http.ResponseWriter, req *http.Request) (*admission.Tic
 		return t, 0, true
 	case admission.OverFairShare:
 		writeError(w, http.StatusTooManyRequests, CodeTenantOverFairShare,
-			"Too many requests: tenant '"+tenant+"' holds its fair share of the capacity while other tenants wait", r.retryAfterQueued(class))
+			"Too many requests: tenant '"+tenant+"' holds its fair share of the capacity while other tenants are active", r.retryAfterQueued(class))
 		return nil, http.StatusTooManyRequests, false
 	case admission.QueueFull:
 		writeError(w, http.StatusTooManyRequests, CodeSchedulerQueueFull,

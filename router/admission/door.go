@@ -24,5 +24,5 @@ const (
 	QueueFull                   // refused at once: the queue is full
 	QueueTimeout                // waited past the queue's timeout
 	Cancelled                   // the client left while waiting
-	OverFairShare               // refused at once: the tenant holds its fair share and others wait (Scheduler.AdmitTenant)
+	OverFairShare               // refused at once: the tenant holds its fair share while others are active (Scheduler.AdmitTenant)
 )

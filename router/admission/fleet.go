@@ -89,8 +89,8 @@ func (s *Scheduler) fleetLocked(now time.Time) (map[string]TenantDemand, int64) 
 
 // demandsLocked lists every active tenant's expected demand, this router's
 // and the other routers' summed, with one more slot for ts (the newcomer);
-// mine is what ts holds and waits for fleet-wide, active whether another
-// tenant is active.
+// mine is the slots ts holds fleet-wide, active whether another tenant is
+// active.
 func (s *Scheduler) demandsLocked(ts *tenantState, others map[string]TenantDemand, now time.Time) (ds []TenantDemand, mine int64, active bool) {
 	ds = make([]TenantDemand, 0, s.fair.active+len(others)+1)
 	for _, t := range s.fair.tenants {
@@ -102,7 +102,7 @@ func (s *Scheduler) demandsLocked(ts *tenantState, others map[string]TenantDeman
 		}
 		switch {
 		case t == ts:
-			mine = d.InFlight + d.Waiting
+			mine = d.InFlight
 			d.Demand = max(d.Demand, mine+1)
 		case d.Demand <= 0:
 			continue
@@ -124,7 +124,7 @@ func (s *Scheduler) demandsLocked(ts *tenantState, others map[string]TenantDeman
 }
 
 // overShareLocked reports whether ts, asking for one more slot, already
-// holds or waits for its fair share of the capacity (fleet-wide when the
+// holds its fair share of the capacity (fleet-wide when the
 // control plane relays the other routers' tenants) while another tenant is
 // active. It is asked at every arrival, a slot free or not: the capacity
 // past a tenant's share is kept for the others' next arrivals.
@@ -138,7 +138,8 @@ func (s *Scheduler) overShareLocked(ts *tenantState, tenant string, now time.Tim
 		return false // alone: what it misses is the fleet's capacity, not its share
 	}
 	// A share under one slot is a rounding artefact: every tenant may hold
-	// or wait for one.
+	// one. What it waits for is not counted: a request waiting for a room
+	// its router's share lacks is no more than its tenant's share.
 	share := math.Ceil(fairShare(float64(capacity), ds, tenant) - 1e-9)
 	return mine >= max(1, int64(share))
 }

@@ -29,34 +29,35 @@ func admitN(t *testing.T, s *Scheduler, tenant string, n int) []*Ticket {
 
 // With the other routers' tenants relayed, a tenant alone in this router is
 // weighed against its fleet-wide demand and the fleet's capacity: it may
-// hold or wait for its fleet-wide share and no more. Once the relay is
-// older than FleetTenantsTTL, the router's own view applies again.
+// hold its fleet-wide share and no more. Once the relay is older than
+// FleetTenantsTTL, the router's own view applies again.
 func TestFleetWideFairShare(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newTest(t, refusedCfg(), 4)
 		held := admitN(t, s, "auth:a", 4)
-		s.SetFleetCapacity(12)
-		// Another router serves b 8 slots and holds 2 of its requests waiting.
-		s.SetFleetTenants([]TenantDemand{{Tenant: "auth:b", Weight: 1, InFlight: 8, Waiting: 2}})
-		got := make(chan *Ticket, 3)
-		// a's fleet-wide share of 12 against b's 10: 6 slots, held or waiting.
-		queuedFor(s, Default, "auth:a", got)
-		queuedFor(s, Default, "auth:a", got)
-		if w := s.fair.tenants["auth:a"].waiting; w != 2 {
-			t.Fatalf("a waits for %d, want 2 (within its fleet-wide share of 6)", w)
-		}
+		s.SetFleetCapacity(8)
+		// Another router serves b 4 slots and holds 4 of its requests waiting.
+		s.SetFleetTenants([]TenantDemand{{Tenant: "auth:b", Weight: 1, InFlight: 4, Waiting: 4}})
 		if _, r := s.AdmitTenant(context.Background(), Default, "auth:a"); r != OverFairShare {
-			t.Fatalf("a past its fleet-wide share: result %d, want OverFairShare", r)
+			t.Fatalf("a holding its fleet-wide share of 4 of 8: result %d, want OverFairShare", r)
 		}
+		got := make(chan *Ticket, 2)
+		// b wants one slot: a's share is 7, it waits for this router's capacity.
+		s.SetFleetTenants([]TenantDemand{{Tenant: "auth:b", Weight: 1, InFlight: 1}})
+		queuedFor(s, Default, "auth:a", got)
+		if w := s.fair.tenants["auth:a"].waiting; w != 1 {
+			t.Fatalf("a under its fleet-wide share: %d waiting, want 1", w)
+		}
+		s.SetFleetTenants([]TenantDemand{{Tenant: "auth:b", Weight: 1, InFlight: 4, Waiting: 4}})
 		time.Sleep(FleetTenantsTTL + time.Second) // the control plane went silent
 		queuedFor(s, Default, "auth:a", got)
-		if w := s.fair.tenants["auth:a"].waiting; w != 3 {
-			t.Fatalf("relay stale: a alone in this router waits (%d waiting, want 3)", w)
+		if w := s.fair.tenants["auth:a"].waiting; w != 2 {
+			t.Fatalf("relay stale: a alone in this router waits (%d waiting, want 2)", w)
 		}
 		for _, h := range held {
 			h.Release()
 		}
-		for range 3 {
+		for range 2 {
 			(<-got).Release()
 		}
 	})

@@ -267,9 +267,9 @@ func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
 }
 
 // AdmitTenant asks for a slot in class c for tenant, waiting in c's queue if
-// none is free. With fair shares on, a tenant that would wait while it holds
-// or waits for its fair share of the capacity, and another tenant is active,
-// is refused at once (OverFairShare): its own demand is what is missing.
+// none is free. With fair shares on, a tenant that holds its fair share of
+// the capacity while another tenant is active is refused at once
+// (OverFairShare): its own demand is what is missing.
 func (s *Scheduler) AdmitTenant(ctx context.Context, c Class, tenant string) (*Ticket, Result) {
 	arrived := s.cfg.Now()
 	cc := &s.cfg.Classes[c]
