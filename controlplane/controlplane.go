@@ -37,7 +37,6 @@ import (
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/monitor"
 	"github.com/smg-project/smg/controlplane/registry"
-	"github.com/smg-project/smg/controlplane/tenants"
 	"github.com/smg-project/smg/controlplane/watch"
 	"github.com/smg-project/smg/controlplane/windows"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -310,7 +309,6 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		loadInterval = -1 // watch.Options: negative is "at once"
 	}
 	cp.Watch = watch.NewServer(cp.Registry, watch.Options{Token: opts.WatchToken, Sink: cp.Evidence, Demand: cp.Windows, Now: opts.Now,
-		Tenants:      tenants.New(),
 		LoadInterval: loadInterval, Sent: opts.WatchSent, WarmUntil: cp.warmUntil(),
 		Settings: &smgv1.FleetSettings{LoadMonitorIntervalSecs: int32(opts.LoadMonitorInterval), WorkerStaleSecs: int32(opts.Liveness.StaleSecs)}}, log, reg)
 	cp.Admin = admin.New(cp.Registry, admin.Options{

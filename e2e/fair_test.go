@@ -182,9 +182,10 @@ func TestFairShareFleetWide(t *testing.T) {
 	if ok.Load() == 0 || overShare.Load() == 0 {
 		t.Fatalf("flood: %d answered, %d refused with tenant_over_fair_share: want both", ok.Load(), overShare.Load())
 	}
-	// Near its value alone: the engine's first token comes in tens of ms,
-	// so allow the machine's noise on top of a ratio.
-	if limit := 2*alone + 100*time.Millisecond; flooded > limit {
+	// Near its value alone. On a loaded test machine the value alone swings
+	// from tens to hundreds of ms between runs, hence the margin; without
+	// fair shares the flood pushes it past 1.8 s.
+	if limit := 2*alone + 500*time.Millisecond; flooded > limit {
 		t.Fatalf("steady tenant TTFT p99 under the flood %v, over %v (alone %v)", flooded, limit, alone)
 	}
 }

@@ -127,7 +127,8 @@ type Options struct {
 	// Demand receives routers' decode window demand (nil: dropped).
 	Demand DemandSink
 	// Tenants keeps routers' tenant reports and relays to each router the
-	// others' (fair shares fleet-wide; nil: dropped, nothing relayed).
+	// others' (fair shares fleet-wide; nil: a table of the server's own).
+	// Routers without fair shares report none, and nothing is relayed.
 	Tenants *tenants.Table
 	// TenantInterval is the least time between two relays to one router
 	// (default 250ms): while any router reports a tenant, streams look at
@@ -182,6 +183,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.TenantInterval <= 0 {
 		o.TenantInterval = DefaultTenantInterval
+	}
+	if o.Tenants == nil {
+		o.Tenants = tenants.New()
 	}
 	return o
 }
