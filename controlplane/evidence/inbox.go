@@ -34,6 +34,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,7 +90,7 @@ type Inbox struct {
 	vetoed map[string]string
 
 	fmu sync.Mutex // one flush (or rebuild) at a time
-	ids []string   // the running flush's workers (fmu held)
+	ids []idCell   // the running flush's workers (fmu held)
 	// records are fresh records for the flush to clone into, and made is
 	// fresh loads for the cells' spares (fmu held): both made outside
 	// every lock. A flush runs during the collector's mark phases, which
@@ -175,16 +176,16 @@ func (in *Inbox) Flush() {
 	ids := in.ids[:0]
 	in.cells.Range(func(id string, c *cell) bool {
 		if c.pending() {
-			ids = append(ids, id)
+			ids = append(ids, idCell{id, c})
 		} else {
-			in.dropIdle(id)
+			in.dropIdle(id, c)
 		}
 		return true
 	})
 	// In key order, each transaction writes one stretch of the id index's
 	// radix tree: the inner nodes a chunk copies are its own, not copied
 	// again by every chunk as map order would have it.
-	slices.Sort(ids)
+	slices.SortFunc(ids, func(a, b idCell) int { return strings.Compare(a.id, b.id) })
 	for start := 0; start < len(ids); start += chunkSize {
 		if start > 0 && in.betweenChunks != nil {
 			in.betweenChunks()
@@ -195,9 +196,16 @@ func (in *Inbox) Flush() {
 	in.ids = ids[:0]
 }
 
+// idCell is a worker's id and its cell. Only a flush drops cells (fmu
+// held), so the cell a flush finds is its worker's until the flush drops it.
+type idCell struct {
+	id string
+	c  *cell
+}
+
 // flushChunk stores the pending evidence of ids in one transaction, and
 // hands the cells whose load it took a spare for their next.
-func (in *Inbox) flushChunk(ids []string) {
+func (in *Inbox) flushChunk(ids []idCell) {
 	for len(in.records) < len(ids) {
 		in.records = append(in.records, new(registry.Worker))
 	}
@@ -205,11 +213,9 @@ func (in *Inbox) flushChunk(ids []string) {
 	var ch changes
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		used, loads, ch = 0, 0, changes{}
-		for _, id := range ids {
-			w, cl := t.Get(id), in.cell(id)
+		for _, e := range ids {
+			w, cl := t.Get(e.id), e.c
 			switch {
-			case cl == nil:
-				continue
 			case w == nil:
 				cl.drop() // its worker left the registry
 				continue
@@ -238,26 +244,26 @@ func (in *Inbox) flushChunk(ids []string) {
 	for range loads {
 		in.made = append(in.made, newLoad())
 	}
-	for _, id := range ids {
+	for _, e := range ids {
 		if len(in.made) == 0 {
 			break
 		}
-		if c := in.cell(id); c != nil && c.giveSpare(in.made[len(in.made)-1]) {
+		if e.c.giveSpare(in.made[len(in.made)-1]) {
 			in.made = in.made[:len(in.made)-1]
 		}
 	}
 	clear(in.made)
 	in.made = in.made[:0]
 	in.done(ch, err)
-	for _, id := range ids {
-		in.dropIdle(id)
+	for _, e := range ids {
+		in.dropIdle(e.id, e.c)
 	}
 }
 
-// dropIdle drops id's cell if it is empty and its worker left the registry
+// dropIdle drops id's cell c if it is empty and its worker left the registry
 // or Ready (a Ready worker's records pend; a report makes a cell again).
-func (in *Inbox) dropIdle(id string) {
-	if w, c := in.reg.Get(id), in.cell(id); c != nil && (w == nil || !w.Ready()) && c.kill() {
+func (in *Inbox) dropIdle(id string, c *cell) {
+	if w := in.reg.Get(id); (w == nil || !w.Ready()) && c.kill() {
 		in.cells.CompareAndDelete(id, c)
 	}
 }
