@@ -6,7 +6,7 @@
 // Where each rule of docs/overload-protection.md lives:
 //
 //	Signals (waiting >= threshold or mean token usage >= threshold)   Check
-//	When a Worker Does Not Report (fail open)                         NoReport
+//	When a Worker Does Not Report (fail open)                         the registry: no Check while Evidence.NoReport
 //	Gateway Thresholds (flags, defaults, ranges)                      GatewayThresholds.AddFlags, .Validate
 //	--disable-worker-overload-protection                              GatewayThresholds.Resolve
 //	Per-Worker Thresholds (block validation, per-signal fallback)     Block.Validate, GatewayThresholds.Resolve

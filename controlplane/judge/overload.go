@@ -116,17 +116,9 @@ func Check(waitingSum int64, tokenUsageMean float64, t Thresholds) (overloaded b
 	return reason.WaitingTripped || reason.TokenUsageTripped, reason
 }
 
-// NoReport is the verdict for a poll that produced no report (unsupported
-// backend, timeout, error, empty report): not overloaded. Overload protection
-// fails open — no fresh signal means no opinion.
-func NoReport() (overloaded bool, reason OverloadReason) {
-	return false, OverloadReason{NoReport: true}
-}
-
 // OverloadReason says why Check decided as it did. It is plain data so the
 // hot path does not allocate; String formats it for logs.
 type OverloadReason struct {
-	NoReport          bool // from NoReport: fail open
 	WaitingTripped    bool
 	TokenUsageTripped bool
 
@@ -139,9 +131,6 @@ type OverloadReason struct {
 // String reads like "waiting_requests 9 >= 8" or
 // "waiting_requests 3 < 8, token_usage 0.5 < 0.8".
 func (r OverloadReason) String() string {
-	if r.NoReport {
-		return "no report (fail open)"
-	}
 	if r.WaitingThreshold <= 0 && r.TokenUsageThreshold <= 0 {
 		return "no thresholds"
 	}

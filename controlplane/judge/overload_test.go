@@ -44,13 +44,6 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-func TestNoReportFailsOpen(t *testing.T) {
-	overloaded, reason := NoReport()
-	if overloaded || !reason.NoReport || reason.String() != "no report (fail open)" {
-		t.Fatalf("NoReport() = %v %q, want false, fail open", overloaded, reason)
-	}
-}
-
 func TestResolve(t *testing.T) {
 	on := DefaultGatewayThresholds()
 	off := on
