@@ -110,6 +110,29 @@ func (c *fleetCap) capacity() int64 {
 	return c.sum
 }
 
+// setSchedCapacity gives the scheduler this router's capacity from the fleet
+// (running windows on). The reservations are checked against a static
+// capacity at start; a fleet capacity comes and goes, so reservations over
+// it are scaled down and warned about: scaled to fit, the higher classes'
+// unused reservations hold back nearly every slot from the lower ones.
+// Caller holds applyMu.
+func (r *Router) setSchedCapacity() {
+	if r.sched == nil || !r.schedFromFleet {
+		return
+	}
+	capacity := r.fleetCap.capacity()
+	r.sched.SetFleetCapacity(r.fleetCap.windows)
+	r.sched.SetCapacity(capacity)
+	reserved := r.sched.Config().ReservedTotal()
+	over := capacity != admission.Unlimited && capacity > 0 && reserved > capacity
+	if over && !r.reservedOver {
+		r.log.Warn("Priority scheduler: the classes' reservations exceed this router's capacity (its window shares); "+
+			"scaled down to fit, unused ones hold back nearly every slot from the lower classes: lower classes.<class>.reserved or use reserve_demand",
+			"reserved", reserved, "capacity", capacity)
+	}
+	r.reservedOver = over
+}
+
 // staticCapacity is the scheduler's capacity when it does not come from the
 // fleet: --max-concurrent-requests (0: none).
 func staticCapacity(opts Options) int64 {

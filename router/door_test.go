@@ -367,3 +367,28 @@ func TestSchedulerRefusalCarriesEstimate(t *testing.T) {
 	once.Do(func() { close(release) })
 	<-held
 }
+
+// With running windows the reservations meet a capacity only once shares
+// arrive: SMG's default ones (160 slots) over a router's shares are scaled
+// down and warned about once, since scaled to fit they leave the default
+// class next to nothing; reservations that fit say nothing.
+func TestSchedulerWarnsReservationsOverShares(t *testing.T) {
+	const warning = "reservations exceed this router's capacity"
+	share := func(n int64) func(*Worker) {
+		return func(w *Worker) { w.AdmissionRooms = 8; w.WindowShare = n }
+	}
+	fleet := func(o *Options) { o.WorkerAdmissionWindow = true }
+	h, logs := schedHarness(t, -1, "", fleet)
+	e := newEngine(t, "w", nil)
+	h.apply(e.worker(share(3)))
+	h.apply(e.worker(share(4)))
+	if out := logs.String(); strings.Count(out, warning) != 1 || !strings.Contains(out, "level=WARN") ||
+		!strings.Contains(out, "reserved=160 capacity=3") {
+		t.Fatalf("want one warning naming 160 reserved over capacity 3, log: %s", out)
+	}
+	h, logs = schedHarness(t, -1, noReservations, fleet)
+	h.apply(newEngine(t, "w", nil).worker(share(3)))
+	if out := logs.String(); strings.Contains(out, warning) {
+		t.Fatalf("reservations that fit warned: %s", out)
+	}
+}

@@ -59,6 +59,9 @@ type Router struct {
 	// schedFromFleet: the scheduler's capacity is the sum of this router's
 	// window shares, updated with every snapshot (else --max-concurrent-requests).
 	schedFromFleet bool
+	// reservedOver: the scheduler's reservations exceed its fleet capacity
+	// (warned once each time it turns true). Guarded by applyMu.
+	reservedOver bool
 	// completions meters answers that ended, for --retry-after-mode estimated.
 	completions *completionMeter
 
@@ -346,10 +349,7 @@ func (r *Router) patch(cur *view, d *Delta) bool {
 		r.fleetCap.add(c.w, st.gate.Limit(), st.gate.Window(), 1)
 	}
 	r.pokeAll() // a share that grew has room for waiters
-	if r.sched != nil && r.schedFromFleet {
-		r.sched.SetFleetCapacity(r.fleetCap.windows)
-		r.sched.SetCapacity(r.fleetCap.capacity())
-	}
+	r.setSchedCapacity()
 	return true
 }
 
@@ -462,10 +462,7 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 		r.fleetCap.add(&kept[i], states[i].gate.Limit(), states[i].gate.Window(), 1)
 	}
 	r.pokeAll() // a share that grew, or a new worker, has room for waiters
-	if r.sched != nil && r.schedFromFleet {
-		r.sched.SetFleetCapacity(r.fleetCap.windows)
-		r.sched.SetCapacity(r.fleetCap.capacity())
-	}
+	r.setSchedCapacity()
 }
 
 func (r *Router) allocSlot() uint32 {
