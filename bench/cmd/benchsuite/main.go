@@ -29,7 +29,7 @@ func main() {
 	scale.MaybeChild() // the scale suite's agent and router processes are this binary
 	fs := flag.NewFlagSet("benchsuite", flag.ContinueOnError)
 	bin := fs.String("bin", "bin/smg", "smg binary to run the simulated fleet and the gateway with")
-	which := fs.String("suite", "overload", "which benchmark: overload (make bench-overload: the overload scenario, then the objectives one), objectives (that one alone), faults (make bench-faults), scale (make bench-scale) or proxy (make bench-proxy)")
+	which := fs.String("suite", "overload", "which benchmark: overload (make bench-overload: the overload scenario, then the objectives and tenants ones), objectives or tenants (that one alone), faults (make bench-faults), scale (make bench-scale) or proxy (make bench-proxy)")
 	short := fs.Bool("short", false, "smoke-test sizes (2 loads, 3-second runs): checks shapes, not timings; writes no docs")
 	raw := fs.String("raw", "docs/bench-raw", "directory for per-run JSON results (git-ignored)")
 	docs := fs.String("docs", "docs", "directory holding benchmarks.md and img/")
@@ -45,6 +45,7 @@ func main() {
 	scaleConfig := fs.String("scale-config", "", `scale: run this one configuration (JSON of scale.Config, e.g. {"Workers":1000,"Agents":10,...}) and write no docs`)
 	scaleWindow := fs.Duration("scale-window", 10*time.Second, "scale: measurement window of each run")
 	scaleRepublish := fs.String("scale-republish", "", "scale: rewrite the docs table and plots from this results JSON (--raw's scale.json), without running")
+	tenantRounds := fs.Int("tenant-rounds", 3, "tenants: rounds of the tenant configurations, alternating")
 	proxyPairs := fs.Int("proxy-pairs", 5, "proxy: runs of each proxy per load, alternating")
 	proxyRun := fs.Duration("proxy-run", 10*time.Second, "proxy: length of one run (whole seconds)")
 	proxyClients := fs.Int("proxy-clients", 32, "proxy: closed-loop wrk connections")
@@ -83,8 +84,13 @@ func main() {
 		if err = runOverload(ctx, s); err == nil {
 			err = runObjectives(ctx, s)
 		}
+		if err == nil {
+			err = runTenants(ctx, s, *tenantRounds)
+		}
 	case *which == "objectives":
 		err = runObjectives(ctx, s)
+	case *which == "tenants":
+		err = runTenants(ctx, s, *tenantRounds)
 	case *which == "faults":
 		err = runFaults(ctx, s)
 	case *which == "scale" && *scaleRepublish != "":
@@ -94,7 +100,7 @@ func main() {
 	case *which == "scale":
 		err = runScale(ctx, s.DocsDir, *raw, *short, *scaleConfig, *scaleWindow)
 	default:
-		err = fmt.Errorf("unknown suite %q (overload, objectives, faults, scale or proxy)", *which)
+		err = fmt.Errorf("unknown suite %q (overload, objectives, tenants, faults, scale or proxy)", *which)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchsuite:", err)
@@ -151,6 +157,21 @@ func republishObjectives(s *suite.Suite) error {
 		return err
 	}
 	return s.PublishObjectives(&rep)
+}
+
+func runTenants(ctx context.Context, s *suite.Suite, rounds int) error {
+	if s.Short {
+		rounds = 1
+	}
+	rep, err := s.Tenants(ctx, rounds)
+	if err != nil {
+		return err
+	}
+	suite.WriteTenantTable(os.Stdout, rep)
+	if s.DocsDir == "" {
+		return nil
+	}
+	return s.PublishTenants(rep)
 }
 
 // publishOverload writes the tables and draws the plots they link to.

@@ -1,0 +1,192 @@
+package suite
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/smg-project/smg/bench"
+)
+
+// The tenant scenario: on the overload scenario's fleet, behind 3 routers
+// with running windows and the priority scheduler's fair shares, a steady
+// tenant sends 0.3× of capacity while a flooding tenant sends 10× its fair
+// share (half the capacity each: 5×). The steady tenant's p99 TTFT is
+// compared with its value when it is alone.
+const (
+	steadyLoad = 0.3
+	floodLoad  = 5.0
+)
+
+// fairYAML: two tenants of equal weight; a tenant over its fair share is
+// refused (429); a request under it waits at most 100 ms for a slot in the
+// router. The higher classes reserve nothing: SMG's default reservations
+// (system 32, interactive 128) exceed a router's share of this fleet, and
+// scaled down to fit it they would hold back nearly every slot from the
+// default class these tenants send.
+const fairYAML = `
+classes:
+  system: {reserved: 0}
+  interactive: {reserved: 0}
+  default: {queue_size: 256, queue_timeout_secs: 0.1}
+fair_share: {enabled: true}
+api_keys:
+  sk-bench-steady: steady
+  sk-bench-flood: flood
+tenant_policies:
+  "auth:steady": {max_class: default}
+  "auth:flood": {max_class: default}
+`
+
+// fairNoShareYAML is the same without fair shares: what they buy.
+var fairNoShareYAML = strings.Replace(fairYAML, "fair_share: {enabled: true}", "", 1)
+
+// TenantConfigs are the scenario's configurations, each with 3 routers.
+func TenantConfigs() []GatewayConfig {
+	flags := append(slices.Clone(windowFlags), "--priority-scheduler-enabled")
+	three := append(slices.Clone(routerBase), flags...)
+	steady := bench.PriorityShare{Class: "default", Label: "steady", Weight: steadyLoad, APIKey: "sk-bench-steady"}
+	flood := bench.PriorityShare{Class: "default", Label: "flood", Weight: floodLoad, APIKey: "sk-bench-flood"}
+	sglang := []string{"--flavor", "sglang"}
+	return []GatewayConfig{
+		{Name: "tenants-alone", Flags: flags, Routers: 3, RouterFlags: three, SimArgs: sglang, SchedulerYAML: fairYAML,
+			Priorities: []bench.PriorityShare{steady},
+			Why:        fmt.Sprintf("the steady tenant alone at %.1f× of capacity; running windows, fair shares on, 3 routers", steadyLoad)},
+		{Name: "tenants-flood", Flags: flags, Routers: 3, RouterFlags: three, SimArgs: sglang, SchedulerYAML: fairYAML,
+			Priorities: []bench.PriorityShare{steady, flood},
+			Why:        fmt.Sprintf("the same, and the flooding tenant at %.0f× of capacity (10× its fair share)", floodLoad)},
+		{Name: "tenants-flood-noshare", Flags: flags, Routers: 3, RouterFlags: three, SimArgs: sglang, SchedulerYAML: fairNoShareYAML,
+			Priorities: []bench.PriorityShare{steady, flood},
+			Why:        "the same flood without fair shares (windows and the scheduler alone)"},
+	}
+}
+
+// TenantRun is one configuration's run.
+type TenantRun struct {
+	Config   string                   `json:"config"`
+	Rate     float64                  `json:"rate"`
+	ByTenant map[string]bench.Summary `json:"by_tenant"`
+	// Refused429 counts the flooding tenant's 429 answers.
+	Refused429 int `json:"refused_429"`
+}
+
+// TenantReport is the whole scenario.
+type TenantReport struct {
+	Capacity     Capacity        `json:"capacity"`
+	Configs      []GatewayConfig `json:"configs"`
+	RunSeconds   float64         `json:"run_seconds"`
+	Runs         []TenantRun     `json:"runs"`
+	Took         float64         `json:"took_seconds"`
+	LoadAvgStart string          `json:"loadavg_start"`
+	LoadAvgEnd   string          `json:"loadavg_end"`
+}
+
+// Tenants runs each configuration once, alone and flood alternating
+// rounds times (the steady tenant's p99 is a few requests' worth).
+func (s *Suite) Tenants(ctx context.Context, rounds int) (*TenantReport, error) {
+	began := time.Now()
+	rep := &TenantReport{Configs: TenantConfigs(), RunSeconds: 20, LoadAvgStart: loadAvg()}
+	switch {
+	case s.Short:
+		rep.RunSeconds, rep.Capacity = 3, nominalCapacity()
+	case s.Capacity > 0:
+		rep.Capacity = Capacity{ReqPerSec: s.Capacity, TokensPerSec: s.Capacity * outputDist.Mean()}
+	default:
+		c, err := s.Calibrate(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("calibration: %w", err)
+		}
+		rep.Capacity = c
+	}
+	if len(s.Configs) > 0 {
+		rep.Configs = slices.DeleteFunc(rep.Configs, func(gc GatewayConfig) bool { return !slices.Contains(s.Configs, gc.Name) })
+	}
+	for round := range max(rounds, 1) {
+		for _, gc := range rep.Configs {
+			var total float64
+			for _, p := range gc.Priorities {
+				total += p.Weight
+			}
+			e, err := s.startConfig(ctx, gc)
+			if err != nil {
+				return rep, fmt.Errorf("%s: %w", gc.Name, err)
+			}
+			rate := total * rep.Capacity.ReqPerSec
+			res, err := bench.Run(ctx, s.httpClient(), bench.Config{URL: e.url(), URLs: e.urls, Rate: rate,
+				Duration: time.Duration(rep.RunSeconds * float64(time.Second)), Prompt: promptDist, Output: outputDist,
+				Timeout: 15 * time.Second, TTFTObjective: TTFTObjective, Seed: s.Seed + uint64(round), Priorities: gc.Priorities},
+				progressLogger(s, gc.Name))
+			e.stop()
+			if err != nil {
+				return rep, fmt.Errorf("%s: %w", gc.Name, err)
+			}
+			run := TenantRun{Config: fmt.Sprintf("%s#%d", gc.Name, round+1), Rate: rate, ByTenant: res.ByClass}
+			for _, r := range res.Records {
+				if r.Status == 429 {
+					run.Refused429++
+				}
+			}
+			rep.Runs = append(rep.Runs, run)
+			st := run.ByTenant["steady"]
+			s.logf("%-22s steady: %d req, ok %d, refused %d, TTFT p50 %.0f ms p99 %.0f ms; flood: ok %d, 429 %d",
+				run.Config, st.Requests, st.Completed, st.Shed+st.Errors, st.TTFT.P50*1000, st.TTFT.P99*1000,
+				run.ByTenant["flood"].Completed, run.Refused429)
+		}
+	}
+	rep.Took = time.Since(began).Seconds()
+	rep.LoadAvgEnd = loadAvg()
+	return rep, s.writeJSON("tenants.json", rep)
+}
+
+// WriteTenantTable writes one row per run and tenant.
+func WriteTenantTable(w io.Writer, rep *TenantReport) {
+	fmt.Fprintf(w, "| run | tenant | offered req/s | completed | refused (429 / 503) | errors | TTFT p50 | TTFT p99 | goodput tok/s |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rep.Runs {
+		for _, t := range []string{"steady", "flood"} {
+			s, ok := r.ByTenant[t]
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(w, "| %s | %s | %.1f | %d | %d | %d | %s | %s | %.0f |\n", r.Config, t, s.OfferedRate, s.Completed,
+				s.Shed, s.Errors, msStr(s.TTFT.P50), msStr(s.TTFT.P99), s.Goodput)
+		}
+	}
+}
+
+// PublishTenants writes the scenario into docs/benchmarks.md.
+func (s *Suite) PublishTenants(rep *TenantReport) error {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "### Fair shares: a steady tenant beside a flooding one, 3 routers\n\n")
+	fmt.Fprintf(&b, "`make bench-overload` (this scenario alone: `go run ./bench/cmd/benchsuite --bin bin/smg --suite tenants`; "+
+		"`--tenant-rounds` sets the rounds). ")
+	fmt.Fprintf(&b, "The overload scenario's fleet (4 engines, window 8; prompts %s, outputs %s tokens), capacity %.1f req/s. "+
+		"Each run: %.0f s of Poisson arrivals. Took %.0f s; load average %s at the start, %s at the end, on %s.\n\n",
+		promptDist, outputDist, rep.Capacity.ReqPerSec, rep.RunSeconds, rep.Took, rep.LoadAvgStart, rep.LoadAvgEnd, Machine())
+	fmt.Fprintf(&b, "| config | what |\n|---|---|\n")
+	for _, gc := range rep.Configs {
+		fmt.Fprintf(&b, "| %s | `%s` and the scheduler YAML below: %s |\n", gc.Name, strings.Join(gc.Flags, " "), gc.Why)
+	}
+	fmt.Fprintf(&b, "\n```yaml%s```\n\n", fairYAML)
+	WriteTenantTable(&b, rep)
+	var alone, flood []float64
+	for _, r := range rep.Runs {
+		p99 := r.ByTenant["steady"].TTFT.P99
+		switch {
+		case strings.HasPrefix(r.Config, "tenants-alone#"):
+			alone = append(alone, p99)
+		case strings.HasPrefix(r.Config, "tenants-flood#"):
+			flood = append(flood, p99)
+		}
+	}
+	if len(alone) > 0 && len(flood) > 0 {
+		a, f := median(alone), median(flood)
+		fmt.Fprintf(&b, "\nTarget: the steady tenant's p99 TTFT beside the flood within 1.2× of its value alone: %s against %s (medians over the rounds), %.2f×: %s.\n",
+			msStr(f), msStr(a), f/a, metStr(f <= 1.2*a))
+	}
+	return replaceBlock(filepath.Join(s.DocsDir, "benchmarks.md"), "bench-tenants", b.String())
+}
