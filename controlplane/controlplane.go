@@ -89,6 +89,9 @@ type Options struct {
 	AdmissionWindow bool
 	// AdmissionQueue requests may wait in an engine beyond its window.
 	AdmissionQueue int
+	// TokenBudget gives every regular worker a token budget (its KV
+	// capacity in tokens) split into per-router shares.
+	TokenBudget bool
 	// Now is the clock of every component (nil: time.Now); tests inject one.
 	Now func() time.Time
 	// Cluster: --data-dir and the replication flags; without a data dir the
@@ -155,6 +158,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"give every worker a running window (spec max_running_requests, else the engine's report, else learned) split into per-router shares; routers with the same flag gate on it (off: as the spec)")
 	fs.IntVar(&o.AdmissionQueue, "worker-admission-queue", o.AdmissionQueue,
 		"requests allowed to wait in an engine beyond its running window under --worker-admission-window (>= 0)")
+	fs.BoolVar(&o.TokenBudget, "worker-token-budget", o.TokenBudget,
+		"give every worker a token budget (the KV capacity in tokens its engine reports) split into per-router shares; routers with the same flag gate on it (off: as the spec)")
 	fs.DurationVar(&o.RegistrationTimeout, "registration-timeout", o.RegistrationTimeout, "how long registration tries to reach a new engine before the registration fails")
 	o.Cluster.AddFlags(fs)
 	o.Discovery.AddFlags(fs)
@@ -279,7 +284,8 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	// Collaborators go to the constructors, in dependency order; every
 	// component takes the one clock, opts.Now.
 	cp.Windows = windows.New(cp.Registry, windows.Options{StaleAfter: time.Duration(opts.Liveness.StaleSecs) * time.Second,
-		Warmup: windows.DefaultWarmup, HeldWarmup: windows.DefaultHeldWarmup, Admission: opts.AdmissionWindow, Queue: int64(opts.AdmissionQueue), Now: opts.Now}, log, reg)
+		Warmup: windows.DefaultWarmup, HeldWarmup: windows.DefaultHeldWarmup, Admission: opts.AdmissionWindow, Queue: int64(opts.AdmissionQueue),
+		TokenBudget: opts.TokenBudget, Now: opts.Now}, log, reg)
 	eopts := evidence.Options{Rules: opts.Liveness, Now: opts.Now, Coalesce: true}
 	if opts.AdmissionWindow {
 		eopts.Observe = cp.Windows.ObserveLoad // learned windows read every report, before coalescing

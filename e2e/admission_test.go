@@ -17,6 +17,7 @@ type simStats struct {
 	PeakRunning int   `json:"peak_running"`
 	KVStreams   int   `json:"kv_streams"`     // gRPC SubscribeKvEvents streams open
 	GetLoads    int64 `json:"grpc_get_loads"` // gRPC GetLoads calls received
+	Preemptions int64 `json:"preemptions"`    // running requests evicted for KV since start
 }
 
 func getSimStats(t *testing.T, url string, reset bool) simStats {

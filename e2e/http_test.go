@@ -65,6 +65,10 @@ type workerView struct {
 		Window u64            `json:"window"`
 		Source string         `json:"source"`
 		Shares map[string]u64 `json:"shares"`
+		// Under --worker-token-budget.
+		TokenBudget u64            `json:"token_budget"`
+		TokenSource string         `json:"token_source"`
+		TokenShares map[string]u64 `json:"token_shares"`
 	} `json:"admission"`
 }
 

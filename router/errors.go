@@ -23,6 +23,9 @@ const (
 	CodeLoopDetected          = "loop_detected"
 	CodeBodyTimeout           = "request_body_timeout"
 	CodeMethodNotAllowed      = "method_not_allowed"
+	// CodeContextLength: under --worker-token-budget, a request whose prompt
+	// plus expected output exceeds every worker's whole token budget.
+	CodeContextLength = "context_length_exceeded"
 )
 
 // Reasons of smg_router_refused_total.

@@ -92,6 +92,12 @@ func setField(f *requestFields, key, v []byte) bool {
 		f.Text = v
 	case "input_ids":
 		f.InputIDs = v
+	case "max_tokens":
+		f.MaxTokens = v
+	case "max_completion_tokens":
+		f.MaxCompletionTokens = v
+	case "sampling_params":
+		f.SamplingParams = v
 	default:
 		// Unmarshal matches keys case-blind too ("Model" sets Model).
 		for _, name := range fieldNames {
@@ -103,7 +109,8 @@ func setField(f *requestFields, key, v []byte) bool {
 	return true
 }
 
-var fieldNames = [...]string{"model", "stream", "n", "messages", "prompt", "input", "text", "input_ids"}
+var fieldNames = [...]string{"model", "stream", "n", "messages", "prompt", "input", "text", "input_ids",
+	"max_tokens", "max_completion_tokens", "sampling_params"}
 
 func ascii(b []byte) bool {
 	for _, c := range b {

@@ -292,10 +292,10 @@ func (r *Router) servePairGRPC(ctx context.Context, w http.ResponseWriter, in *h
 		// More generations than the rooms taken before the body was read
 		// in full (/generate's n is inside sampling_params): the rest now,
 		// or the window's shed.
-		if !dst.gate.TryAcquire(extra) {
+		if !dst.gate.TryAcquire(extra, 0) {
 			return r.writeWindowShed(w, model, StagePDAdmission, r.pdm.sheds)
 		}
-		defer r.releaseRoom(dst, extra)
+		defer r.releaseRoom(dst, extra, 0)
 	}
 	req.Bootstraps = make([]openaigrpc.Bootstrap, len(prompts)*n)
 	for i := range req.Bootstraps {

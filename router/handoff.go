@@ -118,11 +118,15 @@ const askWait = 250 * time.Millisecond
 // borrow asks every peer at once for need rooms in model's pool and keeps
 // the first loan granted (the others are given back at once); nil when none
 // lends. The loan lives at most as long as ctx.
-func (h *handoff) borrow(ctx context.Context, model string, need int64) *loan {
+func (h *handoff) borrow(ctx context.Context, model string, need, tokens int64) *loan {
 	if len(h.peers) == 0 {
 		return nil
 	}
-	q := url.Values{"model": {model}, "need": {strconv.FormatInt(need, 10)}}.Encode()
+	vals := url.Values{"model": {model}, "need": {strconv.FormatInt(need, 10)}}
+	if tokens > 0 {
+		vals.Set("tokens", strconv.FormatInt(tokens, 10))
+	}
+	q := vals.Encode()
 	answers := make(chan *loan, len(h.peers))
 	for _, p := range h.peers {
 		go func() { answers <- h.ask(ctx, p.String()+LendPath+"?"+q) }()
@@ -224,26 +228,33 @@ func (r *Router) serveLend(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "need must be a positive integer", 0)
 		return
 	}
+	var tokens int64 // the borrower's token claim (--worker-token-budget)
+	if t := q.Get("tokens"); t != "" {
+		if tokens, err = strconv.ParseInt(t, 10, 64); err != nil || tokens < 0 || tokens > maxRequestTokens {
+			writeError(w, http.StatusBadRequest, CodeInvalidJSON, "tokens must be a non-negative integer", 0)
+			return
+		}
+	}
 	model := q.Get("model")
 	v := r.view.Load()
 	var p *pool
 	if v != nil {
 		p = v.poolOf(model, false)
 	}
-	if !r.opts.WorkerAdmissionWindow || p == nil || p.wl.Waiters() > 0 {
+	if !r.gating() || p == nil || p.wl.Waiters() > 0 {
 		writeError(w, http.StatusServiceUnavailable, CodeShed, "No room to lend", 0)
 		return
 	}
-	g, ok := r.tryRoom(model, false, &request{model: model, need: need})
+	g, ok := r.tryRoom(model, false, &request{model: model, need: need, tokens: tokens})
 	if !ok || g.i < 0 || g.out != chosen {
 		if ok && g.i >= 0 {
-			r.releaseRoom(g.v.states[g.i], need) // a fallback, not a room
+			r.releaseRoom(g.v.states[g.i], need, tokens) // a fallback, not a room
 		}
 		writeError(w, http.StatusServiceUnavailable, CodeShed, "No room to lend", 0)
 		return
 	}
 	st := g.v.states[g.i]
-	defer r.releaseRoom(st, need)
+	defer r.releaseRoom(st, need, tokens)
 	r.handoff.lent.Inc()
 	w.Header()[LentWorkerHeader] = []string{g.v.worker(g.i).ID}
 	w.Header().Set("Content-Type", "text/plain")
@@ -263,7 +274,7 @@ func (r *Router) serveLend(w http.ResponseWriter, req *http.Request) {
 // borrowRoom asks the peers for a room for q in model's pool after this
 // router found none: the grant names the lent worker in the newest view.
 func (r *Router) borrowRoom(ctx context.Context, model string, q *request) (roomGrant, *loan) {
-	l := r.handoff.borrow(ctx, model, q.need)
+	l := r.handoff.borrow(ctx, model, q.need, q.tokens)
 	if l == nil {
 		return roomGrant{}, nil
 	}

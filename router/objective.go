@@ -107,7 +107,7 @@ func (r *Router) objectiveGate(v *view, p *pool, q *request) (admission.Objectiv
 		}
 		d, s := objectivePrediction(h, q.own)
 		cands = append(cands, admission.Candidate{TTFT: d, Predicted: s == ttft.OK,
-			Room: q.need == 0 || h.st.gate.HasRoom(q.need)})
+			Room: q.need == 0 || h.st.gate.HasRoom(q.need, q.tokens)})
 	}
 	return admission.DecideObjective(time.Duration(q.ttftBy-q.now), cands)
 }

@@ -65,6 +65,16 @@ type Options struct {
 	// WorkerAdmissionWindowMode: PDWindowShared or PDWindowPerRouter, as for
 	// decode windows.
 	WorkerAdmissionWindowMode string
+	// WorkerTokenBudget gates every regular worker with a known token budget
+	// (its KV capacity in tokens) on the tokens its requests hold: prompt
+	// plus expected output, within this router's share; a request whose
+	// tokens fit no worker waits as for a room, one larger than every
+	// worker's whole budget is a 400.
+	WorkerTokenBudget bool
+	// WorkerTokenBudgetOutputTokens is the output a request is expected to
+	// produce when it names no max_tokens (max_completion_tokens,
+	// sampling_params.max_new_tokens).
+	WorkerTokenBudgetOutputTokens int
 	// PeerRouters are the base URLs of the other routers sharing the
 	// control plane's windows, comma-separated: a request that finds no
 	// room in this router's shares borrows a free room from one of them
@@ -179,6 +189,7 @@ func DefaultOptions() Options {
 		UpstreamDialTimeout:               5 * time.Second,
 		MaxIdleConnsPerWorker:             256,
 		PromptBytesPerTokenGuess:          4,
+		WorkerTokenBudgetOutputTokens:     DefaultOutputTokens,
 	}
 }
 
@@ -211,6 +222,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"seconds (a `float`: fractions allowed, e.g. 0.05) a request waits for room in its pool's running windows before 503 worker_overload_protection_shed (0 sheds at once)")
 	str(&o.WorkerAdmissionWindowMode, "worker-admission-window-mode",
 		"how a worker's running window is counted: shared (within the share the control plane grants this router) or per-router (each router counts the whole window alone)")
+	boolean(&o.WorkerTokenBudget, "worker-token-budget",
+		"gate every worker with a known token budget (its KV capacity in tokens, split into per-router shares by the control plane) on the tokens its requests hold, prompt plus expected output: a request whose tokens fit no worker waits as for a room, one larger than every worker's budget is a 400 context_length_exceeded (off: as the spec)")
+	integer(&o.WorkerTokenBudgetOutputTokens, "worker-token-budget-output-tokens",
+		"output tokens expected of a request that names no max_tokens (nor max_completion_tokens, sampling_params.max_new_tokens) under --worker-token-budget")
 	boolean(&o.SpillOver, "spill-over",
 		"send a request whose every local candidate is vetoed or has no room to an external worker (provider) of its model, within the provider's spill budget, instead of steering, waiting or shedding; external workers then serve spill-over only (off: they are ordinary candidates)")
 	str(&o.PeerRouters, "peer-routers",
@@ -295,6 +310,9 @@ func (o Options) Validate() error {
 	}
 	if o.WorkerAdmissionWindowMode != PDWindowShared && o.WorkerAdmissionWindowMode != PDWindowPerRouter {
 		bad("--worker-admission-window-mode %q: must be %s or %s", o.WorkerAdmissionWindowMode, PDWindowShared, PDWindowPerRouter)
+	}
+	if o.WorkerTokenBudgetOutputTokens < 1 || o.WorkerTokenBudgetOutputTokens > maxRequestTokens {
+		bad("--worker-token-budget-output-tokens must be within [1, %d], got %d", maxRequestTokens, o.WorkerTokenBudgetOutputTokens)
 	}
 	if _, err := parsePeers(o.PeerRouters); err != nil {
 		bad("--peer-routers: %v", err)

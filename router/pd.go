@@ -128,7 +128,7 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 	}
 	v, di = g.v, g.i
 	dec := v.states[di]
-	defer r.releaseRoom(dec, need)
+	defer r.releaseRoom(dec, need, 0)
 	pi = v.indexOfSlot(pst.slot)
 	if pi < 0 {
 		writeError(w, http.StatusServiceUnavailable, CodeNoAvailableWorkers,

@@ -15,6 +15,7 @@ type request struct {
 	now    int64  // monotonic nanoseconds, for the breaker
 	avoid  *workerState
 	need   int64           // rooms the request takes in a window (0: no window applies)
+	tokens int64           // tokens it holds under --worker-token-budget: prompt plus expected output (0: none)
 	class  admission.Class // priority class (Default without the scheduler)
 	ttftBy int64           // monotonic nanoseconds by which its TTFT objective wants a first token (0: none)
 	own    int64           // its estimated prompt tokens (for TTFT predictions)
@@ -41,7 +42,7 @@ type selector struct {
 func (s *selector) eligible(v *view, i int32, q *request) bool { return s.eligibleHot(v.hot.at(i), q) }
 
 func (s *selector) eligibleHot(h *hotWorker, q *request) bool {
-	return h.eligible && h.st != q.avoid && (q.need == 0 || h.st.gate.HasRoom(q.need)) &&
+	return h.eligible && h.st != q.avoid && (q.need == 0 || h.st.gate.HasRoom(q.need, q.tokens)) &&
 		(q.proto == protoAny || q.proto == h.proto) && h.st.routable(s.cb, q.now) && q.meets(h)
 }
 

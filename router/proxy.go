@@ -39,6 +39,11 @@ type requestFields struct {
 	Text     rawRef `json:"text"`      // /generate
 	InputIDs rawRef `json:"input_ids"` // /generate
 	N        int64  `json:"n"`         // choices per prompt: PD decode rooms
+	// Output bounds, read only under --worker-token-budget (raw: a value
+	// the router cannot read is the engine's to refuse).
+	MaxTokens           rawRef `json:"max_tokens"`
+	MaxCompletionTokens rawRef `json:"max_completion_tokens"`
+	SamplingParams      rawRef `json:"sampling_params"` // /generate: max_new_tokens
 }
 
 // prompt is the raw JSON the hash and affinity policies key on.
@@ -164,10 +169,17 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			}
 		}
 		q.now = r.now()
-		if r.opts.WorkerAdmissionWindow {
+		if r.gating() {
 			q.need, _ = batchSize(&f)
 			if r.tooWideEverywhere(v, p, q.need) {
 				return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
+			}
+		}
+		if r.opts.WorkerTokenBudget {
+			output := expectedOutput(&f, int64(r.opts.WorkerTokenBudgetOutputTokens))
+			q.tokens = requestTokens(promptTokens, output, q.need)
+			if budget, ok := r.tooManyTokensEverywhere(v, p, q.tokens); ok {
+				return r.refuseContextLength(w, f.Model, promptTokens, output, q.tokens, budget)
 			}
 		}
 		objWait := false // the room wait is the objective's
@@ -216,6 +228,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 					return r.refuseObjective(w, &q, f.Model, retry)
 				}
 				if g, borrowed = r.borrowRoom(ctx, f.Model, &q); borrowed == nil {
+					r.noteBudgetShed(f.Model, &q)
 					return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
 				}
 			case admission.RoomTooWide:
@@ -252,7 +265,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			// Shed rather than re-select: the flag only changes when a
 			// report arrives, so this window is rare.
 			if held != nil {
-				r.releaseRoom(held, q.need)
+				r.releaseRoom(held, q.need, q.tokens)
 			}
 			if borrowed != nil {
 				borrowed.release()
@@ -266,7 +279,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		res := func() dispatchResult {
 			if held != nil {
 				// The answer ended (a stream cut mid-way too): the room frees now.
-				defer r.releaseRoom(held, q.need)
+				defer r.releaseRoom(held, q.need, q.tokens)
 			}
 			if borrowed != nil {
 				defer borrowed.release() // the lender's room, likewise

@@ -45,28 +45,54 @@ type WindowDemand struct {
 	// Queued is the part of Waiting held in this router now (not refused):
 	// the allocator never probes a learned window up while it is above 0.
 	Queued int64
+	// Under --worker-token-budget, the same in tokens: held by dispatched
+	// requests, and asked for by waiting or refused ones (by class).
+	TokensInFlight       int64
+	TokensWaiting        int64
+	TokensWaitingByClass [admission.NumClasses]int64
 }
 
-// windowDemand lists every worker with a window, idle ones too: a report of
-// zero lets the control plane take a share back. A pool's waiting demand is
-// spread over the gated workers of the pool (rounded up): any of them can
-// serve it.
+// tokenBudget is the token budget a worker is gated on in this router (0:
+// none): a regular worker's, under --worker-token-budget.
+func (r *Router) tokenBudget(w *Worker) int64 {
+	if !r.opts.WorkerTokenBudget || w.Type == TypeDecode || w.Type == TypePrefill {
+		return 0
+	}
+	return w.TokenBudget
+}
+
+// gating reports whether requests take rooms (or tokens) in gates: under
+// --worker-admission-window or --worker-token-budget.
+func (r *Router) gating() bool { return r.opts.WorkerAdmissionWindow || r.opts.WorkerTokenBudget }
+
+// gated reports whether w has a window or a token budget in this router.
+func (r *Router) gated(w *Worker) bool {
+	rooms, _ := r.windowRooms(w)
+	return rooms > 0 || r.tokenBudget(w) > 0
+}
+
+// windowDemand lists every worker with a window or a token budget, idle
+// ones too: a report of zero lets the control plane take a share back. A
+// pool's waiting demand is spread over the gated workers of the pool
+// (rounded up): any of them can serve it.
 func (r *Router) windowDemand(v *view) []WindowDemand {
 	var out []WindowDemand
 	type pw struct {
 		n       int64
 		waiting [admission.NumClasses]int64
+		tokens  [admission.NumClasses]int64
 		queued  int64
 	}
 	pools := map[*admission.Waitlist]*pw{}
 	for i := range v.size() {
-		if rooms, _ := r.windowRooms(v.worker(i)); rooms <= 0 {
+		if !r.gated(v.worker(i)) {
 			continue
 		}
 		for _, wl := range v.states[i].waitlists() {
 			p := pools[wl]
 			if p == nil {
-				p = &pw{queued: wl.Waiters(), waiting: wl.TakeDemand()}
+				p = &pw{queued: wl.Waiters()}
+				p.waiting, p.tokens = wl.TakeDemand()
 				pools[wl] = p
 			}
 			p.n++
@@ -89,12 +115,12 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 	}
 	for i := range v.size() {
 		w := v.worker(i)
-		if rooms, _ := r.windowRooms(w); rooms <= 0 {
+		if !r.gated(w) {
 			continue
 		}
 		st := v.states[i]
-		d := WindowDemand{WorkerID: w.ID, InFlight: st.gate.InFlight()}
-		if regular > 0 && w.Type != TypeDecode {
+		d := WindowDemand{WorkerID: w.ID, InFlight: st.gate.InFlight(), TokensInFlight: st.gate.Tokens()}
+		if rooms, _ := r.windowRooms(w); regular > 0 && rooms > 0 && w.Type != TypeDecode {
 			for c, n := range sched {
 				share := (n + regular - 1) / regular
 				d.WaitingByClass[c] += share
@@ -108,6 +134,11 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 				share := (n + p.n - 1) / p.n
 				d.WaitingByClass[c] += share
 				d.Waiting += share
+			}
+			for c, n := range p.tokens {
+				share := (n + p.n - 1) / p.n
+				d.TokensWaitingByClass[c] += share
+				d.TokensWaiting += share
 			}
 			d.Queued += (p.queued + p.n - 1) / p.n
 		}
@@ -133,7 +164,7 @@ func (r *Router) acquireRoomAfter(ctx context.Context, v *view, p *pool, i int32
 		return roomGrant{v: v, i: -1, out: out}, admission.RoomAtOnce // nothing to wait for: answer as the spec
 	}
 	if out != full && p.wl.Waiters() == 0 &&
-		v.states[i].gate.TryAcquire(q.need) {
+		v.states[i].gate.TryAcquire(q.need, q.tokens) {
 		return roomGrant{v: v, i: i, out: out}, admission.RoomAtOnce
 	}
 	return r.acquireRoom(ctx, p.wl, model, decode, q, wait)
@@ -216,10 +247,10 @@ func (r *Router) pokeAll() {
 	}
 }
 
-// releaseRoom gives need rooms of st back and hands them to its pools'
-// waiters: the event that dispatches a waiting request.
-func (r *Router) releaseRoom(st *workerState, need int64) {
-	st.gate.Release(need)
+// releaseRoom gives need rooms and tokens tokens of st back and hands them
+// to its pools' waiters: the event that dispatches a waiting request.
+func (r *Router) releaseRoom(st *workerState, need, tokens int64) {
+	st.gate.Release(need, tokens)
 	for _, wl := range st.waitlists() {
 		wl.Poke()
 	}
@@ -233,7 +264,7 @@ func (r *Router) releaseRoom(st *workerState, need int64) {
 // orders the wait.
 func (r *Router) acquireRoom(ctx context.Context, wl *admission.Waitlist, model string, decode bool, q *request, wait time.Duration) (roomGrant, admission.RoomResult) {
 	var g roomGrant
-	w := &admission.Waiter{Need: q.need, Class: q.class}
+	w := &admission.Waiter{Need: q.need, Tokens: q.tokens, Class: q.class}
 	w.Try = func() (ok bool) {
 		g, ok = r.tryRoom(model, decode, q)
 		return ok
@@ -262,7 +293,7 @@ func (r *Router) tryRoom(model string, decode bool, q *request) (roomGrant, bool
 			return roomGrant{}, false
 		case i < 0:
 			return roomGrant{v: v, i: -1, out: out}, true
-		case v.states[i].gate.TryAcquire(q.need):
+		case v.states[i].gate.TryAcquire(q.need, q.tokens):
 			return roomGrant{v: v, i: i, out: out}, true
 		}
 	}

@@ -146,7 +146,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	if r.ttm, err = newTTFTMetrics(r, reg); err != nil {
 		return nil, fmt.Errorf("router metrics: %w", err)
 	}
-	if opts.WorkerAdmissionWindow {
+	if opts.WorkerAdmissionWindow || opts.WorkerTokenBudget {
 		m.shed.WithLabelValues(StageAdmissionWindow)
 		m.overloadFallback.WithLabelValues(StageAdmissionWindow)
 		m.livenessFallback.WithLabelValues(StageAdmissionWindow)
@@ -365,7 +365,9 @@ func (r *Router) noteLoad(st *workerState, w *Worker) {
 // setWindow gates st on w's window as this router holds it. Caller holds
 // applyMu.
 func (r *Router) setWindow(st *workerState, w *Worker) {
-	if rooms, mode := r.windowRooms(w); rooms > 0 || w.Type == TypeDecode {
+	tokens := r.tokenBudget(w)
+	st.gate.SetTokens(admission.GateLimit(tokens, w.TokenShare, r.opts.WorkerAdmissionWindowMode == PDWindowPerRouter), tokens)
+	if rooms, mode := r.windowRooms(w); rooms > 0 || w.Type == TypeDecode || tokens > 0 {
 		st.gate.Set(admission.GateLimit(rooms, w.WindowShare, mode == PDWindowPerRouter), rooms)
 		decode := w.Type == TypeDecode
 		wls := []*admission.Waitlist{r.waitlistFor(waitlistKey{decode, w.Model}), r.waitlistFor(waitlistKey{decode, ""})}

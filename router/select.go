@@ -49,7 +49,7 @@ func (s *selector) steer(v *view, p *pool, q *request, shed bool) (int32, outcom
 			unroutable = true
 			continue
 		}
-		room := q.need == 0 || w.st.gate.HasRoom(q.need)
+		room := q.need == 0 || w.st.gate.HasRoom(q.need, q.tokens)
 		l := w.load()
 		switch {
 		case w.veto == VetoOverload:

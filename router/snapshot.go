@@ -73,6 +73,10 @@ type Worker struct {
 	// (--worker-admission-window on the control plane; 0: none known). The
 	// router gates on it with --worker-admission-window.
 	AdmissionRooms int64
+	// TokenBudget is the worker's token budget (its KV capacity in tokens,
+	// --worker-token-budget on the control plane; 0: none known) and
+	// TokenShare this router's share of it, as WindowShare.
+	TokenBudget, TokenShare int64
 	// PromptTokensAhead is the prompt tokens waiting for prefill on the
 	// worker, summed over routers by the control plane (this router's own
 	// last report included); TTFT predictions start from it.

@@ -52,7 +52,7 @@ func TestSpillOverUpToTheBudgetThenShed(t *testing.T) {
 	if a := h.post(testModel, "", "room free"); a.status != http.StatusOK || h.spilled(testModel, SpillNoRoom) != 0 {
 		t.Fatalf("with room: %d, spilled %v", a.status, h.spilled(testModel, SpillNoRoom))
 	}
-	if !h.r.states["local"].gate.TryAcquire(1) { // the engine's one room, taken
+	if !h.r.states["local"].gate.TryAcquire(1, 0) { // the engine's one room, taken
 		t.Fatal("room not free")
 	}
 	for i := range 2 {

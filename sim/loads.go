@@ -231,12 +231,13 @@ func (s *Server) handleModelInfo(w http.ResponseWriter, _ *http.Request) {
 // simStats is GET /sim/stats: the engine's own queue and running batch now
 // and their high-water marks (summed over DP ranks) since the last reset.
 type simStats struct {
-	Waiting     int   `json:"waiting"`
-	Running     int   `json:"running"`
-	PeakWaiting int   `json:"peak_waiting"`
-	PeakRunning int   `json:"peak_running"`
-	KVStreams   int   `json:"kv_streams"`
-	GetLoads    int64 `json:"grpc_get_loads"`
+	Waiting     int    `json:"waiting"`
+	Running     int    `json:"running"`
+	PeakWaiting int    `json:"peak_waiting"`
+	PeakRunning int    `json:"peak_running"`
+	KVStreams   int    `json:"kv_streams"`
+	GetLoads    int64  `json:"grpc_get_loads"`
+	Preemptions uint64 `json:"preemptions"` // running requests evicted for KV since start (not reset)
 }
 
 // handleStats serves GET /sim/stats; ?reset=1 starts new high-water marks.
@@ -253,6 +254,7 @@ func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
 			out.Running += st.Running
 			out.PeakWaiting += pw
 			out.PeakRunning += pr
+			out.Preemptions += st.Preempt
 		}
 	}
 	writeJSON(w, out)

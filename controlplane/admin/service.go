@@ -421,6 +421,12 @@ func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 		adm = &smgv1.AdmissionWindow{Window: a.Window, Source: a.Source, Queue: a.Queue, Learned: float64(a.Learned),
 			LearnedBy: a.LearnedBy, Shares: w.WindowShare}
 	}
+	if b := w.Budget; b != nil {
+		if adm == nil {
+			adm = &smgv1.AdmissionWindow{}
+		}
+		adm.TokenBudget, adm.TokenSource, adm.TokenLearned, adm.TokenShares = b.Tokens, b.Source, b.Learned, w.TokenShare
+	}
 	return &smgv1.Worker{
 		Admission:  adm,
 		WorkerId:   w.ID,

@@ -270,6 +270,8 @@ func (d *recordsDecoder) load(b []byte, l *smgv1.EngineLoad, ts *timestamppb.Tim
 			l.TokenUsage = math.Float64frombits(f.v)
 		case f.is(6, protowire.VarintType):
 			l.MaxRunningRequests = int32(f.v)
+		case f.is(8, protowire.VarintType):
+			l.KvCapacityTokens = int64(f.v)
 		case f.is(7, protowire.BytesType):
 			if l.ReportedAt == nil {
 				ts.Seconds, ts.Nanos = 0, 0
@@ -290,6 +292,7 @@ func (d *recordsDecoder) load(b []byte, l *smgv1.EngineLoad, ts *timestamppb.Tim
 func clearLoad(l *smgv1.EngineLoad, ranks []*smgv1.RankLoad) {
 	l.Source, l.Ranks, l.ReportedAt = "", ranks, nil
 	l.WaitingRequests, l.RunningRequests, l.MaxRunningRequests, l.TokenUsage = 0, 0, 0, 0
+	l.KvCapacityTokens = 0
 }
 
 // nextRank appends a rank to l, reusing a RankLoad left past its length by
@@ -301,6 +304,7 @@ func nextRank(l *smgv1.EngineLoad) *smgv1.RankLoad {
 		if r := l.Ranks[n]; r != nil {
 			r.DpRank, r.WaitingRequests, r.RunningRequests, r.MaxRunningRequests = 0, 0, 0, 0
 			r.TokenUsage, r.GenThroughput, r.CacheHitRate = 0, 0, 0
+			r.KvCapacityTokens = 0
 			return r
 		}
 	} else {
@@ -330,6 +334,8 @@ func rank(b []byte, r *smgv1.RankLoad) error {
 			r.CacheHitRate = math.Float64frombits(f.v)
 		case f.is(7, protowire.VarintType):
 			r.MaxRunningRequests = int32(f.v)
+		case f.is(8, protowire.VarintType):
+			r.KvCapacityTokens = int64(f.v)
 		}
 	}
 	return fr.err

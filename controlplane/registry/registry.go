@@ -89,12 +89,33 @@ type State struct {
 type Shares struct {
 	WindowShare map[string]int64 // router id -> rooms of the worker's window (PD decode or admission)
 	Admission   *Admission       // running window under --worker-admission-window (nil: off)
+	TokenShare  map[string]int64 // router id -> tokens of the worker's token budget (--worker-token-budget)
+	Budget      *Budget          // token budget under --worker-token-budget (nil: off)
 }
 
 // same reports whether s and o hold the same shares and window.
 func (s *Shares) same(o *Shares) bool {
 	return maps.Equal(s.WindowShare, o.WindowShare) && (s.WindowShare == nil) == (o.WindowShare == nil) &&
-		(s.Admission == o.Admission || s.Admission != nil && o.Admission != nil && *s.Admission == *o.Admission)
+		(s.Admission == o.Admission || s.Admission != nil && o.Admission != nil && *s.Admission == *o.Admission) &&
+		maps.Equal(s.TokenShare, o.TokenShare) && (s.TokenShare == nil) == (o.TokenShare == nil) &&
+		(s.Budget == o.Budget || s.Budget != nil && o.Budget != nil && *s.Budget == *o.Budget)
+}
+
+// Budget is a worker's token budget under --worker-token-budget: the tokens
+// (prompt plus expected output) routers may hold on it in all, kept by the
+// window allocator (controlplane/windows).
+type Budget struct {
+	Tokens  int64  // the budget (0: none known: never gated by tokens)
+	Source  string // "engine" (its reported KV capacity), "learned" or ""
+	Learned int64  // learned KV capacity (0: not learned yet)
+}
+
+// TokenBudget is the budget in tokens (0: none).
+func (b *Budget) TokenBudget() int64 {
+	if b == nil || b.Tokens <= 0 {
+		return 0
+	}
+	return b.Tokens
 }
 
 // Admission is a worker's running window under --worker-admission-window,

@@ -45,6 +45,8 @@ func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 		OverloadReason:     w.OverloadReason,
 		Provider:           ProviderRoute(spec.GetProvider()),
 		PromptTokensAhead:  w.PromptTokensAhead,
+		TokenBudget:        w.Budget.TokenBudget(),
+		TokenShare:         tokenShare(w, routerID),
 	}
 }
 
@@ -107,8 +109,18 @@ func windowShare(w *registry.Worker, routerID string) int64 {
 	return share
 }
 
+// tokenShare is routerID's share of w's token budget as RoutingWorker sends
+// it: -1 when the worker has a budget and this router no share (yet).
+func tokenShare(w *registry.Worker, routerID string) int64 {
+	share := w.TokenShare[routerID]
+	if share == 0 && w.Budget.TokenBudget() > 0 {
+		share = -1
+	}
+	return share
+}
+
 // perRouter reports whether routers see w differently (their own shares).
-func perRouter(w *registry.Worker) bool { return len(w.WindowShare) > 0 }
+func perRouter(w *registry.Worker) bool { return len(w.WindowShare) > 0 || len(w.TokenShare) > 0 }
 
 // maxRunning is w's running window: the engine's report, else the registered one.
 func maxRunning(w *registry.Worker) int64 {

@@ -112,6 +112,8 @@ func appendWorker(buf []byte, w *registry.Worker, routerID string) []byte {
 		buf = closeField(buf, m)
 	}
 	buf = appendInt(buf, 23, w.PromptTokensAhead)
+	buf = appendInt(buf, 24, w.Budget.TokenBudget())
+	buf = appendInt(buf, 25, tokenShare(w, routerID))
 	return buf
 }
 

@@ -110,6 +110,15 @@ func randWorker(r *rand.Rand, id string, routers []string) *registry.Worker {
 	if r.IntN(3) == 0 {
 		w.Admission = &registry.Admission{Window: int64(randInt32(r)), Queue: int64(r.IntN(4))}
 	}
+	if r.IntN(3) == 0 {
+		w.Budget = &registry.Budget{Tokens: int64(randInt32(r)), Source: "engine"}
+		w.TokenShare = map[string]int64{}
+		for _, id := range routers {
+			if r.IntN(2) == 0 {
+				w.TokenShare[id] = int64(randInt32(r))
+			}
+		}
+	}
 	if r.IntN(2) == 0 {
 		// Insert takes the prompt tokens ahead from the evidence.
 		w.Evidence.Live.Routers(time.Time{}, judge.RouterObservation{PrefillTokens: int64(randInt32(r))}, &judge.Rules{})

@@ -54,6 +54,10 @@ type Options struct {
 	// Queue is how many requests may wait in an engine beyond its window
 	// (--worker-admission-queue): shares split window + Queue.
 	Queue int64
+	// TokenBudget gives every regular worker a token budget
+	// (--worker-token-budget): its reported KV capacity, else a learned one,
+	// split into per-router shares like the running window.
+	TokenBudget bool
 }
 
 // Allocator keeps window shares (PD decode windows and, with Admission,
@@ -70,8 +74,9 @@ type Allocator struct {
 	mu      sync.Mutex
 	routers map[string]*routerState
 	seen    map[string]bool // plan's scratch, kept so a plan over 10,000 workers does not grow a map 4 times a second
-	// grants: worker id -> router id -> what the router may hold.
-	grants map[string]map[string]*grant
+	// grants: worker id -> router id -> what the router may hold, by
+	// dimension (rooms of running windows, tokens of token budgets).
+	grants [numDims]map[string]map[string]*grant
 	// learners: worker id -> learned running window (learn.go), fed by
 	// ObserveLoad without the allocator's lock.
 	learners *shardmap.Map[*learner]
@@ -112,7 +117,7 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 	a := &Allocator{
 		reg: reg, opts: opts, log: log, started: opts.Now(),
 		routers:  make(map[string]*routerState),
-		grants:   make(map[string]map[string]*grant),
+		grants:   [numDims]map[string]map[string]*grant{make(map[string]map[string]*grant), make(map[string]map[string]*grant)},
 		learners: shardmap.New[*learner](),
 		kick:     make(chan struct{}, 1),
 		writes: prometheus.NewCounter(prometheus.CounterOpts{
@@ -145,14 +150,33 @@ func (a *Allocator) RouterDemand(routerID string, applied uint64, demand []*smgv
 		rs.demand[d.GetWorkerId()] = d
 	}
 	// A report sent after the router applied a decrease bounds what it holds.
-	for wid, byRouter := range a.grants {
-		g := byRouter[routerID]
-		if g == nil || (g.pending != 0 && rs.applied < g.pending) {
-			continue
+	for dim, grants := range a.grants {
+		for wid, byRouter := range grants {
+			g := byRouter[routerID]
+			if g == nil || (g.pending != 0 && rs.applied < g.pending) {
+				continue
+			}
+			g.pending = 0
+			g.held, _, _ = demandOf(dim, rs.demand[wid]) // the share is added back in step
 		}
-		g.pending = 0
-		g.held = rs.demand[wid].GetInFlight() // the share is added back in step
 	}
+}
+
+// Dimensions a window is counted in: rooms (running windows) and tokens
+// (token budgets). Each has its own grants and acknowledgements.
+const (
+	dimRooms = iota
+	dimTokens
+	numDims
+)
+
+// demandOf reads a router's demand on a worker in dimension dim: held now,
+// waiting (or refused since its last report), and waiting by class.
+func demandOf(dim int, d *smgv1.DecodeDemand) (inFlight, waiting int64, byClass []int64) {
+	if dim == dimTokens {
+		return d.GetTokensInFlight(), d.GetTokensWaiting(), d.GetTokensWaitingByClass()
+	}
+	return d.GetInFlight(), d.GetWaiting(), d.GetWaitingByClass()
 }
 
 // RouterDisconnected starts the stale bound of a router (watch.DemandSink).
@@ -176,7 +200,9 @@ func (a *Allocator) Run(ctx context.Context) {
 		a.mu.Lock()
 		a.held = false
 		clear(a.routers)
-		clear(a.grants)
+		for _, g := range a.grants {
+			clear(g)
+		}
 		a.learners.Range(func(id string, l *learner) bool {
 			a.learners.CompareAndDelete(id, l)
 			return true
@@ -207,7 +233,7 @@ func (a *Allocator) Step() error {
 	defer a.mu.Unlock()
 	now := a.opts.Now()
 	a.expire(now)
-	var decreased map[string][]string
+	var decreased [numDims]map[string][]string
 	wrote := false
 	rev, err := a.reg.Update(func(t *registry.Txn) error {
 		var updates map[string]update
@@ -219,10 +245,12 @@ func (a *Allocator) Step() error {
 		return err
 	}
 	a.writes.Inc()
-	for wid, routers := range decreased {
-		for _, id := range routers {
-			if g := a.grants[wid][id]; g != nil {
-				g.pending = rev // acknowledged once the router reports having applied rev
+	for dim, dec := range decreased {
+		for wid, routers := range dec {
+			for _, id := range routers {
+				if g := a.grants[dim][wid][id]; g != nil {
+					g.pending = rev // acknowledged once the router reports having applied rev
+				}
 			}
 		}
 	}
@@ -233,6 +261,8 @@ func (a *Allocator) Step() error {
 type update struct {
 	shares    map[string]int64
 	admission *registry.Admission
+	tokens    map[string]int64
+	budget    *registry.Budget
 }
 
 // expire forgets routers disconnected past the stale bound: their shares
@@ -241,16 +271,19 @@ func (a *Allocator) expire(now time.Time) {
 	for id, rs := range a.routers {
 		if rs.gone && now.Sub(rs.goneAt) >= a.opts.StaleAfter {
 			delete(a.routers, id)
-			for _, byRouter := range a.grants {
-				delete(byRouter, id)
+			for _, grants := range a.grants {
+				for _, byRouter := range grants {
+					delete(byRouter, id)
+				}
 			}
 		}
 	}
 }
 
-// plan computes every worker's next shares (and admission record) and the
-// routers whose share decreased (their decrease awaits an acknowledgement).
-func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]update, map[string][]string) {
+// plan computes every worker's next shares (and admission and budget
+// records) and, by dimension, the routers whose share decreased (their
+// decrease awaits an acknowledgement).
+func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]update, [numDims]map[string][]string) {
 	ids := slices.Sorted(maps.Keys(a.routers))
 	warmup := a.opts.Warmup
 	if a.held {
@@ -258,7 +291,10 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 	}
 	warm := now.Sub(a.started) >= warmup
 	updates := make(map[string]update)
-	decreased := make(map[string][]string)
+	var decreased [numDims]map[string][]string
+	for dim := range decreased {
+		decreased[dim] = make(map[string][]string)
+	}
 	if a.seen == nil {
 		a.seen = make(map[string]bool, len(workers))
 	}
@@ -269,32 +305,29 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 		if w.External() {
 			// A provider has no running window; its spill-over budget is
 			// split evenly among the routers.
-			if shares := spillShares(w, ids, warm); !maps.Equal(shares, w.WindowShare) || (shares == nil) != (w.WindowShare == nil) || w.Admission != nil {
+			if shares := spillShares(w, ids, warm); !maps.Equal(shares, w.WindowShare) || (shares == nil) != (w.WindowShare == nil) || w.Admission != nil || w.Budget != nil {
 				updates[w.ID] = update{shares: shares}
 			}
-			delete(a.grants, w.ID)
+			delete(a.grants[dimRooms], w.ID)
+			delete(a.grants[dimTokens], w.ID)
 			continue
 		}
 		window, adm := a.windowOf(w, now)
-		changedAdm := !admissionEqual(adm, w.Admission)
-		if window <= 0 {
-			if w.WindowShare != nil || changedAdm {
-				updates[w.ID] = update{admission: adm}
-			}
-			delete(a.grants, w.ID)
-			continue
-		}
-		shares, dec := a.planWorker(w, window, ids, warm)
-		if len(dec) > 0 {
-			decreased[w.ID] = dec
-		}
-		if changedAdm || !maps.Equal(shares, w.WindowShare) || (w.WindowShare == nil && len(shares) > 0) {
-			updates[w.ID] = update{shares: shares, admission: adm}
+		tokens, budget := a.budgetOf(w)
+		var next update
+		next.admission, next.budget = adm, budget
+		next.shares = a.planDim(dimRooms, w, window, ids, warm, decreased[dimRooms])
+		next.tokens = a.planDim(dimTokens, w, tokens, ids, warm, decreased[dimTokens])
+		if !admissionEqual(adm, w.Admission) || !budgetEqual(budget, w.Budget) ||
+			sharesChanged(next.shares, w.WindowShare, window > 0) || sharesChanged(next.tokens, w.TokenShare, tokens > 0) {
+			updates[w.ID] = next
 		}
 	}
-	for id := range a.grants {
-		if !seen[id] {
-			delete(a.grants, id)
+	for _, grants := range a.grants {
+		for id := range grants {
+			if !seen[id] {
+				delete(grants, id)
+			}
 		}
 	}
 	a.learners.Range(func(id string, l *learner) bool {
@@ -306,17 +339,41 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 	return updates, decreased
 }
 
-// planWorker splits one worker's window over the routers.
-func (a *Allocator) planWorker(w *registry.Worker, window int64, ids []string, warm bool) (map[string]int64, []string) {
-	byRouter := a.grants[w.ID]
+// sharesChanged reports whether next differs from the shares stored (cur)
+// enough to write: with a window (on) any change, and a first non-empty
+// split; without one, any shares left to drop.
+func sharesChanged(next, cur map[string]int64, on bool) bool {
+	if !on {
+		return cur != nil
+	}
+	return !maps.Equal(next, cur) || (cur == nil && len(next) > 0)
+}
+
+// planDim splits w's window of size in dimension dim over the routers
+// (nil with no window), noting the routers whose share decreased in dec.
+func (a *Allocator) planDim(dim int, w *registry.Worker, size int64, ids []string, warm bool, dec map[string][]string) map[string]int64 {
+	if size <= 0 {
+		delete(a.grants[dim], w.ID)
+		return nil
+	}
+	shares, d := a.planWorker(dim, w, size, ids, warm)
+	if len(d) > 0 {
+		dec[w.ID] = d
+	}
+	return shares
+}
+
+// planWorker splits one worker's window (rooms or tokens) over the routers.
+func (a *Allocator) planWorker(dim int, w *registry.Worker, window int64, ids []string, warm bool) (map[string]int64, []string) {
+	byRouter := a.grants[dim][w.ID]
 	if byRouter == nil {
 		byRouter = make(map[string]*grant)
-		a.grants[w.ID] = byRouter
+		a.grants[dim][w.ID] = byRouter
 	}
 	in := make([]RouterInput, 0, len(ids))
 	for _, id := range ids {
 		rs := a.routers[id]
-		d := rs.demand[w.ID]
+		inFlight, waiting, byClass := demandOf(dim, rs.demand[w.ID])
 		g := byRouter[id]
 		if g == nil {
 			// First heard of (in this term): what it reports in flight is
@@ -325,13 +382,13 @@ func (a *Allocator) planWorker(w *registry.Worker, window int64, ids []string, w
 			// that share). It keeps it: adopted as its share, those rooms
 			// go to no other router, and shares move from there by the
 			// usual shrink-before-grow.
-			g = &grant{share: d.GetInFlight(), held: d.GetInFlight()}
+			g = &grant{share: inFlight, held: inFlight}
 			byRouter[id] = g
 		}
 		ri := RouterInput{ID: id, Share: g.share, Held: max(g.share, g.held)}
 		if !rs.gone {
-			ri.Demand, ri.Waiting = d.GetInFlight()+d.GetWaiting(), d.GetWaiting()
-			ri.WaitingByClass = d.GetWaitingByClass()
+			ri.Demand, ri.Waiting = inFlight+waiting, waiting
+			ri.WaitingByClass = byClass
 			if ri.Waiting > 0 {
 				// A router that still waits (or refuses) uses its whole
 				// share: rooms that freed a moment before its report are
@@ -410,6 +467,7 @@ func (a *Allocator) commit(t *registry.Txn, updates map[string]update) bool {
 		}
 		c := cur.Clone()
 		c.WindowShare, c.Admission = u.shares, u.admission
+		c.TokenShare, c.Budget = u.tokens, u.budget
 		t.Insert(c)
 	}
 	return len(updates) > 0
@@ -516,6 +574,13 @@ func usage(v float64) float64 {
 		return 0
 	}
 	return min(v, 1)
+}
+
+func budgetEqual(a, b *registry.Budget) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 func admissionEqual(a, b *registry.Admission) bool {

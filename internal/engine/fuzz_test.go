@@ -162,6 +162,7 @@ func parseSGLangLoadsStd(body []byte) (Report, error) {
 			GenThroughput      float64  `json:"gen_throughput"`
 			CacheHitRate       float64  `json:"cache_hit_rate"`
 			MaxRunningRequests float64  `json:"max_running_requests"`
+			MaxTotalNumTokens  float64  `json:"max_total_num_tokens"`
 			NumUsedTokens      *float64 `json:"num_used_tokens"`
 		} `json:"loads"`
 	}
@@ -173,7 +174,7 @@ func parseSGLangLoadsStd(body []byte) (Report, error) {
 	hasUsed := false
 	for i, l := range v.Loads {
 		e := loadsEntry{running: l.NumRunningReqs, waiting: l.NumWaitingReqs, usage: l.TokenUsage,
-			gen: l.GenThroughput, hitRate: l.CacheHitRate, maxRunning: l.MaxRunningRequests}
+			gen: l.GenThroughput, hitRate: l.CacheHitRate, maxRunning: l.MaxRunningRequests, kvCapacity: l.MaxTotalNumTokens}
 		if l.DPRank != nil {
 			e.dp, e.hasDP = *l.DPRank, true
 		}

@@ -28,7 +28,7 @@ func approxRanks(got, want []Rank) bool {
 	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 	for i := range got {
 		g, w := got[i], want[i]
-		if g.DPRank != w.DPRank || g.Waiting != w.Waiting || g.Running != w.Running || g.MaxRunning != w.MaxRunning ||
+		if g.DPRank != w.DPRank || g.Waiting != w.Waiting || g.Running != w.Running || g.MaxRunning != w.MaxRunning || g.KVCapacity != w.KVCapacity ||
 			!near(g.TokenUsage, w.TokenUsage) || !near(g.GenThroughput, w.GenThroughput) || !near(g.CacheHitRate, w.CacheHitRate) {
 			return false
 		}
@@ -67,8 +67,8 @@ func TestParsersOnRecordedPayloads(t *testing.T) {
 		{
 			name: "SGLang /v1/loads, two DP ranks out of order", file: "sglang_v1_loads_dp2.json", parse: ParseSGLangLoads, source: SourceSGLangLoads,
 			ranks: []Rank{
-				{DPRank: 0, Waiting: 2, Running: 58, TokenUsage: 0.7362, GenThroughput: 2143.9, CacheHitRate: 0.3877, MaxRunning: 128},
-				{DPRank: 1, Waiting: 7, Running: 61, TokenUsage: 0.8713, GenThroughput: 2210.41, CacheHitRate: 0.4122, MaxRunning: 128},
+				{DPRank: 0, Waiting: 2, Running: 58, TokenUsage: 0.7362, GenThroughput: 2143.9, CacheHitRate: 0.3877, MaxRunning: 128, KVCapacity: 231072},
+				{DPRank: 1, Waiting: 7, Running: 61, TokenUsage: 0.8713, GenThroughput: 2210.41, CacheHitRate: 0.4122, MaxRunning: 128, KVCapacity: 231072},
 			},
 			stepCount: 201344 + 170112, batchWire: true, // KV tokens in use
 		},

@@ -51,6 +51,7 @@ type Rank struct {
 	GenThroughput    float64 // generated tokens per second
 	CacheHitRate     float64 // prefix cache hit rate, 0..1
 	MaxRunning       int64   // the running window if the engine reports it, else 0
+	KVCapacity       int64   // KV cache capacity in tokens if the engine reports it, else 0
 }
 
 // rankCounters are cumulative counters some wires export instead of a rate;
@@ -135,13 +136,21 @@ func (r Report) CacheHitRate() float64 {
 // reported") when any rank lacks one: a partial sum would understate the
 // engine's window and gate PD admission on a number the engine never gave, and
 // the spec never gates a worker whose engine reports no window.
-func (r Report) MaxRunning() int64 {
+func (r Report) MaxRunning() int64 { return r.sumEvery(func(rk Rank) int64 { return rk.MaxRunning }) }
+
+// KVCapacity is the KV cache capacity in tokens summed over DP ranks; 0 ("not
+// reported") when any rank lacks one, as MaxRunning.
+func (r Report) KVCapacity() int64 { return r.sumEvery(func(rk Rank) int64 { return rk.KVCapacity }) }
+
+// sumEvery sums f over DP ranks, or 0 when a rank has none (f <= 0).
+func (r Report) sumEvery(f func(Rank) int64) int64 {
 	var n int64
 	for _, rk := range r.Ranks {
-		if rk.MaxRunning <= 0 {
+		v := f(rk)
+		if v <= 0 {
 			return 0
 		}
-		n += rk.MaxRunning
+		n += v
 	}
 	return n
 }

@@ -21,6 +21,7 @@ type loadsEntry struct {
 	hasDP                    bool
 	running, waiting, usage  float64
 	gen, hitRate, maxRunning float64
+	kvCapacity               float64 // max_total_num_tokens: KV capacity in tokens
 	used                     float64 // num_used_tokens: KV tokens in use
 	hasUsed                  bool
 }
@@ -104,6 +105,8 @@ func (s *jsonScanner) loadsField(key []byte, e *loadsEntry) bool {
 		dst = &e.hitRate
 	case "max_running_requests":
 		dst = &e.maxRunning
+	case "max_total_num_tokens":
+		dst = &e.kvCapacity
 	case "num_used_tokens":
 		set, ok := s.numOrNull(&e.used)
 		e.hasUsed = e.hasUsed || set
@@ -117,7 +120,7 @@ func (s *jsonScanner) loadsField(key []byte, e *loadsEntry) bool {
 }
 
 var loadsFieldNames = []string{"dp_rank", "num_running_reqs", "num_waiting_reqs", "token_usage",
-	"gen_throughput", "cache_hit_rate", "max_running_requests", "num_used_tokens"}
+	"gen_throughput", "cache_hit_rate", "max_running_requests", "num_used_tokens", "max_total_num_tokens"}
 
 // loadsFieldName maps a key to the field it fills, matching as encoding/json
 // does (case-insensitively); "" for keys this package does not read.
@@ -167,6 +170,7 @@ func addLoadsEntry(s *rankSet, e loadsEntry, i int) {
 		GenThroughput: rate(e.gen),
 		CacheHitRate:  fraction(e.hitRate),
 		MaxRunning:    count(e.maxRunning),
+		KVCapacity:    count(e.kvCapacity),
 	}
 }
 

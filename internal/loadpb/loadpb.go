@@ -26,12 +26,12 @@ func FromReport(rep engine.Report, at time.Time) *smgv1.EngineLoad {
 		ranks[i] = &smgv1.RankLoad{
 			DpRank: int32(r.DPRank), WaitingRequests: clamp32(r.Waiting), RunningRequests: clamp32(r.Running),
 			TokenUsage: r.TokenUsage, GenThroughput: r.GenThroughput, CacheHitRate: r.CacheHitRate,
-			MaxRunningRequests: clamp32(r.MaxRunning),
+			MaxRunningRequests: clamp32(r.MaxRunning), KvCapacityTokens: r.KVCapacity,
 		}
 	}
 	l := Clamp(&smgv1.EngineLoad{
 		Source: string(rep.Source), Ranks: ranks, RunningRequests: clamp32(rep.Running()),
-		MaxRunningRequests: clamp32(rep.MaxRunning()), ReportedAt: timestamppb.New(at),
+		MaxRunningRequests: clamp32(rep.MaxRunning()), KvCapacityTokens: rep.KVCapacity(), ReportedAt: timestamppb.New(at),
 	})
 	waiting, usage := Signals(l.Ranks)
 	l.WaitingRequests, l.TokenUsage = clamp32(waiting), usage
@@ -52,6 +52,10 @@ func Signals(ranks []*smgv1.RankLoad) (waiting int64, tokenUsage float64) {
 	}
 	return waiting, tokenUsage / float64(len(ranks))
 }
+
+// MaxKVCapacity bounds a KV capacity in tokens (2^40: far above any engine's,
+// and sums of many of them stay far from overflowing).
+const MaxKVCapacity = 1 << 40
 
 // MaxRanks bounds the ranks a load keeps (the engine reader keeps as many).
 const MaxRanks = 1024
@@ -79,10 +83,12 @@ func Clamp(l *smgv1.EngineLoad) *smgv1.EngineLoad {
 		r.DpRank = min(max(r.DpRank, 0), maxDPRank)
 		r.WaitingRequests, r.RunningRequests = max(r.WaitingRequests, 0), max(r.RunningRequests, 0)
 		r.MaxRunningRequests = max(r.MaxRunningRequests, 0)
+		r.KvCapacityTokens = min(max(r.KvCapacityTokens, 0), MaxKVCapacity)
 		r.TokenUsage, r.CacheHitRate, r.GenThroughput = fraction(r.TokenUsage), fraction(r.CacheHitRate), rate(r.GenThroughput)
 	}
 	l.WaitingRequests, l.RunningRequests = max(l.WaitingRequests, 0), max(l.RunningRequests, 0)
 	l.MaxRunningRequests = max(l.MaxRunningRequests, 0)
+	l.KvCapacityTokens = min(max(l.KvCapacityTokens, 0), MaxKVCapacity)
 	l.TokenUsage = fraction(l.TokenUsage)
 	return l
 }

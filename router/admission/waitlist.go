@@ -9,8 +9,9 @@ import (
 
 // Waiter is a request waiting for a room in one pool.
 type Waiter struct {
-	Need  int64 // rooms it takes
-	Class Class // its place in the queue: highest class first
+	Need   int64 // rooms it takes
+	Tokens int64 // tokens it takes (--worker-token-budget; 0: none)
+	Class  Class // its place in the queue: highest class first
 	// Try selects a worker with room and takes the room, keeping what it
 	// found for its caller. It runs under the waitlist's lock; false means
 	// "nothing yet, keep waiting". A selection that found no worker at all
@@ -19,7 +20,18 @@ type Waiter struct {
 
 	ready chan struct{} // closed once done
 	done  bool
+	since time.Time // when it joined the queue
 }
+
+// BypassFor is how long a waiter whose tokens fit no worker lets smaller
+// waiters behind it pass (under --worker-token-budget): a short request
+// need not wait behind a long one the budget cannot take yet, and the long
+// one is not starved, since once it has waited this long nobody passes it.
+const BypassFor = time.Second
+
+// maxBypassTries bounds the waiters tried past a head that does not fit, per
+// grant pass, so a long queue costs a release a few selections at most.
+const maxBypassTries = 8
 
 // RoomResult says how waiting for a room ended.
 type RoomResult uint8
@@ -58,7 +70,8 @@ type Waitlist struct {
 	// refused counts rooms asked for by requests that got no room (shed at
 	// once or at the end of their wait) since the last report: demand the
 	// control plane must see even when nobody is left waiting.
-	refused [NumClasses]atomic.Int64
+	refused       [NumClasses]atomic.Int64
+	refusedTokens [NumClasses]atomic.Int64
 	// grants are the times of the latest rooms handed to waiters (a ring,
 	// newest at grantAt[(grantNext-1)%grantRing]), for ExpectedWait.
 	grants    [grantRing]time.Time
@@ -132,10 +145,10 @@ func (wl *Waitlist) Acquire(ctx context.Context, w *Waiter, wait time.Duration) 
 	}
 	if wait <= 0 {
 		wl.mu.Unlock()
-		wl.refused[w.Class].Add(w.Need)
+		wl.refuse(w)
 		return RoomShed
 	}
-	w.ready = make(chan struct{})
+	w.ready, w.since = make(chan struct{}), wl.now()
 	if !wl.queue.push(w) {
 		wl.mu.Unlock()
 		return RoomQueueFull
@@ -164,9 +177,15 @@ func (wl *Waitlist) Acquire(ctx context.Context, w *Waiter, wait time.Duration) 
 	wl.n.Add(-1)
 	wl.grantLocked() // the leaver may have been the head blocking others
 	if res == RoomShed {
-		wl.refused[w.Class].Add(w.Need)
+		wl.refuse(w)
 	}
 	return res
+}
+
+// refuse counts w's rooms and tokens as refused demand.
+func (wl *Waitlist) refuse(w *Waiter) {
+	wl.refused[w.Class].Add(w.Need)
+	wl.refusedTokens[w.Class].Add(w.Tokens)
 }
 
 // Poke hands freed rooms to waiters.
@@ -180,6 +199,8 @@ func (wl *Waitlist) Poke() {
 }
 
 // grantLocked serves waiters from the head while the head finds a room.
+// A head that carries tokens and finds none lets smaller waiters behind it
+// pass (bypassLocked) for BypassFor.
 func (wl *Waitlist) grantLocked() {
 	for {
 		h := wl.queue.head()
@@ -187,25 +208,61 @@ func (wl *Waitlist) grantLocked() {
 			return
 		}
 		if !h.Try() {
+			if h.Tokens > 0 && wl.now().Sub(h.since) < BypassFor {
+				wl.bypassLocked(h)
+			}
 			return
 		}
-		wl.queue.remove(h)
-		wl.n.Add(-1)
-		h.done = true
-		close(h.ready)
-		wl.grants[wl.grantNext] = wl.now()
-		wl.grantNext = (wl.grantNext + 1) % grantRing
+		wl.grantOne(h)
 	}
 }
 
-// TakeDemand is the demand a report carries: rooms asked for by waiters now
-// plus those refused since the previous report (reset), by class.
-func (wl *Waitlist) TakeDemand() [NumClasses]int64 {
-	out := wl.WaitingByClass()
-	for c := range out {
-		out[c] += wl.refused[c].Swap(0)
+// bypassLocked tries, past head h that found no room, the waiters that
+// need fewer tokens than h (one needing as many would not fit either), up
+// to maxBypassTries of them, and grants those that find a room.
+func (wl *Waitlist) bypassLocked(h *Waiter) {
+	tried := 0
+	var granted []*Waiter
+	wl.queue.each(func(w *Waiter) {
+		if w == h || w.Tokens >= h.Tokens || tried >= maxBypassTries {
+			return
+		}
+		tried++
+		if w.Try() {
+			granted = append(granted, w)
+		}
+	})
+	for _, w := range granted {
+		wl.grantOne(w)
 	}
-	return out
+}
+
+// grantOne hands w its room: out of the queue, and awake.
+func (wl *Waitlist) grantOne(w *Waiter) {
+	wl.queue.remove(w)
+	wl.n.Add(-1)
+	w.done = true
+	close(w.ready)
+	wl.grants[wl.grantNext] = wl.now()
+	wl.grantNext = (wl.grantNext + 1) % grantRing
+}
+
+// TakeDemand is the demand a report carries: rooms and tokens asked for by
+// waiters now plus those refused since the previous report (reset), by class.
+func (wl *Waitlist) TakeDemand() (rooms, tokens [NumClasses]int64) {
+	if wl.n.Load() > 0 {
+		wl.mu.Lock()
+		wl.queue.each(func(w *Waiter) {
+			rooms[w.Class] += w.Need
+			tokens[w.Class] += w.Tokens
+		})
+		wl.mu.Unlock()
+	}
+	for c := range rooms {
+		rooms[c] += wl.refused[c].Swap(0)
+		tokens[c] += wl.refusedTokens[c].Swap(0)
+	}
+	return rooms, tokens
 }
 
 // WaitingByClass sums the rooms asked for by waiters, by class.

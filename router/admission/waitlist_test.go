@@ -20,7 +20,7 @@ func newOneGate(limit, window int64) *oneGate {
 }
 
 func (o *oneGate) waiter(need int64) *Waiter {
-	return &Waiter{Need: need, Try: func() bool { return o.g.TryAcquire(need) }}
+	return &Waiter{Need: need, Try: func() bool { return o.g.TryAcquire(need, 0) }}
 }
 
 func (o *oneGate) acquire(ctx context.Context, need int64, wait time.Duration) RoomResult {
@@ -64,7 +64,7 @@ func stillWaiting(t *testing.T, res <-chan RoomResult, who string) {
 }
 
 func (o *oneGate) release(need int64) {
-	o.g.Release(need)
+	o.g.Release(need, 0)
 	o.wl.Poke()
 }
 
@@ -91,7 +91,7 @@ func TestGateRoomDispatchesAtOnce(t *testing.T) {
 	if in := o.g.InFlight(); in != 2 {
 		t.Fatalf("in flight = %d, want 2", in)
 	}
-	if o.g.HasRoom(1) {
+	if o.g.HasRoom(1, 0) {
 		t.Fatal("a full gate reports room")
 	}
 }

@@ -150,15 +150,17 @@ type Client struct {
 type window struct {
 	decode                   bool
 	maxRunning, rooms, share int64
+	tokens, tokenShare       int64 // the token budget and this router's share, carried with the window
 }
 
 func windowOf(w router.Worker) window {
-	return window{w.Type == router.TypeDecode, w.MaxRunning, w.AdmissionRooms, w.WindowShare}
+	return window{w.Type == router.TypeDecode, w.MaxRunning, w.AdmissionRooms, w.WindowShare, w.TokenBudget, w.TokenShare}
 }
 
 // applyTo puts the window held into w.
 func (v window) applyTo(w *router.Worker) {
 	w.MaxRunning, w.AdmissionRooms, w.WindowShare = max(w.MaxRunning, v.maxRunning), v.rooms, v.share
+	w.TokenBudget, w.TokenShare = v.tokens, v.tokenShare
 }
 
 // known reports whether the control plane said anything about the window
@@ -771,6 +773,8 @@ func routerWorker(w *smgv1.RoutingWorker) router.Worker {
 		AdmissionRooms:    w.GetAdmissionRooms(),
 		Provider:          routerProvider(w.GetProvider()),
 		PromptTokensAhead: w.GetPromptTokensAhead(),
+		TokenBudget:       w.GetTokenBudget(),
+		TokenShare:        w.GetTokenShare(),
 	}
 }
 
@@ -800,6 +804,15 @@ func routerVeto(v smgv1.Veto) router.Veto {
 	return router.VetoNone
 }
 
+// tokensByClass is d's token demand by class, or nil without a token budget
+// (the report stays as it was).
+func tokensByClass(d router.WindowDemand) []int64 {
+	if d.TokensWaiting == 0 {
+		return nil
+	}
+	return d.TokensWaitingByClass[:]
+}
+
 // report converts the router's observations.
 func report(obs router.Observations) *smgv1.RouterReport {
 	r := &smgv1.RouterReport{Workers: make([]*smgv1.WorkerObservation, len(obs.Workers))}
@@ -819,7 +832,8 @@ func report(obs router.Observations) *smgv1.RouterReport {
 	}
 	for _, d := range obs.Demand {
 		r.Demand = append(r.Demand, &smgv1.DecodeDemand{WorkerId: d.WorkerID, InFlight: d.InFlight, Waiting: d.Waiting,
-			WaitingByClass: d.WaitingByClass[:], Queued: d.Queued})
+			WaitingByClass: d.WaitingByClass[:], Queued: d.Queued,
+			TokensInFlight: d.TokensInFlight, TokensWaiting: d.TokensWaiting, TokensWaitingByClass: tokensByClass(d)})
 	}
 	for _, t := range obs.Tenants {
 		r.Tenants = append(r.Tenants, &smgv1.TenantUsage{Tenant: t.Tenant, Weight: t.Weight, InFlight: t.InFlight, Waiting: t.Waiting,

@@ -88,8 +88,10 @@ type RankLoad struct {
 	GenThroughput      float64                `protobuf:"fixed64,5,opt,name=gen_throughput,json=genThroughput,proto3" json:"gen_throughput,omitempty"`
 	CacheHitRate       float64                `protobuf:"fixed64,6,opt,name=cache_hit_rate,json=cacheHitRate,proto3" json:"cache_hit_rate,omitempty"`
 	MaxRunningRequests int32                  `protobuf:"varint,7,opt,name=max_running_requests,json=maxRunningRequests,proto3" json:"max_running_requests,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// KV cache capacity in tokens (0: not reported).
+	KvCapacityTokens int64 `protobuf:"varint,8,opt,name=kv_capacity_tokens,json=kvCapacityTokens,proto3" json:"kv_capacity_tokens,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RankLoad) Reset() {
@@ -171,6 +173,13 @@ func (x *RankLoad) GetMaxRunningRequests() int32 {
 	return 0
 }
 
+func (x *RankLoad) GetKvCapacityTokens() int64 {
+	if x != nil {
+		return x.KvCapacityTokens
+	}
+	return 0
+}
+
 // EngineLoad is one load report, with the signals computed from it.
 type EngineLoad struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -187,9 +196,12 @@ type EngineLoad struct {
 	// When this load was reported. An agent sends a load only when it
 	// changes, so a steady engine's reported_at is the time of its last
 	// change, not of its last contact (liveness is in the verdict).
-	ReportedAt    *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=reported_at,json=reportedAt,proto3" json:"reported_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ReportedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=reported_at,json=reportedAt,proto3" json:"reported_at,omitempty"`
+	// KV cache capacity in tokens summed over ranks (0: not reported by
+	// every rank).
+	KvCapacityTokens int64 `protobuf:"varint,8,opt,name=kv_capacity_tokens,json=kvCapacityTokens,proto3" json:"kv_capacity_tokens,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *EngineLoad) Reset() {
@@ -271,11 +283,18 @@ func (x *EngineLoad) GetReportedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *EngineLoad) GetKvCapacityTokens() int64 {
+	if x != nil {
+		return x.KvCapacityTokens
+	}
+	return 0
+}
+
 var File_smg_v1_load_proto protoreflect.FileDescriptor
 
 const file_smg_v1_load_proto_rawDesc = "" +
 	"\n" +
-	"\x11smg/v1/load.proto\x12\x06smg.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x02\n" +
+	"\x11smg/v1/load.proto\x12\x06smg.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc7\x02\n" +
 	"\bRankLoad\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\x05R\x06dpRank\x12)\n" +
 	"\x10waiting_requests\x18\x02 \x01(\x05R\x0fwaitingRequests\x12)\n" +
@@ -284,7 +303,8 @@ const file_smg_v1_load_proto_rawDesc = "" +
 	"tokenUsage\x12%\n" +
 	"\x0egen_throughput\x18\x05 \x01(\x01R\rgenThroughput\x12$\n" +
 	"\x0ecache_hit_rate\x18\x06 \x01(\x01R\fcacheHitRate\x120\n" +
-	"\x14max_running_requests\x18\a \x01(\x05R\x12maxRunningRequests\"\xb2\x02\n" +
+	"\x14max_running_requests\x18\a \x01(\x05R\x12maxRunningRequests\x12,\n" +
+	"\x12kv_capacity_tokens\x18\b \x01(\x03R\x10kvCapacityTokens\"\xe0\x02\n" +
 	"\n" +
 	"EngineLoad\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12&\n" +
@@ -295,7 +315,8 @@ const file_smg_v1_load_proto_rawDesc = "" +
 	"tokenUsage\x120\n" +
 	"\x14max_running_requests\x18\x06 \x01(\x05R\x12maxRunningRequests\x12;\n" +
 	"\vreported_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"reportedAt*V\n" +
+	"reportedAt\x12,\n" +
+	"\x12kv_capacity_tokens\x18\b \x01(\x03R\x10kvCapacityTokens*V\n" +
 	"\x04Veto\x12\x14\n" +
 	"\x10VETO_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rVETO_OVERLOAD\x10\x01\x12\x14\n" +

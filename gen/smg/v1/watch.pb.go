@@ -494,9 +494,16 @@ type DecodeDemand struct {
 	// The part of waiting held in the router now, waiting for a room (waiting
 	// also counts rooms refused since the last report). The allocator never
 	// probes a learned window upward while a request waits for it.
-	Queued        int64 `protobuf:"varint,5,opt,name=queued,proto3" json:"queued,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Queued int64 `protobuf:"varint,5,opt,name=queued,proto3" json:"queued,omitempty"`
+	// Under --worker-token-budget: tokens (prompt plus expected output) held
+	// by the router's dispatched requests on the worker, and tokens asked for
+	// by requests waiting for its pool or refused since the last report, by
+	// priority class as waiting_by_class.
+	TokensInFlight       int64   `protobuf:"varint,6,opt,name=tokens_in_flight,json=tokensInFlight,proto3" json:"tokens_in_flight,omitempty"`
+	TokensWaiting        int64   `protobuf:"varint,7,opt,name=tokens_waiting,json=tokensWaiting,proto3" json:"tokens_waiting,omitempty"`
+	TokensWaitingByClass []int64 `protobuf:"varint,8,rep,packed,name=tokens_waiting_by_class,json=tokensWaitingByClass,proto3" json:"tokens_waiting_by_class,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *DecodeDemand) Reset() {
@@ -562,6 +569,27 @@ func (x *DecodeDemand) GetQueued() int64 {
 		return x.Queued
 	}
 	return 0
+}
+
+func (x *DecodeDemand) GetTokensInFlight() int64 {
+	if x != nil {
+		return x.TokensInFlight
+	}
+	return 0
+}
+
+func (x *DecodeDemand) GetTokensWaiting() int64 {
+	if x != nil {
+		return x.TokensWaiting
+	}
+	return 0
+}
+
+func (x *DecodeDemand) GetTokensWaitingByClass() []int64 {
+	if x != nil {
+		return x.TokensWaitingByClass
+	}
+	return nil
 }
 
 type WatchResponse struct {
@@ -802,8 +830,14 @@ type RoutingWorker struct {
 	// engine's own count of tokens still to prefill when it reports one and it
 	// is larger. Routers predict time to first token from it.
 	PromptTokensAhead int64 `protobuf:"varint,23,opt,name=prompt_tokens_ahead,json=promptTokensAhead,proto3" json:"prompt_tokens_ahead,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Under --worker-token-budget: the worker's token budget (its KV capacity
+	// in tokens, reported or learned; 0: none known, never gated by tokens)
+	// and this router's share of it, as window_share (> 0 tokens it may hold,
+	// -1 none granted, 0 no allocator: the whole budget).
+	TokenBudget   int64 `protobuf:"varint,24,opt,name=token_budget,json=tokenBudget,proto3" json:"token_budget,omitempty"`
+	TokenShare    int64 `protobuf:"varint,25,opt,name=token_share,json=tokenShare,proto3" json:"token_share,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RoutingWorker) Reset() {
@@ -993,6 +1027,20 @@ func (x *RoutingWorker) GetProvider() *ProviderRoute {
 func (x *RoutingWorker) GetPromptTokensAhead() int64 {
 	if x != nil {
 		return x.PromptTokensAhead
+	}
+	return 0
+}
+
+func (x *RoutingWorker) GetTokenBudget() int64 {
+	if x != nil {
+		return x.TokenBudget
+	}
+	return 0
+}
+
+func (x *RoutingWorker) GetTokenShare() int64 {
+	if x != nil {
+		return x.TokenShare
 	}
 	return 0
 }
@@ -1388,13 +1436,16 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x13connection_failures\x18\x05 \x01(\x05R\x12connectionFailures\x12=\n" +
 	"\flast_failure\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vlastFailure\x123\n" +
 	"\x16prefill_tokens_per_sec\x18\a \x01(\x01R\x13prefillTokensPerSec\x12\x18\n" +
-	"\acontact\x18\b \x01(\bR\acontact\"\xa4\x01\n" +
+	"\acontact\x18\b \x01(\bR\acontact\"\xac\x02\n" +
 	"\fDecodeDemand\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tin_flight\x18\x02 \x01(\x03R\binFlight\x12\x18\n" +
 	"\awaiting\x18\x03 \x01(\x03R\awaiting\x12(\n" +
 	"\x10waiting_by_class\x18\x04 \x03(\x03R\x0ewaitingByClass\x12\x16\n" +
-	"\x06queued\x18\x05 \x01(\x03R\x06queued\"\xc0\x02\n" +
+	"\x06queued\x18\x05 \x01(\x03R\x06queued\x12(\n" +
+	"\x10tokens_in_flight\x18\x06 \x01(\x03R\x0etokensInFlight\x12%\n" +
+	"\x0etokens_waiting\x18\a \x01(\x03R\rtokensWaiting\x125\n" +
+	"\x17tokens_waiting_by_class\x18\b \x03(\x03R\x14tokensWaitingByClass\"\xc0\x02\n" +
 	"\rWatchResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x123\n" +
@@ -1405,7 +1456,7 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\atenants\x18\a \x01(\v2\x14.smg.v1.TenantSharesH\x00R\atenantsB\x05\n" +
 	"\x03msg\";\n" +
 	"\fTenantShares\x12+\n" +
-	"\x06others\x18\x01 \x03(\v2\x13.smg.v1.TenantUsageR\x06others\"\xa9\x06\n" +
+	"\x06others\x18\x01 \x03(\v2\x13.smg.v1.TenantUsageR\x06others\"\xed\x06\n" +
 	"\rRoutingWorker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -1436,7 +1487,10 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"overloaded\x12'\n" +
 	"\x0foverload_reason\x18\x15 \x01(\tR\x0eoverloadReason\x121\n" +
 	"\bprovider\x18\x16 \x01(\v2\x15.smg.v1.ProviderRouteR\bprovider\x12.\n" +
-	"\x13prompt_tokens_ahead\x18\x17 \x01(\x03R\x11promptTokensAhead\"\x80\x02\n" +
+	"\x13prompt_tokens_ahead\x18\x17 \x01(\x03R\x11promptTokensAhead\x12!\n" +
+	"\ftoken_budget\x18\x18 \x01(\x03R\vtokenBudget\x12\x1f\n" +
+	"\vtoken_share\x18\x19 \x01(\x03R\n" +
+	"tokenShare\"\x80\x02\n" +
 	"\rProviderRoute\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1e\n" +
 	"\vapi_key_ref\x18\x02 \x01(\tR\tapiKeyRef\x120\n" +

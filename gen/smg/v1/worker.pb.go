@@ -752,7 +752,15 @@ type AdmissionWindow struct {
 	// queue appeared with KV to spare: a cap on running requests), "kv" (a
 	// queue with KV nearly full: it follows KV), "probe" (one more room that
 	// the engine ran without a queue), or "" (not learned yet).
-	LearnedBy     string `protobuf:"bytes,6,opt,name=learned_by,json=learnedBy,proto3" json:"learned_by,omitempty"`
+	LearnedBy string `protobuf:"bytes,6,opt,name=learned_by,json=learnedBy,proto3" json:"learned_by,omitempty"`
+	// Under --worker-token-budget: the worker's token budget (KV capacity in
+	// tokens; 0: none known), where it comes from ("engine", "learned" or ""),
+	// the learned capacity (0: not learned yet), and the tokens granted to
+	// each router.
+	TokenBudget   int64            `protobuf:"varint,7,opt,name=token_budget,json=tokenBudget,proto3" json:"token_budget,omitempty"`
+	TokenSource   string           `protobuf:"bytes,8,opt,name=token_source,json=tokenSource,proto3" json:"token_source,omitempty"`
+	TokenLearned  int64            `protobuf:"varint,9,opt,name=token_learned,json=tokenLearned,proto3" json:"token_learned,omitempty"`
+	TokenShares   map[string]int64 `protobuf:"bytes,10,rep,name=token_shares,json=tokenShares,proto3" json:"token_shares,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -827,6 +835,34 @@ func (x *AdmissionWindow) GetLearnedBy() string {
 		return x.LearnedBy
 	}
 	return ""
+}
+
+func (x *AdmissionWindow) GetTokenBudget() int64 {
+	if x != nil {
+		return x.TokenBudget
+	}
+	return 0
+}
+
+func (x *AdmissionWindow) GetTokenSource() string {
+	if x != nil {
+		return x.TokenSource
+	}
+	return ""
+}
+
+func (x *AdmissionWindow) GetTokenLearned() int64 {
+	if x != nil {
+		return x.TokenLearned
+	}
+	return 0
+}
+
+func (x *AdmissionWindow) GetTokenShares() map[string]int64 {
+	if x != nil {
+		return x.TokenShares
+	}
+	return nil
 }
 
 type CreateWorkerRequest struct {
@@ -2206,7 +2242,7 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\fspill_shares\x18\r \x03(\v2\x1f.smg.v1.Worker.SpillSharesEntryR\vspillShares\x1a>\n" +
 	"\x10SpillSharesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x88\x02\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x80\x04\n" +
 	"\x0fAdmissionWindow\x12\x16\n" +
 	"\x06window\x18\x01 \x01(\x03R\x06window\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
@@ -2214,8 +2250,16 @@ const file_smg_v1_worker_proto_rawDesc = "" +
 	"\alearned\x18\x04 \x01(\x01R\alearned\x12;\n" +
 	"\x06shares\x18\x05 \x03(\v2#.smg.v1.AdmissionWindow.SharesEntryR\x06shares\x12\x1d\n" +
 	"\n" +
-	"learned_by\x18\x06 \x01(\tR\tlearnedBy\x1a9\n" +
+	"learned_by\x18\x06 \x01(\tR\tlearnedBy\x12!\n" +
+	"\ftoken_budget\x18\a \x01(\x03R\vtokenBudget\x12!\n" +
+	"\ftoken_source\x18\b \x01(\tR\vtokenSource\x12#\n" +
+	"\rtoken_learned\x18\t \x01(\x03R\ftokenLearned\x12K\n" +
+	"\ftoken_shares\x18\n" +
+	" \x03(\v2(.smg.v1.AdmissionWindow.TokenSharesEntryR\vtokenShares\x1a9\n" +
 	"\vSharesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a>\n" +
+	"\x10TokenSharesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"=\n" +
 	"\x13CreateWorkerRequest\x12&\n" +
@@ -2339,7 +2383,7 @@ func file_smg_v1_worker_proto_rawDescGZIP() []byte {
 	return file_smg_v1_worker_proto_rawDescData
 }
 
-var file_smg_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_smg_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_smg_v1_worker_proto_goTypes = []any{
 	(*OverloadBlock)(nil),         // 0: smg.v1.OverloadBlock
 	(*WorkerSpec)(nil),            // 1: smg.v1.WorkerSpec
@@ -2375,61 +2419,63 @@ var file_smg_v1_worker_proto_goTypes = []any{
 	nil,                           // 31: smg.v1.ProviderSpec.HeadersEntry
 	nil,                           // 32: smg.v1.Worker.SpillSharesEntry
 	nil,                           // 33: smg.v1.AdmissionWindow.SharesEntry
-	nil,                           // 34: smg.v1.WorkerUpdate.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(*EngineLoad)(nil),            // 36: smg.v1.EngineLoad
+	nil,                           // 34: smg.v1.AdmissionWindow.TokenSharesEntry
+	nil,                           // 35: smg.v1.WorkerUpdate.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(*EngineLoad)(nil),            // 37: smg.v1.EngineLoad
 }
 var file_smg_v1_worker_proto_depIdxs = []int32{
 	30, // 0: smg.v1.WorkerSpec.labels:type_name -> smg.v1.WorkerSpec.LabelsEntry
 	0,  // 1: smg.v1.WorkerSpec.overload:type_name -> smg.v1.OverloadBlock
 	2,  // 2: smg.v1.WorkerSpec.provider:type_name -> smg.v1.ProviderSpec
 	31, // 3: smg.v1.ProviderSpec.headers:type_name -> smg.v1.ProviderSpec.HeadersEntry
-	35, // 4: smg.v1.JobStatus.updated_at:type_name -> google.protobuf.Timestamp
+	36, // 4: smg.v1.JobStatus.updated_at:type_name -> google.protobuf.Timestamp
 	1,  // 5: smg.v1.Worker.spec:type_name -> smg.v1.WorkerSpec
 	3,  // 6: smg.v1.Worker.thresholds:type_name -> smg.v1.Thresholds
-	36, // 7: smg.v1.Worker.engine_load:type_name -> smg.v1.EngineLoad
+	37, // 7: smg.v1.Worker.engine_load:type_name -> smg.v1.EngineLoad
 	5,  // 8: smg.v1.Worker.verdict:type_name -> smg.v1.Verdict
 	4,  // 9: smg.v1.Worker.job_status:type_name -> smg.v1.JobStatus
 	7,  // 10: smg.v1.Worker.admission:type_name -> smg.v1.AdmissionWindow
 	32, // 11: smg.v1.Worker.spill_shares:type_name -> smg.v1.Worker.SpillSharesEntry
 	33, // 12: smg.v1.AdmissionWindow.shares:type_name -> smg.v1.AdmissionWindow.SharesEntry
-	1,  // 13: smg.v1.CreateWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
-	6,  // 14: smg.v1.ListWorkersResponse.workers:type_name -> smg.v1.Worker
-	6,  // 15: smg.v1.GetWorkerResponse.worker:type_name -> smg.v1.Worker
-	1,  // 16: smg.v1.ReplaceWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
-	34, // 17: smg.v1.WorkerUpdate.labels:type_name -> smg.v1.WorkerUpdate.LabelsEntry
-	0,  // 18: smg.v1.WorkerUpdate.overload:type_name -> smg.v1.OverloadBlock
-	16, // 19: smg.v1.UpdateWorkerRequest.update:type_name -> smg.v1.WorkerUpdate
-	36, // 20: smg.v1.WorkerLoad.engine_load:type_name -> smg.v1.EngineLoad
-	22, // 21: smg.v1.GetLoadsResponse.workers:type_name -> smg.v1.WorkerLoad
-	4,  // 22: smg.v1.Job.status:type_name -> smg.v1.JobStatus
-	24, // 23: smg.v1.ListJobsResponse.jobs:type_name -> smg.v1.Job
-	35, // 24: smg.v1.RouterInfo.connected_at:type_name -> google.protobuf.Timestamp
-	35, // 25: smg.v1.RouterInfo.last_seen:type_name -> google.protobuf.Timestamp
-	28, // 26: smg.v1.ListRoutersResponse.routers:type_name -> smg.v1.RouterInfo
-	8,  // 27: smg.v1.WorkerService.CreateWorker:input_type -> smg.v1.CreateWorkerRequest
-	10, // 28: smg.v1.WorkerService.ListWorkers:input_type -> smg.v1.ListWorkersRequest
-	12, // 29: smg.v1.WorkerService.GetWorker:input_type -> smg.v1.GetWorkerRequest
-	14, // 30: smg.v1.WorkerService.ReplaceWorker:input_type -> smg.v1.ReplaceWorkerRequest
-	17, // 31: smg.v1.WorkerService.UpdateWorker:input_type -> smg.v1.UpdateWorkerRequest
-	19, // 32: smg.v1.WorkerService.DeleteWorker:input_type -> smg.v1.DeleteWorkerRequest
-	21, // 33: smg.v1.WorkerService.GetLoads:input_type -> smg.v1.GetLoadsRequest
-	25, // 34: smg.v1.WorkerService.ListJobs:input_type -> smg.v1.ListJobsRequest
-	27, // 35: smg.v1.WorkerService.ListRouters:input_type -> smg.v1.ListRoutersRequest
-	9,  // 36: smg.v1.WorkerService.CreateWorker:output_type -> smg.v1.CreateWorkerResponse
-	11, // 37: smg.v1.WorkerService.ListWorkers:output_type -> smg.v1.ListWorkersResponse
-	13, // 38: smg.v1.WorkerService.GetWorker:output_type -> smg.v1.GetWorkerResponse
-	15, // 39: smg.v1.WorkerService.ReplaceWorker:output_type -> smg.v1.ReplaceWorkerResponse
-	18, // 40: smg.v1.WorkerService.UpdateWorker:output_type -> smg.v1.UpdateWorkerResponse
-	20, // 41: smg.v1.WorkerService.DeleteWorker:output_type -> smg.v1.DeleteWorkerResponse
-	23, // 42: smg.v1.WorkerService.GetLoads:output_type -> smg.v1.GetLoadsResponse
-	26, // 43: smg.v1.WorkerService.ListJobs:output_type -> smg.v1.ListJobsResponse
-	29, // 44: smg.v1.WorkerService.ListRouters:output_type -> smg.v1.ListRoutersResponse
-	36, // [36:45] is the sub-list for method output_type
-	27, // [27:36] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	34, // 13: smg.v1.AdmissionWindow.token_shares:type_name -> smg.v1.AdmissionWindow.TokenSharesEntry
+	1,  // 14: smg.v1.CreateWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
+	6,  // 15: smg.v1.ListWorkersResponse.workers:type_name -> smg.v1.Worker
+	6,  // 16: smg.v1.GetWorkerResponse.worker:type_name -> smg.v1.Worker
+	1,  // 17: smg.v1.ReplaceWorkerRequest.spec:type_name -> smg.v1.WorkerSpec
+	35, // 18: smg.v1.WorkerUpdate.labels:type_name -> smg.v1.WorkerUpdate.LabelsEntry
+	0,  // 19: smg.v1.WorkerUpdate.overload:type_name -> smg.v1.OverloadBlock
+	16, // 20: smg.v1.UpdateWorkerRequest.update:type_name -> smg.v1.WorkerUpdate
+	37, // 21: smg.v1.WorkerLoad.engine_load:type_name -> smg.v1.EngineLoad
+	22, // 22: smg.v1.GetLoadsResponse.workers:type_name -> smg.v1.WorkerLoad
+	4,  // 23: smg.v1.Job.status:type_name -> smg.v1.JobStatus
+	24, // 24: smg.v1.ListJobsResponse.jobs:type_name -> smg.v1.Job
+	36, // 25: smg.v1.RouterInfo.connected_at:type_name -> google.protobuf.Timestamp
+	36, // 26: smg.v1.RouterInfo.last_seen:type_name -> google.protobuf.Timestamp
+	28, // 27: smg.v1.ListRoutersResponse.routers:type_name -> smg.v1.RouterInfo
+	8,  // 28: smg.v1.WorkerService.CreateWorker:input_type -> smg.v1.CreateWorkerRequest
+	10, // 29: smg.v1.WorkerService.ListWorkers:input_type -> smg.v1.ListWorkersRequest
+	12, // 30: smg.v1.WorkerService.GetWorker:input_type -> smg.v1.GetWorkerRequest
+	14, // 31: smg.v1.WorkerService.ReplaceWorker:input_type -> smg.v1.ReplaceWorkerRequest
+	17, // 32: smg.v1.WorkerService.UpdateWorker:input_type -> smg.v1.UpdateWorkerRequest
+	19, // 33: smg.v1.WorkerService.DeleteWorker:input_type -> smg.v1.DeleteWorkerRequest
+	21, // 34: smg.v1.WorkerService.GetLoads:input_type -> smg.v1.GetLoadsRequest
+	25, // 35: smg.v1.WorkerService.ListJobs:input_type -> smg.v1.ListJobsRequest
+	27, // 36: smg.v1.WorkerService.ListRouters:input_type -> smg.v1.ListRoutersRequest
+	9,  // 37: smg.v1.WorkerService.CreateWorker:output_type -> smg.v1.CreateWorkerResponse
+	11, // 38: smg.v1.WorkerService.ListWorkers:output_type -> smg.v1.ListWorkersResponse
+	13, // 39: smg.v1.WorkerService.GetWorker:output_type -> smg.v1.GetWorkerResponse
+	15, // 40: smg.v1.WorkerService.ReplaceWorker:output_type -> smg.v1.ReplaceWorkerResponse
+	18, // 41: smg.v1.WorkerService.UpdateWorker:output_type -> smg.v1.UpdateWorkerResponse
+	20, // 42: smg.v1.WorkerService.DeleteWorker:output_type -> smg.v1.DeleteWorkerResponse
+	23, // 43: smg.v1.WorkerService.GetLoads:output_type -> smg.v1.GetLoadsResponse
+	26, // 44: smg.v1.WorkerService.ListJobs:output_type -> smg.v1.ListJobsResponse
+	29, // 45: smg.v1.WorkerService.ListRouters:output_type -> smg.v1.ListRoutersResponse
+	37, // [37:46] is the sub-list for method output_type
+	28, // [28:37] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_worker_proto_init() }
@@ -2448,7 +2494,7 @@ func file_smg_v1_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_smg_v1_worker_proto_rawDesc), len(file_smg_v1_worker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   35,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
