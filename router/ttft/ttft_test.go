@@ -2,6 +2,8 @@ package ttft
 
 import (
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -222,5 +224,43 @@ func TestMarginIsTheNinetiethPercentileOfTheError(t *testing.T) {
 	e.ObserveError(-ms, ms)
 	if m := e.Margin(); m != MaxMargin {
 		t.Fatalf("empty samples moved the margin to %v", m)
+	}
+}
+
+func TestNthIsTheSortedElement(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		n := 1 + r.IntN(500)
+		xs := make([]float64, n)
+		for i := range xs {
+			switch r.IntN(3) {
+			case 0:
+				xs[i] = float64(r.IntN(5)) // many ties
+			case 1:
+				xs[i] = float64(i) // sorted runs
+			default:
+				xs[i] = r.NormFloat64()
+			}
+		}
+		k := r.IntN(n)
+		want := slices.Clone(xs)
+		slices.Sort(want)
+		if got := nth(xs, k); got != want[k] {
+			t.Fatalf("nth(%d of %d) = %v, want %v", k, n, got, want[k])
+		}
+	}
+}
+
+// BenchmarkObserveFirstToken is the estimator's cost per answered request
+// with a full window of samples whose work differs (the fit runs).
+func BenchmarkObserveFirstToken(b *testing.B) {
+	now := time.Unix(0, 0)
+	e := New(func() time.Time { return now })
+	b.ReportAllocs()
+	for i := range b.N {
+		now = now.Add(time.Millisecond)
+		w := int64(100 + (i*7919)%16000)
+		e.ObserveFirstToken(w, time.Duration(w)*time.Microsecond+20*time.Millisecond)
+		e.ObserveStep(20 * time.Millisecond)
 	}
 }
