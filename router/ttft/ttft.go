@@ -122,10 +122,16 @@ type Estimator struct {
 	samples  []rateSample // oldest first, at most Samples
 	sorted   []float64    // scratch for the medians
 	stepSecs float64
-	// fitted is the rate part of the estimate as of the latest sample: a
-	// step alone does not move it, so ObserveStep (every stream's second
-	// chunk) does not redo the fit.
-	fitted    estimate
+	// fitted is the rate part of the estimate as of the latest fit: a step
+	// alone does not move it, so ObserveStep (every stream's second chunk)
+	// does not redo the fit.
+	fitted estimate
+	// The fit runs at most once per RefitEvery: a sample within it is
+	// folded in by the next sample or read after it (pending). At thousands
+	// of first tokens a second, a fit each was several per cent of the
+	// router's CPU for a prediction that moves by a sample in 31.
+	fittedAt  time.Time
+	pending   atomic.Bool
 	published atomic.Pointer[estimate]
 	// errs are the latest observed less predicted TTFTs (a ring), for Margin.
 	errs    [Samples]time.Duration
@@ -190,8 +196,29 @@ func (e *Estimator) ObserveFirstToken(work int64, ttft time.Duration) {
 	e.samples = append(e.samples[:0], e.samples[drop:]...)
 	e.samples = append(e.samples, rateSample{at: t, rate: rate, work: float64(work), ttft: ttft.Seconds()})
 	e.rateSeen = true
-	e.refit()
+	if !e.fittedAt.IsZero() && t.Sub(e.fittedAt) < RefitEvery {
+		e.pending.Store(true)
+		return
+	}
+	e.refit(t)
 	e.publish()
+}
+
+// RefitEvery is how often at most the samples are fitted again.
+const RefitEvery = 20 * time.Millisecond
+
+// catchUp folds in samples left pending by the refit interval once it has
+// passed, so a read after the last sample of a burst sees it.
+func (e *Estimator) catchUp() {
+	if !e.pending.Load() {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t := e.now(); e.pending.Load() && t.Sub(e.fittedAt) >= RefitEvery {
+		e.refit(t)
+		e.publish()
+	}
 }
 
 // ObserveStep folds in one decode step: the time between two tokens of one
@@ -216,7 +243,9 @@ func (e *Estimator) ObserveStep(d time.Duration) {
 }
 
 // refit recomputes the rate part of the estimate from the samples.
-func (e *Estimator) refit() {
+func (e *Estimator) refit(t time.Time) {
+	e.fittedAt = t
+	e.pending.Store(false)
 	e.fitted = estimate{}
 	n := len(e.samples)
 	if n == 0 {
@@ -328,6 +357,7 @@ func nth[T cmp.Ordered](xs []T, k int) T {
 // Rate is the measured prefill rate in tokens per second and whether it can
 // be used.
 func (e *Estimator) Rate() (float64, Status) {
+	e.catchUp()
 	est := e.published.Load()
 	switch {
 	case !est.hasOne:

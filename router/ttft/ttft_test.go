@@ -156,6 +156,7 @@ func TestEstimatorFitsAFixedTimeBesideTheRate(t *testing.T) {
 		e.ObserveFirstToken(20100, ttftOf(100))
 		e.ObserveFirstToken(20200, ttftOf(200))
 		e.ObserveFirstToken(300, ttftOf(10300))
+		time.Sleep(RefitEvery) // the read below folds the three in
 		if rate, s := e.Rate(); s != OK || math.Abs(rate-20000) > 200 {
 			t.Fatalf("rate = %v %v, want 20000 ok", rate, s)
 		}
@@ -263,4 +264,22 @@ func BenchmarkObserveFirstToken(b *testing.B) {
 		e.ObserveFirstToken(w, time.Duration(w)*time.Microsecond+20*time.Millisecond)
 		e.ObserveStep(20 * time.Millisecond)
 	}
+}
+
+// Samples within RefitEvery of the last fit wait for the next sample or read
+// after it; none is lost.
+func TestSamplesWithinTheRefitIntervalAreFoldedInLater(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := New(time.Now)
+		e.ObserveFirstToken(1000, 100*time.Millisecond) // 10,000 tokens/s, fitted at once
+		e.ObserveFirstToken(4000, 100*time.Millisecond) // 40,000
+		e.ObserveFirstToken(4000, 100*time.Millisecond) // 40,000: the median once fitted
+		if rate, _ := e.Rate(); rate != 10000 {
+			t.Fatalf("rate within the interval = %v, want the first fit's 10000", rate)
+		}
+		time.Sleep(RefitEvery)
+		if rate, _ := e.Rate(); rate != 40000 {
+			t.Fatalf("rate after the interval = %v, want 40000", rate)
+		}
+	})
 }
