@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -73,6 +74,8 @@ type TenantRun struct {
 	ByTenant map[string]bench.Summary `json:"by_tenant"`
 	// Refused429 counts the flooding tenant's 429 answers.
 	Refused429 int `json:"refused_429"`
+	// Refusals counts each tenant's refusals by error code.
+	Refusals map[string]map[string]int `json:"refusals"`
 }
 
 // TenantReport is the whole scenario.
@@ -125,10 +128,17 @@ func (s *Suite) Tenants(ctx context.Context, rounds int) (*TenantReport, error) 
 			if err != nil {
 				return rep, fmt.Errorf("%s: %w", gc.Name, err)
 			}
-			run := TenantRun{Config: fmt.Sprintf("%s#%d", gc.Name, round+1), Rate: rate, ByTenant: res.ByClass}
+			run := TenantRun{Config: fmt.Sprintf("%s#%d", gc.Name, round+1), Rate: rate, ByTenant: res.ByClass,
+				Refusals: map[string]map[string]int{}}
 			for _, r := range res.Records {
 				if r.Status == 429 {
 					run.Refused429++
+				}
+				if r.Shed {
+					if run.Refusals[r.Priority] == nil {
+						run.Refusals[r.Priority] = map[string]int{}
+					}
+					run.Refusals[r.Priority][r.ErrorCode]++
 				}
 			}
 			rep.Runs = append(rep.Runs, run)
@@ -145,17 +155,30 @@ func (s *Suite) Tenants(ctx context.Context, rounds int) (*TenantReport, error) 
 
 // WriteTenantTable writes one row per run and tenant.
 func WriteTenantTable(w io.Writer, rep *TenantReport) {
-	fmt.Fprintf(w, "| run | tenant | offered req/s | completed | refused (429 / 503) | errors | TTFT p50 | TTFT p99 | goodput tok/s |\n|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(w, "| run | tenant | offered req/s | completed | refused | errors | TTFT p50 | TTFT p99 | goodput tok/s |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rep.Runs {
 		for _, t := range []string{"steady", "flood"} {
 			s, ok := r.ByTenant[t]
 			if !ok {
 				continue
 			}
-			fmt.Fprintf(w, "| %s | %s | %.1f | %d | %d | %d | %s | %s | %.0f |\n", r.Config, t, s.OfferedRate, s.Completed,
-				s.Shed, s.Errors, msStr(s.TTFT.P50), msStr(s.TTFT.P99), s.Goodput)
+			fmt.Fprintf(w, "| %s | %s | %.1f | %d | %s | %d | %s | %s | %.0f |\n", r.Config, t, s.OfferedRate, s.Completed,
+				refusalStr(s.Shed, r.Refusals[t]), s.Errors, msStr(s.TTFT.P50), msStr(s.TTFT.P99), s.Goodput)
 		}
 	}
+}
+
+// refusalStr is a count of refusals and, when any, their codes.
+func refusalStr(n int, byCode map[string]int) string {
+	if n == 0 || len(byCode) == 0 {
+		return fmt.Sprint(n)
+	}
+	codes := slices.Sorted(maps.Keys(byCode))
+	parts := make([]string, len(codes))
+	for i, c := range codes {
+		parts[i] = fmt.Sprintf("%d `%s`", byCode[c], c)
+	}
+	return fmt.Sprintf("%d (%s)", n, strings.Join(parts, ", "))
 }
 
 // PublishTenants writes the scenario into docs/benchmarks.md.
@@ -174,19 +197,22 @@ func (s *Suite) PublishTenants(rep *TenantReport) error {
 	fmt.Fprintf(&b, "\n```yaml%s```\n\n", fairYAML)
 	WriteTenantTable(&b, rep)
 	var alone, flood []float64
+	var refused, sent int
 	for _, r := range rep.Runs {
-		p99 := r.ByTenant["steady"].TTFT.P99
+		st := r.ByTenant["steady"]
 		switch {
 		case strings.HasPrefix(r.Config, "tenants-alone#"):
-			alone = append(alone, p99)
+			alone = append(alone, st.TTFT.P99)
 		case strings.HasPrefix(r.Config, "tenants-flood#"):
-			flood = append(flood, p99)
+			flood = append(flood, st.TTFT.P99)
+			refused, sent = refused+st.Shed, sent+st.Requests
 		}
 	}
 	if len(alone) > 0 && len(flood) > 0 {
 		a, f := median(alone), median(flood)
-		fmt.Fprintf(&b, "\nTarget: the steady tenant's p99 TTFT beside the flood within 1.2× of its value alone: %s against %s (medians over the rounds), %.2f×: %s.\n",
-			msStr(f), msStr(a), f/a, metStr(f <= 1.2*a))
+		fmt.Fprintf(&b, "\nTarget: the steady tenant's p99 TTFT beside the flood within 1.2× of its value alone: %s against %s (medians over the rounds), %.2f×: %s. "+
+			"Beside the flood with fair shares the steady tenant was refused %d times in %d requests.\n",
+			msStr(f), msStr(a), f/a, metStr(f <= 1.2*a), refused, sent)
 	}
 	return replaceBlock(filepath.Join(s.DocsDir, "benchmarks.md"), "bench-tenants", b.String())
 }
