@@ -125,3 +125,21 @@ func pick(d []time.Duration, q float64) time.Duration {
 	}
 	return d[min(len(d)-1, int(q*float64(len(d))))]
 }
+
+// A vLLM engine tells its KV capacity only as labels of
+// vllm:cache_config_info (num_gpu_blocks × block_size): the control plane
+// reads it off /metrics and gives the worker that budget.
+func TestTokenBudgetFromVLLMCacheConfig(t *testing.T) {
+	sims := startSims(t, 1, "--flavor", "vllm", "--kv-capacity-tokens", "20008") // 1250 blocks of 16, rounded down
+	engine := sims[0]
+	cp := newControlPlane(t, sims, "--load-monitor-interval", "1", "--health-success-threshold", "1", "--worker-token-budget")
+	cp.admin.waitReady(t, engine)
+	waitFor(t, 20*time.Second, "1250 blocks of 16 tokens as the worker's budget", func() (bool, string) {
+		ws, err := cp.admin.workers()
+		if err != nil {
+			return false, err.Error()
+		}
+		a := ws[engine].Admission
+		return a != nil && a.TokenBudget == 20000 && a.TokenSource == "engine", fmt.Sprintf("admission %+v", a)
+	})
+}

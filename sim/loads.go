@@ -14,6 +14,7 @@ type collector struct {
 	s                                                              *Server
 	start                                                          *prometheus.Desc
 	vWaiting, vRunning, vKV, vPrompt, vGen, vPreempt, vDone, vIter *prometheus.Desc
+	vCacheInfo                                                     *prometheus.Desc
 	gRunning, gQueue, gUsage, gUsed, gThr, gHit, gMaxTokens        *prometheus.Desc
 	gMaxRunning, gPrompt, gGen, gReqs                              *prometheus.Desc
 }
@@ -34,6 +35,9 @@ func newCollector(s *Server) *collector {
 		vPreempt: d("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", v, nil),
 		vDone:    d("vllm:request_success_total", "Count of successfully processed requests.", append(v, "finished_reason"), nil),
 		vIter:    d("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", v, nil),
+		// vLLM's config info: value 1, the KV cache's settings as labels
+		// (no max_num_seqs: stock vLLM leaves its window untold).
+		vCacheInfo: d("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", []string{"engine", "block_size", "num_gpu_blocks"}, nil),
 
 		gRunning:    d("sglang:num_running_reqs", "The number of running requests.", g, nil),
 		gQueue:      d("sglang:num_queue_reqs", "The number of requests in the waiting queue.", g, nil),
@@ -70,6 +74,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(d, t, v, append([]string{model, rk}, extra...)...)
 			}
 			m(c.vWaiting, gauge, float64(st.Waiting))
+			ch <- prometheus.MustNewConstMetric(c.vCacheInfo, gauge, 1, rk, strconv.Itoa(simBlockSize), strconv.Itoa(st.Capacity/simBlockSize))
 			m(c.vRunning, gauge, float64(st.Running))
 			m(c.vKV, gauge, st.usage())
 			m(c.vPrompt, counter, float64(st.PromptTokens))
@@ -105,6 +110,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+// simBlockSize is the KV block size the vLLM flavor reports (vLLM's
+// default): its capacity in tokens is num_gpu_blocks of it, rounded down.
+const simBlockSize = 16
 
 // garbageExposition is what a broken exporter serves: unbalanced braces, a
 // value that is not a number and a conflicting TYPE line.

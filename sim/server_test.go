@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -285,7 +286,7 @@ func TestVLLMMetrics(t *testing.T) {
 	resp.Body.Close()
 	fams := scrape(t, s.URL())
 	want := []string{
-		"process_start_time_seconds",
+		"process_start_time_seconds", "vllm:cache_config_info",
 		"vllm:generation_tokens_total", "vllm:iteration_tokens_total", "vllm:kv_cache_usage_perc",
 		"vllm:num_preemptions_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
 		"vllm:prompt_tokens_total", "vllm:request_success_total",
@@ -311,6 +312,14 @@ func TestVLLMMetrics(t *testing.T) {
 	}
 	if done := gauge(fams, "vllm:request_success_total", "finished_reason", "length"); done != 1 {
 		t.Errorf("request_success_total{length} %v, want 1", done)
+	}
+	// The KV cache's config, as stock vLLM labels it: its capacity in blocks
+	// of 16 tokens, per engine; no max_num_seqs (the window stays untold).
+	blocks := strconv.Itoa(o.KVCapacityTokens / 16)
+	for _, rk := range []string{"0", "1"} {
+		if v := gauge(fams, "vllm:cache_config_info", "engine", rk, "block_size", "16", "num_gpu_blocks", blocks); v != 1 {
+			t.Errorf("engine %s cache_config_info{block_size=16,num_gpu_blocks=%s} = %v, want 1", rk, blocks, v)
+		}
 	}
 }
 

@@ -47,7 +47,7 @@ func fromVLLM(fs families) (Report, error) {
 	} else {
 		fs.hitCounters(s, "vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total", w.rankLabels)
 	}
-	fs.configWindow(s, "vllm:cache_config_info", "max_num_seqs", w.rankLabels)
+	fs.configInfo(s, "vllm:cache_config_info", w.rankLabels)
 	rep, err := s.report(w.source, "vllm: no load gauges")
 	if err != nil {
 		return Report{}, err
@@ -88,6 +88,7 @@ func fromSGLangMetrics(fs families) (Report, error) {
 	s := w.ranks(fs)
 	fs.annotate(s, "sglang:gen_throughput", w.rankLabels, sampleValue, func(r *Rank, v float64) { r.GenThroughput = rate(v) })
 	fs.annotate(s, "sglang:cache_hit_rate", w.rankLabels, sampleValue, func(r *Rank, v float64) { r.CacheHitRate = fraction(v) })
+	fs.annotate(s, "sglang:max_total_num_tokens", w.rankLabels, sampleValue, func(r *Rank, v float64) { r.KVCapacity = count(v) })
 	rep, err := s.report(w.source, "sglang metrics: no load gauges")
 	if err != nil {
 		return Report{}, err
@@ -282,25 +283,28 @@ func fromLlamaCpp(fs families) (Report, error) {
 	return rep, nil
 }
 
-// configWindow sets MaxRunning on ranks from label of the config info gauge
-// name (value 1, the settings as labels): a vLLM that exports its
-// scheduler's max_num_seqs there tells its window. Stock vLLM's
-// cache_config_info labels only the KV cache (num_gpu_blocks, block_size):
-// its window is learned. A series without a rank label applies to every
-// rank.
-func (fs families) configWindow(s *rankSet, name, label string, rankLabels []string) {
+// configInfo reads vLLM's config info gauge name (value 1, the settings as
+// labels) into the ranks: max_num_seqs, where a vLLM exports its
+// scheduler's, is the window (stock vLLM labels only the KV cache, so its
+// window is learned); num_gpu_blocks × block_size is the KV capacity in
+// tokens. A series without a rank label applies to every rank; a value that
+// is not a positive integer is ignored.
+func (fs families) configInfo(s *rankSet, name string, rankLabels []string) {
 	mf := fs[name]
 	if mf == nil {
 		return
 	}
 	for _, m := range mf.GetMetric() {
-		rank, ranked, n := 0, false, 0
+		rank, ranked := 0, false
+		var window, blocks, blockSize int64
 		for _, lp := range m.GetLabel() {
 			switch ln := lp.GetName(); {
-			case ln == label:
-				if v, err := strconv.Atoi(lp.GetValue()); err == nil && v > 0 && v <= maxCount {
-					n = v
-				}
+			case ln == "max_num_seqs":
+				window = positiveInt(lp.GetValue())
+			case ln == "num_gpu_blocks":
+				blocks = positiveInt(lp.GetValue())
+			case ln == "block_size":
+				blockSize = positiveInt(lp.GetValue())
 			case !ranked && isRankLabel(ln, rankLabels):
 				rank, ranked = -1, true
 				if v, ok := smallInt(lp.GetValue()); ok {
@@ -308,15 +312,36 @@ func (fs families) configWindow(s *rankSet, name, label string, rankLabels []str
 				}
 			}
 		}
-		if n <= 0 || rank < 0 {
+		if rank < 0 {
 			continue
+		}
+		kv := int64(0)
+		if blocks > 0 && blockSize > 0 && blocks <= maxCount/blockSize {
+			kv = blocks * blockSize
+		}
+		set := func(r *Rank) {
+			if window > 0 {
+				r.MaxRunning = window
+			}
+			if kv > 0 {
+				r.KVCapacity = kv
+			}
 		}
 		if !ranked {
 			for i := range s.ranks {
-				s.ranks[i].MaxRunning = int64(n)
+				set(&s.ranks[i])
 			}
 		} else if r := s.find(rank); r != nil {
-			r.MaxRunning = int64(n)
+			set(r)
 		}
 	}
+}
+
+// positiveInt is a label's value as a count in (0, maxCount], else 0.
+func positiveInt(v string) int64 {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 || n > maxCount {
+		return 0
+	}
+	return n
 }

@@ -54,15 +54,16 @@ func TestParsersOnRecordedPayloads(t *testing.T) {
 		{
 			name: "vLLM v1, two DP engines", file: "vllm_v1_dp2.txt", parse: vllm, source: SourceVLLM,
 			ranks: []Rank{
-				// lifetime hit rate from the prefix-cache counters: 50000/200000 and 10000/100000
-				{DPRank: 0, Waiting: 3, Running: 48, TokenUsage: 0.6241, CacheHitRate: 0.25},
+				// lifetime hit rate from the prefix-cache counters: 50000/200000 and 10000/100000;
+				// KV capacity from engine 0's cache_config_info (27153 blocks of 16), none for engine 1
+				{DPRank: 0, Waiting: 3, Running: 48, TokenUsage: 0.6241, CacheHitRate: 0.25, KVCapacity: 434448},
 				{DPRank: 1, Waiting: 9, Running: 51, TokenUsage: 0.8817, CacheHitRate: 0.1},
 			},
 			stepCount: 12000 + 11500, stepWire: true,
 		},
 		{
 			name: "vLLM v0 (gpu_cache_usage_perc, no engine label)", file: "vllm_v0.txt", parse: vllm, source: SourceVLLM,
-			ranks: []Rank{{DPRank: 0, Waiting: 4, Running: 12, TokenUsage: 0.5712, GenThroughput: 655.3, CacheHitRate: 0.35}},
+			ranks: []Rank{{DPRank: 0, Waiting: 4, Running: 12, TokenUsage: 0.5712, GenThroughput: 655.3, CacheHitRate: 0.35, KVCapacity: 7334 * 16}},
 		},
 		{
 			name: "SGLang /v1/loads, two DP ranks out of order", file: "sglang_v1_loads_dp2.json", parse: ParseSGLangLoads, source: SourceSGLangLoads,
@@ -388,5 +389,54 @@ func TestVLLMConfigInfoWindow(t *testing.T) {
 		if got := [2]int64{rep.Ranks[0].MaxRunning, rep.Ranks[1].MaxRunning}; got != c.want {
 			t.Errorf("%s: windows %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestVLLMConfigInfoKVCapacity: num_gpu_blocks × block_size on
+// vllm:cache_config_info is the engine's KV capacity in tokens (per engine
+// label, or for every rank without one); a missing half, a value that is not
+// a positive integer ("None" on CPU blocks' side, negative, huge) or a
+// product past the bound gives none.
+func TestVLLMConfigInfoKVCapacity(t *testing.T) {
+	page := func(info string) string {
+		return "# TYPE vllm:num_requests_running gauge\n" +
+			"vllm:num_requests_running{engine=\"0\"} 3\nvllm:num_requests_running{engine=\"1\"} 4\n" +
+			"# TYPE vllm:cache_config_info gauge\n" + info
+	}
+	for _, c := range []struct {
+		name, info string
+		want       [2]int64
+	}{
+		{"one series for every rank", `vllm:cache_config_info{block_size="16",num_gpu_blocks="4096"} 1` + "\n", [2]int64{65536, 65536}},
+		{"per engine", `vllm:cache_config_info{engine="0",block_size="16",num_gpu_blocks="100"} 1` + "\n" +
+			`vllm:cache_config_info{engine="1",block_size="32",num_gpu_blocks="100"} 1` + "\n", [2]int64{1600, 3200}},
+		{"blocks without a size", `vllm:cache_config_info{num_gpu_blocks="4096"} 1` + "\n", [2]int64{0, 0}},
+		{"not counts", `vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1` + "\n" +
+			`vllm:cache_config_info{engine="1",block_size="-16",num_gpu_blocks="8"} 1` + "\n", [2]int64{0, 0}},
+		{"a product past the bound", `vllm:cache_config_info{block_size="1099511627776",num_gpu_blocks="1099511627776"} 1` + "\n", [2]int64{0, 0}},
+	} {
+		rep, err := ParseVLLM(strings.NewReader(page(c.info)))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := [2]int64{rep.Ranks[0].KVCapacity, rep.Ranks[1].KVCapacity}; got != c.want {
+			t.Errorf("%s: KV capacities %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestSGLangMetricsKVCapacity: sglang:max_total_num_tokens on /metrics is
+// each DP rank's KV capacity, as max_total_num_tokens is on /v1/loads.
+func TestSGLangMetricsKVCapacity(t *testing.T) {
+	page := "# TYPE sglang:num_running_reqs gauge\n" +
+		"sglang:num_running_reqs{dp_rank=\"0\",tp_rank=\"0\"} 3\nsglang:num_running_reqs{dp_rank=\"1\",tp_rank=\"0\"} 4\n" +
+		"# TYPE sglang:max_total_num_tokens gauge\n" +
+		"sglang:max_total_num_tokens{dp_rank=\"0\",tp_rank=\"0\"} 50000\nsglang:max_total_num_tokens{dp_rank=\"1\",tp_rank=\"0\"} NaN\n"
+	rep, err := ParseSGLangMetrics(strings.NewReader(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := [2]int64{rep.Ranks[0].KVCapacity, rep.Ranks[1].KVCapacity}; got != [2]int64{50000, 0} {
+		t.Errorf("KV capacities %v, want [50000 0]", got)
 	}
 }
