@@ -168,6 +168,7 @@ func CopyLoad(dst, src *smgv1.EngineLoad) *smgv1.EngineLoad {
 	dst.Source = src.GetSource()
 	dst.WaitingRequests, dst.RunningRequests = src.GetWaitingRequests(), src.GetRunningRequests()
 	dst.TokenUsage, dst.MaxRunningRequests = src.GetTokenUsage(), src.GetMaxRunningRequests()
+	dst.KvCapacityTokens = src.GetKvCapacityTokens()
 	if at := src.GetReportedAt(); at != nil {
 		if dst.ReportedAt == nil {
 			dst.ReportedAt = &timestamppb.Timestamp{}
@@ -186,7 +187,7 @@ func CopyLoad(dst, src *smgv1.EngineLoad) *smgv1.EngineLoad {
 		}
 		r.DpRank, r.WaitingRequests, r.RunningRequests = s.GetDpRank(), s.GetWaitingRequests(), s.GetRunningRequests()
 		r.TokenUsage, r.GenThroughput, r.CacheHitRate = s.GetTokenUsage(), s.GetGenThroughput(), s.GetCacheHitRate()
-		r.MaxRunningRequests = s.GetMaxRunningRequests()
+		r.MaxRunningRequests, r.KvCapacityTokens = s.GetMaxRunningRequests(), s.GetKvCapacityTokens()
 		ranks = append(ranks, r)
 	}
 	dst.Ranks = ranks
