@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,33 +30,6 @@ tenant_policies:
   "auth:steady": {weight: 3}
 `
 
-// streamAs is streamTimed with an API key.
-func streamAs(base, apiKey, content string, maxTokens int, timeout time.Duration) timedAnswer {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions",
-		bytes.NewReader(chatBodyWith(content, maxTokens, true)))
-	if err != nil {
-		return timedAnswer{answer: answer{err: err}}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+apiKey)
-	sent := time.Now()
-	resp, err := client.Do(req)
-	if err != nil {
-		return timedAnswer{answer: answer{err: err}}
-	}
-	defer resp.Body.Close()
-	var first [1]byte
-	n, err := io.ReadFull(resp.Body, first[:])
-	ttft := time.Since(sent)
-	if err != nil {
-		return timedAnswer{answer: answer{status: resp.StatusCode, header: resp.Header, err: err}, ttft: ttft}
-	}
-	rest, err := io.ReadAll(resp.Body)
-	return timedAnswer{answer: answer{status: resp.StatusCode, header: resp.Header, body: append(first[:n], rest...), err: err}, ttft: ttft}
-}
-
 // steadyRun sends n streamed requests as the steady tenant to base, one
 // every gap, and returns their answers.
 func steadyRun(base string, n int, gap time.Duration) []timedAnswer {
@@ -68,7 +39,7 @@ func steadyRun(base string, n int, gap time.Duration) []timedAnswer {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[i] = streamAs(base, "sk-steady", "steady", 24, 30*time.Second)
+			out[i] = streamTimed(base, "steady", 24, 30*time.Second, "Authorization", "Bearer sk-steady")
 		}()
 		time.Sleep(gap)
 	}
@@ -148,7 +119,7 @@ func TestFairShareFleetWide(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				a := streamAs(routers[i%3], "sk-flood", "flood", 24, 30*time.Second)
+				a := streamTimed(routers[i%3], "flood", 24, 30*time.Second, "Authorization", "Bearer sk-flood")
 				switch {
 				case a.err == nil && a.status == http.StatusOK:
 					ok.Add(1)

@@ -22,8 +22,9 @@ type timedAnswer struct {
 	ttft time.Duration
 }
 
-// streamTimed sends a streamed chat completion of content and measures TTFT.
-func streamTimed(base, content string, maxTokens int, timeout time.Duration) timedAnswer {
+// streamTimed sends a streamed chat completion of content and measures TTFT;
+// header, if given, is name/value pairs set on the request.
+func streamTimed(base, content string, maxTokens int, timeout time.Duration, header ...string) timedAnswer {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions",
@@ -32,6 +33,9 @@ func streamTimed(base, content string, maxTokens int, timeout time.Duration) tim
 		return timedAnswer{answer: answer{err: err}}
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	sent := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
