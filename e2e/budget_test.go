@@ -143,3 +143,24 @@ func TestTokenBudgetFromVLLMCacheConfig(t *testing.T) {
 		return a != nil && a.TokenBudget == 20000 && a.TokenSource == "engine", fmt.Sprintf("admission %+v", a)
 	})
 }
+
+// A gRPC engine tells its KV capacity in GetLoads (max_total_num_tokens per
+// rank): the control plane polls it and gives the worker that budget,
+// summed over its two DP ranks.
+func TestTokenBudgetFromGRPCGetLoads(t *testing.T) {
+	fields := strings.Fields(startSims(t, 1, "--grpc-port", "0", "--dp-size", "2", "--kv-capacity-tokens", "12000")[0])
+	if len(fields) != 2 || !strings.HasPrefix(fields[1], "grpc://") {
+		t.Fatalf("sim line %q has no gRPC URL", fields)
+	}
+	engine := fields[1]
+	cp := newControlPlane(t, []string{engine}, "--load-monitor-interval", "1", "--health-success-threshold", "1", "--worker-token-budget")
+	cp.admin.waitReady(t, engine)
+	waitFor(t, 20*time.Second, "two ranks of 12,000 KV tokens as the gRPC worker's budget", func() (bool, string) {
+		ws, err := cp.admin.workers()
+		if err != nil {
+			return false, err.Error()
+		}
+		a := ws[engine].Admission
+		return a != nil && a.TokenBudget == 24000 && a.TokenSource == "engine", fmt.Sprintf("admission %+v", a)
+	})
+}

@@ -88,7 +88,7 @@ func TestInfoFromSimulator(t *testing.T) {
 				t.Fatalf("bootstrap port %d, engine at %s", info.BootstrapPort, s.URL())
 			}
 			rep, err := c.Read(ctxT(t, 5*time.Second))
-			if err != nil || len(rep.Ranks) != tc.dp || rep.Ranks[0].MaxRunning != 12 {
+			if err != nil || len(rep.Ranks) != tc.dp || rep.Ranks[0].MaxRunning != 12 || rep.KVCapacity() != int64(tc.dp*o.KVCapacityTokens) {
 				t.Fatalf("report %+v %v", rep, err)
 			}
 			tok, err := c.Tokenizer(ctxT(t, 5*time.Second), MaxTokenizerBytes)
@@ -209,6 +209,7 @@ func TestAbsurdLoads(t *testing.T) {
 		"none":        nil,
 		"inf thr":     {{GenThroughput: math.Inf(1)}},
 		"negative mx": {{MaxRunningRequests: -3}},
+		"negative kv": {{MaxTotalNumTokens: -5}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := newClient(t, enginegrpctest.Serve(t, &enginegrpctest.Servicer{Loads: loads}), Options{Flavor: FlavorSGLang})

@@ -21,7 +21,7 @@ func TestReadPushed(t *testing.T) {
 		silence *time.Duration
 	}{
 		{"no record (older servicer)", &commonpb.KvEventBatch{SequenceNumber: 3}, false, false, nil},
-		{"plain", &commonpb.KvEventBatch{DpRank: proto.Int32(1), Load: &commonpb.PushedLoad{DpRank: 1, NumWaitingReqs: 2, TokenUsage: 0.3}}, true, false, nil},
+		{"plain", &commonpb.KvEventBatch{DpRank: proto.Int32(1), Load: &commonpb.PushedLoad{DpRank: 1, NumWaitingReqs: 2, TokenUsage: 0.3, MaxTotalNumTokens: 4096}}, true, false, nil},
 		{"with silence", &commonpb.KvEventBatch{Load: &commonpb.PushedLoad{EngineSilenceSeconds: sec(2.5)}}, true, false, ptrDur(2500 * time.Millisecond)},
 		{"zero silence is a figure", &commonpb.KvEventBatch{Load: &commonpb.PushedLoad{EngineSilenceSeconds: sec(0)}}, true, false, ptrDur(0)},
 		{"unknown rank", &commonpb.KvEventBatch{Load: &commonpb.PushedLoad{DpRank: 5000}}, true, true, nil},
@@ -34,12 +34,16 @@ func TestReadPushed(t *testing.T) {
 		{"NaN silence", &commonpb.KvEventBatch{Load: &commonpb.PushedLoad{EngineSilenceSeconds: sec(math.NaN())}}, true, true, nil},
 		{"negative silence", &commonpb.KvEventBatch{Load: &commonpb.PushedLoad{EngineSilenceSeconds: sec(-1)}}, true, true, nil},
 		{"silence 2^31 s", &commonpb.KvEventBatch{Load: &commonpb.PushedLoad{EngineSilenceSeconds: sec(1 << 31)}}, true, true, nil},
+		{"negative KV capacity", &commonpb.KvEventBatch{Load: &commonpb.PushedLoad{MaxTotalNumTokens: -1}}, true, true, nil},
 		{"negative prefill", &commonpb.KvEventBatch{Load: &commonpb.PushedLoad{PrefillTokensInHand: -1}}, true, true, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, ok, err := ReadPushed(tc.batch)
 			if ok != tc.ok || (err != nil) != tc.bad {
 				t.Fatalf("ok %v err %v", ok, err)
+			}
+			if c := tc.batch.GetLoad().GetMaxTotalNumTokens(); !tc.bad && p.Load.KVCapacity != int64(c) {
+				t.Fatalf("KV capacity %d, want %d", p.Load.KVCapacity, c)
 			}
 			if !tc.bad && ok && ((p.Silence == nil) != (tc.silence == nil) || (p.Silence != nil && *p.Silence != *tc.silence)) {
 				t.Fatalf("silence %v, want %v", p.Silence, tc.silence)

@@ -126,6 +126,9 @@ type RankLoad struct {
 	Throughput   float64
 	CacheHitRate float64
 	MaxRunning   int
+	// KVCapacity is the rank's KV cache capacity in tokens
+	// (max_total_num_tokens; 0: not reported).
+	KVCapacity int64
 }
 
 // Loads reads GetLoads (every rank).
@@ -143,7 +146,7 @@ func (c *Client) Loads(ctx context.Context) ([]RankLoad, error) {
 		for _, l := range r.GetLoads() {
 			out = append(out, RankLoad{Rank: int(l.GetDpRank()), Running: int(l.GetNumRunningReqs()), Waiting: int(l.GetNumWaitingReqs()),
 				TokenUsage: l.GetTokenUsage(), Throughput: l.GetGenThroughput(), CacheHitRate: l.GetCacheHitRate(),
-				MaxRunning: int(l.GetMaxRunningRequests())})
+				MaxRunning: int(l.GetMaxRunningRequests()), KVCapacity: int64(l.GetMaxTotalNumTokens())})
 		}
 		return out, nil
 	}
@@ -154,7 +157,7 @@ func (c *Client) Loads(ctx context.Context) ([]RankLoad, error) {
 	for _, l := range r.GetLoads() {
 		out = append(out, RankLoad{Rank: int(l.GetDpRank()), Running: int(l.GetNumRunningReqs()), Waiting: int(l.GetNumWaitingReqs()),
 			TokenUsage: l.GetTokenUsage(), Throughput: l.GetGenThroughput(), CacheHitRate: l.GetCacheHitRate(),
-			MaxRunning: int(l.GetMaxRunningRequests())})
+			MaxRunning: int(l.GetMaxRunningRequests()), KVCapacity: int64(l.GetMaxTotalNumTokens())})
 	}
 	return out, nil
 }
@@ -163,7 +166,7 @@ func (c *Client) Loads(ctx context.Context) ([]RankLoad, error) {
 func PushedRankLoad(l *commonpb.PushedLoad) RankLoad {
 	return RankLoad{Rank: int(l.GetDpRank()), Running: int(l.GetNumRunningReqs()), Waiting: int(l.GetNumWaitingReqs()),
 		TokenUsage: l.GetTokenUsage(), Throughput: l.GetGenThroughput(), CacheHitRate: l.GetCacheHitRate(),
-		MaxRunning: int(l.GetMaxRunningRequests())}
+		MaxRunning: int(l.GetMaxRunningRequests()), KVCapacity: int64(l.GetMaxTotalNumTokens())}
 }
 
 // Check reports why a rank's load cannot be believed: a rank outside the
@@ -172,8 +175,8 @@ func (l RankLoad) Check(ranks int) error {
 	switch {
 	case l.Rank < 0 || l.Rank >= max(ranks, 1):
 		return fmt.Errorf("dp_rank %d outside the engine's %d ranks", l.Rank, max(ranks, 1))
-	case l.Running < 0 || l.Waiting < 0 || l.MaxRunning < 0:
-		return fmt.Errorf("rank %d: negative count (running %d, waiting %d, max running %d)", l.Rank, l.Running, l.Waiting, l.MaxRunning)
+	case l.Running < 0 || l.Waiting < 0 || l.MaxRunning < 0 || l.KVCapacity < 0:
+		return fmt.Errorf("rank %d: negative count (running %d, waiting %d, max running %d, max total tokens %d)", l.Rank, l.Running, l.Waiting, l.MaxRunning, l.KVCapacity)
 	case !(l.TokenUsage >= 0 && l.TokenUsage <= 1.5): // NaN fails too; a little above 1 is seen on real engines
 		return fmt.Errorf("rank %d: token usage %v is not a fraction", l.Rank, l.TokenUsage)
 	case !(l.Throughput >= 0 && l.Throughput < math.Inf(1)):

@@ -50,7 +50,7 @@ func ToReport(flavor string, loads []RankLoad) (engine.Report, error) {
 		}
 		seen[l.Rank] = true
 		rep.Ranks = append(rep.Ranks, engine.Rank{DPRank: l.Rank, Waiting: int64(l.Waiting), Running: int64(l.Running),
-			TokenUsage: l.TokenUsage, GenThroughput: l.Throughput, CacheHitRate: l.CacheHitRate, MaxRunning: int64(l.MaxRunning)})
+			TokenUsage: l.TokenUsage, GenThroughput: l.Throughput, CacheHitRate: l.CacheHitRate, MaxRunning: int64(l.MaxRunning), KVCapacity: l.KVCapacity})
 	}
 	slices.SortFunc(rep.Ranks, func(a, b engine.Rank) int { return a.DPRank - b.DPRank })
 	return rep, nil
