@@ -135,3 +135,66 @@ func TestKeptWorkerKeepsItsCarriedWindow(t *testing.T) {
 		}
 	})
 }
+
+func budgeted(id string, rooms, share, tokens, tokenShare int64) *smgv1.RoutingWorker {
+	w := windowed(id, rooms, share)
+	w.TokenBudget, w.TokenShare = tokens, tokenShare
+	return w
+}
+
+// A token share is carried through a failover like a room share, each on
+// its own: a new leader that does not know the worker's KV capacity yet
+// (budget 0) would ungate the router, and one that granted it nothing yet
+// (-1) would stop it; both leave it on the budget and share it held, and
+// its reports count that share as tokens in flight. A room share granted
+// before the token share ends the rooms' carry only.
+func TestFailoverKeepsTheTokenShareHeld(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fc, target := newFakeConn(), newTarget()
+		runBubbled(t, New(fc, target, Options{RouterID: "r1", StaleAfter: 15 * time.Second}, nil))
+		s := <-fc.streams
+		s.toClient <- snapshotMsg("E1", 5, budgeted("w1", 4, 2, 20000, 9000), budgeted("w2", 0, 0, 20000, 6000))
+		synctest.Wait()
+
+		s = restart(s, fc)
+		s.toClient <- snapshotMsg("E2", 1, budgeted("w1", 4, -1, 0, 0), budgeted("w2", 0, 0, 0, 0))
+		synctest.Wait()
+		for id, want := range map[string]int64{"w1": 9000, "w2": 6000} {
+			if w := target.view(t)[id]; w.TokenBudget != 20000 || w.TokenShare != want {
+				t.Fatalf("new leader without a budget: %s gated on %d/%d tokens, want the 20000/%d held", id, w.TokenBudget, w.TokenShare, want)
+			}
+		}
+		target.setObs(router.Observations{Demand: []router.WindowDemand{{WorkerID: "w1", InFlight: 1, TokensInFlight: 500}, {WorkerID: "w2", TokensInFlight: 100}}})
+		rep := s.lastReport(t)
+		if d := rep.GetDemand(); len(d) != 2 || d[0].GetTokensInFlight() != 9000 || d[1].GetTokensInFlight() != 6000 || d[0].GetInFlight() != 2 {
+			t.Fatalf("report demand %v, want the carried shares in flight (w1 2 rooms, 9000 tokens; w2 6000 tokens)", d)
+		}
+		// Rooms granted, the budget known but no token share yet: rooms are
+		// the new leader's, tokens still the share held.
+		s.toClient <- deltaMsg("E2", 2, budgeted("w1", 4, 3, 20000, -1))
+		synctest.Wait()
+		if w := target.view(t)["w1"]; w.WindowShare != 3 || w.TokenBudget != 20000 || w.TokenShare != 9000 {
+			t.Fatalf("rooms granted first: %d rooms, %d/%d tokens, want 3 and the 20000/9000 held", w.WindowShare, w.TokenBudget, w.TokenShare)
+		}
+		rep = s.lastReport(t)
+		if d := rep.GetDemand(); d[0].GetInFlight() != 1 || d[0].GetTokensInFlight() != 9000 {
+			t.Fatalf("report %v, want w1's true rooms and its carried tokens", d)
+		}
+		// The token grant ends the carry; a later -1 in the epoch applies.
+		s.toClient <- deltaMsg("E2", 3, budgeted("w1", 4, 3, 20000, 8000))
+		s.toClient <- deltaMsg("E2", 4, budgeted("w1", 4, 3, 20000, -1))
+		synctest.Wait()
+		if w := target.view(t)["w1"]; w.TokenShare != -1 {
+			t.Fatalf("a shrink to -1 within the epoch: token share %d, want -1 at once", w.TokenShare)
+		}
+		// w2's budget never came back: the stale bound ends its carry.
+		for range 15 {
+			time.Sleep(time.Second)
+			s.toClient <- heartbeatMsg("E2", 4)
+		}
+		synctest.Wait()
+		if w := target.view(t)["w2"]; w.TokenBudget != 0 || w.TokenShare != 0 {
+			t.Fatalf("past the stale bound: %d/%d, want the control plane's 0/0", w.TokenBudget, w.TokenShare)
+		}
+	})
+}

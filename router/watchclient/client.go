@@ -138,7 +138,7 @@ type Client struct {
 	// carried: the running window and share a worker had under the
 	// previous epoch, used while the current epoch has sent none for it
 	// yet (a new leader before its allocator ran), until carryUntil.
-	carried    map[string]window
+	carried    map[string]carry
 	carryUntil time.Time
 
 	ackSignal chan struct{} // buffered 1: the sender acks the latest revision
@@ -157,12 +157,6 @@ func windowOf(w router.Worker) window {
 	return window{w.Type == router.TypeDecode, w.MaxRunning, w.AdmissionRooms, w.WindowShare, w.TokenBudget, w.TokenShare}
 }
 
-// applyTo puts the window held into w.
-func (v window) applyTo(w *router.Worker) {
-	w.MaxRunning, w.AdmissionRooms, w.WindowShare = max(w.MaxRunning, v.maxRunning), v.rooms, v.share
-	w.TokenBudget, w.TokenShare = v.tokens, v.tokenShare
-}
-
 // known reports whether the control plane said anything about the window
 // the router gates the worker on.
 func (v window) known() bool {
@@ -170,6 +164,31 @@ func (v window) known() bool {
 		return v.maxRunning > 0 || v.share != 0
 	}
 	return v.rooms > 0 || v.share != 0
+}
+
+// granted reports whether the window is the control plane's word: a share
+// granted, or a window without shares.
+func (v window) granted() bool { return v.share > 0 || (v.known() && v.share == 0) }
+
+// tokensKnown and tokensGranted are known and granted for the token budget.
+func (v window) tokensKnown() bool   { return v.tokens > 0 || v.tokenShare != 0 }
+func (v window) tokensGranted() bool { return v.tokenShare > 0 || (v.tokens > 0 && v.tokenShare == 0) }
+
+// carry is a window held from before, in the dimensions still carried
+// (rooms, tokens): each ends on its own grant.
+type carry struct {
+	window
+	rooms, tokens bool
+}
+
+// applyTo puts the carried dimensions into w.
+func (cr carry) applyTo(w *router.Worker) {
+	if cr.rooms {
+		w.MaxRunning, w.AdmissionRooms, w.WindowShare = max(w.MaxRunning, cr.maxRunning), cr.window.rooms, cr.share
+	}
+	if cr.tokens {
+		w.TokenBudget, w.TokenShare = cr.window.tokens, cr.tokenShare
+	}
 }
 
 // heldWorker is a worker as last sent, converted once for the router.
@@ -591,18 +610,33 @@ func (c *Client) keepPrevious(newEpoch bool, warming time.Duration) {
 // grants it a share (it adopts what the router reports holding). A granted
 // share (or a window without shares) ends the carry; the stale bound ends
 // them all. Within an epoch, a share of -1 is the allocator's word and
-// applies at once. Caller holds applyMu; c.workers is the view as held.
+// applies at once. The running window and the token budget are carried
+// each on its own, as the allocator grants them: a new leader learns a
+// worker's KV capacity only from its next load report, and until then a
+// budget it does not send must neither ungate the router (a burst) nor
+// leave it at -1 (nothing). Caller holds applyMu; c.workers is the view as
+// held.
 func (c *Client) carryWindow(id string, next router.Worker, newEpoch bool) {
 	v := windowOf(next)
-	if v.share > 0 || (v.known() && v.share == 0) {
-		delete(c.carried, id) // the control plane's window from now on
-		return
-	}
-	if _, ok := c.carried[id]; ok {
+	if cr, ok := c.carried[id]; ok {
+		cr.rooms = cr.rooms && !v.granted()
+		cr.tokens = cr.tokens && !v.tokensGranted()
+		if !cr.rooms && !cr.tokens {
+			delete(c.carried, id) // the control plane's window from now on
+			return
+		}
+		c.carried[id] = cr
 		return
 	}
 	old, ok := c.workers[id]
-	if !ok || !windowOf(old.w).known() || (v.known() && !newEpoch) {
+	if !ok {
+		return
+	}
+	ov := windowOf(old.w)
+	cr := carry{window: ov,
+		rooms:  ov.known() && !v.granted() && (newEpoch || !v.known()),
+		tokens: ov.tokensKnown() && !v.tokensGranted() && (newEpoch || !v.tokensKnown())}
+	if !cr.rooms && !cr.tokens {
 		return
 	}
 	if len(c.carried) == 0 {
@@ -613,15 +647,15 @@ func (c *Client) carryWindow(id string, next router.Worker, newEpoch bool) {
 		}
 	}
 	if c.carried == nil {
-		c.carried = make(map[string]window)
+		c.carried = make(map[string]carry)
 	}
-	c.carried[id] = windowOf(old.w)
+	c.carried[id] = cr
 }
 
 // withCarried reports, for each worker whose share is carried from a
-// previous epoch, at least that share in flight: the new leader then counts
-// those rooms as held by this router (and grants them back to it) instead of
-// handing them to another router meanwhile.
+// previous epoch, at least that share in flight (rooms and tokens): the new
+// leader then counts them as held by this router (and grants them back to
+// it) instead of handing them to another router meanwhile.
 func (c *Client) withCarried(obs router.Observations) router.Observations {
 	c.applyMu.Lock()
 	defer c.applyMu.Unlock()
@@ -630,8 +664,12 @@ func (c *Client) withCarried(obs router.Observations) router.Observations {
 	}
 	obs.Demand = slices.Clone(obs.Demand) // the router's own, not ours to change
 	for i := range obs.Demand {
-		if v, ok := c.carried[obs.Demand[i].WorkerID]; ok && v.share > 0 {
-			obs.Demand[i].InFlight = max(obs.Demand[i].InFlight, v.share)
+		cr, ok := c.carried[obs.Demand[i].WorkerID]
+		if ok && cr.rooms && cr.share > 0 {
+			obs.Demand[i].InFlight = max(obs.Demand[i].InFlight, cr.share)
+		}
+		if ok && cr.tokens && cr.tokenShare > 0 {
+			obs.Demand[i].TokensInFlight = max(obs.Demand[i].TokensInFlight, cr.tokenShare)
 		}
 	}
 	return obs
