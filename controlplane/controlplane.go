@@ -305,7 +305,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		Observer: cp.Evidence, Skipper: cp.Evidence, Now: opts.Now, Seed: hopts.Seed, GRPC: cp.grpcPool, Pushed: cp.Evidence, Budget: budget,
 		Covered: func(url string) bool { return cp.Agents.Covers(url) },
 	}, log)
-	if opts.AdmissionWindow {
+	if opts.AdmissionWindow || opts.TokenBudget {
 		if err := reg.Register(windows.NewCollector(cp.Registry)); err != nil {
 			return nil, err
 		}

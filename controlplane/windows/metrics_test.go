@@ -22,13 +22,18 @@ func (r refCollector) Describe(ch chan<- *prometheus.Desc) { r.c.Describe(ch) }
 
 func (r refCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, w := range r.c.reg.Snapshot().Workers() {
-		if w.Admission == nil {
-			continue
-		}
 		url := w.Spec.GetUrl()
-		ch <- prometheus.MustNewConstMetric(r.c.window, prometheus.GaugeValue, float64(w.Admission.Window), url, w.Admission.Source)
-		for rt, n := range w.WindowShare {
-			ch <- prometheus.MustNewConstMetric(r.c.share, prometheus.GaugeValue, float64(n), url, rt)
+		if w.Admission != nil {
+			ch <- prometheus.MustNewConstMetric(r.c.desc[dimRooms].total, prometheus.GaugeValue, float64(w.Admission.Window), url, w.Admission.Source)
+			for rt, n := range w.WindowShare {
+				ch <- prometheus.MustNewConstMetric(r.c.desc[dimRooms].share, prometheus.GaugeValue, float64(n), url, rt)
+			}
+		}
+		if w.Budget != nil {
+			ch <- prometheus.MustNewConstMetric(r.c.desc[dimTokens].total, prometheus.GaugeValue, float64(w.Budget.Tokens), url, w.Budget.Source)
+			for rt, n := range w.TokenShare {
+				ch <- prometheus.MustNewConstMetric(r.c.desc[dimTokens].share, prometheus.GaugeValue, float64(n), url, rt)
+			}
 		}
 	}
 }
@@ -67,6 +72,19 @@ func (f *windowFleet) admission() (*registry.Admission, map[string]int64) {
 	return adm, shares
 }
 
+// budget is nil (off) or a random budget and source; shares as admission's.
+func (f *windowFleet) budget() (*registry.Budget, map[string]int64) {
+	adm, shares := f.admission()
+	if adm == nil {
+		return nil, nil
+	}
+	b := &registry.Budget{Tokens: adm.Window * 1000, Source: []string{"engine", "learned", ""}[f.rng.IntN(3)]}
+	for r := range shares {
+		shares[r] *= 1000
+	}
+	return b, shares
+}
+
 // step makes n random changes: workers appear, go, change URL, window,
 // source or routers.
 func (f *windowFleet) step(n int) {
@@ -84,10 +102,15 @@ func (f *windowFleet) step(n int) {
 				}
 				w := &registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: url}, Model: "m", Type: "decode"}, State: registry.State{Health: registry.HealthHealthy}}
 				w.Admission, w.WindowShare = f.admission()
+				w.Budget, w.TokenShare = f.budget()
 				tx.Insert(w)
 			default:
 				w := old.Clone()
-				w.Admission, w.WindowShare = f.admission()
+				if f.rng.IntN(2) == 0 {
+					w.Admission, w.WindowShare = f.admission()
+				} else {
+					w.Budget, w.TokenShare = f.budget()
+				}
 				tx.Insert(w)
 			}
 		}
@@ -230,5 +253,38 @@ func BenchmarkGather(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A worker's token budget and its routers' shares are series of their own,
+// beside its running window or without one.
+func TestCollectorShowsTokenBudgets(t *testing.T) {
+	reg := registry.New("test", 0)
+	pr := prometheus.NewRegistry()
+	pr.MustRegister(NewCollector(reg))
+	if _, err := reg.Update(func(tx *registry.Txn) error {
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "a", Spec: &smgv1.WorkerSpec{Url: "http://a"}}, State: registry.State{Health: registry.HealthHealthy},
+			Shares: registry.Shares{Admission: &registry.Admission{Window: 8, Source: "spec"}, WindowShare: map[string]int64{"r1": 8},
+				Budget: &registry.Budget{Tokens: 20000, Source: "engine"}, TokenShare: map[string]int64{"r1": 12000, "r2": 8000}}})
+		tx.Insert(&registry.Worker{Registered: registry.Registered{ID: "b", Spec: &smgv1.WorkerSpec{Url: "http://b"}}, State: registry.State{Health: registry.HealthHealthy},
+			Shares: registry.Shares{Budget: &registry.Budget{}}})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := `# HELP smg_worker_token_budget Token budget of the worker under --worker-token-budget (its KV capacity in tokens; 0: none known), by source (engine, learned).
+# TYPE smg_worker_token_budget gauge
+smg_worker_token_budget{source="",worker="http://b"} 0
+smg_worker_token_budget{source="engine",worker="http://a"} 20000
+# HELP smg_worker_token_budget_share Tokens of the worker's token budget granted to each router.
+# TYPE smg_worker_token_budget_share gauge
+smg_worker_token_budget_share{router="r1",worker="http://a"} 12000
+smg_worker_token_budget_share{router="r2",worker="http://a"} 8000
+`
+	if err := testutil.GatherAndCompare(pr, strings.NewReader(want), "smg_worker_token_budget", "smg_worker_token_budget_share"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := testutil.GatherAndCount(pr, "smg_worker_admission_window"); err != nil || n != 1 {
+		t.Fatalf("admission windows: %d series, %v", n, err)
 	}
 }
