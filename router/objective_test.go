@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/smg-project/smg/router/admission"
+	"github.com/smg-project/smg/router/ttft"
 )
 
 // objectiveEngine prefills at 10000 tokens/s on the router's fake clock
@@ -61,6 +62,17 @@ func warm(t *testing.T, h *harness, workers ...Worker) {
 	t.Fatal("warm-up: a worker got no request")
 }
 
+// oneWarmEngine is a router with a TTFT objective of secs on one warm
+// objectiveEngine, and the engine's work ahead unknown to the router.
+func oneWarmEngine(t *testing.T, secs float64) (*fakeClock, *harness, *atomic.Int64, *engine) {
+	clk := newFakeClock()
+	h := newHarness(t, func(o *Options) { clk.opts(o); o.TTFTObjectiveSecs = secs })
+	ahead := new(atomic.Int64)
+	a := objectiveEngine(t, "a", clk, ahead, nil)
+	warm(t, h, a.worker())
+	return clk, h, ahead, a
+}
+
 // With an objective, a request goes only to a worker predicted to meet it,
 // whatever the policy prefers.
 func TestObjectiveSendsOnlyToAWorkerThatMeetsIt(t *testing.T) {
@@ -82,11 +94,7 @@ func TestObjectiveSendsOnlyToAWorkerThatMeetsIt(t *testing.T) {
 // help, the request is refused at once with its own code and a Retry-After
 // from the prediction, counted by class; the engine never sees it.
 func TestObjectiveRefusesAtOnceWithRetryAfterFromThePrediction(t *testing.T) {
-	clk := newFakeClock()
-	h := newHarness(t, func(o *Options) { clk.opts(o); o.TTFTObjectiveSecs = 0.5 })
-	var ahead atomic.Int64
-	a := objectiveEngine(t, "a", clk, &ahead, nil)
-	warm(t, h, a.worker())
+	_, h, _, a := oneWarmEngine(t, 0.5)
 	// 25000 tokens ahead + 1000 own at 10000/s: 2.6 s predicted, 2.1 s over.
 	h.apply(a.worker(withAhead(25000)))
 	hits := a.hits.Load()
@@ -232,6 +240,44 @@ func TestObjectiveRefusesAtOnceWhenNoRoomIsExpectedInTime(t *testing.T) {
 	}
 	if n := waited(); n != before {
 		t.Errorf("the refused request waited for a room (%d waits recorded, want %d)", n, before)
+	}
+}
+
+// A margin grown on late first tokens refuses every request, and a refused
+// request measures nothing: the margin decays while none is measured, so
+// the gate admits again once the lateness could have passed.
+func TestObjectiveMarginDecaysSoTheGateAdmitsAgain(t *testing.T) {
+	clk, h, ahead, _ := oneWarmEngine(t, 0.5)
+	// Every third first token comes 1.5 s late (work the router never heard
+	// of): the rate stays the median's, the margin grows to 1.5 s.
+	for i := range 8 {
+		ahead.Store(0)
+		if i%3 == 0 {
+			ahead.Store(15000)
+		}
+		if got := h.send("/v1/completions", completion(1000, false), ""); got.status != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, got.status, got.body)
+		}
+	}
+	ahead.Store(0)
+	refused := func() bool {
+		got := h.send("/v1/completions", completion(1000, false), "")
+		if got.status != http.StatusOK && got.errorCode() != CodeTTFTObjective {
+			t.Fatalf("answer %d %s, want 200 or %s", got.status, got.body, CodeTTFTObjective)
+		}
+		return got.status != http.StatusOK
+	}
+	if !refused() {
+		t.Fatal("admitted with a 1.5 s margin on a 0.5 s objective")
+	}
+	clk.advance(ttft.MarginGrace)
+	if !refused() {
+		t.Fatal("admitted within the margin's grace")
+	}
+	// Three half-lives later the margin is 1.5 s / 8: 0.1 s + 0.19 s meets 0.5 s.
+	clk.advance(3 * ttft.MarginHalfLife)
+	if refused() {
+		t.Fatal("still refused after the margin decayed")
 	}
 }
 

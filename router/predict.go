@@ -120,7 +120,8 @@ type TTFTLoad struct {
 	// implausible (a rate outside the predictor's bounds: not used).
 	TTFTPredictor string `json:"ttft_predictor"`
 	// TTFTMarginMs is what TTFT objectives add to the prediction: the 90th
-	// percentile of the latest observed less predicted TTFTs (>= 0).
+	// percentile of the latest observed less predicted TTFTs (>= 0),
+	// decayed while none is measured.
 	TTFTMarginMs float64 `json:"ttft_margin_ms"`
 }
 

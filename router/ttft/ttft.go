@@ -133,11 +133,19 @@ type Estimator struct {
 	fittedAt  time.Time
 	pending   atomic.Bool
 	published atomic.Pointer[estimate]
-	// errs are the latest observed less predicted TTFTs (a ring), for Margin.
+	// errs are the latest observed less predicted TTFTs (a ring), for
+	// Margin, as decayed up to errAt (the latest's time).
 	errs    [Samples]time.Duration
 	errNext int
 	errN    int
-	margin  atomic.Int64 // time.Duration
+	errAt   time.Time
+	margin  atomic.Pointer[margin]
+}
+
+// margin is the margin as of the latest error, at.
+type margin struct {
+	d  time.Duration
+	at time.Time
 }
 
 type rateSample struct {
@@ -161,6 +169,7 @@ type estimate struct {
 func New(now func() time.Time) *Estimator {
 	e := &Estimator{now: now}
 	e.published.Store(&estimate{})
+	e.margin.Store(&margin{})
 	return e
 }
 
@@ -378,6 +387,26 @@ const (
 	marginMin      = 8 // fewer errors say nothing: margin 0
 )
 
+// While no error is measured (nothing admitted: a refused request teaches
+// nothing), the margin and the errors behind it halve every MarginHalfLife
+// once MarginGrace has passed since the latest. Without it a margin grown on
+// a stalled host would refuse every request after the stall, and so never
+// learn that it ended; with it the gate admits again within seconds and
+// measures anew. The grace keeps a steady trickle of requests (one a
+// second or more) on its plain percentile.
+const (
+	MarginGrace    = time.Second
+	MarginHalfLife = time.Second
+)
+
+// decay is the share of an error left after dt without a newer one.
+func decay(dt time.Duration) float64 {
+	if dt <= MarginGrace {
+		return 1
+	}
+	return math.Exp2(-float64(dt-MarginGrace) / float64(MarginHalfLife))
+}
+
 // ObserveError folds in one request's observed and predicted TTFT.
 func (e *Estimator) ObserveError(observed, predicted time.Duration) {
 	if observed <= 0 || predicted <= 0 {
@@ -385,6 +414,15 @@ func (e *Estimator) ObserveError(observed, predicted time.Duration) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	t := e.now()
+	if e.errN > 0 {
+		if f := decay(t.Sub(e.errAt)); f < 1 {
+			for i := range e.errN {
+				e.errs[i] = time.Duration(float64(e.errs[i]) * f)
+			}
+		}
+	}
+	e.errAt = t
 	e.errs[e.errNext] = observed - predicted
 	e.errNext = (e.errNext + 1) % Samples
 	e.errN = min(e.errN+1, Samples)
@@ -393,16 +431,23 @@ func (e *Estimator) ObserveError(observed, predicted time.Duration) {
 		scratch := e.errs
 		m = min(max(nth(scratch[:e.errN], int(marginQuantile*float64(e.errN-1)+0.5)), 0), MaxMargin)
 	}
-	e.margin.Store(int64(m))
+	e.margin.Store(&margin{d: m, at: t})
 }
 
 // Margin is what a prediction is lengthened by where it must hold (an
 // objective to meet): the 90th percentile of the latest observed less
-// predicted TTFTs, in [0, MaxMargin]; 0 before 8 are known. It is a time,
-// not a factor: what makes first tokens late (a stalled host, a step under
-// way, work another router sent that this one has not heard of yet) adds
-// time whatever the request's own prefill.
-func (e *Estimator) Margin() time.Duration { return time.Duration(e.margin.Load()) }
+// predicted TTFTs, in [0, MaxMargin]; 0 before 8 are known; decaying while
+// none is measured (see MarginHalfLife). It is a time, not a factor: what
+// makes first tokens late (a stalled host, a step under way, work another
+// router sent that this one has not heard of yet) adds time whatever the
+// request's own prefill.
+func (e *Estimator) Margin() time.Duration {
+	m := e.margin.Load()
+	if m.d == 0 {
+		return 0
+	}
+	return time.Duration(float64(m.d) * decay(e.now().Sub(m.at)))
+}
 
 // Step is the measured decode step time (0 until measured).
 func (e *Estimator) Step() time.Duration { return e.published.Load().step }

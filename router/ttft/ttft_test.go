@@ -228,6 +228,49 @@ func TestMarginIsTheNinetiethPercentileOfTheError(t *testing.T) {
 	}
 }
 
+// While no error is measured (the gate refuses everything) the margin
+// halves every MarginHalfLife after MarginGrace, and so do the errors behind
+// it: the first requests admitted after a stall are not judged by it again.
+// A steady trickle of errors keeps the plain percentile.
+func TestMarginDecaysWhileNothingIsMeasured(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := New(time.Now)
+		ms := time.Millisecond
+		// A stall: every first token 2 s late, one every 500 ms.
+		for range Samples {
+			e.ObserveError(2100*ms, 100*ms)
+			time.Sleep(500 * ms)
+		}
+		if m := e.Margin(); m != 2*time.Second {
+			t.Fatalf("margin under a steady trickle = %v, want 2s (no decay within the grace)", m)
+		}
+		time.Sleep(MarginGrace - 500*ms)
+		if m := e.Margin(); m != 2*time.Second {
+			t.Fatalf("margin at the end of the grace = %v, want 2s", m)
+		}
+		time.Sleep(MarginHalfLife)
+		if m := e.Margin(); m != time.Second {
+			t.Fatalf("margin one half-life after the grace = %v, want 1s", m)
+		}
+		time.Sleep(4 * MarginHalfLife)
+		if m := e.Margin(); m != 62500*time.Microsecond {
+			t.Fatalf("margin five half-lives after the grace = %v, want 62.5ms", m)
+		}
+		// The stall is over: a request admitted now is 10 ms late. The old
+		// errors count as decayed, not as they were.
+		e.ObserveError(110*ms, 100*ms)
+		if m := e.Margin(); m != 62500*time.Microsecond {
+			t.Fatalf("margin after one fresh error = %v, want the decayed 62.5ms", m)
+		}
+		for range Samples {
+			e.ObserveError(110*ms, 100*ms)
+		}
+		if m := e.Margin(); m != 10*ms {
+			t.Fatalf("margin after fresh errors only = %v, want 10ms", m)
+		}
+	})
+}
+
 func TestNthIsTheSortedElement(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 2000 {
