@@ -67,7 +67,7 @@ func PercentilesOf(xs []float64) Percentiles {
 // most 2 s, while the first batches fill) and the end of the window, so
 // neither the empty start nor the queue drained after the end counts.
 func Summarize(records []Record, window, ttftObjective time.Duration) Summary {
-	warm := min(window/5, 2*time.Second).Seconds()
+	warm := Warmup(window).Seconds()
 	end := window.Seconds()
 	s := Summary{Requests: len(records), ErrorKinds: map[string]int{}}
 	var ttft, itl, e2e []float64
@@ -119,6 +119,9 @@ func Summarize(records []Record, window, ttftObjective time.Duration) Summary {
 	s.TTFT, s.ITL, s.E2E = PercentilesOf(ttft), PercentilesOf(itl), PercentilesOf(e2e)
 	return s
 }
+
+// Warmup is the start of a run of window that steady-state rates leave out.
+func Warmup(window time.Duration) time.Duration { return min(window/5, 2*time.Second) }
 
 // WriteTable prints s as a human-readable block.
 func (s Summary) WriteTable(w io.Writer, ttftObjective time.Duration) {

@@ -214,6 +214,7 @@ func (e *engine) submit(ctx context.Context, s submitSpec) (*request, error) {
 		req.deadline = time.Now().Add(e.cfg.bootstrapTimeout)
 	}
 	r.mu.Lock()
+	r.accountIdle(time.Now())
 	req.seed = r.rng.Uint64()
 	r.waiting = append(r.waiting, req)
 	if req.stream {
@@ -375,6 +376,12 @@ type rank struct {
 	// scheduling pass (GET /sim/stats), for benchmarks and tests that check
 	// what a router let through.
 	peakWaiting, peakRunning int
+	// Free rooms of the running window integrated over time (room-seconds,
+	// since start): all of them, and those while a request waited in the
+	// queue (for the next scheduling pass, or KV). What benchmarks read to
+	// tell a room idle because nothing was sent from one idle at the engine.
+	idleRooms, idleRoomsQueued float64
+	idleAt                     time.Time
 
 	// The engine-silence figure: streaming requests held, and when the rank
 	// last produced for them (a token, or a step on a step wire).
@@ -413,6 +420,7 @@ func (r *rank) loop() {
 		ok := false
 		if !r.frozen {
 			now := time.Now()
+			r.accountIdle(now)
 			next = r.sweep(now)
 			r.eng.kvLog.flush(r.id, now) // blocks freed by cancellations and deadlines
 			ok = r.plan(&plan)
@@ -609,6 +617,7 @@ func (r *rank) preemptNewest() bool {
 func (r *rank) fetchKV(req *request) {
 	err := r.eng.bootstrap(req.ctx, req.pd.host, req.pd.port, req.pd.room)
 	r.mu.Lock()
+	r.accountIdle(time.Now())
 	if req.state == stateTransfer {
 		if err != nil {
 			r.finished["abort"]++
@@ -638,6 +647,7 @@ func removeReq(q []*request, req *request) []*request {
 // apply lands a finished step: tokens, prefill progress, completions, counters.
 func (r *rank) apply(p *stepPlan, now time.Time) {
 	cfg := &r.eng.cfg
+	r.accountIdle(now)
 	genBefore := r.genTokens
 	for _, req := range p.decode {
 		if req.state != stateDecode {
@@ -756,13 +766,16 @@ type rankStats struct {
 	Buckets                                 []uint64 // cumulative
 	IterSum                                 float64
 	Throughput                              float64
+	IdleRooms, IdleRoomsQueued              float64 // room-seconds since start
 }
 
 func (r *rank) stats(now time.Time) rankStats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.accountIdle(now)
 	s := rankStats{rankLoad: r.liveLoad(), Published: r.published, Steps: r.steps,
 		PromptTokens: r.promptTokens, GenTokens: r.genTokens, Preempt: r.preemptions,
+		IdleRooms: r.idleRooms, IdleRoomsQueued: r.idleRoomsQueued,
 		Finished: make(map[string]uint64, len(r.finished)), Buckets: make([]uint64, len(r.buckets)),
 		IterSum: r.iterSum, Throughput: r.thr}
 	for k, v := range r.finished {
@@ -780,6 +793,21 @@ func (r *rank) stats(now time.Time) rankStats {
 		s.Published = rankLoad{Capacity: r.eng.cfg.capacity, Window: r.eng.cfg.window}
 	}
 	return s
+}
+
+// accountIdle integrates the free rooms up to now; r.mu is held, and every
+// change to the queue or the running batch calls it first.
+func (r *rank) accountIdle(now time.Time) {
+	if !r.idleAt.IsZero() {
+		if dt := now.Sub(r.idleAt).Seconds(); dt > 0 {
+			free := max(0, r.eng.cfg.window-len(r.running))
+			r.idleRooms += float64(free) * dt
+			r.idleRoomsQueued += float64(min(free, len(r.waiting))) * dt
+		}
+	}
+	if now.After(r.idleAt) {
+		r.idleAt = now
+	}
 }
 
 // peaks returns the rank's high-water marks, resetting them when reset.

@@ -404,3 +404,30 @@ func TestPeaksTrackQueueAndBatch(t *testing.T) {
 		}
 	})
 }
+
+// TestIdleRoomsIntegrated: the free rooms of the window are integrated over
+// time, and apart those while a request waits in the queue: a request that
+// arrives mid-step waits for the next scheduling pass with a room free.
+func TestIdleRoomsIntegrated(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := startEngine(t, testConfig(), 1)
+		synctest.Wait()
+		time.Sleep(time.Second)
+		if st := e.ranks[0].stats(time.Now()); st.IdleRooms != 4 || st.IdleRoomsQueued != 0 {
+			t.Fatalf("idle engine after 1 s: %v room-seconds idle, %v queued; want 4 (the window) and 0", st.IdleRooms, st.IdleRoomsQueued)
+		}
+		a := mustSubmit(t, e, 100, 10) // a 10 ms prefill step starts at once
+		synctest.Wait()
+		time.Sleep(5 * time.Millisecond)
+		b := mustSubmit(t, e, 100, 10) // waits 5 ms for that step to end
+		waitDone(a)
+		waitDone(b)
+		st := e.ranks[0].stats(time.Now())
+		if d := st.IdleRoomsQueued - 0.005; d < -1e-9 || d > 1e-9 {
+			t.Errorf("queued idle %v room-seconds, want 0.005 (one room for the 5 ms to the step's end)", st.IdleRoomsQueued)
+		}
+		if st.IdleRooms <= 4 {
+			t.Errorf("idle %v room-seconds, want more than the first second's 4", st.IdleRooms)
+		}
+	})
+}

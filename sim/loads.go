@@ -247,6 +247,11 @@ type simStats struct {
 	KVStreams   int    `json:"kv_streams"`
 	GetLoads    int64  `json:"grpc_get_loads"`
 	Preemptions uint64 `json:"preemptions"` // running requests evicted for KV since start (not reset)
+	// Rooms of the running window and their idle room-seconds since start
+	// (not reset): all, and those while a request was queued at the engine.
+	Rooms              int     `json:"rooms"`
+	RoomIdleSeconds    float64 `json:"room_idle_seconds"`
+	RoomIdleQueuedSecs float64 `json:"room_idle_queued_seconds"`
 }
 
 // handleStats serves GET /sim/stats; ?reset=1 starts new high-water marks.
@@ -264,6 +269,9 @@ func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
 			out.PeakWaiting += pw
 			out.PeakRunning += pr
 			out.Preemptions += st.Preempt
+			out.Rooms += st.Window
+			out.RoomIdleSeconds += st.IdleRooms
+			out.RoomIdleQueuedSecs += st.IdleRoomsQueued
 		}
 	}
 	writeJSON(w, out)

@@ -194,7 +194,8 @@ func (s *Suite) objectiveRun(ctx context.Context, gc GatewayConfig, load float64
 	}
 	after := scrapeRatios(ctx, routers, gc)
 	run := ObjectiveRun{Config: gc.Name, Load: load, Rate: rate, Summary: res.Summary, Prediction: after.since(before)}
-	run.PeakRunning, run.PeakWaiting = e.fleet.simStats(ctx, false)
+	marks := e.fleet.simStats(ctx, false)
+	run.PeakRunning, run.PeakWaiting = marks.PeakRunning, marks.PeakWaiting
 	var refusals []float64
 	for _, r := range res.Records {
 		switch {

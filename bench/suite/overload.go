@@ -97,13 +97,22 @@ type OverloadRun struct {
 	// scheduling pass), the highest of any engine.
 	PeakRunning int `json:"peak_running"`
 	PeakWaiting int `json:"peak_waiting"`
+	// RoomsIdle is the engines' idle window rooms over the steady state.
+	RoomsIdle RoomsIdle `json:"rooms_idle"`
+	// LossBound is the mean slots a router that never waits could keep
+	// busy at this load (lossBound).
+	LossBound float64 `json:"loss_bound"`
 	// ByClass summarises each class of a priority mix apart.
 	ByClass map[string]bench.Summary `json:"by_class,omitempty"`
 }
 
 // OverloadReport is the whole scenario.
 type OverloadReport struct {
-	Capacity      Capacity        `json:"capacity"`
+	Capacity Capacity `json:"capacity"`
+	// WindowCeiling is measured beside the capacity when window
+	// configurations run: goodput's bound with nothing queued in the
+	// engines.
+	WindowCeiling *WindowCeiling  `json:"window_ceiling,omitempty"`
 	Configs       []GatewayConfig `json:"configs"`
 	Loads         []float64       `json:"loads"`
 	RunSeconds    float64         `json:"run_seconds"`
@@ -180,6 +189,15 @@ func (s *Suite) Overload(ctx context.Context) (*OverloadReport, error) {
 		rep.Capacity = capacity
 	}
 	capacity := rep.Capacity
+	if !s.Short && slices.ContainsFunc(rep.Configs, func(gc GatewayConfig) bool {
+		return slices.Contains(gc.Flags, "--worker-admission-window")
+	}) {
+		c, err := s.windowCeiling(ctx, 12*time.Second)
+		if err != nil {
+			return nil, fmt.Errorf("window ceiling: %w", err)
+		}
+		rep.WindowCeiling = &c
+	}
 	for _, gc := range rep.Configs {
 		for _, load := range rep.Loads {
 			if s.Short && load < 1 && !slices.Contains(shortLightConfigs, gc.Name) {
@@ -217,20 +235,23 @@ func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64,
 		Prompt: promptDist, Output: outputDist, Timeout: time.Duration(rep.TimeoutSecs * float64(time.Second)),
 		TTFTObjective: TTFTObjective, Seed: s.Seed + uint64(load*10), Priorities: gc.Priorities, Spread: gc.Spread,
 		ShedFailover: gc.ShedFailover}
-	sampler := sampleWorkers(ctx, e.gw, e.workers, time.Now(), 100*time.Millisecond)
+	start := time.Now()
+	sampler := sampleWorkers(ctx, e.gw, e.workers, start, 100*time.Millisecond)
+	idle := e.fleet.meterIdle(ctx, start, bench.Warmup(cfg.Duration), cfg.Duration)
 	res, err := bench.Run(ctx, s.httpClient(), cfg, progressLogger(s, label))
 	samples := sampler.stop()
 	if err != nil {
 		return OverloadRun{}, err
 	}
-	peakRunning, peakWaiting := e.fleet.simStats(ctx, false)
+	marks := e.fleet.simStats(ctx, false)
 	res.Scenario = label
 	if err := s.writeJSON(fmt.Sprintf("overload-%s-%.1fx.json", gc.Name, load), res); err != nil {
 		return OverloadRun{}, err
 	}
 	run := OverloadRun{Config: gc.Name, Load: load, Rate: rate, Summary: res.Summary,
-		Trace: Trace(res.Records, samples, fleetSize, rep.RunSeconds), PeakRunning: peakRunning, PeakWaiting: peakWaiting,
-		ByClass: res.ByClass}
+		Trace: Trace(res.Records, samples, fleetSize, rep.RunSeconds), PeakRunning: marks.PeakRunning, PeakWaiting: marks.PeakWaiting,
+		ByClass: res.ByClass, RoomsIdle: idle(),
+		LossBound: lossBound(res.Summary.OfferedRate, meanHeld(res.Records), gc.engines()*engineSlots, gc.Routers)}
 	for _, r := range res.Records {
 		if r.Shed && r.RetryAfter > 0 {
 			run.RetryAfterSeen++

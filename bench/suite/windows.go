@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -128,13 +129,23 @@ func StartRouter(ctx context.Context, bin string, gw *Gateway, id string, flags 
 	}
 }
 
-// simStats reads every engine's GET /sim/stats and returns the highest peak
-// running and peak waiting of any engine; reset starts new marks.
-func (f *Fleet) simStats(ctx context.Context, reset bool) (peakRunning, peakWaiting int) {
+// simMarks is what the engines' GET /sim/stats say, over the fleet.
+type simMarks struct {
+	PeakRunning, PeakWaiting int // the highest of any engine
+	Rooms                    int // window rooms, all engines
+	// Idle room-seconds since the engines started: all, and those while a
+	// request was queued at the engine (waiting for its next scheduling
+	// pass).
+	Idle, IdleQueued float64
+}
+
+// simStats reads every engine's GET /sim/stats; reset starts new marks.
+func (f *Fleet) simStats(ctx context.Context, reset bool) simMarks {
 	q := ""
 	if reset {
 		q = "?reset=1"
 	}
+	var m simMarks
 	for _, u := range f.URLs {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u+"/sim/stats"+q, nil)
 		if err != nil {
@@ -145,14 +156,109 @@ func (f *Fleet) simStats(ctx context.Context, reset bool) (peakRunning, peakWait
 			continue
 		}
 		var st struct {
-			PeakWaiting int `json:"peak_waiting"`
-			PeakRunning int `json:"peak_running"`
+			PeakWaiting int     `json:"peak_waiting"`
+			PeakRunning int     `json:"peak_running"`
+			Rooms       int     `json:"rooms"`
+			Idle        float64 `json:"room_idle_seconds"`
+			IdleQueued  float64 `json:"room_idle_queued_seconds"`
 		}
 		_ = json.NewDecoder(resp.Body).Decode(&st)
 		resp.Body.Close()
-		peakRunning, peakWaiting = max(peakRunning, st.PeakRunning), max(peakWaiting, st.PeakWaiting)
+		m.PeakRunning, m.PeakWaiting = max(m.PeakRunning, st.PeakRunning), max(m.PeakWaiting, st.PeakWaiting)
+		m.Rooms += st.Rooms
+		m.Idle += st.Idle
+		m.IdleQueued += st.IdleQueued
 	}
-	return peakRunning, peakWaiting
+	return m
+}
+
+// RoomsIdle is the share of the fleet's window rooms the engines held idle
+// over a run's steady state (the span goodput is measured over): with no
+// request at the engine, and with one queued there for the next
+// scheduling pass.
+type RoomsIdle struct {
+	Empty  float64 `json:"empty"`
+	Queued float64 `json:"queued"`
+}
+
+// meterIdle reads the engines' idle room-seconds at start+from and
+// start+to; the returned func waits for both reads and gives the shares.
+func (f *Fleet) meterIdle(ctx context.Context, start time.Time, from, to time.Duration) func() RoomsIdle {
+	done := make(chan RoomsIdle, 1)
+	go func() {
+		var marks [2]simMarks
+		for i, at := range []time.Duration{from, to} {
+			select {
+			case <-time.After(time.Until(start.Add(at))):
+			case <-ctx.Done():
+				done <- RoomsIdle{}
+				return
+			}
+			marks[i] = f.simStats(ctx, false)
+		}
+		span := float64(marks[1].Rooms) * (to - from).Seconds()
+		if span <= 0 {
+			done <- RoomsIdle{}
+			return
+		}
+		queued := marks[1].IdleQueued - marks[0].IdleQueued
+		done <- RoomsIdle{Empty: (marks[1].Idle - marks[0].Idle - queued) / span, Queued: queued / span}
+	}()
+	return func() RoomsIdle { return <-done }
+}
+
+// WindowCeiling is the most a gateway that holds every engine to its
+// running window with nothing queued in it can serve: what the capacity
+// (engines kept saturated, a queue always ready) loses when a room freed by
+// one answer stays empty until the next request reaches the engine.
+type WindowCeiling struct {
+	TokensPerSec float64   `json:"tokens_per_sec"` // steady-state output tokens/s, whole fleet
+	Rooms        RoomsIdle `json:"rooms_idle"`     // the engines' idle rooms meanwhile
+}
+
+// windowCeiling measures it on a fresh fleet with no router: engineSlots
+// closed-loop clients per engine, each sending straight to its engine the
+// moment its last answer ended. No arrival waits for, and no router stands
+// between, a freed room and its next request; what is left is the engine's
+// own: the answer's last bytes and the next request crossing HTTP, and the
+// wait for the engine's next scheduling pass (an engine admits between
+// steps).
+func (s *Suite) windowCeiling(ctx context.Context, d time.Duration) (WindowCeiling, error) {
+	f, err := StartFleet(ctx, s.Bin, fleetSize, s.simArgs())
+	if err != nil {
+		return WindowCeiling{}, err
+	}
+	defer f.Stop(time.Second)
+	s.logf("window ceiling: %d closed-loop clients straight to each of %d engines for %s", engineSlots, fleetSize, d)
+	start := time.Now()
+	idle := f.meterIdle(ctx, start, bench.Warmup(d), d)
+	sums := make([]float64, len(f.URLs))
+	errs := make([]error, len(f.URLs))
+	var wg sync.WaitGroup
+	for i, u := range f.URLs {
+		wg.Go(func() {
+			res, err := bench.Run(ctx, s.httpClient(), bench.Config{URL: u, Clients: engineSlots, Duration: d, Prompt: promptDist,
+				Output: outputDist, Timeout: 30 * time.Second, Seed: s.Seed + uint64(i)}, nil)
+			if err == nil && res.Summary.Errors > 0 {
+				err = fmt.Errorf("engine %d: %d errors (%v)", i, res.Summary.Errors, res.Summary.ErrorKinds)
+			}
+			if err == nil {
+				sums[i] = res.Summary.Throughput
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	c := WindowCeiling{Rooms: idle()}
+	for _, v := range sums {
+		c.TokensPerSec += v
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, err
+	}
+	s.logf("window ceiling: %.0f output tokens/s, rooms idle %.1f%% empty, %.1f%% queued at the engine",
+		c.TokensPerSec, 100*c.Rooms.Empty, 100*c.Rooms.Queued)
+	return c, nil
 }
 
 // WindowTarget is the claim running windows make for one configuration: at 2×,
@@ -215,8 +321,12 @@ func writeWindowSection(b *bytes.Buffer, rep *OverloadReport) {
 	b.WriteString("\nRunning windows (`--worker-admission-window`): the engines' own high-water marks per run " +
 		"(`GET /sim/stats`: queue and running batch after each scheduling pass; window 8, allowance 0; a learned window (vLLM flavor) may queue one request, a probe of one room), " +
 		"TTFT measured by the client from its send, so any wait in a router counts; slots busy: the mean number of admitted requests open " +
-		"at the client over the steady state, against the fleet's slots (a measure that, unlike tokens/s, does not slow down when other jobs take the CPU):\n\n")
-	b.WriteString("| config | routers | load | TTFT p50 | TTFT p99 | goodput / capacity | slots busy | 503 rate | engine peak running | engine peak waiting |\n|---|---|---|---|---|---|---|---|---|---|\n")
+		"at the client over the steady state, against the fleet's slots (a measure that, unlike tokens/s, does not slow down when other jobs take the CPU); " +
+		"rooms idle: the engines' free window rooms over the steady state (`GET /sim/stats` room-seconds), with no request at the engine " +
+		"(the answer's end reaching the router, the router waiting for an arrival, the next request crossing HTTP) / with one queued at the engine " +
+		"for its next scheduling pass; loss bound: the slots a router that never waits can keep busy at this load (Erlang's loss formula per router, its share of the 32 slots as servers, " +
+		"its part of the arrivals each held for the run's mean answer time): a room freed between arrivals stays empty whatever the router does:\n\n")
+	b.WriteString("| config | routers | load | TTFT p50 | TTFT p99 | goodput / capacity | slots busy | loss bound | rooms idle: none sent / queued | 503 rate | engine peak running | engine peak waiting |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rep.Runs {
 		var gc GatewayConfig
 		for _, c := range rep.Configs {
@@ -228,18 +338,82 @@ func writeWindowSection(b *bytes.Buffer, rep *OverloadReport) {
 			continue
 		}
 		s := r.Summary
-		fmt.Fprintf(b, "| %s | %d | %.1f× | %s | %s | %.0f%% | %.1f of %d | %.1f%% | %d | %d |\n", r.Config, max(1, gc.Routers), r.Load,
+		fmt.Fprintf(b, "| %s | %d | %.1f× | %s | %s | %.0f%% | %.1f of %d | %.1f | %s | %.1f%% | %d | %d |\n", r.Config, max(1, gc.Routers), r.Load,
 			msStr(s.TTFT.P50), msStr(s.TTFT.P99), 100*s.Goodput/rep.Capacity.TokensPerSec, s.InFlight, fleetSize*engineSlots,
-			100*s.Rate503, r.PeakRunning, r.PeakWaiting)
+			r.LossBound, idleStr(r.RoomsIdle), 100*s.Rate503, r.PeakRunning, r.PeakWaiting)
+	}
+	if c := rep.WindowCeiling; c != nil {
+		fmt.Fprintf(b, "\nWindow ceiling (%d closed-loop clients straight to each engine, no router, measured beside the capacity): "+
+			"**%.0f output tokens/s, %.1f%% of capacity**, rooms idle %s: what a gateway that never lets an engine queue can serve at best, "+
+			"since a room freed by one answer stays empty until the next request reaches the engine and the engine admits it between steps. "+
+			"Capacity keeps a queue at every engine, so no room waits.\n", engineSlots, c.TokensPerSec,
+			100*c.TokensPerSec/rep.Capacity.TokensPerSec, idleStr(c.Rooms))
 	}
 	b.WriteString("\nWindow targets (at 2×: admitted p99 TTFT ≤ 1.3× its 0.5× value, goodput ≥ 97% of capacity; " +
 		"at every load: no engine running above its window nor waiting above the allowance, one for a learned window):\n\n")
-	b.WriteString("| config | TTFT p99 0.5× → 2× | ratio | TTFT target | goodput at 2× | goodput target | slots busy at 2× | peaks running / waiting | bounds |\n|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| config | TTFT p99 0.5× → 2× | ratio | TTFT target | goodput at 2× | goodput target | goodput / window ceiling | slots busy at 2× | peaks running / waiting | bounds |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, t := range ts {
-		fmt.Fprintf(b, "| %s | %s → %s | %.2f× | %s | %.1f%% | %s | %.1f of %d | %d / %d | %s |\n", t.Config, msStr(t.P99Low), msStr(t.P99High),
-			t.P99High/t.P99Low, metStr(t.TTFTMet), 100*t.GoodputFraction, metStr(t.GoodMet), t.SlotsBusy, fleetSize*engineSlots,
+		ceil := "—"
+		if c := rep.WindowCeiling; c != nil && c.TokensPerSec > 0 {
+			ceil = fmt.Sprintf("%.1f%%", 100*t.GoodputFraction*rep.Capacity.TokensPerSec/c.TokensPerSec)
+		}
+		fmt.Fprintf(b, "| %s | %s → %s | %.2f× | %s | %.1f%% | %s | %s | %.1f of %d | %d / %d | %s |\n", t.Config, msStr(t.P99Low), msStr(t.P99High),
+			t.P99High/t.P99Low, metStr(t.TTFTMet), 100*t.GoodputFraction, metStr(t.GoodMet), ceil, t.SlotsBusy, fleetSize*engineSlots,
 			t.PeakRunning, t.PeakWaiting, metStr(t.BoundsMet))
 	}
+}
+
+// WriteWindowTables writes the window configurations' tables of rep (what
+// docs/benchmarks.md gets), for a partial run that writes no docs.
+func WriteWindowTables(w io.Writer, rep *OverloadReport) {
+	var b bytes.Buffer
+	writeWindowSection(&b, rep)
+	_, _ = w.Write(b.Bytes())
+}
+
+// lossBound is the mean number of slots a router that never waits can keep
+// busy: a loss system (Erlang's B) per router, its share of the fleet's
+// slots as servers, its part of Poisson arrivals at rate each held for
+// held seconds, a request that finds its router's share full refused.
+// Rooms that free between arrivals stay empty: arithmetic of the offered
+// load, not of any router.
+func lossBound(rate, held float64, slots, routers int) float64 {
+	routers = max(1, routers)
+	a := rate * held / float64(routers)
+	var busy float64
+	for i := range routers {
+		c := slots / routers
+		if i < slots%routers {
+			c++
+		}
+		b := 1.0 // Erlang B by its recurrence
+		for k := 1; k <= c; k++ {
+			b = a * b / (float64(k) + a*b)
+		}
+		busy += a * (1 - b)
+	}
+	return busy
+}
+
+// meanHeld is the mean time completed requests were open at the client.
+func meanHeld(records []bench.Record) float64 {
+	var sum float64
+	n := 0
+	for _, r := range records {
+		if r.Completed {
+			sum += r.E2E
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}
+
+// idleStr is a run's idle rooms: none sent / queued at the engine.
+func idleStr(r RoomsIdle) string {
+	return fmt.Sprintf("%.1f%% / %.1f%%", 100*r.Empty, 100*r.Queued)
 }
 
 // waitShares waits until the control plane has split every engine's whole

@@ -119,6 +119,7 @@ func runOverload(ctx context.Context, s *suite.Suite) error {
 		return err
 	}
 	suite.WriteOverloadTable(os.Stdout, rep)
+	suite.WriteWindowTables(os.Stdout, rep)
 	if len(suite.GRPCPairs(rep)) > 0 {
 		fmt.Println()
 		suite.WriteGRPCTable(os.Stdout, rep)
