@@ -21,27 +21,43 @@ func applyPushed(ev *registry.Evidence, r timedRecord, rules *judge.Rules) {
 }
 
 // Sweep stores everything pending (Flush), then re-judges every Ready
-// worker at now, in one transaction, and clears the metrics of vetoed
-// workers that left Ready or were removed (the registry dropped their
-// evidence and veto as they went). A worker whose verdict the sweep moves
-// takes what came for it since the flush first. Each worker is judged with
-// how far its agent's stream is read.
+// worker at now, and clears the metrics of vetoed workers that left Ready
+// or were removed (the registry dropped their evidence and veto as they
+// went). The fleet is judged on the latest commit, outside the registry's
+// write lock (over 10,000 workers it would hold up every flip for
+// milliseconds); the workers whose verdict moves are judged again and
+// stored in one transaction, each taking what came for it since the flush
+// first. Each worker is judged with how far its agent's stream is read.
 func (in *Inbox) Sweep(now time.Time) {
 	in.Flush()
 	reads := in.readStates(now)
-	held := 0
+	sweep := func(w *registry.Worker) (judge.Liveness, judge.Change) {
+		live := w.Evidence.Live // a copy of the liveness evidence only, unless it moves
+		return live, live.Sweep(now, reads[live.HeardStream()], &in.rules)
+	}
+	held, ids := 0, []string(nil)
+	for _, w := range in.reg.Snapshot().Workers() {
+		if !w.Ready() {
+			continue
+		}
+		_, sw := sweep(w)
+		if sw.Held {
+			held++
+		}
+		if sw.Changed() {
+			ids = append(ids, w.ID)
+		}
+	}
+	in.held.Set(float64(held))
 	var ch changes
 	_, err := in.reg.Update(func(txn *registry.Txn) error {
-		ch, held = changes{}, 0
-		for _, w := range txn.Workers() {
-			if !w.Ready() {
+		ch = changes{}
+		for _, id := range ids {
+			w := txn.Get(id)
+			if w == nil || !w.Ready() {
 				continue
 			}
-			live := w.Evidence.Live // a copy of the liveness evidence only, unless it moves
-			sw := live.Sweep(now, reads[live.HeardStream()], &in.rules)
-			if sw.Held {
-				held++
-			}
+			live, sw := sweep(w)
 			if !sw.Changed() {
 				continue
 			}
@@ -57,9 +73,6 @@ func (in *Inbox) Sweep(now time.Time) {
 		}
 		return nil
 	})
-	if err == nil {
-		in.held.Set(float64(held))
-	}
 	in.done(ch, err)
 	snap := in.reg.Snapshot()
 	in.mu.Lock()

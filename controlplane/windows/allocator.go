@@ -225,19 +225,21 @@ func (a *Allocator) Run(ctx context.Context) {
 }
 
 // Step runs one allocation round: expire routers gone past the stale bound,
-// then plan the next shares from demand and commit the ones that changed,
-// both inside one registry transaction, so shares are decided from the
-// records they are written to (as every verdict is).
+// then plan the next shares from demand and the latest commit, and commit
+// the ones that changed. The plan runs outside the registry's write lock
+// (over 10,000 workers it would hold up every flip for milliseconds); a
+// worker registered again meanwhile is left to the next round.
 func (a *Allocator) Step() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.opts.Now()
 	a.expire(now)
-	var decreased [numDims]map[string][]string
+	updates, decreased := a.plan(a.reg.Snapshot().Workers(), now)
+	if len(updates) == 0 {
+		return nil
+	}
 	wrote := false
 	rev, err := a.reg.Update(func(t *registry.Txn) error {
-		var updates map[string]update
-		updates, decreased = a.plan(t.Workers(), now)
 		wrote = a.commit(t, updates)
 		return nil
 	})
@@ -257,8 +259,10 @@ func (a *Allocator) Step() error {
 	return nil
 }
 
-// update is the next state of one worker's window record (nil shares: drop).
+// update is the next state of one worker's window record (nil shares: drop),
+// planned from the registration of from.
 type update struct {
+	from      *registry.Registered
 	shares    map[string]int64
 	admission *registry.Admission
 	tokens    map[string]int64
@@ -306,7 +310,7 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 			// A provider has no running window; its spill-over budget is
 			// split evenly among the routers.
 			if shares := spillShares(w, ids, warm); !maps.Equal(shares, w.WindowShare) || (shares == nil) != (w.WindowShare == nil) || w.Admission != nil || w.Budget != nil {
-				updates[w.ID] = update{shares: shares}
+				updates[w.ID] = update{from: &w.Registered, shares: shares}
 			}
 			delete(a.grants[dimRooms], w.ID)
 			delete(a.grants[dimTokens], w.ID)
@@ -314,7 +318,7 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 		}
 		window, adm := a.windowOf(w, now)
 		tokens, budget := a.budgetOf(w)
-		var next update
+		next := update{from: &w.Registered}
 		next.admission, next.budget = adm, budget
 		next.shares = a.planDim(dimRooms, w, window, ids, warm, decreased[dimRooms])
 		next.tokens = a.planDim(dimTokens, w, tokens, ids, warm, decreased[dimTokens])
@@ -460,17 +464,19 @@ func spillShares(w *registry.Worker, ids []string, warm bool) map[string]int64 {
 // Each decrease is marked with the revision by Step: the router must
 // acknowledge it before the room is granted to another.
 func (a *Allocator) commit(t *registry.Txn, updates map[string]update) bool {
+	wrote := false
 	for id, u := range updates {
 		cur := t.Get(id)
-		if cur == nil {
+		if cur == nil || cur.Registered != *u.from {
 			continue
 		}
 		c := cur.Clone()
 		c.WindowShare, c.Admission = u.shares, u.admission
 		c.TokenShare, c.Budget = u.tokens, u.budget
 		t.Insert(c)
+		wrote = true
 	}
-	return len(updates) > 0
+	return wrote
 }
 
 // windowOf returns the rooms to split for w and, for an admission window,
