@@ -170,14 +170,11 @@ func (o Options) Validate() error {
 	if o.LoadMonitorInterval <= 0 {
 		return fmt.Errorf("--load-monitor-interval must be greater than zero (seconds), got %d", o.LoadMonitorInterval)
 	}
-	if err := o.Thresholds.Validate(); err != nil {
-		return err
-	}
-	if err := o.Health.Validate(); err != nil {
-		return err
-	}
-	if err := o.Liveness.Validate(); err != nil {
-		return err
+	for _, check := range []func() error{o.Thresholds.Validate, o.Health.Validate, o.Liveness.Validate,
+		func() error { return enginegrpc.CheckMaxMessageMiB(o.GRPCEngineMaxMessageMiB) }, o.Cluster.Validate, o.Discovery.Validate} {
+		if err := check(); err != nil {
+			return err
+		}
 	}
 	if o.AdmissionQueue < 0 {
 		return fmt.Errorf("--worker-admission-queue must be >= 0, got %d", o.AdmissionQueue)
@@ -191,13 +188,7 @@ func (o Options) Validate() error {
 	if o.EngineReadBudgetMiB < 1 || o.EngineReadBudgetMiB > 1<<20 {
 		return fmt.Errorf("--engine-read-budget-mib must be 1-1048576, got %d", o.EngineReadBudgetMiB)
 	}
-	if err := enginegrpc.CheckMaxMessageMiB(o.GRPCEngineMaxMessageMiB); err != nil {
-		return err
-	}
-	if err := o.Cluster.Validate(); err != nil {
-		return err
-	}
-	return o.Discovery.Validate()
+	return nil
 }
 
 // ControlPlane is a running control plane's components.

@@ -16,7 +16,6 @@ import (
 // Bounds of a provider block.
 const (
 	MaxProviderTimeoutSecs   = 3600
-	DefaultProviderTimeout   = 60
 	maxProviderHeaders       = 32
 	maxProviderHeaderValue   = 4096
 	providerModelSeparator   = "#"

@@ -7,12 +7,6 @@ import (
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
-// Defaults of a worker spec (facts.md, "Admin API").
-const (
-	DefaultPriority = 50
-	DefaultCost     = 1.0
-)
-
 // Bounds of a spec's numbers. Each is far above any real engine's need and
 // low enough that one worker cannot starve its model's group:
 // load_monitor_interval_secs is the group's poll interval (the smallest

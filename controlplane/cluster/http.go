@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,20 +52,30 @@ type View struct {
 	Members      []MemberView `json:"members"`
 }
 
-// Routes mounts GET /cluster and POST /cluster/join on mux.
+// Routes mounts GET /cluster, POST /cluster/join and DELETE
+// /cluster/members/{id} on mux, each behind the admin key.
 func (n *Node) Routes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /cluster", n.serveView)
-	mux.HandleFunc("POST /cluster/join", n.serveJoin)
-	mux.HandleFunc("DELETE /cluster/members/{id}", n.serveRemove)
+	for route, h := range map[string]http.HandlerFunc{"GET /cluster": n.serveView, "POST /cluster/join": n.serveJoin,
+		"DELETE /cluster/members/{id}": n.serveRemove} {
+		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) {
+			if !n.authorized(r) {
+				admin.WriteJSONError(w, http.StatusUnauthorized, "authentication_error", admin.CodeUnauthorized, "missing or invalid admin API key", nil)
+				return
+			}
+			h(w, r)
+		})
+	}
+}
+
+// writeJSON answers 200 with v.
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 // serveRemove removes a member from the configuration (a replica lost for
 // good), on the leader; a follower hands the request to the leader.
 func (n *Node) serveRemove(w http.ResponseWriter, r *http.Request) {
-	if !n.authorized(r) {
-		admin.WriteJSONError(w, http.StatusUnauthorized, "authentication_error", admin.CodeUnauthorized, "missing or invalid admin API key", nil)
-		return
-	}
 	if n.raft.State() != raft.Leader {
 		n.toLeader(w, r, nil)
 		return
@@ -75,11 +86,7 @@ func (n *Node) serveRemove(w http.ResponseWriter, r *http.Request) {
 		noLeader(w)
 		return
 	}
-	known := false
-	for _, s := range f.Configuration().Servers {
-		known = known || string(s.ID) == id
-	}
-	if !known {
+	if !slices.ContainsFunc(f.Configuration().Servers, func(s raft.Server) bool { return string(s.ID) == id }) {
 		admin.WriteJSONError(w, http.StatusNotFound, "invalid_request_error", "MEMBER_NOT_FOUND", "no member "+id+" in the cluster configuration", nil)
 		return
 	}
@@ -89,8 +96,7 @@ func (n *Node) serveRemove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n.log.Info("Member removed from the cluster", "node_id", id)
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok", "message": "member " + id + " removed"})
+	writeJSON(w, map[string]string{"status": "ok", "message": "member " + id + " removed"})
 }
 
 // toLeader hands a request to the leader's HTTP port (body already read
@@ -140,12 +146,7 @@ func (n *Node) view() View {
 }
 
 func (n *Node) serveView(w http.ResponseWriter, r *http.Request) {
-	if !n.authorized(r) {
-		admin.WriteJSONError(w, http.StatusUnauthorized, "authentication_error", admin.CodeUnauthorized, "missing or invalid admin API key", nil)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(n.view())
+	writeJSON(w, n.view())
 }
 
 func (n *Node) authorized(r *http.Request) bool {
@@ -159,10 +160,6 @@ func (n *Node) authorized(r *http.Request) bool {
 // serveJoin adds a voter, or records a member's addresses. A follower hands
 // the request to the leader.
 func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
-	if !n.authorized(r) {
-		admin.WriteJSONError(w, http.StatusUnauthorized, "authentication_error", admin.CodeUnauthorized, "missing or invalid admin API key", nil)
-		return
-	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<16))
 	var req JoinRequest
 	if err == nil {
@@ -184,8 +181,7 @@ func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
 		admin.WriteJSONError(w, code, "invalid_request_error", joinReason(code), msg, nil)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok", "message": msg})
+	writeJSON(w, map[string]string{"status": "ok", "message": msg})
 }
 
 func joinReason(code int) string {

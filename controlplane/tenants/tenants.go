@@ -3,6 +3,9 @@
 // per tenant, so that a tenant's fair share holds fleet-wide: a tenant that
 // floods through three routers is weighed against its fleet-wide demand,
 // not three times its share.
+//
+// It owns the routers' tenant reports and their sums; it reads no registry
+// and never touches workers, windows or verdicts.
 package tenants
 
 import (
