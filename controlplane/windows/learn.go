@@ -27,6 +27,12 @@ import (
 //   - an engine that comes back from a failure spell (possibly restarted
 //     with another window) may be probed again.
 //
+// A queue below a limit the engine has run with nothing waiting, KV to
+// spare, is requests caught between two scheduler steps (each room refilled
+// waits up to a step; at light load a report often catches one, and a few
+// reports in a row may): it lowers nothing. Such a limit is a cap on
+// running requests, which does not move while the engine runs.
+//
 // A report's running count is trusted only downward: a queue never raises
 // the limit, and an engine that keeps queueing while running at least the
 // limit (it counts work it does not run, or other clients feed it) is held
@@ -72,6 +78,7 @@ type learner struct {
 	rev uint64
 
 	limit   int64  // 0: none learned yet
+	ran     int64  // the most the engine ran with nothing waiting (since its last contact change)
 	basis   string // Learned* constant
 	capped  bool   // a failed probe with KV to spare: a cap on running requests
 	probeOf int64  // the limit before the probe in flight (0: none)
@@ -108,6 +115,7 @@ func (l *learner) observe(o Observation, now time.Time) bool {
 	l.last, l.seen = o, true
 	if o.Waiting <= 0 {
 		l.below, l.above = 0, 0
+		l.ran = max(l.ran, o.Running)
 		if l.probeOf > 0 && o.Running >= l.limit {
 			l.probeOf, l.basis = 0, LearnedProbe // the engine runs the probe's room: the limit is at least this
 			l.backoff, l.nextProbe = probeBackoff, now.Add(probeBackoff)
@@ -142,6 +150,10 @@ func (l *learner) observe(o Observation, now time.Time) bool {
 	}
 	if l.limit == 0 || o.Running < l.limit {
 		l.above = 0
+		if !full && l.limit > 0 && l.ran >= l.limit {
+			l.below = 0 // between two scheduler steps
+			return false
+		}
 		l.below++
 		if !full && l.below < queueStreak {
 			return false
@@ -199,6 +211,6 @@ func (l *learner) contactAgain(seq uint64, now time.Time) {
 	known := l.contactKnown
 	l.contact, l.contactKnown = seq, true
 	if known && l.limit > 0 {
-		l.capped, l.backoff, l.nextProbe = false, probeBackoff, now
+		l.capped, l.backoff, l.nextProbe, l.ran = false, probeBackoff, now, 0
 	}
 }

@@ -294,3 +294,35 @@ func TestLearnerTransientQueue(t *testing.T) {
 		t.Fatalf("a queue with nothing running moved the limit to %d", l.limit)
 	}
 }
+
+// TestLearnerStepBoundaryQueue: once an engine has run its whole limit with
+// nothing waiting, queues below the limit with KV to spare (requests caught
+// between two scheduler steps, however many reports in a row catch one, as
+// at light load) never lower it; before it has, a queue that lasts does.
+func TestLearnerStepBoundaryQueue(t *testing.T) {
+	now := time.Unix(0, 0)
+	learned := func() *learner {
+		l := &learner{}
+		for range queueStreak {
+			l.observe(Observation{Running: 8, Waiting: 2, Usage: 0.1}, now)
+		}
+		if l.limit != 8 {
+			t.Fatalf("limit %d, want 8 from the first queue", l.limit)
+		}
+		return l
+	}
+	l := learned()
+	l.observe(Observation{Running: 8, Usage: 0.1}, now)
+	for i := range 40 {
+		if l.observe(Observation{Running: int64(3 + i%5), Waiting: 1, Usage: 0.05}, now) || l.limit != 8 {
+			t.Fatalf("report %d: limit %d after step-boundary queues below a limit the engine ran, want 8", i, l.limit)
+		}
+	}
+	l = learned() // never ran 8 without a queue: a lasting queue at 6 is a lower cap
+	for range queueStreak {
+		l.observe(Observation{Running: 6, Waiting: 2, Usage: 0.1}, now)
+	}
+	if l.limit != 6 {
+		t.Fatalf("limit %d after a lasting queue at 6, want 6", l.limit)
+	}
+}
