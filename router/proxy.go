@@ -579,6 +579,15 @@ func (r *Router) readBody(w http.ResponseWriter, req *http.Request) ([]byte, err
 	if req.ContentLength > limit {
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
+	// A body the server already holds whole (the lean server's, which came
+	// with its head) is read at once: no deadline to arm, no buffer to grow.
+	if bb, ok := req.Body.(interface{ Buffered() int64 }); ok && req.ContentLength > 0 && bb.Buffered() == req.ContentLength {
+		body := make([]byte, req.ContentLength)
+		if _, err := io.ReadFull(req.Body, body); err != nil {
+			return nil, err
+		}
+		return body, nil
+	}
 	rc := http.NewResponseController(w)
 	if rc.SetReadDeadline(time.Now().Add(time.Duration(r.opts.BodyReadTimeoutSecs)*time.Second)) == nil {
 		// Cleared before the server's background read (which watches for

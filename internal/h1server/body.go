@@ -120,6 +120,17 @@ func (b *body) peekLast() bool {
 	return true
 }
 
+// Buffered is how many of the body's bytes are already read off the
+// connection, so a handler can read them without a deadline: a reader can
+// wait on them for nothing. A chunked body, or one whose 100 Continue is
+// still owed, says 0.
+func (b *body) Buffered() int64 {
+	if b.closed.Load() || b.err != nil || b.expect || b.chunked {
+		return 0
+	}
+	return min(b.remaining, int64(b.br.Buffered()))
+}
+
 func (b *body) Close() error {
 	b.closed.Store(true)
 	return nil

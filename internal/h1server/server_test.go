@@ -669,3 +669,50 @@ func TestAnswerFraming(t *testing.T) {
 		t.Fatalf("after 103: %q", b)
 	}
 }
+
+// A body that came whole with its head says so (Buffered), so a handler may
+// read it without arming a deadline; one still on its way, chunked or owed
+// a 100 Continue says what is in hand, or 0.
+func TestBufferedBody(t *testing.T) {
+	seen := make(chan int64, 1)
+	_, addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		bb, ok := r.Body.(interface{ Buffered() int64 })
+		if !ok {
+			seen <- -1
+			return
+		}
+		seen <- bb.Buffered()
+		b, _ := io.ReadAll(r.Body)
+		if n := bb.Buffered(); n != 0 {
+			t.Errorf("Buffered after the body was read: %d", n)
+		}
+		w.Write(b)
+	}), nil)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	exchange := func(head, first, rest string, want int64) {
+		t.Helper()
+		io.WriteString(c, head+first)
+		if got := <-seen; got != want {
+			t.Errorf("%q: Buffered %d, want %d", head, got, want)
+		}
+		io.WriteString(c, rest)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if string(b) != "abcdef" && !strings.HasPrefix(head, "POST /continue") {
+			t.Errorf("%q: body %q", head, b)
+		}
+	}
+	exchange("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 6\r\n\r\n", "abcdef", "", 6)
+	exchange("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 6\r\n\r\n", "abc", "def", 3)
+	exchange("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n", "6\r\nabcdef\r\n0\r\n\r\n", "", 0)
+	exchange("POST /continue HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 6\r\n\r\n", "", "abcdef", 0)
+}
