@@ -149,7 +149,8 @@ type clientConns struct {
 }
 
 // Listener wraps ln with the router's connection caps and hooks srv (from
-// Options.Server) to tell the limiter which connections are idle.
+// Options.Server) to tell the limiter which connections are idle and, unless
+// srv has a BaseContext, to give its requests a context that Stop ends.
 func (r *Router) Listener(ln net.Listener, srv *http.Server) *ConnLimiter {
 	l := &ConnLimiter{
 		Listener: ln, max: r.opts.MaxConnections, perClient: r.opts.MaxConnectionsPerClient,
@@ -158,6 +159,10 @@ func (r *Router) Listener(ln net.Listener, srv *http.Server) *ConnLimiter {
 		clients: map[netip.Prefix]*clientConns{},
 	}
 	srv.ConnState = l.ConnState
+	if srv.BaseContext == nil {
+		// Stop ends the requests through their context: no hook per request.
+		srv.BaseContext = func(net.Listener) context.Context { return r.base }
+	}
 	return l
 }
 

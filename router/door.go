@@ -214,7 +214,7 @@ func (r *Router) admit(w http.ResponseWriter, req *http.Request) (*admission.Tic
 				"Timed out waiting in the admission queue", r.retryAfterQueued(admission.Bulk))
 			return nil, http.StatusServiceUnavailable, false
 		}
-		return nil, statusClientClosed, false
+		return nil, r.admissionEnded(w, req), false
 	}
 	class, tenant := r.requestClass(req)
 	t, res := r.sched.AdmitTenant(req.Context(), class, tenant)
@@ -234,10 +234,24 @@ func (r *Router) admit(w http.ResponseWriter, req *http.Request) (*admission.Tic
 			"Timed out waiting in the "+class.String()+" queue", r.retryAfterQueued(class))
 		return nil, http.StatusRequestTimeout, false
 	}
+	if !clientLeft(req) {
+		return nil, r.admissionEnded(w, req), false
+	}
 	r.log.Info("Client left before admission", "class", class.String(), "tenant", tenant,
 		"code", CodeSchedulerClientCancelled)
 	writeError(w, statusClientClosed, CodeSchedulerClientCancelled, "The client left before admission", 0)
 	return nil, statusClientClosed, false
+}
+
+// admissionEnded answers a request whose wait for admission ended without
+// a verdict: nothing when its client left, router_shutting_down when Stop
+// ended it (through the request's context).
+func (r *Router) admissionEnded(w http.ResponseWriter, req *http.Request) int {
+	if clientLeft(req) || !r.stopping() {
+		return statusClientClosed
+	}
+	writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
+	return http.StatusServiceUnavailable
 }
 
 // watchPreemption cancels ctx when the ticket is chosen as a victim.

@@ -182,7 +182,7 @@ func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 		st.lastProgress.Store(r.clock().UnixNano())
 	})
 	if err != nil {
-		if in.Context().Err() != nil {
+		if clientLeft(in) {
 			return dispatchResult{status: statusClientClosed}
 		}
 		if r.stopping() {
@@ -216,7 +216,7 @@ func (r *Router) endedBeforeAnswer(ctx context.Context, w http.ResponseWriter, i
 	case r.stopping():
 		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
 		return dispatchResult{status: http.StatusServiceUnavailable}
-	case in.Context().Err() != nil:
+	case clientLeft(in):
 		return dispatchResult{status: statusClientClosed}
 	}
 	writeError(w, http.StatusGatewayTimeout, CodeUpstreamError, "The request timed out", 0)
@@ -336,7 +336,7 @@ func (r *Router) servePairGRPC(ctx context.Context, w http.ResponseWriter, in *h
 	call := openaigrpc.Start(ctx, dc, m, req, prompts, dw.Model)
 	defer call.Close()
 	if err := call.Wait(ctx); err != nil {
-		if in.Context().Err() != nil {
+		if clientLeft(in) {
 			return statusClientClosed
 		}
 		var le *legError
@@ -358,7 +358,7 @@ func (r *Router) servePairGRPC(ctx context.Context, w http.ResponseWriter, in *h
 	dst.contacts.Add(1)
 	r.recordSuccess(dw, dst)
 	if err := call.Serve(ctx, w, func(int) { dst.lastProgress.Store(r.clock().UnixNano()) }); err != nil {
-		if in.Context().Err() != nil {
+		if clientLeft(in) {
 			return statusClientClosed
 		}
 		msg := "Worker '" + dw.URL + "' broke off the stream: " + openaigrpc.Classify(err).Message

@@ -264,7 +264,7 @@ func (r *Router) sendPair(ctx context.Context, w http.ResponseWriter, in *http.R
 	dst.dispatched.Add(1)
 	resp, err := r.roundTrip(ctx, out)
 	if err != nil {
-		if in.Context().Err() != nil {
+		if clientLeft(in) {
 			return statusClientClosed
 		}
 		var le *legError
@@ -298,7 +298,7 @@ func (r *Router) sendPair(ctx context.Context, w http.ResponseWriter, in *http.R
 	w.WriteHeader(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	if err := r.copyBody(w, resp.Body, dst, streaming || sse, func() bool { return true }); err != nil {
-		if in.Context().Err() != nil {
+		if clientLeft(in) {
 			return statusClientClosed
 		}
 		msg := (&legError{"Decode", dw.URL, err}).Error()

@@ -365,7 +365,7 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 			writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
 			return dispatchResult{status: http.StatusServiceUnavailable}
 		}
-		if in.Context().Err() != nil {
+		if clientLeft(in) {
 			return dispatchResult{status: statusClientClosed} // the client left: not the worker's fault
 		}
 		kind := r.recordUpstreamError(st, err)
@@ -438,13 +438,13 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 		if !headSent && preempted(ctx) {
 			return dispatchResult{status: writePreempted(w)}
 		}
-		if r.stopping() && in.Context().Err() == nil {
+		if r.stopping() && !clientLeft(in) {
 			if sse {
 				writeStreamError(w, CodeShuttingDown, "The router is shutting down: the stream was cut after the shutdown grace")
 			}
 			panic(http.ErrAbortHandler)
 		}
-		if in.Context().Err() == nil {
+		if !clientLeft(in) {
 			r.recordUpstreamError(st, err)
 			r.recordFailure(wk, st)
 			if sse {

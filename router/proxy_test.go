@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/smg-project/smg/router/admission"
 	"io"
 	"log/slog"
 	"net"
@@ -601,6 +602,80 @@ func TestStopEndsRequestsServedOnTheListener(t *testing.T) {
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get(ErrorCodeHeader) != CodeShuttingDown {
 				t.Fatalf("request in flight at Stop: %d %q", resp.StatusCode, resp.Header.Get(ErrorCodeHeader))
+			}
+		})
+	}
+}
+
+// Served on the router's Listener, a stream in flight at Stop ends with the
+// explicit router_shutting_down error event: Stop ends its context through
+// the server's base context, and the router tells that from the client
+// leaving by the cause. A request waiting for admission gets the same answer.
+func TestStopEndsStreamsServedOnTheListener(t *testing.T) {
+	for _, server := range []string{HTTPServerLean, HTTPServerNet} {
+		t.Run(server, func(t *testing.T) {
+			release := make(chan struct{})
+			e := newEngine(t, "streaming", func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, "data: one\n\n")
+				w.(http.Flusher).Flush()
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+			})
+			t.Cleanup(func() { close(release) })
+			opts := DefaultOptions()
+			opts.HTTPServer = server
+			opts.MaxConcurrentRequests, opts.RateLimitTokensPerSecond, opts.QueueSize = 1, 0.01, 4
+			r, err := New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Apply(&Snapshot{Revision: 1, Workers: []Worker{e.worker()}})
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := opts.Server(r.Handler())
+			hs := opts.Serving(srv, false)
+			go func() { _ = hs.Serve(r.Listener(ln, srv)) }()
+			t.Cleanup(func() { _ = hs.Close() })
+			url := "http://" + ln.Addr().String() + "/v1/chat/completions"
+			resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"`+testModel+`","stream":true,"messages":[]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			first := make([]byte, len("data: one\n\n"))
+			if _, err := io.ReadFull(resp.Body, first); err != nil {
+				t.Fatal(err)
+			}
+			queued := make(chan *http.Response, 1)
+			go func() {
+				resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"`+testModel+`","messages":[]}`))
+				if err != nil {
+					t.Error(err)
+					resp = nil
+				}
+				queued <- resp
+			}()
+			for deadline := time.Now().Add(10 * time.Second); r.door.Waiting(admission.Default) < 1; {
+				if time.Now().After(deadline) {
+					t.Fatal("the second request never queued for admission")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			r.Drain()
+			r.Stop()
+			rest, _ := io.ReadAll(resp.Body)
+			if !strings.Contains(string(rest), `"code":"router_shutting_down"`) {
+				t.Fatalf("stream cut at Stop without an explicit error: %q", rest)
+			}
+			if q := <-queued; q == nil {
+				return
+			} else if q.Body.Close(); q.StatusCode != http.StatusServiceUnavailable || q.Header.Get(ErrorCodeHeader) != CodeShuttingDown {
+				t.Fatalf("request waiting for admission at Stop: %d %q", q.StatusCode, q.Header.Get(ErrorCodeHeader))
 			}
 		})
 	}

@@ -205,7 +205,7 @@ func (r *Router) writeWindowShed(w http.ResponseWriter, model, stage string, c p
 // waiting request never ends without an explicit answer.
 func (r *Router) waitEnded(w http.ResponseWriter, in *http.Request, model, stage string, c prometheus.Counter) int {
 	switch {
-	case in.Context().Err() != nil:
+	case clientLeft(in):
 		return statusClientClosed
 	case r.stopping():
 		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)

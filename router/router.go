@@ -86,10 +86,19 @@ type Router struct {
 	// dispatch-time re-check.
 	beforeDispatch func()
 
-	draining atomic.Bool        // Drain: /readyz fails, new requests are refused
-	stopped  context.Context    // cancelled by Stop: requests in flight end
-	stop     context.CancelFunc //
+	draining atomic.Bool     // Drain: /readyz fails, new requests are refused
+	stopped  context.Context // cancelled by Stop (cause errStopped): requests in flight end
+	stop     func()          //
+	base     context.Context // the servers' base context: stopped, marked as this router's
 }
+
+// errStopped is the cause of a context that Stop ended; a request context
+// ended by another cause was ended by its client leaving (or its deadline).
+var errStopped = errors.New("the router is stopping")
+
+// baseKey marks a context derived from a router's base context: Stop
+// reaches its requests with no hook of their own.
+type baseKey struct{}
 
 // New builds a Router. Metrics go to reg; if reg is also a prometheus.Gatherer
 // (a *prometheus.Registry is), /metrics serves it.
@@ -111,11 +120,11 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	stopped, stop := context.WithCancel(context.Background())
+	stopped, stop := context.WithCancelCause(context.Background())
 	r := &Router{
 		pdm:     pdm,
 		stopped: stopped,
-		stop:    stop,
+		stop:    func() { stop(errStopped) },
 		opts:    opts,
 		log:     log,
 		metrics: m,
@@ -131,6 +140,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		},
 	}
 	r.start = r.clock()
+	r.base = context.WithValue(stopped, baseKey{}, r)
 	// Registered whatever the flag, so dashboards and alerts find the
 	// families (at zero); the per-worker gauges appear only for gated workers.
 	if r.wm, err = newWindowMetrics(r, reg); err != nil {
@@ -633,11 +643,23 @@ func (r *Router) serveReadyz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte(`{"ready":true}`))
 }
 
-// requestContext bounds one proxied request by --request-timeout-secs.
+// requestContext bounds one proxied request by --request-timeout-secs and
+// ends it at Stop: through the server's base context when the request came
+// through a server hooked by Listener, else by a hook of its own.
 func (r *Router) requestContext(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(parent, time.Duration(r.opts.RequestTimeoutSecs)*time.Second)
+	if parent.Value(baseKey{}) == r {
+		return ctx, cancel
+	}
 	unhook := context.AfterFunc(r.stopped, cancel)
 	return ctx, func() { unhook(); cancel() }
+}
+
+// clientLeft reports whether in's client left (or its context ended for
+// any reason but Stop, which ends it through the base context too).
+func clientLeft(in *http.Request) bool {
+	ctx := in.Context()
+	return ctx.Err() != nil && context.Cause(ctx) != errStopped
 }
 
 // Drain starts a graceful shutdown: /readyz fails so load balancers move

@@ -212,6 +212,8 @@ type conn struct {
 	body   *body
 	state  atomic.Int64 // http.ConnState<<56 | unix nanoseconds of the change (clipped)
 
+	connCancel context.CancelFunc // nil unless the base context can end
+
 	mu        sync.Mutex // guards what the watch shares with the serving goroutine
 	cancel    context.CancelFunc
 	inHandler bool
@@ -234,9 +236,17 @@ func (s *Server) newConn(base context.Context, rwc net.Conn) *conn {
 			panic("ConnContext returned nil")
 		}
 	}
+	if c.ctx.Done() != nil {
+		// A base context that can end: each request's context hangs off the
+		// connection's, not off one context shared by every connection.
+		c.ctx, c.connCancel = context.WithCancel(c.ctx)
+	}
 	s.mu.Lock()
 	if s.shuttingDown() {
 		s.mu.Unlock()
+		if c.connCancel != nil {
+			c.connCancel()
+		}
 		return nil
 	}
 	s.conns[c] = struct{}{}
@@ -431,6 +441,9 @@ func (c *conn) closeGracefully() {
 
 func (c *conn) finish() {
 	_ = c.rwc.Close()
+	if c.connCancel != nil {
+		c.connCancel()
+	}
 	if c.timer != nil {
 		c.timer.Stop()
 	}
