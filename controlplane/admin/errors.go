@@ -22,13 +22,18 @@ const (
 const errorDomain = "smg.admin"
 
 func apiError(c codes.Code, reason, field, msg string) error {
-	st := status.New(c, msg)
-	info := &errdetails.ErrorInfo{Reason: reason, Domain: errorDomain}
+	var md map[string]string
 	if field != "" {
-		info.Metadata = map[string]string{"field": field}
+		md = map[string]string{"field": field}
 	}
-	if withInfo, err := st.WithDetails(info); err == nil {
-		st = withInfo
+	return withInfo(c, reason, md, msg)
+}
+
+// withInfo is the status c with msg and this service's ErrorInfo.
+func withInfo(c codes.Code, reason string, md map[string]string, msg string) error {
+	st := status.New(c, msg)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: errorDomain, Metadata: md}); err == nil {
+		st = d
 	}
 	return st.Err()
 }
@@ -84,20 +89,13 @@ const RetryAfterSecs = 1
 // ErrNoLeader refuses a write that was not made because this control plane
 // does not lead (and no leader was reachable): 503 with Retry-After.
 func ErrNoLeader(msg string) error {
-	return unavailable(CodeNoLeader, msg)
+	return withInfo(codes.Unavailable, CodeNoLeader, retryAfter, msg)
 }
 
 // ErrOutcomeUnknown answers a write that entered the log but whose commit
 // was not seen, because leadership changed: it may be stored.
 func ErrOutcomeUnknown(msg string) error {
-	return unavailable(CodeOutcomeUnknown, msg)
+	return withInfo(codes.Unavailable, CodeOutcomeUnknown, retryAfter, msg)
 }
 
-func unavailable(reason, msg string) error {
-	st := status.New(codes.Unavailable, msg)
-	info := &errdetails.ErrorInfo{Reason: reason, Domain: errorDomain, Metadata: map[string]string{"retry_after": fmt.Sprint(RetryAfterSecs)}}
-	if withInfo, err := st.WithDetails(info); err == nil {
-		st = withInfo
-	}
-	return st.Err()
-}
+var retryAfter = map[string]string{"retry_after": fmt.Sprint(RetryAfterSecs)}

@@ -14,6 +14,7 @@ import (
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/inproc"
 )
 
 // offline fails every engine request at once, so fuzzed registrations end fast.
@@ -29,7 +30,7 @@ func newService(t testing.TB) (*admin.Service, http.Handler, *registry.Registry)
 	svc := admin.New(reg, admin.Options{RegistrationTimeout: time.Millisecond}, resolve,
 		&http.Client{Transport: offline{}}, slog.New(slog.DiscardHandler))
 	t.Cleanup(svc.Close)
-	h, err := admin.RESTHandler(svc)
+	h, err := admin.RESTHandlerWith(svc, inproc.New(&smgv1.WorkerService_ServiceDesc, svc, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,32 +30,24 @@ func (s *Service) reachGRPC(ctx context.Context, spec *smgv1.WorkerSpec) (string
 		return "", nil, err
 	}
 	defer c.Close()
-	var lastErr error
-	for {
-		info, err := s.readGRPC(ctx, c)
-		if err == nil {
-			stored := spec
-			if spec.GetWorkerType() == "prefill" && spec.BootstrapPort == nil && info.BootstrapPort > 0 {
-				stored = proto.Clone(spec).(*smgv1.WorkerSpec)
-				stored.BootstrapPort = proto.Int32(int32(info.BootstrapPort))
-			}
-			model := info.Model
-			if spec.GetModelId() != "" {
-				model = spec.GetModelId()
-			}
-			return model, stored, nil
-		}
+	var info enginegrpc.Info
+	err = s.retry(ctx, "gRPC worker "+spec.GetUrl(), func() (bool, error) {
+		info, err = s.readGRPC(ctx, c)
 		var pe permanentErr
 		if errors.As(err, &pe) {
-			return "", nil, pe.err
+			return true, pe.err
 		}
-		lastErr = err
-		select {
-		case <-ctx.Done():
-			return "", nil, fmt.Errorf("gRPC worker %s not reachable within %s: %v", spec.GetUrl(), s.opts.RegistrationTimeout, lastErr)
-		case <-time.After(500 * time.Millisecond):
-		}
+		return err == nil, err
+	})
+	if err != nil {
+		return "", nil, err
 	}
+	stored := spec
+	if spec.GetWorkerType() == "prefill" && spec.BootstrapPort == nil && info.BootstrapPort > 0 {
+		stored = proto.Clone(spec).(*smgv1.WorkerSpec)
+		stored.BootstrapPort = proto.Int32(int32(info.BootstrapPort))
+	}
+	return cmp.Or(spec.GetModelId(), info.Model), stored, nil
 }
 
 // readGRPC is one attempt; an error that a retry cannot fix is a permanentErr.

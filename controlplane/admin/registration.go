@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -82,7 +83,7 @@ func (s *Service) register(job *registry.Job) error {
 // new leader finishes the jobs its predecessor accepted.
 func (s *Service) ResumeJobs() {
 	for _, j := range s.reg.Snapshot().Jobs() {
-		if j.State == "pending" || j.State == "processing" {
+		if running(j) {
 			s.log.Info("Resuming a registration accepted before the leader changed", "worker_id", j.WorkerID, "url", j.URL)
 			s.startRegistration(j)
 		}
@@ -120,24 +121,34 @@ func (s *Service) refuseSMG(ctx context.Context, spec *smgv1.WorkerSpec) error {
 // reachEngine asks the engine for its models until it answers or ctx ends.
 // A model id given in the spec needs only an answer; otherwise the first
 // model the engine lists is the worker's.
-func (s *Service) reachEngine(ctx context.Context, spec *smgv1.WorkerSpec) (string, error) {
-	var lastErr error
-	for {
-		model, err := DiscoverModel(ctx, s.client, spec.GetUrl(), spec.GetApiKey())
-		if err == nil || (spec.GetModelId() != "" && errors.Is(err, errNoModel)) {
-			// An smg router answers /v1/models too: a worker there is a routing loop.
-			if c, _ := identity.Probe(ctx, s.client, spec.GetUrl()); c != "" {
-				return "", fmt.Errorf("url %s answers as an smg %s, not an engine: registering it would make a routing loop", spec.GetUrl(), c)
-			}
-			if spec.GetModelId() != "" {
-				return spec.GetModelId(), nil
-			}
-			return model, nil
+func (s *Service) reachEngine(ctx context.Context, spec *smgv1.WorkerSpec) (model string, err error) {
+	err = s.retry(ctx, "engine "+spec.GetUrl(), func() (bool, error) {
+		m, err := DiscoverModel(ctx, s.client, spec.GetUrl(), spec.GetApiKey())
+		if err != nil && (spec.GetModelId() == "" || !errors.Is(err, errNoModel)) {
+			return false, err
 		}
-		lastErr = err
+		// An smg router answers /v1/models too: a worker there is a routing loop.
+		if c, _ := identity.Probe(ctx, s.client, spec.GetUrl()); c != "" {
+			return true, fmt.Errorf("url %s answers as an smg %s, not an engine: registering it would make a routing loop", spec.GetUrl(), c)
+		}
+		model = cmp.Or(spec.GetModelId(), m)
+		return true, nil
+	})
+	return model, err
+}
+
+// retry runs try every half second until it is done or ctx ends; then the
+// error says what was not reachable within the registration timeout, and
+// the last try's error.
+func (s *Service) retry(ctx context.Context, what string, try func() (done bool, err error)) error {
+	for {
+		done, err := try()
+		if done {
+			return err
+		}
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("engine %s not reachable within %s: %v", spec.GetUrl(), s.opts.RegistrationTimeout, lastErr)
+			return fmt.Errorf("%s not reachable within %s: %v", what, s.opts.RegistrationTimeout, err)
 		case <-time.After(500 * time.Millisecond):
 		}
 	}

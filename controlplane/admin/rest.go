@@ -17,21 +17,15 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
-	"github.com/smg-project/smg/internal/inproc"
 )
 
 // MaxBodyBytes bounds an admin request body.
 const MaxBodyBytes = 1 << 20
 
-// RESTHandler serves the admin routes of smg_http.yaml with the spec's
-// snake_case JSON, in requests and responses, behind the admin key.
-func RESTHandler(svc *Service) (http.Handler, error) {
-	return RESTHandlerWith(svc, inproc.New(&smgv1.WorkerService_ServiceDesc, svc, nil))
-}
-
-// RESTHandlerWith serves the routes through conn (the control plane's
-// in-process channel, through its server's interceptors) behind svc's key
-// check, which runs before the body is read.
+// RESTHandlerWith serves the admin routes of smg_http.yaml with the spec's
+// snake_case JSON, in requests and responses, through conn (the control
+// plane's in-process channel, through its server's interceptors) behind
+// svc's key check, which runs before the body is read.
 func RESTHandlerWith(svc *Service, conn grpc.ClientConnInterface) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{

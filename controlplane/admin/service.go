@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -117,29 +118,20 @@ func WorkerID(url string) string {
 	return "w-" + hex.EncodeToString(sum[:6])
 }
 
-// accepted sets the REST status and Location of a change.
-func accepted(ctx context.Context, location string) {
-	md := metadata.Pairs("x-http-code", "202")
-	if location != "" {
-		md.Append("location", location)
-	}
-	_ = grpc.SetHeader(ctx, md)
+// accepted sets the REST status (202) and the Location of a change to
+// worker id, and returns the location.
+func accepted(ctx context.Context, id string) string {
+	loc := "/workers/" + id
+	_ = grpc.SetHeader(ctx, metadata.Pairs("x-http-code", "202", "location", loc))
+	return loc
 }
 
 func (s *Service) CreateWorker(ctx context.Context, req *smgv1.CreateWorkerRequest) (*smgv1.CreateWorkerResponse, error) {
-	spec, err := s.prepare(req.GetSpec())
+	spec, id, err := s.start(ctx, "", "create", req.GetSpec(), true)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.refuseSMG(ctx, spec); err != nil {
-		return nil, err
-	}
-	id, err := s.submit(ctx, spec)
-	if err != nil {
-		return nil, err
-	}
-	loc := "/workers/" + id
-	accepted(ctx, loc)
+	loc := accepted(ctx, id)
 	return &smgv1.CreateWorkerResponse{Status: "accepted", WorkerId: id, Url: spec.GetUrl(), Location: loc,
 		Message: "registration of worker " + id + " started; follow it at " + loc}, nil
 }
@@ -147,11 +139,30 @@ func (s *Service) CreateWorker(ctx context.Context, req *smgv1.CreateWorkerReque
 // Submit validates a spec and starts its registration in the background; it
 // is what POST /workers and the static --worker-urls both run.
 func (s *Service) Submit(spec *smgv1.WorkerSpec) (string, error) {
+	_, id, err := s.start(s.ctx, "", "create", spec, false)
+	return id, err
+}
+
+// start validates spec and starts a registration job of kind in the
+// background: "create" (the id is the URL's) or "replace" (of worker id).
+// probe first refuses a URL that answers as smg (the API's calls).
+func (s *Service) start(ctx context.Context, id, kind string, spec *smgv1.WorkerSpec, probe bool) (*smgv1.WorkerSpec, string, error) {
 	spec, err := s.prepare(spec)
-	if err != nil {
-		return "", err
+	if err == nil && probe {
+		err = s.refuseSMG(ctx, spec)
 	}
-	return s.submit(s.ctx, spec)
+	if err != nil {
+		return nil, "", err
+	}
+	if kind == "create" {
+		id = WorkerID(spec.GetUrl())
+	}
+	job, err := s.startJob(ctx, id, kind, spec)
+	if err != nil {
+		return nil, "", err
+	}
+	s.startRegistration(job)
+	return spec, id, nil
 }
 
 // prepare returns a validated copy of spec with its URL in canonical form.
@@ -176,16 +187,6 @@ func (s *Service) prepare(spec *smgv1.WorkerSpec) (*smgv1.WorkerSpec, error) {
 	return spec, nil
 }
 
-func (s *Service) submit(ctx context.Context, spec *smgv1.WorkerSpec) (string, error) {
-	id := WorkerID(spec.GetUrl())
-	job, err := s.startJob(ctx, id, "create", spec)
-	if err != nil {
-		return "", err
-	}
-	s.startRegistration(job)
-	return id, nil
-}
-
 // startJob commits the start of a registration job and returns it.
 func (s *Service) startJob(ctx context.Context, id, kind string, spec *smgv1.WorkerSpec) (*registry.Job, error) {
 	b, err := proto.Marshal(spec)
@@ -205,21 +206,11 @@ func (s *Service) startJob(ctx context.Context, id, kind string, spec *smgv1.Wor
 }
 
 func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerRequest) (*smgv1.ReplaceWorkerResponse, error) {
-	spec, err := s.prepare(req.GetSpec())
+	spec, id, err := s.start(ctx, req.GetWorkerId(), "replace", req.GetSpec(), true)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.refuseSMG(ctx, spec); err != nil {
-		return nil, err
-	}
-	id := req.GetWorkerId()
-	job, err := s.startJob(ctx, id, "replace", spec)
-	if err != nil {
-		return nil, err
-	}
-	s.startRegistration(job)
-	loc := "/workers/" + id
-	accepted(ctx, loc)
+	loc := accepted(ctx, id)
 	return &smgv1.ReplaceWorkerResponse{Status: "accepted", WorkerId: id, Url: spec.GetUrl(), Location: loc,
 		Message: "replacement of worker " + id + " started; follow it at " + loc}, nil
 }
@@ -228,16 +219,8 @@ func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerReq
 // it in the background; it is what PUT /workers/{id} runs, and service
 // discovery when a pod's role or annotations change.
 func (s *Service) Replace(id string, spec *smgv1.WorkerSpec) error {
-	spec, err := s.prepare(spec)
-	if err != nil {
-		return err
-	}
-	job, err := s.startJob(s.ctx, id, "replace", spec)
-	if err != nil {
-		return err
-	}
-	s.startRegistration(job)
-	return nil
+	_, _, err := s.start(s.ctx, id, "replace", spec, false)
+	return err
 }
 
 func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerRequest) (*smgv1.UpdateWorkerResponse, error) {
@@ -268,8 +251,7 @@ func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerReque
 	if w := s.reg.Get(id); w != nil {
 		url = w.Spec.GetUrl()
 	}
-	loc := "/workers/" + id
-	accepted(ctx, loc)
+	loc := accepted(ctx, id)
 	return &smgv1.UpdateWorkerResponse{Status: "accepted", WorkerId: id, Url: url, Location: loc, Message: msg}, nil
 }
 
@@ -279,8 +261,7 @@ func (s *Service) DeleteWorker(ctx context.Context, req *smgv1.DeleteWorkerReque
 	if err != nil {
 		return nil, err
 	}
-	loc := "/workers/" + id
-	accepted(ctx, loc)
+	loc := accepted(ctx, id)
 	return &smgv1.DeleteWorkerResponse{Status: "accepted", WorkerId: id, Url: url, Location: loc, Message: "worker " + id + " removed"}, nil
 }
 
@@ -348,15 +329,7 @@ func (s *Service) ListWorkers(ctx context.Context, req *smgv1.ListWorkersRequest
 }
 
 func servesModel(w *registry.Worker, model string) bool {
-	if w.Model == model {
-		return true
-	}
-	for _, m := range w.Spec.GetModels() {
-		if m == model {
-			return true
-		}
-	}
-	return false
+	return w.Model == model || slices.Contains(w.Spec.GetModels(), model)
 }
 
 func (s *Service) GetLoads(ctx context.Context, _ *smgv1.GetLoadsRequest) (*smgv1.GetLoadsResponse, error) {
@@ -396,10 +369,7 @@ func (s *Service) ListRouters(ctx context.Context, _ *smgv1.ListRoutersRequest) 
 
 // jobVisible hides finished jobs once their retention has passed.
 func (s *Service) jobVisible(j *registry.Job) bool {
-	if j.State == "pending" || j.State == "processing" {
-		return true
-	}
-	return s.now().Sub(j.UpdatedAt) < s.opts.JobRetention
+	return running(j) || s.now().Sub(j.UpdatedAt) < s.opts.JobRetention
 }
 
 func jobStatus(j *registry.Job) *smgv1.JobStatus {
