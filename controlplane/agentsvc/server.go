@@ -442,7 +442,7 @@ func (s *Server) handle(st *agentStream, b []byte, now time.Time) error {
 		s.event(st, m.Event, now)
 	case *smgv1.ReportRequest_Heartbeat:
 		for _, u := range m.Heartbeat.GetWorkerUrls() {
-			if w := s.worker(st, u); w != nil {
+			if w, _ := s.workerEngine(st, u); w != nil {
 				s.vouch(st, w, now)
 			}
 		}
@@ -454,16 +454,11 @@ func (s *Server) handle(st *agentStream, b []byte, now time.Time) error {
 	return nil
 }
 
-// worker returns the registered worker with url if it is on the stream's
-// node, or nil. An unregistered engine is logged at debug (an agent may poll
-// one before its registration completes); another node's worker is refused
-// and logged once per stream: an agent speaks only for its own node.
-func (s *Server) worker(st *agentStream, url string) *registry.Worker {
-	w, _ := s.workerEngine(st, url)
-	return w
-}
-
-// workerEngine is worker, with the state of its engine.
+// workerEngine returns the registered worker with url if it is on the
+// stream's node, with the state of its engine, or nil. An unregistered
+// engine is logged at debug (an agent may poll one before its registration
+// completes); another node's worker is refused and logged once per stream:
+// an agent speaks only for its own node.
 func (s *Server) workerEngine(st *agentStream, url string) (*registry.Worker, *engineState) {
 	if k, ok := st.known[url]; ok {
 		if w := s.reg.Get(k.id); w != nil && w.Spec == k.spec {

@@ -537,13 +537,12 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 		w.beatAt = now.Add(s.opts.HeartbeatInterval)
 	}
 	next := w.beatAt
-	if t := s.opts.Tenants; t != nil {
-		if err := w.relayTenants(t, now); err != nil {
-			return now, err
-		}
-		if at := now.Add(s.opts.TenantInterval); (t.Active() || t.Version() != w.tenantsSent) && at.Before(next) {
-			next = at
-		}
+	t := s.opts.Tenants
+	if err := w.relayTenants(t, now); err != nil {
+		return now, err
+	}
+	if at := now.Add(s.opts.TenantInterval); (t.Active() || t.Version() != w.tenantsSent) && at.Before(next) {
+		next = at
 	}
 	if s.opts.LoadInterval > 0 {
 		if !now.Before(w.nextLoad) { // nothing was pending at this grid instant
@@ -765,11 +764,9 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smg
 				s.opts.Sink.RouterObservations(rec.id, m.Report, now)
 			}
 			if s.opts.Demand != nil {
-				s.opts.Demand.RouterDemand(rec.id, s.applied(rec), m.Report.GetDemand(), now)
+				s.opts.Demand.RouterDemand(rec.id, rec.applied.Load(), m.Report.GetDemand(), now)
 			}
-			if s.opts.Tenants != nil {
-				s.opts.Tenants.Report(rec.id, m.Report.GetTenants())
-			}
+			s.opts.Tenants.Report(rec.id, m.Report.GetTenants())
 		case *smgv1.WatchRequest_Hello:
 			s.log.Warn("router sent a second hello; ignored", "router", rec.id)
 		}
@@ -807,20 +804,16 @@ func (s *Server) removeRouter(rec *routerRecord) {
 		delete(s.routers, rec.id)
 	}
 	s.mu.Unlock()
-	if current && s.opts.Sink != nil {
+	if !current {
+		return
+	}
+	if s.opts.Sink != nil {
 		s.opts.Sink.RouterGone(rec.id)
 	}
-	if current && s.opts.Demand != nil {
+	if s.opts.Demand != nil {
 		s.opts.Demand.RouterDisconnected(rec.id, s.opts.Now())
 	}
-	if current && s.opts.Tenants != nil {
-		s.opts.Tenants.Gone(rec.id)
-	}
-}
-
-// applied is the revision rec last acked.
-func (s *Server) applied(rec *routerRecord) uint64 {
-	return rec.applied.Load()
+	s.opts.Tenants.Gone(rec.id) // never nil (withDefaults)
 }
 
 // authorize checks the bearer token when one is configured.
