@@ -8,7 +8,7 @@
 // of many workers are spread over it.
 //
 // It owns the poll schedule and the engine readers' calls; what a poll means
-// is ingest's and the registry's business.
+// is the evidence inbox's and the registry's business.
 package monitor
 
 import (
@@ -148,10 +148,7 @@ func (m *Monitor) Groups(workers []*registry.Worker) map[GroupKey]time.Duration 
 	out := map[GroupKey]time.Duration{}
 	for _, w := range workers {
 		k := groupOf(w)
-		iv, seen := out[k]
-		if !seen {
-			iv = 0
-		}
+		iv := out[k]
 		if w.Spec.LoadMonitorIntervalSecs != nil {
 			o := max(time.Duration(w.Spec.GetLoadMonitorIntervalSecs())*time.Second, time.Second)
 			if iv == 0 || o < iv {
