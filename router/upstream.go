@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -44,11 +45,95 @@ type upKey struct {
 
 type upConn struct {
 	c      net.Conn
-	br     *bufio.Reader
-	bw     *bufio.Writer
+	br     *bufio.Reader // reads through upConn.Read
+	bw     *bufio.Writer // writes through upConn.Write
 	parser h1client.Parser
 	key    upKey
 	idleAt time.Time
+
+	// A plain TCP connection sends a request's last bytes and waits for the
+	// answer in one step (sendAndWait): no read that finds nothing between.
+	raw  syscall.RawConn // nil: TLS, or a connection that is not a socket
+	hold bool            // the next Write is the request's tail: held for sendAndWait
+	tail []byte          // held (bw's buffer, untouched until the next write to bw)
+}
+
+func newUpConn(c net.Conn, key upKey) *upConn {
+	pc := &upConn{c: c, key: key}
+	if sc, ok := c.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			pc.raw = raw
+		}
+	}
+	pc.br, pc.bw = bufio.NewReaderSize(pc, 4<<10), bufio.NewWriterSize(pc, 4<<10)
+	return pc
+}
+
+// Write is bw's: the request's tail is held when send asks for it.
+func (pc *upConn) Write(p []byte) (int, error) {
+	if pc.hold {
+		pc.hold, pc.tail = false, p
+		return len(p), nil
+	}
+	return pc.c.Write(p)
+}
+
+// Read is br's: the first read after a held tail sends it.
+func (pc *upConn) Read(p []byte) (int, error) {
+	if pc.tail == nil {
+		return pc.c.Read(p)
+	}
+	return pc.sendAndWait(p)
+}
+
+// sendAndWait writes the held tail and reads the answer's first bytes into
+// p. Go's reads try the socket first and wait for it only when that finds
+// nothing, which right after a request it always does: here the wait comes
+// first, armed before the write, so no answer can slip past it. A tail the
+// socket does not take whole at once goes out through the connection's
+// Write and the answer through its Read, as any other.
+func (pc *upConn) sendAndWait(p []byte) (int, error) {
+	tail := pc.tail
+	pc.tail = nil
+	sent, n := false, 0
+	var rerr error
+	err := pc.raw.Read(func(fd uintptr) bool {
+		if !sent {
+			sent = true
+			for len(tail) > 0 {
+				m, werr := syscall.Write(int(fd), tail)
+				if werr == syscall.EINTR {
+					continue
+				}
+				if werr != nil || m <= 0 {
+					return true // the connection's Write finishes it, or says why not
+				}
+				tail = tail[m:]
+			}
+			return false // sent: wait for the answer
+		}
+		for {
+			n, rerr = syscall.Read(int(fd), p)
+			if rerr != syscall.EINTR {
+				break
+			}
+		}
+		return rerr != syscall.EAGAIN
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case len(tail) > 0:
+		if _, err := pc.c.Write(tail); err != nil {
+			return 0, err
+		}
+		return pc.c.Read(p)
+	case rerr != nil:
+		return 0, &net.OpError{Op: "read", Net: "tcp", Source: pc.c.LocalAddr(), Addr: pc.c.RemoteAddr(), Err: os.NewSyscallError("read", rerr)}
+	case n <= 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
 func newUpstream(d *net.Dialer, dialTLS func(context.Context, string, string) (net.Conn, error), maxIdle int, idleTimeout time.Duration) *upstream {
@@ -132,7 +217,10 @@ func (u *upstream) send(ctx context.Context, pc *upConn, req *http.Request) (*ht
 	if err := h1client.WriteRequest(pc.bw, req, inMemory); err != nil {
 		return fail(nothingRead(err))
 	}
-	if err := pc.bw.Flush(); err != nil {
+	pc.hold = pc.raw != nil
+	err := pc.bw.Flush()
+	pc.hold = false
+	if err != nil {
 		return fail(nothingRead(err))
 	}
 	if _, err := pc.br.Peek(1); err != nil {
@@ -177,7 +265,7 @@ func (u *upstream) get(ctx context.Context, key upKey) (*upConn, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
-	return &upConn{c: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10), key: key}, false, nil
+	return newUpConn(c, key), false, nil
 }
 
 func (u *upstream) dialKey(ctx context.Context, key upKey) (net.Conn, error) {

@@ -3,10 +3,12 @@ package router
 import (
 	"bufio"
 	"context"
+	"hash/crc32"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -220,5 +222,40 @@ func TestBadUpstreamAnswersEndExplicitly(t *testing.T) {
 				t.Fatalf("read %q, %v; want %q and then a cut connection", got, rerr, tc.want)
 			}
 		})
+	}
+}
+
+// On plain TCP the request's tail goes out with the wait for the answer
+// (sendAndWait); bodies of every size, the socket taking them whole or
+// not, still arrive byte for byte, on one connection.
+func TestUpstreamSendsAndWaitsOnPlainTCP(t *testing.T) {
+	srv, conns := countingEngine(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		_, _ = w.Write([]byte(strconv.Itoa(len(b)) + ":" + strconv.FormatUint(uint64(crc32.ChecksumIEEE(b)), 16)))
+	})
+	u := testUpstream()
+	for _, size := range []int{1, 4000, 5000, 64 << 10, 8 << 20} {
+		body := strings.Repeat("0123456789abcdef", size/16+1)[:size]
+		resp, err := post(t, u, context.Background(), srv.URL+"/v1/completions", body)
+		if err != nil {
+			t.Fatalf("%d bytes: %v", size, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := strconv.Itoa(size) + ":" + strconv.FormatUint(uint64(crc32.ChecksumIEEE([]byte(body))), 16); string(b) != want {
+			t.Fatalf("%d bytes: the engine read %q, want %q", size, b, want)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("%d connections, want 1", n)
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, list := range u.idle {
+		for _, pc := range list {
+			if pc.raw == nil || pc.tail != nil {
+				t.Fatalf("a plain TCP connection without its raw path (%v) or with a tail left (%d bytes)", pc.raw == nil, len(pc.tail))
+			}
+		}
 	}
 }
