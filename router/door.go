@@ -85,6 +85,9 @@ type fleetCap struct {
 	sum       int64
 	windows   int64 // the whole windows those limits are shares of: the fleet's capacity
 	unlimited int   // regular workers without a window
+	// models: the same per model, the scheduler's pools (one model's rooms
+	// admit none of another's requests).
+	models map[string]*modelCap
 	// spillApart (--spill-over): external workers serve the overflow only,
 	// so they add nothing to the capacity of the local windows.
 	spillApart bool
@@ -96,11 +99,31 @@ func (c *fleetCap) add(w *Worker, limit, window int64, sign int64) {
 		return
 	}
 	c.windows += sign * window
+	if c.models == nil {
+		c.models = map[string]*modelCap{}
+	}
+	m := c.models[w.Model]
+	if m == nil {
+		m = &modelCap{}
+		c.models[w.Model] = m
+	}
+	m.workers += int(sign)
 	if limit == admission.Unlimited {
 		c.unlimited += int(sign)
-		return
+		m.unlimited += int(sign)
+	} else {
+		c.sum += sign * limit
+		m.sum += sign * limit
 	}
-	c.sum += sign * limit
+	if m.workers <= 0 {
+		delete(c.models, w.Model)
+	}
+}
+
+// modelCap is one model's part of a fleetCap.
+type modelCap struct {
+	sum                int64
+	unlimited, workers int
 }
 
 func (c *fleetCap) capacity() int64 {
@@ -108,6 +131,22 @@ func (c *fleetCap) capacity() int64 {
 		return admission.Unlimited
 	}
 	return c.sum
+}
+
+// pools is every named model's capacity (Unlimited while one of its
+// workers has no window); requests naming no model have no pool.
+func (c *fleetCap) pools() map[string]int64 {
+	out := make(map[string]int64, len(c.models))
+	for name, m := range c.models {
+		if name == "" {
+			continue
+		}
+		out[name] = m.sum
+		if m.unlimited > 0 {
+			out[name] = admission.Unlimited
+		}
+	}
+	return out
 }
 
 // setSchedCapacity gives the scheduler this router's capacity from the fleet
@@ -123,6 +162,7 @@ func (r *Router) setSchedCapacity() {
 	capacity := r.fleetCap.capacity()
 	r.sched.SetFleetCapacity(r.fleetCap.windows)
 	r.sched.SetCapacity(capacity)
+	r.sched.SetPoolCapacities(r.fleetCap.pools())
 	reserved := r.sched.Config().ReservedTotal()
 	over := capacity != admission.Unlimited && capacity > 0 && reserved > capacity
 	if over && !r.reservedOver {
@@ -199,7 +239,7 @@ func (r *Router) requestClass(req *http.Request) (admission.Class, string) {
 // admit lets the request through the door. On refusal it has answered and
 // returns false with the status sent. The ticket is nil unless the scheduler
 // admitted the request; the caller releases it with r.door.Release.
-func (r *Router) admit(w http.ResponseWriter, req *http.Request) (*admission.Ticket, int, bool) {
+func (r *Router) admit(w http.ResponseWriter, req *http.Request, model string) (*admission.Ticket, int, bool) {
 	if r.sched == nil {
 		t, res := r.door.Admit(req.Context(), admission.Default)
 		switch res {
@@ -217,7 +257,7 @@ func (r *Router) admit(w http.ResponseWriter, req *http.Request) (*admission.Tic
 		return nil, r.admissionEnded(w, req), false
 	}
 	class, tenant := r.requestClass(req)
-	t, res := r.sched.AdmitTenant(req.Context(), class, tenant)
+	t, res := r.sched.AdmitFor(req.Context(), class, tenant, model)
 	switch res {
 	case admission.Admitted:
 		return t, 0, true

@@ -333,6 +333,53 @@ func TestSchedulerCapacityFromShares(t *testing.T) {
 	}
 }
 
+// The scheduler admits by model: a request whose model's rooms are all
+// taken waits in the scheduler although another model's worker has a free
+// room (a capacity of 2 in all), and its demand is reported on its model's
+// worker only, so the allocator grows no share of the other model for it.
+func TestSchedulerCapacityPerModel(t *testing.T) {
+	h, _ := schedHarness(t, -1, noReservations, func(o *Options) { o.WorkerAdmissionWindow = true })
+	release := make(chan struct{})
+	var once sync.Once
+	var hits atomic.Int64
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		hits.Add(1)
+		<-release
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}
+	e, other := newEngine(t, "w", handler), newEngine(t, "w2", handler)
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	h.apply(e.worker(func(w *Worker) { w.AdmissionRooms, w.WindowShare = 1, 1 }),
+		other.worker(func(w *Worker) { w.AdmissionRooms, w.WindowShare, w.Model = 1, 1, "other-model" }))
+	answers := make(chan answer, 2)
+	for range 2 {
+		go func() { answers <- h.sendAs("sk-batch", "bulk", "bulk-job") }()
+	}
+	waitUntil(t, func() bool {
+		return h.metricValue("smg_scheduler_queue_depth", map[string]string{"class": "bulk"}) == 1 && hits.Load() == 1
+	})
+	for _, d := range h.r.Observations().Demand {
+		want := int64(0)
+		if d.WorkerID == e.name {
+			want = 1
+		}
+		if d.WaitingByClass[admission.Bulk] != want || d.Waiting != want {
+			t.Fatalf("demand %+v: want the waiting request on its model's worker only", d)
+		}
+	}
+	once.Do(func() { close(release) })
+	for range 2 {
+		if a := <-answers; a.status != http.StatusOK {
+			t.Fatalf("request: %d %s", a.status, a.body)
+		}
+	}
+	if hits.Load() != 2 {
+		t.Fatalf("%d requests reached the engines, want 2", hits.Load())
+	}
+}
+
 // In --retry-after-mode estimated a scheduler refusal says when a retry would
 // be admitted: the interval before any completion is seen, then (queued
 // ahead + 1) / completion rate, from the router's own completions.

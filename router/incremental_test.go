@@ -278,7 +278,8 @@ func compareScratch(t *testing.T, at string, r *Router, v *view, sent []Worker, 
 			t.Fatalf("%s: %s counts dispatches since report %d, want %d", at, w.ID, st.loadRevision, w.LoadRevision)
 		}
 	}
-	if r.fleetCap != capacity {
+	if got := r.fleetCap; got.sum != capacity.sum || got.windows != capacity.windows || got.unlimited != capacity.unlimited ||
+		!maps.Equal(got.pools(), capacity.pools()) {
 		t.Fatalf("%s: the scheduler's capacity from the fleet is %+v, want %+v", at, r.fleetCap, capacity)
 	}
 	// Decisions for fixed keys, under the key-hashing policies, shedding

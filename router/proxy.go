@@ -70,6 +70,37 @@ func (r *Router) proxyHandler(route int) http.Handler {
 	})
 }
 
+// readRequest reads and parses the body into f. On failure it has answered
+// and returns nil with the status sent.
+func (r *Router) readRequest(w http.ResponseWriter, req *http.Request, f *requestFields) ([]byte, int) {
+	body, err := r.readBody(w, req)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooLarge):
+			writeError(w, http.StatusRequestEntityTooLarge, CodePayloadTooLarge,
+				"Request body exceeds the limit of "+strconv.FormatInt(r.opts.MaxPayloadSize, 10)+" bytes", 0)
+			return nil, http.StatusRequestEntityTooLarge
+		case errors.Is(err, errBodyTimeout):
+			r.metrics.refused.WithLabelValues(refusedBodyTimeout).Inc()
+			w.Header().Set("Connection", "close")
+			writeError(w, http.StatusRequestTimeout, CodeBodyTimeout,
+				"The request body did not arrive within "+strconv.Itoa(r.opts.BodyReadTimeoutSecs)+" s", 0)
+			return nil, http.StatusRequestTimeout
+		}
+		return nil, statusClientClosed
+	}
+	if err := parseFields(body, f); err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "Invalid JSON body: "+err.Error(), 0)
+		return nil, http.StatusBadRequest
+	}
+	if !isObject(body) {
+		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "The request body must be a JSON object", 0)
+		return nil, http.StatusBadRequest
+	}
+	return body, 0
+}
+
 // serveProxy admits, parses, selects, dispatches (with retries) and streams
 // the answer back. It returns the status sent, for metrics.
 func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
@@ -84,41 +115,31 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "The router is shutting down; retry on another router", 1)
 		return http.StatusServiceUnavailable
 	}
+	// Under the scheduler with fleet capacity the door admits by model, so
+	// the body is read first; otherwise a refusal at the door reads none.
+	var body []byte
+	var f requestFields
+	byModel := r.sched != nil && r.schedFromFleet
+	if byModel {
+		var status int
+		if body, status = r.readRequest(w, req, &f); body == nil {
+			return status
+		}
+	}
 	var ticket *admission.Ticket
 	if r.door != nil {
 		var status int
 		var ok bool
-		if ticket, status, ok = r.admit(w, req); !ok {
+		if ticket, status, ok = r.admit(w, req, f.Model); !ok {
 			return status
 		}
 		defer r.door.Release(ticket)
 	}
-
-	body, err := r.readBody(w, req)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		switch {
-		case errors.As(err, &tooLarge):
-			writeError(w, http.StatusRequestEntityTooLarge, CodePayloadTooLarge,
-				"Request body exceeds the limit of "+strconv.FormatInt(r.opts.MaxPayloadSize, 10)+" bytes", 0)
-			return http.StatusRequestEntityTooLarge
-		case errors.Is(err, errBodyTimeout):
-			r.metrics.refused.WithLabelValues(refusedBodyTimeout).Inc()
-			w.Header().Set("Connection", "close")
-			writeError(w, http.StatusRequestTimeout, CodeBodyTimeout,
-				"The request body did not arrive within "+strconv.Itoa(r.opts.BodyReadTimeoutSecs)+" s", 0)
-			return http.StatusRequestTimeout
+	if !byModel {
+		var status int
+		if body, status = r.readRequest(w, req, &f); body == nil {
+			return status
 		}
-		return statusClientClosed
-	}
-	var f requestFields
-	if err := parseFields(body, &f); err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "Invalid JSON body: "+err.Error(), 0)
-		return http.StatusBadRequest
-	}
-	if !isObject(body) {
-		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "The request body must be a JSON object", 0)
-		return http.StatusBadRequest
 	}
 
 	ctx, cancel := r.requestContext(req.Context())

@@ -98,19 +98,31 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 			p.n++
 		}
 	}
-	// Requests queued in the priority scheduler wait for a room on any
-	// regular windowed worker: their demand is spread over those workers too,
-	// by class, so the allocator grows this router's shares for them.
-	var sched [admission.NumClasses]int64
-	var regular int64
+	// Requests queued in the priority scheduler wait for a room on a
+	// regular windowed worker of their model (any, for those of no pool of
+	// their own): their demand is spread over those workers, by class, so
+	// the allocator grows this router's shares for them.
+	var sched map[string][admission.NumClasses]int64
+	regular := map[string]int64{}
 	if r.sched != nil && r.schedFromFleet {
-		for c, d := range r.sched.Demand() {
-			sched[c] = d.Waiting
-		}
+		sched = r.sched.PoolWaiting()
 		for i := range v.size() {
-			if rooms, _ := r.windowRooms(v.worker(i)); rooms > 0 && v.worker(i).Type != TypeDecode {
-				regular++
+			if w := v.worker(i); w.Type != TypeDecode {
+				if rooms, _ := r.windowRooms(w); rooms > 0 {
+					regular[""]++
+					if w.Model != "" {
+						regular[w.Model]++
+					}
+				}
 			}
+		}
+	}
+	spread := func(d *WindowDemand, waiting [admission.NumClasses]int64, over int64) {
+		for c, n := range waiting {
+			share := (n + over - 1) / over
+			d.WaitingByClass[c] += share
+			d.Waiting += share
+			d.Queued += share
 		}
 	}
 	for i := range v.size() {
@@ -120,13 +132,11 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 		}
 		st := v.states[i]
 		d := WindowDemand{WorkerID: w.ID, InFlight: st.gate.InFlight(), TokensInFlight: st.gate.Tokens()}
-		if rooms, _ := r.windowRooms(w); regular > 0 && rooms > 0 && w.Type != TypeDecode {
-			for c, n := range sched {
-				share := (n + regular - 1) / regular
-				d.WaitingByClass[c] += share
-				d.Waiting += share
-				d.Queued += share
+		if rooms, _ := r.windowRooms(w); len(sched) > 0 && rooms > 0 && w.Type != TypeDecode {
+			if w.Model != "" {
+				spread(&d, sched[w.Model], regular[w.Model])
 			}
+			spread(&d, sched[""], regular[""])
 		}
 		for _, wl := range st.waitlists() {
 			p := pools[wl]

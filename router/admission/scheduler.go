@@ -17,6 +17,7 @@ type Ticket struct {
 	s        *Scheduler
 	class    Class
 	tenant   *tenantState  // with fair shares on
+	pool     *poolSlots    // the model's slots it also holds
 	admitted time.Time     // when it took its slot
 	elem     *list.Element // in s.running[class] while it holds the slot; guarded by s.mu
 	// state decides, with one compare-and-swap, "first byte sent" against
@@ -122,6 +123,7 @@ func (t *Ticket) Release() {
 type waiter struct {
 	class    Class
 	tenant   *tenantState // with fair shares on
+	pool     *poolSlots
 	enqueued time.Time
 	elem     *list.Element
 	ready    chan struct{}
@@ -150,6 +152,8 @@ type Scheduler struct {
 	queues   [NumClasses]*list.List // of *waiter, oldest first
 	running  [NumClasses]*list.List // of *Ticket, in admission order
 	fair     *vtc                   // per-tenant virtual token counters (nil: fair shares off)
+	pools    map[string]*poolSlots  // per-model capacity (SetPoolCapacities)
+	anyPool  poolSlots              // requests of a pool with no capacity of its own
 	fleet    fleetTenants           // the other routers' tenants, for fair shares fleet-wide
 
 	completions atomic.Uint64 // answers ended, for the completion rate
@@ -161,7 +165,7 @@ func NewScheduler(cfg SchedulerConfig, capacity int64, m *SchedulerMetrics) *Sch
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Scheduler{cfg: cfg, m: m, started: cfg.Now()}
+	s := &Scheduler{cfg: cfg, m: m, started: cfg.Now(), anyPool: poolSlots{capacity: Unlimited}}
 	if cfg.FairShare {
 		s.fair = newVTC(cfg.Weight)
 	}
@@ -255,9 +259,10 @@ func (s *Scheduler) heldBackLocked(c Class) int64 {
 	return n
 }
 
-// fitsLocked: a slot is free for class c, respecting higher reservations.
-func (s *Scheduler) fitsLocked(c Class) bool {
-	return s.capacity == Unlimited || s.total+1+s.heldBackLocked(c) <= s.capacity
+// fitsLocked: a slot is free for class c, respecting higher reservations,
+// and one of pool p's own.
+func (s *Scheduler) fitsLocked(c Class, p *poolSlots) bool {
+	return p.room() && (s.capacity == Unlimited || s.total+1+s.heldBackLocked(c) <= s.capacity)
 }
 
 // Admit asks for a slot in class c, waiting in c's queue if none is free
@@ -271,9 +276,17 @@ func (s *Scheduler) Admit(ctx context.Context, c Class) (*Ticket, Result) {
 // the capacity while another tenant is active is refused at once
 // (OverFairShare): its own demand is what is missing.
 func (s *Scheduler) AdmitTenant(ctx context.Context, c Class, tenant string) (*Ticket, Result) {
+	return s.AdmitFor(ctx, c, tenant, "")
+}
+
+// AdmitFor is AdmitTenant for a request of pool (its model): it also needs
+// one of the pool's own slots (SetPoolCapacities). Waiters of a pool that
+// is full do not hold back those of another pool behind them.
+func (s *Scheduler) AdmitFor(ctx context.Context, c Class, tenant, pool string) (*Ticket, Result) {
 	arrived := s.cfg.Now()
 	cc := &s.cfg.Classes[c]
 	s.mu.Lock()
+	p := s.poolLocked(pool)
 	if cc.ReserveDemand {
 		s.demand[c].arrive(arrived)
 	}
@@ -292,8 +305,11 @@ func (s *Scheduler) AdmitTenant(ctx context.Context, c Class, tenant string) (*T
 			return nil, OverFairShare
 		}
 	}
-	if s.queues[c].Len() == 0 && (s.fitsLocked(c) || cc.CanPreempt && s.preemptForLocked(c)) {
-		t := s.admitLocked(c, ts)
+	// Waiters of class c left queued after a dispatch are held by their
+	// own pool or by the whole capacity; a newcomer of another pool passes
+	// the former (it fits only if the whole capacity has room).
+	if p.waiting[c] == 0 && (s.fitsLocked(c, p) || cc.CanPreempt && s.preemptForLocked(c, p)) {
+		t := s.admitLocked(c, ts, p)
 		s.publishLocked()
 		s.mu.Unlock()
 		s.observeAdmitted(c, 0)
@@ -307,10 +323,11 @@ func (s *Scheduler) AdmitTenant(ctx context.Context, c Class, tenant string) (*T
 		s.count(c, OutcomeQueueFull)
 		return nil, QueueFull
 	}
-	w := &waiter{class: c, tenant: ts, enqueued: arrived, ready: make(chan struct{})}
+	w := &waiter{class: c, tenant: ts, pool: p, enqueued: arrived, ready: make(chan struct{})}
 	if ts != nil {
 		ts.waiting++
 	}
+	p.waiting[c]++
 	w.elem = s.queues[c].PushBack(w)
 	s.publishLocked()
 	s.mu.Unlock()
@@ -346,6 +363,7 @@ func (s *Scheduler) AdmitTenant(ctx context.Context, c Class, tenant string) (*T
 		return w.ticket, Admitted
 	}
 	s.queues[c].Remove(w.elem)
+	w.pool.waiting[c]--
 	if w.tenant != nil {
 		w.tenant.waiting--
 		s.fair.settle(w.tenant)
@@ -361,9 +379,10 @@ func (s *Scheduler) AdmitTenant(ctx context.Context, c Class, tenant string) (*T
 	return nil, res
 }
 
-func (s *Scheduler) admitLocked(c Class, ts *tenantState) *Ticket {
-	t := &Ticket{s: s, class: c, tenant: ts, admitted: s.cfg.Now(), preempted: make(chan struct{})}
+func (s *Scheduler) admitLocked(c Class, ts *tenantState, p *poolSlots) *Ticket {
+	t := &Ticket{s: s, class: c, tenant: ts, pool: p, admitted: s.cfg.Now(), preempted: make(chan struct{})}
 	t.elem = s.running[c].PushBack(t)
+	p.inflight++
 	s.inflight[c]++
 	s.total++
 	if ts != nil {
@@ -375,6 +394,7 @@ func (s *Scheduler) admitLocked(c Class, ts *tenantState) *Ticket {
 // dropLocked uncounts an admitted request that gave its slot back or was
 // preempted (the caller took it off s.running).
 func (s *Scheduler) dropLocked(t *Ticket) {
+	t.pool.inflight--
 	s.inflight[t.class]--
 	s.total--
 	if t.tenant != nil {
@@ -383,23 +403,35 @@ func (s *Scheduler) dropLocked(t *Ticket) {
 	}
 }
 
-// nextLocked is the waiter of class c a free slot goes to: the oldest, or
-// with fair shares on the oldest of the tenant with the lowest counter.
+// nextLocked is the waiter of class c a free slot goes to: the oldest whose
+// pool has a slot of its own, or with fair shares on the oldest of the
+// tenant with the lowest counter among those.
 func (s *Scheduler) nextLocked(c Class) *waiter {
-	f := s.queues[c].Front()
-	if f == nil {
-		return nil
-	}
-	best := f.Value.(*waiter)
-	if s.fair == nil {
-		return best
-	}
-	for e := f.Next(); e != nil; e = e.Next() {
-		if w := e.Value.(*waiter); w.tenant.counter < best.tenant.counter {
+	var best *waiter
+	for e := s.queues[c].Front(); e != nil; e = e.Next() {
+		w := e.Value.(*waiter)
+		if !w.pool.room() {
+			continue
+		}
+		if s.fair == nil {
+			return w
+		}
+		if best == nil || w.tenant.counter < best.tenant.counter {
 			best = w
 		}
 	}
 	return best
+}
+
+// oldestLocked is the oldest waiter of class c whose pool has a slot of its
+// own (nil: none).
+func (s *Scheduler) oldestLocked(c Class) *waiter {
+	for e := s.queues[c].Front(); e != nil; e = e.Next() {
+		if w := e.Value.(*waiter); w.pool.room() {
+			return w
+		}
+	}
+	return nil
 }
 
 // dispatchLocked hands free slots to waiters: first any head that waited past
@@ -411,8 +443,8 @@ func (s *Scheduler) dispatchLocked() {
 	for progress := true; progress; {
 		progress = false
 		for c := Bulk; ; c-- {
-			if f := s.queues[c].Front(); f != nil && (s.capacity == Unlimited || s.total < s.capacity) {
-				if w := f.Value.(*waiter); now.Sub(w.enqueued) >= s.cfg.Classes[c].StarvationThreshold {
+			if s.capacity == Unlimited || s.total < s.capacity {
+				if w := s.oldestLocked(c); w != nil && now.Sub(w.enqueued) >= s.cfg.Classes[c].StarvationThreshold {
 					s.grantLocked(w)
 					if s.m != nil {
 						s.m.starvation.WithLabelValues(c.String()).Inc()
@@ -425,7 +457,7 @@ func (s *Scheduler) dispatchLocked() {
 			}
 		}
 		for _, c := range Classes {
-			if w := s.nextLocked(c); w != nil && s.fitsLocked(c) {
+			if w := s.nextLocked(c); w != nil && s.fitsLocked(c, w.pool) {
 				s.grantLocked(w)
 				progress = true
 			}
@@ -435,23 +467,32 @@ func (s *Scheduler) dispatchLocked() {
 
 func (s *Scheduler) grantLocked(w *waiter) {
 	s.queues[w.class].Remove(w.elem)
+	w.pool.waiting[w.class]--
 	if w.tenant != nil {
 		w.tenant.waiting--
 	}
-	w.ticket = s.admitLocked(w.class, w.tenant)
+	w.ticket = s.admitLocked(w.class, w.tenant, w.pool)
 	close(w.ready)
 }
 
 // preemptForLocked cancels one strictly lower-class request that has sent no
 // byte yet (lowest class first, then the most recently admitted), when that
-// frees a slot class c may take. It reports whether a slot was freed.
-func (s *Scheduler) preemptForLocked(c Class) bool {
+// frees a slot class c may take in pool p: of p itself when p is full. It
+// reports whether a slot was freed.
+func (s *Scheduler) preemptForLocked(c Class, p *poolSlots) bool {
 	if s.capacity != Unlimited && s.total+s.heldBackLocked(c) > s.capacity {
 		return false // one freed slot would not be enough
+	}
+	full := !p.room()
+	if full && p.inflight > p.capacity {
+		return false // one freed slot of p would not be enough
 	}
 	for v := Bulk; v > c; v-- {
 		for e := s.running[v].Back(); e != nil; e = e.Prev() {
 			t := e.Value.(*Ticket)
+			if full && t.pool != p {
+				continue // frees none of p's slots
+			}
 			if !t.state.CompareAndSwap(ticketRunning, ticketPreempted) {
 				continue // already sent a byte
 			}
