@@ -206,7 +206,11 @@ func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error)
 		}
 	}
 	if gc.LearnWindows {
-		warmWindows(ctx, gw.URL, 2*gc.engines()*engineSlots)
+		urls := e.urls // every router's, or none with one router
+		if len(urls) == 0 {
+			urls = []string{gw.URL}
+		}
+		warmWindows(ctx, urls, 2*gc.engines()*engineSlots)
 	}
 	if slices.Contains(flags, "--worker-admission-window") {
 		if err := gw.waitShares(ctx, gc.engines(), max(1, gc.Routers), 20*time.Second); err != nil {

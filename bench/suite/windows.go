@@ -62,13 +62,16 @@ func WindowConfigs() []GatewayConfig {
 	}
 }
 
-// warmWindows sends n concurrent short requests through url and waits for
-// their answers: engines that report no window queue under it, which is
+// warmWindows sends n concurrent short requests, spread over urls in turn
+// (every router, as a fleet that has seen load has seen it at each: through
+// one alone, the window shares would start skewed to it), and waits for
+// their answers: engines that report no window queue under them, which is
 // what smg learns their window from.
-func warmWindows(ctx context.Context, url string, n int) {
+func warmWindows(ctx context.Context, urls []string, n int) {
 	body := []byte(`{"model":"sim-model","messages":[{"role":"user","content":"warm up"}],"max_tokens":16}`)
 	var wg sync.WaitGroup
-	for range n {
+	for i := range n {
+		url := urls[i%len(urls)]
 		wg.Go(func() {
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
 			if err != nil {

@@ -91,22 +91,25 @@ func TestAdmissionWindowOrderSpecEngineLearned(t *testing.T) {
 		t.Fatalf("admission %+v, want the engine's reported window 16", got)
 	}
 
-	a, reg = newAdmissionAllocator(t, &smgv1.WorkerSpec{Url: "http://w1"}, 0)
-	report(t, reg, 7, 0, 0)
-	_ = a.Step()
-	if got := *reg.Snapshot().Get("w1").Admission; got.Window != 0 || got.Source != "" {
-		t.Fatalf("admission %+v, want no window before the engine ever saturates", got)
-	}
-	if reg.Snapshot().Get("w1").WindowShare != nil {
-		t.Fatal("shares allocated for a worker without a window")
-	}
-	for range queueStreak { // a queue with KV to spare counts once it lasts
-		report(t, reg, 7, 3, 0)
+	synctest.Test(t, func(t *testing.T) {
+		a, reg := newAdmissionAllocator(t, &smgv1.WorkerSpec{Url: "http://w1"}, 0)
+		report(t, reg, 7, 0, 0)
 		_ = a.Step()
-	}
-	if got := *reg.Snapshot().Get("w1").Admission; got.Window != 7 || got.Source != "learned" || got.LearnedBy != LearnedQueue {
-		t.Fatalf("admission %+v, want the learned window 7 (running while waiting)", got)
-	}
+		if got := *reg.Snapshot().Get("w1").Admission; got.Window != 0 || got.Source != "" {
+			t.Fatalf("admission %+v, want no window before the engine ever saturates", got)
+		}
+		if reg.Snapshot().Get("w1").WindowShare != nil {
+			t.Fatal("shares allocated for a worker without a window")
+		}
+		for range queueStreak { // a queue with KV to spare counts once it lasts
+			report(t, reg, 7, 3, 0)
+			_ = a.Step()
+			time.Sleep(queueSpan / 2)
+		}
+		if got := *reg.Snapshot().Get("w1").Admission; got.Window != 7 || got.Source != "learned" || got.LearnedBy != LearnedQueue {
+			t.Fatalf("admission %+v, want the learned window 7 (running while waiting)", got)
+		}
+	})
 }
 
 func TestAdmissionOffLeavesRegularWorkersAlone(t *testing.T) {

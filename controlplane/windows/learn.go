@@ -47,6 +47,11 @@ const (
 	// between two scheduler steps waits for one step even on an engine
 	// with room, and a report may catch it.
 	queueStreak = 3
+	// queueSpan is the least time such a streak must span, at the same
+	// running count: reports that come back to back after the box stalled
+	// (an agent catching up) or while a burst of requests is still coming
+	// in (the running count rising) are one moment, not a lasting queue.
+	queueSpan = 100 * time.Millisecond
 	// probeBackoff is the wait before the first probe after the limit
 	// changed; it doubles with each failed probe of a KV-bound engine, up
 	// to probeBackoffMax.
@@ -85,7 +90,9 @@ type learner struct {
 	last    Observation
 	seen    bool // last is set
 
-	below, above int // reports in a row queueing below / at or above the limit
+	below, above int       // reports in a row queueing below / at or above the limit
+	belowRun     int64     // the running count of the below streak
+	belowSince   time.Time // its first report
 	backoff      time.Duration
 	nextProbe    time.Time
 	loweredAt    time.Time
@@ -154,8 +161,11 @@ func (l *learner) observe(o Observation, now time.Time) bool {
 			l.below = 0 // between two scheduler steps
 			return false
 		}
+		if l.below == 0 || o.Running != l.belowRun {
+			l.below, l.belowRun, l.belowSince = 0, o.Running, now
+		}
 		l.below++
-		if !full && l.below < queueStreak {
+		if !full && (l.below < queueStreak || now.Sub(l.belowSince) < queueSpan) {
 			return false
 		}
 		first := l.limit == 0

@@ -279,6 +279,7 @@ func TestLearnerTransientQueue(t *testing.T) {
 		if lowered != (i == queueStreak-1) {
 			t.Fatalf("report %d: lowered %v", i, lowered)
 		}
+		now = now.Add(queueSpan / 2)
 	}
 	if l.limit != 8 || !l.capped {
 		t.Fatalf("limit %d capped %v, want 8 capped", l.limit, l.capped)
@@ -305,6 +306,7 @@ func TestLearnerStepBoundaryQueue(t *testing.T) {
 		l := &learner{}
 		for range queueStreak {
 			l.observe(Observation{Running: 8, Waiting: 2, Usage: 0.1}, now)
+			now = now.Add(queueSpan / 2)
 		}
 		if l.limit != 8 {
 			t.Fatalf("limit %d, want 8 from the first queue", l.limit)
@@ -321,8 +323,38 @@ func TestLearnerStepBoundaryQueue(t *testing.T) {
 	l = learned() // never ran 8 without a queue: a lasting queue at 6 is a lower cap
 	for range queueStreak {
 		l.observe(Observation{Running: 6, Waiting: 2, Usage: 0.1}, now)
+		now = now.Add(queueSpan / 2)
 	}
 	if l.limit != 6 {
 		t.Fatalf("limit %d after a lasting queue at 6, want 6", l.limit)
+	}
+}
+
+// TestLearnerQueueMustLast: reports of a queue that come back to back (an
+// agent catching up after the box stalled), or whose running count is still
+// rising (a burst coming in), learn nothing; the same queue lasting
+// queueSpan at one running count does.
+func TestLearnerQueueMustLast(t *testing.T) {
+	now := time.Unix(0, 0)
+	l := &learner{}
+	for i := range 10 {
+		l.observe(Observation{Running: 4, Waiting: 5, Usage: 0.01}, now.Add(time.Duration(i)*time.Millisecond))
+	}
+	if l.limit != 0 {
+		t.Fatalf("limit %d from 10 reports within 10 ms, want none", l.limit)
+	}
+	for i := range 6 { // 2, 3, ... 7 running: the engine still admits
+		now = now.Add(queueSpan / 2)
+		l.observe(Observation{Running: int64(2 + i), Waiting: 3, Usage: 0.01}, now)
+	}
+	if l.limit != 0 {
+		t.Fatalf("limit %d while the running count rose, want none", l.limit)
+	}
+	for range queueStreak {
+		now = now.Add(queueSpan / 2)
+		l.observe(Observation{Running: 8, Waiting: 3, Usage: 0.01}, now)
+	}
+	if l.limit != 8 || !l.capped {
+		t.Fatalf("limit %d capped %v after a queue at 8 lasting %s, want 8 capped", l.limit, l.capped, queueSpan)
 	}
 }

@@ -36,7 +36,7 @@ func main() {
 	seed := fs.Uint64("seed", 1, "seed of the simulated engines and of the offered load")
 	agentPoll := fs.Duration("agent-poll", 50*time.Millisecond,
 		"run one smg agent covering every engine, polling each this often (0: the control plane polls over HTTP)")
-	only := fs.String("configs", "", "overload, objectives: comma-separated configurations to run (empty: all)")
+	only := fs.String("configs", "", "overload, objectives, tenants: comma-separated configurations to run (empty: all; with --suite overload, only the overload scenario runs)")
 	loads := fs.String("loads", "", "overload, objectives: comma-separated multiples of capacity (empty: 0.5,1,1.5,2; objectives 1,2,4)")
 	replot := fs.Bool("republish", false, "overload, objectives: rewrite the docs tables and plots from the last full run's overload.json (objectives.json) in --raw, without running")
 	tuned := fs.Int("tuned-waiting", 0, "overload: waiting-requests ceiling of shed-tuned (0: the benchmark's choice)")
@@ -81,10 +81,13 @@ func main() {
 	case *replot:
 		err = republish(s)
 	case *which == "overload":
-		if err = runOverload(ctx, s); err == nil {
+		err = runOverload(ctx, s)
+		// --configs names the overload scenario's configurations here; the
+		// other scenarios' run under their own --suite.
+		if err == nil && *only == "" {
 			err = runObjectives(ctx, s)
 		}
-		if err == nil {
+		if err == nil && *only == "" {
 			err = runTenants(ctx, s, *tenantRounds)
 		}
 	case *which == "objectives":
