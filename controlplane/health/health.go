@@ -92,10 +92,8 @@ type Checker struct {
 	opts    Options
 	client  *http.Client
 	log     *slog.Logger
-	now     func() time.Time
 	sink    ContactSink
 	seed    string
-	burst   *spread.Burst
 	maxWait time.Duration // Run looks again at least this often
 	wake    chan struct{} // a probe's outcome scheduled one before wakeAt
 
@@ -132,8 +130,7 @@ func New(reg *registry.Registry, opts Options, client *http.Client, sink Contact
 	if opts.Burst == nil {
 		opts.Burst = spread.NewBurst(spread.DefaultBurstSize, spread.DefaultBurstPer)
 	}
-	return &Checker{reg: reg, opts: opts, client: client, log: log, now: opts.Now, sink: sink,
-		seed: opts.Seed + "\x00health", burst: opts.Burst, wake: make(chan struct{}, 1),
+	return &Checker{reg: reg, opts: opts, client: client, log: log, sink: sink, seed: opts.Seed + "\x00health", wake: make(chan struct{}, 1),
 		maxWait: max(min(opts.StartupInterval, opts.interval())/4, spread.Resolution), state: map[string]*probeState{}}
 }
 
@@ -188,7 +185,7 @@ func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) (<-chan stru
 		members = c.reg.MembershipChanged() // before the snapshot: no change is missed
 	}
 	snap := c.reg.Snapshot()
-	now := c.now()
+	now := c.opts.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if reconcile {
@@ -244,7 +241,7 @@ func (c *Checker) reconcile(workers []*registry.Worker, now time.Time) {
 		st := c.state[w.ID]
 		if st == nil || st.url != w.Spec.GetUrl() {
 			st = &probeState{url: w.Spec.GetUrl(), next: now}
-			if !c.burst.Take(now) {
+			if !c.opts.Burst.Take(now) {
 				st.phased = true
 				st.next = spread.PhaseOf(c.seed, w.ID, c.cadence(w.Ready())).Next(now)
 			}
@@ -310,7 +307,7 @@ func (c *Checker) probe(ctx context.Context, url, apiKey string) (bool, string) 
 // most one cadence away, and exactly one while the health holds), another
 // one cadence after this probe.
 func (c *Checker) record(id string, st *probeState, ok bool, why string) {
-	now := c.now()
+	now := c.opts.Now()
 	to := c.Observe(id, st.url, ok, why, now)
 	c.mu.Lock()
 	defer c.mu.Unlock()

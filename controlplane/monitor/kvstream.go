@@ -37,7 +37,7 @@ type kvStreams struct {
 // reconcileStreams starts a stream for each Ready gRPC worker no agent
 // covers and stops the others'.
 func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Worker) {
-	if m.grpc == nil || m.pushObs == nil {
+	if m.opts.GRPC == nil || m.opts.Pushed == nil {
 		return
 	}
 	want := map[string]*registry.Worker{}
@@ -62,7 +62,7 @@ func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Work
 		if k.m[id] != nil {
 			continue
 		}
-		c, err := m.grpc.Get(w.Spec.GetUrl())
+		c, err := m.opts.GRPC.Get(w.Spec.GetUrl())
 		if err != nil {
 			continue
 		}
@@ -79,10 +79,10 @@ func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Work
 
 // agentCovers reports whether an agent streams w's KV events.
 func (m *Monitor) agentCovers(w *registry.Worker) bool {
-	if m.covered == nil {
+	if m.opts.Covered == nil {
 		return w.AgentNode != ""
 	}
-	return m.covered(w.Spec.GetUrl())
+	return m.opts.Covered(w.Spec.GetUrl())
 }
 
 // KVStreams is the number of KV event streams the monitor keeps (one per
@@ -128,8 +128,8 @@ func (m *Monitor) runStream(ctx context.Context, id string, c *enginegrpc.Client
 		}
 		st.ranks.Reset() // the poll takes over until records come again
 		if enginegrpc.IsConnectionFailure(err) {
-			if m.observer != nil {
-				m.observer.PollTransportFailure(id, err, m.now())
+			if m.opts.Observer != nil {
+				m.opts.Observer.PollTransportFailure(id, err, m.opts.Now())
 			}
 			m.log.Debug("KV event stream failed", "worker_id", id, "error", err)
 		} else if err != nil {
@@ -160,7 +160,7 @@ func (m *Monitor) readStream(ctx context.Context, id string, c *enginegrpc.Clien
 			m.log.Warn("KV event batch with a load record that cannot be believed; dropped", "worker_id", id, "url", st.url, "error", err)
 			continue
 		}
-		now := m.now()
+		now := m.opts.Now()
 		merged, err := st.ranks.Add(p, now)
 		if err != nil {
 			continue
@@ -174,7 +174,7 @@ func (m *Monitor) readStream(ctx context.Context, id string, c *enginegrpc.Clien
 		if merged.Silence != nil {
 			rec.Silence = *merged.Silence
 		}
-		m.pushObs.PushedRecord(id, rec, now)
+		m.opts.Pushed.PushedRecord(id, rec, now)
 		m.ingested(id, m.ingest.Report(id, loadpb.FromReport(rep, now)))
 	}
 }

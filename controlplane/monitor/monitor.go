@@ -51,18 +51,10 @@ type Monitor struct {
 	ingest   *evidence.Inbox
 	client   *http.Client
 	log      *slog.Logger
-	interval time.Duration
-	observer Observer
-	skipper  Skipper
-	now      func() time.Time
-	seed     string
-	burst    *spread.Burst
-	grpc     *enginegrpc.Pool
-	pushObs  PushObserver
-	covered  func(url string) bool
+	opts     Options
+	seed     string        // opts.Seed for polls
 	coverage chan struct{} // CoverageChanged: reconcile the KV event streams
 	kv       kvStreams
-	budget   *readbudget.Budget
 
 	mu      sync.Mutex
 	readers map[string]*reader
@@ -130,9 +122,8 @@ func New(reg *registry.Registry, in *evidence.Inbox, client *http.Client, opts O
 	if opts.Burst == nil {
 		opts.Burst = spread.NewBurst(spread.DefaultBurstSize, spread.DefaultBurstPer)
 	}
-	return &Monitor{reg: reg, ingest: in, client: client, log: log, interval: opts.Interval,
-		observer: opts.Observer, skipper: opts.Skipper, now: opts.Now, seed: opts.Seed + "\x00poll", burst: opts.Burst, grpc: opts.GRPC, pushObs: opts.Pushed, budget: opts.Budget,
-		covered: opts.Covered, coverage: make(chan struct{}, 1), readers: map[string]*reader{}}
+	return &Monitor{reg: reg, ingest: in, client: client, log: log, opts: opts, seed: opts.Seed + "\x00poll",
+		coverage: make(chan struct{}, 1), readers: map[string]*reader{}}
 }
 
 func groupOf(w *registry.Worker) GroupKey {
@@ -159,7 +150,7 @@ func (m *Monitor) Groups(workers []*registry.Worker) map[GroupKey]time.Duration 
 	}
 	for k, iv := range out {
 		if iv == 0 {
-			out[k] = m.interval
+			out[k] = m.opts.Interval
 		}
 	}
 	return out
@@ -256,7 +247,7 @@ func (m *Monitor) runGroup(ctx context.Context, k GroupKey, interval time.Durati
 			return
 		case <-timer.C:
 		case <-kick:
-			g.reconcile(m, m.reg.Snapshot().Workers(), m.now())
+			g.reconcile(m, m.reg.Snapshot().Workers(), m.opts.Now())
 		}
 		start := time.Now()
 		timer.Reset(m.pollDue(ctx, g))
@@ -293,7 +284,7 @@ func (g *group) reconcile(m *Monitor, workers []*registry.Worker, now time.Time)
 		s := g.slots[w.ID]
 		if s == nil {
 			s = &slot{}
-			if m.burst.Take(now) {
+			if m.opts.Burst.Take(now) {
 				s.phase, s.next = spread.PhaseAt(now, g.interval), now
 			} else {
 				s.phase = spread.PhaseOf(m.seed, w.ID, g.interval)
@@ -314,7 +305,7 @@ func (g *group) reconcile(m *Monitor, workers []*registry.Worker, now time.Time)
 // pollDue polls the group's workers that are due and returns how long until
 // the next is.
 func (m *Monitor) pollDue(ctx context.Context, g *group) time.Duration {
-	now := m.now()
+	now := m.opts.Now()
 	snap := m.reg.Snapshot()
 	for {
 		at, id, ok := g.queue.PopDue(now)
@@ -336,7 +327,7 @@ func (m *Monitor) pollDue(ctx context.Context, g *group) time.Duration {
 			if covers { // every pushing rank delivered within the interval
 				continue
 			}
-		} else if m.skipper != nil && m.skipper.RecentlyPushed(id, g.interval, now) {
+		} else if m.opts.Skipper != nil && m.opts.Skipper.RecentlyPushed(id, g.interval, now) {
 			continue
 		}
 		m.pollAsync(ctx, w)
@@ -359,9 +350,9 @@ func (m *Monitor) PollNow(workerIDs ...string) {
 		return
 	}
 	snap := m.reg.Snapshot()
-	now := m.now()
+	now := m.opts.Now()
 	for _, id := range workerIDs {
-		if w := snap.Get(id); w != nil && polled(w) && m.burst.Take(now) {
+		if w := snap.Get(id); w != nil && polled(w) && m.opts.Burst.Take(now) {
 			m.pollAsync(ctx, w)
 		}
 	}
@@ -406,12 +397,12 @@ func (m *Monitor) pollAsync(ctx context.Context, w *registry.Worker) {
 // newReader makes the reader of w's wire.
 func (m *Monitor) newReader(w *registry.Worker) (LoadReader, error) {
 	if enginegrpc.IsGRPC(w.Spec.GetUrl()) {
-		if m.grpc == nil {
+		if m.opts.GRPC == nil {
 			return nil, errors.New("no gRPC client configured")
 		}
-		return m.grpc.Get(w.Spec.GetUrl())
+		return m.opts.GRPC.Get(w.Spec.GetUrl())
 	}
-	return engine.NewReader(withBearer(m.client, w.Spec.GetApiKey()), w.Spec.GetUrl(), engine.WithBudget(m.budget)), nil
+	return engine.NewReader(withBearer(m.client, w.Spec.GetApiKey()), w.Spec.GetUrl(), engine.WithBudget(m.opts.Budget)), nil
 }
 
 // PollOnce reads one worker and ingests the outcome.
@@ -420,19 +411,19 @@ func (m *Monitor) PollOnce(ctx context.Context, workerID string, r LoadReader) {
 	if ctx.Err() != nil {
 		return
 	}
-	now := m.now()
+	now := m.opts.Now()
 	if err != nil {
-		if m.observer != nil && (engine.IsTransportFailure(err) || enginegrpc.IsConnectionFailure(err)) {
-			m.observer.PollTransportFailure(workerID, err, now)
-		} else if m.observer != nil && engineAnswered(err) {
-			m.observer.PollAnswered(workerID, now)
+		if m.opts.Observer != nil && (engine.IsTransportFailure(err) || enginegrpc.IsConnectionFailure(err)) {
+			m.opts.Observer.PollTransportFailure(workerID, err, now)
+		} else if m.opts.Observer != nil && engineAnswered(err) {
+			m.opts.Observer.PollAnswered(workerID, now)
 		}
 		m.log.Debug("Load poll produced no report", "worker_id", workerID, "error", err)
 		m.ingested(workerID, m.ingest.NoReport(workerID))
 		return
 	}
-	if m.observer != nil {
-		m.observer.PollReport(workerID, rep.Waiting(), rep.Running(), now)
+	if m.opts.Observer != nil {
+		m.opts.Observer.PollReport(workerID, rep.Waiting(), rep.Running(), now)
 	}
 	m.ingested(workerID, m.ingest.Report(workerID, loadpb.FromReport(rep, now)))
 }
@@ -469,12 +460,12 @@ func (m *Monitor) pruneReaders(workers []*registry.Worker) {
 			delete(m.readers, id)
 		}
 	}
-	if m.grpc != nil {
+	if m.opts.GRPC != nil {
 		urls := map[string]bool{}
 		for _, w := range workers {
 			urls[w.Spec.GetUrl()] = true
 		}
-		m.grpc.Retain(urls)
+		m.opts.GRPC.Retain(urls)
 	}
 }
 
