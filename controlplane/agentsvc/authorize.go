@@ -40,14 +40,8 @@ var (
 // overload block the agent gave, nothing else (no key, priority or cost),
 // and no labels. describe costs no allocation and no network.
 func (s *Server) authorize(ctx context.Context, st *agentStream, act action, spec *smgv1.WorkerSpec) (*smgv1.WorkerSpec, error) {
-	if act == describe {
-		if n := spec.GetNode(); n != "" {
-			if n != st.node {
-				return nil, s.refused(st, spec.GetUrl(), errNotOnNode)
-			}
-			return spec, nil
-		}
-		if !st.hosts.contains(workerurl.Host(spec.GetUrl())) {
+	if act == describe { // a spec naming a node is judged by it alone, else by its host
+		if n := spec.GetNode(); (n != "" && n != st.node) || (n == "" && !st.hosts.contains(workerurl.Host(spec.GetUrl()))) {
 			return nil, s.refused(st, spec.GetUrl(), errNotOnNode)
 		}
 		return spec, nil

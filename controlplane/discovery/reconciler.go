@@ -249,8 +249,7 @@ func (rc *Reconciler) removeURL(source, url string) bool {
 	if id == "" {
 		return false
 	}
-	err := rc.r.Remove(id)
-	return err == nil
+	return rc.r.Remove(id) == nil
 }
 
 // Delete forgets a pod that is gone or matches no selector.
