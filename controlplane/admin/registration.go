@@ -90,12 +90,7 @@ func (s *Service) ResumeJobs() {
 	}
 }
 
-func workerType(spec *smgv1.WorkerSpec) string {
-	if t := spec.GetWorkerType(); t != "" {
-		return t
-	}
-	return "regular"
-}
+func workerType(spec *smgv1.WorkerSpec) string { return cmp.Or(spec.GetWorkerType(), "regular") }
 
 // smgProbeTimeout bounds the synchronous check that a URL is not an smg port.
 const smgProbeTimeout = 2 * time.Second

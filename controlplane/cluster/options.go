@@ -14,6 +14,7 @@
 package cluster
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -189,17 +190,9 @@ func (o Options) nodeID() string {
 	return h
 }
 
-func (o Options) advertise() string {
-	if o.RaftAdvertise != "" {
-		return o.RaftAdvertise
-	}
-	return o.RaftAddr
-}
+func (o Options) advertise() string { return cmp.Or(o.RaftAdvertise, o.RaftAddr) }
 
 func (o Options) advertiseHost() string {
-	if o.AdvertiseHost != "" {
-		return o.AdvertiseHost
-	}
 	host, _, _ := net.SplitHostPort(o.advertise())
-	return host
+	return cmp.Or(o.AdvertiseHost, host)
 }
