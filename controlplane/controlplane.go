@@ -613,21 +613,19 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 		}
 	}
 	var wg sync.WaitGroup
-	wg.Add(5)
-	go func() { defer wg.Done(); cp.Discovery.Run(ctx, time.Second) }()
+	wg.Go(func() { cp.Discovery.Run(ctx, time.Second) })
 	if cp.kube != nil {
 		// Only the leader discovers: it alone writes the registry.
 		if pods, err := cp.podWatcher(); err != nil {
 			cp.log.Error("Service discovery not started", "error", err)
 		} else {
-			wg.Add(1)
-			go func() { defer wg.Done(); pods.Run(ctx) }()
+			wg.Go(func() { pods.Run(ctx) })
 		}
 	}
-	go func() { defer wg.Done(); cp.Windows.Run(ctx) }()
-	go func() { defer wg.Done(); cp.Monitor.Run(ctx) }()
-	go func() { defer wg.Done(); cp.Health.Run(ctx) }()
-	go func() { defer wg.Done(); cp.Evidence.Run(ctx) }() // flush and sweep
+	// Evidence.Run: the flush and the sweep.
+	for _, run := range []func(context.Context){cp.Windows.Run, cp.Monitor.Run, cp.Health.Run, cp.Evidence.Run} {
+		wg.Go(func() { run(ctx) })
+	}
 	<-ctx.Done()
 	wg.Wait()
 	if cp.Cluster != nil {
