@@ -44,11 +44,8 @@ type timedRecord struct {
 	at  time.Time
 }
 
-// maxKept bounds the records a cell holds: the one that reaches it is
-// stored at once with them, so a flush that falls behind (a starved
-// goroutine) leaves the evidence to the reports' own transactions, not to
-// memory. It also bounds the room a cell keeps: a burst's is not kept.
-const maxKept = 32
+// maxKept bounds the room a cell keeps for records: a burst's is not kept.
+const maxKept = 64
 
 // predictLocked moves the scratch copy of w (the stored record) to w moved by
 // every pending observation, made again only when w is not its base.
@@ -111,7 +108,7 @@ func (c *cell) pendRecord(w *registry.Worker, rec timedRecord, r *judge.Rules) (
 	s := c.predictLocked(w, r)
 	c.recs = append(c.recs, rec)
 	applyPushed(&s.Evidence, rec, r)
-	return len(c.recs) < maxKept && registry.Stands(w, s), false
+	return registry.Stands(w, s), false
 }
 
 // pendObserved is pendLoad (of a copy) and pendRecord under one lock and
@@ -126,7 +123,7 @@ func (c *cell) pendObserved(w *registry.Worker, load *smgv1.EngineLoad, waiting 
 	s := c.predictLocked(w, r)
 	c.recs = append(c.recs, rec)
 	applyPushed(&s.Evidence, rec, r)
-	return stands && len(c.recs) < maxKept && registry.Stands(w, s), false
+	return stands && registry.Stands(w, s), false
 }
 
 // pendNoReport makes "no report" pending: newer than any load or refresh

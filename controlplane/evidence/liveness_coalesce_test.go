@@ -37,23 +37,6 @@ func TestCoalescedRecordWaitsForTheFlush(t *testing.T) {
 	}
 }
 
-// A cell holds at most maxKept records: the one that reaches it is stored
-// at once with them, so a flush that falls behind holds no memory up.
-func TestCoalescedRecordsStoredAtTheBound(t *testing.T) {
-	tr, reg := coalescing(t)
-	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Millisecond) }
-	for i := range maxKept - 1 {
-		tr.Record("w1", judge.Record{Pushed: true}, at(i))
-	}
-	if !pushedAt(reg).IsZero() {
-		t.Fatal("records below the bound were stored before the flush")
-	}
-	tr.Record("w1", judge.Record{Pushed: true}, at(maxKept-1))
-	if got := pushedAt(reg); !got.Equal(at(maxKept - 1)) {
-		t.Fatalf("at the bound PushedAt = %v, want %v (stored without a flush)", got, at(maxKept-1))
-	}
-}
-
 // A record that changes the verdict commits at once: contact re-admits an
 // unreachable worker without waiting for a flush.
 func TestCoalescedRecordThatFlipsCommitsAtOnce(t *testing.T) {
