@@ -72,6 +72,32 @@ func TestTokenBudgetAdmitsByTokens(t *testing.T) {
 	}
 }
 
+// A worker whose engine reports no KV capacity (no budget yet) is not
+// gated by tokens, but the tokens held there are reported, so the control
+// plane can learn its capacity from them.
+func TestTokensReportedBeforeABudget(t *testing.T) {
+	release := make(chan struct{})
+	a := holdingEngine(t, "a", release)
+	h := newHarness(t, budgetsOn(30))
+	openRelease := gateOpen(t, release)
+	h.apply(a.worker())
+	answers := make(chan answer, 2)
+	for range 2 {
+		go func() { answers <- h.postTokens(600) }()
+	}
+	waitUntil(t, func() bool { return a.hits.Load() == 2 })
+	obs := h.r.Observations()
+	if len(obs.Demand) != 1 || obs.Demand[0].TokensInFlight < 1200 || obs.Demand[0].TokensInFlight != h.tokens("a") {
+		t.Fatalf("demand %+v, want the 1200-odd tokens held on the worker without a budget", obs.Demand)
+	}
+	openRelease()
+	for range 2 {
+		if got := <-answers; got.status != http.StatusOK {
+			t.Fatalf("answer %d %s", got.status, got.body)
+		}
+	}
+}
+
 // A request larger than every worker's whole budget is a 400 naming the
 // problem, before any dispatch; the same request without the flag goes.
 func TestTokenBudgetTooLargeIsA400(t *testing.T) {

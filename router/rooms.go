@@ -71,8 +71,8 @@ func (r *Router) gated(w *Worker) bool {
 	return rooms > 0 || r.tokenBudget(w) > 0
 }
 
-// windowDemand lists every worker with a window or a token budget, idle
-// ones too: a report of zero lets the control plane take a share back. A
+// windowDemand lists every worker with a window or a token budget (or,
+// under --worker-token-budget, one to learn), idle ones too: a report of zero lets the control plane take a share back. A
 // pool's waiting demand is spread over the gated workers of the pool
 // (rounded up): any of them can serve it.
 func (r *Router) windowDemand(v *view) []WindowDemand {
@@ -127,7 +127,10 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 	}
 	for i := range v.size() {
 		w := v.worker(i)
-		if !r.gated(w) {
+		// Under --worker-token-budget a worker without a budget yet is
+		// reported too: the tokens held there teach the control plane its
+		// KV capacity when its engine reports none.
+		if !r.gated(w) && !(r.opts.WorkerTokenBudget && w.Type != TypeDecode && w.Type != TypePrefill) {
 			continue
 		}
 		st := v.states[i]
@@ -140,6 +143,9 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 		}
 		for _, wl := range st.waitlists() {
 			p := pools[wl]
+			if p == nil {
+				continue // not gated: counted in no pool
+			}
 			for c, n := range p.waiting {
 				share := (n + p.n - 1) / p.n
 				d.WaitingByClass[c] += share

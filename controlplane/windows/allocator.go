@@ -82,6 +82,9 @@ type Allocator struct {
 	learners *shardmap.Map[*learner]
 	// kick asks Run for a round now (a learned window went down).
 	kick chan struct{}
+	// kv: worker id -> learned KV capacity (budget.go).
+	kv       map[string]*kvLearner
+	kvCapped prometheus.Counter
 }
 
 type routerState struct {
@@ -124,9 +127,17 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 			Name: "smg_pd_window_share_updates_total",
 			Help: "Registry writes that changed window shares (PD decode windows and admission windows).",
 		}),
+		kv: make(map[string]*kvLearner),
+		kvCapped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "smg_worker_token_budget_learn_capped_total",
+			Help: "Samples of a learned KV capacity cut to the growth bound (twice the capacity learned) or to 2^26 tokens: an engine whose KV usage does not fit the tokens routers hold there.",
+		}),
 	}
 	if m != nil {
 		_ = m.Register(a.writes)
+		if opts.TokenBudget {
+			_ = m.Register(a.kvCapped)
+		}
 	}
 	return a
 }
@@ -200,6 +211,7 @@ func (a *Allocator) Run(ctx context.Context) {
 		a.mu.Lock()
 		a.held = false
 		clear(a.routers)
+		clear(a.kv)
 		for _, g := range a.grants {
 			clear(g)
 		}
@@ -332,6 +344,11 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 			if !seen[id] {
 				delete(grants, id)
 			}
+		}
+	}
+	for id := range a.kv {
+		if !seen[id] {
+			delete(a.kv, id)
 		}
 	}
 	a.learners.Range(func(id string, l *learner) bool {

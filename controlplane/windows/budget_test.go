@@ -1,9 +1,12 @@
 package windows
 
 import (
+	"math"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -116,4 +119,91 @@ func TestTokenBudgetOffAndUnknown(t *testing.T) {
 	if w := reg.Snapshot().Get("w1"); w.Budget.TokenBudget() != 1000 || w.TokenShare["r1"] != 1000 {
 		t.Fatalf("budget %+v shares %v, want 1000 tokens, all to r1", w.Budget, w.TokenShare)
 	}
+}
+
+// reportUsage stores a load report of w1 with KV usage u (a new revision).
+func reportUsage(t *testing.T, reg *registry.Registry, u float64) {
+	t.Helper()
+	if _, err := reg.Update(func(tx *registry.Txn) error {
+		w := tx.Get("w1").Clone()
+		w.Load, w.LoadRevision = &smgv1.EngineLoad{TokenUsage: u}, w.LoadRevision+1
+		tx.Insert(w)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An engine that reports no KV capacity has one learned: the tokens the
+// routers hold there over its KV usage, the median of the latest five
+// samples, shown as the budget with source "learned"; reports below 20%
+// usage, or with no tokens held, give no sample.
+func TestTokenBudgetLearnedFromUsage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, reg := newBudgetAllocator(t, 0)
+		round := runRounds(t, a, reg)
+		step := func(held1, held2 int64, u float64) *registry.Budget {
+			a.RouterDemand("r1", reg.Revision(), tokens(held1), time.Now())
+			a.RouterDemand("r2", reg.Revision(), tokens(held2), time.Now())
+			reportUsage(t, reg, u)
+			round()
+			return reg.Snapshot().Get("w1").Budget
+		}
+		if b := step(4000, 0, 0.1); b.Tokens != 0 || b.Learned != 0 {
+			t.Fatalf("usage 10%%: %+v, want nothing learned", b)
+		}
+		for i, u := range []float64{0.5, 0.4, 0.5, 0.8} { // samples 12000, 15000, 12000, 7500
+			if b := step(4000, 2000, u); b.Tokens != 0 {
+				t.Fatalf("sample %d: %+v, want nothing learned before five samples", i+1, b)
+			}
+		}
+		if b := step(0, 0, 0.6); b.Tokens != 0 {
+			t.Fatalf("no tokens held: %+v, want no sample", b)
+		}
+		b := step(6000, 0, 0.5) // 12000: median of 12000 15000 12000 7500 12000
+		if *b != (registry.Budget{Tokens: 12000, Source: BudgetLearned, Learned: 12000}) {
+			t.Fatalf("budget %+v, want 12000 learned", b)
+		}
+		if s := reg.Snapshot().Get("w1").TokenShare; s["r1"]+s["r2"] > 12000 || s["r1"] == 0 {
+			t.Fatalf("shares %v, want the learned budget split", s)
+		}
+	})
+}
+
+// An engine that lies about its KV usage (20% whatever the tokens held)
+// grows its learned capacity at most twofold a sample and never past
+// MaxLearnedKV; the capped samples are counted. One that says nothing
+// believable (NaN) gives no sample.
+func TestTokenBudgetLearnedIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, reg := newBudgetAllocator(t, 0)
+		round := runRounds(t, a, reg)
+		held := int64(1000)
+		var last int64
+		for i := range 60 {
+			a.RouterDemand("r1", reg.Revision(), tokens(held), time.Now())
+			reportUsage(t, reg, 0.2)
+			round()
+			b := reg.Snapshot().Get("w1").Budget
+			if last > 0 && b.Tokens > 2*last {
+				t.Fatalf("report %d: %d tokens after %d: grew more than twofold", i, b.Tokens, last)
+			}
+			if b.Tokens > MaxLearnedKV {
+				t.Fatalf("report %d: %d tokens, past the bound", i, b.Tokens)
+			}
+			last = b.Tokens
+			held = max(held, b.Tokens) // the routers fill what they are granted
+		}
+		if last != MaxLearnedKV {
+			t.Fatalf("learned %d, want it held at the bound %d", last, MaxLearnedKV)
+		}
+		if n := testutil.ToFloat64(a.kvCapped); n == 0 {
+			t.Fatal("no capped sample counted")
+		}
+		reportUsage(t, reg, math.NaN())
+		round()
+		if b := reg.Snapshot().Get("w1").Budget; b.Tokens != MaxLearnedKV {
+			t.Fatalf("NaN usage moved the budget: %+v", b)
+		}
+	})
 }
