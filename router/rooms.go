@@ -103,9 +103,14 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 	// their own): their demand is spread over those workers, by class, so
 	// the allocator grows this router's shares for them.
 	var sched map[string][admission.NumClasses]int64
+	var headroom int64
 	regular := map[string]int64{}
 	if r.sched != nil && r.schedFromFleet {
 		sched = r.sched.PoolWaiting()
+		// The free slots kept for under-share tenants (fair shares) are
+		// rooms this router needs as much as its queue (none of them waits,
+		// so they are not queued).
+		headroom = r.sched.Headroom()
 		for i := range v.size() {
 			if w := v.worker(i); w.Type != TypeDecode {
 				if rooms, _ := r.windowRooms(w); rooms > 0 {
@@ -140,6 +145,11 @@ func (r *Router) windowDemand(v *view) []WindowDemand {
 				spread(&d, sched[w.Model], regular[w.Model])
 			}
 			spread(&d, sched[""], regular[""])
+		}
+		if rooms, _ := r.windowRooms(w); headroom > 0 && regular[""] > 0 && rooms > 0 && w.Type != TypeDecode {
+			share := (headroom + regular[""] - 1) / regular[""]
+			d.WaitingByClass[admission.Default] += share
+			d.Waiting += share
 		}
 		for _, wl := range st.waitlists() {
 			p := pools[wl]

@@ -71,9 +71,12 @@ func (s *Scheduler) Tenants() []TenantDemand {
 }
 
 // expectedLocked is the slots a tenant is expected to use: what it holds
-// and waits for, or what its arrivals keep busy when that is more.
+// and waits for, or what its arrivals keep busy on average when that is
+// more. No burst margin: summed over routers, each router's margin would
+// count a tenant spread over three routers as wanting far more than it
+// does; the margin is its headroom on each router (headroomLocked).
 func (s *Scheduler) expectedLocked(t *tenantState, now time.Time) int64 {
-	return max(t.inflight+t.waiting, t.use.slots(now, s.started))
+	return max(t.inflight+t.waiting, t.use.slotsSD(now, s.started, 0))
 }
 
 // fleetLocked returns the other routers' tenants and the capacity to weigh
@@ -123,12 +126,22 @@ func (s *Scheduler) demandsLocked(ts *tenantState, others map[string]TenantDeman
 	return ds, mine, active
 }
 
-// overShareLocked reports whether ts, asking for one more slot, already
-// holds its fair share of the capacity (fleet-wide when the
-// control plane relays the other routers' tenants) while another tenant is
-// active. It is asked at every arrival, a slot free or not: the capacity
-// past a tenant's share is kept for the others' next arrivals.
-func (s *Scheduler) overShareLocked(ts *tenantState, tenant string, now time.Time) bool {
+// headroomSD is the burst margin of an under-share tenant's headroom on a
+// router: its mean demand there plus two standard deviations of a Poisson
+// arrival count (a steady stream exceeds it about once in forty arrivals).
+const headroomSD = 2
+
+// overShareLocked reports whether ts, asking for one more slot, is over its
+// fair share while another tenant is active. Two rules:
+//
+//   - it already holds its fair share of the capacity (fleet-wide when the
+//     control plane relays the other routers' tenants), a slot free or not:
+//     the capacity past its share is kept for the others' next arrivals;
+//   - it holds its weighted share (capacity × its weight / the active
+//     tenants' weights) or more, so what more it takes is what others leave
+//     unused, and one more slot here would eat the headroom of a tenant
+//     under its weighted share active on this router (see headroomLocked).
+func (s *Scheduler) overShareLocked(ts *tenantState, now time.Time) bool {
 	others, capacity := s.fleetLocked(now)
 	if capacity == Unlimited {
 		return false
@@ -137,9 +150,93 @@ func (s *Scheduler) overShareLocked(ts *tenantState, tenant string, now time.Tim
 	if !active {
 		return false // alone: what it misses is the fleet's capacity, not its share
 	}
+	level := waterLevel(float64(capacity), ds)
+	var me TenantDemand
+	for _, d := range ds {
+		if d.Tenant == ts.name {
+			me = d
+			break
+		}
+	}
 	// A share under one slot is a rounding artefact: every tenant may hold
 	// one. What it waits for is not counted: a request waiting for a room
 	// its router's share lacks is no more than its tenant's share.
-	share := math.Ceil(fairShare(float64(capacity), ds, tenant) - 1e-9)
-	return mine >= max(1, int64(share))
+	share := math.Ceil(min(float64(me.Demand), level*me.Weight) - 1e-9)
+	if mine >= max(1, int64(share)) {
+		return true
+	}
+	wsum := weightSum(ds)
+	if float64(mine) < float64(capacity)*me.Weight/wsum {
+		return false // within its weighted share: it borrows nothing
+	}
+	claims := s.headroomLocked(ts, ds, capacity, wsum, now)
+	return claims > 0 && s.total+1+claims > s.capacity
+}
+
+// headroomLocked is the free slots this router keeps for the tenants
+// active on it, other than ts, that hold less than their weighted share
+// (fleet-wide with the relay): each may burst up to it at once. What it does
+// not hold of its weighted share is split over the routers it sends through
+// in proportion to its demand on each, and each router keeps its part free
+// (never more than the tenant's burst there: its mean demand plus
+// headroomSD standard deviations, less what it holds). A tenant past its
+// weighted share takes a slot only past them, so a burst of the others
+// finds a free slot on every router at once instead of waiting there for
+// that tenant's next completion; the parts sum to no more than the others'
+// unused weighted shares, so the tenant keeps its own.
+func (s *Scheduler) headroomLocked(ts *tenantState, ds []TenantDemand, capacity int64, wsum float64, now time.Time) int64 {
+	if s.capacity == Unlimited || s.capacity <= 0 || capacity <= 0 || wsum <= 0 {
+		return 0
+	}
+	var claims int64
+	for _, d := range ds {
+		u := s.fair.tenants[d.Tenant]
+		if u == nil || u == ts || d.Weight <= 0 || d.Demand <= 0 {
+			continue // not active here, or the asker
+		}
+		unused := float64(capacity)*d.Weight/wsum - float64(d.InFlight)
+		here := u.use.mean(now, s.started)
+		burst := u.use.slotsSD(now, s.started, headroomSD) - u.inflight
+		if unused <= 0 || here < idleDemand || burst <= 0 {
+			continue
+		}
+		part := int64(math.Round(unused * min(1, here/float64(d.Demand))))
+		claims += max(0, min(part, burst))
+	}
+	return claims
+}
+
+// weightSum is the weights of the active tenants.
+func weightSum(ds []TenantDemand) float64 {
+	var w float64
+	for _, d := range ds {
+		if d.Weight > 0 && d.Demand > 0 {
+			w += d.Weight
+		}
+	}
+	return w
+}
+
+// Headroom is the free slots this router keeps for its under-share
+// tenants' next arrivals while a tenant over its share is active (fair
+// shares on; 0 otherwise). The router reports them to the control plane as
+// rooms waiting, so its shares of the windows keep room for those tenants
+// here: otherwise they follow the over-share tenant's queues, which the
+// headroom keeps short on exactly the routers those tenants send through.
+func (s *Scheduler) Headroom() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fair == nil {
+		return 0
+	}
+	now := s.cfg.Now()
+	others, capacity := s.fleetLocked(now)
+	if capacity == Unlimited {
+		return 0
+	}
+	ds, _, _ := s.demandsLocked(nil, others, now)
+	if math.IsInf(waterLevel(float64(capacity), ds), 1) {
+		return 0 // every demand fits: nobody is held back for them
+	}
+	return s.headroomLocked(nil, ds, capacity, weightSum(ds), now)
 }

@@ -3,6 +3,7 @@ package admission
 import (
 	"container/list"
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,6 +129,7 @@ type waiter struct {
 	elem     *list.Element
 	ready    chan struct{}
 	ticket   *Ticket // set when admitted from the queue
+	refused  bool    // set when refused from the queue: over its fair share
 }
 
 // Scheduler is the priority door (--priority-scheduler-enabled). It keeps
@@ -295,14 +297,10 @@ func (s *Scheduler) AdmitFor(ctx context.Context, c Class, tenant, pool string) 
 	if s.fair != nil {
 		ts = s.fair.state(tenant)
 		ts.use.arrive(arrived)
-		if !s.cfg.FairShareWait && s.overShareLocked(ts, tenant, arrived) {
+		if !s.cfg.FairShareWait && s.overShareLocked(ts, arrived) {
 			s.fair.settle(ts)
 			s.mu.Unlock()
-			s.count(c, OutcomeOverFairShare)
-			if s.m != nil {
-				s.m.CountOverShare(tenant)
-			}
-			return nil, OverFairShare
+			return nil, s.refused(c, ts)
 		}
 	}
 	// Waiters of class c left queued after a dispatch are held by their
@@ -329,6 +327,11 @@ func (s *Scheduler) AdmitFor(ctx context.Context, c Class, tenant, pool string) 
 	}
 	p.waiting[c]++
 	w.elem = s.queues[c].PushBack(w)
+	if ts != nil {
+		// The queue may hold only waiters a free slot cannot go to (over
+		// their share): the lowest counter among the others goes now.
+		s.dispatchLocked()
+	}
 	s.publishLocked()
 	s.mu.Unlock()
 
@@ -342,6 +345,9 @@ func (s *Scheduler) AdmitFor(ctx context.Context, c Class, tenant, pool string) 
 	for res == Admitted {
 		select {
 		case <-w.ready:
+			if w.ticket == nil {
+				return nil, s.refused(c, ts)
+			}
 			s.observeAdmitted(c, s.cfg.Now().Sub(arrived))
 			return w.ticket, Admitted
 		case <-starving.C:
@@ -361,6 +367,10 @@ func (s *Scheduler) AdmitFor(ctx context.Context, c Class, tenant, pool string) 
 		s.mu.Unlock()
 		s.observeAdmitted(c, s.cfg.Now().Sub(arrived))
 		return w.ticket, Admitted
+	}
+	if w.refused { // refused while giving up
+		s.mu.Unlock()
+		return nil, s.refused(c, ts)
 	}
 	s.queues[c].Remove(w.elem)
 	w.pool.waiting[c]--
@@ -405,16 +415,35 @@ func (s *Scheduler) dropLocked(t *Ticket) {
 
 // nextLocked is the waiter of class c a free slot goes to: the oldest whose
 // pool has a slot of its own, or with fair shares on the oldest of the
-// tenant with the lowest counter among those.
+// tenant with the lowest counter among those. Unless over-share tenants wait
+// (refuse_over_share: false), a waiter whose tenant is over its fair share
+// when a slot is free for it is refused now, as it would have been on
+// arrival: the slot stays for the others.
 func (s *Scheduler) nextLocked(c Class) *waiter {
+	now := s.cfg.Now()
+	var over, fine []*tenantState // checked this call: the answer holds until a grant
 	var best *waiter
-	for e := s.queues[c].Front(); e != nil; e = e.Next() {
+	for e := s.queues[c].Front(); e != nil; {
 		w := e.Value.(*waiter)
+		e = e.Next()
 		if !w.pool.room() {
 			continue
 		}
 		if s.fair == nil {
 			return w
+		}
+		if !s.cfg.FairShareWait && s.fitsLocked(c, w.pool) && !slices.Contains(fine, w.tenant) {
+			if !slices.Contains(over, w.tenant) {
+				if !s.overShareLocked(w.tenant, now) {
+					fine = append(fine, w.tenant)
+				} else {
+					over = append(over, w.tenant)
+				}
+			}
+			if slices.Contains(over, w.tenant) {
+				s.refuseLocked(w)
+				continue
+			}
 		}
 		if best == nil || w.tenant.counter < best.tenant.counter {
 			best = w
@@ -434,6 +463,25 @@ func (s *Scheduler) oldestLocked(c Class) *waiter {
 	return nil
 }
 
+// refuseLocked takes w off its queue, refused: its tenant is over its share.
+func (s *Scheduler) refuseLocked(w *waiter) {
+	s.queues[w.class].Remove(w.elem)
+	w.pool.waiting[w.class]--
+	w.tenant.waiting--
+	s.fair.settle(w.tenant)
+	w.refused = true
+	close(w.ready)
+}
+
+// refused counts a request refused over its tenant's fair share.
+func (s *Scheduler) refused(c Class, ts *tenantState) Result {
+	s.count(c, OutcomeOverFairShare)
+	if s.m != nil {
+		s.m.CountOverShare(ts.name)
+	}
+	return OverFairShare
+}
+
 // dispatchLocked hands free slots to waiters: first any head that waited past
 // its starvation threshold (lowest class first; it may use a reserved but
 // unused slot), then one head per class per pass, highest class first.
@@ -445,9 +493,13 @@ func (s *Scheduler) dispatchLocked() {
 		for c := Bulk; ; c-- {
 			if s.capacity == Unlimited || s.total < s.capacity {
 				if w := s.oldestLocked(c); w != nil && now.Sub(w.enqueued) >= s.cfg.Classes[c].StarvationThreshold {
-					s.grantLocked(w)
-					if s.m != nil {
-						s.m.starvation.WithLabelValues(c.String()).Inc()
+					if s.fair != nil && !s.cfg.FairShareWait && s.overShareLocked(w.tenant, now) {
+						s.refuseLocked(w) // starving or not, over its share
+					} else {
+						s.grantLocked(w)
+						if s.m != nil {
+							s.m.starvation.WithLabelValues(c.String()).Inc()
+						}
 					}
 					progress = true
 				}

@@ -10,6 +10,11 @@ import (
 // the class's arrivals and falls back as they pass.
 const demandTau = 2 * time.Second
 
+// idleDemand is the mean demand under which a class or tenant has gone
+// quiet (a stream of mean demand 3 falls under it within 12 s of its last
+// arrival): it is kept no slot, instead of one to the end of time.
+const idleDemand = 0.01
+
 // holdAlpha is the weight of one answer in a class's mean slot-holding time.
 const holdAlpha = 0.2
 
@@ -49,13 +54,25 @@ func (d *classDemand) held(dt time.Duration) {
 // counting began (the rate is corrected for a history shorter than tau):
 // the mean demand plus one standard deviation of a Poisson arrival count,
 // so a steady stream finds a free slot most of the time.
-func (d *classDemand) slots(now, since time.Time) int64 {
+func (d *classDemand) slots(now, since time.Time) int64 { return d.slotsSD(now, since, 1) }
+
+// slotsSD is the mean demand plus sd standard deviations.
+func (d *classDemand) slotsSD(now, since time.Time, sd float64) int64 {
+	mean := d.mean(now, since)
+	if mean < idleDemand {
+		return 0 // gone quiet: no slot is kept for arrivals that stopped
+	}
+	return int64(math.Ceil(mean + sd*math.Sqrt(mean)))
+}
+
+// mean is the slots the arrivals keep busy on average at now, since is when
+// the counting began (the rate is corrected for a history shorter than tau).
+func (d *classDemand) mean(now, since time.Time) float64 {
 	d.decay(now)
 	if d.hold <= 0 || d.arrivals <= 0 {
 		return 0
 	}
 	tau := demandTau.Seconds()
 	span := 1 - math.Exp(-max(now.Sub(since).Seconds(), 0.001)/tau)
-	mean := d.arrivals / (tau * span) * d.hold
-	return int64(math.Ceil(mean + math.Sqrt(mean)))
+	return d.arrivals / (tau * span) * d.hold
 }

@@ -116,42 +116,42 @@ func (v *vtc) charge(t *tenantState, tokens float64) {
 // weighted part keeps what it wants and the rest is split among the others
 // by weight. Demands and capacity may be fleet-wide (see TenantDemand).
 func fairShare(capacity float64, demands []TenantDemand, tenant string) float64 {
+	level := waterLevel(capacity, demands)
+	for _, x := range demands {
+		if x.Tenant == tenant && x.Weight > 0 && x.Demand > 0 {
+			return min(float64(x.Demand), level*x.Weight)
+		}
+	}
+	return 0
+}
+
+// waterLevel is the level of weighted max-min fairness: every tenant's share
+// is min(demand, level × weight). A tenant whose demand is under it keeps
+// what it wants (under its share); the others split the rest by weight.
+// +Inf when the capacity covers every demand.
+func waterLevel(capacity float64, demands []TenantDemand) float64 {
 	type d struct{ demand, weight float64 }
 	ds := make([]d, 0, len(demands))
-	mine := -1
+	var wsum float64
 	for _, x := range demands {
-		if x.Weight <= 0 || x.Demand <= 0 {
-			continue
+		if x.Weight > 0 && x.Demand > 0 {
+			ds = append(ds, d{float64(x.Demand), x.Weight})
+			wsum += x.Weight
 		}
-		if x.Tenant == tenant {
-			mine = len(ds)
-		}
-		ds = append(ds, d{float64(x.Demand), x.Weight})
 	}
-	if mine < 0 {
-		return 0
-	}
-	me := ds[mine]
 	sort.Slice(ds, func(i, j int) bool { return ds[i].demand/ds[i].weight < ds[j].demand/ds[j].weight })
 	left := capacity
-	var wsum float64
-	for _, x := range ds {
-		wsum += x.weight
-	}
 	// Water-filling: tenants whose demand is under the level keep their
 	// demand; the level rises with what they leave.
 	for _, x := range ds {
 		level := left / wsum
 		if x.demand/x.weight > level {
-			return level * me.weight
-		}
-		if x == me && me.demand/me.weight <= level {
-			return me.demand
+			return level
 		}
 		left -= x.demand
 		wsum -= x.weight
 	}
-	return me.demand
+	return math.Inf(1)
 }
 
 // TenantDemand is one tenant's use of admission slots: held plus queued, and
