@@ -150,10 +150,8 @@ func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 		return nil, err
 	}
 	out := metadata.Pairs(mdForwarded, f.node.ID())
-	for _, k := range []string{"authorization"} {
-		if v := md.Get(k); len(v) > 0 {
-			out.Set(k, v...)
-		}
+	if v := md.Get("authorization"); len(v) > 0 {
+		out.Set("authorization", v...)
 	}
 	var header metadata.MD
 	err = cc.Invoke(metadata.NewOutgoingContext(ctx, out), method, req, resp, grpc.Header(&header))

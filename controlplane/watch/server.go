@@ -269,20 +269,13 @@ func (s *Server) Routers() []*smgv1.RouterInfo {
 			RouterId:        r.id,
 			Peer:            r.peer,
 			AppliedRevision: r.applied.Load(),
-			Lag:             lag(current, r.applied.Load()),
+			Lag:             current - min(r.applied.Load(), current),
 			ConnectedAt:     timestamppb.New(r.connectedAt),
 			LastSeen:        timestamppb.New(time.Unix(0, r.lastSeen.Load())),
 		})
 	}
 	slices.SortFunc(out, func(a, b *smgv1.RouterInfo) int { return strings.Compare(a.RouterId, b.RouterId) })
 	return out
-}
-
-func lag(current, applied uint64) uint64 {
-	if applied >= current {
-		return 0
-	}
-	return current - applied
 }
 
 // Watch serves one router's stream.
