@@ -53,16 +53,18 @@ type upConn struct {
 
 	// A plain TCP connection sends a request's last bytes and waits for the
 	// answer in one step (sendAndWait): no read that finds nothing between.
-	raw  syscall.RawConn // nil: TLS, or a connection that is not a socket
-	hold bool            // the next Write is the request's tail: held for sendAndWait
-	tail []byte          // held (bw's buffer, untouched until the next write to bw)
+	raw      syscall.RawConn // nil: TLS, or a connection that is not a socket
+	hold     bool            // the next Write is the request's tail: held for sendAndWait
+	tail     []byte          // held (bw's buffer, untouched until the next write to bw)
+	wait     sendWait
+	waitStep func(uintptr) bool // pc.step, bound once
 }
 
 func newUpConn(c net.Conn, key upKey) *upConn {
 	pc := &upConn{c: c, key: key}
 	if sc, ok := c.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
-			pc.raw = raw
+			pc.raw, pc.waitStep = raw, pc.step
 		}
 	}
 	pc.br, pc.bw = bufio.NewReaderSize(pc, 4<<10), bufio.NewWriterSize(pc, 4<<10)
@@ -93,33 +95,12 @@ func (pc *upConn) Read(p []byte) (int, error) {
 // socket does not take whole at once goes out through the connection's
 // Write and the answer through its Read, as any other.
 func (pc *upConn) sendAndWait(p []byte) (int, error) {
-	tail := pc.tail
+	w := &pc.wait
+	*w = sendWait{tail: pc.tail, p: p}
 	pc.tail = nil
-	sent, n := false, 0
-	var rerr error
-	err := pc.raw.Read(func(fd uintptr) bool {
-		if !sent {
-			sent = true
-			for len(tail) > 0 {
-				m, werr := syscall.Write(int(fd), tail)
-				if werr == syscall.EINTR {
-					continue
-				}
-				if werr != nil || m <= 0 {
-					return true // the connection's Write finishes it, or says why not
-				}
-				tail = tail[m:]
-			}
-			return false // sent: wait for the answer
-		}
-		for {
-			n, rerr = syscall.Read(int(fd), p)
-			if rerr != syscall.EINTR {
-				break
-			}
-		}
-		return rerr != syscall.EAGAIN
-	})
+	err := pc.raw.Read(pc.waitStep)
+	n, rerr, tail := w.n, w.err, w.tail
+	*w = sendWait{}
 	switch {
 	case err != nil:
 		return 0, err
@@ -134,6 +115,42 @@ func (pc *upConn) sendAndWait(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// sendWait is sendAndWait's state, kept in the connection so the step
+// RawConn.Read calls (bound once per connection) costs no allocation.
+type sendWait struct {
+	tail, p []byte
+	sent    bool
+	n       int
+	err     error
+}
+
+// step is RawConn.Read's callback: first the tail's write (false: wait for
+// the answer), then the read (false: nothing yet, wait again).
+func (pc *upConn) step(fd uintptr) bool {
+	w := &pc.wait
+	if !w.sent {
+		w.sent = true
+		for len(w.tail) > 0 {
+			m, err := syscall.Write(int(fd), w.tail)
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil || m <= 0 {
+				return true // the connection's Write finishes it, or says why not
+			}
+			w.tail = w.tail[m:]
+		}
+		return false
+	}
+	for {
+		w.n, w.err = syscall.Read(int(fd), w.p)
+		if w.err != syscall.EINTR {
+			break
+		}
+	}
+	return w.err != syscall.EAGAIN
 }
 
 func newUpstream(d *net.Dialer, dialTLS func(context.Context, string, string) (net.Conn, error), maxIdle int, idleTimeout time.Duration) *upstream {
