@@ -18,14 +18,29 @@ import (
 const CodeTTFTObjective = "ttft_objective_unreachable"
 
 // meets reports whether a candidate is predicted to send q's first token by
-// q's objective (always, without one, and for a worker with no usable
-// prediction: it fails open to the running window).
+// q's objective (always, without one, and for a worker with an implausible
+// prediction: it fails open to the running window). A worker with no first
+// token measured yet meets it only with nothing ahead of q there: the first
+// request alone teaches the rate, where admitting every request until then
+// filled the engine blind.
 func (q *request) meets(h *hotWorker) bool {
 	if q.ttftBy == 0 {
 		return true
 	}
 	d, s := objectivePrediction(h, q.own)
-	return s != ttft.OK || q.now+int64(d) <= q.ttftBy
+	switch s {
+	case ttft.NoData:
+		return workAhead(h) == 0
+	case ttft.Implausible:
+		return true
+	}
+	return q.now+int64(d) <= q.ttftBy
+}
+
+// workAhead is the prompt tokens ahead of a request on h as this router sees
+// them (the other routers' from the control plane, plus its own).
+func workAhead(h *hotWorker) int64 {
+	return max(h.ahead-h.st.reportedPrompt.Load(), 0) + h.st.promptTokens.Load()
 }
 
 // objectivePrediction is the TTFT an objective is held against on h: the
@@ -33,7 +48,7 @@ func (q *request) meets(h *hotWorker) bool {
 // observed less predicted TTFTs), so the objective holds for the requests
 // the predictor under-estimates too.
 func objectivePrediction(h *hotWorker, own int64) (time.Duration, ttft.Status) {
-	d, s := h.st.ttft.Predict(max(h.ahead-h.st.reportedPrompt.Load(), 0)+h.st.promptTokens.Load(), own)
+	d, s := h.st.ttft.Predict(workAhead(h), own)
 	return d + h.st.ttft.Margin(), s
 }
 
@@ -106,10 +121,13 @@ func (r *Router) objectiveGate(v *view, p *pool, q *request) (admission.Objectiv
 			continue
 		}
 		d, s := objectivePrediction(h, q.own)
+		if s == ttft.NoData && workAhead(h) > 0 {
+			continue // no rate yet and busy learning it: meets nothing (see meets)
+		}
 		cands = append(cands, admission.Candidate{TTFT: d, Predicted: s == ttft.OK,
 			Room: q.need == 0 || h.st.gate.HasRoom(q.need, q.tokens)})
 	}
-	return admission.DecideObjective(time.Duration(q.ttftBy-q.now), cands)
+	return admission.DecideObjectiveIn(p.wl, time.Duration(q.ttftBy-q.now), cands)
 }
 
 // refuseObjective answers a request refused by its objective.

@@ -206,8 +206,9 @@ func TestObjectiveRefusesAtOnceWhenNoRoomIsExpectedInTime(t *testing.T) {
 		_ = h.r.wm.wait.(prometheus.Histogram).Write(m)
 		return m.GetHistogram().GetSampleCount()
 	}
-	// Rooms go to waiters every 100 ms (the router's clock): each waiter
-	// waits and is admitted.
+	// Rooms go to waiters every 50 ms (the router's clock): a newcomer's
+	// room is all but sure within 4.5 gaps (225 ms), inside what the
+	// objective leaves to wait; each waiter waits and is admitted.
 	for i := range 5 {
 		first := make(chan answer, 1)
 		go func() { first <- h.send("/v1/completions", hold, "") }()
@@ -215,7 +216,7 @@ func TestObjectiveRefusesAtOnceWhenNoRoomIsExpectedInTime(t *testing.T) {
 		second := make(chan answer, 1)
 		go func() { second <- h.send("/v1/completions", completion(100, false), "") }()
 		waitUntil(t, func() bool { return h.waiters() == 1 })
-		clk.advance(100 * time.Millisecond)
+		clk.advance(50 * time.Millisecond)
 		close(*release.Load())
 		if got := <-second; got.status != http.StatusOK {
 			t.Fatalf("waiter %d: %d %s", i, got.status, got.body)
@@ -278,6 +279,35 @@ func TestObjectiveMarginDecaysSoTheGateAdmitsAgain(t *testing.T) {
 	clk.advance(3 * ttft.MarginHalfLife)
 	if refused() {
 		t.Fatal("still refused after the margin decayed")
+	}
+}
+
+// A worker with no first token measured yet meets an objective only with
+// nothing ahead of the request there: the first request alone teaches the
+// rate, the next is refused at once (Retry-After 1) instead of going in
+// blind, and once the rate is known the prediction decides.
+func TestObjectiveWorkerWithoutARateTakesOneRequestAtATime(t *testing.T) {
+	clk := newFakeClock()
+	h := newHarness(t, func(o *Options) { clk.opts(o); windowsOn(PolicyRoundRobin)(o); o.TTFTObjectiveSecs = 0.5 })
+	var ahead atomic.Int64
+	release := make(chan struct{})
+	openRelease := gateOpen(t, release)
+	a := objectiveEngine(t, "a", clk, &ahead, release)
+	h.apply(a.worker(rooms(4)))
+	first := make(chan answer, 1)
+	go func() { first <- h.send("/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"hold"}`, testModel), "") }()
+	waitUntil(t, func() bool { return h.inFlight("a") == 1 })
+	got := h.send("/v1/completions", completion(100, false), "")
+	if got.status != http.StatusServiceUnavailable || got.errorCode() != CodeTTFTObjective || got.header.Get("Retry-After") != "1" {
+		t.Fatalf("second request while the first teaches the rate: %d %v %s, want 503 %s, Retry-After 1",
+			got.status, got.header, got.body, CodeTTFTObjective)
+	}
+	openRelease()
+	if got := <-first; got.status != http.StatusOK {
+		t.Fatalf("the first request: %d %s", got.status, got.body)
+	}
+	if got := h.send("/v1/completions", completion(100, false), ""); got.status != http.StatusOK {
+		t.Fatalf("once the rate is known: %d %s", got.status, got.body)
 	}
 }
 

@@ -206,14 +206,6 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		objWait := false // the room wait is the objective's
 		if q.ttftBy != 0 {
 			verdict, wait, retry := r.objectiveGate(v, p, &q)
-			if verdict == admission.ObjectiveWait && p.wl != nil {
-				// Wait only when a room is expected in time, at the pace
-				// rooms went to waiters lately; else refuse now, not at the
-				// end of a wait that would most likely fail.
-				if exp, ok := p.wl.ExpectedWait(); ok && exp > wait {
-					verdict, retry = admission.ObjectiveRefuse, max(time.Second, exp-wait)
-				}
-			}
 			if verdict == admission.ObjectiveRefuse {
 				return r.refuseObjective(w, &q, f.Model, retry)
 			}

@@ -290,7 +290,7 @@ func (r *Router) releaseRoom(st *workerState, need, tokens int64) {
 // orders the wait.
 func (r *Router) acquireRoom(ctx context.Context, wl *admission.Waitlist, model string, decode bool, q *request, wait time.Duration) (roomGrant, admission.RoomResult) {
 	var g roomGrant
-	w := &admission.Waiter{Need: q.need, Tokens: q.tokens, Class: q.class}
+	w := &admission.Waiter{Need: q.need, Tokens: q.tokens, Class: q.class, Yield: q.ttftBy != 0}
 	w.Try = func() (ok bool) {
 		g, ok = r.tryRoom(model, decode, q)
 		return ok

@@ -86,3 +86,21 @@ func DecideObjective(left time.Duration, cands []Candidate) (v ObjectiveVerdict,
 	}
 	return ObjectiveRefuse, 0, retry
 }
+
+// DecideObjectiveIn is DecideObjective for a request of pool wl (nil: the
+// pool has no window to wait in): a Wait stands only when the pool's rooms
+// are all but sure to come in time (SureWait within the wait), and turns
+// into a refusal at once otherwise, not at the end of a wait that may well
+// fail; Retry-After is when the queue is expected to have drained by the
+// excess (ExpectedWait less the wait, at least a second). With too few
+// recent grants to know the pace it stands.
+func DecideObjectiveIn(wl *Waitlist, left time.Duration, cands []Candidate) (v ObjectiveVerdict, wait, retryAfter time.Duration) {
+	v, wait, retryAfter = DecideObjective(left, cands)
+	if v == ObjectiveWait && wl != nil {
+		if sure, ok := wl.SureWait(); ok && sure > wait {
+			exp, _ := wl.ExpectedWait()
+			return ObjectiveRefuse, 0, max(time.Second, exp-wait)
+		}
+	}
+	return v, wait, retryAfter
+}

@@ -1,9 +1,11 @@
 package admission
 
 import (
+	"context"
 	"math"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -69,4 +71,71 @@ func TestSchedulerConfigObjectives(t *testing.T) {
 			t.Errorf("objective %s: error %v, want one naming classes.interactive.ttft_objective_secs", v, err)
 		}
 	}
+}
+
+// grantsEvery makes o's rooms go to waiters every gap, n times, so the
+// pool's pace is known; o's one room is held at the end.
+func grantsEvery(t *testing.T, o *oneGate, gap time.Duration, n int) {
+	t.Helper()
+	for range n {
+		res := o.run(1, time.Minute)
+		synctest.Wait()
+		time.Sleep(gap)
+		o.release(1)
+		synctest.Wait()
+		admittedNow(t, res, "waiter")
+	}
+}
+
+// Under an objective a request that cannot be sure of a room in time is
+// refused at once, on arrival, not after waiting; one that may wait waits
+// at most until its objective could no longer be met, never longer.
+func TestObjectiveRefusalIsImmediateAndAWaitNeverOutlastsTheObjective(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		o.acquire(context.Background(), 1, 0)
+		grantsEvery(t, o, 50*ms, grantMin)
+		full := []Candidate{{TTFT: 100 * ms, Predicted: true}} // meets 400 ms once it has room
+		// Rooms every 50 ms: sure within 4.5 gaps (225 ms), inside the
+		// 300 ms the objective leaves: it waits, and its room comes.
+		v, wait, _ := DecideObjectiveIn(o.wl, 400*ms, full)
+		if v != ObjectiveWait || wait != 300*ms {
+			t.Fatalf("verdict %v wait %v, want wait 300ms", v, wait)
+		}
+		res := o.run(1, wait)
+		synctest.Wait()
+		time.Sleep(50 * ms)
+		o.release(1)
+		synctest.Wait()
+		admittedNow(t, res, "waiter the pace promised a room")
+
+		// The room is held and none frees: the waiter leaves when the
+		// objective could no longer be met, not later.
+		v, wait, _ = DecideObjectiveIn(o.wl, 400*ms, full)
+		if v != ObjectiveWait {
+			t.Fatalf("verdict %v, want wait", v)
+		}
+		began := time.Now()
+		if got := o.acquire(context.Background(), 1, wait); got != RoomShed {
+			t.Fatalf("waiter with no room: %v, want shed", got)
+		}
+		if waited := time.Since(began); waited != wait || waited > 400*ms-100*ms {
+			t.Fatalf("waited %v, want %v: the objective less the prediction", waited, wait)
+		}
+
+		// No room for 300 ms: the pace has slowed past what the objective
+		// leaves. Refused at once, on the clock it arrived on.
+		began = time.Now()
+		v, wait, retry := DecideObjectiveIn(o.wl, 400*ms, full)
+		if v != ObjectiveRefuse || wait != 0 || retry < time.Second {
+			t.Fatalf("verdict %v wait %v retry %v, want refuse with Retry-After >= 1s", v, wait, retry)
+		}
+		if d := time.Since(began); d != 0 {
+			t.Fatalf("the refusal took %v, want none", d)
+		}
+		// Without a window there is nothing to be sure of: the plain verdict.
+		if v, wait, _ := DecideObjectiveIn(nil, 400*ms, full); v != ObjectiveWait || wait != 300*ms {
+			t.Fatalf("no waitlist: verdict %v wait %v, want wait 300ms", v, wait)
+		}
+	})
 }

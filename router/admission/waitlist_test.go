@@ -309,3 +309,90 @@ func TestWaitlistExpectedWaitFollowsThePaceOfGrants(t *testing.T) {
 		}
 	})
 }
+
+// A yielding head (its objective is met only on a full worker) does not
+// hold the line: a room it cannot use goes to the waiter behind it, and a
+// yielding newcomer with no time to wait takes a room the waiters left.
+// A head that does not yield keeps the line (first come, first served).
+func TestWaitlistYieldingHeadLetsOthersPass(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		o.acquire(context.Background(), 1, 0)
+		picky := func(yield bool) <-chan RoomResult {
+			out := make(chan RoomResult, 1)
+			w := &Waiter{Need: 1, Yield: yield, Try: func() bool { return false }}
+			go func() { out <- o.wl.Acquire(context.Background(), w, time.Second) }()
+			return out
+		}
+		head := picky(true)
+		synctest.Wait()
+		behind := o.run(1, time.Second)
+		synctest.Wait()
+		o.release(1)
+		synctest.Wait()
+		admittedNow(t, behind, "waiter behind the yielding head")
+		stillWaiting(t, head, "yielding head")
+
+		o.release(1)
+		w := &Waiter{Need: 1, Yield: true, Try: func() bool { return o.g.TryAcquire(1, 0) }}
+		if got := o.wl.Acquire(context.Background(), w, 0); got != RoomAtOnce {
+			t.Fatalf("yielding newcomer with no wait, a room free: %v, want at once", got)
+		}
+		if got := <-head; got != RoomShed {
+			t.Fatalf("yielding head: %v, want shed at its deadline", got)
+		}
+
+		// A head that does not yield holds the line.
+		strict := picky(false)
+		synctest.Wait()
+		behind = o.run(1, 2*time.Second) // outlasts the head
+		synctest.Wait()
+		o.release(1)
+		synctest.Wait()
+		stillWaiting(t, behind, "waiter behind a head that does not yield")
+		if got := o.acquire(context.Background(), 1, 0); got != RoomShed {
+			t.Fatalf("newcomer with no wait behind waiters: %v, want shed", got)
+		}
+		if got := <-strict; got != RoomShed {
+			t.Fatalf("head that never takes a room: %v, want shed", got)
+		}
+		if got := <-behind; got != RoomWaited {
+			t.Fatalf("waiter behind it: %v, want the room once the head left", got)
+		}
+	})
+}
+
+// SureWait bounds the wait of the k-th in line at k + 3.5√k gaps.
+func TestWaitlistSureWaitIsAHighQuantileOfThePace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		o.acquire(context.Background(), 1, 0)
+		if _, ok := o.wl.SureWait(); ok {
+			t.Fatal("a sure wait before any grant")
+		}
+		for range grantMin {
+			res := o.run(1, time.Minute)
+			synctest.Wait()
+			time.Sleep(100 * time.Millisecond)
+			o.release(1)
+			synctest.Wait()
+			admittedNow(t, res, "waiter")
+		}
+		if d, ok := o.wl.SureWait(); !ok || d != 450*time.Millisecond {
+			t.Fatalf("sure wait first in line = %v %v, want 4.5 gaps (450ms)", d, ok)
+		}
+		var rs []<-chan RoomResult
+		for range 3 {
+			rs = append(rs, o.run(1, time.Minute))
+			synctest.Wait()
+		}
+		if d, _ := o.wl.SureWait(); d != 1100*time.Millisecond {
+			t.Fatalf("sure wait fourth in line = %v, want 4 + 3.5×2 gaps (1.1s)", d)
+		}
+		for _, r := range rs {
+			o.release(1)
+			synctest.Wait()
+			admittedNow(t, r, "waiter")
+		}
+	})
+}
