@@ -48,6 +48,7 @@ var hetSimArgs = []string{"--flavor", "sglang", "--max-running-requests", strcon
 func ObjectiveConfigs() []GatewayConfig {
 	obj := append(slices.Clone(windowFlags), "--ttft-objective-secs", strconv.FormatFloat(HetObjective.Seconds(), 'f', -1, 64))
 	three := func(flags []string) []string { return append(slices.Clone(routerBase), flags...) }
+	budget := append(slices.Clone(windowFlags), "--worker-token-budget", "--worker-overload-token-usage", "0.98")
 	return []GatewayConfig{
 		{Name: "het-nginx", Engines: hetEngines, NginxMaxConns: hetSlots, SimArgs: hetSimArgs,
 			Why: fmt.Sprintf("nginx `least_conn`, `max_conns=%d` per engine (its window): a request finding every engine at its cap gets 502 at once", hetSlots)},
@@ -55,6 +56,8 @@ func ObjectiveConfigs() []GatewayConfig {
 			Why: "running windows alone (16, reported by the engines), wait 0; 1 router"},
 		{Name: "het-window-3r", Engines: hetEngines, Flags: windowFlags, SimArgs: hetSimArgs, Routers: 3, RouterFlags: three(windowFlags),
 			Why: "the same, 3 routers sharing each window (client spreads requests over them in turn)"},
+		{Name: "het-budget-1r", Engines: hetEngines, Flags: budget, SimArgs: hetSimArgs,
+			Why: "running windows and token budgets (`--worker-token-budget`: each engine's 49152 KV tokens; the overload veto's KV usage raised to 0.98, as a budget fills KV by design), wait 0; 1 router"},
 		{Name: "het-objective-1r", Engines: hetEngines, Flags: obj, SimArgs: hetSimArgs,
 			Why: fmt.Sprintf("running windows and `--ttft-objective-secs %g`; 1 router", HetObjective.Seconds())},
 		{Name: "het-objective-3r", Engines: hetEngines, Flags: obj, SimArgs: hetSimArgs, Routers: 3, RouterFlags: three(obj),
