@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strings"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/secretref"
@@ -114,7 +116,7 @@ func validateProvider(s *smgv1.WorkerSpec) error {
 	for k, v := range p.GetHeaders() {
 		name := http.CanonicalHeaderKey(k)
 		switch {
-		case !validHeaderName(k):
+		case !httpguts.ValidHeaderFieldName(k) || len(k) > maxShortString:
 			return errBadRequest("provider.headers", "provider.headers: %q is not a header name", k)
 		case providerHeadersRefused[name] || strings.HasPrefix(name, "X-Smg-"):
 			return errBadRequest("provider.headers", "provider.headers: %s is set by the router, not by the spec", name)
@@ -131,19 +133,6 @@ func validateProvider(s *smgv1.WorkerSpec) error {
 }
 
 func budget(v float64) bool { return v >= 0 && !math.IsInf(v, 0) }
-
-// validHeaderName reports whether k is an HTTP token (RFC 9110 5.1).
-func validHeaderName(k string) bool {
-	if k == "" || len(k) > maxShortString {
-		return false
-	}
-	for _, c := range []byte(k) {
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
-}
 
 // redactedProvider hides the values of a provider's extra headers in
 // answers (one may carry a credential); the key reference is shown: it
