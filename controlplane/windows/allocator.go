@@ -554,9 +554,9 @@ func (a *Allocator) routersWaiting(id string) bool {
 }
 
 // ObserveLoad folds one engine report of a registered worker into its
-// learned window (ingest calls it for every report, before coalescing). A
-// window that goes down (or is first learned) is committed by a round run
-// at once. Safe for concurrent use; it takes only the worker's own lock.
+// learned window (the evidence inbox calls it for every report, before
+// coalescing). A window that goes down (or is first learned) is committed
+// by a round run at once. Safe for concurrent use; it takes only the worker's own lock.
 func (a *Allocator) ObserveLoad(workerID string, load *smgv1.EngineLoad) {
 	if !a.opts.Admission || load == nil {
 		return
