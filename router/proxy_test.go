@@ -578,23 +578,9 @@ func TestStopEndsRequestsServedOnTheListener(t *testing.T) {
 				}
 			})
 			t.Cleanup(func() { close(release) })
-			opts := DefaultOptions()
-			opts.HTTPServer = server
-			r, err := New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.Apply(&Snapshot{Revision: 1, Workers: []Worker{e.worker()}})
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := opts.Server(r.Handler())
-			hs := opts.Serving(srv, false)
-			go func() { _ = hs.Serve(r.Listener(ln, srv)) }()
-			t.Cleanup(func() { _ = hs.Close() })
+			r, addr := listeningRouter(t, server, nil, e.worker())
 			go func() { <-arrived; r.Drain(); r.Stop() }()
-			resp, err := http.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+			resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json",
 				strings.NewReader(`{"model":"`+testModel+`","messages":[]}`))
 			if err != nil {
 				t.Fatal(err)
@@ -605,6 +591,31 @@ func TestStopEndsRequestsServedOnTheListener(t *testing.T) {
 			}
 		})
 	}
+}
+
+// listeningRouter is a router on --http-server server, serving workers on
+// its own Listener over loopback as smg router does; it returns the address.
+func listeningRouter(t *testing.T, server string, mutate func(*Options), workers ...Worker) (*Router, string) {
+	t.Helper()
+	opts := DefaultOptions()
+	opts.HTTPServer = server
+	if mutate != nil {
+		mutate(&opts)
+	}
+	r, err := New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Apply(&Snapshot{Revision: 1, Workers: workers})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := opts.Server(r.Handler())
+	hs := opts.Serving(srv, false)
+	go func() { _ = hs.Serve(r.Listener(ln, srv)) }()
+	t.Cleanup(func() { _ = hs.Close() })
+	return r, ln.Addr().String()
 }
 
 // Served on the router's Listener, a stream in flight at Stop ends with the
@@ -625,23 +636,10 @@ func TestStopEndsStreamsServedOnTheListener(t *testing.T) {
 				}
 			})
 			t.Cleanup(func() { close(release) })
-			opts := DefaultOptions()
-			opts.HTTPServer = server
-			opts.MaxConcurrentRequests, opts.RateLimitTokensPerSecond, opts.QueueSize = 1, 0.01, 4
-			r, err := New(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.Apply(&Snapshot{Revision: 1, Workers: []Worker{e.worker()}})
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := opts.Server(r.Handler())
-			hs := opts.Serving(srv, false)
-			go func() { _ = hs.Serve(r.Listener(ln, srv)) }()
-			t.Cleanup(func() { _ = hs.Close() })
-			url := "http://" + ln.Addr().String() + "/v1/chat/completions"
+			r, addr := listeningRouter(t, server, func(o *Options) {
+				o.MaxConcurrentRequests, o.RateLimitTokensPerSecond, o.QueueSize = 1, 0.01, 4
+			}, e.worker())
+			url := "http://" + addr + "/v1/chat/completions"
 			resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"`+testModel+`","stream":true,"messages":[]}`))
 			if err != nil {
 				t.Fatal(err)
