@@ -116,7 +116,7 @@ type TTFTLoad struct {
 	// with an empty prompt sent now (the fixed time plus the work ahead over the rate); 0 when
 	// TTFTPredictor is not "ok".
 	PredictedTTFTMs float64 `json:"predicted_ttft_ms"`
-	// TTFTPredictor: ok, no_data (no first token measured yet) or
+	// TTFTPredictor: ok, no_data (no first token measured, or none in 30 s) or
 	// implausible (a rate outside the predictor's bounds: not used).
 	TTFTPredictor string `json:"ttft_predictor"`
 	// TTFTMarginMs is what TTFT objectives add to the prediction: the 90th

@@ -52,7 +52,10 @@ const TimeConstant = 5 * time.Second
 
 // The rate is the median of at most Samples samples, none older than MaxAge
 // before the newest: it follows an engine that changes within half of them,
-// and a sample after a long silence replaces the old ones.
+// and a sample after a long silence replaces the old ones. A rate whose
+// newest sample is older than MaxAge is no rate (NoData): learned in a stall
+// and too slow for any objective, it would refuse every request and, as a
+// refused request measures nothing, never learn that the stall ended.
 const (
 	Samples = 31
 	MaxAge  = 30 * time.Second
@@ -163,6 +166,7 @@ type estimate struct {
 	// work, when fitted (fitted true): see fit.
 	fixed  time.Duration
 	fitted bool
+	newest time.Time // the newest rate sample's time
 }
 
 // New returns an estimator on the clock now.
@@ -273,6 +277,9 @@ func (e *Estimator) refit(t time.Time) {
 func (e *Estimator) publish() {
 	est := e.fitted
 	est.step, est.hasOne = time.Duration(e.stepSecs*float64(time.Second)), e.rateSeen
+	if n := len(e.samples); n > 0 {
+		est.newest = e.samples[n-1].at
+	}
 	e.published.Store(&est)
 }
 
@@ -364,12 +371,13 @@ func nth[T cmp.Ordered](xs []T, k int) T {
 }
 
 // Rate is the measured prefill rate in tokens per second and whether it can
-// be used.
+// be used: NoData before the first sample and once the newest is older than
+// MaxAge.
 func (e *Estimator) Rate() (float64, Status) {
 	e.catchUp()
 	est := e.published.Load()
 	switch {
-	case !est.hasOne:
+	case !est.hasOne || e.now().Sub(est.newest) > MaxAge:
 		return 0, NoData
 	case !(est.rate >= MinRate && est.rate <= MaxRate):
 		return est.rate, Implausible

@@ -100,9 +100,20 @@ func TestEstimatorRateIsTheMedianOfRecentSamples(t *testing.T) {
 		if r, s := e.Rate(); s != OK || r != 20000 {
 			t.Fatalf("rate after a majority of new samples = %v %v, want 20000", r, s)
 		}
-		// Samples older than MaxAge are gone: after a long silence a new
-		// sample replaces them.
-		time.Sleep(MaxAge + time.Second)
+		// Samples older than MaxAge are gone: after a long silence there is
+		// no rate (a stalled engine's rate does not refuse forever), and a
+		// new sample replaces the old ones.
+		time.Sleep(MaxAge - time.Second)
+		if _, s := e.Rate(); s != OK {
+			t.Fatalf("status %v before MaxAge of silence, want ok", s)
+		}
+		time.Sleep(2 * time.Second)
+		if _, s := e.Rate(); s != NoData {
+			t.Fatalf("status %v after MaxAge of silence, want no_data", s)
+		}
+		if _, s := e.Predict(0, 100); s != NoData {
+			t.Fatalf("prediction status %v after MaxAge of silence, want no_data", s)
+		}
 		e.ObserveFirstToken(5000, time.Second)
 		if r, _ := e.Rate(); r != 5000 {
 			t.Fatalf("rate after a long silence = %v, want 5000", r)
