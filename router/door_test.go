@@ -285,24 +285,36 @@ func TestSchedulerFailSafe(t *testing.T) {
 	}
 }
 
+// heldStreamEngines are streaming engines, one per name, that count the
+// requests reaching them (hits) and answer none until release is called
+// (at cleanup at the latest, before the engines close).
+func heldStreamEngines(t *testing.T, names ...string) (hits *atomic.Int64, release func(), engines []*engine) {
+	hits = new(atomic.Int64)
+	gate := make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		hits.Add(1)
+		<-gate
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}
+	for _, name := range names {
+		engines = append(engines, newEngine(t, name, handler))
+	}
+	t.Cleanup(release) // registered after the engines: runs before they close
+	return hits, release, engines
+}
+
 // With running windows on, the scheduler's capacity is the sum of this
 // router's shares, live: a snapshot that grants more admits waiters, and the
 // requests waiting in the scheduler are reported by class as window demand
 // so the allocator can grow this router's shares for them.
 func TestSchedulerCapacityFromShares(t *testing.T) {
 	h, _ := schedHarness(t, -1, noReservations, func(o *Options) { o.WorkerAdmissionWindow = true })
-	release := make(chan struct{})
-	var once sync.Once
-	var hits atomic.Int64
-	handler := func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		hits.Add(1)
-		<-release
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, "data: [DONE]\n\n")
-	}
-	e, e2 := newEngine(t, "w", handler), newEngine(t, "w2", handler)
-	t.Cleanup(func() { once.Do(func() { close(release) }) }) // runs before the engines close
+	hits, release, engines := heldStreamEngines(t, "w", "w2")
+	e, e2 := engines[0], engines[1]
 	share := func(n int64) func(*Worker) {
 		return func(w *Worker) { w.AdmissionRooms = 4; w.WindowShare = n }
 	}
@@ -325,7 +337,7 @@ func TestSchedulerCapacityFromShares(t *testing.T) {
 	}
 	h.apply(e.worker(share(2)), e2.worker(share(1))) // the control plane grants one more room
 	waitUntil(t, func() bool { return hits.Load() == 3 })
-	once.Do(func() { close(release) })
+	release()
 	for range 3 {
 		if a := <-answers; a.status != http.StatusOK {
 			t.Fatalf("bulk request: %d %s", a.status, a.body)
@@ -339,18 +351,8 @@ func TestSchedulerCapacityFromShares(t *testing.T) {
 // worker only, so the allocator grows no share of the other model for it.
 func TestSchedulerCapacityPerModel(t *testing.T) {
 	h, _ := schedHarness(t, -1, noReservations, func(o *Options) { o.WorkerAdmissionWindow = true })
-	release := make(chan struct{})
-	var once sync.Once
-	var hits atomic.Int64
-	handler := func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		hits.Add(1)
-		<-release
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, "data: [DONE]\n\n")
-	}
-	e, other := newEngine(t, "w", handler), newEngine(t, "w2", handler)
-	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	hits, release, engines := heldStreamEngines(t, "w", "w2")
+	e, other := engines[0], engines[1]
 	h.apply(e.worker(func(w *Worker) { w.AdmissionRooms, w.WindowShare = 1, 1 }),
 		other.worker(func(w *Worker) { w.AdmissionRooms, w.WindowShare, w.Model = 1, 1, "other-model" }))
 	answers := make(chan answer, 2)
@@ -369,7 +371,7 @@ func TestSchedulerCapacityPerModel(t *testing.T) {
 			t.Fatalf("demand %+v: want the waiting request on its model's worker only", d)
 		}
 	}
-	once.Do(func() { close(release) })
+	release()
 	for range 2 {
 		if a := <-answers; a.status != http.StatusOK {
 			t.Fatalf("request: %d %s", a.status, a.body)
