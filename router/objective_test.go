@@ -121,14 +121,14 @@ func TestObjectiveRefusesAtOnceWithRetryAfterFromThePrediction(t *testing.T) {
 
 // With running windows, a request whose only worker that would meet the
 // objective is full waits for its room, at most until the objective could
-// no longer be met; then it is refused with the objective's answer, not the
-// window's shed.
+// no longer be met (the configured wait, 30 s, is longer); then it is
+// refused with the objective's answer, not the window's shed.
 func TestObjectiveWaitsForARoomOnlyWhileItCouldBeMet(t *testing.T) {
 	clk := newFakeClock()
 	h := newHarness(t, func(o *Options) {
 		clk.opts(o)
 		windowsOn(PolicyRoundRobin)(o)
-		o.WorkerAdmissionWaitSecs = 0 // the objective, not this, bounds the wait
+		o.WorkerAdmissionWaitSecs = 30 // the objective, shorter, bounds the wait
 		o.TTFTObjectiveSecs = 0.4
 	})
 	var ahead atomic.Int64
@@ -173,6 +173,69 @@ func TestObjectiveWaitsForARoomOnlyWhileItCouldBeMet(t *testing.T) {
 	// 0.4 s objective, 0.1 s predicted: it waited about 0.3 s, never past 0.4 s.
 	if waited < 250*time.Millisecond || waited > 2*time.Second {
 		t.Errorf("waited %v, want about 0.3 s", waited)
+	}
+}
+
+// The configured --worker-admission-wait-secs bounds the objective's wait
+// too: with 0 a request whose only worker that meets the objective is full
+// is refused at once with the objective's answer (it never waits, so a room
+// freeing within its objective does not admit it); with a wait shorter than
+// the objective's bound it is refused at the end of that wait.
+func TestObjectiveWaitIsBoundedByTheConfiguredWait(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		wait     float64
+		min, max time.Duration // real time the refused request took
+	}{
+		{"wait 0 answers at once", 0, 0, time.Second},
+		{"a shorter wait ends it", 0.15, 100 * time.Millisecond, 1500 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newFakeClock()
+			h := newHarness(t, func(o *Options) {
+				clk.opts(o)
+				windowsOn(PolicyRoundRobin)(o)
+				o.WorkerAdmissionWaitSecs = tc.wait
+				o.TTFTObjectiveSecs = 3 // 0.1 s predicted: the objective alone would wait 2.9 s
+			})
+			var ahead atomic.Int64
+			release := make(chan struct{})
+			openRelease := gateOpen(t, release)
+			a := objectiveEngine(t, "a", clk, &ahead, release)
+			warm(t, h, a.worker(rooms(1)))
+			first := make(chan answer, 1)
+			go func() { first <- h.send("/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"hold"}`, testModel), "") }()
+			waitUntil(t, func() bool { return h.inFlight("a") == 1 })
+			// A room frees as soon as the request waits: under the
+			// objective's bound alone it would be admitted.
+			second := make(chan answer, 1)
+			began := time.Now()
+			go func() { second <- h.send("/v1/completions", completion(1000, false), "") }()
+			var got answer
+			waitUntil(t, func() bool {
+				if tc.wait == 0 && h.waiters() > 0 {
+					openRelease()
+				}
+				select {
+				case got = <-second:
+					return true
+				default:
+					return false
+				}
+			})
+			took := time.Since(began)
+			openRelease()
+			<-first
+			if got.status != http.StatusServiceUnavailable || got.errorCode() != CodeTTFTObjective || got.header.Get("Retry-After") == "" {
+				t.Fatalf("answer %d %v %s, want 503 %s with Retry-After", got.status, got.header, got.body, CodeTTFTObjective)
+			}
+			if took < tc.min || took > tc.max {
+				t.Errorf("refused after %v, want within [%v, %v]", took, tc.min, tc.max)
+			}
+			if n := testutil.ToFloat64(h.r.om.refused[admission.Default]); n != 1 {
+				t.Errorf("smg_ttft_objective_refused_total{class=default} = %v, want 1", n)
+			}
+		})
 	}
 }
 

@@ -219,7 +219,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	boolean(&o.WorkerAdmissionWindow, "worker-admission-window",
 		"gate every worker on its running window (within this router's share): choose only workers with room; with none, wait for a room up to --worker-admission-wait-secs (off: as the spec)")
 	float(&o.WorkerAdmissionWaitSecs, "worker-admission-wait-secs",
-		"seconds (a `float`: fractions allowed, e.g. 0.05) a request waits for room in its pool's running windows before 503 worker_overload_protection_shed (0 sheds at once)")
+		"seconds (a `float`: fractions allowed, e.g. 0.05) a request waits for room in its pool's running windows before 503 worker_overload_protection_shed (0 sheds at once); under a TTFT objective it bounds the objective's wait too (0: refused at once with ttft_objective_unreachable)")
 	str(&o.WorkerAdmissionWindowMode, "worker-admission-window-mode",
 		"how a worker's running window is counted: shared (within the share the control plane grants this router) or per-router (each router counts the whole window alone)")
 	boolean(&o.WorkerTokenBudget, "worker-token-budget",
@@ -254,7 +254,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	define(fs, (*int64Value)(&o.LeastLoadWaitingCap), "least-load-waiting-cap",
 		"least_load: skip a worker whose reported waiting requests plus this router's dispatches since that report reach this cap (0: off)")
 	float(&o.TTFTObjectiveSecs, "ttft-objective-secs",
-		"time to first token objective in `seconds` (fractions allowed, e.g. 0.5) of every priority class without ttft_objective_secs in the scheduler YAML: a request goes only to a worker predicted to meet it, waits only while one would once it has a room and a room is expected in time, else is refused at once with 503 ttft_objective_unreachable (0: off)")
+		"time to first token objective in `seconds` (fractions allowed, e.g. 0.5) of every priority class without ttft_objective_secs in the scheduler YAML: a request goes only to a worker predicted to meet it, waits (at most --worker-admission-wait-secs) only while one would once it has a room and a room is expected in time, else is refused at once with 503 ttft_objective_unreachable (0: off)")
 	str(&o.RetryAfterMode, "retry-after-mode",
 		"Retry-After of shed and queue answers: interval (the load monitor interval) or estimated (from the observed completion rate and the queue ahead, within [1, interval])")
 	integer(&o.QueueSize, "queue-size", "requests that may wait for admission; beyond it the answer is 429 admission_queue_full")

@@ -203,13 +203,15 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 				return r.refuseContextLength(w, f.Model, promptTokens, output, q.tokens, budget)
 			}
 		}
-		objWait := false // the room wait is the objective's
+		wait, objWait := roomWait, false // objWait: the objective ends the wait
 		if q.ttftBy != 0 {
-			verdict, wait, retry := r.objectiveGate(v, p, &q)
+			verdict, bound, retry := r.objectiveGate(v, p, &q)
 			if verdict == admission.ObjectiveRefuse {
 				return r.refuseObjective(w, &q, f.Model, retry)
 			}
-			roomWait, objWait = wait, true
+			// The operator's wait bounds the objective's too: with 0 a
+			// request no worker with room meets now is refused at once.
+			wait, objWait = min(roomWait, bound), true
 		}
 		i, out := r.sel.choose(v, p, &q, r.opts.WorkerOverloadShed)
 		spilled := false
@@ -224,7 +226,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		var borrowed *loan    // or the peer router that lent the room
 		if q.need > 0 && !spilled {
 			waitFrom := r.clock()
-			g, res := r.acquireRoomAfter(ctx, v, p, i, out, f.Model, false, &q, roomWait)
+			g, res := r.acquireRoomAfter(ctx, v, p, i, out, f.Model, false, &q, wait)
 			if res != admission.RoomAtOnce {
 				r.wm.wait.Observe(r.clock().Sub(waitFrom).Seconds())
 			}

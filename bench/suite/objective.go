@@ -34,6 +34,10 @@ const (
 // leaves room for about as much work ahead again.
 const HetObjective = 1500 * time.Millisecond
 
+// hetWait is the room wait of the het-full-*-wait configurations: as long as
+// the objective, so the objective's own bound is what ends a wait.
+const hetWait = "1.5"
+
 var (
 	hetPrompt = bench.Dist{Min: 64, Max: 16384, Log: true}
 	hetOutput = bench.Dist{Min: 16, Max: 512}
@@ -49,6 +53,7 @@ func ObjectiveConfigs() []GatewayConfig {
 	obj := append(slices.Clone(windowFlags), "--ttft-objective-secs", strconv.FormatFloat(HetObjective.Seconds(), 'f', -1, 64))
 	three := func(flags []string) []string { return append(slices.Clone(routerBase), flags...) }
 	budget := append(slices.Clone(windowFlags), "--worker-token-budget", "--worker-overload-token-usage", "0.98")
+	full := append(slices.Clone(budget), obj[len(windowFlags):]...)
 	return []GatewayConfig{
 		{Name: "het-nginx", Engines: hetEngines, NginxMaxConns: hetSlots, SimArgs: hetSimArgs,
 			Why: fmt.Sprintf("nginx `least_conn`, `max_conns=%d` per engine (its window): a request finding every engine at its cap gets 502 at once", hetSlots)},
@@ -62,10 +67,15 @@ func ObjectiveConfigs() []GatewayConfig {
 			Why: fmt.Sprintf("running windows and `--ttft-objective-secs %g`; 1 router", HetObjective.Seconds())},
 		{Name: "het-objective-3r", Engines: hetEngines, Flags: obj, SimArgs: hetSimArgs, Routers: 3, RouterFlags: three(obj),
 			Why: "the same, 3 routers sharing each window"},
-		{Name: "het-full-1r", Engines: hetEngines, Flags: append(slices.Clone(budget), obj[len(windowFlags):]...), SimArgs: hetSimArgs,
+		{Name: "het-full-1r", Engines: hetEngines, Flags: full, SimArgs: hetSimArgs,
 			Why: "running windows, token budgets and the objective together; 1 router"},
-		{Name: "het-full-3r", Engines: hetEngines, Flags: append(slices.Clone(budget), obj[len(windowFlags):]...), SimArgs: hetSimArgs,
+		{Name: "het-full-3r", Engines: hetEngines, Flags: full, SimArgs: hetSimArgs,
 			Routers: 3, RouterFlags: three(append(slices.Clone(obj), "--worker-token-budget")),
+			Why: "the same, 3 routers sharing each window and budget"},
+		{Name: "het-full-1r-wait", Engines: hetEngines, Flags: withFlag(full, "--worker-admission-wait-secs", hetWait), SimArgs: hetSimArgs,
+			Why: fmt.Sprintf("het-full-1r with `--worker-admission-wait-secs %s`: a request whose worker that meets the objective is full may wait that long (at most what the objective leaves); with 0 it is refused at once", hetWait)},
+		{Name: "het-full-3r-wait", Engines: hetEngines, Flags: withFlag(full, "--worker-admission-wait-secs", hetWait), SimArgs: hetSimArgs,
+			Routers: 3, RouterFlags: three(append(withFlag(obj, "--worker-admission-wait-secs", hetWait), "--worker-token-budget")),
 			Why: "the same, 3 routers sharing each window and budget"},
 		{Name: "het-objective-3r-fresh", Engines: hetEngines, Flags: append(slices.Clone(obj), "--watch-load-interval", "0"),
 			SimArgs: hetSimArgs, Routers: 3, RouterFlags: three(obj),
