@@ -316,36 +316,71 @@ func (c Change) Changed() bool { return c.Verdict != c.Previous }
 // contact re-admits and a failure excludes at once; Sweep catches the rules
 // whose threshold is reached by time passing alone.
 type Liveness struct {
-	lastContact time.Time
-	failedAt    time.Time // latest connection failure not yet followed by contact
-	pushed      bool
+	lastContact stamp
+	failedAt    stamp // latest connection failure not yet followed by contact
 
 	// The latest evidence read on an agent stream: which stream, when the
 	// control plane read it, when the agent sent it (its clock).
 	heardStream uint64
-	heardAt     time.Time
-	heardSent   time.Time
+	heardAt     stamp
+	heardSent   stamp
 	// staleContact is lastContact when the stale veto was set: the veto
 	// holds until newer contact, whatever the read credit does meanwhile.
-	staleContact time.Time
+	staleContact stamp
 
 	waiting       int64
-	recordAt      time.Time
-	engineSilent  time.Time // when the engine's reported silence began; zero: none
+	recordAt      stamp
+	engineSilent  stamp // when the engine's reported silence began; zero: none
 	enginePrefill int64
-	stepWire      bool
-	engineIdle    bool
 
 	streams       int64
-	pileSince     time.Time // when the pile last went from empty to non-empty
-	pileLow       int64     // smallest pile since the last progress or pile start
-	lastProgress  time.Time
+	pileSince     stamp // when the pile last went from empty to non-empty
+	pileLow       int64 // smallest pile since the last progress or pile start
+	lastProgress  stamp
 	prefillTokens int64
 	prefillRate   float64 // tokens/s; 0 until measured
 
-	verdict        Verdict
 	cause          Cause
-	progressAtVeto time.Time // lastProgress when the wedge veto was set
+	progressAtVeto stamp // lastProgress when the wedge veto was set
+	verdict        Verdict
+	pushed         bool
+	stepWire       bool
+	engineIdle     bool
+}
+
+// stamp is a time as Unix nanoseconds plus 2^63 (so ordered as the
+// times are), clamped to the years int64 nanoseconds span; 0: none. A
+// Liveness is stored with every worker record: a time.Time's location
+// pointer would have the collector scan each one and every write pay a
+// write barrier.
+type stamp uint64
+
+var minTime, maxTime = time.Unix(0, math.MinInt64+1), time.Unix(0, math.MaxInt64)
+
+func stampOf(t time.Time) stamp {
+	switch {
+	case t.IsZero():
+		return 0
+	case t.Before(minTime):
+		t = minTime
+	case t.After(maxTime):
+		t = maxTime
+	}
+	return stamp(uint64(t.UnixNano()) ^ 1<<63)
+}
+
+func (s stamp) IsZero() bool              { return s == 0 }
+func (s stamp) After(o stamp) bool        { return s > o }
+func (s stamp) Before(o stamp) bool       { return s < o }
+func (s stamp) Add(d time.Duration) stamp { return stampOf(s.time().Add(d)) }
+func (s stamp) time() time.Time           { return time.Unix(0, int64(uint64(s)^1<<63)) }
+
+// Sub is s-o, saturating as time.Time.Sub does.
+func (s stamp) Sub(o stamp) time.Duration {
+	if s >= o {
+		return time.Duration(min(uint64(s-o), math.MaxInt64))
+	}
+	return -time.Duration(min(uint64(o-s), math.MaxInt64))
 }
 
 // Status returns the current verdict and its cause.
@@ -362,7 +397,8 @@ func (l *Liveness) Pushed() bool { return l.pushed }
 // Contact records a successful contact at now that carries no load: a
 // passing health probe, or any answer. It clears unreachable at once; it does
 // not clear wedged, which needs progress.
-func (l *Liveness) Contact(now time.Time, r *Rules) Change {
+func (l *Liveness) Contact(at time.Time, r *Rules) Change {
+	now := stampOf(at)
 	l.contact(now)
 	return l.judge(now, r, nil, false)
 }
@@ -370,7 +406,8 @@ func (l *Liveness) Contact(now time.Time, r *Rules) Change {
 // Heard records contact at now read on an agent stream (h): an answered
 // poll or heartbeat the agent vouches for. Like Contact, it clears
 // unreachable at once.
-func (l *Liveness) Heard(now time.Time, h Heard, r *Rules) Change {
+func (l *Liveness) Heard(at time.Time, h Heard, r *Rules) Change {
+	now := stampOf(at)
 	l.contact(now)
 	l.heard(now, h)
 	return l.judge(now, r, nil, true) // the stream's newest evidence: no credit
@@ -378,18 +415,19 @@ func (l *Liveness) Heard(now time.Time, h Heard, r *Rules) Change {
 
 // heard notes evidence read at now on h's stream; evidence without the
 // agent's clock gets no credit.
-func (l *Liveness) heard(now time.Time, h Heard) {
+func (l *Liveness) heard(now stamp, h Heard) {
 	if h.Stream == 0 || h.SentAt.IsZero() {
 		l.heardStream = 0
 		return
 	}
-	l.heardStream, l.heardAt, l.heardSent = h.Stream, now, h.SentAt
+	l.heardStream, l.heardAt, l.heardSent = h.Stream, now, stampOf(h.SentAt)
 }
 
 // Failure records a failure at now. Only ConnectionFailure arms unreachable:
 // immediately when nothing has been heard for r.Stall (always when r.Stall is
 // 0), otherwise Sweep vetoes once r.Stall passes without further contact.
-func (l *Liveness) Failure(now time.Time, kind FailureKind, r *Rules) Change {
+func (l *Liveness) Failure(at time.Time, kind FailureKind, r *Rules) Change {
+	now := stampOf(at)
 	if kind == ConnectionFailure && now.After(l.failedAt) {
 		l.failedAt = now
 	}
@@ -399,12 +437,13 @@ func (l *Liveness) Failure(now time.Time, kind FailureKind, r *Rules) Change {
 // Record ingests a load report received at now (a pushed record or an
 // answered poll). It is contact; a pushed one subjects the worker to the stale
 // rule from then on.
-func (l *Liveness) Record(now time.Time, rec Record, r *Rules) Change {
+func (l *Liveness) Record(at time.Time, rec Record, r *Rules) Change {
+	now := stampOf(at)
 	l.contact(now)
 	l.pushed = l.pushed || rec.Pushed
 	l.waiting = rec.Waiting
 	l.recordAt = now
-	l.engineSilent = time.Time{}
+	l.engineSilent = 0
 	if rec.Silence > 0 {
 		l.engineSilent = now.Add(-rec.Silence)
 	}
@@ -421,9 +460,9 @@ func (l *Liveness) Record(now time.Time, rec Record, r *Rules) Change {
 // Routers ingests the routers' summed view of the worker at now. A newer
 // LastProgress is progress and contact (a worker still streaming is never
 // stale nor wedged).
-func (l *Liveness) Routers(now time.Time, o RouterObservation, r *Rules) Change {
-	if o.LastProgress.After(l.lastProgress) {
-		p := o.LastProgress
+func (l *Liveness) Routers(at time.Time, o RouterObservation, r *Rules) Change {
+	now := stampOf(at)
+	if p := stampOf(o.LastProgress); p.After(l.lastProgress) {
 		if p.After(now) {
 			p = now
 		}
@@ -433,7 +472,7 @@ func (l *Liveness) Routers(now time.Time, o RouterObservation, r *Rules) Change 
 	}
 	switch {
 	case o.Streams <= 0:
-		l.streams, l.pileLow, l.pileSince = 0, 0, time.Time{}
+		l.streams, l.pileLow, l.pileSince = 0, 0, 0
 	case l.streams <= 0:
 		l.streams, l.pileLow, l.pileSince = o.Streams, o.Streams, now
 	default:
@@ -466,14 +505,14 @@ func (l *Liveness) SetPrefillRate(tokensPerSecond float64) {
 // Only sweeps know the stream, so only a sweep enters the stale veto or the
 // engine-silence veto before r.ReadLag has passed on top of its bound.
 func (l *Liveness) Sweep(now time.Time, s *StreamRead, r *Rules) Change {
-	return l.judge(now, r, s, true)
+	return l.judge(stampOf(now), r, s, true)
 }
 
 // readCredit is how much of the silence since the worker's latest agent
 // evidence the control plane spent behind on that evidence's stream, capped
 // at r.ReadLag. known is false outside sweeps: the credit is then taken
 // at its cap, so no call vetoes before a sweep would.
-func (l *Liveness) readCredit(now time.Time, s *StreamRead, known bool, r *Rules) time.Duration {
+func (l *Liveness) readCredit(now stamp, s *StreamRead, known bool, r *Rules) time.Duration {
 	if l.heardStream == 0 || r.ReadLag <= 0 {
 		return 0
 	}
@@ -486,7 +525,7 @@ func (l *Liveness) readCredit(now time.Time, s *StreamRead, known bool, r *Rules
 	// Each term is bounded first, so no lie about time overflows the sum.
 	c := span(s.ReadAt.Sub(s.SentAt)) - span(l.heardAt.Sub(l.heardSent))
 	if s.Busy { // the time it has been busy includes any stall
-		c += span(now.Sub(s.ReadAt))
+		c += span(now.Sub(stampOf(s.ReadAt)))
 	} else {
 		c += span(s.Stalled)
 	}
@@ -500,12 +539,12 @@ func span(d time.Duration) time.Duration {
 }
 
 // contact notes contact at t; it answers a connection failure not after t.
-func (l *Liveness) contact(t time.Time) {
+func (l *Liveness) contact(t stamp) {
 	if t.After(l.lastContact) {
 		l.lastContact = t
 	}
 	if !l.failedAt.IsZero() && !t.Before(l.failedAt) {
-		l.failedAt = time.Time{}
+		l.failedAt = 0
 	}
 }
 
@@ -514,7 +553,7 @@ func (l *Liveness) contact(t time.Time) {
 // streams are gone with the connection); a wedge veto is entered on
 // evidence and held until progress, an empty pile, or an engine record no
 // longer reporting silence.
-func (l *Liveness) judge(now time.Time, r *Rules, s *StreamRead, known bool) Change {
+func (l *Liveness) judge(now stamp, r *Rules, s *StreamRead, known bool) Change {
 	prev := l.verdict
 	credit := l.readCredit(now, s, known, r)
 	if c, ok := l.unreachable(now, credit, r); ok {
@@ -546,7 +585,7 @@ func (l *Liveness) judge(now time.Time, r *Rules, s *StreamRead, known bool) Cha
 
 // dueWithoutCredit reports whether the stale or the engine-silence veto
 // would be due on the control plane's clock alone.
-func (l *Liveness) dueWithoutCredit(now time.Time, r *Rules) bool {
+func (l *Liveness) dueWithoutCredit(now stamp, r *Rules) bool {
 	if l.pushed && r.Stale > 0 && now.Sub(l.lastContact) >= r.Stale {
 		return true
 	}
@@ -557,7 +596,7 @@ func (l *Liveness) dueWithoutCredit(now time.Time, r *Rules) bool {
 // unreachable applies the transport rule, on the control plane's clock
 // alone (a broken stream is no reading lag), then the stale rule, whose
 // silence since the latest agent evidence does not count the credit.
-func (l *Liveness) unreachable(now time.Time, credit time.Duration, r *Rules) (Cause, bool) {
+func (l *Liveness) unreachable(now stamp, credit time.Duration, r *Rules) (Cause, bool) {
 	silence := now.Sub(l.lastContact)
 	if !l.failedAt.IsZero() {
 		// Once set, only contact at or after the failure lifts it: a token
@@ -587,7 +626,7 @@ func (l *Liveness) unreachable(now time.Time, credit time.Duration, r *Rules) (C
 
 // wedged looks for any of the three kinds of evidence; credit applies to
 // the engine's silence extrapolated from a record read on an agent stream.
-func (l *Liveness) wedged(now time.Time, credit time.Duration, r *Rules) (Cause, bool) {
+func (l *Liveness) wedged(now stamp, credit time.Duration, r *Rules) (Cause, bool) {
 	if l.streams > 0 {
 		silence := now.Sub(laterOf(l.lastProgress, l.pileSince))
 		prefill := max(l.prefillTokens, l.enginePrefill)
@@ -625,7 +664,7 @@ func (l *Liveness) notPrefilling() bool {
 
 // stillWedged holds a wedge veto while its evidence stands and returns the
 // re-admission cause when it does not.
-func (l *Liveness) stillWedged(now time.Time, r *Rules) (Cause, bool) {
+func (l *Liveness) stillWedged(now stamp, r *Rules) (Cause, bool) {
 	if l.lastProgress.After(l.progressAtVeto) {
 		return Cause{Kind: CauseProgress}, false
 	}
@@ -646,7 +685,7 @@ func (l *Liveness) stillWedged(now time.Time, r *Rules) (Cause, bool) {
 // after that record refutes it until the next record. The extrapolation
 // does not count credit when the record came on an agent stream: a record
 // saying the engine stepped again may be waiting unread.
-func (l *Liveness) engineSilence(now time.Time, credit time.Duration, r *Rules) (Cause, bool) {
+func (l *Liveness) engineSilence(now stamp, credit time.Duration, r *Rules) (Cause, bool) {
 	if l.engineSilent.IsZero() || l.lastProgress.After(l.recordAt) {
 		return Cause{}, false
 	}
@@ -660,7 +699,7 @@ func (l *Liveness) engineSilence(now time.Time, credit time.Duration, r *Rules) 
 		// agent reading SGLang's load endpoints sees no prompt tokens).
 		bound = max(bound, r.prefillTime(2*float64(max(l.enginePrefill, l.prefillTokens)), l.prefillRate))
 	}
-	if l.heardStream == 0 || !l.heardAt.Equal(l.recordAt) {
+	if l.heardStream == 0 || l.heardAt != l.recordAt {
 		credit = 0 // a poll's record, or one re-read since on no stream
 	}
 	silence := now.Sub(l.engineSilent) - credit
@@ -693,7 +732,7 @@ func (r *Rules) prefillTime(tokens, rate float64) time.Duration {
 	return time.Duration(secs * float64(time.Second))
 }
 
-func laterOf(a, b time.Time) time.Time {
+func laterOf(a, b stamp) stamp {
 	if a.After(b) {
 		return a
 	}
