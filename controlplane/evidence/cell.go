@@ -23,7 +23,12 @@ type cell struct {
 	load     *smgv1.EngineLoad // the latest report; nil: none
 	noReport bool              // a no-report older than load
 	refresh  bool              // the engine confirmed the stored load: move its revision
-	recs     []timedRecord     // pushed liveness records, in order
+	// rec is the newest pushed liveness record (recorded: there is one).
+	// Every record pending is pushed, so the newest leaves nothing of an
+	// older one to the rules: what a record sets, the next sets again.
+	// One is kept, however late the flush.
+	rec      timedRecord
+	recorded bool
 	// spare is a load no one holds, made by the flush, for the next
 	// report to copy into (nil: none; one is made then).
 	spare *smgv1.EngineLoad
@@ -44,9 +49,6 @@ type timedRecord struct {
 	at  time.Time
 }
 
-// maxKept bounds the room a cell keeps for records: a burst's is not kept.
-const maxKept = 64
-
 // predictLocked moves the scratch copy of w (the stored record) to w moved by
 // every pending observation, made again only when w is not its base.
 func (c *cell) predictLocked(w *registry.Worker, r *judge.Rules) *registry.Worker {
@@ -55,8 +57,8 @@ func (c *cell) predictLocked(w *registry.Worker, r *judge.Rules) *registry.Worke
 		if c.load != nil {
 			setLoad(&c.scratch, c.load)
 		}
-		for _, rec := range c.recs {
-			applyPushed(&c.scratch.Evidence, rec, r)
+		if c.recorded {
+			applyPushed(&c.scratch.Evidence, c.rec, r)
 		}
 		c.base = w
 	}
@@ -97,7 +99,7 @@ func (c *cell) pendLoadLocked(w *registry.Worker, load *smgv1.EngineLoad, copied
 	return !c.noReport && !w.Evidence.NoReport
 }
 
-// pendRecord appends a pushed record and reports whether it leaves w's
+// pendRecord pends a pushed record and reports whether it leaves w's
 // verdicts as they are.
 func (c *cell) pendRecord(w *registry.Worker, rec timedRecord, r *judge.Rules) (stands, dead bool) {
 	c.lock.Lock()
@@ -106,7 +108,7 @@ func (c *cell) pendRecord(w *registry.Worker, rec timedRecord, r *judge.Rules) (
 		return false, true
 	}
 	s := c.predictLocked(w, r)
-	c.recs = append(c.recs, rec)
+	c.rec, c.recorded = rec, true
 	applyPushed(&s.Evidence, rec, r)
 	return registry.Stands(w, s), false
 }
@@ -121,7 +123,7 @@ func (c *cell) pendObserved(w *registry.Worker, load *smgv1.EngineLoad, waiting 
 	}
 	stands = c.pendLoadLocked(w, load, true, waiting, usage)
 	s := c.predictLocked(w, r)
-	c.recs = append(c.recs, rec)
+	c.rec, c.recorded = rec, true
 	applyPushed(&s.Evidence, rec, r)
 	return stands && registry.Stands(w, s), false
 }
@@ -150,7 +152,7 @@ func (c *cell) pendRefresh() (dead bool) {
 func (c *cell) pending() bool {
 	c.lock.Lock()
 	defer c.lock.Unlock()
-	return c.load != nil || c.noReport || c.refresh || len(c.recs) > 0
+	return c.load != nil || c.noReport || c.refresh || c.recorded
 }
 
 // stands reports whether what the cell holds leaves w's verdicts as they are
@@ -158,7 +160,7 @@ func (c *cell) pending() bool {
 func (c *cell) stands(w *registry.Worker, r *judge.Rules) bool {
 	c.lock.Lock()
 	defer c.lock.Unlock()
-	if c.load == nil && !c.noReport && !c.refresh && len(c.recs) == 0 {
+	if c.load == nil && !c.noReport && !c.refresh && !c.recorded {
 		return true
 	}
 	return !c.noReport && registry.Stands(w, c.predictLocked(w, r))
@@ -183,15 +185,13 @@ func (cl *cell) takeOnto(w, c *registry.Worker, r *judge.Rules) (moved, wantsSpa
 		c.LoadRevision++
 		moved = true
 	}
-	if len(cl.recs) > 0 && c.Ready() { // the rules judge Ready workers only
+	if cl.recorded && c.Ready() { // the rules judge Ready workers only
 		if cl.base == w {
-			// The prediction's work, done already: the records touch
+			// The prediction's work, done already: the record touches
 			// these two fields.
 			c.Evidence.Live, c.Evidence.PushedAt = cl.scratch.Evidence.Live, cl.scratch.Evidence.PushedAt
 		} else {
-			for _, rec := range cl.recs {
-				applyPushed(&c.Evidence, rec, r)
-			}
+			applyPushed(&c.Evidence, cl.rec, r)
 		}
 		moved = true
 	}
@@ -199,14 +199,9 @@ func (cl *cell) takeOnto(w, c *registry.Worker, r *judge.Rules) (moved, wantsSpa
 	return moved, wantsSpare
 }
 
-// clearLocked empties the cell, keeping its record room and spare.
+// clearLocked empties the cell, keeping its spare.
 func (c *cell) clearLocked() {
-	recs := c.recs[:0]
-	if cap(recs) > maxKept {
-		recs = nil
-	}
-	clear(c.recs)
-	c.load, c.noReport, c.refresh, c.recs = nil, false, false, recs
+	c.load, c.noReport, c.refresh, c.rec, c.recorded = nil, false, false, timedRecord{}, false
 	c.base, c.scratch = nil, registry.Worker{}
 }
 
@@ -234,7 +229,7 @@ func (c *cell) giveSpare(l *smgv1.EngineLoad) bool {
 func (c *cell) kill() bool {
 	c.lock.Lock()
 	defer c.lock.Unlock()
-	if c.load != nil || c.noReport || c.refresh || len(c.recs) > 0 {
+	if c.load != nil || c.noReport || c.refresh || c.recorded {
 		return false
 	}
 	c.dead = true

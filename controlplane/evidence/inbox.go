@@ -11,8 +11,8 @@
 // Each worker has one cell, its inbox: with Options.Coalesce, an
 // observation that leaves the worker's verdicts as they are (asked of the
 // registry's own rule, registry.Stands, on a scratch copy of the stored
-// record moved by everything pending) waits in it, latest load wins and
-// records in order; one that moves a verdict is stored at once, with
+// record moved by everything pending) waits in it, the latest load and
+// pushed record winning; one that moves a verdict is stored at once, with
 // everything pending before it. Run flushes every cell, then sweeps (the
 // time-based rules), every judge.SweepInterval: a worker reporting 20
 // times a second is written once per 5 reports, and watchers see one

@@ -192,7 +192,7 @@ func TestCellsOnlyForReadyWorkers(t *testing.T) {
 	// Back in Ready: a new cell, without the old records.
 	setHealth(t, reg, "w3", registry.HealthHealthy)
 	tr.Record("w3", judge.Record{Pushed: true}, t0.Add(time.Second))
-	if c := tr.cell("w3"); c == nil || len(c.recs) != 1 {
+	if c := tr.cell("w3"); c == nil || !c.recorded || !c.rec.at.Equal(t0.Add(time.Second)) {
 		t.Fatal("no new cell with the one new record for a worker back in Ready")
 	}
 }
