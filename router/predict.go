@@ -10,11 +10,27 @@ import (
 )
 
 // promptAhead is the prompt tokens waiting for prefill on the worker as this
-// router sees them: the other routers' part of the control plane's sum (the
-// sum less what this router reported last) plus this router's own now.
+// router sees them: the other routers' part of the control plane's sum plus
+// this router's own now.
 func promptAhead(wk *Worker, st *workerState) int64 {
-	others := max(wk.PromptTokensAhead-st.reportedPrompt.Load(), 0)
-	return others + st.promptTokens.Load()
+	own := int64(-1)
+	if wk.OwnAheadSent {
+		own = wk.OwnPromptTokensAhead
+	}
+	return othersAhead(wk.PromptTokensAhead, own, st) + st.promptTokens.Load()
+}
+
+// othersAhead is the other routers' part of the control plane's sum ahead:
+// the sum less this router's part as the sum counts it (own), or, from a
+// control plane that does not send that part (own < 0), less the router's
+// latest report. The sum holds an older report of the router's own than its
+// latest: subtracting the latest would count the router's own work drained
+// since as the others' (or miss theirs when its own grew).
+func othersAhead(ahead, own int64, st *workerState) int64 {
+	if own < 0 {
+		own = st.reportedPrompt.Load()
+	}
+	return max(ahead-own, 0)
 }
 
 // predictTTFT is the predicted time to first token of a request of own

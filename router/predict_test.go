@@ -148,3 +148,37 @@ func TestPredictionFailsOpenOnALyingEngine(t *testing.T) {
 		t.Fatalf("an implausible worker exported %d predictions", n)
 	}
 }
+
+// The control plane's sum ahead holds a report of this router's own that may
+// be older than its latest: when the control plane sends that part, it is
+// what is subtracted (the router's own drained work is not counted as the
+// other routers'); without it, the latest report is. The router's own tokens
+// in flight now are added either way.
+func TestWorkAheadSubtractsTheOwnPartTheSumCounts(t *testing.T) {
+	st := &workerState{}
+	st.reportedPrompt.Store(500)          // the latest report: its work drained since the sum was made
+	st.promptTokens.Store(200)            // in flight now
+	w := &Worker{PromptTokensAhead: 4000} // r1's 3000 of an older report, the others' 1000
+	h := hotOf(w, st)
+	if got := workAhead(&h); got != 3500+200 {
+		t.Fatalf("without the own part: %d, want 4000 - 500 + 200", got)
+	}
+	w.OwnPromptTokensAhead, w.OwnAheadSent = 3000, true
+	h = hotOf(w, st)
+	if got := workAhead(&h); got != 1000+200 {
+		t.Fatalf("with the own part: %d, want 4000 - 3000 + 200", got)
+	}
+	if got := promptAhead(w, st); got != 1000+200 {
+		t.Fatalf("promptAhead: %d, want 1200 as workAhead", got)
+	}
+	// A part above the sum (or a sum below 0) counts no other router's work.
+	w.OwnPromptTokensAhead = 5000
+	if got := promptAhead(w, st); got != 200 {
+		t.Fatalf("with a part above the sum: %d, want only its own 200", got)
+	}
+	// An own part of 0 sent: the whole sum is the others'.
+	w.OwnPromptTokensAhead = 0
+	if got := promptAhead(w, st); got != 4000+200 {
+		t.Fatalf("with an own part of 0: %d, want 4200", got)
+	}
+}

@@ -81,6 +81,11 @@ type Worker struct {
 	// worker, summed over routers by the control plane (this router's own
 	// last report included); TTFT predictions start from it.
 	PromptTokensAhead int64
+	// OwnPromptTokensAhead is this router's part of PromptTokensAhead as the
+	// control plane counted it (a report of its own, maybe older than its
+	// latest), when OwnAheadSent (a control plane that sends it).
+	OwnPromptTokensAhead int64
+	OwnAheadSent         bool
 	// Held: kept from the previous control plane epoch, without vetoes,
 	// while the new control plane refills its registry (warming_secs).
 	Held bool
@@ -160,6 +165,7 @@ type hotWorker struct {
 	veto     Veto
 	over     bool  // over its overload ceiling, whatever veto says
 	ahead    int64 // PromptTokensAhead (TTFT objectives)
+	aheadOwn int64 // OwnPromptTokensAhead; -1: not sent
 	proto    protocol
 }
 
@@ -240,7 +246,11 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 
 // hotOf is the selection summary of w.
 func hotOf(w *Worker, st *workerState) hotWorker {
-	return hotWorker{st: st, reported: w.Waiting + w.Running, waiting: w.Waiting, eligible: w.Healthy && w.Veto == VetoNone,
+	aheadOwn := int64(-1)
+	if w.OwnAheadSent {
+		aheadOwn = w.OwnPromptTokensAhead
+	}
+	return hotWorker{aheadOwn: aheadOwn, st: st, reported: w.Waiting + w.Running, waiting: w.Waiting, eligible: w.Healthy && w.Veto == VetoNone,
 		healthy: w.Healthy, veto: w.Veto, over: w.Overloaded || w.Veto == VetoOverload, ahead: w.PromptTokensAhead,
 		proto: protocolOf(w.URL)}
 }

@@ -39,3 +39,38 @@ func TestPromptTokensAheadAreSummedOverRoutersOrTheEngines(t *testing.T) {
 		t.Fatalf("ahead after r1 left = %d, want 1000", got)
 	}
 }
+
+// Each router is sent its own part of the sum, so a change of its part
+// that leaves the sum alone (the engine's larger count stands) still reaches
+// routers, paced as a load change; a negative report counts as 0 (it would
+// cancel the other routers' part) and a huge one is bounded.
+func TestRoutersPartsOfPromptTokensAheadReachRouters(t *testing.T) {
+	tr, reg, _ := setup(t, registry.HealthHealthy)
+	tr.Contact("w1", t0)
+	obs := func(tokens int64) *smgv1.RouterReport {
+		return &smgv1.RouterReport{Workers: []*smgv1.WorkerObservation{{WorkerId: "w1", PromptTokensInFlight: tokens}}}
+	}
+	w := func() *registry.Worker { return reg.Snapshot().Get("w1") }
+	tr.RouterObservations("r1", obs(3000), t0)
+	tr.RouterObservations("r2", obs(1000), t0)
+	tr.Record("w1", judge.Record{PrefillInHand: 9000}, t0)
+	rev := reg.Revision()
+	tr.RouterObservations("r1", obs(1000), t0)
+	if got := w(); got.PromptTokensAhead != 9000 || got.Evidence.Routers["r1"].PrefillTokens != 1000 {
+		t.Fatalf("ahead %d, r1's part %d; want the engine's 9000 and 1000", got.PromptTokensAhead, got.Evidence.Routers["r1"].PrefillTokens)
+	}
+	changes, _, _ := reg.ChangesSince(rev)
+	if len(changes) != 1 || !changes[0].LoadOnly {
+		t.Fatalf("changes = %+v, want one load-only change (r1's part)", changes)
+	}
+	tr.Record("w1", judge.Record{PrefillInHand: 0}, t0)
+	tr.RouterObservations("r2", obs(-1<<50), t0)
+	if got := w().PromptTokensAhead; got != 1000 {
+		t.Fatalf("ahead with r2 reporting a negative count = %d, want r1's 1000", got)
+	}
+	tr.RouterObservations("r2", obs(1<<62), t0)
+	tr.RouterObservations("r3", obs(1<<62), t0)
+	if got := w().PromptTokensAhead; got != 1000+2*maxPromptTokens {
+		t.Fatalf("ahead with two huge reports = %d, want each bounded (%d)", got, 1000+2*maxPromptTokens)
+	}
+}

@@ -295,6 +295,10 @@ func (in *Inbox) PushedRecord(workerID string, rec judge.Record, now time.Time) 
 // HealthPassed implements health.ContactSink.
 func (in *Inbox) HealthPassed(workerID string, now time.Time) { in.Contact(workerID, now) }
 
+// maxPromptTokens bounds one router's prompt tokens in flight on a worker
+// (far above any engine's queue) so that the sum cannot overflow.
+const maxPromptTokens = 1 << 40
+
 // RouterObservations implements watch.ObservationSink: piles and progress
 // are summed over routers. One transaction covers the whole report.
 func (in *Inbox) RouterObservations(routerID string, rep *smgv1.RouterReport, now time.Time) {
@@ -322,7 +326,13 @@ func (in *Inbox) RouterObservations(routerID string, rep *smgv1.RouterReport, no
 		ev.Live.SetPrefillRate(o.GetPrefillTokensPerSec())
 		routers := make(map[string]registry.RouterView, len(ev.Routers)+1)
 		maps.Copy(routers, ev.Routers)
-		routers[routerID] = registry.RouterView{Streams: int64(o.GetStreamsInFlight()), LastProgress: lastProgress, PrefillTokens: o.GetPromptTokensInFlight()}
+		// A negative count would cancel the other routers' part of the sum, a
+		// huge one overflow it.
+		prefill := min(max(o.GetPromptTokensInFlight(), 0), maxPromptTokens)
+		if old, ok := routers[routerID]; !ok || old.PrefillTokens != prefill {
+			w.AheadRevision++
+		}
+		routers[routerID] = registry.RouterView{Streams: int64(o.GetStreamsInFlight()), LastProgress: lastProgress, PrefillTokens: prefill}
 		ev.Routers = routers
 		ev.Live.Routers(now, sum(routers), &in.rules)
 	})
@@ -357,6 +367,7 @@ func (in *Inbox) RouterGone(routerID string) {
 		routers := maps.Clone(ev.Routers)
 		delete(routers, routerID)
 		ev.Routers = routers
+		w.AheadRevision++
 		ev.Live.Routers(now, sum(routers), &in.rules)
 	})
 }

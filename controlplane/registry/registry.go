@@ -82,6 +82,10 @@ type State struct {
 	// worker (judge.Liveness.PromptTokensAhead), for routers' TTFT
 	// predictions; set with the verdicts from the evidence.
 	PromptTokensAhead int64
+	// AheadRevision bumps when a router's part of PromptTokensAhead
+	// (Evidence.Routers) changes: each router is sent its own part, which
+	// can change while the sum does not.
+	AheadRevision uint64
 }
 
 // Shares are a worker's window, kept by the window allocator
@@ -268,7 +272,7 @@ type Change struct {
 func loadOnly(a, b *Worker) bool {
 	c := *a
 	c.Load, c.LoadRevision, c.OverloadReason, c.AgentNode = b.Load, b.LoadRevision, b.OverloadReason, b.AgentNode
-	c.PromptTokensAhead = b.PromptTokensAhead
+	c.PromptTokensAhead, c.AheadRevision = b.PromptTokensAhead, b.AheadRevision
 	return sameVisible(&c, b)
 }
 

@@ -114,6 +114,9 @@ func appendWorker(buf []byte, w *registry.Worker, routerID string) []byte {
 	buf = appendInt(buf, 23, w.PromptTokensAhead)
 	buf = appendInt(buf, 24, w.Budget.TokenBudget())
 	buf = appendInt(buf, 25, tokenShare(w, routerID))
+	if own := ownAhead(w, routerID); own != nil { // optional: sent even when 0
+		buf = protowire.AppendVarint(protowire.AppendTag(buf, 26, protowire.VarintType), uint64(*own))
+	}
 	return buf
 }
 

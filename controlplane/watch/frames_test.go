@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
@@ -79,6 +80,53 @@ func TestSharedFramesKeepWindowSharesPerRouter(t *testing.T) {
 		// r1, r2 and r3 with r4 (the same shares): three messages.
 		if n := encodedCount(s, "snapshot"); n != 3 {
 			t.Fatalf("%v snapshots built for three sets of shares, want 3", n)
+		}
+	})
+}
+
+// Each router is sent its own part of a worker's prompt tokens ahead (its
+// report as the sum counts it, 0 when it reported none), and its token
+// share: routers whose parts differ get their own message.
+func TestSharedFramesKeepOwnPromptTokensAheadPerRouter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New(testEpoch, 0)
+		w := newWorker("w1")
+		w.Evidence.Routers = map[string]registry.RouterView{"r1": {PrefillTokens: 3000}, "r2": {PrefillTokens: 1000}}
+		w.Evidence.Live.Routers(time.Time{}, judge.RouterObservation{PrefillTokens: 4000}, &judge.Rules{})
+		b := newWorker("w2")
+		b.Budget = &registry.Budget{Tokens: 1000, Source: "engine"}
+		b.TokenShare = map[string]int64{"r1": 300, "r2": 300, "r3": 300, "r4": 100}
+		put(t, reg, w, b, newWorker("idle"))
+		s := NewServer(reg, Options{HeartbeatInterval: time.Hour}, nil, nil)
+
+		got := map[string]*smgv1.WatchResponse{}
+		for _, r := range []string{"r1", "r2", "r3", "r4"} {
+			got[r] = <-serveFake(t, s, &smgv1.WatchHello{RouterId: r}).sent
+		}
+		find := func(r, id string) *smgv1.RoutingWorker {
+			for _, rw := range got[r].GetSnapshot().GetWorkers() {
+				if rw.GetWorkerId() == id {
+					return rw
+				}
+			}
+			t.Fatalf("%s: no %s in %v", r, id, got[r])
+			return nil
+		}
+		for r, want := range map[string]int64{"r1": 3000, "r2": 1000, "r3": 0, "r4": 0} {
+			rw := find(r, "w1")
+			if rw.GetPromptTokensAhead() != 4000 || rw.OwnPromptTokensAhead == nil || *rw.OwnPromptTokensAhead != want {
+				t.Errorf("%s: ahead %d, own %v, want 4000 and %d", r, rw.GetPromptTokensAhead(), rw.OwnPromptTokensAhead, want)
+			}
+			if own := find(r, "idle").OwnPromptTokensAhead; own != nil {
+				t.Errorf("%s: own part %d of nothing ahead, want none sent", r, *own)
+			}
+		}
+		if s := find("r4", "w2").GetTokenShare(); s != 100 {
+			t.Errorf("r4 token share %d, want 100", s)
+		}
+		// r1, r2, r3 and r4 (r3 and r4 differ in their token share): four messages.
+		if n := encodedCount(s, "snapshot"); n != 4 {
+			t.Fatalf("%v snapshots built for four routers' parts, want 4", n)
 		}
 	})
 }

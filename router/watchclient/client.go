@@ -808,11 +808,13 @@ func routerWorker(w *smgv1.RoutingWorker) router.Worker {
 		APIKey:         w.GetApiKey(),
 		WindowShare:    w.GetWindowShare(),
 
-		AdmissionRooms:    w.GetAdmissionRooms(),
-		Provider:          routerProvider(w.GetProvider()),
-		PromptTokensAhead: w.GetPromptTokensAhead(),
-		TokenBudget:       w.GetTokenBudget(),
-		TokenShare:        w.GetTokenShare(),
+		AdmissionRooms:       w.GetAdmissionRooms(),
+		Provider:             routerProvider(w.GetProvider()),
+		PromptTokensAhead:    w.GetPromptTokensAhead(),
+		OwnPromptTokensAhead: w.GetOwnPromptTokensAhead(),
+		OwnAheadSent:         w.OwnPromptTokensAhead != nil,
+		TokenBudget:          w.GetTokenBudget(),
+		TokenShare:           w.GetTokenShare(),
 	}
 }
 

@@ -834,10 +834,16 @@ type RoutingWorker struct {
 	// in tokens, reported or learned; 0: none known, never gated by tokens)
 	// and this router's share of it, as window_share (> 0 tokens it may hold,
 	// -1 none granted, 0 no allocator: the whole budget).
-	TokenBudget   int64 `protobuf:"varint,24,opt,name=token_budget,json=tokenBudget,proto3" json:"token_budget,omitempty"`
-	TokenShare    int64 `protobuf:"varint,25,opt,name=token_share,json=tokenShare,proto3" json:"token_share,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TokenBudget int64 `protobuf:"varint,24,opt,name=token_budget,json=tokenBudget,proto3" json:"token_budget,omitempty"`
+	TokenShare  int64 `protobuf:"varint,25,opt,name=token_share,json=tokenShare,proto3" json:"token_share,omitempty"`
+	// This router's part of prompt_tokens_ahead: its own report of prompt
+	// tokens in flight as the sum counts it, which may be older than the
+	// router's latest. The router subtracts it to get the other routers' part
+	// (subtracting its latest report instead counts its own drained work as
+	// theirs). Sent whenever prompt_tokens_ahead is not 0.
+	OwnPromptTokensAhead *int64 `protobuf:"varint,26,opt,name=own_prompt_tokens_ahead,json=ownPromptTokensAhead,proto3,oneof" json:"own_prompt_tokens_ahead,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RoutingWorker) Reset() {
@@ -1041,6 +1047,13 @@ func (x *RoutingWorker) GetTokenBudget() int64 {
 func (x *RoutingWorker) GetTokenShare() int64 {
 	if x != nil {
 		return x.TokenShare
+	}
+	return 0
+}
+
+func (x *RoutingWorker) GetOwnPromptTokensAhead() int64 {
+	if x != nil && x.OwnPromptTokensAhead != nil {
+		return *x.OwnPromptTokensAhead
 	}
 	return 0
 }
@@ -1456,7 +1469,7 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\atenants\x18\a \x01(\v2\x14.smg.v1.TenantSharesH\x00R\atenantsB\x05\n" +
 	"\x03msg\";\n" +
 	"\fTenantShares\x12+\n" +
-	"\x06others\x18\x01 \x03(\v2\x13.smg.v1.TenantUsageR\x06others\"\xed\x06\n" +
+	"\x06others\x18\x01 \x03(\v2\x13.smg.v1.TenantUsageR\x06others\"\xc5\a\n" +
 	"\rRoutingWorker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -1490,7 +1503,9 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x13prompt_tokens_ahead\x18\x17 \x01(\x03R\x11promptTokensAhead\x12!\n" +
 	"\ftoken_budget\x18\x18 \x01(\x03R\vtokenBudget\x12\x1f\n" +
 	"\vtoken_share\x18\x19 \x01(\x03R\n" +
-	"tokenShare\"\x80\x02\n" +
+	"tokenShare\x12:\n" +
+	"\x17own_prompt_tokens_ahead\x18\x1a \x01(\x03H\x00R\x14ownPromptTokensAhead\x88\x01\x01B\x1a\n" +
+	"\x18_own_prompt_tokens_ahead\"\x80\x02\n" +
 	"\rProviderRoute\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1e\n" +
 	"\vapi_key_ref\x18\x02 \x01(\tR\tapiKeyRef\x120\n" +
@@ -1599,6 +1614,7 @@ func file_smg_v1_watch_proto_init() {
 		(*WatchResponse_Goodbye)(nil),
 		(*WatchResponse_Tenants)(nil),
 	}
+	file_smg_v1_watch_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
