@@ -69,10 +69,7 @@ func ApplyChange(reg *registry.Registry, resolve ThresholdResolver, c *Change) (
 		old, err = applyChange(t, resolve, c)
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
-	return old, nil
+	return old, err // applyChange returns no record with an error
 }
 
 func applyChange(t *registry.Txn, resolve ThresholdResolver, c *Change) (*registry.Worker, error) {

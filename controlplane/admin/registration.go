@@ -22,20 +22,17 @@ import (
 // block, reach the engine (discovering its model), then add or replace the
 // worker. A failure leaves the registry as it was and the job failed.
 func (s *Service) startRegistration(job *registry.Job) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
+	s.wg.Go(func() {
 		s.setJob(job, "processing", "contacting the engine")
 		if err := s.register(job); err != nil {
 			s.log.Warn("Worker registration failed", "worker_id", job.WorkerID, "url", job.URL, "reason", err.Error())
 			s.setJob(job, "failed", err.Error())
-			return
 		}
-	}()
+	})
 }
 
 func (s *Service) setJob(job *registry.Job, state, msg string) {
-	c := &Change{Op: OpJob, WorkerID: job.WorkerID, Token: job.Token, State: state, Message: msg, At: s.now()}
+	c := &Change{Op: OpJob, WorkerID: job.WorkerID, Token: job.Token, State: state, Message: msg, At: s.opts.Now()}
 	if _, err := s.commit.Commit(s.ctx, c); err != nil {
 		s.log.Warn("Registration job state not stored", "worker_id", job.WorkerID, "state", state, "reason", err.Error())
 	}
@@ -70,7 +67,7 @@ func (s *Service) register(job *registry.Job) error {
 	if err != nil {
 		return err
 	}
-	old, err := s.commit.Commit(s.ctx, &Change{Op: OpRegister, WorkerID: job.WorkerID, Token: job.Token, Spec: b, Model: model, At: s.now()})
+	old, err := s.commit.Commit(s.ctx, &Change{Op: OpRegister, WorkerID: job.WorkerID, Token: job.Token, Spec: b, Model: model, At: s.opts.Now()})
 	if err != nil {
 		return err
 	}

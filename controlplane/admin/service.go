@@ -71,18 +71,15 @@ type Options struct {
 type Service struct {
 	smgv1.UnimplementedWorkerServiceServer
 
-	reg      *registry.Registry
-	commit   Committer
-	opts     Options
-	resolve  ThresholdResolver
-	client   *http.Client
-	log      *slog.Logger
-	now      func() time.Time
-	routers  RouterLister
-	ctx      context.Context // cancels background registrations at shutdown
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	onRemove func(old *registry.Worker) // a worker was removed or replaced
+	reg     *registry.Registry
+	commit  Committer
+	opts    Options
+	resolve ThresholdResolver
+	client  *http.Client
+	log     *slog.Logger
+	ctx     context.Context // cancels background registrations at shutdown
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 }
 
 // New returns the service. client reaches the engines during registration.
@@ -101,8 +98,7 @@ func New(reg *registry.Registry, opts Options, resolve ThresholdResolver, client
 	if commit == nil {
 		commit = Local{Reg: reg, Resolve: resolve}
 	}
-	return &Service{reg: reg, commit: commit, opts: opts, resolve: resolve, client: client, log: log, now: opts.Now,
-		routers: opts.Routers, onRemove: opts.OnRemove, ctx: ctx, cancel: cancel}
+	return &Service{reg: reg, commit: commit, opts: opts, resolve: resolve, client: client, log: log, ctx: ctx, cancel: cancel}
 }
 
 // Close stops background registrations and waits for them.
@@ -193,7 +189,7 @@ func (s *Service) startJob(ctx context.Context, id, kind string, spec *smgv1.Wor
 	if err != nil {
 		return nil, errBadRequest("spec", "spec: %v", err)
 	}
-	c := &Change{Op: OpSubmit, WorkerID: id, Token: newToken(), Kind: kind, Spec: b, At: s.now()}
+	c := &Change{Op: OpSubmit, WorkerID: id, Token: newToken(), Kind: kind, Spec: b, At: s.opts.Now()}
 	if _, err := s.commit.Commit(ctx, c); err != nil {
 		return nil, err
 	}
@@ -244,7 +240,7 @@ func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerReque
 	if err != nil {
 		return nil, errBadRequest("update", "update: %v", err)
 	}
-	if _, err := s.commit.Commit(ctx, &Change{Op: OpUpdate, WorkerID: id, Update: b, At: s.now()}); err != nil {
+	if _, err := s.commit.Commit(ctx, &Change{Op: OpUpdate, WorkerID: id, Update: b, At: s.opts.Now()}); err != nil {
 		return nil, err
 	}
 	var url string
@@ -275,7 +271,7 @@ func (s *Service) Remove(id string) error {
 
 func (s *Service) remove(ctx context.Context, id string) (string, error) {
 	job := s.reg.Snapshot().Job(id)
-	old, err := s.commit.Commit(ctx, &Change{Op: OpDelete, WorkerID: id, At: s.now()})
+	old, err := s.commit.Commit(ctx, &Change{Op: OpDelete, WorkerID: id, At: s.opts.Now()})
 	if err != nil {
 		return "", err
 	}
@@ -293,8 +289,8 @@ func (s *Service) remove(ctx context.Context, id string) (string, error) {
 }
 
 func (s *Service) removed(old *registry.Worker) {
-	if s.onRemove != nil && old != nil {
-		s.onRemove(old)
+	if s.opts.OnRemove != nil && old != nil {
+		s.opts.OnRemove(old)
 	}
 }
 
@@ -361,15 +357,15 @@ func (s *Service) ListJobs(ctx context.Context, _ *smgv1.ListJobsRequest) (*smgv
 
 func (s *Service) ListRouters(ctx context.Context, _ *smgv1.ListRoutersRequest) (*smgv1.ListRoutersResponse, error) {
 	resp := &smgv1.ListRoutersResponse{Revision: s.reg.Revision()}
-	if s.routers != nil {
-		resp.Routers = s.routers.Routers()
+	if s.opts.Routers != nil {
+		resp.Routers = s.opts.Routers.Routers()
 	}
 	return resp, nil
 }
 
 // jobVisible hides finished jobs once their retention has passed.
 func (s *Service) jobVisible(j *registry.Job) bool {
-	return running(j) || s.now().Sub(j.UpdatedAt) < s.opts.JobRetention
+	return running(j) || s.opts.Now().Sub(j.UpdatedAt) < s.opts.JobRetention
 }
 
 func jobStatus(j *registry.Job) *smgv1.JobStatus {

@@ -390,10 +390,6 @@ func (l *Liveness) Status() (Verdict, Cause) { return l.verdict, l.cause }
 // none); the caller passes that stream's read state to Sweep.
 func (l *Liveness) HeardStream() uint64 { return l.heardStream }
 
-// Pushed reports whether the worker has pushed a load record (and so is judged
-// by the stale rule).
-func (l *Liveness) Pushed() bool { return l.pushed }
-
 // Contact records a successful contact at now that carries no load: a
 // passing health probe, or any answer. It clears unreachable at once; it does
 // not clear wedged, which needs progress.
