@@ -14,7 +14,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/smg-project/smg/internal/bearer"
@@ -167,13 +166,11 @@ func newHostSet(id Identity, ctx context.Context) *hostSet {
 		}
 		hs.allowed[h] = true
 	}
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
-			ip := net.ParseIP(host)
-			hs.allowed[ip.String()] = true
-			if ip.IsLoopback() {
-				hs.loopback, hs.allowed["localhost"] = true, true
-			}
+	if host, _, err := net.SplitHostPort(peerOf(ctx)); err == nil {
+		ip := net.ParseIP(host)
+		hs.allowed[ip.String()] = true
+		if ip.IsLoopback() {
+			hs.loopback, hs.allowed["localhost"] = true, true
 		}
 	}
 	return hs

@@ -72,11 +72,10 @@ func (s *Server) authorizePods(st *agentStream, m *smgv1.DiscoveredPods) []podwa
 		in = in[:maxPods]
 	}
 	source := podwatch.SourceAgent(st.node)
-	pods := make([]podwatch.Pod, 0, len(in))
-	specs := make([]*smgv1.WorkerSpec, len(in))
+	pods := make([]podwatch.Pod, 0, len(in)) // never grown past len(in): &pods[i] stays valid
 	sem := make(chan struct{}, podReads)
 	var wg sync.WaitGroup
-	for i, p := range in {
+	for _, p := range in {
 		if p.GetName() == "" || p.GetNamespace() == "" {
 			s.log.Warn("Agent sent a pod without a name or namespace; ignored", "node", st.node)
 			continue
@@ -87,23 +86,16 @@ func (s *Server) authorizePods(st *agentStream, m *smgv1.DiscoveredPods) []podwa
 		if spec == nil || (!p.GetReady() && s.registeredModel(st, canonicalURL(spec.GetUrl())) == "") {
 			continue
 		}
+		pod := &pods[len(pods)-1]
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			specs[i], _ = s.authorize(st.ctx, st, create, spec)
+			if spec, _ := s.authorize(st.ctx, st, create, spec); spec != nil {
+				spec.Labels = map[string]string{podwatch.LabelPod: pod.Name, podwatch.LabelNamespace: pod.Namespace, podwatch.LabelSource: source}
+				pod.Spec = spec
+			}
 		})
 	}
 	wg.Wait()
-	j := 0
-	for i, p := range in {
-		if p.GetName() == "" || p.GetNamespace() == "" {
-			continue
-		}
-		if spec := specs[i]; spec != nil {
-			spec.Labels = map[string]string{podwatch.LabelPod: p.GetName(), podwatch.LabelNamespace: p.GetNamespace(), podwatch.LabelSource: source}
-			pods[j].Spec = spec
-		}
-		j++
-	}
 	return pods
 }

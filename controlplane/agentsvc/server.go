@@ -20,6 +20,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -280,12 +281,7 @@ func (st *agentStream) coverReported(e *engineState, url string) {
 func (st *agentStream) coveredURLs() []string {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	out := make([]string, 0, len(st.covered))
-	for u := range st.covered {
-		out = append(out, u)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(st.covered))
 }
 
 // Report serves one agent's stream.
@@ -314,7 +310,7 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 		s.log.Warn("Agent refused: its credentials are bound to another node", "credentials_node", id.Node, "hello_node", hello.GetNode(), "peer", peerOf(ctx))
 		return status.Errorf(codes.PermissionDenied, "agent: these credentials (token or client certificate) are for node %q, not %q (smg agent --node)", id.Node, hello.GetNode())
 	}
-	st := &agentStream{ctx: ctx, node: hello.GetNode(), peer: peerOf(ctx), own: dedup(canonical(hello.GetEngineUrls())),
+	st := &agentStream{ctx: ctx, node: hello.GetNode(), peer: peerOf(ctx), own: canonicalSet(hello.GetEngineUrls()),
 		hosts: newHostSet(id, ctx), refused: map[string]bool{}, covered: map[string]bool{},
 		engines: map[string]*engineState{}, known: map[string]knownWorker{}, pending: map[string]*smgv1.LoadRecord{},
 		read: s.ev.OpenStream()}
@@ -587,16 +583,13 @@ func (s *Server) event(st *agentStream, e *smgv1.EngineEvent, now time.Time) {
 		eng.hasLast = false
 		s.log.Debug("Agent reports a transport failure", "worker_id", w.ID, "url", url, "detail", e.GetDetail())
 		s.ev.Failure(w.ID, judge.ConnectionFailure, now)
-	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_NO_REPORT:
+	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_NO_REPORT, smgv1.EngineEventKind_ENGINE_EVENT_KIND_TIMEOUT:
 		eng.hasLast = false
 		if err := s.ev.NoReport(w.ID); err != nil {
-			s.log.Debug("Agent no-report not ingested", "worker_id", w.ID, "url", url, "error", err)
+			s.log.Debug("Agent no-report not ingested", "worker_id", w.ID, "url", url, "kind", e.GetKind().String(), "error", err)
 		}
-		s.ev.Heard(w.ID, st.heard, now)
-	case smgv1.EngineEventKind_ENGINE_EVENT_KIND_TIMEOUT:
-		eng.hasLast = false
-		if err := s.ev.NoReport(w.ID); err != nil {
-			s.log.Debug("Agent timeout not ingested", "worker_id", w.ID, "url", url, "error", err)
+		if e.GetKind() == smgv1.EngineEventKind_ENGINE_EVENT_KIND_NO_REPORT { // a timeout is no contact
+			s.ev.Heard(w.ID, st.heard, now)
 		}
 	default:
 		s.log.Debug("Agent sent an event of unknown kind; ignored", "url", url, "kind", e.GetKind().String())
@@ -776,18 +769,6 @@ func (s *Server) Covers(url string) bool {
 	return s.covering[url] > 0
 }
 
-// Nodes lists the nodes whose agents are connected, sorted.
-func (s *Server) Nodes() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.nodes))
-	for n := range s.nodes {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}
-
 func peerOf(ctx context.Context) string {
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		return p.Addr.String()
@@ -805,16 +786,12 @@ func canonicalURL(url string) string {
 	return url
 }
 
-func canonical(urls []string) []string {
+// canonicalSet is urls in canonical form, sorted, each once.
+func canonicalSet(urls []string) []string {
 	out := make([]string, len(urls))
 	for i, u := range urls {
 		out[i] = canonicalURL(u)
 	}
-	return out
-}
-
-func dedup(urls []string) []string {
-	out := slices.Clone(urls)
 	slices.Sort(out)
 	return slices.Compact(out)
 }
