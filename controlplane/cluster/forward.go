@@ -245,15 +245,13 @@ func (s leaderStream) Context() context.Context { return s.ctx }
 
 // notLeader is the answer of a replica that does not lead.
 func (n *Node) notLeader() error {
+	reason, msg, md := ReasonNoLeader, "the control plane cluster has no leader yet", map[string]string(nil)
 	if lm, ok := n.LeaderMember(); ok && lm.ID != n.id {
-		st := status.New(codes.Unavailable, "this control plane is not the leader; the leader is "+lm.ID+" at "+lm.GRPC)
-		if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonNotLeader, Domain: ErrorDomain, Metadata: map[string]string{"leader": lm.GRPC, "leader_id": lm.ID}}); err == nil {
-			st = d
-		}
-		return st.Err()
+		reason, msg = ReasonNotLeader, "this control plane is not the leader; the leader is "+lm.ID+" at "+lm.GRPC
+		md = map[string]string{"leader": lm.GRPC, "leader_id": lm.ID}
 	}
-	st := status.New(codes.Unavailable, "the control plane cluster has no leader yet")
-	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonNoLeader, Domain: ErrorDomain}); err == nil {
+	st := status.New(codes.Unavailable, msg)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: md}); err == nil {
 		st = d
 	}
 	return st.Err()

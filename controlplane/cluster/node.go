@@ -365,15 +365,15 @@ func (n *Node) Leading() (context.Context, bool) {
 // its duties taken up or another member is known to lead (with its
 // addresses): after a start or an election there is a moment when Raft has
 // no leader yet, or has elected this node and Prepare is running, and a call
-// would find no one to answer it. It reports whether a leader is known.
-func (n *Node) awaitLeader(ctx context.Context, d time.Duration) bool {
+// would find no one to answer it.
+func (n *Node) awaitLeader(ctx context.Context, d time.Duration) {
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
 	tick := time.NewTicker(20 * time.Millisecond) // leader changes and announcements land in the log, which signals nothing
 	defer tick.Stop()
 	for {
-		if n.leaderKnown() {
-			return true
+		if n.Ready() {
+			return
 		}
 		n.mu.Lock()
 		ready := n.ready
@@ -382,26 +382,23 @@ func (n *Node) awaitLeader(ctx context.Context, d time.Duration) bool {
 		case <-ready:
 		case <-tick.C:
 		case <-ctx.Done():
-			return false
+			return
 		case <-deadline.C:
-			return n.leaderKnown()
+			return
 		}
 	}
 }
 
-// leaderKnown: this node leads with its duties taken up, or another member
-// leads and its addresses are known.
-func (n *Node) leaderKnown() bool {
+// Ready reports whether writes are taken: this node leads with its duties
+// taken up, or another member leads, its addresses known, and this one can
+// hand writes to it.
+func (n *Node) Ready() bool {
 	if _, ok := n.Leading(); ok {
 		return true
 	}
 	lm, ok := n.LeaderMember()
 	return ok && lm.ID != n.id
 }
-
-// Ready reports whether writes are taken: this node leads with its duties
-// taken up, or another member leads and this one can hand writes to it.
-func (n *Node) Ready() bool { return n.leaderKnown() }
 
 // LeaderMember returns the current leader's addresses, if a leader is known
 // and has announced them.
