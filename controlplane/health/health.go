@@ -206,9 +206,8 @@ func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) (<-chan stru
 			continue // removed or replaced: the pending reconcile sees to it
 		}
 		st.inFlight = true
-		wg.Add(1)
-		go func(id, apiKey string, st *probeState) {
-			defer wg.Done()
+		apiKey := w.Spec.GetApiKey()
+		wg.Go(func() {
 			ok, why := c.probe(ctx, st.url, apiKey)
 			if ctx.Err() != nil {
 				c.mu.Lock()
@@ -217,7 +216,7 @@ func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) (<-chan stru
 				return
 			}
 			c.record(id, st, ok, why)
-		}(id, w.Spec.GetApiKey(), st)
+		})
 	}
 	wait := c.maxWait
 	if at, ok := c.queue.Peek(); ok {

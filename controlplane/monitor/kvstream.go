@@ -69,11 +69,7 @@ func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Work
 		sctx, cancel := context.WithCancel(ctx)
 		st := &kvStream{url: w.Spec.GetUrl(), cancel: cancel}
 		k.m[id] = st
-		k.wg.Add(1)
-		go func() {
-			defer k.wg.Done()
-			m.runStream(sctx, id, c, st)
-		}()
+		k.wg.Go(func() { m.runStream(sctx, id, c, st) })
 	}
 }
 

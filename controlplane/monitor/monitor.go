@@ -12,6 +12,7 @@
 package monitor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -127,11 +128,7 @@ func New(reg *registry.Registry, in *evidence.Inbox, client *http.Client, opts O
 }
 
 func groupOf(w *registry.Worker) GroupKey {
-	mode := w.Spec.GetConnectionMode()
-	if mode == "" {
-		mode = "http"
-	}
-	return GroupKey{Model: w.Model, Type: w.Type, Mode: mode}
+	return GroupKey{Model: w.Model, Type: w.Type, Mode: cmp.Or(w.Spec.GetConnectionMode(), "http")}
 }
 
 // Groups returns the polling interval of each group in snap.
@@ -197,11 +194,7 @@ func (m *Monitor) Run(ctx context.Context) {
 				rctx, cancel := context.WithCancel(ctx)
 				r = &runner{interval: iv, cancel: cancel, kick: make(chan struct{}, 1)}
 				runners[k] = r
-				wg.Add(1)
-				go func(k GroupKey) {
-					defer wg.Done()
-					m.runGroup(rctx, k, iv, r.kick)
-				}(k)
+				wg.Go(func() { m.runGroup(rctx, k, iv, r.kick) })
 			}
 			select { // a change may have made a worker Ready: poll it now
 			case r.kick <- struct{}{}:
@@ -381,17 +374,15 @@ func (m *Monitor) pollAsync(ctx context.Context, w *registry.Worker) {
 		return
 	}
 	rd.inFlight = true
-	m.polls.Add(1)
-	m.mu.Unlock()
-	go func() {
-		defer m.polls.Done()
+	m.polls.Go(func() {
 		defer func() {
 			m.mu.Lock()
 			rd.inFlight = false
 			m.mu.Unlock()
 		}()
 		m.PollOnce(ctx, w.ID, rd.r)
-	}()
+	})
+	m.mu.Unlock()
 }
 
 // newReader makes the reader of w's wire.
