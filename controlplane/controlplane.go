@@ -638,9 +638,8 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 // rebuilds its own), and a later term of its own starts clean. Workers go
 // back to presumed Ready with no veto, the fail-open direction: a router
 // still attached to this replica in the instant before its stream ends may
-// read this change, and must not see the fleet vanish (it did: Health
-// pending here took every worker out of routing until the router reached
-// the new leader; found by the chaos suite's leader partition).
+// read this change, and must not see the fleet vanish (Health pending would
+// take every worker out of its routing until it reached the new leader).
 func (cp *ControlPlane) demote() {
 	cp.Evidence.Rebuild("no longer the leader: its verdicts are dropped", (*registry.Worker).Presumed)
 	cp.Evidence.Sweep(cp.opts.Now()) // drops the evidence of every worker not Ready
