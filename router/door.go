@@ -238,8 +238,10 @@ func (r *Router) requestClass(req *http.Request) (admission.Class, string) {
 
 // admit lets the request through the door. On refusal it has answered and
 // returns false with the status sent. The ticket is nil unless the scheduler
-// admitted the request; the caller releases it with r.door.Release.
-func (r *Router) admit(w http.ResponseWriter, req *http.Request, model string) (*admission.Ticket, int, bool) {
+// admitted the request; the caller releases it with r.door.Release. borrow
+// (nil: none) asks a peer router for a room for the request of tenant in
+// class when the scheduler would make it wait (pooled headroom).
+func (r *Router) admit(w http.ResponseWriter, req *http.Request, model string, borrow func(admission.Class, string) bool) (*admission.Ticket, int, bool) {
 	if r.sched == nil {
 		t, res := r.door.Admit(req.Context(), admission.Default)
 		switch res {
@@ -257,7 +259,11 @@ func (r *Router) admit(w http.ResponseWriter, req *http.Request, model string) (
 		return nil, r.admissionEnded(w, req), false
 	}
 	class, tenant := r.requestClass(req)
-	t, res := r.sched.AdmitFor(req.Context(), class, tenant, model)
+	var ask func() bool
+	if borrow != nil {
+		ask = func() bool { return borrow(class, tenant) }
+	}
+	t, res := r.sched.AdmitOrBorrow(req.Context(), class, tenant, model, ask)
 	switch res {
 	case admission.Admitted:
 		return t, 0, true

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/smg-project/smg/router/admission"
 )
 
 // Room loans between routers. Routers that share a worker's window each hold
@@ -79,7 +81,7 @@ type handoff struct {
 func newHandoff(peers []*url.URL, opts Options, reg prometheus.Registerer) (*handoff, error) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "smg_router_room_loans_total",
-		Help: "Room loans between routers (--peer-routers), by result: borrowed (a request with no room here got a peer's room), none (every peer was full or unreachable: shed here), lent (this router lent a room to a peer).",
+		Help: "Room loans between routers (--peer-routers), by result: borrowed (a request with no room here got a peer's room), none (every peer was full or unreachable: shed here, or, asked by the scheduler for a tenant under its weighted share, the request waits here), lent (this router lent a room to a peer).",
 	}, []string{"result"})
 	if err := reg.Register(c); err != nil {
 		return nil, err
@@ -119,12 +121,23 @@ const askWait = 250 * time.Millisecond
 // the first loan granted (the others are given back at once); nil when none
 // lends. The loan lives at most as long as ctx.
 func (h *handoff) borrow(ctx context.Context, model string, need, tokens int64) *loan {
+	return h.borrowFor(ctx, model, need, tokens, "", admission.Default)
+}
+
+// borrowFor is borrow for a request of tenant in class that the scheduler's
+// door admits on a peer's room (pooled headroom): the lender's scheduler
+// admits it by its fair-share rules. An empty tenant asks for a room alone.
+func (h *handoff) borrowFor(ctx context.Context, model string, need, tokens int64, tenant string, class admission.Class) *loan {
 	if len(h.peers) == 0 {
 		return nil
 	}
 	vals := url.Values{"model": {model}, "need": {strconv.FormatInt(need, 10)}}
 	if tokens > 0 {
 		vals.Set("tokens", strconv.FormatInt(tokens, 10))
+	}
+	if tenant != "" {
+		vals.Set("tenant", tenant)
+		vals.Set("class", class.String())
 	}
 	q := vals.Encode()
 	answers := make(chan *loan, len(h.peers))
@@ -235,6 +248,15 @@ func (r *Router) serveLend(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
+	tenant := q.Get("tenant")
+	class := admission.Default
+	if tenant != "" {
+		var ok bool
+		if class, ok = admission.ParseClass(q.Get("class")); !ok {
+			writeError(w, http.StatusBadRequest, CodeInvalidJSON, "class must be a scheduler class", 0)
+			return
+		}
+	}
 	model := q.Get("model")
 	v := r.view.Load()
 	var p *pool
@@ -244,6 +266,16 @@ func (r *Router) serveLend(w http.ResponseWriter, req *http.Request) {
 	if !r.gating() || p == nil || p.wl.Waiters() > 0 {
 		writeError(w, http.StatusServiceUnavailable, CodeShed, "No room to lend", 0)
 		return
+	}
+	if tenant != "" && r.sched != nil && r.schedFromFleet {
+		// A request of tenant borrows this router's headroom: this
+		// scheduler admits it as an arrival here, or lends nothing.
+		t, res := r.sched.Lend(class, tenant, model)
+		if res != admission.Admitted {
+			writeError(w, http.StatusServiceUnavailable, CodeShed, "No room to lend", 0)
+			return
+		}
+		defer r.sched.Release(t)
 	}
 	g, ok := r.tryRoom(model, false, &request{model: model, need: need, tokens: tokens})
 	if !ok || g.i < 0 || g.out != chosen {
@@ -274,7 +306,12 @@ func (r *Router) serveLend(w http.ResponseWriter, req *http.Request) {
 // borrowRoom asks the peers for a room for q in model's pool after this
 // router found none: the grant names the lent worker in the newest view.
 func (r *Router) borrowRoom(ctx context.Context, model string, q *request) (roomGrant, *loan) {
-	l := r.handoff.borrow(ctx, model, q.need, q.tokens)
+	return r.loanGrant(model, r.handoff.borrow(ctx, model, q.need, q.tokens))
+}
+
+// loanGrant is the grant of loan l (nil: none) in model's pool of the newest
+// view; a loan of a worker this router does not know is given back.
+func (r *Router) loanGrant(model string, l *loan) (roomGrant, *loan) {
 	if l == nil {
 		return roomGrant{}, nil
 	}
@@ -289,4 +326,15 @@ func (r *Router) borrowRoom(ctx context.Context, model string, q *request) (room
 	}
 	l.release() // the lender knows a worker this router does not (yet)
 	return roomGrant{}, nil
+}
+
+// roomClaim is the rooms and tokens a request asks of a lender, as its
+// dispatch counts them.
+func (r *Router) roomClaim(f *requestFields) (need, tokens int64) {
+	need, _ = batchSize(f)
+	if r.opts.WorkerTokenBudget {
+		prompt := int64(len(f.prompt()) / r.opts.PromptBytesPerTokenGuess)
+		tokens = requestTokens(prompt, expectedOutput(f, int64(r.opts.WorkerTokenBudgetOutputTokens)), need)
+	}
+	return need, tokens
 }

@@ -118,10 +118,11 @@ func TestLendOnlyToPeers(t *testing.T) {
 
 	_, b := loanRouters(t, e, 0, -1) // b holds no room
 	for q, want := range map[string]int{
-		"?model=" + testModel + "&need=0": http.StatusBadRequest,
-		"?model=" + testModel + "&need=x": http.StatusBadRequest,
-		"?model=" + testModel + "&need=1": http.StatusServiceUnavailable, // no room at b
-		"?model=nosuchmodel&need=1":       http.StatusServiceUnavailable,
+		"?model=" + testModel + "&need=0":                          http.StatusBadRequest,
+		"?model=" + testModel + "&need=x":                          http.StatusBadRequest,
+		"?model=" + testModel + "&need=1":                          http.StatusServiceUnavailable, // no room at b
+		"?model=nosuchmodel&need=1":                                http.StatusServiceUnavailable,
+		"?model=" + testModel + "&need=1&tenant=auth:x&class=nope": http.StatusBadRequest,
 	} {
 		req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, b.srv.URL+LendPath+q, nil)
 		if err != nil {
@@ -200,4 +201,54 @@ func TestBorrowWaitsForASilentPeerAskWaitAtMost(t *testing.T) {
 		cancel()
 		synctest.Wait()
 	})
+}
+
+// pooledDoc is fairDoc with both tenants of weight 1: a floods, b is steady.
+var pooledDoc = fairDoc[:strings.Index(fairDoc, "tenant_policies:")]
+
+// TestPooledHeadroomBorrowedAtTheDoor: with fair shares and --peer-routers,
+// a request of a tenant under its weighted share that finds its router's
+// scheduler full is served at once on a room a peer lends (the peer's
+// scheduler admits it and counts it), instead of waiting here for a
+// completion; this router's scheduler holds no slot for it.
+func TestPooledHeadroomBorrowedAtTheDoor(t *testing.T) {
+	release := make(chan struct{})
+	e := holdingEngine(t, "w", release)
+	noWait := func(o *Options) {
+		windowsOn(PolicyRoundRobin)(o)
+		o.WorkerAdmissionWaitSecs = 0
+	}
+	b, _ := schedHarness(t, -1, pooledDoc, noWait)
+	a, _ := schedHarness(t, -1, pooledDoc, func(o *Options) {
+		noWait(o)
+		o.PeerRouters = b.srv.URL
+	})
+	b.r.handoff.peers, _ = parsePeers(a.srv.URL)
+	a.apply(e.worker(rooms(4), func(w *Worker) { w.WindowShare = 2 }))
+	b.apply(e.worker(rooms(4), func(w *Worker) { w.WindowShare = 2 }))
+	openRelease := gateOpen(t, release)
+
+	answers := make(chan answer, 3)
+	for range 2 {
+		go func() { answers <- a.sendAs("sk-a", "", "flood") }()
+	}
+	waitUntil(t, func() bool { return e.hits.Load() == 2 })
+	go func() { answers <- a.sendAs("sk-b", "", "steady") }()
+	waitUntil(t, func() bool { return e.hits.Load() == 3 })
+	inflight := map[string]string{"class": "default"}
+	if a.inFlight("w") != 2 || b.inFlight("w") != 1 ||
+		a.metricValue("smg_scheduler_inflight", inflight) != 2 || b.metricValue("smg_scheduler_inflight", inflight) != 1 {
+		t.Fatalf("rooms a %d b %d, scheduler slots a %v b %v: want the steady request on b's room, counted by b's scheduler",
+			a.inFlight("w"), b.inFlight("w"), a.metricValue("smg_scheduler_inflight", inflight), b.metricValue("smg_scheduler_inflight", inflight))
+	}
+	openRelease()
+	for range 3 {
+		if got := <-answers; got.status != http.StatusOK {
+			t.Fatalf("answer %d %s", got.status, got.body)
+		}
+	}
+	waitUntil(t, func() bool { return b.inFlight("w") == 0 && b.metricValue("smg_scheduler_inflight", inflight) == 0 })
+	if n := testutil.ToFloat64(a.r.handoff.borrowed); n != 1 {
+		t.Errorf("a: loans borrowed = %v, want 1", n)
+	}
 }

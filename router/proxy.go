@@ -127,10 +127,24 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		}
 	}
 	var ticket *admission.Ticket
+	var lent *loan // a peer's room the door borrowed (pooled headroom)
+	defer func() {
+		if lent != nil {
+			lent.release()
+		}
+	}()
 	if r.door != nil {
+		var borrow func(admission.Class, string) bool
+		if byModel && r.gating() && len(r.handoff.peers) > 0 {
+			borrow = func(class admission.Class, tenant string) bool {
+				need, tokens := r.roomClaim(&f)
+				lent = r.handoff.borrowFor(req.Context(), f.Model, need, tokens, tenant, class)
+				return lent != nil
+			}
+		}
 		var status int
 		var ok bool
-		if ticket, status, ok = r.admit(w, req, f.Model); !ok {
+		if ticket, status, ok = r.admit(w, req, f.Model, borrow); !ok {
 			return status
 		}
 		defer r.door.Release(ticket)
@@ -213,18 +227,28 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			// request no worker with room meets now is refused at once.
 			wait, objWait = min(roomWait, bound), true
 		}
-		i, out := r.sel.choose(v, p, &q, r.opts.WorkerOverloadShed)
+		var held *workerState // the worker whose room this attempt holds
+		var borrowed *loan    // or the peer router that lent the room
+		var i int32
+		var out outcome
+		if lent != nil { // the door's loan serves the first attempt
+			var g roomGrant
+			g, borrowed = r.loanGrant(f.Model, lent)
+			lent = nil
+			v, i, out = g.v, g.i, g.out
+		}
 		spilled := false
-		if r.spill != nil {
-			i, out, spilled = r.spillOver(v, p, i, out, &q, body, promptTokens)
+		if borrowed == nil {
+			i, out = r.sel.choose(v, p, &q, r.opts.WorkerOverloadShed)
+			if r.spill != nil {
+				i, out, spilled = r.spillOver(v, p, i, out, &q, body, promptTokens)
+			}
 		}
 		if out == full && q.need == 0 && !spilled { // no window to wait in: only an objective leaves none that meets it
 			_, _, retry := r.objectiveGate(v, p, &q)
 			return r.refuseObjective(w, &q, f.Model, retry)
 		}
-		var held *workerState // the worker whose room this attempt holds
-		var borrowed *loan    // or the peer router that lent the room
-		if q.need > 0 && !spilled {
+		if q.need > 0 && !spilled && borrowed == nil {
 			waitFrom := r.clock()
 			g, res := r.acquireRoomAfter(ctx, v, p, i, out, f.Model, false, &q, wait)
 			if res != admission.RoomAtOnce {

@@ -15,9 +15,10 @@ import (
 )
 
 // The tenant scenario: on the overload scenario's fleet, behind 3 routers
-// with running windows and the priority scheduler's fair shares, a steady
-// tenant sends 0.3× of capacity while a flooding tenant sends 10× its fair
-// share (half the capacity each: 5×). The steady tenant's p99 TTFT is
+// with running windows, room loans between them (a steady tenant's headroom
+// is pooled over the routers) and the priority scheduler's fair shares, a
+// steady tenant sends 0.3× of capacity while a flooding tenant sends 10× its
+// fair share (half the capacity each: 5×). The steady tenant's p99 TTFT is
 // compared with its value when it is alone.
 const (
 	steadyLoad = 0.3
@@ -55,13 +56,13 @@ func TenantConfigs() []GatewayConfig {
 	flood := bench.PriorityShare{Class: "default", Label: "flood", Weight: floodLoad, APIKey: "sk-bench-flood"}
 	sglang := []string{"--flavor", "sglang"}
 	return []GatewayConfig{
-		{Name: "tenants-alone", Flags: flags, Routers: 3, RouterFlags: three, SimArgs: sglang, SchedulerYAML: fairYAML,
+		{Name: "tenants-alone", Flags: flags, Routers: 3, Handoff: true, RouterFlags: three, SimArgs: sglang, SchedulerYAML: fairYAML,
 			Priorities: []bench.PriorityShare{steady},
-			Why:        fmt.Sprintf("the steady tenant alone at %.1f× of capacity; running windows, fair shares on, 3 routers", steadyLoad)},
-		{Name: "tenants-flood", Flags: flags, Routers: 3, RouterFlags: three, SimArgs: sglang, SchedulerYAML: fairYAML,
+			Why:        fmt.Sprintf("the steady tenant alone at %.1f× of capacity; running windows, fair shares on, 3 routers, each listing the others in `--peer-routers` (pooled headroom)", steadyLoad)},
+		{Name: "tenants-flood", Flags: flags, Routers: 3, Handoff: true, RouterFlags: three, SimArgs: sglang, SchedulerYAML: fairYAML,
 			Priorities: []bench.PriorityShare{steady, flood},
 			Why:        fmt.Sprintf("the same, and the flooding tenant at %.0f× of capacity (10× its fair share)", floodLoad)},
-		{Name: "tenants-flood-noshare", Flags: flags, Routers: 3, RouterFlags: three, SimArgs: sglang, SchedulerYAML: fairNoShareYAML,
+		{Name: "tenants-flood-noshare", Flags: flags, Routers: 3, Handoff: true, RouterFlags: three, SimArgs: sglang, SchedulerYAML: fairNoShareYAML,
 			Priorities: []bench.PriorityShare{steady, flood},
 			Why:        "the same flood without fair shares (windows and the scheduler alone)"},
 	}

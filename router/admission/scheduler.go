@@ -21,6 +21,7 @@ type Ticket struct {
 	pool     *poolSlots    // the model's slots it also holds
 	admitted time.Time     // when it took its slot
 	elem     *list.Element // in s.running[class] while it holds the slot; guarded by s.mu
+	borrowed bool          // a peer router's room: holds no slot here
 	// state decides, with one compare-and-swap, "first byte sent" against
 	// "chosen as victim".
 	state     atomic.Int32
@@ -108,6 +109,10 @@ func (t *Ticket) Release() {
 	s := t.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if t.borrowed {
+		t.tenant.use.held(s.cfg.Now().Sub(t.admitted))
+		return
+	}
 	s.running[t.class].Remove(t.elem)
 	s.dropLocked(t)
 	s.completions.Add(1)
@@ -130,6 +135,7 @@ type waiter struct {
 	ready    chan struct{}
 	ticket   *Ticket // set when admitted from the queue
 	refused  bool    // set when refused from the queue: over its fair share
+	asking   bool    // asking the peers for a room: the dispatch passes it over
 }
 
 // Scheduler is the priority door (--priority-scheduler-enabled). It keeps
@@ -285,6 +291,10 @@ func (s *Scheduler) AdmitTenant(ctx context.Context, c Class, tenant string) (*T
 // one of the pool's own slots (SetPoolCapacities). Waiters of a pool that
 // is full do not hold back those of another pool behind them.
 func (s *Scheduler) AdmitFor(ctx context.Context, c Class, tenant, pool string) (*Ticket, Result) {
+	return s.admit(ctx, c, tenant, pool, nil)
+}
+
+func (s *Scheduler) admit(ctx context.Context, c Class, tenant, pool string, borrow func() bool) (*Ticket, Result) {
 	arrived := s.cfg.Now()
 	cc := &s.cfg.Classes[c]
 	s.mu.Lock()
@@ -312,6 +322,14 @@ func (s *Scheduler) AdmitFor(ctx context.Context, c Class, tenant, pool string) 
 		s.mu.Unlock()
 		s.observeAdmitted(c, 0)
 		return t, Admitted
+	}
+	if borrow != nil && s.mayBorrowLocked(ts, arrived) {
+		if t := s.borrowLocked(c, ts, p, borrow); t != nil {
+			s.publishLocked()
+			s.mu.Unlock()
+			s.observeAdmitted(c, s.cfg.Now().Sub(arrived))
+			return t, Admitted
+		}
 	}
 	if s.queues[c].Len() >= cc.QueueSize {
 		if ts != nil {
@@ -341,9 +359,21 @@ func (s *Scheduler) AdmitFor(ctx context.Context, c Class, tenant, pool string) 
 	// turned starving while nothing else happened (slots free but reserved).
 	starving := time.NewTimer(cc.StarvationThreshold)
 	defer starving.Stop()
+	var reask <-chan time.Time // a waiter that may borrow asks the peers again
+	if borrow != nil && ts != nil {
+		tick := time.NewTicker(BorrowEvery)
+		defer tick.Stop()
+		reask = tick.C
+	}
 	var res Result
 	for res == Admitted {
 		select {
+		case <-reask:
+			if t := s.reborrow(w, borrow); t != nil {
+				s.observeAdmitted(c, s.cfg.Now().Sub(arrived))
+				return t, Admitted
+			}
+			continue
 		case <-w.ready:
 			if w.ticket == nil {
 				return nil, s.refused(c, ts)
@@ -426,7 +456,7 @@ func (s *Scheduler) nextLocked(c Class) *waiter {
 	for e := s.queues[c].Front(); e != nil; {
 		w := e.Value.(*waiter)
 		e = e.Next()
-		if !w.pool.room() {
+		if !w.pool.room() || w.asking {
 			continue
 		}
 		if s.fair == nil {
@@ -456,7 +486,7 @@ func (s *Scheduler) nextLocked(c Class) *waiter {
 // own (nil: none).
 func (s *Scheduler) oldestLocked(c Class) *waiter {
 	for e := s.queues[c].Front(); e != nil; e = e.Next() {
-		if w := e.Value.(*waiter); w.pool.room() {
+		if w := e.Value.(*waiter); w.pool.room() && !w.asking {
 			return w
 		}
 	}

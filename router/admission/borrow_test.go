@@ -1,0 +1,169 @@
+package admission
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// A tenant under its weighted share that finds no free slot here asks a peer
+// router for a room instead of waiting for a completion here: the borrowed
+// ticket holds no slot here, and the tenant's counter is still charged here.
+// When no peer lends, it waits as before and takes the next slot.
+func TestUnderShareTenantBorrowsInsteadOfWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newTest(t, refusedCfg(), 4)
+		steady := admitN(t, s, "auth:steady", 1)
+		flood := admitN(t, s, "auth:flood", 3) // the capacity is full
+		asked := 0
+		lend := func() bool { asked++; return true }
+		tk, r := s.AdmitOrBorrow(context.Background(), Default, "auth:steady", "", lend)
+		if r != Admitted || !tk.Borrowed() || asked != 1 {
+			t.Fatalf("result %v, borrowed %v, asked %d: want a borrowed ticket after one ask", r, tk.Borrowed(), asked)
+		}
+		if s.total != 4 || s.fair.tenants["auth:steady"].inflight != 1 {
+			t.Fatalf("slots held %d, steady's %d: a borrowed ticket holds none here", s.total, s.fair.tenants["auth:steady"].inflight)
+		}
+		before := s.fair.tenants["auth:steady"].counter
+		tk.Charge(100, PromptTokenWeight)
+		if got := s.fair.tenants["auth:steady"].counter; got != before+100 {
+			t.Fatalf("steady's counter %v after 100 tokens from %v", got, before)
+		}
+		tk.Release()
+		tk.Release()
+		if s.total != 4 {
+			t.Fatalf("slots held %d after a borrowed ticket ended", s.total)
+		}
+
+		// No peer lends: the request waits for the next completion here.
+		got := make(chan *Ticket, 1)
+		go func() {
+			tk, _ := s.AdmitOrBorrow(context.Background(), Default, "auth:steady", "", func() bool { asked++; return false })
+			got <- tk
+		}()
+		synctest.Wait()
+		if asked != 2 || len(got) != 0 {
+			t.Fatalf("asked %d times, admitted %d: want it asked once more and waiting", asked, len(got))
+		}
+		flood[0].Release()
+		tk = <-got
+		if tk.Borrowed() || tenantOf(tk) != "auth:steady" || s.total != 4 {
+			t.Fatalf("the freed slot went to %s (borrowed %v), %d held", tenantOf(tk), tk.Borrowed(), s.total)
+		}
+
+		// A waiter asks again every BorrowEvery: a room that frees at a
+		// peer serves it before one frees here.
+		tk.Release()
+		flood[0] = admitN(t, s, "auth:flood", 1)[0] // full again, steady under its share
+		var peerFree atomic.Bool
+		var asks atomic.Int32
+		go func() {
+			tk, _ := s.AdmitOrBorrow(context.Background(), Default, "auth:steady", "", func() bool { asks.Add(1); return peerFree.Load() })
+			got <- tk
+		}()
+		time.Sleep(BorrowEvery / 2)
+		synctest.Wait()
+		if asks.Load() != 1 || len(got) != 0 {
+			t.Fatalf("asked %d times, admitted %d: want one ask and a wait", asks.Load(), len(got))
+		}
+		peerFree.Store(true)
+		time.Sleep(BorrowEvery)
+		synctest.Wait()
+		if len(got) != 1 || asks.Load() != 2 {
+			t.Fatalf("asked %d times, admitted %d: want a loan on the next ask", asks.Load(), len(got))
+		}
+		lent := <-got
+		if !lent.Borrowed() || s.total != 4 || s.queues[Default].Len() != 0 || s.fair.tenants["auth:steady"].waiting != 0 {
+			t.Fatalf("borrowed %v, %d held, %d queued: want the waiter gone with a loan", lent.Borrowed(), s.total, s.queues[Default].Len())
+		}
+		for _, h := range append(append(steady, flood...), lent) {
+			h.Release()
+		}
+	})
+}
+
+// Only a tenant under its weighted share beside another active tenant
+// borrows: a tenant alone waits for this router's capacity (what it misses
+// is capacity, not headroom kept elsewhere for it), and so does a tenant
+// past its weighted share.
+func TestBorrowOnlyUnderWeightedShare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		never := func() bool { t.Error("borrow asked"); return true }
+		s := newTest(t, refusedCfg(), 2)
+		held := admitN(t, s, "auth:a", 2)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan Result, 1)
+		go func() { _, r := s.AdmitOrBorrow(ctx, Default, "auth:a", "", never); done <- r }()
+		synctest.Wait()
+		cancel()
+		if r := <-done; r != Cancelled {
+			t.Fatalf("a tenant alone: %v, want it waiting until cancelled", r)
+		}
+		for _, h := range held {
+			h.Release()
+		}
+
+		// Fleet-wide, b holds more than its weighted share (7 against 6 of
+		// 12) on other routers, under its fair share (12 less c's 3): what
+		// more it takes is others' headroom, not its own.
+		s = newTest(t, refusedCfg(), 2)
+		s.SetFleetCapacity(12)
+		s.SetFleetTenants([]TenantDemand{{Tenant: "auth:b", Weight: 1, InFlight: 7, Demand: 20}, {Tenant: "auth:c", Weight: 1, InFlight: 1, Demand: 2}})
+		held = admitN(t, s, "auth:c", 1)
+		ctx, cancel = context.WithCancel(context.Background())
+		tk, r := s.AdmitOrBorrow(ctx, Default, "auth:b", "", never)
+		if r != Admitted || tk.Borrowed() {
+			t.Fatalf("b: %v, want it admitted to the free slot here", r)
+		}
+		held = append(held, tk)
+		go func() { _, r := s.AdmitOrBorrow(ctx, Default, "auth:b", "", never); done <- r }()
+		synctest.Wait()
+		cancel()
+		if r := <-done; r != Cancelled {
+			t.Fatalf("b past its weighted share: %v, want it waiting until cancelled", r)
+		}
+		for _, h := range held {
+			h.Release()
+		}
+	})
+}
+
+// A lender admits a peer's request by its own fair-share rules, at once or
+// not at all: a tenant over its fleet-wide share is refused, one under it
+// takes a free slot here (counted here, never preempted), and with no slot
+// free nothing is lent.
+func TestLendByFairShareRules(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newTest(t, refusedCfg(), 4)
+		s.SetFleetCapacity(12)
+		s.SetFleetTenants([]TenantDemand{{Tenant: "auth:flood", Weight: 1, InFlight: 9, Demand: 100}, {Tenant: "auth:steady", Weight: 1, InFlight: 0, Demand: 3}})
+		if _, r := s.Lend(Default, "auth:flood", ""); r != OverFairShare {
+			t.Fatalf("the flood at its fleet-wide share (9 of 12 beside a demand of 3): %v, want refused", r)
+		}
+		var lent []*Ticket
+		for range 4 {
+			tk, r := s.Lend(Default, "auth:steady", "")
+			if r != Admitted || !tk.Start() {
+				t.Fatalf("steady under its share: %v", r)
+			}
+			lent = append(lent, tk)
+		}
+		if s.total != 4 {
+			t.Fatalf("%d slots held after 4 loans", s.total)
+		}
+		if _, r := s.Lend(Default, "auth:steady", ""); r != QueueFull {
+			t.Fatalf("no slot free: %v, want nothing lent", r)
+		}
+		if s.preemptForLocked(System, &s.anyPool) {
+			t.Fatal("a lent room was preempted")
+		}
+		for _, tk := range lent {
+			tk.Release()
+		}
+		if s.total != 0 || s.fair.active != 0 {
+			t.Fatalf("%d slots held, %d tenants active after the loans ended", s.total, s.fair.active)
+		}
+	})
+}
