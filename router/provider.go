@@ -189,19 +189,19 @@ func (r *Router) upstreamRequest(in *http.Request, wk *Worker, st *workerState, 
 // Retry-After; a refused key becomes this router's 502 (the provider's
 // own answer may echo part of the key); the answer's model is rewritten
 // back to the local name.
-func (r *Router) roundTripTo(ctx context.Context, wk *Worker, st *workerState, out *http.Request) (*http.Response, error) {
+func (r *Router) roundTripTo(ctx context.Context, wk *Worker, st *workerState, out *http.Request, deadline time.Time, hook cancelHook) (*http.Response, error) {
 	pv := wk.Provider
 	if pv == nil {
-		return r.roundTrip(ctx, out)
+		return r.roundTripHooked(ctx, out, deadline, hook)
 	}
 	timeout := pv.Timeout
 	if timeout <= 0 {
 		timeout = DefaultProviderTimeout
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	deadline := time.AfterFunc(timeout, func() { cancel(errProviderSilent) })
+	silent := time.AfterFunc(timeout, func() { cancel(errProviderSilent) })
 	resp, err := r.providers.transport.RoundTrip(out.WithContext(ctx))
-	deadline.Stop()
+	silent.Stop()
 	if err != nil {
 		if context.Cause(ctx) == errProviderSilent {
 			err = fmt.Errorf("the provider's answer did not start within %s: %w", timeout, context.DeadlineExceeded)

@@ -156,12 +156,12 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		}
 	}
 
-	ctx, cancel := r.requestContext(req.Context())
-	defer cancel()
+	rc := r.newReqCtx(req.Context())
+	defer rc.end()
 	roomWait := time.Duration(r.opts.WorkerAdmissionWaitSecs * float64(time.Second))
 	if ticket != nil {
 		var stop context.CancelFunc
-		ctx, stop = watchPreemption(ctx, ticket)
+		rc.ctx, stop = watchPreemption(rc.get(), ticket)
 		defer stop()
 		// Under the scheduler a request that still finds no room in its
 		// pool waits by its class's rules.
@@ -192,7 +192,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 				if ticket != nil && !ticket.Start() {
 					return writePreempted(w) // PD requests are not preempted once routed
 				}
-				return r.servePD(ctx, w, req, v, pp, body, &f, &q)
+				return r.servePD(rc.get(), w, req, v, pp, body, &f, &q)
 			}
 		}
 		p := v.all
@@ -250,7 +250,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		}
 		if q.need > 0 && !spilled && borrowed == nil {
 			waitFrom := r.clock()
-			g, res := r.acquireRoomAfter(ctx, v, p, i, out, f.Model, false, &q, wait)
+			g, res := r.acquireRoomAfter(rc.get(), v, p, i, out, f.Model, false, &q, wait)
 			if res != admission.RoomAtOnce {
 				r.wm.wait.Observe(r.clock().Sub(waitFrom).Seconds())
 			}
@@ -266,7 +266,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 					_, _, retry := r.objectiveGate(v, p, &q)
 					return r.refuseObjective(w, &q, f.Model, retry)
 				}
-				if g, borrowed = r.borrowRoom(ctx, f.Model, &q); borrowed == nil {
+				if g, borrowed = r.borrowRoom(rc.get(), f.Model, &q); borrowed == nil {
 					r.noteBudgetShed(f.Model, &q)
 					return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
 				}
@@ -323,15 +323,15 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			if borrowed != nil {
 				defer borrowed.release() // the lender's room, likewise
 			}
-			return r.dispatch(ctx, w, req, wk, st, body, streaming, promptTokens, attempt < maxRetries, ticket)
+			return r.dispatch(rc, w, req, wk, st, body, streaming, promptTokens, attempt < maxRetries, ticket)
 		}()
 		if !res.retry {
 			return res.status
 		}
 		r.metrics.retries.Inc()
 		q.avoid = st
-		if !sleepCtx(ctx, r.jitter(backoff)) {
-			if preempted(ctx) {
+		if !sleepCtx(rc.get(), r.jitter(backoff)) {
+			if preempted(rc.get()) {
 				return writePreempted(w)
 			}
 			return statusClientClosed
@@ -363,10 +363,10 @@ type dispatchResult struct {
 // line and headers wait for the first body bytes, so a request preempted
 // while the engine queues or prefills it is answered with the preemption
 // alone, and its upstream request is cancelled.
-func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.Request, wk *Worker, st *workerState,
+func (r *Router) dispatch(rc *reqCtx, w http.ResponseWriter, in *http.Request, wk *Worker, st *workerState,
 	body []byte, streaming bool, promptTokens int64, mayRetry bool, ticket *admission.Ticket) dispatchResult {
 	if enginegrpc.IsGRPC(wk.URL) {
-		return r.dispatchGRPC(ctx, w, in, wk, st, body, mayRetry, ticket)
+		return r.dispatchGRPC(rc.get(), w, in, wk, st, body, mayRetry, ticket)
 	}
 	out, err := r.upstreamRequest(in, wk, st, body)
 	if err != nil {
@@ -395,7 +395,14 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, in *http.R
 	// only (dispatchGRPC), though every chunk still counts as progress.
 	sent := r.clock()
 
-	resp, err := r.roundTripTo(ctx, wk, st, out)
+	// A plain engine behind the lean server needs no context of the
+	// request's own: the request's bound is the connection's deadline, and
+	// the server's hook cuts it when the client leaves or at Stop.
+	ctx, hook := rc.parent, rc.hook(w)
+	if hook == nil || wk.Provider != nil {
+		ctx = rc.get()
+	}
+	resp, err := r.roundTripTo(ctx, wk, st, out, rc.deadline, hook)
 	if err != nil {
 		if preempted(ctx) {
 			return dispatchResult{status: writePreempted(w)}

@@ -678,3 +678,57 @@ func TestStopEndsStreamsServedOnTheListener(t *testing.T) {
 		})
 	}
 }
+
+// On both servers a request is bounded by --request-timeout-secs (504
+// upstream_error, the timeout kind) and an engine's request is cut when its
+// client leaves: behind the lean server with no context of the request's
+// own, through the upstream connection's deadline and the server's hook.
+func TestRequestTimeoutAndClientLeavingCutTheEngine(t *testing.T) {
+	for _, server := range []string{HTTPServerLean, HTTPServerNet} {
+		t.Run(server, func(t *testing.T) {
+			arrived, cut := make(chan struct{}, 2), make(chan struct{}, 2)
+			e := newEngine(t, "silent", func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body) // net/http watches for the close once the body is read
+				arrived <- struct{}{}
+				<-r.Context().Done() // the router closed the connection
+				cut <- struct{}{}
+			})
+			r, addr := listeningRouter(t, server, func(o *Options) { o.RequestTimeoutSecs = 1; o.DisableRetries = true }, e.worker())
+			url := "http://" + addr + "/v1/chat/completions"
+			body := `{"model":"` + testModel + `","messages":[]}`
+			began := time.Now()
+			resp, err := http.Post(url, "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusGatewayTimeout || resp.Header.Get(ErrorCodeHeader) != CodeUpstreamError ||
+				!strings.Contains(string(b), "context deadline exceeded") {
+				t.Fatalf("past --request-timeout-secs: %d %q %s", resp.StatusCode, resp.Header.Get(ErrorCodeHeader), b)
+			}
+			if d := time.Since(began); d < time.Second || d > 5*time.Second {
+				t.Fatalf("answered after %v, want the 1 s timeout", d)
+			}
+			<-arrived
+			<-cut
+			if got := testutil.ToFloat64(r.metrics.upstream.WithLabelValues("timeout")); got != 1 {
+				t.Fatalf("upstream errors of kind timeout: %v, want 1", got)
+			}
+
+			// A client that leaves while the engine holds its request.
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			<-arrived
+			c.Close()
+			select {
+			case <-cut:
+			case <-time.After(900 * time.Millisecond): // well before the request's own timeout
+				t.Fatal("the engine's request outlived its client")
+			}
+		})
+	}
+}

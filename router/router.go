@@ -207,7 +207,14 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 // business, as with any reverse proxy. Errors read as an http.Client's do
 // (`Post "URL": ...`).
 func (r *Router) roundTrip(ctx context.Context, out *http.Request) (*http.Response, error) {
-	resp, err := r.upstream.RoundTrip(ctx, out)
+	deadline, _ := ctx.Deadline()
+	return r.roundTripHooked(ctx, out, deadline, nil)
+}
+
+// roundTripHooked is roundTrip bounded by deadline (zero: none) and, with a
+// hook, cut by it rather than by ctx.
+func (r *Router) roundTripHooked(ctx context.Context, out *http.Request, deadline time.Time, hook cancelHook) (*http.Response, error) {
+	resp, err := r.upstream.RoundTrip(ctx, out, deadline, hook)
 	if err != nil {
 		var tlsErr tls.RecordHeaderError
 		if errors.As(err, &tlsErr) && string(tlsErr.RecordHeader[:]) == "HTTP/" {
@@ -643,11 +650,61 @@ func (r *Router) serveReadyz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte(`{"ready":true}`))
 }
 
-// requestContext bounds one proxied request by --request-timeout-secs and
-// ends it at Stop: through the server's base context when the request came
-// through a server hooked by Listener, else by a hook of its own.
-func (r *Router) requestContext(parent context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(parent, time.Duration(r.opts.RequestTimeoutSecs)*time.Second)
+// reqCtx is a proxied request's context: bounded by --request-timeout-secs
+// and ended at Stop. Its context with a timer is made only for what waits
+// on it (a room, a retry's backoff, gRPC, PD, providers, preemption): a
+// plain engine's answer behind the lean server is bounded by its
+// connection's deadline and cut by the server's hook instead.
+type reqCtx struct {
+	r        *Router
+	parent   context.Context // the server's: ends when the client leaves
+	deadline time.Time
+	ctx      context.Context // nil until get
+	cancel   context.CancelFunc
+}
+
+func (r *Router) newReqCtx(parent context.Context) *reqCtx {
+	return &reqCtx{r: r, parent: parent, deadline: time.Now().Add(time.Duration(r.opts.RequestTimeoutSecs) * time.Second)}
+}
+
+// get is the request's context, made at the first call.
+func (c *reqCtx) get() context.Context {
+	if c.ctx == nil {
+		c.ctx, c.cancel = c.r.requestContext(c.parent, c.deadline)
+	}
+	return c.ctx
+}
+
+// hook is the lean server's cancel hook when it alone can cut the
+// request: no context made (get not called), Stop reaching the server's
+// context (Listener hooked the server); nil otherwise.
+func (c *reqCtx) hook(w http.ResponseWriter) cancelHook {
+	if c.ctx != nil || c.parent.Value(baseKey{}) != c.r {
+		return nil
+	}
+	h, _ := w.(cancelHook)
+	return h
+}
+
+func (c *reqCtx) end() {
+	if c.cancel != nil {
+		c.cancel()
+	}
+}
+
+// cancelHook is the lean server's ResponseWriter: f runs once when the
+// request's context is cancelled (the client left, or Stop through the base
+// context), as with context.AfterFunc, without a context per request.
+type cancelHook interface {
+	OnCancel(f func())
+	StopOnCancel() bool
+}
+
+// requestContext bounds one proxied request by its deadline and ends it at
+// Stop: through the server's base context when the request came through a
+// server hooked by Listener, else by a hook of its own.
+func (r *Router) requestContext(parent context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithDeadline(parent, deadline)
 	if parent.Value(baseKey{}) == r {
 		return ctx, cancel
 	}

@@ -58,10 +58,13 @@ type upConn struct {
 	tail     []byte          // held (bw's buffer, untouched until the next write to bw)
 	wait     sendWait
 	waitStep func(uintptr) bool // pc.step, bound once
+
+	cut func() // pc.interrupt, bound once: the request's cancellation cuts the connection
 }
 
 func newUpConn(c net.Conn, key upKey) *upConn {
 	pc := &upConn{c: c, key: key}
+	pc.cut = pc.interrupt
 	if sc, ok := c.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			pc.raw, pc.waitStep = raw, pc.step
@@ -70,6 +73,12 @@ func newUpConn(c net.Conn, key upKey) *upConn {
 	pc.br, pc.bw = bufio.NewReaderSize(pc, 4<<10), bufio.NewWriterSize(pc, 4<<10)
 	return pc
 }
+
+// interrupt ends the I/O on the connection in flight (the request was
+// cancelled); the connection is closed, not reused, after it.
+func (pc *upConn) interrupt() { _ = pc.c.SetDeadline(aLongTimeAgo) }
+
+var aLongTimeAgo = time.Unix(1, 0)
 
 // Write is bw's: the request's tail is held when send asks for it.
 func (pc *upConn) Write(p []byte) (int, error) {
@@ -169,21 +178,26 @@ func (e *nothingReadError) Unwrap() error { return e.err }
 // the connection, which goes back to the pool when the body is read to its
 // end. A kept-alive connection the engine closed while it sat idle (closed
 // or reset before a byte of the answer) is dialled afresh once, as
-// http.Transport does.
-func (u *upstream) RoundTrip(ctx context.Context, req *http.Request) (*http.Response, error) {
+// http.Transport does. The connection's I/O ends at deadline (zero: none),
+// with context.DeadlineExceeded, and when ctx ends, or with a hook when
+// the hook runs instead (ctx then only dials).
+func (u *upstream) RoundTrip(ctx context.Context, req *http.Request, deadline time.Time, hook cancelHook) (*http.Response, error) {
 	key := upKey{tls: req.URL.Scheme == "https", host: req.URL.Host}
 	for retried := false; ; retried = true {
 		pc, reused, err := u.get(ctx, key)
 		if err != nil {
 			return nil, err
 		}
-		resp, err := u.send(ctx, pc, req)
+		resp, err := u.send(ctx, pc, req, deadline, hook)
 		if err == nil {
 			return resp, nil
 		}
 		pc.c.Close()
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, cerr
+		}
+		if pastDeadline(err, deadline) {
+			return nil, context.DeadlineExceeded
 		}
 		var nr *nothingReadError
 		if isNothingRead := errors.As(err, &nr); isNothingRead {
@@ -220,10 +234,22 @@ func newRewindBody(b []byte) *rewindBody {
 func (rb *rewindBody) rewind()   { rb.Reset(rb.b) }
 func (*rewindBody) Close() error { return nil }
 
+// pastDeadline reports whether err is the connection's deadline, deadline,
+// having passed: the request's bound, not the engine's failure.
+func pastDeadline(err error, deadline time.Time) bool {
+	return !deadline.IsZero() && errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(deadline)
+}
+
 // send writes req on pc and reads the answer's head.
-func (u *upstream) send(ctx context.Context, pc *upConn, req *http.Request) (*http.Response, error) {
-	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
-	fail := func(err error) (*http.Response, error) { stop(); return nil, err }
+func (u *upstream) send(ctx context.Context, pc *upConn, req *http.Request, deadline time.Time, hook cancelHook) (*http.Response, error) {
+	_ = pc.c.SetDeadline(deadline) // a pooled connection's last one cleared too
+	b := &upBody{u: u, pc: pc, ctx: ctx, hook: hook, deadline: deadline}
+	if hook != nil {
+		hook.OnCancel(pc.cut)
+	} else {
+		b.stop = context.AfterFunc(ctx, pc.cut)
+	}
+	fail := func(err error) (*http.Response, error) { b.unhook(); return nil, err }
 	var inMemory []byte
 	if rb, ok := req.Body.(*rewindBody); ok {
 		inMemory = rb.b
@@ -243,7 +269,6 @@ func (u *upstream) send(ctx context.Context, pc *upConn, req *http.Request) (*ht
 	if _, err := pc.br.Peek(1); err != nil {
 		return fail(nothingRead(err))
 	}
-	b := &upBody{u: u, pc: pc, stop: stop, ctx: ctx}
 	resp, err := pc.parser.ReadResponse(pc.br, req, &b.body)
 	if err != nil {
 		return fail(err)
@@ -347,13 +372,24 @@ func (u *upstream) put(pc *upConn) {
 // upBody is an answer's body: read to its end, it gives the connection back
 // to the pool; closed before, or failed, it closes the connection.
 type upBody struct {
-	u     *upstream
-	pc    *upConn
-	body  h1client.Body
-	stop  func() bool // unhooks the cancellation; false once it has fired
-	ctx   context.Context
-	reuse bool
-	done  bool
+	u        *upstream
+	pc       *upConn
+	body     h1client.Body
+	hook     cancelHook  // cuts the connection when the request is cancelled, or
+	stop     func() bool // unhooks ctx's cancellation (context.AfterFunc)
+	ctx      context.Context
+	deadline time.Time
+	reuse    bool
+	done     bool
+}
+
+// unhook unhooks the cancellation; false once it has fired (the connection
+// is cut).
+func (b *upBody) unhook() bool {
+	if b.hook != nil {
+		return b.hook.StopOnCancel()
+	}
+	return b.stop()
 }
 
 func (b *upBody) Read(p []byte) (int, error) {
@@ -367,6 +403,8 @@ func (b *upBody) Read(p []byte) (int, error) {
 	case err != nil:
 		if cerr := b.ctx.Err(); cerr != nil {
 			err = cerr // cut by the cancellation, not by the engine
+		} else if pastDeadline(err, b.deadline) {
+			err = context.DeadlineExceeded
 		}
 		b.finish(false)
 	}
@@ -382,7 +420,7 @@ func (b *upBody) Close() error {
 
 func (b *upBody) finish(complete bool) {
 	b.done = true
-	if b.stop() && complete && b.reuse {
+	if b.unhook() && complete && b.reuse {
 		b.u.put(b.pc)
 		return
 	}

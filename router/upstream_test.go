@@ -40,7 +40,8 @@ func post(t *testing.T, u *upstream, ctx context.Context, url, body string) (*ht
 	if err != nil {
 		t.Fatal(err)
 	}
-	return u.RoundTrip(ctx, req)
+	deadline, _ := ctx.Deadline()
+	return u.RoundTrip(ctx, req, deadline, nil)
 }
 
 // An answer read to its end leaves its connection for the next request; one

@@ -223,6 +223,9 @@ type conn struct {
 	watchDone chan struct{}
 	gone      bool // the client left: the connection ends after this request
 	timer     *time.Timer
+	hook      func() // the handler's OnCancel
+	hookRan   bool
+	unhookCtx func() bool // the connection's context ending runs hook
 }
 
 const bufSize = 4 << 10
@@ -240,6 +243,7 @@ func (s *Server) newConn(base context.Context, rwc net.Conn) *conn {
 		// A base context that can end: each request's context hangs off the
 		// connection's, not off one context shared by every connection.
 		c.ctx, c.connCancel = context.WithCancel(c.ctx)
+		c.unhookCtx = context.AfterFunc(c.ctx, c.ctxEnded) // once per connection, not per request
 	}
 	s.mu.Lock()
 	if s.shuttingDown() {
@@ -351,6 +355,7 @@ func (c *conn) serveRequest() bool {
 
 	c.mu.Lock()
 	c.cancel, c.inHandler, c.bodyDone, c.wantWatch = cancel, true, c.body == nil, false
+	c.hook, c.hookRan = nil, false
 	c.mu.Unlock()
 	c.armWatch()
 
@@ -442,6 +447,7 @@ func (c *conn) closeGracefully() {
 func (c *conn) finish() {
 	_ = c.rwc.Close()
 	if c.connCancel != nil {
+		c.unhookCtx()
 		c.connCancel()
 	}
 	if c.timer != nil {

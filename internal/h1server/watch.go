@@ -86,6 +86,7 @@ func (c *conn) stopWatch() {
 	}
 	c.watchDone = nil
 	c.cancel = nil
+	c.hook = nil
 	c.mu.Unlock()
 	if done != nil {
 		<-done
@@ -106,6 +107,55 @@ func (c *conn) goneLocked() {
 	if c.cancel != nil {
 		c.cancel()
 	}
+	c.runHookLocked()
+}
+
+// ctxEnded: the connection's context ended (the server's base context, as
+// a router's Stop ends it), which ends its request's too.
+func (c *conn) ctxEnded() {
+	c.mu.Lock()
+	if c.inHandler {
+		c.runHookLocked()
+	}
+	c.mu.Unlock()
+}
+
+// runHookLocked runs the handler's OnCancel hook once. c.mu is held.
+func (c *conn) runHookLocked() {
+	if f := c.hook; f != nil {
+		c.hook, c.hookRan = nil, true
+		f()
+	}
+}
+
+// OnCancel arranges for f to run once when the request's context is
+// cancelled before its handler returns: the client left, or the server's
+// base context ended. It runs at once when that already happened, and
+// replaces an earlier f. It is context.AfterFunc on the request's context
+// without what that costs per request (a context, a map entry, closures):
+// one function the caller binds once. f must not block or call back into
+// the response.
+func (w *response) OnCancel(f func()) {
+	c := w.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w.done {
+		return
+	}
+	c.hook, c.hookRan = f, false
+	if c.gone || c.ctx.Err() != nil {
+		c.runHookLocked()
+	}
+}
+
+// StopOnCancel unhooks OnCancel's f: false when f has already run (or is
+// running), as the stop function of context.AfterFunc.
+func (w *response) StopOnCancel() bool {
+	c := w.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.hook = nil
+	return !c.hookRan
 }
 
 func isTimeout(err error) bool {
