@@ -9,8 +9,10 @@
 package tenants
 
 import (
-	"math"
-	"sort"
+	"cmp"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -42,14 +44,11 @@ func (t *Table) Report(routerID string, us []*smgv1.TenantUsage) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	old, had := t.routers[routerID]
-	if len(clean) == 0 {
-		if had {
-			delete(t.routers, routerID)
-			t.version++
-		}
-		return
-	}
-	if !had || !same(old, clean) {
+	switch {
+	case len(clean) == 0 && had:
+		delete(t.routers, routerID)
+		t.version++
+	case len(clean) > 0 && !same(old, clean):
 		t.routers[routerID] = clean
 		t.version++
 	}
@@ -101,13 +100,10 @@ func (t *Table) Others(routerID string) *smgv1.TenantShares {
 		}
 	}
 	t.mu.Unlock()
-	out := &smgv1.TenantShares{Others: make([]*smgv1.TenantUsage, 0, len(sum))}
-	for _, s := range sum {
-		out.Others = append(out.Others, s)
-	}
-	sort.Slice(out.Others, func(i, j int) bool { return out.Others[i].Tenant < out.Others[j].Tenant })
-	return out
+	return &smgv1.TenantShares{Others: slices.SortedFunc(maps.Values(sum), byTenant)}
 }
+
+func byTenant(a, b *smgv1.TenantUsage) int { return strings.Compare(a.Tenant, b.Tenant) }
 
 // sanitize drops idle tenants and bad values (a weight outside (0, 1e6]
 // becomes 1, negative counts 0), keeps the MaxPerReport largest, and
@@ -121,7 +117,7 @@ func sanitize(us []*smgv1.TenantUsage) []*smgv1.TenantUsage {
 		c := &smgv1.TenantUsage{Tenant: u.Tenant, Weight: u.Weight,
 			InFlight: min(max(0, u.InFlight), maxCount), Waiting: min(max(0, u.Waiting), maxCount)}
 		c.Demand = min(max(u.Demand, c.InFlight+c.Waiting), maxCount)
-		if !(c.Weight > 0 && c.Weight <= maxWeight) || math.IsNaN(c.Weight) {
+		if !(c.Weight > 0 && c.Weight <= maxWeight) { // NaN too
 			c.Weight = 1
 		}
 		if c.Demand > 0 {
@@ -129,22 +125,15 @@ func sanitize(us []*smgv1.TenantUsage) []*smgv1.TenantUsage {
 		}
 	}
 	if len(out) > MaxPerReport {
-		sort.Slice(out, func(i, j int) bool { return out[i].Demand > out[j].Demand })
+		slices.SortFunc(out, func(a, b *smgv1.TenantUsage) int { return cmp.Compare(b.Demand, a.Demand) })
 		out = out[:MaxPerReport]
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Tenant < out[j].Tenant })
+	slices.SortFunc(out, byTenant)
 	return out
 }
 
 func same(a, b []*smgv1.TenantUsage) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		x, y := a[i], b[i]
-		if x.Tenant != y.Tenant || x.Weight != y.Weight || x.InFlight != y.InFlight || x.Waiting != y.Waiting || x.Demand != y.Demand {
-			return false
-		}
-	}
-	return true
+	return slices.EqualFunc(a, b, func(x, y *smgv1.TenantUsage) bool {
+		return x.Tenant == y.Tenant && x.Weight == y.Weight && x.InFlight == y.InFlight && x.Waiting == y.Waiting && x.Demand == y.Demand
+	})
 }
