@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
@@ -29,22 +30,7 @@ func (d *discardStream) SendMsg(any) error        { return nil }
 func BenchmarkPass1000(b *testing.B) {
 	const routers = 1000
 	reg := joinFleet(b, 1000)
-	s := NewServer(reg, Options{HeartbeatInterval: time.Hour}, nil, nil)
-	ws := make([]*watcher, routers)
-	for i := range ws {
-		rec := &routerRecord{id: fmt.Sprintf("router-%04d", i)}
-		ws[i] = s.newWatcher(&discardStream{ctx: b.Context()}, rec, &smgv1.WatchHello{})
-	}
-	round := func() {
-		now := time.Now()
-		for _, w := range ws {
-			w.mu.Lock()
-			if _, err := w.pass(now); err != nil {
-				b.Fatal(err)
-			}
-			w.mu.Unlock()
-		}
-	}
+	round := benchWatchers(b, reg, routers)
 	round() // the snapshots
 	flip := reg.Snapshot().Get("w00000")
 	b.ReportAllocs()
@@ -56,4 +42,60 @@ func BenchmarkPass1000(b *testing.B) {
 		round()
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/routers, "ns/stream")
+}
+
+// BenchmarkPassPromptParts is a change of 100 workers (a load tick) passed
+// to 1,000 routers, the workers with prompt tokens ahead and each router's
+// part of them different (parts=true: a message per router) or without any
+// (parts=false: one shared message). One op is one change.
+func BenchmarkPassPromptParts(b *testing.B) {
+	const routers, changed = 1000, 100
+	for _, parts := range []bool{false, true} {
+		b.Run(fmt.Sprint("parts=", parts), func(b *testing.B) {
+			reg := joinFleet(b, 1000)
+			round := benchWatchers(b, reg, routers)
+			round()
+			views := map[string]registry.RouterView{}
+			for r := range routers {
+				views[fmt.Sprintf("router-%04d", r)] = registry.RouterView{PrefillTokens: int64(r)}
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				ws := make([]*registry.Worker, changed)
+				for j := range ws {
+					w := *reg.Snapshot().Get(fmt.Sprintf("w%05d", j))
+					w.Health = []registry.Health{registry.HealthUnhealthy, registry.HealthHealthy}[i%2]
+					if parts {
+						w.Evidence.Routers = views
+						w.Evidence.Live.Routers(time.Time{}, judge.RouterObservation{PrefillTokens: 1 << 20}, &judge.Rules{})
+					}
+					ws[j] = &w
+				}
+				put(b, reg, ws...)
+				round()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e6, "ms/change")
+		})
+	}
+}
+
+// benchWatchers opens n routers' watchers on reg (their streams discard what
+// is sent) and returns a pass over all of them, as a shared writer runs it.
+func benchWatchers(b *testing.B, reg *registry.Registry, n int) func() {
+	s := NewServer(reg, Options{HeartbeatInterval: time.Hour}, nil, nil)
+	ws := make([]*watcher, n)
+	for i := range ws {
+		rec := &routerRecord{id: fmt.Sprintf("router-%04d", i)}
+		ws[i] = s.newWatcher(&discardStream{ctx: b.Context()}, rec, &smgv1.WatchHello{})
+	}
+	return func() {
+		now := time.Now()
+		for _, w := range ws {
+			w.mu.Lock()
+			if _, err := w.pass(now); err != nil {
+				b.Fatal(err)
+			}
+			w.mu.Unlock()
+		}
+	}
 }
