@@ -167,3 +167,53 @@ func TestLendByFairShareRules(t *testing.T) {
 		}
 	})
 }
+
+// Waiters ask the peers again one at a time: a queue of under-share
+// requests makes one ask in flight per router, not one per waiter.
+func TestWaitersAskOneAtATime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newTest(t, refusedCfg(), 4)
+		held := admitN(t, s, "auth:flood", 4)
+		var asking, most atomic.Int32
+		answer := make(chan bool)
+		ask := func() bool {
+			n := asking.Add(1)
+			most.Store(max(most.Load(), n))
+			ok := <-answer
+			asking.Add(-1)
+			return ok
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan Result, 3)
+		for _, tenant := range []string{"auth:a", "auth:b", "auth:c"} {
+			go func() { _, r := s.AdmitOrBorrow(ctx, Default, tenant, "", ask); done <- r }()
+		}
+		synctest.Wait() // each asks once on arrival
+		for range 3 {
+			answer <- false
+		}
+		synctest.Wait()
+		most.Store(0)
+		for range 5 {
+			time.Sleep(BorrowEvery)
+			synctest.Wait()
+			if asking.Load() != 1 {
+				t.Fatalf("%d waiters asking after %v, want one", asking.Load(), BorrowEvery)
+			}
+			answer <- false
+		}
+		if most.Load() != 1 {
+			t.Fatalf("up to %d asks at once", most.Load())
+		}
+		cancel()
+		time.Sleep(BorrowEvery)
+		synctest.Wait()
+		for len(done) < 3 {
+			answer <- false
+			synctest.Wait()
+		}
+		for _, h := range held {
+			h.Release()
+		}
+	})
+}

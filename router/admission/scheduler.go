@@ -163,6 +163,7 @@ type Scheduler struct {
 	pools    map[string]*poolSlots  // per-model capacity (SetPoolCapacities)
 	anyPool  poolSlots              // requests of a pool with no capacity of its own
 	fleet    fleetTenants           // the other routers' tenants, for fair shares fleet-wide
+	reasking bool                   // a waiter is asking the peers again (reborrow)
 
 	completions atomic.Uint64 // answers ended, for the completion rate
 }

@@ -74,18 +74,19 @@ const BorrowEvery = 10 * time.Millisecond
 
 // reborrow asks the peers again for waiter w, while its tenant is still
 // under its weighted share: on a loan, w leaves the queue with a borrowed
-// ticket. The dispatch passes w over while it asks.
+// ticket. The dispatch passes w over while it asks. One waiter asks at a
+// time, so a long queue of small tenants does not multiply the asks.
 func (s *Scheduler) reborrow(w *waiter, borrow func() bool) *Ticket {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if w.ticket != nil || w.refused || !s.mayBorrowLocked(w.tenant, s.cfg.Now()) {
+	if s.reasking || w.ticket != nil || w.refused || !s.mayBorrowLocked(w.tenant, s.cfg.Now()) {
 		return nil
 	}
-	w.asking = true
+	w.asking, s.reasking = true, true
 	s.mu.Unlock()
 	ok := borrow()
 	s.mu.Lock()
-	w.asking = false
+	w.asking, s.reasking = false, false
 	if !ok {
 		s.dispatchLocked() // a slot it was passed over for
 		s.publishLocked()
