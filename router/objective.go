@@ -114,7 +114,37 @@ func (r *Router) objectiveQueueTimeout(c admission.Class, d time.Duration) time.
 // objectiveGate decides for q (with an objective) in pool p of v.
 func (r *Router) objectiveGate(v *view, p *pool, q *request) (admission.ObjectiveVerdict, time.Duration, time.Duration) {
 	var buf [16]admission.Candidate
-	cands := buf[:0]
+	return admission.DecideObjectiveIn(p.wl, time.Duration(q.ttftBy-q.now), r.objectiveCandidates(v, p, q, buf[:0]))
+}
+
+// objectiveLeft is how much longer q, waiting for a room in model's
+// regular pool, may wait as the predictions stand now: until the best
+// worker that would meet its objective could no longer (0: none would; a
+// worker with room that meets it leaves the wait to its own end). It runs
+// under the pool's waitlist lock, so it reads no pace (Waiter.Left).
+func (r *Router) objectiveLeft(model string, q *request) time.Duration {
+	v := r.view.Load()
+	if v == nil {
+		return math.MaxInt64
+	}
+	p := v.poolOf(model, false)
+	if p == nil {
+		return math.MaxInt64 // the try answers it
+	}
+	q.now = r.now()
+	var buf [16]admission.Candidate
+	switch verdict, wait, _ := admission.DecideObjective(time.Duration(q.ttftBy-q.now), r.objectiveCandidates(v, p, q, buf[:0])); verdict {
+	case admission.ObjectiveGo:
+		return math.MaxInt64
+	case admission.ObjectiveWait:
+		return wait
+	}
+	return 0
+}
+
+// objectiveCandidates appends q's routable candidates in pool p of v to
+// cands, as the objective gate sees them.
+func (r *Router) objectiveCandidates(v *view, p *pool, q *request, cands []admission.Candidate) []admission.Candidate {
 	for _, i := range p.idx {
 		h := v.hot.at(i)
 		if !h.eligible || h.st == q.avoid || !h.st.breaker.allow(&r.cb, q.now) {
@@ -127,7 +157,7 @@ func (r *Router) objectiveGate(v *view, p *pool, q *request) (admission.Objectiv
 		cands = append(cands, admission.Candidate{TTFT: d, Predicted: s == ttft.OK,
 			Room: q.need == 0 || h.st.gate.HasRoom(q.need, q.tokens)})
 	}
-	return admission.DecideObjectiveIn(p.wl, time.Duration(q.ttftBy-q.now), cands)
+	return cands
 }
 
 // refuseObjective answers a request refused by its objective.

@@ -176,6 +176,28 @@ func TestObjectiveWaitsForARoomOnlyWhileItCouldBeMet(t *testing.T) {
 	}
 }
 
+// oneRoomHeld is a router with running windows, an objective of secs and
+// a room wait of wait seconds, on one warm objectiveEngine with one room,
+// held by a request (answered on first once openRelease is called).
+func oneRoomHeld(t *testing.T, secs, wait float64) (h *harness, a *engine, openRelease func(), first <-chan answer) {
+	t.Helper()
+	clk := newFakeClock()
+	h = newHarness(t, func(o *Options) {
+		clk.opts(o)
+		windowsOn(PolicyRoundRobin)(o)
+		o.WorkerAdmissionWaitSecs = wait
+		o.TTFTObjectiveSecs = secs
+	})
+	release := make(chan struct{})
+	openRelease = gateOpen(t, release)
+	a = objectiveEngine(t, "a", clk, new(atomic.Int64), release)
+	warm(t, h, a.worker(rooms(1)))
+	held := make(chan answer, 1)
+	go func() { held <- h.send("/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"hold"}`, testModel), "") }()
+	waitUntil(t, func() bool { return h.inFlight("a") == 1 })
+	return h, a, openRelease, held
+}
+
 // The configured --worker-admission-wait-secs bounds the objective's wait
 // too: with 0 a request whose only worker that meets the objective is full
 // is refused at once with the objective's answer (it never waits, so a room
@@ -191,21 +213,8 @@ func TestObjectiveWaitIsBoundedByTheConfiguredWait(t *testing.T) {
 		{"a shorter wait ends it", 0.15, 100 * time.Millisecond, 1500 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := newFakeClock()
-			h := newHarness(t, func(o *Options) {
-				clk.opts(o)
-				windowsOn(PolicyRoundRobin)(o)
-				o.WorkerAdmissionWaitSecs = tc.wait
-				o.TTFTObjectiveSecs = 3 // 0.1 s predicted: the objective alone would wait 2.9 s
-			})
-			var ahead atomic.Int64
-			release := make(chan struct{})
-			openRelease := gateOpen(t, release)
-			a := objectiveEngine(t, "a", clk, &ahead, release)
-			warm(t, h, a.worker(rooms(1)))
-			first := make(chan answer, 1)
-			go func() { first <- h.send("/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"hold"}`, testModel), "") }()
-			waitUntil(t, func() bool { return h.inFlight("a") == 1 })
+			// 0.1 s predicted: the objective alone would wait 2.9 s.
+			h, _, openRelease, first := oneRoomHeld(t, 3, tc.wait)
 			// A room frees as soon as the request waits: under the
 			// objective's bound alone it would be admitted.
 			second := make(chan answer, 1)
@@ -236,6 +245,29 @@ func TestObjectiveWaitIsBoundedByTheConfiguredWait(t *testing.T) {
 				t.Errorf("smg_ttft_objective_refused_total{class=default} = %v, want 1", n)
 			}
 		})
+	}
+}
+
+// A waiting request is re-evaluated as the prediction moves: once the
+// worker it waits for is reported with so much work ahead that it could no
+// longer meet the objective, the request is refused at that report, not at
+// the end of the wait the objective first allowed (2.9 s here).
+func TestObjectiveWaiterIsRefusedOnceThePredictionSaysItCannotBeMet(t *testing.T) {
+	h, a, openRelease, first := oneRoomHeld(t, 3, 30)
+	second := make(chan answer, 1)
+	began := time.Now()
+	go func() { second <- h.send("/v1/completions", completion(1000, false), "") }()
+	waitUntil(t, func() bool { return h.waiters() == 1 })
+	h.apply(a.worker(rooms(1), withAhead(50000))) // 5 s ahead: past the objective
+	got := <-second
+	took := time.Since(began)
+	openRelease()
+	<-first
+	if got.status != http.StatusServiceUnavailable || got.errorCode() != CodeTTFTObjective {
+		t.Fatalf("answer %d %v %s, want 503 %s", got.status, got.header, got.body, CodeTTFTObjective)
+	}
+	if took > 1500*time.Millisecond {
+		t.Errorf("refused after %v, want at the report (well before the 2.9 s wait)", took)
 	}
 }
 

@@ -295,6 +295,9 @@ func (r *Router) acquireRoom(ctx context.Context, wl *admission.Waitlist, model 
 		g, ok = r.tryRoom(model, decode, q)
 		return ok
 	}
+	if q.ttftBy != 0 && !decode { // PD requests are not gated by objectives
+		w.Left = func() time.Duration { return r.objectiveLeft(model, q) }
+	}
 	res := wl.Acquire(ctx, w, wait)
 	return g, res
 }

@@ -23,10 +23,21 @@ type Waiter struct {
 	// waiters behind it try that room instead of holding the line, and
 	// joining with no time to wait it still takes a room the waiters left.
 	Yield bool
+	// Left, when set, makes the waiter wait only while its room is all but
+	// sure to come in time (a TTFT objective's wait): it re-reads how much
+	// longer the waiter may wait (<= 0: no longer; it runs under the
+	// waitlist's lock), and the waiter is refused (RoomShed) as soon as
+	// that is gone or its room is no longer sure within it (SureWait at its
+	// place in the queue), re-evaluated on every grant pass (a room handed
+	// to a waiter, one freed that it cannot use) and when the pace of
+	// grants slows, rather than at the end of its wait.
+	Left func() time.Duration
 
-	ready chan struct{} // closed once done
-	done  bool
-	since time.Time // when it joined the queue
+	ready  chan struct{} // closed once done or gave up
+	done   bool
+	gaveUp bool      // refused while waiting: its room is no longer sure in time
+	since  time.Time // when it joined the queue
+	end    time.Time // when its wait ends at the latest
 }
 
 // BypassFor is how long a waiter whose tokens fit no worker lets smaller
@@ -108,8 +119,10 @@ const (
 // once for each waiter before it and once for itself. ok is false while too
 // few rooms were handed to waiters lately to tell (a pool seldom full).
 func (wl *Waitlist) ExpectedWait() (d time.Duration, ok bool) {
-	gap, k, ok := wl.pace()
-	return gap * time.Duration(k), ok
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	gap, ok := wl.paceLocked(wl.now())
+	return gap * time.Duration(wl.queue.len()+1), ok
 }
 
 // SureWait is the wait within which a request joining the queue now gets
@@ -120,17 +133,22 @@ func (wl *Waitlist) ExpectedWait() (d time.Duration, ok bool) {
 // distribution's 99th percentile for every k). A request told to wait
 // only within this is seldom refused at the end of its wait.
 func (wl *Waitlist) SureWait() (d time.Duration, ok bool) {
-	gap, k, ok := wl.pace()
-	return time.Duration(float64(gap) * (float64(k) + 3.5*math.Sqrt(float64(k)))), ok
-}
-
-// pace is the gap between grants to waiters and the place a newcomer would
-// take in the queue (1: first).
-func (wl *Waitlist) pace() (gap time.Duration, k int, ok bool) {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
-	now := wl.now()
-	newest := wl.grants[(wl.grantNext+grantRing-1)%grantRing]
+	gap, ok := wl.paceLocked(wl.now())
+	return time.Duration(float64(gap) * sureGaps(wl.queue.len()+1)), ok
+}
+
+// sureGaps is the number of mean gaps within which the k-th room comes 99
+// times in 100 (see SureWait).
+func sureGaps(k int) float64 { return float64(k) + 3.5*math.Sqrt(float64(k)) }
+
+// newestGrant is the time of the latest grant to a waiter (zero: none).
+func (wl *Waitlist) newestGrant() time.Time { return wl.grants[(wl.grantNext+grantRing-1)%grantRing] }
+
+// paceLocked is the gap between grants to waiters at now.
+func (wl *Waitlist) paceLocked(now time.Time) (gap time.Duration, ok bool) {
+	newest := wl.newestGrant()
 	oldest, k := newest, 0
 	for i := range grantRing {
 		t := wl.grants[(wl.grantNext+grantRing-1-i)%grantRing]
@@ -140,9 +158,9 @@ func (wl *Waitlist) pace() (gap time.Duration, k int, ok bool) {
 		oldest, k = t, k+1
 	}
 	if k < grantMin {
-		return 0, 0, false
+		return 0, false
 	}
-	return max(newest.Sub(oldest)/time.Duration(k-1), now.Sub(newest)), wl.queue.len() + 1, true
+	return max(newest.Sub(oldest)/time.Duration(k-1), now.Sub(newest)), true
 }
 
 // NewWaitlist makes an empty waitlist.
@@ -182,29 +200,52 @@ func (wl *Waitlist) Acquire(ctx context.Context, w *Waiter, wait time.Duration) 
 		return RoomShed
 	}
 	w.ready, w.since = make(chan struct{}), wl.now()
+	w.end = w.since.Add(wait)
 	if !wl.queue.push(w) {
 		wl.mu.Unlock()
 		return RoomQueueFull
 	}
 	wl.n.Add(1)
 	wl.grantLocked() // a room may have freed since the try above
+	next := wl.recheckAtLocked(w)
 	wl.mu.Unlock()
 
-	t := time.NewTimer(wait)
+	// The wait's end is timed on the timer's clock; Now times the pace.
+	until := time.Now().Add(wait)
+	t := time.NewTimer(min(next, wait))
 	defer t.Stop()
 	var res RoomResult
-	select {
-	case <-w.ready:
-		return RoomWaited
-	case <-t.C:
-		res = RoomShed
-	case <-ctx.Done():
-		res = RoomCancelled
+	for res == RoomAtOnce {
+		select {
+		case <-w.ready:
+			if w.gaveUp {
+				return RoomShed // refused and counted by reevaluateLocked
+			}
+			return RoomWaited
+		case <-t.C:
+			wl.mu.Lock()
+			if w.done || w.gaveUp {
+				wl.mu.Unlock()
+				continue // ready is closed
+			}
+			if left := time.Until(until); left > 0 && !wl.hopelessLocked(w, wl.placeLocked(w)) {
+				t.Reset(min(wl.recheckAtLocked(w), left)) // the pace slowed less than feared
+				wl.mu.Unlock()
+				continue
+			}
+			wl.mu.Unlock()
+			res = RoomShed
+		case <-ctx.Done():
+			res = RoomCancelled
+		}
 	}
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	if w.done { // granted while the timer fired: take it
 		return RoomWaited
+	}
+	if w.gaveUp {
+		return RoomShed
 	}
 	wl.queue.remove(w)
 	wl.n.Add(-1)
@@ -213,6 +254,75 @@ func (wl *Waitlist) Acquire(ctx context.Context, w *Waiter, wait time.Duration) 
 		wl.refuse(w)
 	}
 	return res
+}
+
+// placeLocked is w's place in the queue (1: the head).
+func (wl *Waitlist) placeLocked(w *Waiter) int {
+	k, at := 0, 0
+	wl.queue.each(func(x *Waiter) {
+		k++
+		if x == w {
+			at = k
+		}
+	})
+	return at
+}
+
+// hopelessLocked reports whether w (with Left), k-th in the queue, should
+// stop waiting: nothing is left of its wait, or at the pace of grants its
+// room is no longer sure within what is left (an unknown pace leaves it).
+func (wl *Waitlist) hopelessLocked(w *Waiter, k int) bool {
+	now := wl.now()
+	left := min(w.end.Sub(now), w.Left())
+	if left <= 0 {
+		return true
+	}
+	gap, ok := wl.paceLocked(now)
+	return ok && time.Duration(float64(gap)*sureGaps(k)) > left
+}
+
+// recheckAtLocked is how long w waits before it is looked at again absent
+// any grant pass: the end of its wait, or, with Left and a known pace,
+// sooner, when the time since the last grant (the pace's floor) would have
+// grown too long for its room to be sure within what is left: with c sure
+// gaps, end E and the last grant at g, where c·(t−g) = E−t.
+func (wl *Waitlist) recheckAtLocked(w *Waiter) time.Duration {
+	now := wl.now()
+	end := w.end
+	if w.Left == nil {
+		return end.Sub(now)
+	}
+	if l := w.Left(); now.Add(l).Before(end) {
+		end = now.Add(l)
+	}
+	if _, ok := wl.paceLocked(now); ok {
+		c := sureGaps(max(wl.placeLocked(w), 1))
+		g := wl.newestGrant()
+		if t := g.Add(time.Duration((float64(end.Sub(g))) / (1 + c))); t.Before(end) {
+			end = t
+		}
+	}
+	return max(end.Sub(now), time.Millisecond)
+}
+
+// reevaluateLocked refuses the waiters with Left whose room is no longer
+// sure in time (hopelessLocked), at their place in the queue now.
+func (wl *Waitlist) reevaluateLocked() {
+	var out []*Waiter
+	k := 0
+	wl.queue.each(func(w *Waiter) {
+		k++
+		if w.Left != nil && wl.hopelessLocked(w, k) {
+			out = append(out, w)
+		}
+	})
+	for _, w := range out {
+		wl.queue.remove(w)
+		wl.n.Add(-1)
+		w.gaveUp = true
+		close(w.ready)
+		wl.refuse(w)
+	}
 }
 
 // refuse counts w's rooms and tokens as refused demand.
@@ -235,6 +345,7 @@ func (wl *Waitlist) Poke() {
 // A head that carries tokens and finds none lets smaller waiters behind it
 // pass (bypassLocked) for BypassFor; a yielding head lets any pass.
 func (wl *Waitlist) grantLocked() {
+	defer wl.reevaluateLocked() // whoever is left: their places and the pace moved
 	for {
 		h := wl.queue.head()
 		if h == nil {

@@ -396,3 +396,108 @@ func TestWaitlistSureWaitIsAHighQuantileOfThePace(t *testing.T) {
 		}
 	})
 }
+
+// sure starts a waiter that waits only while its room is sure in time
+// (Left: what *left says), of class, for at most wait.
+func (o *oneGate) sure(wait time.Duration, class Class, left *time.Duration) (<-chan RoomResult, *time.Duration) {
+	out := make(chan RoomResult, 1)
+	took := new(time.Duration)
+	w := o.waiter(1)
+	w.Class, w.Yield = class, true
+	w.Left = func() time.Duration { return *left }
+	go func() {
+		began := time.Now()
+		out <- o.wl.Acquire(context.Background(), w, wait)
+		*took = time.Since(began)
+	}()
+	return out, took
+}
+
+// A waiter with Left is refused as soon as the pace of grants has slowed so
+// far that its room is no longer sure within its wait, not at the end of
+// the wait: first in line at a 100 ms pace, a 1 s wait, and no grant
+// after it joined, it is refused once c·(t − last grant) passes what is
+// left (4.5 gaps first in line: after 1 s / 5.5 ≈ 182 ms). A waiter without
+// Left waits its whole wait; a refusal is counted as refused demand.
+func TestWaitlistSureWaiterIsRefusedOnceThePaceSlows(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		o.acquire(context.Background(), 1, 0)
+		grantsEvery(t, o, 100*time.Millisecond, grantMin)
+		long := time.Hour
+		res, took := o.sure(time.Second, Default, &long)
+		synctest.Wait()
+		time.Sleep(150 * time.Millisecond)
+		synctest.Wait()
+		stillWaiting(t, res, "sure waiter 150 ms after the last grant")
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		select {
+		case got := <-res:
+			if got != RoomShed {
+				t.Fatalf("sure waiter: %v, want shed", got)
+			}
+		default:
+			t.Fatal("sure waiter still waiting 200 ms after the last grant (its room no longer sure within 1 s)")
+		}
+		if *took < 181*time.Millisecond || *took > 183*time.Millisecond {
+			t.Errorf("refused after %v, want 1 s / 5.5 ≈ 182 ms", *took)
+		}
+		if rooms, _ := o.wl.TakeDemand(); rooms[Default] != 1 {
+			t.Errorf("refused demand %v, want 1 room", rooms)
+		}
+		// Without Left: the whole wait.
+		began := time.Now()
+		if got := o.acquire(context.Background(), 1, time.Second); got != RoomShed || time.Since(began) != time.Second {
+			t.Fatalf("plain waiter: %v after %v, want shed after its whole 1 s", got, time.Since(began))
+		}
+	})
+}
+
+// A waiter with Left is re-evaluated on every grant pass: when what Left
+// allows drops to nothing (the prediction moved: no worker would meet its
+// objective now) it is refused at the next pass, here a room freed that it
+// cannot use; and when waiters of a higher class join ahead of it, at its
+// new place its room is no longer sure in time. An unknown pace refuses
+// nobody before Left or the wait runs out.
+func TestWaitlistSureWaiterIsReevaluatedOnEveryGrantPass(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		o.acquire(context.Background(), 1, 0)
+		// Pace unknown: waits while Left allows, refused at the pass after
+		// it dropped to nothing.
+		left := time.Hour
+		res, took := o.sure(time.Minute, Default, &left)
+		synctest.Wait()
+		time.Sleep(10 * time.Second)
+		stillWaiting(t, res, "sure waiter, pace unknown")
+		left = 0
+		o.wl.Poke() // a room freed elsewhere: its try fails, the pass re-reads Left
+		synctest.Wait()
+		if got := <-res; got != RoomShed || *took != 10*time.Second {
+			t.Fatalf("sure waiter once Left is 0: %v after %v, want shed at that pass (10 s)", got, *took)
+		}
+
+		// Known pace (100 ms): first in line in an 800 ms wait its room is
+		// sure (4.5 gaps); two interactive waiters join ahead: third, it
+		// needs 3 + 3.5√3 ≈ 9.1 gaps, past what is left. Refused then.
+		grantsEvery(t, o, 100*time.Millisecond, grantMin)
+		left = time.Hour
+		res, took = o.sure(800*time.Millisecond, Default, &left)
+		synctest.Wait()
+		stillWaiting(t, res, "sure waiter first in line")
+		ahead := []<-chan RoomResult{o.runClass(1, time.Minute, Interactive)}
+		synctest.Wait()
+		stillWaiting(t, res, "sure waiter second in line (2 + 3.5√2 ≈ 6.9 gaps within 800 ms)")
+		ahead = append(ahead, o.runClass(1, time.Minute, Interactive))
+		synctest.Wait()
+		if got := <-res; got != RoomShed || *took != 0 {
+			t.Fatalf("sure waiter pushed to third: %v after %v, want shed at once", got, *took)
+		}
+		for _, r := range ahead {
+			o.release(1)
+			synctest.Wait()
+			admittedNow(t, r, "interactive waiter")
+		}
+	})
+}
