@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"sync"
 
 	"github.com/hashicorp/raft"
@@ -91,10 +92,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		return nil, err
 	}
 	f.mu.Lock()
-	members := make(map[string]Member, len(f.members))
-	for k, v := range f.members {
-		members[k] = v
-	}
+	members := maps.Clone(f.members)
 	f.mu.Unlock()
 	b, err := json.Marshal(snapshotState{Version: snapshotVersion, Registry: d, Members: members})
 	if err != nil {
