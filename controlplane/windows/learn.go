@@ -22,8 +22,9 @@ import (
 //     has a request waiting for a room (a probe that fails would move that
 //     request into the engine's queue), the limit is not a cap already
 //     confirmed by a failed probe, and the probe back-off has passed. A
-//     probe is confirmed when the engine runs it without a queue; it fails
-//     when a queue lasts (at once with KV full): the limit goes back;
+//     probe is confirmed when the engine runs its room with nothing waiting
+//     (the next may follow at the next round); it fails when the engine does not run it for
+//     probeSpan while queueing (at once with KV full): the limit goes back;
 //   - an engine that comes back from a failure spell (possibly restarted
 //     with another window) may be probed again.
 //
@@ -57,6 +58,9 @@ const (
 	// to probeBackoffMax.
 	probeBackoff    = time.Second
 	probeBackoffMax = 16 * time.Second
+	// probeSpan is the least time a probe must go without the engine
+	// running its room, KV to spare, before it counts as failed.
+	probeSpan = time.Second
 	// settle is how long after the limit went down a queue at or above it
 	// is put down to requests admitted under the higher limit, not to the
 	// engine.
@@ -82,13 +86,15 @@ type learner struct {
 	fed bool // ObserveLoad feeds it (else rounds read the registry's load)
 	rev uint64
 
-	limit   int64  // 0: none learned yet
-	ran     int64  // the most the engine ran with nothing waiting (since its last contact change)
-	basis   string // Learned* constant
-	capped  bool   // a failed probe with KV to spare: a cap on running requests
-	probeOf int64  // the limit before the probe in flight (0: none)
-	last    Observation
-	seen    bool // last is set
+	limit    int64     // 0: none learned yet
+	ran      int64     // the most the engine ran with nothing waiting (since its last contact change)
+	basis    string    // Learned* constant
+	capped   bool      // a failed probe with KV to spare: a cap on running requests
+	probeOf  int64     // the limit before the probe in flight (0: none)
+	probeAt  time.Time // when it started
+	probeRan int64     // the most the engine ran since
+	last     Observation
+	seen     bool // last is set
 
 	below, above int       // reports in a row queueing below / at or above the limit
 	belowRun     int64     // the running count of the below streak
@@ -121,40 +127,19 @@ func kvSpare(o Observation) bool { return kvWith(o) > 0 && kvWith(o) <= 1+1e-9 }
 func (l *learner) observe(o Observation, now time.Time) bool {
 	l.last, l.seen = o, true
 	if o.Waiting <= 0 {
-		l.below, l.above = 0, 0
 		l.ran = max(l.ran, o.Running)
-		if l.probeOf > 0 && o.Running >= l.limit {
-			l.probeOf, l.basis = 0, LearnedProbe // the engine runs the probe's room: the limit is at least this
-			l.backoff, l.nextProbe = probeBackoff, now.Add(probeBackoff)
-		}
+	}
+	if l.probeOf > 0 {
+		return l.observeProbe(o, now)
+	}
+	if o.Waiting <= 0 {
+		l.below, l.above = 0, 0
 		return false
 	}
 	if o.Running <= 0 {
 		return false // queued with nothing running: frozen, or one prompt too large for KV; says nothing of the limit
 	}
 	full := kvFull(o)
-	if l.probeOf > 0 {
-		// KV full: back at once. Else a queue that lasts: the probe failed
-		// (a queue of one step is the probe's own request on its way in).
-		if !full {
-			if l.below++; l.below < queueStreak {
-				return false
-			}
-		}
-		old := l.limit
-		switch {
-		case full:
-			l.limit, l.basis, l.backoff = min(l.probeOf, o.Running), LearnedKV, min(2*l.backoff, probeBackoffMax)
-		case o.Running >= l.probeOf: // running all it had before, and a queue: that was the cap
-			l.limit, l.basis, l.capped = l.probeOf, LearnedQueue, true
-		default: // a queue below the old limit with KV to spare: try later
-			l.limit = l.probeOf
-		}
-		l.probeOf = 0
-		l.nextProbe, l.loweredAt = now.Add(l.backoff), now
-		l.below, l.above = 0, 0
-		return l.limit < old
-	}
 	if l.limit == 0 || o.Running < l.limit {
 		l.above = 0
 		if !full && l.limit > 0 && l.ran >= l.limit {
@@ -194,6 +179,48 @@ func (l *learner) observe(o Observation, now time.Time) bool {
 	return true
 }
 
+// observeProbe folds in a report while a probe is in flight. The engine
+// running the probe's room with nothing waiting confirms it: the limit is
+// at least this, and the next probe may follow at the next round (the
+// confirming report is the evidence it needs). A running count beside a
+// queue is not trusted upward (an engine that counts work it does not run
+// would confirm every probe). With KV full a queue takes the probe back
+// at once; with KV to spare the probe
+// fails only once the engine has not run its room for probeSpan and queued
+// in queueStreak reports meanwhile: at 2x of capacity each room refilled
+// waits up to a scheduler step, and on a busy box most reports catch one, so
+// an engine that runs the probe's room can look capped for a few reports.
+func (l *learner) observeProbe(o Observation, now time.Time) bool {
+	if o.Running >= l.limit && o.Waiting <= 0 {
+		l.probeOf, l.basis, l.below = 0, LearnedProbe, 0
+		l.backoff, l.nextProbe = probeBackoff, now
+		return false
+	}
+	l.probeRan = max(l.probeRan, o.Running)
+	if o.Waiting <= 0 || o.Running <= 0 {
+		return false
+	}
+	full := kvFull(o)
+	if !full {
+		if l.below++; l.below < queueStreak || now.Sub(l.probeAt) < probeSpan {
+			return false
+		}
+	}
+	old := l.limit
+	switch {
+	case full:
+		l.limit, l.basis, l.backoff = min(l.probeOf, o.Running), LearnedKV, min(2*l.backoff, probeBackoffMax)
+	case l.probeRan >= l.probeOf: // it ran all it had before, never the probe's room, and queued: that was the cap
+		l.limit, l.basis, l.capped = l.probeOf, LearnedQueue, true
+	default: // a queue below the old limit with KV to spare: try later
+		l.limit = l.probeOf
+	}
+	l.probeOf = 0
+	l.nextProbe, l.loweredAt = now.Add(l.backoff), now
+	l.below, l.above = 0, 0
+	return l.limit < old
+}
+
 // probe raises the limit by one room when the latest report shows evidence
 // for it; routersWaiting is whether any router has a request waiting for a
 // room on this worker.
@@ -206,7 +233,7 @@ func (l *learner) probe(now time.Time, routersWaiting bool) bool {
 		!full || !kvSpare(o) {
 		return false
 	}
-	l.probeOf = l.limit
+	l.probeOf, l.probeAt, l.probeRan, l.below = l.limit, now, 0, 0
 	l.limit++
 	return true
 }
