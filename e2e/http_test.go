@@ -65,6 +65,9 @@ type workerView struct {
 		Window u64            `json:"window"`
 		Source string         `json:"source"`
 		Shares map[string]u64 `json:"shares"`
+		// A learned window: the limit learned and what fixed it.
+		Learned   float64 `json:"learned"`
+		LearnedBy string  `json:"learned_by"`
 		// Under --worker-token-budget.
 		TokenBudget u64            `json:"token_budget"`
 		TokenSource string         `json:"token_source"`

@@ -529,6 +529,11 @@ func (a *Allocator) windowOf(w *registry.Worker, now time.Time) (int64, *registr
 		}
 	}
 	adm.Learned, adm.LearnedBy = l.limit, l.basis
+	if l.limit != l.logged || l.basis != l.loggedBy {
+		l.logged, l.loggedBy = l.limit, l.basis
+		a.log.Debug("Learned window", "worker_id", w.ID, "window", l.limit, "learned_by", l.basis, "probe_of", l.probeOf, "capped", l.capped,
+			"running", l.last.Running, "waiting", l.last.Waiting)
+	}
 	l.mu.Unlock()
 	return adm.Rooms(), adm
 }

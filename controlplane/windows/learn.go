@@ -58,8 +58,8 @@ const (
 	// to probeBackoffMax.
 	probeBackoff    = time.Second
 	probeBackoffMax = 16 * time.Second
-	// probeSpan is the least time a probe must go without the engine
-	// running its room, KV to spare, before it counts as failed.
+	// probeSpan is the least time a probe must see the engine queue
+	// without running its room, KV to spare, before it counts as failed.
 	probeSpan = time.Second
 	// settle is how long after the limit went down a queue at or above it
 	// is put down to requests admitted under the higher limit, not to the
@@ -86,15 +86,17 @@ type learner struct {
 	fed bool // ObserveLoad feeds it (else rounds read the registry's load)
 	rev uint64
 
-	limit    int64     // 0: none learned yet
-	ran      int64     // the most the engine ran with nothing waiting (since its last contact change)
-	basis    string    // Learned* constant
-	capped   bool      // a failed probe with KV to spare: a cap on running requests
-	probeOf  int64     // the limit before the probe in flight (0: none)
-	probeAt  time.Time // when it started
-	probeRan int64     // the most the engine ran since
+	limit    int64  // 0: none learned yet
+	ran      int64  // the most the engine ran with nothing waiting (since its last contact change)
+	basis    string // Learned* constant
+	capped   bool   // a failed probe with KV to spare: a cap on running requests
+	probeOf  int64  // the limit before the probe in flight (0: none)
+	probeRan int64  // the most the engine ran since
 	last     Observation
 	seen     bool // last is set
+
+	logged   int64  // the limit last logged
+	loggedBy string // and its basis
 
 	below, above int       // reports in a row queueing below / at or above the limit
 	belowRun     int64     // the running count of the below streak
@@ -186,8 +188,8 @@ func (l *learner) observe(o Observation, now time.Time) bool {
 // queue is not trusted upward (an engine that counts work it does not run
 // would confirm every probe). With KV full a queue takes the probe back
 // at once; with KV to spare the probe
-// fails only once the engine has not run its room for probeSpan and queued
-// in queueStreak reports meanwhile: at 2x of capacity each room refilled
+// fails only once the engine has queued in queueStreak reports over at
+// least probeSpan from the first, never running the probe's room: at 2x of capacity each room refilled
 // waits up to a scheduler step, and on a busy box most reports catch one, so
 // an engine that runs the probe's room can look capped for a few reports.
 func (l *learner) observeProbe(o Observation, now time.Time) bool {
@@ -202,7 +204,10 @@ func (l *learner) observeProbe(o Observation, now time.Time) bool {
 	}
 	full := kvFull(o)
 	if !full {
-		if l.below++; l.below < queueStreak || now.Sub(l.probeAt) < probeSpan {
+		if l.below == 0 {
+			l.belowSince = now
+		}
+		if l.below++; l.below < queueStreak || now.Sub(l.belowSince) < probeSpan {
 			return false
 		}
 	}
@@ -233,7 +238,7 @@ func (l *learner) probe(now time.Time, routersWaiting bool) bool {
 		!full || !kvSpare(o) {
 		return false
 	}
-	l.probeOf, l.probeAt, l.probeRan, l.below = l.limit, now, 0, 0
+	l.probeOf, l.probeRan, l.below = l.limit, 0, 0
 	l.limit++
 	return true
 }
