@@ -426,3 +426,28 @@ func TestObjectiveBadFlagIsLoggedAndOff(t *testing.T) {
 		}
 	}
 }
+
+// Work ahead no engine could hold (a lying router or agent: more than
+// ttft.MaxAhead of prefill at the measured rate) is not believed: the
+// request fails open to the running window instead of being refused,
+// counted as implausible, and teaches the rate nothing.
+func TestObjectiveFailsOpenOnImplausibleWorkAhead(t *testing.T) {
+	_, h, _, a := oneWarmEngine(t, 0.5)
+	rate := loadsOf(t, h)["a"].PrefillTokensPerSec
+	failed := testutil.ToFloat64(h.r.ttm.failOpen[ttft.Implausible])
+	h.apply(a.worker(withAhead(1 << 40)))
+	if got := h.send("/v1/completions", completion(1000, false), ""); got.status != http.StatusOK {
+		t.Fatalf("with 2^40 tokens ahead: %d %s, want 200 (fail open)", got.status, got.body)
+	}
+	if n := testutil.ToFloat64(h.r.ttm.failOpen[ttft.Implausible]) - failed; n != 1 {
+		t.Errorf("fail-open implausible count rose by %v, want 1", n)
+	}
+	if l := loadsOf(t, h)["a"]; l.TTFTPredictor != "implausible" || l.PrefillTokensPerSec != rate {
+		t.Errorf("after it: predictor %s, rate %v; want implausible and the rate unchanged (%v)", l.TTFTPredictor, l.PrefillTokensPerSec, rate)
+	}
+	// The count drops back: predicted again.
+	h.apply(a.worker(withAhead(1000)))
+	if l := loadsOf(t, h)["a"]; l.TTFTPredictor != "ok" {
+		t.Errorf("with 1000 tokens ahead: predictor %s, want ok", l.TTFTPredictor)
+	}
+}

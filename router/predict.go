@@ -56,6 +56,9 @@ type ttftTrack struct {
 func (r *Router) startTTFT(wk *Worker, st *workerState, own int64) ttftTrack {
 	ahead := promptAhead(wk, st)
 	t := ttftTrack{m: r.ttm, est: st.ttft, work: ahead + max(own, 0)}
+	if !st.ttft.AheadPlausible(ahead) {
+		t.work = 0 // no rate sample from work nobody could have prefilled
+	}
 	t.predicted, t.status = st.ttft.Predict(ahead, own)
 	if t.status != ttft.OK {
 		r.ttm.failOpen[t.status].Inc()
@@ -133,7 +136,8 @@ type TTFTLoad struct {
 	// TTFTPredictor is not "ok".
 	PredictedTTFTMs float64 `json:"predicted_ttft_ms"`
 	// TTFTPredictor: ok, no_data (no first token measured, or none in 30 s) or
-	// implausible (a rate outside the predictor's bounds: not used).
+	// implausible (a rate, or work ahead, outside the predictor's bounds: not
+	// used).
 	TTFTPredictor string `json:"ttft_predictor"`
 	// TTFTMarginMs is what TTFT objectives add to the prediction: the 90th
 	// percentile of the latest observed less predicted TTFTs (>= 0),

@@ -460,13 +460,30 @@ func (e *Estimator) Margin() time.Duration {
 // Step is the measured decode step time (0 until measured).
 func (e *Estimator) Step() time.Duration { return e.published.Load().step }
 
+// MaxAhead bounds the work ahead a prediction believes, in time at the
+// measured rate: more comes from a lying router or agent (a running window
+// never lets that much queue), and believing it would refuse every request
+// under an objective, which then measures nothing to correct it.
+const MaxAhead = time.Minute
+
+// AheadPlausible reports whether ahead prompt tokens are within MaxAhead of
+// prefill at the measured rate (true while no rate is usable).
+func (e *Estimator) AheadPlausible(ahead int64) bool {
+	rate, s := e.Rate()
+	return s != OK || float64(ahead) <= rate*MaxAhead.Seconds()
+}
+
 // Predict is the predicted time to first token of a request of own prompt
 // tokens behind ahead tokens on this worker; with a status other than OK the
-// prediction is 0 and must not be used.
+// prediction is 0 and must not be used. Work ahead past MaxAhead makes it
+// Implausible.
 func (e *Estimator) Predict(ahead, own int64) (time.Duration, Status) {
 	rate, s := e.Rate()
 	if s != OK {
 		return 0, s
+	}
+	if float64(ahead) > rate*MaxAhead.Seconds() {
+		return 0, Implausible
 	}
 	if est := e.published.Load(); est.fitted {
 		return Predict(ahead, own, rate, est.fixed), OK

@@ -337,3 +337,30 @@ func TestSamplesWithinTheRefitIntervalAreFoldedInLater(t *testing.T) {
 		}
 	})
 }
+
+// Work ahead worth more than MaxAhead of prefill at the measured rate (a
+// router or agent lying about its prompt tokens) is not believed: the
+// prediction is implausible, so callers fail open to the running window,
+// instead of refusing every request (which would measure nothing to
+// correct it).
+func TestPredictionBoundsTheWorkAhead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := New(time.Now)
+		if !e.AheadPlausible(1 << 50) {
+			t.Fatal("work ahead judged before any rate is known")
+		}
+		e.ObserveFirstToken(10000, time.Second) // 10000 tokens/s
+		limit := int64(10000 * MaxAhead.Seconds())
+		if d, s := e.Predict(limit, 100); s != OK || d < MaxAhead {
+			t.Fatalf("MaxAhead of work ahead: %v %v, want ok and at least %v", d, s, MaxAhead)
+		}
+		for _, ahead := range []int64{limit + 10000, 1 << 50} {
+			if d, s := e.Predict(ahead, 100); s != Implausible || d != 0 {
+				t.Errorf("%d tokens ahead: %v %v, want 0 implausible", ahead, d, s)
+			}
+			if e.AheadPlausible(ahead) {
+				t.Errorf("%d tokens ahead judged plausible", ahead)
+			}
+		}
+	})
+}
