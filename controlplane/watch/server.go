@@ -25,6 +25,7 @@
 package watch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -778,9 +779,7 @@ func (s *Server) addRouter(ctx context.Context, id string) *routerRecord {
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		addr = p.Addr.String()
 	}
-	if id == "" {
-		id = addr // an anonymous router is known by its address
-	}
+	id = cmp.Or(id, addr) // an anonymous router is known by its address
 	now := s.opts.Now()
 	rec := &routerRecord{id: id, peer: addr, connectedAt: now}
 	rec.lastSeen.Store(now.UnixNano())
