@@ -2,10 +2,12 @@ package router
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -406,6 +408,16 @@ type limitConn struct {
 	since  time.Time   // waiting since
 	links  [2]connLink // in the idle lists while waiting for a request (linkAll, linkClient)
 	gone   bool        // released
+}
+
+// SyscallConn is the connection's own (a socket's), for the lean server's
+// reads and writes; closing goes through Close.
+func (c *limitConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
 }
 
 func (c *limitConn) Close() error {

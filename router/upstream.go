@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/smg-project/smg/internal/h1client"
+	"github.com/smg-project/smg/internal/sendwait"
 )
 
 // upstream is the router's HTTP/1.1 client to the engines: connections kept
@@ -45,32 +46,20 @@ type upKey struct {
 
 type upConn struct {
 	c      net.Conn
-	br     *bufio.Reader // reads through upConn.Read
-	bw     *bufio.Writer // writes through upConn.Write
+	sw     *sendwait.Conn // the request's last bytes go out with the wait for the answer
+	br     *bufio.Reader  // reads through sw
+	bw     *bufio.Writer  // writes through sw
 	parser h1client.Parser
 	key    upKey
 	idleAt time.Time
-
-	// A plain TCP connection sends a request's last bytes and waits for the
-	// answer in one step (sendAndWait): no read that finds nothing between.
-	raw      syscall.RawConn // nil: TLS, or a connection that is not a socket
-	hold     bool            // the next Write is the request's tail: held for sendAndWait
-	tail     []byte          // held (bw's buffer, untouched until the next write to bw)
-	wait     sendWait
-	waitStep func(uintptr) bool // pc.step, bound once
 
 	cut func() // pc.interrupt, bound once: the request's cancellation cuts the connection
 }
 
 func newUpConn(c net.Conn, key upKey) *upConn {
-	pc := &upConn{c: c, key: key}
+	pc := &upConn{c: c, key: key, sw: sendwait.New(c, nil)}
 	pc.cut = pc.interrupt
-	if sc, ok := c.(syscall.Conn); ok {
-		if raw, err := sc.SyscallConn(); err == nil {
-			pc.raw, pc.waitStep = raw, pc.step
-		}
-	}
-	pc.br, pc.bw = bufio.NewReaderSize(pc, 4<<10), bufio.NewWriterSize(pc, 4<<10)
+	pc.br, pc.bw = bufio.NewReaderSize(pc.sw, 4<<10), bufio.NewWriterSize(pc.sw, 4<<10)
 	return pc
 }
 
@@ -79,88 +68,6 @@ func newUpConn(c net.Conn, key upKey) *upConn {
 func (pc *upConn) interrupt() { _ = pc.c.SetDeadline(aLongTimeAgo) }
 
 var aLongTimeAgo = time.Unix(1, 0)
-
-// Write is bw's: the request's tail is held when send asks for it.
-func (pc *upConn) Write(p []byte) (int, error) {
-	if pc.hold {
-		pc.hold, pc.tail = false, p
-		return len(p), nil
-	}
-	return pc.c.Write(p)
-}
-
-// Read is br's: the first read after a held tail sends it.
-func (pc *upConn) Read(p []byte) (int, error) {
-	if pc.tail == nil {
-		return pc.c.Read(p)
-	}
-	return pc.sendAndWait(p)
-}
-
-// sendAndWait writes the held tail and reads the answer's first bytes into
-// p. Go's reads try the socket first and wait for it only when that finds
-// nothing, which right after a request it always does: here the wait comes
-// first, armed before the write, so no answer can slip past it. A tail the
-// socket does not take whole at once goes out through the connection's
-// Write and the answer through its Read, as any other.
-func (pc *upConn) sendAndWait(p []byte) (int, error) {
-	w := &pc.wait
-	*w = sendWait{tail: pc.tail, p: p}
-	pc.tail = nil
-	err := pc.raw.Read(pc.waitStep)
-	n, rerr, tail := w.n, w.err, w.tail
-	*w = sendWait{}
-	switch {
-	case err != nil:
-		return 0, err
-	case len(tail) > 0:
-		if _, err := pc.c.Write(tail); err != nil {
-			return 0, err
-		}
-		return pc.c.Read(p)
-	case rerr != nil:
-		return 0, &net.OpError{Op: "read", Net: "tcp", Source: pc.c.LocalAddr(), Addr: pc.c.RemoteAddr(), Err: os.NewSyscallError("read", rerr)}
-	case n <= 0:
-		return 0, io.EOF
-	}
-	return n, nil
-}
-
-// sendWait is sendAndWait's state, kept in the connection so the step
-// RawConn.Read calls (bound once per connection) costs no allocation.
-type sendWait struct {
-	tail, p []byte
-	sent    bool
-	n       int
-	err     error
-}
-
-// step is RawConn.Read's callback: first the tail's write (false: wait for
-// the answer), then the read (false: nothing yet, wait again).
-func (pc *upConn) step(fd uintptr) bool {
-	w := &pc.wait
-	if !w.sent {
-		w.sent = true
-		for len(w.tail) > 0 {
-			m, err := syscall.Write(int(fd), w.tail)
-			if err == syscall.EINTR {
-				continue
-			}
-			if err != nil || m <= 0 {
-				return true // the connection's Write finishes it, or says why not
-			}
-			w.tail = w.tail[m:]
-		}
-		return false
-	}
-	for {
-		w.n, w.err = syscall.Read(int(fd), w.p)
-		if w.err != syscall.EINTR {
-			break
-		}
-	}
-	return w.err != syscall.EAGAIN
-}
 
 func newUpstream(d *net.Dialer, dialTLS func(context.Context, string, string) (net.Conn, error), maxIdle int, idleTimeout time.Duration) *upstream {
 	return &upstream{dial: d.DialContext, dialTLS: dialTLS, netDialer: d, maxIdle: maxIdle, idleTimeout: idleTimeout,
@@ -260,9 +167,9 @@ func (u *upstream) send(ctx context.Context, pc *upConn, req *http.Request, dead
 	if err := h1client.WriteRequest(pc.bw, req, inMemory); err != nil {
 		return fail(nothingRead(err))
 	}
-	pc.hold = pc.raw != nil
+	pc.sw.Hold()
 	err := pc.bw.Flush()
-	pc.hold = false
+	pc.sw.Release()
 	if err != nil {
 		return fail(nothingRead(err))
 	}

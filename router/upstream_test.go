@@ -254,8 +254,8 @@ func TestUpstreamSendsAndWaitsOnPlainTCP(t *testing.T) {
 	defer u.mu.Unlock()
 	for _, list := range u.idle {
 		for _, pc := range list {
-			if pc.raw == nil || pc.tail != nil {
-				t.Fatalf("a plain TCP connection without its raw path (%v) or with a tail left (%d bytes)", pc.raw == nil, len(pc.tail))
+			if !pc.sw.Socket() || pc.sw.Held() {
+				t.Fatalf("a plain TCP connection without its raw path (%v) or with a tail left (%v)", !pc.sw.Socket(), pc.sw.Held())
 			}
 		}
 	}

@@ -234,7 +234,15 @@ func (w *response) finish() {
 		w.closeAfter = true // a short body: the client cannot tell where it ends
 	}
 	if w.err == nil {
-		if err := w.c.bw.Flush(); err != nil {
+		// A connection that goes on sends the answer's last bytes with its
+		// wait for the next request: no read that finds nothing between.
+		c := w.c
+		if !w.closeAfter && !w.head.close && c.s.Config.WriteTimeout <= 0 && !c.s.shuttingDown() {
+			c.cw.Hold()
+		}
+		err := c.bw.Flush()
+		c.cw.Release()
+		if err != nil {
 			w.fail(err)
 		}
 	}

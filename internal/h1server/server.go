@@ -24,6 +24,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/smg-project/smg/internal/sendwait"
 )
 
 // DefaultWatchAfter is how long a request runs before the server watches
@@ -201,6 +203,7 @@ type conn struct {
 	s      *Server
 	rwc    net.Conn
 	cr     connReader
+	cw     *sendwait.Conn // an answer's last bytes go out with the wait for the next request
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	ctx    context.Context
@@ -232,7 +235,8 @@ const bufSize = 4 << 10
 
 func (s *Server) newConn(base context.Context, rwc net.Conn) *conn {
 	c := &conn{s: s, rwc: rwc, remote: rwc.RemoteAddr().String()}
-	c.cr.c = rwc
+	c.cw = sendwait.New(rwc, c.sentIdle)
+	c.cr.c = c.cw
 	c.ctx = context.WithValue(base, http.LocalAddrContextKey, rwc.LocalAddr())
 	if cc := s.Config.ConnContext; cc != nil {
 		if c.ctx = cc(c.ctx, rwc); c.ctx == nil {
@@ -326,9 +330,20 @@ func (c *conn) serve() {
 		if !c.serveRequest() {
 			return
 		}
-		c.setState(http.StateIdle)
+		if c.cw.Held() && (c.br.Buffered() > 0 || c.cr.has) {
+			// The next request is here already (pipelined): no wait.
+			if c.cw.SendHeld() != nil {
+				return
+			}
+		}
+		if !c.cw.Held() {
+			c.setState(http.StateIdle)
+		} // else once the answer is out (sentIdle): an idle connection may be closed
 	}
 }
+
+// sentIdle: the answer held for the wait for the next request is out.
+func (c *conn) sentIdle() { c.setState(http.StateIdle) }
 
 // serveRequest runs the handler on the parsed request; false when the
 // connection must end.
@@ -378,6 +393,9 @@ func (c *conn) serveRequest() bool {
 		return false
 	}
 	if w.closeAfter || h.close || c.s.shuttingDown() {
+		if c.cw.SendHeld() != nil {
+			return false
+		}
 		if !c.requestBodyDone() {
 			c.closeGracefully()
 		}
@@ -445,6 +463,7 @@ func (c *conn) closeGracefully() {
 }
 
 func (c *conn) finish() {
+	_ = c.cw.SendHeld()
 	_ = c.rwc.Close()
 	if c.connCancel != nil {
 		c.unhookCtx()
@@ -475,16 +494,16 @@ func (c *conn) getReader() *bufio.Reader {
 
 func (c *conn) getWriter() *bufio.Writer {
 	if bw, ok := c.s.writers.Get().(*bufio.Writer); ok {
-		bw.Reset(c.rwc)
+		bw.Reset(c.cw)
 		return bw
 	}
-	return bufio.NewWriterSize(c.rwc, bufSize)
+	return bufio.NewWriterSize(c.cw, bufSize)
 }
 
 // connReader reads the connection, first handing over a byte the watch
 // read while a request ran (the next request's, pipelined).
 type connReader struct {
-	c       net.Conn
+	c       io.Reader
 	pending byte
 	has     bool
 }
