@@ -586,14 +586,10 @@ func (r *Router) Observations() Observations {
 // /v1/models, /health, /readyz, /metrics and /loads.
 func (r *Router) Handler() http.Handler {
 	mux := http.NewServeMux()
-	proxied := map[string]http.Handler{
-		"/v1/chat/completions": r.proxyHandler(routeChat),
-		"/v1/completions":      r.proxyHandler(routeCompletions),
-		"/v1/embeddings":       r.proxyHandler(routeEmbeddings),
-		"/generate":            r.proxyHandler(routeGenerate),
-	}
-	for path, h := range proxied {
-		mux.Handle("POST "+path, h)
+	proxied := make(map[string]http.Handler, len(proxiedRoutes))
+	for path, route := range proxiedRoutes {
+		proxied[path] = r.proxyHandler(route)
+		mux.Handle("POST "+path, proxied[path])
 	}
 	mux.HandleFunc("GET /v1/models", r.serveModels)
 	mux.HandleFunc("GET /loads", r.serveLoads)
@@ -617,14 +613,29 @@ func (r *Router) Handler() http.Handler {
 	// The proxied routes skip the mux's matching (its allocations), as
 	// the mux would route them: POST on the exact path.
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.Method == http.MethodPost {
-			if h, ok := proxied[req.URL.Path]; ok && req.URL.RawPath == "" {
-				h.ServeHTTP(w, req)
-				return
-			}
+		if Proxied(req) {
+			proxied[req.URL.Path].ServeHTTP(w, req)
+			return
 		}
 		mux.ServeHTTP(w, req)
 	})
+}
+
+// Proxied reports whether req is for one of the proxied routes (POST on
+// the exact path), which a mux in front of Handler may hand over without
+// its matching.
+func Proxied(req *http.Request) bool {
+	if req.Method != http.MethodPost || req.URL.RawPath != "" {
+		return false
+	}
+	_, ok := proxiedRoutes[req.URL.Path]
+	return ok
+}
+
+// proxiedRoutes are the routes proxied to the workers, by path.
+var proxiedRoutes = map[string]int{
+	"/v1/chat/completions": routeChat, "/v1/completions": routeCompletions,
+	"/v1/embeddings": routeEmbeddings, "/generate": routeGenerate,
 }
 
 // routeMethods is the Allow header of each route, for the 405 of a wrong

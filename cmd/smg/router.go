@@ -212,6 +212,15 @@ func (l *launchConfig) run(ctx context.Context, log *slog.Logger) error {
 func launchHandler(cp *controlplane.ControlPlane, r *router.Router) http.Handler {
 	mux := http.NewServeMux()
 	cp.AdminRoutes(mux)
-	mux.Handle("/", r.Handler())
-	return mux
+	rh := r.Handler()
+	mux.Handle("/", rh)
+	// The proxied routes (no admin route among them) skip the mux's
+	// matching, as the mux would route them.
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if router.Proxied(req) {
+			rh.ServeHTTP(w, req)
+			return
+		}
+		mux.ServeHTTP(w, req)
+	})
 }
