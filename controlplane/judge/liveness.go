@@ -320,10 +320,10 @@ type Liveness struct {
 	failedAt    stamp // latest connection failure not yet followed by contact
 
 	// The latest evidence read on an agent stream: which stream, when the
-	// control plane read it, when the agent sent it (its clock).
+	// control plane read it, how long after the agent's clock says it sent it.
 	heardStream uint64
 	heardAt     stamp
-	heardSent   stamp
+	heardLag    time.Duration // bounded by span
 	// staleContact is lastContact when the stale veto was set: the veto
 	// holds until newer contact, whatever the read credit does meanwhile.
 	staleContact stamp
@@ -348,32 +348,29 @@ type Liveness struct {
 	engineIdle     bool
 }
 
-// stamp is a time as Unix nanoseconds plus 2^63 (so ordered as the
-// times are), clamped to the years int64 nanoseconds span; 0: none. A
-// Liveness is stored with every worker record: a time.Time's location
-// pointer would have the collector scan each one and every write pay a
-// write barrier.
+// stamp is a time as nanoseconds since epoch plus 2^63 (so ordered as
+// the times are); 0: none. A Liveness is stored with every worker record:
+// a time.Time's location pointer would have the collector scan each one
+// and every write pay a write barrier. Counted from a reading of the
+// monotonic clock, two stamps of the control plane's clock are as far
+// apart as the times were, whatever the wall clock does meanwhile.
 type stamp uint64
 
-var minTime, maxTime = time.Unix(0, math.MinInt64+1), time.Unix(0, math.MaxInt64)
+// epoch is what stamps count from, never a decision's now.
+var epoch = time.Now()
 
 func stampOf(t time.Time) stamp {
-	switch {
-	case t.IsZero():
+	if t.IsZero() {
 		return 0
-	case t.Before(minTime):
-		t = minTime
-	case t.After(maxTime):
-		t = maxTime
 	}
-	return stamp(uint64(t.UnixNano()) ^ 1<<63)
+	return stamp(uint64(max(t.Sub(epoch), math.MinInt64+1)) ^ 1<<63)
 }
 
 func (s stamp) IsZero() bool              { return s == 0 }
 func (s stamp) After(o stamp) bool        { return s > o }
 func (s stamp) Before(o stamp) bool       { return s < o }
 func (s stamp) Add(d time.Duration) stamp { return stampOf(s.time().Add(d)) }
-func (s stamp) time() time.Time           { return time.Unix(0, int64(uint64(s)^1<<63)) }
+func (s stamp) time() time.Time           { return epoch.Add(time.Duration(uint64(s) ^ 1<<63)) }
 
 // Sub is s-o, saturating as time.Time.Sub does.
 func (s stamp) Sub(o stamp) time.Duration {
@@ -405,18 +402,18 @@ func (l *Liveness) Contact(at time.Time, r *Rules) Change {
 func (l *Liveness) Heard(at time.Time, h Heard, r *Rules) Change {
 	now := stampOf(at)
 	l.contact(now)
-	l.heard(now, h)
+	l.heard(at, h)
 	return l.judge(now, r, nil, true) // the stream's newest evidence: no credit
 }
 
 // heard notes evidence read at now on h's stream; evidence without the
 // agent's clock gets no credit.
-func (l *Liveness) heard(now stamp, h Heard) {
+func (l *Liveness) heard(now time.Time, h Heard) {
 	if h.Stream == 0 || h.SentAt.IsZero() {
 		l.heardStream = 0
 		return
 	}
-	l.heardStream, l.heardAt, l.heardSent = h.Stream, now, stampOf(h.SentAt)
+	l.heardStream, l.heardAt, l.heardLag = h.Stream, stampOf(now), span(now.Sub(h.SentAt))
 }
 
 // Failure records a failure at now. Only ConnectionFailure arms unreachable:
@@ -447,7 +444,7 @@ func (l *Liveness) Record(at time.Time, rec Record, r *Rules) Change {
 	l.stepWire = rec.StepWire
 	l.engineIdle = rec.Idle
 	if rec.Heard.Stream != 0 || rec.Pushed {
-		l.heard(now, rec.Heard)
+		l.heard(at, rec.Heard)
 	}
 	// The record is the newest evidence: nothing since it went unread.
 	return l.judge(now, r, nil, true)
@@ -519,7 +516,7 @@ func (l *Liveness) readCredit(now stamp, s *StreamRead, known bool, r *Rules) ti
 		return 0
 	}
 	// Each term is bounded first, so no lie about time overflows the sum.
-	c := span(s.ReadAt.Sub(s.SentAt)) - span(l.heardAt.Sub(l.heardSent))
+	c := span(s.ReadAt.Sub(s.SentAt)) - l.heardLag
 	if s.Busy { // the time it has been busy includes any stall
 		c += span(now.Sub(stampOf(s.ReadAt)))
 	} else {
