@@ -188,8 +188,9 @@ func (l *learner) observe(o Observation, now time.Time) bool {
 // queue is not trusted upward (an engine that counts work it does not run
 // would confirm every probe). With KV full a queue takes the probe back
 // at once; with KV to spare the probe
-// fails only once the engine has queued in queueStreak reports over at
-// least probeSpan from the first, never running the probe's room: at 2x of capacity each room refilled
+// fails only once the engine, holding the probed window, has queued in
+// queueStreak reports over at least probeSpan from the first, never running
+// the probe's room: at 2x of capacity each room refilled
 // waits up to a scheduler step, and on a busy box most reports catch one, so
 // an engine that runs the probe's room can look capped for a few reports.
 func (l *learner) observeProbe(o Observation, now time.Time) bool {
@@ -204,6 +205,9 @@ func (l *learner) observeProbe(o Observation, now time.Time) bool {
 	}
 	full := kvFull(o)
 	if !full {
+		if o.Running+o.Waiting < l.limit {
+			return false // the probe's room is not in use yet: no evidence either way
+		}
 		if l.below == 0 {
 			l.belowSince = now
 		}
@@ -254,5 +258,6 @@ func (l *learner) contactAgain(seq uint64, now time.Time) {
 	l.contact, l.contactKnown = seq, true
 	if known && l.limit > 0 {
 		l.capped, l.backoff, l.nextProbe, l.ran = false, probeBackoff, now, 0
+		l.seen = false // what it reported before the spell is no evidence for a probe
 	}
 }

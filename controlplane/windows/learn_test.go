@@ -411,3 +411,65 @@ func TestLearnerQueueMustLast(t *testing.T) {
 		t.Fatalf("limit %d capped %v after a queue at 8 lasting %s, want 8 capped", l.limit, l.capped, queueSpan)
 	}
 }
+
+// cappedAt4 is a learner that learned a cap of 4 from a lasting queue, its
+// worker at contact sequence 1.
+func cappedAt4(t *testing.T) (*learner, time.Time) {
+	t.Helper()
+	now := time.Unix(0, 0)
+	l := &learner{}
+	l.contactAgain(1, now)
+	for range queueStreak {
+		l.observe(Observation{Running: 4, Waiting: 2, Usage: 0.1}, now)
+		now = now.Add(queueSpan / 2)
+	}
+	if l.limit != 4 || !l.capped {
+		t.Fatalf("limit %d capped %v, want 4 capped", l.limit, l.capped)
+	}
+	return l, now
+}
+
+// TestLearnerProbesAfterContactOnFreshEvidence: an engine back from a
+// failure spell is probed only on a report it made since: the last one
+// before the spell (the whole window running) says nothing of the engine
+// that answers now, idle or restarted.
+func TestLearnerProbesAfterContactOnFreshEvidence(t *testing.T) {
+	l, now := cappedAt4(t)
+	l.observe(Observation{Running: 4, Usage: 0.1}, now)
+	l.contactAgain(2, now)
+	if l.probe(now, false) {
+		t.Fatalf("probed to %d on the report from before the spell", l.limit)
+	}
+	l.observe(Observation{Running: 4, Usage: 0.1}, now)
+	if !l.probe(now, false) || l.limit != 5 {
+		t.Fatalf("limit %d after a fresh report of the whole window running, want a probe to 5", l.limit)
+	}
+}
+
+// TestLearnerProbeFailsOnlyWhenItsRoomIsUsed: a probe whose room the
+// routers have not filled yet (the engine holds less than the probed
+// window) is neither confirmed nor failed by queues at step boundaries;
+// once the engine holds the probed window and queues for probeSpan without
+// running it, the probe fails and the limit is a cap.
+func TestLearnerProbeFailsOnlyWhenItsRoomIsUsed(t *testing.T) {
+	l, now := cappedAt4(t)
+	l.contactAgain(2, now)
+	l.observe(Observation{Running: 4, Usage: 0.1}, now)
+	if !l.probe(now, false) || l.limit != 5 {
+		t.Fatalf("limit %d, want a probe to 5", l.limit)
+	}
+	for range 60 { // 3 s holding 4 of the 5 rooms
+		now = now.Add(50 * time.Millisecond)
+		if l.observe(Observation{Running: 3, Waiting: 1, Usage: 0.1}, now) || l.limit != 5 || l.probeOf != 4 {
+			t.Fatalf("limit %d probe of %d while the probe's room is unused, want the probe to 5 pending", l.limit, l.probeOf)
+		}
+	}
+	lowered := false
+	for range 21 { // 1 s holding all 5, running 4
+		now = now.Add(50 * time.Millisecond)
+		lowered = l.observe(Observation{Running: 4, Waiting: 1, Usage: 0.1}, now) || lowered
+	}
+	if !lowered || l.limit != 4 || !l.capped || l.basis != LearnedQueue {
+		t.Fatalf("limit %d capped %v by %s after 1 s holding 5 and running 4, want 4 capped by queue", l.limit, l.capped, l.basis)
+	}
+}
