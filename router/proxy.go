@@ -167,7 +167,10 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		// pool waits by its class's rules.
 		roomWait = r.sched.Config().Classes[ticket.Class()].QueueTimeout
 	}
-	q := request{model: f.Model, key: req.Header.Get(r.opts.DispatchKeyHeader), prompt: f.prompt(), class: ticket.Class()}
+	q := request{model: f.Model, prompt: f.prompt(), class: ticket.Class()}
+	if vv := req.Header[r.keyField]; len(vv) > 0 {
+		q.key = vv[0]
+	}
 	streaming := f.Stream
 	promptTokens := int64(len(q.prompt) / r.opts.PromptBytesPerTokenGuess)
 	ticket.Charge(promptTokens, admission.PromptTokenWeight) // the tenant's counter (fair shares)

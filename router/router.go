@@ -35,6 +35,7 @@ import (
 // Router proxies requests to the workers of its current snapshot.
 type Router struct {
 	opts     Options
+	keyField string // --dispatch-key-header, canonical: looked up without canonicalising per request
 	log      *slog.Logger
 	metrics  *metrics
 	pdm      *pdMetrics
@@ -181,6 +182,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		r.sel.sticky = newAffinityTable(18)
 	}
 	r.completions = newCompletionMeter(completionTau)
+	r.keyField = http.CanonicalHeaderKey(opts.DispatchKeyHeader)
 	if r.om, err = newObjectiveMetrics(reg); err != nil {
 		return nil, fmt.Errorf("router metrics: %w", err)
 	}
