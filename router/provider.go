@@ -178,10 +178,21 @@ func (r *Router) upstreamRequest(in *http.Request, wk *Worker, st *workerState, 
 	}
 	// Built as the client's upstream writes it: the context goes to the
 	// round trip, the body is read again by a retry on a fresh connection.
-	out := &http.Request{Method: http.MethodPost, URL: u, Host: u.Host, Header: make(http.Header, len(in.Header)+2),
-		Body: newRewindBody(body), ContentLength: int64(len(body))}
-	copyRequestHeaders(out.Header, in.Header, wk.APIKey)
-	return out, nil
+	// The request, its URL and its body are one allocation.
+	o := &outRequest{u: u}
+	o.body.b = body
+	o.body.rewind()
+	o.req = http.Request{Method: http.MethodPost, URL: &o.u, Host: u.Host, Header: make(http.Header, len(in.Header)+2),
+		Body: &o.body, ContentLength: int64(len(body))}
+	copyRequestHeaders(o.req.Header, in.Header, wk.APIKey)
+	return &o.req, nil
+}
+
+// outRequest is an engine's request with what it points to.
+type outRequest struct {
+	req  http.Request
+	u    url.URL
+	body rewindBody
 }
 
 // roundTripTo sends one attempt to wk. A provider's answer must start

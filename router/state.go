@@ -65,19 +65,19 @@ type baseURL struct {
 
 // upstreamURL is in's path and query on the worker's URL raw, parsed only
 // when the worker's URL changes.
-func (st *workerState) upstreamURL(raw string, in *http.Request) (*url.URL, error) {
+func (st *workerState) upstreamURL(raw string, in *http.Request) (url.URL, error) {
 	b := st.base.Load()
 	if b == nil || b.raw != raw {
 		u, err := url.Parse(strings.TrimSuffix(raw, "/"))
 		if err != nil {
-			return nil, err
+			return url.URL{}, err
 		}
 		b = &baseURL{raw: raw, u: *u}
 		st.base.Store(b)
 	}
 	u := b.u
 	u.Path, u.RawPath, u.RawQuery = b.u.Path+in.URL.Path, "", in.URL.RawQuery
-	return &u, nil
+	return u, nil
 }
 
 // notePrefill folds one measurement (tokens prefilled before the first byte,
