@@ -228,7 +228,10 @@ func (wl *Waitlist) Acquire(ctx context.Context, w *Waiter, wait time.Duration) 
 				wl.mu.Unlock()
 				continue // ready is closed
 			}
-			if left := time.Until(until); left > 0 && !wl.hopelessLocked(w, wl.placeLocked(w)) {
+			// Only a waiter with Left is looked at before its wait ends;
+			// one without was timed to the end of its wait (from joining,
+			// so a little before until): it is shed now.
+			if left := time.Until(until); w.Left != nil && left > 0 && !wl.hopelessLocked(w, wl.placeLocked(w)) {
 				t.Reset(min(wl.recheckAtLocked(w), left)) // the pace slowed less than feared
 				wl.mu.Unlock()
 				continue
@@ -268,7 +271,7 @@ func (wl *Waitlist) placeLocked(w *Waiter) int {
 	return at
 }
 
-// hopelessLocked reports whether w (with Left), k-th in the queue, should
+// hopelessLocked reports whether w (Left set), k-th in the queue, should
 // stop waiting: nothing is left of its wait, or at the pace of grants its
 // room is no longer sure within what is left (an unknown pace leaves it).
 func (wl *Waitlist) hopelessLocked(w *Waiter, k int) bool {

@@ -118,6 +118,35 @@ func TestGateFullWaitsThenShedsAtTheDeadline(t *testing.T) {
 	})
 }
 
+// A waiter without an objective whose selection takes time (the clock
+// moves between its joining the queue and its timer starting, so its timer
+// fires a little before the wait's end read on the timer's clock) is shed at
+// the end of its wait, and the waitlist serves on: its lock is not left held.
+func TestGateSlowSelectionShedsAtTheEndOfTheWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		o.acquire(context.Background(), 1, 0)
+		w := &Waiter{Need: 1, Try: func() bool {
+			time.Sleep(time.Millisecond) // selection's own time
+			return o.g.TryAcquire(1, 0)
+		}}
+		began := time.Now()
+		if got := o.wl.Acquire(context.Background(), w, time.Second); got != RoomShed {
+			t.Fatalf("no room in time: %v, want shed", got)
+		}
+		if d := time.Since(began); d < time.Second || d > time.Second+10*time.Millisecond {
+			t.Fatalf("shed after %s, want its 1s wait", d)
+		}
+		if n := o.waiting(); n != 0 {
+			t.Fatalf("a shed request still counts as waiting (%d)", n)
+		}
+		o.release(1)
+		if got := o.acquire(context.Background(), 1, time.Second); got != RoomAtOnce {
+			t.Fatalf("after the shed, a request with room: %v, want admitted at once", got)
+		}
+	})
+}
+
 func TestGateFreedRoomGoesToLongestWaiterAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		o := newOneGate(1, 1)
