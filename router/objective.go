@@ -40,7 +40,7 @@ func (q *request) meets(h *hotWorker) bool {
 // workAhead is the prompt tokens ahead of a request on h as this router sees
 // them (the other routers' from the control plane, plus its own).
 func workAhead(h *hotWorker) int64 {
-	return othersAhead(h.ahead, h.aheadOwn, h.st) + h.st.promptTokens.Load()
+	return othersAhead(h.ahead, h.aheadReport, h.st) + h.st.promptTokens.Load()
 }
 
 // objectivePrediction is the TTFT an objective is held against on h: the

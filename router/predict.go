@@ -13,24 +13,17 @@ import (
 // router sees them: the other routers' part of the control plane's sum plus
 // this router's own now.
 func promptAhead(wk *Worker, st *workerState) int64 {
-	own := int64(-1)
-	if wk.OwnAheadSent {
-		own = wk.OwnPromptTokensAhead
-	}
-	return othersAhead(wk.PromptTokensAhead, own, st) + st.promptTokens.Load()
+	return othersAhead(wk.PromptTokensAhead, wk.AheadReport, st) + st.promptTokens.Load()
 }
 
 // othersAhead is the other routers' part of the control plane's sum ahead:
-// the sum less this router's part as the sum counts it (own), or, from a
-// control plane that does not send that part (own < 0), less the router's
-// latest report. The sum holds an older report of the router's own than its
-// latest: subtracting the latest would count the router's own work drained
-// since as the others' (or miss theirs when its own grew).
-func othersAhead(ahead, own int64, st *workerState) int64 {
-	if own < 0 {
-		own = st.reportedPrompt.Load()
-	}
-	return max(ahead-own, 0)
+// the sum less this router's part in the report the sum holds (report), or,
+// when that is unknown (a control plane that does not acknowledge reports),
+// less the router's latest report. The sum seldom holds the latest:
+// subtracting it would count the router's own work drained since as the
+// others' (or miss theirs when its own grew).
+func othersAhead(ahead int64, report uint64, st *workerState) int64 {
+	return max(ahead-st.reported.part(report), 0)
 }
 
 // predictTTFT is the predicted time to first token of a request of own

@@ -93,12 +93,20 @@ func TestPredictionLearnsRateStepAndWorkAhead(t *testing.T) {
 	if l := loadsOf(t, h)["e"]; l.PromptTokensAhead != 4000 || l.PredictedTTFTMs != 405 {
 		t.Fatalf("with 4000 tokens ahead: %+v, want 405 ms", l.TTFTLoad)
 	}
-	// What this router reported last is its own part of that sum, not
-	// counted twice.
+	// This router's part of that sum, in the report the sum holds, is not
+	// counted twice, even once it has drained and a later report says so.
 	v := h.r.view.Load()
-	v.states[v.index("e")].reportedPrompt.Store(1000)
+	st := v.states[v.index("e")]
+	st.promptTokens.Store(1000)
+	held := h.r.Observations()
+	st.promptTokens.Store(0)
+	if latest := h.r.Observations(); held.Seq == 0 || latest.Seq != held.Seq+1 {
+		t.Fatalf("reports numbered %d then %d, want n > 0 then n+1", held.Seq, latest.Seq)
+	}
+	w.AheadReport = held.Seq
+	h.apply(w)
 	if l := loadsOf(t, h)["e"]; l.PromptTokensAhead != 3000 {
-		t.Fatalf("ahead less this router's own report: %d, want 3000", l.PromptTokensAhead)
+		t.Fatalf("ahead less this router's own part in the report the sum holds: %d, want 3000", l.PromptTokensAhead)
 	}
 	// A second request of 1000 tokens behind those 3000 takes 400 ms as
 	// predicted (405 ms): observed/predicted ~0.99.
@@ -149,36 +157,78 @@ func TestPredictionFailsOpenOnALyingEngine(t *testing.T) {
 	}
 }
 
-// The control plane's sum ahead holds a report of this router's own that may
-// be older than its latest: when the control plane sends that part, it is
-// what is subtracted (the router's own drained work is not counted as the
-// other routers'); without it, the latest report is. The router's own tokens
-// in flight now are added either way.
-func TestWorkAheadSubtractsTheOwnPartTheSumCounts(t *testing.T) {
+// The control plane's sum ahead holds one report of this router's own, the
+// one it acknowledged last before the worker's state arrived (AheadReport):
+// that report's part is what is subtracted, not the latest report's (the
+// router's own work drained since is not counted as the other routers'). With
+// no report acknowledged, or one no longer kept, the latest is. The router's
+// own tokens in flight now are added either way.
+func TestWorkAheadSubtractsTheReportTheSumHolds(t *testing.T) {
 	st := &workerState{}
-	st.reportedPrompt.Store(500)          // the latest report: its work drained since the sum was made
-	st.promptTokens.Store(200)            // in flight now
-	w := &Worker{PromptTokensAhead: 4000} // r1's 3000 of an older report, the others' 1000
+	st.reported.record(1, 3000)                           // acked: the sum holds it
+	st.reported.record(2, 500)                            // the latest, not acked: its work drained since report 1
+	st.promptTokens.Store(200)                            // in flight now
+	w := &Worker{PromptTokensAhead: 4000, AheadReport: 1} // report 1's 3000, the others' 1000
 	h := hotOf(w, st)
-	if got := workAhead(&h); got != 3500+200 {
-		t.Fatalf("without the own part: %d, want 4000 - 500 + 200", got)
-	}
-	w.OwnPromptTokensAhead, w.OwnAheadSent = 3000, true
-	h = hotOf(w, st)
 	if got := workAhead(&h); got != 1000+200 {
-		t.Fatalf("with the own part: %d, want 4000 - 3000 + 200", got)
+		t.Fatalf("sum holding report 1: %d, want 4000 - 3000 + 200", got)
 	}
 	if got := promptAhead(w, st); got != 1000+200 {
 		t.Fatalf("promptAhead: %d, want 1200 as workAhead", got)
 	}
-	// A part above the sum (or a sum below 0) counts no other router's work.
-	w.OwnPromptTokensAhead = 5000
-	if got := promptAhead(w, st); got != 200 {
-		t.Fatalf("with a part above the sum: %d, want only its own 200", got)
+	// No ack (a control plane that sends none): the latest report.
+	w.AheadReport = 0
+	h = hotOf(w, st)
+	if got := workAhead(&h); got != 3500+200 {
+		t.Fatalf("no ack: %d, want 4000 - 500 + 200", got)
 	}
-	// An own part of 0 sent: the whole sum is the others'.
-	w.OwnPromptTokensAhead = 0
-	if got := promptAhead(w, st); got != 4000+200 {
-		t.Fatalf("with an own part of 0: %d, want 4200", got)
+	// Acks out of step with the reports: an ack of report 4 (reports 3 and
+	// 4 repeated report 2's 500, acks of 2 and 3 never came).
+	st.reported.record(3, 500)
+	st.reported.record(4, 500)
+	st.reported.record(5, 100)
+	w.AheadReport = 4
+	if got := promptAhead(w, st); got != 3500+200 {
+		t.Fatalf("sum holding report 4: %d, want 4000 - 500 + 200", got)
+	}
+	// A part above the sum counts no other router's work.
+	w.PromptTokensAhead, w.AheadReport = 2000, 1
+	if got := promptAhead(w, st); got != 200 {
+		t.Fatalf("part above the sum: %d, want only its own 200", got)
+	}
+}
+
+// A router keeps its recent reports per worker as changes: a report is
+// found by number until maxOwnReports changes later; one older than every
+// change kept, or 0, is the latest report.
+func TestOwnReportsByNumber(t *testing.T) {
+	var o ownReports
+	if got := o.part(1); got != 0 {
+		t.Fatalf("nothing reported: %d, want 0", got)
+	}
+	o.record(3, 700)
+	if _, ok := o.at(2); ok {
+		t.Fatalf("report 2, before the first kept, was found")
+	}
+	o.record(4, 700) // a repeat: no change kept
+	o.record(6, 0)
+	o.record(5, 900) // out of order: older than the newest kept, ignored as a change
+	for seq, want := range map[uint64]int64{3: 700, 4: 700, 5: 700, 6: 0, 100: 0} {
+		if got, ok := o.at(seq); !ok || got != want {
+			t.Errorf("report %d: %d %v, want %d", seq, got, ok, want)
+		}
+	}
+	o.record(0, 42) // not numbered: the latest only
+	if got := o.part(0); got != 42 {
+		t.Fatalf("part(0) = %d, want the latest 42", got)
+	}
+	for i := range uint64(maxOwnReports) {
+		o.record(10+i, int64(i+1))
+	}
+	if got := o.part(6); got != int64(maxOwnReports) {
+		t.Fatalf("report 6, no longer kept: %d, want the latest %d", got, maxOwnReports)
+	}
+	if got := o.part(10); got != 1 {
+		t.Fatalf("report 10: %d, want 1", got)
 	}
 }

@@ -38,16 +38,18 @@ type Router struct {
 	keyField string // --dispatch-key-header, canonical: looked up without canonicalising per request
 	log      *slog.Logger
 	metrics  *metrics
-	pdm      *pdMetrics
-	wm       *windowMetrics      // the wait path of running windows
-	handoff  *handoff            // rooms borrowed from and lent to peer routers
-	ttm      *ttftMetrics        // TTFT predictions
-	om       *objectiveMetrics   // TTFT objectives
-	gatherer prometheus.Gatherer // nil when the Registerer cannot gather
-	cb       breakerConfig
-	sel      selector
-	upstream *upstream
-	grpc     *grpcPath // the upstream of gRPC workers
+	// reportSeq numbers Observations (Observations.Seq).
+	reportSeq atomic.Uint64
+	pdm       *pdMetrics
+	wm        *windowMetrics      // the wait path of running windows
+	handoff   *handoff            // rooms borrowed from and lent to peer routers
+	ttm       *ttftMetrics        // TTFT predictions
+	om        *objectiveMetrics   // TTFT objectives
+	gatherer  prometheus.Gatherer // nil when the Registerer cannot gather
+	cb        breakerConfig
+	sel       selector
+	upstream  *upstream
+	grpc      *grpcPath // the upstream of gRPC workers
 	// objectives is each class's TTFT objective (0: none; objective.go).
 	objectives [admission.NumClasses]time.Duration
 	// door is the first admission layer: the priority scheduler (then
@@ -523,6 +525,10 @@ func (r *Router) ContactSeen(workerID string) {
 // Observations is what the router reports back to the control plane: what
 // only it can see about the workers it sends to.
 type Observations struct {
+	// Seq numbers the call, from 1 up: the control plane acknowledges each
+	// report it folds into its sums, and the router subtracts its own part
+	// of a sum ahead by the report the sum holds.
+	Seq     uint64
 	Workers []WorkerObservation
 	// Demand is this router's use of each gated worker's window: the
 	// control plane moves window shares toward the routers that wait.
@@ -561,7 +567,7 @@ func (r *Router) Observations() Observations {
 	if v == nil {
 		return Observations{}
 	}
-	out := Observations{Workers: make([]WorkerObservation, len(v.states))}
+	out := Observations{Seq: r.reportSeq.Add(1), Workers: make([]WorkerObservation, len(v.states))}
 	for i, st := range v.states {
 		o := WorkerObservation{
 			WorkerID:             st.id,
@@ -574,7 +580,7 @@ func (r *Router) Observations() Observations {
 		if ns := st.lastProgress.Load(); ns != 0 {
 			o.LastProgress = time.Unix(0, ns)
 		}
-		st.reportedPrompt.Store(o.PromptTokensInFlight)
+		st.reported.record(out.Seq, o.PromptTokensInFlight)
 		out.Workers[i] = o
 	}
 	out.Demand = r.windowDemand(v)

@@ -81,11 +81,10 @@ type Worker struct {
 	// worker, summed over routers by the control plane (this router's own
 	// last report included); TTFT predictions start from it.
 	PromptTokensAhead int64
-	// OwnPromptTokensAhead is this router's part of PromptTokensAhead as the
-	// control plane counted it (a report of its own, maybe older than its
-	// latest), when OwnAheadSent (a control plane that sends it).
-	OwnPromptTokensAhead int64
-	OwnAheadSent         bool
+	// AheadReport is the report of this router's own that PromptTokensAhead
+	// holds: the latest the control plane had acknowledged when the
+	// worker's state arrived (0: unknown, the latest report is subtracted).
+	AheadReport uint64
 	// Held: kept from the previous control plane epoch, without vetoes,
 	// while the new control plane refills its registry (warming_secs).
 	Held bool
@@ -157,16 +156,16 @@ func (v *view) size() int32 { return int32(len(v.states)) }
 // hotWorker packs the fields selection reads per candidate next to each
 // other, so scanning a 1,000-worker pool stays in cache.
 type hotWorker struct {
-	st       *workerState
-	reported int64 // Waiting + Running from the last report
-	waiting  int64 // Waiting from the last report (least_load's waiting cap)
-	eligible bool  // Healthy and not vetoed (the breaker is checked live)
-	healthy  bool
-	veto     Veto
-	over     bool  // over its overload ceiling, whatever veto says
-	ahead    int64 // PromptTokensAhead (TTFT objectives)
-	aheadOwn int64 // OwnPromptTokensAhead; -1: not sent
-	proto    protocol
+	st          *workerState
+	reported    int64 // Waiting + Running from the last report
+	waiting     int64 // Waiting from the last report (least_load's waiting cap)
+	eligible    bool  // Healthy and not vetoed (the breaker is checked live)
+	healthy     bool
+	veto        Veto
+	over        bool   // over its overload ceiling, whatever veto says
+	ahead       int64  // PromptTokensAhead (TTFT objectives)
+	aheadReport uint64 // AheadReport
+	proto       protocol
 }
 
 // pool is the set of candidates a request for one model draws from.
@@ -246,11 +245,7 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 
 // hotOf is the selection summary of w.
 func hotOf(w *Worker, st *workerState) hotWorker {
-	aheadOwn := int64(-1)
-	if w.OwnAheadSent {
-		aheadOwn = w.OwnPromptTokensAhead
-	}
-	return hotWorker{aheadOwn: aheadOwn, st: st, reported: w.Waiting + w.Running, waiting: w.Waiting, eligible: w.Healthy && w.Veto == VetoNone,
+	return hotWorker{aheadReport: w.AheadReport, st: st, reported: w.Waiting + w.Running, waiting: w.Waiting, eligible: w.Healthy && w.Veto == VetoNone,
 		healthy: w.Healthy, veto: w.Veto, over: w.Overloaded || w.Veto == VetoOverload, ahead: w.PromptTokensAhead,
 		proto: protocolOf(w.URL)}
 }

@@ -39,10 +39,10 @@ type workerState struct {
 	prefillRate  atomic.Uint64 // float64 bits: prompt tokens/s measured to the first byte (EWMA)
 
 	// TTFT prediction: the worker's prefill rate and step time, and the
-	// prompt tokens in flight this router last reported (the part of the
-	// control plane's sum that is its own).
-	ttft           *ttft.Estimator
-	reportedPrompt atomic.Int64
+	// prompt tokens in flight this router reported lately (its part of the
+	// control plane's sum, by report).
+	ttft     *ttft.Estimator
+	reported ownReports
 
 	base atomic.Pointer[baseURL] // the worker's URL, parsed once
 

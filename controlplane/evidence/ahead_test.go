@@ -40,9 +40,9 @@ func TestPromptTokensAheadAreSummedOverRoutersOrTheEngines(t *testing.T) {
 	}
 }
 
-// Each router is sent its own part of the sum, so a change of its part
-// that leaves the sum alone (the engine's larger count stands) still reaches
-// routers, paced as a load change; a negative report counts as 0 (it would
+// A change of a router's part that leaves the sum alone (the engine's
+// larger count stands) still reaches routers, paced as a load change, so each
+// learns which of its reports the sum holds; a negative report counts as 0 (it would
 // cancel the other routers' part) and a huge one is bounded.
 func TestRoutersPartsOfPromptTokensAheadReachRouters(t *testing.T) {
 	tr, reg, _ := setup(t, registry.HealthHealthy)

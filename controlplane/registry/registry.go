@@ -83,8 +83,10 @@ type State struct {
 	// predictions; set with the verdicts from the evidence.
 	PromptTokensAhead int64
 	// AheadRevision bumps when a router's part of PromptTokensAhead
-	// (Evidence.Routers) changes: each router is sent its own part, which
-	// can change while the sum does not.
+	// (Evidence.Routers) changes, even when the sum does not (the engine's
+	// larger count stands): the worker then reaches routers again, paced as
+	// a load, so each learns which of its reports the sum holds now
+	// (watch.proto's ReportAck) and keeps that report at hand.
 	AheadRevision uint64
 }
 

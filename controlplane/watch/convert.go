@@ -22,44 +22,32 @@ func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 	spec := w.Spec
 	v := viewOf(w)
 	return &smgv1.RoutingWorker{
-		WorkerId:             w.ID,
-		Url:                  spec.GetUrl(),
-		Model:                w.Model,
-		WorkerType:           w.Type,
-		Priority:             v.priority,
-		Cost:                 v.cost,
-		Healthy:              w.Ready(),
-		Veto:                 v.veto,
-		VetoReason:           v.vetoReason,
-		WaitingRequests:      v.waiting,
-		RunningRequests:      v.running,
-		TokenUsage:           v.tokenUsage,
-		MaxRunningRequests:   maxRunning(w),
-		LoadRevision:         w.LoadRevision,
-		BootstrapPort:        spec.GetBootstrapPort(),
-		ContactSeq:           w.ContactSeq,
-		ApiKey:               spec.GetApiKey(),
-		WindowShare:          windowShare(w, routerID),
-		AdmissionRooms:       w.Admission.Rooms(),
-		Overloaded:           w.Overloaded,
-		OverloadReason:       w.OverloadReason,
-		Provider:             ProviderRoute(spec.GetProvider()),
-		PromptTokensAhead:    w.PromptTokensAhead,
-		TokenBudget:          w.Budget.TokenBudget(),
-		TokenShare:           tokenShare(w, routerID),
-		OwnPromptTokensAhead: ownAhead(w, routerID),
+		WorkerId:           w.ID,
+		Url:                spec.GetUrl(),
+		Model:              w.Model,
+		WorkerType:         w.Type,
+		Priority:           v.priority,
+		Cost:               v.cost,
+		Healthy:            w.Ready(),
+		Veto:               v.veto,
+		VetoReason:         v.vetoReason,
+		WaitingRequests:    v.waiting,
+		RunningRequests:    v.running,
+		TokenUsage:         v.tokenUsage,
+		MaxRunningRequests: maxRunning(w),
+		LoadRevision:       w.LoadRevision,
+		BootstrapPort:      spec.GetBootstrapPort(),
+		ContactSeq:         w.ContactSeq,
+		ApiKey:             spec.GetApiKey(),
+		WindowShare:        windowShare(w, routerID),
+		AdmissionRooms:     w.Admission.Rooms(),
+		Overloaded:         w.Overloaded,
+		OverloadReason:     w.OverloadReason,
+		Provider:           ProviderRoute(spec.GetProvider()),
+		PromptTokensAhead:  w.PromptTokensAhead,
+		TokenBudget:        w.Budget.TokenBudget(),
+		TokenShare:         tokenShare(w, routerID),
 	}
-}
-
-// ownAhead is routerID's part of w's PromptTokensAhead (its report as the
-// sum counts it, at most the sum), sent whenever the sum is not 0 (nil
-// otherwise: nothing is ahead, whoever sent it).
-func ownAhead(w *registry.Worker, routerID string) *int64 {
-	if w.PromptTokensAhead == 0 {
-		return nil
-	}
-	own := min(max(w.Evidence.Routers[routerID].PrefillTokens, 0), max(w.PromptTokensAhead, 0))
-	return &own
 }
 
 // ProviderRoute is what routers need of an external worker's provider
@@ -131,11 +119,8 @@ func tokenShare(w *registry.Worker, routerID string) int64 {
 	return share
 }
 
-// perRouter reports whether routers see w differently (their own shares,
-// their own part of the prompt tokens ahead).
-func perRouter(w *registry.Worker) bool {
-	return len(w.WindowShare) > 0 || len(w.TokenShare) > 0 || w.PromptTokensAhead != 0 && len(w.Evidence.Routers) > 0
-}
+// perRouter reports whether routers see w differently (their own shares).
+func perRouter(w *registry.Worker) bool { return len(w.WindowShare) > 0 || len(w.TokenShare) > 0 }
 
 // maxRunning is w's running window: the engine's report, else the registered one.
 func maxRunning(w *registry.Worker) int64 {

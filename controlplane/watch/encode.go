@@ -30,6 +30,9 @@ const (
 	responseSnapshot  = 3
 	responseDelta     = 4
 	responseHeartbeat = 5
+	responseReportAck = 8
+
+	reportAckSeq = 1
 
 	snapshotWorkers  = 1
 	snapshotSettings = 2
@@ -114,9 +117,6 @@ func appendWorker(buf []byte, w *registry.Worker, routerID string) []byte {
 	buf = appendInt(buf, 23, w.PromptTokensAhead)
 	buf = appendInt(buf, 24, w.Budget.TokenBudget())
 	buf = appendInt(buf, 25, tokenShare(w, routerID))
-	if own := ownAhead(w, routerID); own != nil { // optional: sent even when 0
-		buf = protowire.AppendVarint(protowire.AppendTag(buf, 26, protowire.VarintType), uint64(*own))
-	}
 	return buf
 }
 
@@ -209,6 +209,16 @@ func must(b []byte, err error) []byte {
 		panic(err) // FleetSettings always marshals: a bug if not
 	}
 	return b
+}
+
+// appendAck appends the WatchResponse acknowledging report seq, under
+// epoch at the router's revision rev.
+func appendAck(buf []byte, epoch string, rev, seq uint64) []byte {
+	buf = appendString(buf, responseEpoch, epoch)
+	buf = appendUint(buf, responseRevision, rev)
+	buf, m := openField(buf, responseReportAck)
+	buf = appendUint(buf, reportAckSeq, seq)
+	return closeField(buf, m)
 }
 
 // rawMessage is a message whose wire bytes are raw: gRPC's codec copies

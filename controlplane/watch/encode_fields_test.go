@@ -15,8 +15,9 @@ import (
 // notHandEncoded are the fields of WatchResponse's tree that the hand
 // encoder (appendResponse) never writes, and who does.
 var notHandEncoded = map[protoreflect.FullName]string{
-	"smg.v1.WatchResponse.goodbye": "sent once at shutdown as a message, through gRPC's codec (Server.goodbye)",
-	"smg.v1.WatchResponse.tenants": "relayed per router as a message, through gRPC's codec (watcher.relayTenants)",
+	"smg.v1.WatchResponse.goodbye":    "sent once at shutdown as a message, through gRPC's codec (Server.goodbye)",
+	"smg.v1.WatchResponse.tenants":    "relayed per router as a message, through gRPC's codec (watcher.relayTenants)",
+	"smg.v1.WatchResponse.report_ack": "encoded per router by appendAck (watcher.sendAck; ack_test decodes it)",
 }
 
 // The hand encoder writes every field of WatchResponse and of every message

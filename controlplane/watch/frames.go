@@ -233,22 +233,17 @@ func (f *frames) advance(rev uint64) {
 	}
 }
 
-// shareKey is routerID's shares of b's per-router workers and its part of
-// their prompt tokens ahead, as bytes.
+// shareKey is routerID's shares of b's per-router workers (window and
+// token), as bytes.
 func (b *base) shareKey(routerID string) string {
 	if len(b.windowed) == 0 {
 		return ""
 	}
-	buf := make([]byte, 0, 6*len(b.windowed))
+	buf := make([]byte, 0, 4*len(b.windowed))
 	for _, i := range b.windowed {
 		w := b.workers[i]
 		buf = binary.AppendVarint(buf, windowShare(w, routerID))
 		buf = binary.AppendVarint(buf, tokenShare(w, routerID))
-		var own int64 = -1
-		if p := ownAhead(w, routerID); p != nil {
-			own = *p
-		}
-		buf = binary.AppendVarint(buf, own)
 	}
 	return string(buf)
 }

@@ -84,10 +84,10 @@ func TestSharedFramesKeepWindowSharesPerRouter(t *testing.T) {
 	})
 }
 
-// Each router is sent its own part of a worker's prompt tokens ahead (its
-// report as the sum counts it, 0 when it reported none), and its token
-// share: routers whose parts differ get their own message.
-func TestSharedFramesKeepOwnPromptTokensAheadPerRouter(t *testing.T) {
+// Routers whose parts of a worker's prompt tokens ahead differ are sent one
+// message (the sum, alike for all); routers with equal window shares and
+// different token shares are not (r4's token share is its own).
+func TestSharedFramesKeepTokenSharesPerRouter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reg := registry.New(testEpoch, 0)
 		w := newWorker("w1")
@@ -112,21 +112,19 @@ func TestSharedFramesKeepOwnPromptTokensAheadPerRouter(t *testing.T) {
 			t.Fatalf("%s: no %s in %v", r, id, got[r])
 			return nil
 		}
-		for r, want := range map[string]int64{"r1": 3000, "r2": 1000, "r3": 0, "r4": 0} {
-			rw := find(r, "w1")
-			if rw.GetPromptTokensAhead() != 4000 || rw.OwnPromptTokensAhead == nil || *rw.OwnPromptTokensAhead != want {
-				t.Errorf("%s: ahead %d, own %v, want 4000 and %d", r, rw.GetPromptTokensAhead(), rw.OwnPromptTokensAhead, want)
-			}
-			if own := find(r, "idle").OwnPromptTokensAhead; own != nil {
-				t.Errorf("%s: own part %d of nothing ahead, want none sent", r, *own)
+		for _, r := range []string{"r1", "r2", "r3", "r4"} {
+			if ahead := find(r, "w1").GetPromptTokensAhead(); ahead != 4000 {
+				t.Errorf("%s: ahead %d, want the sum 4000", r, ahead)
 			}
 		}
-		if s := find("r4", "w2").GetTokenShare(); s != 100 {
-			t.Errorf("r4 token share %d, want 100", s)
+		for r, want := range map[string]int64{"r1": 300, "r2": 300, "r3": 300, "r4": 100} {
+			if s := find(r, "w2").GetTokenShare(); s != want {
+				t.Errorf("%s token share %d, want %d", r, s, want)
+			}
 		}
-		// r1, r2, r3 and r4 (r3 and r4 differ in their token share): four messages.
-		if n := encodedCount(s, "snapshot"); n != 4 {
-			t.Fatalf("%v snapshots built for four routers' parts, want 4", n)
+		// r1, r2 and r3 alike whatever their parts ahead, r4 its own token share.
+		if n := encodedCount(s, "snapshot"); n != 2 {
+			t.Fatalf("%v snapshots built for two routers' views, want 2", n)
 		}
 	})
 }

@@ -30,7 +30,7 @@ func (d *discardStream) SendMsg(any) error        { return nil }
 func BenchmarkPass1000(b *testing.B) {
 	const routers = 1000
 	reg := joinFleet(b, 1000)
-	round := benchWatchers(b, reg, routers)
+	round, _ := benchWatchers(b, reg, routers)
 	round() // the snapshots
 	flip := reg.Snapshot().Get("w00000")
 	b.ReportAllocs()
@@ -45,15 +45,16 @@ func BenchmarkPass1000(b *testing.B) {
 }
 
 // BenchmarkPassPromptParts is a change of 100 workers (a load tick) passed
-// to 1,000 routers, the workers with prompt tokens ahead and each router's
-// part of them different (parts=true: a message per router) or without any
-// (parts=false: one shared message). One op is one change.
+// to 1,000 routers, the workers with prompt tokens ahead, each router's part
+// of them different and a report of each router's folded since the last
+// change (parts=true: the shared message plus an ack per router), or
+// without any (parts=false: the shared message alone). One op is one change.
 func BenchmarkPassPromptParts(b *testing.B) {
 	const routers, changed = 1000, 100
 	for _, parts := range []bool{false, true} {
 		b.Run(fmt.Sprint("parts=", parts), func(b *testing.B) {
 			reg := joinFleet(b, 1000)
-			round := benchWatchers(b, reg, routers)
+			round, recs := benchWatchers(b, reg, routers)
 			round()
 			views := map[string]registry.RouterView{}
 			for r := range routers {
@@ -71,7 +72,12 @@ func BenchmarkPassPromptParts(b *testing.B) {
 					}
 					ws[j] = &w
 				}
-				put(b, reg, ws...)
+				rev := put(b, reg, ws...)
+				if parts {
+					for _, r := range recs {
+						r.folded(uint64(i+1), rev)
+					}
+				}
 				round()
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e6, "ms/change")
@@ -80,13 +86,15 @@ func BenchmarkPassPromptParts(b *testing.B) {
 }
 
 // benchWatchers opens n routers' watchers on reg (their streams discard what
-// is sent) and returns a pass over all of them, as a shared writer runs it.
-func benchWatchers(b *testing.B, reg *registry.Registry, n int) func() {
+// is sent) and returns a pass over all of them, as a shared writer runs it,
+// and the routers' records.
+func benchWatchers(b *testing.B, reg *registry.Registry, n int) (func(), []*routerRecord) {
 	s := NewServer(reg, Options{HeartbeatInterval: time.Hour}, nil, nil)
 	ws := make([]*watcher, n)
+	recs := make([]*routerRecord, n)
 	for i := range ws {
-		rec := &routerRecord{id: fmt.Sprintf("router-%04d", i)}
-		ws[i] = s.newWatcher(&discardStream{ctx: b.Context()}, rec, &smgv1.WatchHello{})
+		recs[i] = &routerRecord{id: fmt.Sprintf("router-%04d", i)}
+		ws[i] = s.newWatcher(&discardStream{ctx: b.Context()}, recs[i], &smgv1.WatchHello{})
 	}
 	return func() {
 		now := time.Now()
@@ -97,5 +105,5 @@ func benchWatchers(b *testing.B, reg *registry.Registry, n int) func() {
 			}
 			w.mu.Unlock()
 		}
-	}
+	}, recs
 }

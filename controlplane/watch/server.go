@@ -227,6 +227,55 @@ type routerRecord struct {
 	connectedAt time.Time
 	applied     atomic.Uint64
 	lastSeen    atomic.Int64 // Unix ns
+
+	// acks are the router's numbered reports folded into the sums and not
+	// yet acknowledged, each with the registry revision read after its fold
+	// (oldest first; at most maxAcks).
+	ackMu sync.Mutex
+	acks  []pendingAck
+}
+
+// pendingAck is a folded report: every state at revision rev or later holds it.
+type pendingAck struct {
+	seq, rev uint64
+}
+
+// maxAcks bounds the folded reports awaiting a send (a router reporting
+// faster than anything is sent to it): the newest replaces the last.
+const maxAcks = 16
+
+// folded notes report seq as folded into the sums by revision rev.
+func (r *routerRecord) folded(seq, rev uint64) {
+	r.ackMu.Lock()
+	defer r.ackMu.Unlock()
+	n := len(r.acks)
+	switch {
+	case n > 0 && r.acks[n-1].seq >= seq:
+		return // an older report, after a newer one: nothing to tell
+	case n > 0 && r.acks[n-1].rev == rev:
+		r.acks[n-1].seq = seq // nothing committed between: the newer supersedes it exactly
+		return
+	case n == maxAcks:
+		r.acks = r.acks[:maxAcks-1]
+	}
+	r.acks = append(r.acks, pendingAck{seq, rev})
+}
+
+// ackable takes the latest folded report every state at revision rev holds
+// (0: none), dropping the ones it supersedes.
+func (r *routerRecord) ackable(rev uint64) uint64 {
+	r.ackMu.Lock()
+	defer r.ackMu.Unlock()
+	i := 0
+	for i < len(r.acks) && r.acks[i].rev <= rev {
+		i++
+	}
+	if i == 0 {
+		return 0
+	}
+	seq := r.acks[i-1].seq
+	r.acks = r.acks[:copy(r.acks, r.acks[i:])]
+	return seq
 }
 
 // NewServer returns a WatchService over reg. metrics may be nil.
@@ -568,7 +617,12 @@ func (w *watcher) relayTenants(t *tenants.Table, now time.Time) error {
 }
 
 // sendBase sends b's message under k and counts its bytes as not yet acked.
+// The router's latest report the message's sums hold goes first
+// (sendAck).
 func (w *watcher) sendBase(k baseKey, b *base) error {
+	if err := w.sendAck(k.to); err != nil {
+		return err
+	}
 	n, err := w.s.sendBase(w.stream, k, b, w.id)
 	if err != nil {
 		return err
@@ -579,6 +633,22 @@ func (w *watcher) sendBase(k baseKey, b *base) error {
 	}
 	w.marks = append(w.marks, ackMark{k.to, w.sentBytes})
 	return nil
+}
+
+// sendAck acknowledges the router's latest report folded into the sums by
+// revision rev, before a message of workers read at rev: every worker the
+// router receives after the ack holds that report (or a later one), and
+// every worker before it an earlier one. One message per send at most,
+// encoded per router (appendAck).
+func (w *watcher) sendAck(rev uint64) error {
+	if w.rec == nil {
+		return nil
+	}
+	seq := w.rec.ackable(rev)
+	if seq == 0 {
+		return nil
+	}
+	return w.stream.SendMsg(rawMessage(appendAck(make([]byte, 0, 24+len(w.epoch)), w.epoch, w.last, seq)))
 }
 
 // maxMarks bounds the sends remembered for acks (a router that never acks).
@@ -756,6 +826,11 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smg
 			s.touch(rec, now, 0)
 			if s.opts.Sink != nil {
 				s.opts.Sink.RouterObservations(rec.id, m.Report, now)
+				if seq := m.Report.GetSeq(); seq != 0 {
+					// Read after the fold committed: every state from this
+					// revision on holds the report.
+					rec.folded(seq, s.reg.Revision())
+				}
 			}
 			if s.opts.Demand != nil {
 				s.opts.Demand.RouterDemand(rec.id, rec.applied.Load(), m.Report.GetDemand(), now)

@@ -436,12 +436,8 @@ func (f *fakeStream) Context() context.Context { return f.ctx }
 // SendMsg hands the test the message sent, decoded from its wire bytes as a
 // router decodes it.
 func (f *fakeStream) SendMsg(m any) error {
-	raw, err := proto.Marshal(m.(proto.Message))
+	got, err := decodeSent(m)
 	if err != nil {
-		return err
-	}
-	got := &smgv1.WatchResponse{}
-	if err := proto.Unmarshal(raw, got); err != nil {
 		return err
 	}
 	select {
@@ -450,6 +446,17 @@ func (f *fakeStream) SendMsg(m any) error {
 	case <-f.ctx.Done():
 		return f.ctx.Err()
 	}
+}
+
+// decodeSent is a message sent, decoded from its wire bytes as a router
+// decodes it.
+func decodeSent(m any) (*smgv1.WatchResponse, error) {
+	raw, err := proto.Marshal(m.(proto.Message))
+	if err != nil {
+		return nil, err
+	}
+	got := &smgv1.WatchResponse{}
+	return got, proto.Unmarshal(raw, got)
 }
 
 // serveFake runs the serving loop over a fakeStream until the test ends.

@@ -129,6 +129,11 @@ type Client struct {
 	stale      *time.Timer
 	staleAfter time.Duration         // opts.StaleAfter until the control plane sends its own
 	settings   *router.FleetSettings // the control plane's, from its last snapshot
+	// reportAcked is the latest report of this router's that the control
+	// plane on this stream acknowledged (0: none yet): each worker it sends
+	// after the ack has a sum ahead that holds that report
+	// (router.Worker.AheadReport).
+	reportAcked uint64
 	// kept: workers of a previous epoch held while the current epoch warms
 	// up, each until this epoch lists it healthy or removes it, all until
 	// keepUntil (keepTimer).
@@ -279,6 +284,9 @@ func (c *Client) session(ctx context.Context) (heard bool, err error) {
 		}
 		return false, err
 	}
+	c.applyMu.Lock()
+	c.reportAcked = 0 // acks are per stream: this control plane has acked nothing yet
+	c.applyMu.Unlock()
 	var wg sync.WaitGroup
 	wg.Go(func() { c.send(ctx, stream) })
 	defer wg.Wait()
@@ -370,7 +378,7 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 		next := make(map[string]heldWorker, len(m.Snapshot.GetWorkers()))
 		for _, w := range m.Snapshot.GetWorkers() {
 			contacts = c.noteContact(contacts, w)
-			next[w.GetWorkerId()] = heldWorker{routerWorker(w), w.GetContactSeq()}
+			next[w.GetWorkerId()] = heldWorker{c.routerWorker(w), w.GetContactSeq()}
 			c.judged(w)
 			c.carryWindow(w.GetWorkerId(), next[w.GetWorkerId()].w, resp.Epoch != epoch)
 		}
@@ -395,7 +403,7 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 			if _, ok := c.workers[w.GetWorkerId()]; !ok {
 				c.order = nil
 			}
-			rw := routerWorker(w)
+			rw := c.routerWorker(w)
 			c.carryWindow(w.GetWorkerId(), rw, false)
 			c.workers[w.GetWorkerId()] = heldWorker{rw, w.GetContactSeq()}
 			c.judged(w)
@@ -412,6 +420,9 @@ func (c *Client) handle(resp *smgv1.WatchResponse) error {
 			}
 			delete(c.carried, id)
 		}
+	case *smgv1.WatchResponse_ReportAck:
+		c.reportAcked = max(c.reportAcked, m.ReportAck.GetSeq())
+		return nil
 	case *smgv1.WatchResponse_Tenants:
 		if ft, ok := c.target.(FleetTenantsTarget); ok {
 			ft.FleetTenants(fleetTenants(m.Tenants))
@@ -774,6 +785,14 @@ func (c *Client) stopStale() {
 	}
 }
 
+// routerWorker converts w as received now: its sum ahead holds the latest
+// report the control plane acknowledged on this stream. Called under applyMu.
+func (c *Client) routerWorker(w *smgv1.RoutingWorker) router.Worker {
+	rw := routerWorker(w)
+	rw.AheadReport = c.reportAcked
+	return rw
+}
+
 // staleFired fails open once per silence, unless a message arrived meanwhile.
 func (c *Client) staleFired() {
 	c.applyMu.Lock()
@@ -808,13 +827,11 @@ func routerWorker(w *smgv1.RoutingWorker) router.Worker {
 		APIKey:         w.GetApiKey(),
 		WindowShare:    w.GetWindowShare(),
 
-		AdmissionRooms:       w.GetAdmissionRooms(),
-		Provider:             routerProvider(w.GetProvider()),
-		PromptTokensAhead:    w.GetPromptTokensAhead(),
-		OwnPromptTokensAhead: w.GetOwnPromptTokensAhead(),
-		OwnAheadSent:         w.OwnPromptTokensAhead != nil,
-		TokenBudget:          w.GetTokenBudget(),
-		TokenShare:           w.GetTokenShare(),
+		AdmissionRooms:    w.GetAdmissionRooms(),
+		Provider:          routerProvider(w.GetProvider()),
+		PromptTokensAhead: w.GetPromptTokensAhead(),
+		TokenBudget:       w.GetTokenBudget(),
+		TokenShare:        w.GetTokenShare(),
 	}
 }
 
@@ -855,7 +872,7 @@ func tokensByClass(d router.WindowDemand) []int64 {
 
 // report converts the router's observations.
 func report(obs router.Observations) *smgv1.RouterReport {
-	r := &smgv1.RouterReport{Workers: make([]*smgv1.WorkerObservation, len(obs.Workers))}
+	r := &smgv1.RouterReport{Seq: obs.Seq, Workers: make([]*smgv1.WorkerObservation, len(obs.Workers))}
 	for i, o := range obs.Workers {
 		wo := &smgv1.WorkerObservation{
 			WorkerId:             o.WorkerID,

@@ -235,7 +235,11 @@ type RouterReport struct {
 	// Each active tenant's use of the router's admission slots (fair shares
 	// on; empty otherwise): the control plane sums them over routers so that
 	// a tenant's fair share holds fleet-wide.
-	Tenants       []*TenantUsage `protobuf:"bytes,3,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	Tenants []*TenantUsage `protobuf:"bytes,3,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	// The report's number, increasing over the router's life (0: not
+	// numbered, never acknowledged). The control plane acknowledges each
+	// numbered report it folds into its sums (ReportAck).
+	Seq           uint64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -289,6 +293,13 @@ func (x *RouterReport) GetTenants() []*TenantUsage {
 		return x.Tenants
 	}
 	return nil
+}
+
+func (x *RouterReport) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
 }
 
 // TenantUsage is one tenant's use of admission slots: held and waiting.
@@ -603,6 +614,7 @@ type WatchResponse struct {
 	//	*WatchResponse_Heartbeat
 	//	*WatchResponse_Goodbye
 	//	*WatchResponse_Tenants
+	//	*WatchResponse_ReportAck
 	Msg           isWatchResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -704,6 +716,15 @@ func (x *WatchResponse) GetTenants() *TenantShares {
 	return nil
 }
 
+func (x *WatchResponse) GetReportAck() *ReportAck {
+	if x != nil {
+		if x, ok := x.Msg.(*WatchResponse_ReportAck); ok {
+			return x.ReportAck
+		}
+	}
+	return nil
+}
+
 type isWatchResponse_Msg interface {
 	isWatchResponse_Msg()
 }
@@ -728,6 +749,10 @@ type WatchResponse_Tenants struct {
 	Tenants *TenantShares `protobuf:"bytes,7,opt,name=tenants,proto3,oneof"`
 }
 
+type WatchResponse_ReportAck struct {
+	ReportAck *ReportAck `protobuf:"bytes,8,opt,name=report_ack,json=reportAck,proto3,oneof"`
+}
+
 func (*WatchResponse_Snapshot) isWatchResponse_Msg() {}
 
 func (*WatchResponse_Delta) isWatchResponse_Msg() {}
@@ -737,6 +762,58 @@ func (*WatchResponse_Heartbeat) isWatchResponse_Msg() {}
 func (*WatchResponse_Goodbye) isWatchResponse_Msg() {}
 
 func (*WatchResponse_Tenants) isWatchResponse_Msg() {}
+
+func (*WatchResponse_ReportAck) isWatchResponse_Msg() {}
+
+// ReportAck says the router's report seq (RouterReport.seq) is folded into
+// the control plane's sums. It goes on the router's own stream before any
+// worker state computed from sums that hold that report: every worker the
+// router receives after it has a prompt_tokens_ahead that holds report seq
+// or a later one. Only the latest folded report is acknowledged: seqs may
+// skip.
+type ReportAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportAck) Reset() {
+	*x = ReportAck{}
+	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportAck) ProtoMessage() {}
+
+func (x *ReportAck) ProtoReflect() protoreflect.Message {
+	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportAck.ProtoReflect.Descriptor instead.
+func (*ReportAck) Descriptor() ([]byte, []int) {
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReportAck) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
 
 // TenantShares is what every other router reported of its tenants, summed
 // per tenant (the receiving router's own report is not in it): the router
@@ -752,7 +829,7 @@ type TenantShares struct {
 
 func (x *TenantShares) Reset() {
 	*x = TenantShares{}
-	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	mi := &file_smg_v1_watch_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +841,7 @@ func (x *TenantShares) String() string {
 func (*TenantShares) ProtoMessage() {}
 
 func (x *TenantShares) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[8]
+	mi := &file_smg_v1_watch_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +854,7 @@ func (x *TenantShares) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantShares.ProtoReflect.Descriptor instead.
 func (*TenantShares) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{8}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TenantShares) GetOthers() []*TenantUsage {
@@ -828,27 +905,23 @@ type RoutingWorker struct {
 	// Prompt tokens waiting for prefill on the worker: what every router has
 	// dispatched there without a first token yet (summed over routers), or the
 	// engine's own count of tokens still to prefill when it reports one and it
-	// is larger. Routers predict time to first token from it.
+	// is larger. Routers predict time to first token from it: a router
+	// subtracts its own part as of the latest report acknowledged before the
+	// worker arrived (ReportAck), the report the sum holds.
 	PromptTokensAhead int64 `protobuf:"varint,23,opt,name=prompt_tokens_ahead,json=promptTokensAhead,proto3" json:"prompt_tokens_ahead,omitempty"`
 	// Under --worker-token-budget: the worker's token budget (its KV capacity
 	// in tokens, reported or learned; 0: none known, never gated by tokens)
 	// and this router's share of it, as window_share (> 0 tokens it may hold,
 	// -1 none granted, 0 no allocator: the whole budget).
-	TokenBudget int64 `protobuf:"varint,24,opt,name=token_budget,json=tokenBudget,proto3" json:"token_budget,omitempty"`
-	TokenShare  int64 `protobuf:"varint,25,opt,name=token_share,json=tokenShare,proto3" json:"token_share,omitempty"`
-	// This router's part of prompt_tokens_ahead: its own report of prompt
-	// tokens in flight as the sum counts it, which may be older than the
-	// router's latest. The router subtracts it to get the other routers' part
-	// (subtracting its latest report instead counts its own drained work as
-	// theirs). Sent whenever prompt_tokens_ahead is not 0.
-	OwnPromptTokensAhead *int64 `protobuf:"varint,26,opt,name=own_prompt_tokens_ahead,json=ownPromptTokensAhead,proto3,oneof" json:"own_prompt_tokens_ahead,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	TokenBudget   int64 `protobuf:"varint,24,opt,name=token_budget,json=tokenBudget,proto3" json:"token_budget,omitempty"`
+	TokenShare    int64 `protobuf:"varint,25,opt,name=token_share,json=tokenShare,proto3" json:"token_share,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RoutingWorker) Reset() {
 	*x = RoutingWorker{}
-	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	mi := &file_smg_v1_watch_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -860,7 +933,7 @@ func (x *RoutingWorker) String() string {
 func (*RoutingWorker) ProtoMessage() {}
 
 func (x *RoutingWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[9]
+	mi := &file_smg_v1_watch_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -873,7 +946,7 @@ func (x *RoutingWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutingWorker.ProtoReflect.Descriptor instead.
 func (*RoutingWorker) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{9}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RoutingWorker) GetWorkerId() string {
@@ -1051,13 +1124,6 @@ func (x *RoutingWorker) GetTokenShare() int64 {
 	return 0
 }
 
-func (x *RoutingWorker) GetOwnPromptTokensAhead() int64 {
-	if x != nil && x.OwnPromptTokensAhead != nil {
-		return *x.OwnPromptTokensAhead
-	}
-	return 0
-}
-
 // ProviderRoute is the routing part of a worker's ProviderSpec.
 type ProviderRoute struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1075,7 +1141,7 @@ type ProviderRoute struct {
 
 func (x *ProviderRoute) Reset() {
 	*x = ProviderRoute{}
-	mi := &file_smg_v1_watch_proto_msgTypes[10]
+	mi := &file_smg_v1_watch_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1153,7 @@ func (x *ProviderRoute) String() string {
 func (*ProviderRoute) ProtoMessage() {}
 
 func (x *ProviderRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[10]
+	mi := &file_smg_v1_watch_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1166,7 @@ func (x *ProviderRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderRoute.ProtoReflect.Descriptor instead.
 func (*ProviderRoute) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{10}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ProviderRoute) GetModel() string {
@@ -1155,7 +1221,7 @@ type ProviderHeader struct {
 
 func (x *ProviderHeader) Reset() {
 	*x = ProviderHeader{}
-	mi := &file_smg_v1_watch_proto_msgTypes[11]
+	mi := &file_smg_v1_watch_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1233,7 @@ func (x *ProviderHeader) String() string {
 func (*ProviderHeader) ProtoMessage() {}
 
 func (x *ProviderHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[11]
+	mi := &file_smg_v1_watch_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1246,7 @@ func (x *ProviderHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderHeader.ProtoReflect.Descriptor instead.
 func (*ProviderHeader) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{11}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ProviderHeader) GetName() string {
@@ -1217,7 +1283,7 @@ type WatchSnapshot struct {
 
 func (x *WatchSnapshot) Reset() {
 	*x = WatchSnapshot{}
-	mi := &file_smg_v1_watch_proto_msgTypes[12]
+	mi := &file_smg_v1_watch_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1295,7 @@ func (x *WatchSnapshot) String() string {
 func (*WatchSnapshot) ProtoMessage() {}
 
 func (x *WatchSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[12]
+	mi := &file_smg_v1_watch_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1308,7 @@ func (x *WatchSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSnapshot.ProtoReflect.Descriptor instead.
 func (*WatchSnapshot) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{12}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchSnapshot) GetWorkers() []*RoutingWorker {
@@ -1284,7 +1350,7 @@ type FleetSettings struct {
 
 func (x *FleetSettings) Reset() {
 	*x = FleetSettings{}
-	mi := &file_smg_v1_watch_proto_msgTypes[13]
+	mi := &file_smg_v1_watch_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1362,7 @@ func (x *FleetSettings) String() string {
 func (*FleetSettings) ProtoMessage() {}
 
 func (x *FleetSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[13]
+	mi := &file_smg_v1_watch_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1375,7 @@ func (x *FleetSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSettings.ProtoReflect.Descriptor instead.
 func (*FleetSettings) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{13}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FleetSettings) GetLoadMonitorIntervalSecs() int32 {
@@ -1336,7 +1402,7 @@ type WatchDelta struct {
 
 func (x *WatchDelta) Reset() {
 	*x = WatchDelta{}
-	mi := &file_smg_v1_watch_proto_msgTypes[14]
+	mi := &file_smg_v1_watch_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1348,7 +1414,7 @@ func (x *WatchDelta) String() string {
 func (*WatchDelta) ProtoMessage() {}
 
 func (x *WatchDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[14]
+	mi := &file_smg_v1_watch_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1361,7 +1427,7 @@ func (x *WatchDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDelta.ProtoReflect.Descriptor instead.
 func (*WatchDelta) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{14}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchDelta) GetUpserts() []*RoutingWorker {
@@ -1386,7 +1452,7 @@ type WatchHeartbeat struct {
 
 func (x *WatchHeartbeat) Reset() {
 	*x = WatchHeartbeat{}
-	mi := &file_smg_v1_watch_proto_msgTypes[15]
+	mi := &file_smg_v1_watch_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1464,7 @@ func (x *WatchHeartbeat) String() string {
 func (*WatchHeartbeat) ProtoMessage() {}
 
 func (x *WatchHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_smg_v1_watch_proto_msgTypes[15]
+	mi := &file_smg_v1_watch_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1477,7 @@ func (x *WatchHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchHeartbeat.ProtoReflect.Descriptor instead.
 func (*WatchHeartbeat) Descriptor() ([]byte, []int) {
-	return file_smg_v1_watch_proto_rawDescGZIP(), []int{15}
+	return file_smg_v1_watch_proto_rawDescGZIP(), []int{16}
 }
 
 var File_smg_v1_watch_proto protoreflect.FileDescriptor
@@ -1430,11 +1496,12 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\tR\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\"&\n" +
 	"\bWatchAck\x12\x1a\n" +
-	"\brevision\x18\x01 \x01(\x04R\brevision\"\xa0\x01\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"\xb2\x01\n" +
 	"\fRouterReport\x123\n" +
 	"\aworkers\x18\x01 \x03(\v2\x19.smg.v1.WorkerObservationR\aworkers\x12,\n" +
 	"\x06demand\x18\x02 \x03(\v2\x14.smg.v1.DecodeDemandR\x06demand\x12-\n" +
-	"\atenants\x18\x03 \x03(\v2\x13.smg.v1.TenantUsageR\atenants\"\x8c\x01\n" +
+	"\atenants\x18\x03 \x03(\v2\x13.smg.v1.TenantUsageR\atenants\x12\x10\n" +
+	"\x03seq\x18\x04 \x01(\x04R\x03seq\"\x8c\x01\n" +
 	"\vTenantUsage\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06weight\x18\x02 \x01(\x01R\x06weight\x12\x1b\n" +
@@ -1458,7 +1525,7 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x06queued\x18\x05 \x01(\x03R\x06queued\x12(\n" +
 	"\x10tokens_in_flight\x18\x06 \x01(\x03R\x0etokensInFlight\x12%\n" +
 	"\x0etokens_waiting\x18\a \x01(\x03R\rtokensWaiting\x125\n" +
-	"\x17tokens_waiting_by_class\x18\b \x03(\x03R\x14tokensWaitingByClass\"\xc0\x02\n" +
+	"\x17tokens_waiting_by_class\x18\b \x03(\x03R\x14tokensWaitingByClass\"\xf4\x02\n" +
 	"\rWatchResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x123\n" +
@@ -1466,10 +1533,14 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x05delta\x18\x04 \x01(\v2\x12.smg.v1.WatchDeltaH\x00R\x05delta\x126\n" +
 	"\theartbeat\x18\x05 \x01(\v2\x16.smg.v1.WatchHeartbeatH\x00R\theartbeat\x12+\n" +
 	"\agoodbye\x18\x06 \x01(\v2\x0f.smg.v1.GoodbyeH\x00R\agoodbye\x120\n" +
-	"\atenants\x18\a \x01(\v2\x14.smg.v1.TenantSharesH\x00R\atenantsB\x05\n" +
-	"\x03msg\";\n" +
+	"\atenants\x18\a \x01(\v2\x14.smg.v1.TenantSharesH\x00R\atenants\x122\n" +
+	"\n" +
+	"report_ack\x18\b \x01(\v2\x11.smg.v1.ReportAckH\x00R\treportAckB\x05\n" +
+	"\x03msg\"\x1d\n" +
+	"\tReportAck\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\";\n" +
 	"\fTenantShares\x12+\n" +
-	"\x06others\x18\x01 \x03(\v2\x13.smg.v1.TenantUsageR\x06others\"\xc5\a\n" +
+	"\x06others\x18\x01 \x03(\v2\x13.smg.v1.TenantUsageR\x06others\"\x8c\a\n" +
 	"\rRoutingWorker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -1503,9 +1574,7 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x13prompt_tokens_ahead\x18\x17 \x01(\x03R\x11promptTokensAhead\x12!\n" +
 	"\ftoken_budget\x18\x18 \x01(\x03R\vtokenBudget\x12\x1f\n" +
 	"\vtoken_share\x18\x19 \x01(\x03R\n" +
-	"tokenShare\x12:\n" +
-	"\x17own_prompt_tokens_ahead\x18\x1a \x01(\x03H\x00R\x14ownPromptTokensAhead\x88\x01\x01B\x1a\n" +
-	"\x18_own_prompt_tokens_ahead\"\x80\x02\n" +
+	"tokenShareJ\x04\b\x1a\x10\x1bR\x17own_prompt_tokens_ahead\"\x80\x02\n" +
 	"\rProviderRoute\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1e\n" +
 	"\vapi_key_ref\x18\x02 \x01(\tR\tapiKeyRef\x120\n" +
@@ -1543,7 +1612,7 @@ func file_smg_v1_watch_proto_rawDescGZIP() []byte {
 	return file_smg_v1_watch_proto_rawDescData
 }
 
-var file_smg_v1_watch_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_smg_v1_watch_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_smg_v1_watch_proto_goTypes = []any{
 	(*WatchRequest)(nil),          // 0: smg.v1.WatchRequest
 	(*WatchHello)(nil),            // 1: smg.v1.WatchHello
@@ -1553,17 +1622,18 @@ var file_smg_v1_watch_proto_goTypes = []any{
 	(*WorkerObservation)(nil),     // 5: smg.v1.WorkerObservation
 	(*DecodeDemand)(nil),          // 6: smg.v1.DecodeDemand
 	(*WatchResponse)(nil),         // 7: smg.v1.WatchResponse
-	(*TenantShares)(nil),          // 8: smg.v1.TenantShares
-	(*RoutingWorker)(nil),         // 9: smg.v1.RoutingWorker
-	(*ProviderRoute)(nil),         // 10: smg.v1.ProviderRoute
-	(*ProviderHeader)(nil),        // 11: smg.v1.ProviderHeader
-	(*WatchSnapshot)(nil),         // 12: smg.v1.WatchSnapshot
-	(*FleetSettings)(nil),         // 13: smg.v1.FleetSettings
-	(*WatchDelta)(nil),            // 14: smg.v1.WatchDelta
-	(*WatchHeartbeat)(nil),        // 15: smg.v1.WatchHeartbeat
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(*Goodbye)(nil),               // 17: smg.v1.Goodbye
-	(Veto)(0),                     // 18: smg.v1.Veto
+	(*ReportAck)(nil),             // 8: smg.v1.ReportAck
+	(*TenantShares)(nil),          // 9: smg.v1.TenantShares
+	(*RoutingWorker)(nil),         // 10: smg.v1.RoutingWorker
+	(*ProviderRoute)(nil),         // 11: smg.v1.ProviderRoute
+	(*ProviderHeader)(nil),        // 12: smg.v1.ProviderHeader
+	(*WatchSnapshot)(nil),         // 13: smg.v1.WatchSnapshot
+	(*FleetSettings)(nil),         // 14: smg.v1.FleetSettings
+	(*WatchDelta)(nil),            // 15: smg.v1.WatchDelta
+	(*WatchHeartbeat)(nil),        // 16: smg.v1.WatchHeartbeat
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*Goodbye)(nil),               // 18: smg.v1.Goodbye
+	(Veto)(0),                     // 19: smg.v1.Veto
 }
 var file_smg_v1_watch_proto_depIdxs = []int32{
 	1,  // 0: smg.v1.WatchRequest.hello:type_name -> smg.v1.WatchHello
@@ -1572,27 +1642,28 @@ var file_smg_v1_watch_proto_depIdxs = []int32{
 	5,  // 3: smg.v1.RouterReport.workers:type_name -> smg.v1.WorkerObservation
 	6,  // 4: smg.v1.RouterReport.demand:type_name -> smg.v1.DecodeDemand
 	4,  // 5: smg.v1.RouterReport.tenants:type_name -> smg.v1.TenantUsage
-	16, // 6: smg.v1.WorkerObservation.last_progress:type_name -> google.protobuf.Timestamp
-	16, // 7: smg.v1.WorkerObservation.last_failure:type_name -> google.protobuf.Timestamp
-	12, // 8: smg.v1.WatchResponse.snapshot:type_name -> smg.v1.WatchSnapshot
-	14, // 9: smg.v1.WatchResponse.delta:type_name -> smg.v1.WatchDelta
-	15, // 10: smg.v1.WatchResponse.heartbeat:type_name -> smg.v1.WatchHeartbeat
-	17, // 11: smg.v1.WatchResponse.goodbye:type_name -> smg.v1.Goodbye
-	8,  // 12: smg.v1.WatchResponse.tenants:type_name -> smg.v1.TenantShares
-	4,  // 13: smg.v1.TenantShares.others:type_name -> smg.v1.TenantUsage
-	18, // 14: smg.v1.RoutingWorker.veto:type_name -> smg.v1.Veto
-	10, // 15: smg.v1.RoutingWorker.provider:type_name -> smg.v1.ProviderRoute
-	11, // 16: smg.v1.ProviderRoute.headers:type_name -> smg.v1.ProviderHeader
-	9,  // 17: smg.v1.WatchSnapshot.workers:type_name -> smg.v1.RoutingWorker
-	13, // 18: smg.v1.WatchSnapshot.settings:type_name -> smg.v1.FleetSettings
-	9,  // 19: smg.v1.WatchDelta.upserts:type_name -> smg.v1.RoutingWorker
-	0,  // 20: smg.v1.WatchService.Watch:input_type -> smg.v1.WatchRequest
-	7,  // 21: smg.v1.WatchService.Watch:output_type -> smg.v1.WatchResponse
-	21, // [21:22] is the sub-list for method output_type
-	20, // [20:21] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	17, // 6: smg.v1.WorkerObservation.last_progress:type_name -> google.protobuf.Timestamp
+	17, // 7: smg.v1.WorkerObservation.last_failure:type_name -> google.protobuf.Timestamp
+	13, // 8: smg.v1.WatchResponse.snapshot:type_name -> smg.v1.WatchSnapshot
+	15, // 9: smg.v1.WatchResponse.delta:type_name -> smg.v1.WatchDelta
+	16, // 10: smg.v1.WatchResponse.heartbeat:type_name -> smg.v1.WatchHeartbeat
+	18, // 11: smg.v1.WatchResponse.goodbye:type_name -> smg.v1.Goodbye
+	9,  // 12: smg.v1.WatchResponse.tenants:type_name -> smg.v1.TenantShares
+	8,  // 13: smg.v1.WatchResponse.report_ack:type_name -> smg.v1.ReportAck
+	4,  // 14: smg.v1.TenantShares.others:type_name -> smg.v1.TenantUsage
+	19, // 15: smg.v1.RoutingWorker.veto:type_name -> smg.v1.Veto
+	11, // 16: smg.v1.RoutingWorker.provider:type_name -> smg.v1.ProviderRoute
+	12, // 17: smg.v1.ProviderRoute.headers:type_name -> smg.v1.ProviderHeader
+	10, // 18: smg.v1.WatchSnapshot.workers:type_name -> smg.v1.RoutingWorker
+	14, // 19: smg.v1.WatchSnapshot.settings:type_name -> smg.v1.FleetSettings
+	10, // 20: smg.v1.WatchDelta.upserts:type_name -> smg.v1.RoutingWorker
+	0,  // 21: smg.v1.WatchService.Watch:input_type -> smg.v1.WatchRequest
+	7,  // 22: smg.v1.WatchService.Watch:output_type -> smg.v1.WatchResponse
+	22, // [22:23] is the sub-list for method output_type
+	21, // [21:22] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_watch_proto_init() }
@@ -1613,15 +1684,15 @@ func file_smg_v1_watch_proto_init() {
 		(*WatchResponse_Heartbeat)(nil),
 		(*WatchResponse_Goodbye)(nil),
 		(*WatchResponse_Tenants)(nil),
+		(*WatchResponse_ReportAck)(nil),
 	}
-	file_smg_v1_watch_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_smg_v1_watch_proto_rawDesc), len(file_smg_v1_watch_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
