@@ -151,7 +151,7 @@ func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 			r.metrics.upstream.WithLabelValues("status_5xx").Inc()
 		}
 		if !ee.Connection && !ee.Timeout {
-			st.contacts.Add(1) // the engine answered
+			st.answered(r.clock()) // the engine answered
 		}
 		if ee.Status >= 500 {
 			r.recordFailure(wk, st)
@@ -167,7 +167,7 @@ func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 		writeEngineError(w, ee)
 		return dispatchResult{status: ee.Status}
 	}
-	st.contacts.Add(1)
+	st.answered(r.clock())
 	r.recordSuccess(wk, st)
 	prefilling = false
 	st.promptTokens.Add(-promptTokens)
@@ -328,7 +328,7 @@ func (r *Router) servePairGRPC(ctx context.Context, w http.ResponseWriter, in *h
 		cancel(nil)
 		prefills.Wait()
 		if prefilled.Load() > 0 {
-			pst.contacts.Add(1)
+			pst.answered(r.clock())
 			r.recordSuccess(pw, pst)
 		}
 	}()
@@ -355,7 +355,7 @@ func (r *Router) servePairGRPC(ctx context.Context, w http.ResponseWriter, in *h
 		writeEngineError(w, ee)
 		return ee.Status
 	}
-	dst.contacts.Add(1)
+	dst.answered(r.clock())
 	r.recordSuccess(dw, dst)
 	if err := call.Serve(ctx, w, func(int) { dst.lastProgress.Store(r.clock().UnixNano()) }); err != nil {
 		if clientLeft(in) {

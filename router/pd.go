@@ -282,7 +282,7 @@ func (r *Router) sendPair(ctx context.Context, w http.ResponseWriter, in *http.R
 		return status
 	}
 	defer resp.Body.Close()
-	dst.contacts.Add(1)
+	dst.answered(r.clock())
 	if resp.StatusCode >= 500 {
 		r.metrics.upstream.WithLabelValues("status_5xx").Inc()
 		r.recordFailure(dw, dst)
@@ -340,7 +340,7 @@ func (r *Router) prefillLeg(ctx context.Context, in *http.Request, pw *Worker, p
 		return &legError{"Prefill", pw.URL, err}
 	}
 	defer resp.Body.Close()
-	pst.contacts.Add(1)
+	pst.answered(r.clock())
 	if resp.StatusCode >= 400 {
 		if resp.StatusCode >= 500 {
 			r.metrics.upstream.WithLabelValues("status_5xx").Inc()

@@ -430,7 +430,7 @@ func (r *Router) dispatch(rc *reqCtx, w http.ResponseWriter, in *http.Request, w
 		return dispatchResult{status: status}
 	}
 	defer resp.Body.Close()
-	st.contacts.Add(1)
+	st.answered(r.clock())
 	if ticket.Fair() {
 		oc := &outputCounter{r: resp.Body, sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"),
 			bytesPerToken: int64(r.opts.PromptBytesPerTokenGuess)}

@@ -555,6 +555,8 @@ type WorkerObservation struct {
 	ConnectionFailures uint64
 	// Contact: an answer arrived from the worker since the previous call.
 	Contact bool
+	// LastContact is when the latest answer arrived; zero if never.
+	LastContact time.Time
 	// PrefillTokensPerSec is the prefill rate measured from prompt tokens
 	// over the time to the first byte (0: not measured yet).
 	PrefillTokensPerSec float64
@@ -579,6 +581,9 @@ func (r *Router) Observations() Observations {
 		}
 		if ns := st.lastProgress.Load(); ns != 0 {
 			o.LastProgress = time.Unix(0, ns)
+		}
+		if ns := st.lastContact.Load(); o.Contact && ns != 0 {
+			o.LastContact = time.Unix(0, ns)
 		}
 		st.reported.record(out.Seq, o.PromptTokensInFlight)
 		out.Workers[i] = o

@@ -36,6 +36,7 @@ type workerState struct {
 	lastProgress atomic.Int64  // unix nanoseconds of the last chunk or completion
 	connFailures atomic.Uint64 // connection-level upstream failures since the last Observations
 	contacts     atomic.Uint64 // answers received since the last Observations (contact)
+	lastContact  atomic.Int64  // unix nanoseconds of the latest answer
 	prefillRate  atomic.Uint64 // float64 bits: prompt tokens/s measured to the first byte (EWMA)
 
 	// TTFT prediction: the worker's prefill rate and step time, and the
@@ -106,4 +107,11 @@ func (st *workerState) waitlists() []*admission.Waitlist {
 		return *p
 	}
 	return nil
+}
+
+// answered notes an answer from the worker at now: contact, with its time
+// (stored first, so a report that takes the count carries a time no older).
+func (s *workerState) answered(now time.Time) {
+	s.lastContact.Store(now.UnixNano())
+	s.contacts.Add(1)
 }

@@ -314,7 +314,13 @@ func (in *Inbox) RouterObservations(routerID string, rep *smgv1.RouterReport, no
 			lastProgress = o.GetLastProgress().AsTime()
 		}
 		if o.GetContact() {
-			ev.Live.Contact(now, &in.rules)
+			// The answer's own time: the report may come after a failure
+			// the answer preceded (an older router sends none: now).
+			at := now
+			if o.GetLastContact() != nil {
+				at = o.GetLastContact().AsTime()
+			}
+			ev.Live.ContactAt(at, now, &in.rules)
 		}
 		if o.GetConnectionFailures() > 0 {
 			at := now

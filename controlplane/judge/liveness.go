@@ -396,6 +396,16 @@ func (l *Liveness) Contact(at time.Time, r *Rules) Change {
 	return l.judge(now, r, nil, false)
 }
 
+// ContactAt records contact that happened at at and is learned at now (a
+// router's report of an answer): it counts from at, so an answer older than
+// a connection failure heard meanwhile does not clear it. An at after now
+// counts as now.
+func (l *Liveness) ContactAt(at, now time.Time, r *Rules) Change {
+	t := stampOf(now)
+	l.contact(min(stampOf(at), t))
+	return l.judge(t, r, nil, false)
+}
+
 // Heard records contact at now read on an agent stream (h): an answered
 // poll or heartbeat the agent vouches for. Like Contact, it clears
 // unreachable at once.

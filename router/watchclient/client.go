@@ -885,6 +885,9 @@ func report(obs router.Observations) *smgv1.RouterReport {
 		if !o.LastProgress.IsZero() {
 			wo.LastProgress = timestamppb.New(o.LastProgress)
 		}
+		if !o.LastContact.IsZero() {
+			wo.LastContact = timestamppb.New(o.LastContact)
+		}
 		r.Workers[i] = wo
 	}
 	for _, d := range obs.Demand {

@@ -400,7 +400,11 @@ type WorkerObservation struct {
 	// Prefill rate measured from prompt tokens over time to first token (0: none yet).
 	PrefillTokensPerSec float64 `protobuf:"fixed64,7,opt,name=prefill_tokens_per_sec,json=prefillTokensPerSec,proto3" json:"prefill_tokens_per_sec,omitempty"`
 	// A response or token arrived since the previous report (contact).
-	Contact       bool `protobuf:"varint,8,opt,name=contact,proto3" json:"contact,omitempty"`
+	Contact bool `protobuf:"varint,8,opt,name=contact,proto3" json:"contact,omitempty"`
+	// When the latest of those answers arrived, on the router's clock: the
+	// contact counts from then, so an answer from before a failure the control
+	// plane heard of meanwhile does not clear it.
+	LastContact   *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_contact,json=lastContact,proto3" json:"last_contact,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -489,6 +493,13 @@ func (x *WorkerObservation) GetContact() bool {
 		return x.Contact
 	}
 	return false
+}
+
+func (x *WorkerObservation) GetLastContact() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastContact
+	}
+	return nil
 }
 
 // DecodeDemand is a router's use of one worker's window: a PD decode window,
@@ -1507,7 +1518,7 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x06weight\x18\x02 \x01(\x01R\x06weight\x12\x1b\n" +
 	"\tin_flight\x18\x03 \x01(\x03R\binFlight\x12\x18\n" +
 	"\awaiting\x18\x04 \x01(\x03R\awaiting\x12\x16\n" +
-	"\x06demand\x18\x05 \x01(\x03R\x06demand\"\x93\x03\n" +
+	"\x06demand\x18\x05 \x01(\x03R\x06demand\"\xd2\x03\n" +
 	"\x11WorkerObservation\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12*\n" +
 	"\x11streams_in_flight\x18\x02 \x01(\x05R\x0fstreamsInFlight\x12?\n" +
@@ -1516,7 +1527,8 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\x13connection_failures\x18\x05 \x01(\x05R\x12connectionFailures\x12=\n" +
 	"\flast_failure\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vlastFailure\x123\n" +
 	"\x16prefill_tokens_per_sec\x18\a \x01(\x01R\x13prefillTokensPerSec\x12\x18\n" +
-	"\acontact\x18\b \x01(\bR\acontact\"\xac\x02\n" +
+	"\acontact\x18\b \x01(\bR\acontact\x12=\n" +
+	"\flast_contact\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\vlastContact\"\xac\x02\n" +
 	"\fDecodeDemand\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tin_flight\x18\x02 \x01(\x03R\binFlight\x12\x18\n" +
@@ -1644,26 +1656,27 @@ var file_smg_v1_watch_proto_depIdxs = []int32{
 	4,  // 5: smg.v1.RouterReport.tenants:type_name -> smg.v1.TenantUsage
 	17, // 6: smg.v1.WorkerObservation.last_progress:type_name -> google.protobuf.Timestamp
 	17, // 7: smg.v1.WorkerObservation.last_failure:type_name -> google.protobuf.Timestamp
-	13, // 8: smg.v1.WatchResponse.snapshot:type_name -> smg.v1.WatchSnapshot
-	15, // 9: smg.v1.WatchResponse.delta:type_name -> smg.v1.WatchDelta
-	16, // 10: smg.v1.WatchResponse.heartbeat:type_name -> smg.v1.WatchHeartbeat
-	18, // 11: smg.v1.WatchResponse.goodbye:type_name -> smg.v1.Goodbye
-	9,  // 12: smg.v1.WatchResponse.tenants:type_name -> smg.v1.TenantShares
-	8,  // 13: smg.v1.WatchResponse.report_ack:type_name -> smg.v1.ReportAck
-	4,  // 14: smg.v1.TenantShares.others:type_name -> smg.v1.TenantUsage
-	19, // 15: smg.v1.RoutingWorker.veto:type_name -> smg.v1.Veto
-	11, // 16: smg.v1.RoutingWorker.provider:type_name -> smg.v1.ProviderRoute
-	12, // 17: smg.v1.ProviderRoute.headers:type_name -> smg.v1.ProviderHeader
-	10, // 18: smg.v1.WatchSnapshot.workers:type_name -> smg.v1.RoutingWorker
-	14, // 19: smg.v1.WatchSnapshot.settings:type_name -> smg.v1.FleetSettings
-	10, // 20: smg.v1.WatchDelta.upserts:type_name -> smg.v1.RoutingWorker
-	0,  // 21: smg.v1.WatchService.Watch:input_type -> smg.v1.WatchRequest
-	7,  // 22: smg.v1.WatchService.Watch:output_type -> smg.v1.WatchResponse
-	22, // [22:23] is the sub-list for method output_type
-	21, // [21:22] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	17, // 8: smg.v1.WorkerObservation.last_contact:type_name -> google.protobuf.Timestamp
+	13, // 9: smg.v1.WatchResponse.snapshot:type_name -> smg.v1.WatchSnapshot
+	15, // 10: smg.v1.WatchResponse.delta:type_name -> smg.v1.WatchDelta
+	16, // 11: smg.v1.WatchResponse.heartbeat:type_name -> smg.v1.WatchHeartbeat
+	18, // 12: smg.v1.WatchResponse.goodbye:type_name -> smg.v1.Goodbye
+	9,  // 13: smg.v1.WatchResponse.tenants:type_name -> smg.v1.TenantShares
+	8,  // 14: smg.v1.WatchResponse.report_ack:type_name -> smg.v1.ReportAck
+	4,  // 15: smg.v1.TenantShares.others:type_name -> smg.v1.TenantUsage
+	19, // 16: smg.v1.RoutingWorker.veto:type_name -> smg.v1.Veto
+	11, // 17: smg.v1.RoutingWorker.provider:type_name -> smg.v1.ProviderRoute
+	12, // 18: smg.v1.ProviderRoute.headers:type_name -> smg.v1.ProviderHeader
+	10, // 19: smg.v1.WatchSnapshot.workers:type_name -> smg.v1.RoutingWorker
+	14, // 20: smg.v1.WatchSnapshot.settings:type_name -> smg.v1.FleetSettings
+	10, // 21: smg.v1.WatchDelta.upserts:type_name -> smg.v1.RoutingWorker
+	0,  // 22: smg.v1.WatchService.Watch:input_type -> smg.v1.WatchRequest
+	7,  // 23: smg.v1.WatchService.Watch:output_type -> smg.v1.WatchResponse
+	23, // [23:24] is the sub-list for method output_type
+	22, // [22:23] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_smg_v1_watch_proto_init() }
