@@ -166,8 +166,12 @@ func (p *Proc) Stop(sig syscall.Signal, grace time.Duration) {
 
 // StartT is Start for a test: a failure to start fails the test, and when the
 // test ends the process is stopped (SIGTERM and Grace, or killed at once), a
-// data race it reported fails the test, and on failure the tail of its stderr
-// is logged.
+// data race it reported or a handler's panic it logged fails the test, and on
+// failure the tail of its stderr is logged.
+// handlerPanic starts what net/http's and the lean server's recovery log of
+// a handler's panic (http.ErrAbortHandler is not logged).
+const handlerPanic = "http: panic serving"
+
 func StartT(t T, name, bin string, args ...string) *Proc {
 	t.Helper()
 	p, err := Start(name, bin, args, Options{})
@@ -179,6 +183,10 @@ func StartT(t T, name, bin string, args ...string) *Proc {
 		log := p.Log()
 		if strings.Contains(log, "WARNING: DATA RACE") {
 			t.Errorf("%s reported a data race:\n%s", name, Tail(log, 8000))
+		} else if i := strings.Index(log, handlerPanic); i >= 0 {
+			// A server recovers a handler's panic, so the process goes on,
+			// maybe with a lock left held: name it rather than what follows.
+			t.Errorf("%s: a handler panicked:\n%s", name, log[i:min(len(log), i+8000)])
 		} else if t.Failed() {
 			t.Logf("%s (%s) stderr tail:\n%s", name, strings.Join(args, " "), Tail(log, 3000))
 		}

@@ -109,17 +109,23 @@ func (f *fakeT) end() {
 	}
 }
 
-// A child that reports a data race fails the test that started it.
-func TestStartTFailsOnADataRace(t *testing.T) {
-	ft := &fakeT{}
-	p := StartT(ft, "racy", "/bin/sh", "-c", `echo "WARNING: DATA RACE" >&2; sleep 30`)
-	WaitFor(t, 10*time.Second, "race report", func() (bool, string) { return strings.Contains(p.Log(), "DATA RACE"), p.Log() })
-	ft.end()
-	if !ft.failed || !strings.Contains(strings.Join(ft.errors, ""), "reported a data race") {
-		t.Fatalf("errors %v: want the race reported", ft.errors)
-	}
-	if !p.Exited() {
-		t.Fatal("cleanup did not stop the process")
+// A child that reports a data race, or logs a handler's panic its server
+// recovered, fails the test that started it.
+func TestStartTFailsOnADataRaceOrAHandlerPanic(t *testing.T) {
+	for _, c := range []struct{ line, want string }{
+		{`WARNING: DATA RACE`, "reported a data race"},
+		{`level=WARN msg=\"http: panic serving 127.0.0.1:1: boom\"`, "a handler panicked:\nhttp: panic serving 127.0.0.1:1: boom"},
+	} {
+		ft := &fakeT{}
+		p := StartT(ft, "child", "/bin/sh", "-c", `echo "`+c.line+`" >&2; sleep 30`)
+		WaitFor(t, 10*time.Second, "its report", func() (bool, string) { return p.Log() != "", p.Log() })
+		ft.end()
+		if !ft.failed || !strings.Contains(strings.Join(ft.errors, ""), c.want) {
+			t.Fatalf("%s: errors %v: want %q", c.line, ft.errors, c.want)
+		}
+		if !p.Exited() {
+			t.Fatal("cleanup did not stop the process")
+		}
 	}
 }
 
