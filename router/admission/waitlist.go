@@ -173,49 +173,18 @@ func (wl *Waitlist) Waiters() int64 { return wl.n.Load() }
 // waiters. While anyone waits, a newcomer queues behind them even when a room
 // is free (first come, first served).
 func (wl *Waitlist) Acquire(ctx context.Context, w *Waiter, wait time.Duration) RoomResult {
-	if wl.n.Load() == 0 {
-		if w.Try() {
-			return RoomAtOnce
-		}
+	if wl.n.Load() == 0 && w.Try() {
+		return RoomAtOnce
 	}
-	wl.mu.Lock()
-	if wl.queue.len() == 0 {
-		if w.Try() {
-			wl.mu.Unlock()
-			return RoomAtOnce
-		}
+	res, next, joined := wl.join(w, wait)
+	if !joined {
+		return res
 	}
-	if wait <= 0 {
-		if w.Yield {
-			// The waiters take what they can first; a room none of them
-			// can use is this one's.
-			wl.grantLocked()
-			if w.Try() {
-				wl.mu.Unlock()
-				return RoomAtOnce
-			}
-		}
-		wl.mu.Unlock()
-		wl.refuse(w)
-		return RoomShed
-	}
-	w.ready, w.since = make(chan struct{}), wl.now()
-	w.end = w.since.Add(wait)
-	if !wl.queue.push(w) {
-		wl.mu.Unlock()
-		return RoomQueueFull
-	}
-	wl.n.Add(1)
-	wl.grantLocked() // a room may have freed since the try above
-	next := wl.recheckAtLocked(w)
-	wl.mu.Unlock()
-
 	// The wait's end is timed on the timer's clock; Now times the pace.
 	until := time.Now().Add(wait)
 	t := time.NewTimer(min(next, wait))
 	defer t.Stop()
-	var res RoomResult
-	for res == RoomAtOnce {
+	for {
 		select {
 		case <-w.ready:
 			if w.gaveUp {
@@ -223,25 +192,76 @@ func (wl *Waitlist) Acquire(ctx context.Context, w *Waiter, wait time.Duration) 
 			}
 			return RoomWaited
 		case <-t.C:
-			wl.mu.Lock()
-			if w.done || w.gaveUp {
-				wl.mu.Unlock()
-				continue // ready is closed
+			next, again := wl.recheck(w, until)
+			if !again {
+				return wl.leave(w, RoomShed)
 			}
-			// Only a waiter with Left is looked at before its wait ends;
-			// one without was timed to the end of its wait (from joining,
-			// so a little before until): it is shed now.
-			if left := time.Until(until); w.Left != nil && left > 0 && !wl.hopelessLocked(w, wl.placeLocked(w)) {
-				t.Reset(min(wl.recheckAtLocked(w), left)) // the pace slowed less than feared
-				wl.mu.Unlock()
-				continue
+			if next > 0 {
+				t.Reset(next)
 			}
-			wl.mu.Unlock()
-			res = RoomShed
 		case <-ctx.Done():
-			res = RoomCancelled
+			return wl.leave(w, RoomCancelled)
 		}
 	}
+}
+
+// Every locked section below releases the lock by defer: the callbacks it
+// runs (Try, Left: worker selection) belong to other packages, and a panic
+// in one, recovered by the HTTP server, must not leave the pool locked with
+// every later request of that model hanging on it.
+
+// join queues w, unless it takes a room at once or cannot wait (joined
+// false: res is the answer). next is how long it waits before it is looked
+// at again absent a grant pass.
+func (wl *Waitlist) join(w *Waiter, wait time.Duration) (res RoomResult, next time.Duration, joined bool) {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	if wl.queue.len() == 0 && w.Try() {
+		return RoomAtOnce, 0, false
+	}
+	if wait <= 0 {
+		if w.Yield {
+			// The waiters take what they can first; a room none of them
+			// can use is this one's.
+			wl.grantLocked()
+			if w.Try() {
+				return RoomAtOnce, 0, false
+			}
+		}
+		wl.refuse(w)
+		return RoomShed, 0, false
+	}
+	w.ready, w.since = make(chan struct{}), wl.now()
+	w.end = w.since.Add(wait)
+	if !wl.queue.push(w) {
+		return RoomQueueFull, 0, false
+	}
+	wl.n.Add(1)
+	wl.grantLocked() // a room may have freed since the try above
+	return RoomAtOnce, wl.recheckAtLocked(w), true
+}
+
+// recheck looks at waiter w when its timer fires: again (with how long
+// until the next look; 0: it was answered meanwhile, ready is closed), or
+// not: its wait is over.
+func (wl *Waitlist) recheck(w *Waiter, until time.Time) (next time.Duration, again bool) {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	if w.done || w.gaveUp {
+		return 0, true
+	}
+	// Only a waiter with Left is looked at before its wait ends; one
+	// without was timed to the end of its wait (from joining, so a little
+	// before until): it is shed now.
+	if left := time.Until(until); w.Left != nil && left > 0 && !wl.hopelessLocked(w, wl.placeLocked(w)) {
+		return min(wl.recheckAtLocked(w), left), true // the pace slowed less than feared
+	}
+	return 0, false
+}
+
+// leave takes waiter w out of the queue with res, unless a room was
+// granted (or a refusal given) as it left.
+func (wl *Waitlist) leave(w *Waiter, res RoomResult) RoomResult {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	if w.done { // granted while the timer fired: take it
@@ -340,8 +360,8 @@ func (wl *Waitlist) Poke() {
 		return
 	}
 	wl.mu.Lock()
+	defer wl.mu.Unlock()
 	wl.grantLocked()
-	wl.mu.Unlock()
 }
 
 // grantLocked serves waiters from the head while the head finds a room.

@@ -530,3 +530,64 @@ func TestWaitlistSureWaiterIsReevaluatedOnEveryGrantPass(t *testing.T) {
 		}
 	})
 }
+
+// A panic in a waiter's Try (a worker selection, recovered by the HTTP
+// server in the goroutine that freed a room) leaves the waitlist unlocked:
+// the pool's later requests are answered instead of hanging on its lock.
+func TestWaitlistPanicInTryLeavesThePoolUsable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newOneGate(1, 1)
+		if got := o.acquire(context.Background(), 1, 0); got != RoomAtOnce {
+			t.Fatalf("first: %v, want at once", got)
+		}
+		boom := &Waiter{Need: 1, Try: func() bool { panic("selection failed") }}
+		done := make(chan RoomResult, 1)
+		// Its first Try (joining, with nobody queued) panics too: the
+		// join's own lock must be released as well.
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("Try's panic did not reach the caller")
+				}
+			}()
+			o.wl.Acquire(context.Background(), boom, time.Second)
+		}()
+		if !o.wl.mu.TryLock() {
+			t.Fatal("a panic in Try while joining left the waitlist locked")
+		}
+		o.wl.mu.Unlock()
+
+		// A waiter already queued whose Try panics on a grant pass.
+		armed := false
+		late := &Waiter{Need: 1, Try: func() bool {
+			if armed {
+				panic("selection failed")
+			}
+			return false
+		}}
+		go func() { done <- o.wl.Acquire(context.Background(), late, time.Second) }()
+		synctest.Wait()
+		armed = true
+		o.g.Release(1, 0)
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("Try's panic did not reach Poke's caller")
+				}
+			}()
+			o.wl.Poke()
+		}()
+		if !o.wl.mu.TryLock() {
+			t.Fatal("a panic in Try on a grant pass left the waitlist locked")
+		}
+		o.wl.mu.Unlock()
+		// The pool still answers: the queued waiter is shed at the end of
+		// its wait, and a newcomer then takes the free room.
+		if got := <-done; got != RoomShed {
+			t.Fatalf("queued waiter: %v, want shed at the end of its wait", got)
+		}
+		if got := o.acquire(context.Background(), 1, time.Second); got != RoomAtOnce {
+			t.Fatalf("newcomer: %v, want at once", got)
+		}
+	})
+}
