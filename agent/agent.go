@@ -224,7 +224,15 @@ type poller struct {
 	meter silenceMeter
 	state pollState // what the control plane was last told about the engine
 	prev  summary   // the last record's summary, when state is stateRecord
+	// failedSent is when the failure of the current spell was last sent.
+	failedSent time.Time
 }
+
+// FailureRepeat is how often a failure that persists is sent again: contact
+// the control plane hears from elsewhere (a router's answer) clears the
+// failure it holds, and the spell's later failures must arm it again within
+// the stall bound (2 s by default).
+const FailureRepeat = time.Second
 
 type pollState uint8
 
@@ -245,16 +253,17 @@ type outcome struct {
 
 // outcome sends news only: a record when the load changed, an event when the
 // engine's state changed; an unchanged answer is contact, and a failure that
-// persists is nothing new (the control plane keeps it until contact).
+// persists is sent again every FailureRepeat (the control plane keeps it
+// until contact, which may come from elsewhere meanwhile).
 func (p *poller) outcome(rep engine.Report, err error, now time.Time, m *metrics) outcome {
 	if err != nil {
 		switch {
 		case engine.IsTransportFailure(err) || enginegrpc.IsConnectionFailure(err):
 			m.polls.WithLabelValues(outcomeTransportFailure).Inc()
-			if p.state == stateFailed {
+			if p.state == stateFailed && now.Sub(p.failedSent) < FailureRepeat {
 				return outcome{}
 			}
-			p.state = stateFailed
+			p.state, p.failedSent = stateFailed, now
 			return outcome{msg: eventMsg(p.url, smgv1.EngineEventKind_ENGINE_EVENT_KIND_TRANSPORT_FAILURE, err.Error(), now)}
 		case netfail.IsTimeout(err) || enginegrpc.IsTimeout(err):
 			// Slow, not gone: no report (the overload veto fails open), but
