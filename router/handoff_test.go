@@ -252,3 +252,47 @@ func TestPooledHeadroomBorrowedAtTheDoor(t *testing.T) {
 		t.Errorf("a: loans borrowed = %v, want 1", n)
 	}
 }
+
+// A room the door borrowed on a worker this router does not know (the
+// lender's view is newer) is given back, and the request goes on here as
+// any other: it waits for a room of its own and is served there.
+func TestPooledHeadroomLoanOfAnUnknownWorkerIsGivenBack(t *testing.T) {
+	release := make(chan struct{})
+	e := holdingEngine(t, "w", release)
+	other := holdingEngine(t, "w2", release)
+	noWait := func(o *Options) {
+		windowsOn(PolicyRoundRobin)(o)
+		o.WorkerAdmissionWaitSecs = 0
+	}
+	b, _ := schedHarness(t, -1, pooledDoc, noWait)
+	a, _ := schedHarness(t, -1, pooledDoc, func(o *Options) {
+		noWait(o)
+		o.PeerRouters = b.srv.URL
+	})
+	b.r.handoff.peers, _ = parsePeers(a.srv.URL)
+	a.apply(e.worker(rooms(4), func(w *Worker) { w.WindowShare = 2 }))
+	b.apply(other.worker(rooms(4), func(w *Worker) { w.WindowShare = 2 }))
+	openRelease := gateOpen(t, release)
+
+	answers := make(chan answer, 3)
+	for range 2 {
+		go func() { answers <- a.sendAs("sk-a", "", "flood") }()
+	}
+	waitUntil(t, func() bool { return e.hits.Load() == 2 })
+	go func() { answers <- a.sendAs("sk-b", "", "steady") }()
+	// b lent a room on w2, a gave it back and waits for one on w.
+	waitUntil(t, func() bool { return a.waiters() == 1 })
+	waitUntil(t, func() bool { return b.inFlight("w2") == 0 })
+	if n := other.hits.Load(); n != 0 {
+		t.Fatalf("w2 (unknown to a) got %d requests", n)
+	}
+	openRelease()
+	for range 3 {
+		if got := <-answers; got.status != http.StatusOK {
+			t.Fatalf("answer %d %s", got.status, got.body)
+		}
+	}
+	if e.hits.Load() != 3 || other.hits.Load() != 0 {
+		t.Fatalf("w served %d, w2 %d: want all 3 on w", e.hits.Load(), other.hits.Load())
+	}
+}

@@ -235,10 +235,11 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		var i int32
 		var out outcome
 		if lent != nil { // the door's loan serves the first attempt
-			var g roomGrant
-			g, borrowed = r.loanGrant(f.Model, lent)
+			g, l := r.loanGrant(f.Model, lent)
 			lent = nil
-			v, i, out = g.v, g.i, g.out
+			if l != nil { // else given back (a worker this router does not know): select here
+				v, i, out, borrowed = g.v, g.i, g.out, l
+			}
 		}
 		spilled := false
 		if borrowed == nil {
