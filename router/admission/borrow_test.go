@@ -217,3 +217,65 @@ func TestWaitersAskOneAtATime(t *testing.T) {
 		}
 	})
 }
+
+// A peer ask that panics (a bug, or a peer's answer that trips one) leaves
+// the scheduler whole, on arrival and when a waiter asks again: the panic
+// reaches the caller with no lock held, the tenant is counted out, the
+// waiter is off its queue, and the next requests are admitted as before.
+func TestBorrowPanicLeavesSchedulerWhole(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newTest(t, refusedCfg(), 4)
+		steady := admitN(t, s, "auth:steady", 1)
+		flood := admitN(t, s, "auth:flood", 3) // the capacity is full
+		admit := func(ask func() bool) (v any) {
+			defer func() { v = recover() }()
+			s.AdmitOrBorrow(context.Background(), Default, "auth:steady", "", ask)
+			return nil
+		}
+		whole := func(when string) {
+			t.Helper()
+			if !s.mu.TryLock() {
+				t.Fatalf("%s: the scheduler's lock is still held", when)
+			}
+			defer s.mu.Unlock()
+			if ts := s.fair.tenants["auth:steady"]; ts.waiting != 0 || s.queues[Default].Len() != 0 || s.reasking {
+				t.Fatalf("%s: steady waiting %d, %d queued, reasking %v: want nothing left of the request", when, ts.waiting, s.queues[Default].Len(), s.reasking)
+			}
+		}
+		if v := admit(func() bool { panic("bad answer") }); v != "bad answer" {
+			t.Fatalf("an ask on arrival that panics: recovered %v, want the panic", v)
+		}
+		whole("the ask on arrival panicked")
+
+		asks := 0
+		done := make(chan any, 1)
+		go func() {
+			done <- admit(func() bool {
+				if asks++; asks > 1 {
+					panic("bad answer")
+				}
+				return false
+			})
+		}()
+		time.Sleep(BorrowEvery)
+		synctest.Wait()
+		if v := <-done; v != "bad answer" || asks != 2 {
+			t.Fatalf("a waiter's second ask panics: recovered %v after %d asks, want the panic on the second", v, asks)
+		}
+		whole("the waiter's ask panicked")
+
+		// The next completion's slot goes to the next request, not to the
+		// abandoned waiter.
+		flood[0].Release()
+		tk, r := s.AdmitOrBorrow(context.Background(), Default, "auth:steady", "", func() bool { return false })
+		if r != Admitted || tk.Borrowed() {
+			t.Fatalf("after the panics: %v (borrowed %v), want the freed slot", r, tk.Borrowed())
+		}
+		for _, h := range append(append(steady, flood[1:]...), tk) {
+			h.Release()
+		}
+		if s.total != 0 || s.fair.active != 0 {
+			t.Fatalf("%d slots held, %d tenants active after every request ended", s.total, s.fair.active)
+		}
+	})
+}

@@ -65,13 +65,16 @@ func (t *Ticket) Charge(tokens int64, weight float64) {
 		return
 	}
 	s := t.s
-	s.mu.Lock()
-	s.fair.charge(t.tenant, float64(tokens)*weight)
-	name := t.tenant.name
-	s.mu.Unlock()
+	s.charge(t.tenant, float64(tokens)*weight)
 	if s.m != nil {
-		s.m.tokens.WithLabelValues(s.m.tenants.label(name)).Add(float64(tokens) * weight)
+		s.m.tokens.WithLabelValues(s.m.tenants.label(t.tenant.name)).Add(float64(tokens) * weight)
 	}
+}
+
+func (s *Scheduler) charge(ts *tenantState, cost float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fair.charge(ts, cost)
 }
 
 // Fair reports whether the ticket's tenant has a virtual token counter to
@@ -188,9 +191,7 @@ func NewScheduler(cfg SchedulerConfig, capacity int64, m *SchedulerMetrics) *Sch
 			m.sizeLimit.WithLabelValues(c.String()).Set(float64(cfg.Classes[c].QueueSize))
 		}
 	}
-	s.mu.Lock()
-	s.setCapacityLocked(capacity)
-	s.mu.Unlock()
+	s.setCapacityLocked(capacity) // not shared yet: no lock needed
 	return s
 }
 
@@ -297,63 +298,101 @@ func (s *Scheduler) AdmitFor(ctx context.Context, c Class, tenant, pool string) 
 
 func (s *Scheduler) admit(ctx context.Context, c Class, tenant, pool string, borrow func() bool) (*Ticket, Result) {
 	arrived := s.cfg.Now()
+	a := s.arrive(c, tenant, pool, arrived, borrow != nil)
+	waited := time.Duration(0)
+	if a.ask {
+		a = s.askOnArrival(c, a, arrived, borrow)
+		waited = s.cfg.Now().Sub(arrived)
+	}
+	switch {
+	case a.ticket != nil:
+		s.observeAdmitted(c, waited)
+		return a.ticket, Admitted
+	case a.res == OverFairShare:
+		return nil, s.refused(c, a.ts)
+	case a.res == QueueFull:
+		s.count(c, OutcomeQueueFull)
+		return nil, QueueFull
+	}
+	return s.wait(ctx, a.w, arrived, borrow)
+}
+
+// arrival is what a request found on arrival: a ticket, a refusal (res), a
+// place in the queue (w), or, with ask, a turn to ask the peers first (its
+// tenant counted waiting meanwhile).
+type arrival struct {
+	ticket *Ticket
+	res    Result
+	w      *waiter
+	ask    bool
+	ts     *tenantState // with fair shares on
+	p      *poolSlots
+}
+
+func (s *Scheduler) arrive(c Class, tenant, pool string, now time.Time, mayBorrow bool) (a arrival) {
 	cc := &s.cfg.Classes[c]
 	s.mu.Lock()
-	p := s.poolLocked(pool)
+	defer s.mu.Unlock()
+	a.p = s.poolLocked(pool)
 	if cc.ReserveDemand {
-		s.demand[c].arrive(arrived)
+		s.demand[c].arrive(now)
 	}
-	s.refreshReservedLocked(arrived) // a demand reservation decays between arrivals of its class
-	var ts *tenantState
+	s.refreshReservedLocked(now) // a demand reservation decays between arrivals of its class
 	if s.fair != nil {
-		ts = s.fair.state(tenant)
-		ts.use.arrive(arrived)
-		if !s.cfg.FairShareWait && s.overShareLocked(ts, arrived) {
-			s.fair.settle(ts)
-			s.mu.Unlock()
-			return nil, s.refused(c, ts)
+		a.ts = s.fair.state(tenant)
+		a.ts.use.arrive(now)
+		if !s.cfg.FairShareWait && s.overShareLocked(a.ts, now) {
+			s.fair.settle(a.ts)
+			a.res = OverFairShare
+			return a
 		}
 	}
 	// Waiters of class c left queued after a dispatch are held by their
 	// own pool or by the whole capacity; a newcomer of another pool passes
 	// the former (it fits only if the whole capacity has room).
-	if p.waiting[c] == 0 && (s.fitsLocked(c, p) || cc.CanPreempt && s.preemptForLocked(c, p)) {
-		t := s.admitLocked(c, ts, p)
+	if a.p.waiting[c] == 0 && (s.fitsLocked(c, a.p) || cc.CanPreempt && s.preemptForLocked(c, a.p)) {
+		a.ticket = s.admitLocked(c, a.ts, a.p)
 		s.publishLocked()
-		s.mu.Unlock()
-		s.observeAdmitted(c, 0)
-		return t, Admitted
+		return a
 	}
-	if borrow != nil && s.mayBorrowLocked(ts, arrived) {
-		if t := s.borrowLocked(c, ts, p, borrow); t != nil {
-			s.publishLocked()
-			s.mu.Unlock()
-			s.observeAdmitted(c, s.cfg.Now().Sub(arrived))
-			return t, Admitted
+	if mayBorrow && s.mayBorrowLocked(a.ts, now) {
+		a.ts.waiting++ // busy while it asks: the tenant stays active here
+		a.ask = true
+		return a
+	}
+	s.queueLocked(c, &a, now)
+	return a
+}
+
+// queueLocked puts the arrival a in c's queue, or refuses it (QueueFull).
+func (s *Scheduler) queueLocked(c Class, a *arrival, arrived time.Time) {
+	if s.queues[c].Len() >= s.cfg.Classes[c].QueueSize {
+		if a.ts != nil {
+			s.fair.settle(a.ts)
 		}
+		a.res = QueueFull
+		return
 	}
-	if s.queues[c].Len() >= cc.QueueSize {
-		if ts != nil {
-			s.fair.settle(ts)
-		}
-		s.mu.Unlock()
-		s.count(c, OutcomeQueueFull)
-		return nil, QueueFull
+	w := &waiter{class: c, tenant: a.ts, pool: a.p, enqueued: arrived, ready: make(chan struct{})}
+	if a.ts != nil {
+		a.ts.waiting++
 	}
-	w := &waiter{class: c, tenant: ts, pool: p, enqueued: arrived, ready: make(chan struct{})}
-	if ts != nil {
-		ts.waiting++
-	}
-	p.waiting[c]++
+	a.p.waiting[c]++
 	w.elem = s.queues[c].PushBack(w)
-	if ts != nil {
+	if a.ts != nil {
 		// The queue may hold only waiters a free slot cannot go to (over
 		// their share): the lowest counter among the others goes now.
 		s.dispatchLocked()
 	}
 	s.publishLocked()
-	s.mu.Unlock()
+	a.w = w
+}
 
+// wait holds w in its queue until a slot, a refusal, a peer's loan, its
+// class's timeout or the client's leaving.
+func (s *Scheduler) wait(ctx context.Context, w *waiter, arrived time.Time, borrow func() bool) (*Ticket, Result) {
+	c := w.class
+	cc := &s.cfg.Classes[c]
 	timeout := time.NewTimer(cc.QueueTimeout)
 	defer timeout.Stop()
 	// The starvation timer only re-runs the dispatch when the head may have
@@ -361,7 +400,7 @@ func (s *Scheduler) admit(ctx context.Context, c Class, tenant, pool string, bor
 	starving := time.NewTimer(cc.StarvationThreshold)
 	defer starving.Stop()
 	var reask <-chan time.Time // a waiter that may borrow asks the peers again
-	if borrow != nil && ts != nil {
+	if borrow != nil && w.tenant != nil {
 		tick := time.NewTicker(BorrowEvery)
 		defer tick.Stop()
 		reask = tick.C
@@ -374,50 +413,65 @@ func (s *Scheduler) admit(ctx context.Context, c Class, tenant, pool string, bor
 				s.observeAdmitted(c, s.cfg.Now().Sub(arrived))
 				return t, Admitted
 			}
-			continue
 		case <-w.ready:
 			if w.ticket == nil {
-				return nil, s.refused(c, ts)
+				return nil, s.refused(c, w.tenant)
 			}
 			s.observeAdmitted(c, s.cfg.Now().Sub(arrived))
 			return w.ticket, Admitted
 		case <-starving.C:
-			s.mu.Lock()
-			s.dispatchLocked()
-			s.publishLocked()
-			s.mu.Unlock()
-			continue
+			s.redispatch()
 		case <-timeout.C:
 			res = QueueTimeout
 		case <-ctx.Done():
 			res = Cancelled
 		}
 	}
-	s.mu.Lock()
-	if w.ticket != nil { // admitted while giving up: take it
-		s.mu.Unlock()
+	switch t, refused := s.leave(w); {
+	case t != nil: // admitted while giving up: take it
 		s.observeAdmitted(c, s.cfg.Now().Sub(arrived))
-		return w.ticket, Admitted
+		return t, Admitted
+	case refused: // refused while giving up
+		return nil, s.refused(c, w.tenant)
 	}
-	if w.refused { // refused while giving up
-		s.mu.Unlock()
-		return nil, s.refused(c, ts)
-	}
-	s.queues[c].Remove(w.elem)
-	w.pool.waiting[c]--
-	if w.tenant != nil {
-		w.tenant.waiting--
-		s.fair.settle(w.tenant)
-	}
-	s.dispatchLocked() // a new head may be starving already
-	s.publishLocked()
-	s.mu.Unlock()
 	if res == QueueTimeout {
 		s.count(c, OutcomeQueueTimeout)
 	} else {
 		s.count(c, OutcomeClientCancelled)
 	}
 	return nil, res
+}
+
+// redispatch runs the dispatch (a head may have turned starving).
+func (s *Scheduler) redispatch() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dispatchLocked()
+	s.publishLocked()
+}
+
+// leave takes w off its queue as it gives up, unless it was admitted (its
+// ticket) or refused meanwhile.
+func (s *Scheduler) leave(w *waiter) (t *Ticket, refused bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w.ticket != nil || w.refused {
+		return w.ticket, w.refused
+	}
+	s.dequeueLocked(w)
+	s.dispatchLocked() // a new head may be starving already
+	s.publishLocked()
+	return nil, false
+}
+
+// dequeueLocked takes w off its queue, uncounting it.
+func (s *Scheduler) dequeueLocked(w *waiter) {
+	s.queues[w.class].Remove(w.elem)
+	w.pool.waiting[w.class]--
+	if w.tenant != nil {
+		w.tenant.waiting--
+		s.fair.settle(w.tenant)
+	}
 }
 
 func (s *Scheduler) admitLocked(c Class, ts *tenantState, p *poolSlots) *Ticket {
@@ -496,10 +550,7 @@ func (s *Scheduler) oldestLocked(c Class) *waiter {
 
 // refuseLocked takes w off its queue, refused: its tenant is over its share.
 func (s *Scheduler) refuseLocked(w *waiter) {
-	s.queues[w.class].Remove(w.elem)
-	w.pool.waiting[w.class]--
-	w.tenant.waiting--
-	s.fair.settle(w.tenant)
+	s.dequeueLocked(w)
 	w.refused = true
 	close(w.ready)
 }

@@ -14,8 +14,8 @@ import (
 
 // AdmitOrBorrow is AdmitFor, except that a request that finds no free slot
 // here, of a tenant that holds less than its weighted share (fleet-wide
-// with the relay) while another tenant is active, first calls borrow (outside
-// the scheduler's lock): true when a peer lent it a room. The ticket then
+// with the relay) while another tenant is active, first calls borrow (with
+// no lock held): true when a peer lent it a room. The ticket then
 // holds no slot here (the lender counts it) and still charges the tenant's
 // counter here; Release ends it. Without fair shares, or when borrow is
 // false, the request waits as with AdmitFor.
@@ -48,24 +48,49 @@ func (s *Scheduler) mayBorrowLocked(ts *tenantState, now time.Time) bool {
 	return false
 }
 
-// borrowLocked asks borrow for a peer's room with the lock released. On a
-// loan it returns a borrowed ticket; else, if a slot freed meanwhile (and
-// nobody of the class waits for it), a ticket for it; else nil, the lock
-// held again and the request to be queued.
-func (s *Scheduler) borrowLocked(c Class, ts *tenantState, p *poolSlots, borrow func() bool) *Ticket {
-	ts.waiting++ // busy while it asks: the tenant stays active here
-	s.mu.Unlock()
+// askOnArrival asks borrow for a peer's room with no lock held (arrive
+// counted the tenant waiting meanwhile). On a loan it returns a borrowed
+// ticket; else, if a slot freed meanwhile (and nobody of the class waits
+// for it), a ticket for it; else the request queues. A borrow that panics
+// leaves the tenant counted out again, the lock free, and the panic going on.
+func (s *Scheduler) askOnArrival(c Class, a arrival, arrived time.Time, borrow func() bool) arrival {
+	answered := false
+	defer func() {
+		if !answered {
+			s.stopAsking(a.ts)
+		}
+	}()
 	ok := borrow()
+	answered = true
+	return s.answered(c, a, arrived, ok)
+}
+
+func (s *Scheduler) stopAsking(ts *tenantState) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	ts.waiting--
-	if ok {
-		s.fair.settle(ts) // it holds nothing here
-		return &Ticket{s: s, class: c, tenant: ts, pool: p, admitted: s.cfg.Now(), borrowed: true, preempted: make(chan struct{})}
+	s.fair.settle(ts)
+	s.publishLocked()
+}
+
+// answered goes on with the arrival a after the peers' answer ok.
+func (s *Scheduler) answered(c Class, a arrival, arrived time.Time, ok bool) arrival {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a.ts.waiting--
+	a.ask = false
+	switch {
+	case ok:
+		s.fair.settle(a.ts) // it holds nothing here
+		a.ticket = &Ticket{s: s, class: c, tenant: a.ts, pool: a.p, admitted: s.cfg.Now(), borrowed: true, preempted: make(chan struct{})}
+	case a.p.waiting[c] == 0 && s.fitsLocked(c, a.p):
+		a.ticket = s.admitLocked(c, a.ts, a.p)
+	default:
+		s.queueLocked(c, &a, arrived)
+		return a
 	}
-	if p.waiting[c] == 0 && s.fitsLocked(c, p) {
-		return s.admitLocked(c, ts, p)
-	}
-	return nil
+	s.publishLocked()
+	return a
 }
 
 // BorrowEvery is how often a waiter that may borrow asks the peers again:
@@ -74,28 +99,52 @@ const BorrowEvery = 10 * time.Millisecond
 
 // reborrow asks the peers again for waiter w, while its tenant is still
 // under its weighted share: on a loan, w leaves the queue with a borrowed
-// ticket. The dispatch passes w over while it asks. One waiter asks at a
-// time, so a long queue of small tenants does not multiply the asks.
+// ticket. The dispatch passes w over while it asks, with no lock held. One
+// waiter asks at a time, so a long queue of small tenants does not multiply
+// the asks. A borrow that panics takes w off the queue (nobody would take
+// a slot granted to it) and the panic goes on.
 func (s *Scheduler) reborrow(w *waiter, borrow func() bool) *Ticket {
+	if !s.startAsking(w) {
+		return nil
+	}
+	answered := false
+	defer func() {
+		if !answered {
+			s.reasked(w, false, true)
+		}
+	}()
+	ok := borrow()
+	answered = true
+	return s.reasked(w, ok, false)
+}
+
+// startAsking marks w asking, when it may ask the peers now.
+func (s *Scheduler) startAsking(w *waiter) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.reasking || w.ticket != nil || w.refused || !s.mayBorrowLocked(w.tenant, s.cfg.Now()) {
-		return nil
+		return false
 	}
 	w.asking, s.reasking = true, true
-	s.mu.Unlock()
-	ok := borrow()
+	return true
+}
+
+// reasked ends w's ask: with a loan (ok) w leaves the queue with a borrowed
+// ticket; abandoned (the ask panicked), it leaves with none; else it waits
+// on, and the dispatch may give it a slot it was passed over for.
+func (s *Scheduler) reasked(w *waiter, ok, abandoned bool) *Ticket {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	w.asking, s.reasking = false, false
-	if !ok {
-		s.dispatchLocked() // a slot it was passed over for
+	if abandoned || !ok {
+		if abandoned {
+			s.dequeueLocked(w)
+		}
+		s.dispatchLocked()
 		s.publishLocked()
 		return nil
 	}
-	s.queues[w.class].Remove(w.elem)
-	w.pool.waiting[w.class]--
-	w.tenant.waiting--
-	s.fair.settle(w.tenant)
+	s.dequeueLocked(w)
 	s.publishLocked()
 	return &Ticket{s: s, class: w.class, tenant: w.tenant, pool: w.pool, admitted: s.cfg.Now(), borrowed: true, preempted: make(chan struct{})}
 }
