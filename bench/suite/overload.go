@@ -161,7 +161,11 @@ func (s *Suite) Overload(ctx context.Context) (*OverloadReport, error) {
 		rep.AgentPoll = s.AgentPoll.String()
 	}
 	if len(s.Configs) > 0 {
-		rep.Configs = slices.DeleteFunc(rep.Configs, func(gc GatewayConfig) bool { return !slices.Contains(s.Configs, gc.Name) })
+		picked, err := pickConfigs(rep.Configs, s.Configs)
+		if err != nil {
+			return nil, err
+		}
+		rep.Configs = picked
 	}
 	if len(s.Loads) > 0 {
 		rep.Loads = s.Loads
@@ -220,6 +224,21 @@ func (s *Suite) Overload(ctx context.Context) (*OverloadReport, error) {
 		return rep, err
 	}
 	return rep, nil
+}
+
+// pickConfigs is the configurations of all named in names, in the order
+// named: twins interleaved, and rounds that reverse the order, alternate
+// on the box.
+func pickConfigs(all []GatewayConfig, names []string) ([]GatewayConfig, error) {
+	picked := make([]GatewayConfig, 0, len(names))
+	for _, name := range names {
+		i := slices.IndexFunc(all, func(gc GatewayConfig) bool { return gc.Name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("unknown overload configuration %q", name)
+		}
+		picked = append(picked, all[i])
+	}
+	return picked, nil
 }
 
 func (s *Suite) overloadRun(ctx context.Context, gc GatewayConfig, load float64, rep *OverloadReport) (OverloadRun, error) {

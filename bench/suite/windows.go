@@ -59,6 +59,12 @@ func WindowConfigs() []GatewayConfig {
 		{Name: "window-vllm-3r", Flags: windowFlags, LearnWindows: true, Routers: 3,
 			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
 			Why:         "the same learned windows, 3 routers sharing each window (client spreads requests over them in turn)"},
+		{Name: "window-vllm-3r-next", Flags: windowFlags, LearnWindows: true, Routers: 3, ShedFailover: true,
+			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
+			Why:         "window-3r-next with learned windows: a request shed by one router goes on to the next at once (each router once)"},
+		{Name: "window-vllm-3r-loan", Flags: windowFlags, LearnWindows: true, Routers: 3, Handoff: true,
+			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
+			Why:         "window-3r-loan with learned windows: a router with no room in its share borrows one from a peer router (`--peer-routers`)"},
 	}
 }
 

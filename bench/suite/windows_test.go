@@ -2,6 +2,9 @@ package suite
 
 import (
 	"math"
+	"reflect"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -37,5 +40,59 @@ func TestLossBound(t *testing.T) {
 	}
 	if got := lossBound(62, 1, 32, 3) / 32; got < 0.915 || got > 0.93 {
 		t.Errorf("three routers at 2x: %.3f of the slots busy, want about 0.92", got)
+	}
+}
+
+// TestPickConfigs: --configs runs the configurations in the order named (so
+// rounds can alternate twins) and refuses a name it does not know.
+func TestPickConfigs(t *testing.T) {
+	all := WindowConfigs()
+	got, err := pickConfigs(all, []string{"window-vllm-3r-next", "window-3r-next", "window-vllm-1r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, gc := range got {
+		names = append(names, gc.Name)
+	}
+	if want := []string{"window-vllm-3r-next", "window-3r-next", "window-vllm-1r"}; !slices.Equal(names, want) {
+		t.Fatalf("picked %v, want %v", names, want)
+	}
+	if _, err := pickConfigs(all, []string{"window-1r", "window-9r"}); err == nil || !strings.Contains(err.Error(), "window-9r") {
+		t.Fatalf("unknown name: err %v, want one naming window-9r", err)
+	}
+}
+
+// TestLearnedTwins: every learned-window configuration has a reported-window
+// twin (its name without "vllm-") that differs from it only in the engines'
+// flavor: the same router flags, routers, spreading, failover and loans, so
+// the two compare learned against reported windows and nothing else.
+func TestLearnedTwins(t *testing.T) {
+	all := WindowConfigs()
+	n := 0
+	for _, gc := range all {
+		if !gc.LearnWindows {
+			continue
+		}
+		n++
+		name := strings.Replace(gc.Name, "vllm-", "", 1)
+		i := slices.IndexFunc(all, func(c GatewayConfig) bool { return c.Name == name })
+		if i < 0 {
+			t.Errorf("%s: no reported twin %s", gc.Name, name)
+			continue
+		}
+		twin := all[i]
+		if twin.LearnWindows || !slices.Equal(twin.SimArgs, []string{"--flavor", "sglang"}) {
+			t.Errorf("%s: twin %s learns (%v) or runs %v, want SGLang engines reporting their window", gc.Name, name, twin.LearnWindows, twin.SimArgs)
+		}
+		a, b := gc, twin
+		a.Name, a.Why, a.LearnWindows, a.SimArgs = "", "", false, nil
+		b.Name, b.Why, b.LearnWindows, b.SimArgs = "", "", false, nil
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("%s differs from %s beyond the window's source:\n%+v\n%+v", gc.Name, name, gc, twin)
+		}
+	}
+	if n < 4 {
+		t.Fatalf("%d learned configurations, want one router, three in turn, with failover and with loans", n)
 	}
 }
