@@ -178,6 +178,15 @@ func SpillBudget(w *Worker) bool {
 	return p.GetSpillRequestsPerSec() > 0 || p.GetSpillTokensPerSec() > 0
 }
 
+// MaxRunning is w's running window: the engine's report, else the
+// registered one; 0 when neither gives one.
+func (w *Worker) MaxRunning() int64 {
+	if n := int64(w.Load.GetMaxRunningRequests()); n > 0 {
+		return n
+	}
+	return int64(w.Spec.GetMaxRunningRequests())
+}
+
 // Ready reports whether the health checker has admitted the worker.
 func (w *Worker) Ready() bool { return w.Health == HealthHealthy }
 
@@ -382,18 +391,14 @@ type Registry struct {
 	// watchers can ask for them further back than a flood of load reports
 	// leaves in history.
 	routing ring
-	notify  chan struct{} // closed at the next commit
-	// notifyTaken: Changed handed out notify since the last commit.
-	notifyTaken bool
-	// members is closed at the next commit that adds or removes a worker or
-	// changes its spec, model or health (not its load or verdicts), so loops
-	// that track membership do not wake on every load report.
-	members      chan struct{}
-	membersTaken bool
-	// routed is closed at the next commit with a routing change (not
-	// LoadOnly), so watchers that pace loads do not wake on every flush.
-	routed      chan struct{}
-	routedTaken bool
+	notify  signal // every commit
+	// members: a commit that adds or removes a worker or changes its spec,
+	// model or health, so loops that track membership do not wake on every
+	// load report.
+	members signal
+	// routed: a commit with a routing change (not LoadOnly), so watchers
+	// that pace loads do not wake on every flush.
+	routed signal
 	// seen is ring.since's index (pub held), reused: it holds at most a
 	// ring's capacity.
 	seen map[string]int
@@ -415,7 +420,7 @@ func New(epoch string, historyCap int) *Registry {
 		historyCap = DefaultHistory
 	}
 	r := &Registry{db: db, latest: newLatest(), history: newRing(historyCap), routing: newRing(historyCap),
-		notify: make(chan struct{}), members: make(chan struct{}), routed: make(chan struct{}),
+		notify: newSignal(), members: newSignal(), routed: newSignal(),
 		tree: &tree{}, mem: db.Txn(false)}
 	r.epoch.Store(&epoch)
 	r.view.Store(&Snapshot{txn: r.mem, workers: r.tree})
@@ -433,29 +438,38 @@ func (r *Registry) SetEpoch(epoch string) { r.epoch.Store(&epoch) }
 func (r *Registry) Revision() uint64 { return r.view.Load().Revision }
 
 // Changed returns a channel closed at the next commit.
-func (r *Registry) Changed() <-chan struct{} {
-	r.pub.Lock()
-	defer r.pub.Unlock()
-	r.notifyTaken = true
-	return r.notify
-}
+func (r *Registry) Changed() <-chan struct{} { return r.take(&r.notify) }
 
 // RoutingChanged returns a channel closed at the next commit with a routing
 // change (one that is not LoadOnly).
-func (r *Registry) RoutingChanged() <-chan struct{} {
-	r.pub.Lock()
-	defer r.pub.Unlock()
-	r.routedTaken = true
-	return r.routed
-}
+func (r *Registry) RoutingChanged() <-chan struct{} { return r.take(&r.routed) }
 
 // MembershipChanged returns a channel closed at the next commit that adds or
 // removes a worker or changes its spec, model or health.
-func (r *Registry) MembershipChanged() <-chan struct{} {
+func (r *Registry) MembershipChanged() <-chan struct{} { return r.take(&r.members) }
+
+// signal is a channel closed at the next commit of its kind.
+type signal struct {
+	ch    chan struct{}
+	taken bool // handed out since the last commit: a commit closes it
+}
+
+func newSignal() signal { return signal{ch: make(chan struct{})} }
+
+func (r *Registry) take(s *signal) <-chan struct{} {
 	r.pub.Lock()
 	defer r.pub.Unlock()
-	r.membersTaken = true
-	return r.members
+	s.taken = true
+	return s.ch
+}
+
+// fire closes s if anyone holds it (nobody does: no need for a new one).
+// Caller holds pub.
+func (s *signal) fire() {
+	if s.taken {
+		close(s.ch)
+		*s = newSignal()
+	}
 }
 
 // Txn is a write transaction. Insert and Delete record the workers changed.
@@ -667,20 +681,12 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 			routed = true
 		}
 	}
-	if routed && r.routedTaken {
-		close(r.routed)
-		r.routed = make(chan struct{})
-		r.routedTaken = false
+	if routed {
+		r.routed.fire()
 	}
-	if r.notifyTaken { // nobody holds the channel: no need for a new one
-		close(r.notify)
-		r.notify = make(chan struct{})
-		r.notifyTaken = false
-	}
-	if t.membership && r.membersTaken {
-		close(r.members)
-		r.members = make(chan struct{})
-		r.membersTaken = false
+	r.notify.fire()
+	if t.membership {
+		r.members.fire()
 	}
 	return r.revision, nil
 }

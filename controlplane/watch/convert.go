@@ -34,7 +34,7 @@ func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 		WaitingRequests:    v.waiting,
 		RunningRequests:    v.running,
 		TokenUsage:         v.tokenUsage,
-		MaxRunningRequests: maxRunning(w),
+		MaxRunningRequests: w.MaxRunning(),
 		LoadRevision:       w.LoadRevision,
 		BootstrapPort:      spec.GetBootstrapPort(),
 		ContactSeq:         w.ContactSeq,
@@ -100,7 +100,7 @@ func viewOf(w *registry.Worker) view {
 // sends it.
 func windowShare(w *registry.Worker, routerID string) int64 {
 	share := w.WindowShare[routerID]
-	if share == 0 && (w.Type == "decode" && maxRunning(w) > 0 || w.Admission.Rooms() > 0 || registry.SpillBudget(w)) {
+	if share == 0 && (w.Type == "decode" && w.MaxRunning() > 0 || w.Admission.Rooms() > 0 || registry.SpillBudget(w)) {
 		// No share granted to this router (yet): -1 tells it to hold no room
 		// (spill nothing), where 0 would let it count against the whole
 		// window (budget) alone.
@@ -121,11 +121,3 @@ func tokenShare(w *registry.Worker, routerID string) int64 {
 
 // perRouter reports whether routers see w differently (their own shares).
 func perRouter(w *registry.Worker) bool { return len(w.WindowShare) > 0 || len(w.TokenShare) > 0 }
-
-// maxRunning is w's running window: the engine's report, else the registered one.
-func maxRunning(w *registry.Worker) int64 {
-	if n := int64(w.Load.GetMaxRunningRequests()); n > 0 {
-		return n
-	}
-	return int64(w.Spec.GetMaxRunningRequests())
-}

@@ -99,7 +99,7 @@ func appendWorker(buf []byte, w *registry.Worker, routerID string) []byte {
 	buf = appendInt(buf, 10, v.waiting)
 	buf = appendInt(buf, 11, v.running)
 	buf = appendDouble(buf, 12, v.tokenUsage)
-	buf = appendInt(buf, 13, maxRunning(w))
+	buf = appendInt(buf, 13, w.MaxRunning())
 	buf = appendUint(buf, 14, w.LoadRevision)
 	buf = appendInt(buf, 15, int64(spec.GetBootstrapPort()))
 	buf = appendUint(buf, 16, w.ContactSeq)

@@ -570,7 +570,7 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 	case !sent && (!w.confirmed || !now.Before(w.beatAt)):
 		// Resumed with nothing new, or quiet for HeartbeatInterval:
 		// confirm the revision it holds.
-		if err := s.sendHeartbeat(w.stream, w.epoch, w.last); err != nil {
+		if _, err := s.sendBase(w.stream, baseKey{w.epoch, kindHeartbeat, 0, w.last}, noWorkers, ""); err != nil {
 			return now, err
 		}
 		w.confirmed, w.beatAt = true, now.Add(s.opts.HeartbeatInterval)
@@ -755,6 +755,9 @@ func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
 	return b
 }
 
+// noWorkers is a heartbeat's base (read only).
+var noWorkers = &base{}
+
 // sendBase sends the message of b (under k) as routerID sees it, and says
 // how many bytes it was.
 func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID string) (int, error) {
@@ -768,7 +771,7 @@ func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID
 	n, err := s.frames.send(stream, k.kind, fr, b.sizeHint(), func(buf []byte) []byte {
 		return s.appendResponse(buf, k, b, routerID, warming)
 	})
-	if err == nil && s.opts.Sent != nil {
+	if err == nil && s.opts.Sent != nil && k.kind != kindHeartbeat {
 		s.opts.Sent(routerID, k.to)
 	}
 	return n, err
@@ -785,18 +788,6 @@ func (s *Server) warmingSecs() int32 {
 		return 0
 	}
 	return int32(min((left+time.Second-1)/time.Second, math.MaxInt32))
-}
-
-// sendHeartbeat sends the shared heartbeat at rev.
-func (s *Server) sendHeartbeat(stream grpc.ServerStream, epoch string, rev uint64) error {
-	s.metrics.sentBy[kindHeartbeat].Inc()
-	k := baseKey{epoch, kindHeartbeat, 0, rev}
-	fr := s.frames.frame(frameKey{baseKey: k})
-	defer s.frames.release(fr)
-	_, err := s.frames.send(stream, kindHeartbeat, fr, 0, func(buf []byte) []byte {
-		return s.appendResponse(buf, k, nil, "", 0)
-	})
-	return err
 }
 
 func (s *Server) goodbye(rev uint64) *smgv1.WatchResponse {

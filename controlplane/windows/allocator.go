@@ -334,7 +334,7 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 		next.admission, next.budget = adm, budget
 		next.shares = a.planDim(dimRooms, w, window, ids, warm, decreased[dimRooms])
 		next.tokens = a.planDim(dimTokens, w, tokens, ids, warm, decreased[dimTokens])
-		if !admissionEqual(adm, w.Admission) || !budgetEqual(budget, w.Budget) ||
+		if !samePtr(adm, w.Admission) || !samePtr(budget, w.Budget) ||
 			sharesChanged(next.shares, w.WindowShare, window > 0) || sharesChanged(next.tokens, w.TokenShare, tokens > 0) {
 			updates[w.ID] = next
 		}
@@ -370,22 +370,14 @@ func sharesChanged(next, cur map[string]int64, on bool) bool {
 	return !maps.Equal(next, cur) || (cur == nil && len(next) > 0)
 }
 
-// planDim splits w's window of size in dimension dim over the routers
-// (nil with no window), noting the routers whose share decreased in dec.
-func (a *Allocator) planDim(dim int, w *registry.Worker, size int64, ids []string, warm bool, dec map[string][]string) map[string]int64 {
-	if size <= 0 {
+// planDim splits w's window in dimension dim (rooms or tokens) over the
+// routers (nil with no window), noting the routers whose share decreased
+// in dec.
+func (a *Allocator) planDim(dim int, w *registry.Worker, window int64, ids []string, warm bool, dec map[string][]string) map[string]int64 {
+	if window <= 0 {
 		delete(a.grants[dim], w.ID)
 		return nil
 	}
-	shares, d := a.planWorker(dim, w, size, ids, warm)
-	if len(d) > 0 {
-		dec[w.ID] = d
-	}
-	return shares
-}
-
-// planWorker splits one worker's window (rooms or tokens) over the routers.
-func (a *Allocator) planWorker(dim int, w *registry.Worker, window int64, ids []string, warm bool) (map[string]int64, []string) {
 	byRouter := a.grants[dim][w.ID]
 	if byRouter == nil {
 		byRouter = make(map[string]*grant)
@@ -451,7 +443,10 @@ func (a *Allocator) planWorker(dim int, w *registry.Worker, window int64, ids []
 			delete(byRouter, id)
 		}
 	}
-	return shares, decreased
+	if len(decreased) > 0 {
+		dec[w.ID] = decreased
+	}
+	return shares
 }
 
 // SpillParts is a whole spill-over budget in the parts routers are granted.
@@ -503,7 +498,7 @@ func (a *Allocator) commit(t *registry.Txn, updates map[string]update) bool {
 func (a *Allocator) windowOf(w *registry.Worker, now time.Time) (int64, *registry.Admission) {
 	switch {
 	case w.Type == "decode":
-		return Window(w), nil
+		return w.MaxRunning(), nil
 	case w.Type == "prefill" || !a.opts.Admission:
 		return 0, nil
 	}
@@ -604,25 +599,10 @@ func usage(v float64) float64 {
 	return min(v, 1)
 }
 
-func budgetEqual(a, b *registry.Budget) bool {
+// samePtr reports whether a and b are both nil or point to equal values.
+func samePtr[T comparable](a, b *T) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
 	return *a == *b
-}
-
-func admissionEqual(a, b *registry.Admission) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
-}
-
-// Window is a decode worker's running window: the engine's report, else the
-// registered one; 0 when neither gives one.
-func Window(w *registry.Worker) int64 {
-	if n := int64(w.Load.GetMaxRunningRequests()); n > 0 {
-		return n
-	}
-	return int64(w.Spec.GetMaxRunningRequests())
 }
