@@ -122,6 +122,26 @@ func (b *breaker) hold(until int64) {
 	}
 }
 
+// evidence cuts an open breaker's timeout short: the worker answered the
+// control plane since (a fresh load report: it restarted, or came back
+// faster than the control plane judged it unreachable), so the breaker is
+// half-open now: requests go through, --cb-success-threshold successes close
+// it, and one failure reopens it for a whole timeout (a worker only this
+// router cannot reach costs one failure a report, not a whole threshold).
+// It reports whether the timeout was cut.
+func (b *breaker) evidence(cfg *breakerConfig, now int64) bool {
+	if cfg.disabled || b.state.Load() != breakerOpen {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state.Load() != breakerOpen || b.openUntil.Load() <= now {
+		return false
+	}
+	b.openUntil.Store(now)
+	return true
+}
+
 // reset closes the breaker at once: the control plane saw the worker alive,
 // so re-admission is not held up by the breaker's timeout.
 func (b *breaker) reset() {

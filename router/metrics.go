@@ -38,7 +38,7 @@ type metrics struct {
 	limiter  *admission.LimiterMetrics
 	revision prometheus.Gauge
 	failOpen prometheus.Counter
-	breakers *prometheus.CounterVec // to: open | closed
+	breakers *prometheus.CounterVec // to: open | half_open | closed
 
 	connections prometheus.Gauge       // client connections open (capped by --max-connections)
 	connsClosed *prometheus.CounterVec // reason: idle_at_cap | idle_at_client_cap | client_cap
@@ -122,6 +122,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.breakers.WithLabelValues("open")
 	m.breakers.WithLabelValues("closed")
+	m.breakers.WithLabelValues("half_open")
 	m.refused.WithLabelValues(refusedLoop)
 	m.refused.WithLabelValues(refusedBodyTimeout)
 	for _, r := range []string{connClosedIdleAtCap, connClosedIdleAtClientCap, connClosedClientCap} {

@@ -246,27 +246,35 @@ func TestUpstreamErrorClassification(t *testing.T) {
 	}
 }
 
-// Circuit breaker: opens after --cb-failure-threshold failures, half-opens
-// after its timeout, closes after --cb-success-threshold successes, and any
-// contact the control plane reports closes it at once.
-func TestCircuitBreaker(t *testing.T) {
-	var failing atomic.Bool
+// breakerHarness is a router with a breaker of threshold 3 failures, 2
+// successes and timeoutSecs on the returned clock, sending to one engine
+// that answers 500 while failing is set (it starts set).
+func breakerHarness(t *testing.T, name string, timeoutSecs int) (*harness, *engine, *atomic.Bool, *fakeClock) {
+	failing := &atomic.Bool{}
 	failing.Store(true)
-	now := time.Unix(1000, 0)
+	clock := newFakeClock()
 	h := newHarness(t, func(o *Options) {
+		clock.opts(o)
 		o.DisableRetries = true
 		o.CBFailureThreshold = 3
 		o.CBSuccessThreshold = 2
-		o.CBTimeoutDurationSecs = 30
-		o.Now = func() time.Time { return now }
+		o.CBTimeoutDurationSecs = timeoutSecs
 	})
-	e := newEngine(t, "flaky", func(w http.ResponseWriter, _ *http.Request) {
+	e := newEngine(t, name, func(w http.ResponseWriter, _ *http.Request) {
 		if failing.Load() {
 			w.WriteHeader(http.StatusInternalServerError)
 			return
 		}
 		w.WriteHeader(http.StatusOK)
 	})
+	return h, e, failing, clock
+}
+
+// Circuit breaker: opens after --cb-failure-threshold failures, half-opens
+// after its timeout, closes after --cb-success-threshold successes, and any
+// contact the control plane reports closes it at once.
+func TestCircuitBreaker(t *testing.T) {
+	h, e, failing, clock := breakerHarness(t, "flaky", 30)
 	h.apply(e.worker())
 	for range 3 {
 		if a := h.post(testModel, "", "x"); a.status != http.StatusInternalServerError {
@@ -295,11 +303,11 @@ func TestCircuitBreaker(t *testing.T) {
 	if a := h.post(testModel, "", "x"); a.errorCode() != CodeNoAvailableWorkers {
 		t.Fatal("breaker did not reopen")
 	}
-	now = now.Add(29 * time.Second)
+	clock.advance(29 * time.Second)
 	if a := h.post(testModel, "", "x"); a.errorCode() != CodeNoAvailableWorkers {
 		t.Fatal("breaker half-opened before its timeout")
 	}
-	now = now.Add(time.Second)
+	clock.advance(time.Second)
 	failing.Store(false)
 	for range 2 {
 		if a := h.post(testModel, "", "x"); a.status != http.StatusOK {
@@ -312,6 +320,67 @@ func TestCircuitBreaker(t *testing.T) {
 	}
 	if testutil.ToFloat64(h.r.metrics.breakers.WithLabelValues("open")) != 2 {
 		t.Fatal("want two open transitions counted")
+	}
+}
+
+// A fresh load report (the engine answered the control plane's poll since
+// the breaker opened: a restart faster than the unreachable rule) half-opens
+// the breaker at once instead of after its timeout: successes close it, and
+// one failure reopens it for a whole timeout. A snapshot with the same
+// report is no evidence.
+func TestBreakerHalfOpensOnFreshReport(t *testing.T) {
+	h, e, failing, clock := breakerHarness(t, "restarted", 60)
+	w := e.worker()
+	w.LoadRevision = 1
+	h.apply(w)
+	shut := func(when string) {
+		t.Helper()
+		if a := h.post(testModel, "", "x"); a.errorCode() != CodeNoAvailableWorkers {
+			t.Fatalf("%s: got %d %s, want the breaker open (no_available_workers)", when, a.status, a.body)
+		}
+	}
+	trip := func() {
+		t.Helper()
+		for range 3 {
+			h.post(testModel, "", "x")
+		}
+		shut("after the failure threshold")
+	}
+	trip()
+	h.apply(w)
+	shut("the same report again")
+
+	w.LoadRevision = 2
+	h.apply(w)
+	failing.Store(false)
+	for range 2 {
+		if a := h.post(testModel, "", "x"); a.status != http.StatusOK {
+			t.Fatalf("after a fresh report: got %d %s, want the request through", a.status, a.body)
+		}
+	}
+	v := h.r.view.Load()
+	if st := v.states[v.index("restarted")].breaker.state.Load(); st != breakerClosed {
+		t.Fatalf("breaker state %d after the success threshold, want closed", st)
+	}
+
+	// A report while the worker still fails for this router: one request
+	// goes through, its failure reopens the breaker for a whole timeout.
+	failing.Store(true)
+	trip()
+	w.LoadRevision = 3
+	h.apply(w)
+	hits := e.hits.Load()
+	if a := h.post(testModel, "", "x"); a.status != http.StatusInternalServerError {
+		t.Fatalf("half-open: got %d, want the request through to the failing worker", a.status)
+	}
+	shut("a half-open failure")
+	clock.advance(59 * time.Second)
+	shut("before the timeout after the half-open failure")
+	if got := e.hits.Load() - hits; got != 1 {
+		t.Fatalf("%d requests reached the failing worker after the report, want 1", got)
+	}
+	if got := testutil.ToFloat64(h.r.metrics.breakers.WithLabelValues("half_open")); got != 2 {
+		t.Fatalf("%v half-open transitions counted, want 2", got)
 	}
 }
 

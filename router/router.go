@@ -375,11 +375,16 @@ func (r *Router) patch(cur *view, d *Delta) bool {
 }
 
 // noteLoad resets the dispatches counted since the last report when w
-// brings a new one. Caller holds applyMu.
+// brings a new one, and half-opens w's breaker if open: the engine
+// answered a poll since. Caller holds applyMu.
 func (r *Router) noteLoad(st *workerState, w *Worker) {
 	if st.loadRevision != w.LoadRevision {
 		st.loadRevision = w.LoadRevision
 		st.dispatched.Store(0) // the new report already counts those dispatches
+		if st.breaker.evidence(&r.cb, r.now()) {
+			r.metrics.breakers.WithLabelValues("half_open").Inc()
+			r.log.Info("Circuit breaker half-open: the worker answered the control plane since it opened", "worker_id", w.ID)
+		}
 	}
 }
 
