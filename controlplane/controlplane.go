@@ -50,65 +50,47 @@ import (
 	"github.com/smg-project/smg/internal/workerurl"
 )
 
-// Options configure the control plane; AddFlags binds them to flags.
+// Options configure the control plane; AddFlags binds them to flags (each
+// field is the flag of its name, described there).
 type Options struct {
 	WorkerURLs cli.List
-	// EngineTLS verifies https:// engines for polls, probes and discovery
-	// (nil: Go's defaults). Set by the command from --engine-ca-file and friends.
-	EngineTLS           *tlsutil.ClientOptions
-	PrefillURLs         cli.List // PD prefill engines: URL [BOOTSTRAP_PORT] ...
-	DecodeURLs          cli.List // PD decode engines
-	LoadMonitorInterval int      // seconds, > 0
-	Thresholds          judge.GatewayThresholds
-	Health              health.Options
-	Liveness            judge.LivenessConfig
-	AdminAPIKey         string
-	WatchToken          string
-	// WatchLoadInterval paces changes to a worker's load alone on the way
-	// to routers (--watch-load-interval; 0: at once). Verdicts go at once.
-	WatchLoadInterval   time.Duration
-	AgentToken          string
-	AgentTokenFile      string   // per-node agent tokens: "<token> <node> [<address>...]" per line
-	AgentModels         cli.List // models agents may register engines for
-	AgentAnyModel       bool     // agents may register engines for any model
-	RegistrationTimeout time.Duration
-	// AllowLinkLocalWorkers accepts worker URLs at link-local and cloud
-	// metadata addresses (refused by default: see docs/security.md).
-	AllowLinkLocalWorkers bool
-	// ProviderAllowInsecureLoopback accepts an external worker (a provider)
-	// at a plain http:// loopback URL; providers are https:// otherwise.
+	// EngineTLS verifies https:// engines (nil: Go's defaults); set by the
+	// command from --engine-ca-file and friends.
+	EngineTLS                     *tlsutil.ClientOptions
+	PrefillURLs                   cli.List
+	DecodeURLs                    cli.List
+	LoadMonitorInterval           int // seconds
+	Thresholds                    judge.GatewayThresholds
+	Health                        health.Options
+	Liveness                      judge.LivenessConfig
+	AdminAPIKey                   string
+	WatchToken                    string
+	WatchLoadInterval             time.Duration
+	AgentToken                    string
+	AgentTokenFile                string
+	AgentModels                   cli.List
+	AgentAnyModel                 bool
+	RegistrationTimeout           time.Duration
+	AllowLinkLocalWorkers         bool
 	ProviderAllowInsecureLoopback bool
-	// EngineReadBudgetMiB bounds the memory the polls of engines in flight
-	// hold, together (--engine-read-budget-mib).
-	EngineReadBudgetMiB int
-	// GRPCEngineMaxMessageMiB bounds each message read from a gRPC worker
-	// (--grpc-engine-max-message-mib).
-	GRPCEngineMaxMessageMiB int
-	// AdmissionWindow gives every worker a running window split into
-	// per-router shares (--worker-admission-window).
-	AdmissionWindow bool
-	// AdmissionQueue requests may wait in an engine beyond its window.
-	AdmissionQueue int
-	// TokenBudget gives every regular worker a token budget (its KV
-	// capacity in tokens) split into per-router shares.
-	TokenBudget bool
+	EngineReadBudgetMiB           int
+	GRPCEngineMaxMessageMiB       int
+	AdmissionWindow               bool // --worker-admission-window
+	AdmissionQueue                int  // --worker-admission-queue
+	TokenBudget                   bool // --worker-token-budget
 	// Now is the clock of every component (nil: time.Now); tests inject one.
-	Now func() time.Time
-	// Cluster: --data-dir and the replication flags; without a data dir the
-	// registry is in memory.
-	Cluster   cluster.Options
+	Now       func() time.Time
+	Cluster   cluster.Options // --data-dir and the replication flags
 	Discovery podwatch.Options
 	// KubeClient lists and watches pods for --service-discovery (nil: the
 	// pod's in-cluster credentials).
 	KubeClient podwatch.Client
-	// WatchSent hears every delta and snapshot the watch server has
-	// written to a router (watch.Options.Sent; nil: none). The scale
-	// harness times the fan-out on the control plane's side with it.
-	WatchSent func(routerID string, revision uint64)
-	// AgentApplying runs in each agent stream's receive loop between
-	// reading a message and applying it (agentsvc.Options.Applying; nil:
-	// none). The scale harness blocks in it to model a control plane that
-	// has stopped reading its agents.
+	// WatchSent and AgentApplying are the scale harness's hooks (nil:
+	// none): it times the fan-out on the control plane's side with the
+	// first (watch.Options.Sent), and blocks in the second, run between
+	// reading an agent's message and applying it (agentsvc.Options.Applying),
+	// to model a control plane that has stopped reading its agents.
+	WatchSent     func(routerID string, revision uint64)
 	AgentApplying func()
 }
 
@@ -293,7 +275,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	}
 	cp.Monitor = monitor.New(cp.Registry, cp.Evidence, client, monitor.Options{
 		Interval: time.Duration(opts.LoadMonitorInterval) * time.Second,
-		Observer: cp.Evidence, Skipper: cp.Evidence, Now: opts.Now, Seed: hopts.Seed, GRPC: cp.grpcPool, Pushed: cp.Evidence, Budget: budget,
+		Skipper:  cp.Evidence, Now: opts.Now, Seed: hopts.Seed, GRPC: cp.grpcPool, Budget: budget,
 		Covered: func(url string) bool { return cp.Agents.Covers(url) },
 	}, log)
 	if opts.AdmissionWindow || opts.TokenBudget {

@@ -265,16 +265,16 @@ func (in *Inbox) StopPushed(workerID string) {
 	in.with(workerID, func(ev *registry.Evidence) { ev.PushedAt = time.Time{} })
 }
 
-// PollAnswered implements monitor.Observer.
+// PollAnswered: a load poll the engine answered without a usable report.
 func (in *Inbox) PollAnswered(workerID string, now time.Time) { in.Contact(workerID, now) }
 
-// PollReport implements monitor.Observer: an answered poll is contact and
+// PollReport: an answered load poll is contact and
 // shows the waiting queue, and whether the engine runs anything.
 func (in *Inbox) PollReport(workerID string, waiting, running int64, now time.Time) {
 	in.Record(workerID, judge.Record{Waiting: waiting, Idle: running == 0}, now)
 }
 
-// PollTransportFailure implements monitor.Observer: an HTTP worker's failed
+// PollTransportFailure: an HTTP worker's failed
 // poll never arms the unreachable veto; a gRPC worker's (its load poll or
 // its KV event stream) does, with the stall rule.
 func (in *Inbox) PollTransportFailure(workerID string, _ error, now time.Time) {
@@ -285,7 +285,7 @@ func (in *Inbox) PollTransportFailure(workerID string, _ error, now time.Time) {
 	in.Failure(workerID, kind, now)
 }
 
-// PushedRecord implements monitor.Observer: a load record a gRPC worker's
+// PushedRecord: a load record a gRPC worker's
 // KV event stream carried.
 func (in *Inbox) PushedRecord(workerID string, rec judge.Record, now time.Time) {
 	rec.Pushed = true

@@ -33,20 +33,17 @@ type Options struct {
 	IntervalSecs     int
 	TimeoutSecs      int
 	Endpoint         string
-	// StartupInterval is the probe period of workers not Ready.
-	StartupInterval time.Duration
-	// Seed is the control plane's identity, mixed into each worker's probe
-	// phase so that two control planes probing the same engines do not
-	// probe them in step ("": none).
+	StartupInterval  time.Duration // the probe period of workers not Ready
+	// Seed is mixed into each worker's probe phase so that two control
+	// planes probing the same engines do not probe them in step.
 	Seed string
+	Now  func() time.Time // nil: time.Now
 	// Burst is the budget of first probes started at once (nil:
 	// spread.DefaultBurstSize a second); a worker beyond it waits for its
 	// phase.
 	Burst *spread.Burst
-	// Now is the clock (nil: time.Now).
-	Now func() time.Time
-	// GRPC (nil: gRPC workers fail their probes) reaches grpc:// and
-	// grpcs:// workers, probed with their HealthCheck call.
+	// GRPC (nil: gRPC workers fail their probes) probes grpc:// and
+	// grpcs:// workers with their HealthCheck call.
 	GRPC *enginegrpc.Pool
 }
 

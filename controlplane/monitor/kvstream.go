@@ -12,13 +12,6 @@ import (
 	"github.com/smg-project/smg/internal/loadpb"
 )
 
-// PushObserver hears of the load records gRPC workers' KV event streams
-// carry (the evidence inbox listens): pushed records hold a worker to the
-// push cadence and bring the servicer's engine-silence figure.
-type PushObserver interface {
-	PushedRecord(workerID string, rec judge.Record, now time.Time)
-}
-
 // kvStream is one gRPC worker's KV event stream, run by the monitor for a
 // Ready worker no agent covers.
 type kvStream struct {
@@ -37,7 +30,7 @@ type kvStreams struct {
 // reconcileStreams starts a stream for each Ready gRPC worker no agent
 // covers and stops the others'.
 func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Worker) {
-	if m.opts.GRPC == nil || m.opts.Pushed == nil {
+	if m.opts.GRPC == nil {
 		return
 	}
 	want := map[string]*registry.Worker{}
@@ -124,9 +117,7 @@ func (m *Monitor) runStream(ctx context.Context, id string, c *enginegrpc.Client
 		}
 		st.ranks.Reset() // the poll takes over until records come again
 		if enginegrpc.IsConnectionFailure(err) {
-			if m.opts.Observer != nil {
-				m.opts.Observer.PollTransportFailure(id, err, m.opts.Now())
-			}
+			m.ingest.PollTransportFailure(id, err, m.opts.Now())
 			m.log.Debug("KV event stream failed", "worker_id", id, "error", err)
 		} else if err != nil {
 			m.log.Debug("KV event stream ended", "worker_id", id, "error", err)
@@ -170,7 +161,7 @@ func (m *Monitor) readStream(ctx context.Context, id string, c *enginegrpc.Clien
 		if merged.Silence != nil {
 			rec.Silence = *merged.Silence
 		}
-		m.opts.Pushed.PushedRecord(id, rec, now)
+		m.ingest.PushedRecord(id, rec, now) // holds the worker to the push cadence, with the engine-silence figure
 		m.ingested(id, m.ingest.Report(id, loadpb.FromReport(rep, now)))
 	}
 }

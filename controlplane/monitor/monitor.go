@@ -29,17 +29,6 @@ import (
 	"github.com/smg-project/smg/internal/readbudget"
 )
 
-// Observer hears of every poll outcome (the evidence inbox listens).
-type Observer interface {
-	// PollAnswered: the engine answered without a usable report.
-	PollAnswered(workerID string, now time.Time)
-	// PollReport: the engine answered with a report showing its waiting and
-	// running requests.
-	PollReport(workerID string, waiting, running int64, now time.Time)
-	// PollTransportFailure: the poll's connection failed.
-	PollTransportFailure(workerID string, err error, now time.Time)
-}
-
 // Skipper tells whether a worker's pushed records made this tick's poll
 // unnecessary (an agent delivered within the interval).
 type Skipper interface {
@@ -68,30 +57,19 @@ type Monitor struct {
 type Options struct {
 	// Interval is the default polling period (--load-monitor-interval).
 	Interval time.Duration
-	// Budget bounds the memory of the polls in flight (nil: none).
-	Budget *readbudget.Budget
-	// Observer (nil: none) hears of every poll outcome.
-	Observer Observer
-	// Skipper (nil: poll always) tells when an agent's records make a poll
-	// unnecessary.
-	Skipper Skipper
-	// Now is the clock (nil: time.Now).
-	Now func() time.Time
-	// Seed is the control plane's identity, mixed into each worker's poll
-	// phase so that two control planes polling the same engines do not poll
-	// them in step ("": none).
+	Budget   *readbudget.Budget // bounds the memory of the polls in flight (nil: none)
+	Skipper  Skipper            // nil: poll always
+	Now      func() time.Time   // nil: time.Now
+	// Seed is mixed into each worker's poll phase so that two control
+	// planes polling the same engines do not poll them in step.
 	Seed string
 	// Burst is the budget of first polls started at once (nil:
 	// spread.DefaultBurstSize a second); a worker beyond it waits for its
 	// phase.
 	Burst *spread.Burst
-	// GRPC (nil: gRPC workers are not polled) holds the channels of
-	// grpc:// and grpcs:// workers, polled with GetLoads.
+	// GRPC (nil: gRPC workers are not polled) polls grpc:// and grpcs://
+	// workers with GetLoads, and streams their KV events.
 	GRPC *enginegrpc.Pool
-	// Pushed (nil: no KV event streams) hears of the load records on the
-	// KV event stream the monitor keeps to each Ready gRPC worker no agent
-	// covers.
-	Pushed PushObserver
 	// Covered (nil: a worker is covered while the registry names the node
 	// of the agent feeding it) tells whether a connected agent is assigned
 	// the engine url: that agent streams its KV events, the monitor does
@@ -404,18 +382,16 @@ func (m *Monitor) PollOnce(ctx context.Context, workerID string, r LoadReader) {
 	}
 	now := m.opts.Now()
 	if err != nil {
-		if m.opts.Observer != nil && (engine.IsTransportFailure(err) || enginegrpc.IsConnectionFailure(err)) {
-			m.opts.Observer.PollTransportFailure(workerID, err, now)
-		} else if m.opts.Observer != nil && engineAnswered(err) {
-			m.opts.Observer.PollAnswered(workerID, now)
+		if engine.IsTransportFailure(err) || enginegrpc.IsConnectionFailure(err) {
+			m.ingest.PollTransportFailure(workerID, err, now)
+		} else if engineAnswered(err) {
+			m.ingest.PollAnswered(workerID, now)
 		}
 		m.log.Debug("Load poll produced no report", "worker_id", workerID, "error", err)
 		m.ingested(workerID, m.ingest.NoReport(workerID))
 		return
 	}
-	if m.opts.Observer != nil {
-		m.opts.Observer.PollReport(workerID, rep.Waiting(), rep.Running(), now)
-	}
+	m.ingest.PollReport(workerID, rep.Waiting(), rep.Running(), now)
 	m.ingested(workerID, m.ingest.Report(workerID, loadpb.FromReport(rep, now)))
 }
 
