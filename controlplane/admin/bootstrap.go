@@ -2,8 +2,6 @@ package admin
 
 import (
 	"context"
-	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -40,25 +38,10 @@ func (s *Service) withBootstrapPort(ctx context.Context, spec *smgv1.WorkerSpec)
 // readBootstrapPort reads disaggregation_bootstrap_port from one server-info
 // route; ok only for a port number.
 func readBootstrapPort(ctx context.Context, client *http.Client, url, apiKey string) (int32, bool) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, false
-	}
-	if apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, false
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, false
-	}
 	var info struct {
 		Port *int64 `json:"disaggregation_bootstrap_port"`
 	}
-	if json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&info) != nil || info.Port == nil ||
+	if code, err := getJSON(ctx, client, url, apiKey, &info); code != http.StatusOK || err != nil || info.Port == nil ||
 		*info.Port < 1 || *info.Port > 65535 {
 		return 0, false
 	}

@@ -48,17 +48,6 @@ type Committer interface {
 	Commit(ctx context.Context, c *Change) (old *registry.Worker, err error)
 }
 
-// Local applies changes to the registry at once: the in-memory control plane.
-type Local struct {
-	Reg     *registry.Registry
-	Resolve ThresholdResolver
-}
-
-// Commit applies c.
-func (l Local) Commit(_ context.Context, c *Change) (*registry.Worker, error) {
-	return ApplyChange(l.Reg, l.Resolve, c)
-}
-
 // ApplyChange applies one change in one registry write transaction. A change
 // the current state refuses (the worker exists, is gone, the job was
 // superseded) returns the admin API's error and changes nothing.

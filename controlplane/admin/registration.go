@@ -33,7 +33,7 @@ func (s *Service) startRegistration(job *registry.Job) {
 
 func (s *Service) setJob(job *registry.Job, state, msg string) {
 	c := &Change{Op: OpJob, WorkerID: job.WorkerID, Token: job.Token, State: state, Message: msg, At: s.opts.Now()}
-	if _, err := s.commit.Commit(s.ctx, c); err != nil {
+	if _, err := s.commit(s.ctx, c); err != nil {
 		s.log.Warn("Registration job state not stored", "worker_id", job.WorkerID, "state", state, "reason", err.Error())
 	}
 }
@@ -67,7 +67,7 @@ func (s *Service) register(job *registry.Job) error {
 	if err != nil {
 		return err
 	}
-	old, err := s.commit.Commit(s.ctx, &Change{Op: OpRegister, WorkerID: job.WorkerID, Token: job.Token, Spec: b, Model: model, At: s.opts.Now()})
+	old, err := s.commit(s.ctx, &Change{Op: OpRegister, WorkerID: job.WorkerID, Token: job.Token, Spec: b, Model: model, At: s.opts.Now()})
 	if err != nil {
 		return err
 	}
@@ -150,32 +150,45 @@ var errNoModel = errors.New("the engine answered /v1/models without a model")
 
 // DiscoverModel returns the first model id the engine lists at /v1/models.
 func DiscoverModel(ctx context.Context, client *http.Client, baseURL, apiKey string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(baseURL, "/")+"/v1/models", nil)
-	if err != nil {
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	code, err := getJSON(ctx, client, strings.TrimRight(baseURL, "/")+"/v1/models", apiKey, &list)
+	switch {
+	case code == 0:
 		return "", err
+	case code != http.StatusOK:
+		return "", fmt.Errorf("%w: status %d", errNoModel, code)
+	case err != nil || len(list.Data) == 0 || list.Data[0].ID == "":
+		return "", errNoModel
+	}
+	return list.Data[0].ID, nil
+}
+
+// getJSON GETs url from an engine, with its api_key when it has one, and
+// decodes a 200 answer (at most 1 MiB) into v. code is 0 when no answer
+// was read, with the error; else the answer's status, with the decoding's.
+func getJSON(ctx context.Context, client *http.Client, url, apiKey string, v any) (code int, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
 	}
 	if apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return "", err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return "", err
+		return 0, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%w: status %d", errNoModel, resp.StatusCode)
+		return resp.StatusCode, nil
 	}
-	var list struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(body, &list); err != nil || len(list.Data) == 0 || list.Data[0].ID == "" {
-		return "", errNoModel
-	}
-	return list.Data[0].ID, nil
+	return resp.StatusCode, json.Unmarshal(body, v)
 }

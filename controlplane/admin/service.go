@@ -72,7 +72,7 @@ type Service struct {
 	smgv1.UnimplementedWorkerServiceServer
 
 	reg     *registry.Registry
-	commit  Committer
+	commit  func(context.Context, *Change) (old *registry.Worker, err error)
 	opts    Options
 	resolve ThresholdResolver
 	client  *http.Client
@@ -94,9 +94,9 @@ func New(reg *registry.Registry, opts Options, resolve ThresholdResolver, client
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	commit := opts.Committer
-	if commit == nil {
-		commit = Local{Reg: reg, Resolve: resolve}
+	commit := func(_ context.Context, c *Change) (*registry.Worker, error) { return ApplyChange(reg, resolve, c) } // in memory: at once
+	if opts.Committer != nil {
+		commit = opts.Committer.Commit
 	}
 	return &Service{reg: reg, commit: commit, opts: opts, resolve: resolve, client: client, log: log, ctx: ctx, cancel: cancel}
 }
@@ -190,7 +190,7 @@ func (s *Service) startJob(ctx context.Context, id, kind string, spec *smgv1.Wor
 		return nil, errBadRequest("spec", "spec: %v", err)
 	}
 	c := &Change{Op: OpSubmit, WorkerID: id, Token: newToken(), Kind: kind, Spec: b, At: s.opts.Now()}
-	if _, err := s.commit.Commit(ctx, c); err != nil {
+	if _, err := s.commit(ctx, c); err != nil {
 		return nil, err
 	}
 	job := s.reg.Snapshot().Job(id)
@@ -240,7 +240,7 @@ func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerReque
 	if err != nil {
 		return nil, errBadRequest("update", "update: %v", err)
 	}
-	if _, err := s.commit.Commit(ctx, &Change{Op: OpUpdate, WorkerID: id, Update: b, At: s.opts.Now()}); err != nil {
+	if _, err := s.commit(ctx, &Change{Op: OpUpdate, WorkerID: id, Update: b, At: s.opts.Now()}); err != nil {
 		return nil, err
 	}
 	var url string
@@ -271,7 +271,7 @@ func (s *Service) Remove(id string) error {
 
 func (s *Service) remove(ctx context.Context, id string) (string, error) {
 	job := s.reg.Snapshot().Job(id)
-	old, err := s.commit.Commit(ctx, &Change{Op: OpDelete, WorkerID: id, At: s.opts.Now()})
+	old, err := s.commit(ctx, &Change{Op: OpDelete, WorkerID: id, At: s.opts.Now()})
 	if err != nil {
 		return "", err
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -56,8 +55,7 @@ type Node struct {
 	leading  bool            // Prepare done: streams and writes are taken
 	leadCtx  context.Context // ends when leadership ends
 	ready    chan struct{}   // closed when this node takes up leading
-	term     uint64
-	changes  int // leader changes seen (metrics)
+	changes  int             // leader changes seen (metrics)
 	closed   bool
 	shutdown chan struct{}
 }
@@ -288,17 +286,17 @@ func (n *Node) Advertise(grpcPort, httpPort string) {
 func (n *Node) Run(ctx context.Context, l Leader) error {
 	errc := make(chan error, 1)
 	go func() { errc <- n.announce(ctx) }()
-	var cur *session
+	var end func() // the current term's loops: cancel and wait for them
 	stop := func() {
-		if cur == nil {
+		if end == nil {
 			return
 		}
 		n.mu.Lock()
 		n.leading = false
 		n.ready = make(chan struct{})
 		n.mu.Unlock()
-		cur.end()
-		cur = nil
+		end()
+		end = nil
 	}
 	defer stop()
 	for {
@@ -324,33 +322,17 @@ func (n *Node) Run(ctx context.Context, l Leader) error {
 			}
 			term := n.raft.CurrentTerm()
 			l.Prepare(term)
-			cur = startSession(ctx, l)
+			lctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); l.Lead(lctx) }()
+			end = func() { cancel(); <-done }
 			n.mu.Lock()
-			n.leading, n.leadCtx, n.term = true, cur.ctx, term
+			n.leading, n.leadCtx = true, lctx
 			close(n.ready)
 			n.mu.Unlock()
 			n.log.Info("This control plane is the leader", "node_id", n.id, "term", term)
 		}
 	}
-}
-
-// session is one term of leadership: the leader's loops and their context.
-type session struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func startSession(parent context.Context, l Leader) *session {
-	ctx, cancel := context.WithCancel(parent)
-	s := &session{ctx: ctx, cancel: cancel, done: make(chan struct{})}
-	go func() { defer close(s.done); l.Lead(ctx) }()
-	return s
-}
-
-func (s *session) end() {
-	s.cancel()
-	<-s.done
 }
 
 // Leading reports whether this node leads and has taken up its duties, with
@@ -499,8 +481,6 @@ func (w logWriter) Write(p []byte) (int, error) {
 	w.log.Warn(strings.TrimSpace(string(p)))
 	return len(p), nil
 }
-
-var _ io.Writer = logWriter{}
 
 // Handover hands leadership to another voter before this node stops (a
 // rolling upgrade, a drain), so the cluster does not wait out an election

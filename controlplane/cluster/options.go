@@ -42,33 +42,22 @@ const (
 	DefaultLeaderLeaseTimeout = 500 * time.Millisecond
 )
 
-// Options configure a replicated control plane. With no DataDir the control
-// plane keeps its registry in memory and none of the rest applies.
+// Options configure a replicated control plane; AddFlags describes each
+// flag's field. With no DataDir the control plane keeps its registry in
+// memory and none of the rest applies.
 type Options struct {
-	DataDir string
-	NodeID  string
-	// RaftAddr is where this node's Raft transport listens (HOST:PORT);
-	// RaftAdvertise is how the others reach it (default RaftAddr).
-	RaftAddr      string
-	RaftAdvertise string
-	// Peers is the first configuration, ID=HOST:PORT of every voter
-	// (this node included), used once: to bootstrap an empty data dir.
-	Peers cli.List
-	// Join is the HTTP URL of a running member to join through, instead of
-	// bootstrapping.
-	Join string
-	// AdvertiseHost names this node to routers, agents and the other
-	// nodes (its gRPC and HTTP ports are the control plane's). Default: the
-	// host of RaftAdvertise.
-	AdvertiseHost string
-
+	DataDir            string
+	NodeID             string
+	RaftAddr           string
+	RaftAdvertise      string
+	Peers              cli.List // --raft-peers
+	Join               string
+	AdvertiseHost      string
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
-	// ApplyTimeout bounds how long an admin write waits for its commit.
-	ApplyTimeout time.Duration
-	// SnapshotThreshold is how many log entries trigger a snapshot.
-	SnapshotThreshold uint64
+	ApplyTimeout       time.Duration // how long an admin write waits for its commit
+	SnapshotThreshold  uint64        // log entries that trigger a snapshot
 	// TLS secures the Raft transport and proves a joining node's identity
 	// (nil: plaintext).
 	TLS *TLS
