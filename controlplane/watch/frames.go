@@ -12,19 +12,12 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 )
 
-// Encode once, send to many. Every stream that needs the same message (the
-// delta from one revision to another, the snapshot at a revision, a heartbeat
-// at a revision) under the same epoch gets one shared frame: the message's
-// wire bytes are written by the first stream that asks (encode.go) and
-// prepared for gRPC (grpc.PreparedMsg), and the same bytes are written to
-// every other stream. A frame is keyed by
-// everything its content depends on, so a stream can only ever be handed the
-// bytes of the exact (epoch, from, to) it asked for.
-//
-// The one part of the routing view that differs between routers is a decode
-// worker's window share. A frame listing workers with per-router shares is
-// also keyed by the asking router's shares of those workers: routers holding
-// the same shares still share bytes, the others get their own.
+// Encode once, send to many. Every stream that needs the same message under
+// the same epoch gets one shared frame, encoded by the first stream that
+// asks (encode.go). A frame is keyed by everything its content depends on:
+// (epoch, kind, from, to) and, when it lists workers with per-router window
+// or token shares, the asking router's shares of them (routers holding the
+// same shares still share bytes).
 
 // frameKind says what a frame carries.
 type frameKind uint8
@@ -55,17 +48,15 @@ type baseKey struct {
 	to    uint64 // the revision the message brings the router to
 }
 
-// frameKey names one encoded message: its content, the asking router's
-// window shares of the per-router workers it lists ("" when none) and, for
-// a snapshot, the seconds of warm-up it announces.
+// frameKey names one encoded message: its content, the router's shares
+// (base.shareKey) and a snapshot's warm-up seconds.
 type frameKey struct {
 	baseKey
 	shares  string
 	warming int32
 }
 
-// base is a message's content read once from the registry: the workers at
-// base.to (nil entry: removed), and which of them carry per-router shares.
+// base is a message's content, read once from the registry.
 type base struct {
 	once     sync.Once
 	tooFar   bool               // delta only: too many changes or history gone: send a snapshot
@@ -75,17 +66,14 @@ type base struct {
 	windowed []int              // indexes into workers with per-router shares
 }
 
-// frame is one encoded message shared by every stream that needs it. Its
-// bytes are written once, in a pooled buffer that goes back to the pool when
-// nobody holds the frame any more (refs: the cache's hold while it keeps the
-// frame, and one per stream sending it).
+// frame is one encoded message shared by every stream that needs it, in a
+// pooled buffer given back once nobody holds it (refs: the cache's hold and
+// one per sending stream).
 //
-// A large frame's first senders send copies of its bytes (gRPC copies a
-// message into a pooled buffer of its own, freed once written); from the
-// next sender on it is prepared (grpc.PreparedMsg: gRPC's own copy, kept,
-// written to every stream). A load refresh of 10,000 workers is a
-// snapshot of its own for one or two routers: copied, it allocates nothing
-// new; a join or delta shared by many costs one prepared copy.
+// A large frame's first copySends senders send copies (gRPC copies into a
+// pooled buffer, freed once written); later ones send it prepared
+// (grpc.PreparedMsg, kept). A 10,000-worker load refresh for one or two
+// routers so allocates nothing new; a frame shared by many is prepared once.
 type frame struct {
 	refs    atomic.Int32
 	once    sync.Once     // writes raw
@@ -98,8 +86,7 @@ type frame struct {
 }
 
 // copySends is how many streams a large frame is copied to before it is
-// prepared (a small one is always prepared: gRPC's copy of a message under
-// its pooling threshold is a fresh allocation per send).
+// prepared (a small one always is: gRPC's copy of it is not pooled).
 const copySends = 2
 
 func newFrame() *frame {
@@ -130,27 +117,19 @@ func (f *frames) release(fr *frame) {
 	}
 }
 
-// frames caches the bases and frames of the newest revisions. Entries for a
-// revision older than the newest one asked for are dropped: every stream
-// reads the registry's current state before asking, so they are not asked
-// for again (a stream that read an older state just before a commit builds
-// its own, which is dropped at the next revision).
+// frames caches the bases and frames of the newest revision: every stream
+// reads the current state before asking, so older entries are dropped.
 type frames struct {
-	mu     sync.Mutex
-	newest uint64
-	bases  map[baseKey]*base
-	frames map[frameKey]*frame
-	// encoded hears every message marshalled, by kind (metrics and tests).
-	encoded func(kind frameKind)
-	// private: nothing is shared, each call gets a fresh entry (the
-	// per-stream baseline, Options.EncodePerStream).
-	private bool
-	// bufs are the buffers messages are written in before gRPC copies them.
-	bufs bufPool
+	mu      sync.Mutex
+	newest  uint64
+	bases   map[baseKey]*base
+	frames  map[frameKey]*frame
+	encoded func(kind frameKind) // hears every message marshalled
+	private bool                 // Options.EncodePerStream: nothing shared
+	bufs    bufPool
 	// lastBase and lastFrame are the entries handed out last: at a change
-	// every stream asks for the same delta and frame in turn, and finds
-	// them here without the lock and the map (the lock and the hashing of
-	// the keys were most of a pass's own cost per stream).
+	// every stream asks for the same ones in turn, and finds them here
+	// without the lock and the map (most of a pass's own cost per stream).
 	lastBase  atomic.Pointer[baseEntry]
 	lastFrame atomic.Pointer[frameEntry]
 }
@@ -174,8 +153,6 @@ func (f *frames) base(k baseKey) *base {
 	if f.private {
 		return &base{}
 	}
-	// The entry under k, whether found here or in the map: one key names
-	// one content, so either is the message k asks for.
 	if e := f.lastBase.Load(); e != nil && e.k == k {
 		return e.b
 	}
@@ -213,8 +190,7 @@ func (f *frames) frame(k frameKey) *frame {
 	return fr
 }
 
-// advance drops every entry older than rev once rev is the newest. Caller
-// holds mu.
+// advance drops every entry older than rev. Caller holds mu.
 func (f *frames) advance(rev uint64) {
 	if rev <= f.newest {
 		return
@@ -233,8 +209,7 @@ func (f *frames) advance(rev uint64) {
 	}
 }
 
-// shareKey is routerID's shares of b's per-router workers (window and
-// token), as bytes.
+// shareKey is routerID's window and token shares of b's per-router workers.
 func (b *base) shareKey(routerID string) string {
 	if len(b.windowed) == 0 {
 		return ""
@@ -248,8 +223,7 @@ func (b *base) shareKey(routerID string) string {
 	return string(buf)
 }
 
-// list keeps the workers the message lists and notes which of them carry
-// per-router shares.
+// list sets the workers the message lists.
 func (b *base) list(workers []*registry.Worker) {
 	b.workers = workers
 	for i, w := range workers {
@@ -259,10 +233,9 @@ func (b *base) list(workers []*registry.Worker) {
 	}
 }
 
-// send writes fr to stream, encoding it first if no stream has yet, and
-// says how many bytes the message is. write appends the message's wire
-// bytes to a buffer of about size bytes; it runs once per frame. The caller
-// holds fr.
+// send writes fr to stream, encoded first by write (into a buffer of
+// about size bytes) if no stream has yet, and says how many bytes it is.
+// The caller holds fr.
 func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, size int, write func([]byte) []byte) (int, error) {
 	fr.once.Do(func() {
 		fr.buf = f.bufs.get(size)
@@ -275,8 +248,7 @@ func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, size 
 	if mem.IsBelowBufferPoolingThreshold(len(fr.raw)) || fr.senders.Add(1) > copySends {
 		fr.prep.Do(func() {
 			prep := &grpc.PreparedMsg{}
-			// A stream without gRPC's RPC info (an in-memory test stream)
-			// cannot prepare: it is sent copies.
+			// A stream without RPC info (a test's) cannot prepare.
 			if err := prep.Encode(stream, fr.wire); err == nil {
 				fr.prepped = prep
 			}
@@ -289,8 +261,7 @@ func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, size 
 	return len(fr.raw), stream.SendMsg(fr.wire)
 }
 
-// sizeHint is about how many bytes b's message takes (the buffer it is
-// written in is taken at this size).
+// sizeHint is about how many bytes b's message takes.
 func (b *base) sizeHint() int {
 	return 128*len(b.workers) + 32*len(b.removed) + 256
 }

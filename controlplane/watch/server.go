@@ -98,22 +98,18 @@ type Options struct {
 	// half a snapshot) the stream gets a snapshot instead (default 1024).
 	MaxPending int
 	// LoadInterval paces load reports: a change to a worker's load alone
-	// reaches a router at most once per LoadInterval (default 1s, well
-	// inside the spec's 10 s load refresh), while routing changes
-	// (verdicts, health, specs, window shares) go at once. Without it every
-	// 50 ms flush of N workers' loads would go to every router. Negative:
+	// reaches a router at most once per LoadInterval (default 1s, inside
+	// the spec's 10 s load refresh); routing changes go at once. Negative:
 	// loads go at once too.
 	LoadInterval time.Duration
-	// LoadPhases spreads the load grid: streams fall in LoadPhases groups
-	// by router id, group g's instants offset by g*LoadInterval/LoadPhases,
-	// so that no single instant carries every router's load delta (a
-	// routing change would wait behind R of them); the streams of a group
-	// still share frames (default 10; 1: one grid for every stream).
+	// LoadPhases spreads the load grid over LoadPhases groups of streams
+	// (by router id), so that no instant carries every router's load delta
+	// for a routing change to wait behind; a group's streams still share
+	// frames (default 10; 1: one grid).
 	LoadPhases int
 	// Writers is how many shared writer goroutines send to the streams
-	// whose routers keep up (writers.go): one goroutine wakes per writer
-	// at a change, not one per router (default GOMAXPROCS; negative: every
-	// stream is written by its own goroutine).
+	// whose routers keep up (writers.go; default GOMAXPROCS; negative:
+	// every stream is written by its own goroutine).
 	Writers int
 	// WriterBudget is how many bytes of deltas and snapshots a router may
 	// leave unacked and still be written by a shared writer (default
@@ -129,7 +125,6 @@ type Options struct {
 	Demand DemandSink
 	// Tenants keeps routers' tenant reports and relays to each router the
 	// others' (fair shares fleet-wide; nil: a table of the server's own).
-	// Routers without fair shares report none, and nothing is relayed.
 	Tenants *tenants.Table
 	// TenantInterval is the least time between two relays to one router
 	// (default 250ms): while any router reports a tenant, streams look at
@@ -141,19 +136,17 @@ type Options struct {
 	// must share with this control plane (nil: none sent, routers keep
 	// their flags).
 	Settings *smgv1.FleetSettings
-	// Sent, when set, hears every delta and snapshot once it is written to
-	// a router's stream, with the revision the router holds after it
-	// (measurements: the scale harness times the fan-out on the control
-	// plane's side). Calls come from stream goroutines, concurrently.
+	// Sent, when set, hears every delta and snapshot written to a router's
+	// stream, with the revision the router holds after it (the scale
+	// harness times the fan-out with it). Called concurrently.
 	Sent func(routerID string, revision uint64)
 	// WarmUntil is when this control plane's registry is complete: until
 	// then every snapshot says how many seconds are left (warming_secs),
 	// and routers keep the workers of their previous epoch that it lacks.
 	// Zero: complete from the start (a durable registry).
 	WarmUntil time.Time
-	// EncodePerStream turns the shared frames off: every stream builds and
-	// marshals its own messages. It exists as the baseline the scale
-	// benchmark measures shared encoding against; nothing else sets it.
+	// EncodePerStream turns the shared frames off: the scale benchmark's
+	// baseline for shared encoding; nothing else sets it.
 	EncodePerStream bool
 }
 
@@ -204,14 +197,13 @@ type Server struct {
 	frames  *frames
 	pool    *pool // shared writers; nil: every stream writes itself
 	// fleet is the number of workers in the latest snapshot built: a
-	// delta is sent up to half of it (a storm of verdicts on a large fleet
-	// must not turn every wake-up of every stream into a full snapshot).
+	// delta is sent up to half of it, so a storm of verdicts does not turn
+	// every wake-up into a snapshot.
 	fleet atomic.Int64
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed by Close: every stream says goodbye
-	// closed is done when closing is closed (a stream's context hears it
-	// through context.AfterFunc, one case less in its loop's select).
+	// closed is done with closing (streams hear it through AfterFunc).
 	closed     context.Context
 	closeStrms context.CancelFunc
 
@@ -228,9 +220,7 @@ type routerRecord struct {
 	applied     atomic.Uint64
 	lastSeen    atomic.Int64 // Unix ns
 
-	// acks are the router's numbered reports folded into the sums and not
-	// yet acknowledged, each with the registry revision read after its fold
-	// (oldest first; at most maxAcks).
+	// acks are the folded reports not yet acknowledged, oldest first.
 	ackMu sync.Mutex
 	acks  []pendingAck
 }
@@ -240,8 +230,8 @@ type pendingAck struct {
 	seq, rev uint64
 }
 
-// maxAcks bounds the folded reports awaiting a send (a router reporting
-// faster than anything is sent to it): the newest replaces the last.
+// maxAcks bounds the folded reports awaiting a send: the newest replaces
+// the last.
 const maxAcks = 16
 
 // folded notes report seq as folded into the sums by revision rev.
@@ -377,22 +367,16 @@ func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1
 	return err
 }
 
-// serve runs one stream until it ends. A stream starts on its own goroutine
-// (this one), which sends the snapshot or the changes since the router's
-// revision; once the router has acked all but WriterBudget/2 of the bytes
-// sent, the stream joins a shared writer (writers.go) and this goroutine
-// only waits, for the stream's end or for the writer to hand the stream
-// back (the router fell WriterBudget behind, a send stalled, or it failed).
-// Whoever holds the stream runs the same pass over it: read the registry,
-// send what the router lacks, say when to look again.
+// serve runs one stream until it ends: on this goroutine until the router
+// has acked all but WriterBudget/2 of the bytes sent, then on a shared
+// writer (writers.go) while this goroutine waits for the stream's end or
+// for the writer to hand it back. Either runs the same pass.
 func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, rec *routerRecord, hello *smgv1.WatchHello) error {
 	w := s.newWatcher(stream, rec, hello)
 	wake := time.NewTimer(s.opts.HeartbeatInterval)
 	defer wake.Stop()
 	for {
-		// Before reading, so no commit slips between. Pacing loads, the
-		// stream wakes for routing changes and for the load grid only, not
-		// for every flush of loads.
+		// Before reading, so no commit slips between.
 		changed := s.changed()
 		now := s.opts.Now()
 		w.mu.Lock()
@@ -428,9 +412,8 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, rec *route
 	}
 }
 
-// changed is the channel closed at the next change a stream must look at:
-// routing changes when loads are paced (the load grid's instants are
-// timed), every change otherwise.
+// changed is closed at the next change a stream must look at: a routing
+// change when loads are paced (their grid is timed), any otherwise.
 func (s *Server) changed() <-chan struct{} {
 	if s.opts.LoadInterval > 0 {
 		return s.reg.RoutingChanged()
@@ -438,10 +421,9 @@ func (s *Server) changed() <-chan struct{} {
 	return s.reg.Changed()
 }
 
-// watcher is one stream's state between passes. Only the goroutine holding
-// the stream (its own, or the shared writer it belongs to) touches it, under
-// mu; a shared writer holds mu through its pass, so the stream's goroutine
-// taking mu waits out any send on it.
+// watcher is one stream's state between passes, touched under mu by the
+// goroutine holding the stream; a shared writer holds mu through its pass,
+// so the stream's goroutine taking mu waits out any send on it.
 type watcher struct {
 	s      *Server
 	stream grpc.ServerStream // the stream, timed for the stall watchdog (writerStream)
@@ -459,21 +441,18 @@ type watcher struct {
 	nextLoad     time.Time
 	beatAt       time.Time
 	confirmed    bool // the router has heard from us on this stream
-	// Bytes of deltas and snapshots sent and acked (heartbeats repeat a
-	// revision the router does not ack again: they do not count). marks
-	// are the sends not yet acked: (revision, bytes sent up to it).
+	// Bytes of deltas and snapshots sent and acked (not heartbeats: the
+	// router does not ack a revision again); marks are the unacked sends.
 	sentBytes, ackedBytes int64
 	marks                 []ackMark
 	// A stream a send stalled on stays on its own goroutine until
-	// sharedAgain, each stall doubling the wait (stallWait).
+	// sharedAgain (stalled).
 	sharedAgain time.Time
 	stallWait   time.Duration
-	// The tenants relay (Options.Tenants): the table's version last sent
-	// and when the next relay may go.
-	tenantsSent uint64
+	tenantsSent uint64 // the tenant table's version last relayed
 	nextTenants time.Time
-	// Shared writers' bookkeeping: the shard it joined (set by its own
-	// goroutine), the writer in a pass on it, when it is due next.
+	// Shared writers' bookkeeping: the shard it joined, the writer in a
+	// pass on it, when it is due next.
 	shard *shard
 	by    *writer
 	due   time.Time
@@ -484,8 +463,8 @@ type ackMark struct {
 	bytes int64
 }
 
-// handBack is a shared writer giving a stream back to its goroutine: err
-// when a send on it failed (the stream ends with it).
+// handBack is a shared writer giving a stream back to its goroutine (err:
+// a send failed, the stream ends with it).
 type handBack struct {
 	err error
 }
@@ -495,8 +474,7 @@ func (s *Server) newWatcher(stream grpc.ServerStream, rec *routerRecord, hello *
 	w := &watcher{s: s, id: rec.id, rec: rec, epoch: epoch, back: make(chan handBack, 1),
 		phase: s.loadPhase(rec.id)}
 	w.stream = &writerStream{ServerStream: stream, w: w}
-	// A router holding this epoch resumes from its revision; ChangesSince
-	// tells whether the history still reaches back that far.
+	// A router holding this epoch resumes from its revision.
 	w.needSnapshot = hello.GetEpoch() != epoch
 	if !w.needSnapshot {
 		w.last = hello.GetRevision()
@@ -506,8 +484,8 @@ func (s *Server) newWatcher(stream grpc.ServerStream, rec *routerRecord, hello *
 	return w
 }
 
-// end is what the stream returns once ctx is done (its cause: errClosing
-// on Close, errRecv from the receiver). The caller holds the stream alone.
+// end is what the stream returns once ctx is done, by its cause. The
+// caller holds the stream alone.
 func (w *watcher) end(ctx context.Context) error {
 	switch cause := context.Cause(ctx); {
 	case errors.Is(cause, errClosing):
@@ -520,14 +498,10 @@ func (w *watcher) end(ctx context.Context) error {
 }
 
 // pass is one look at the registry: send the router what it lacks, and say
-// when to look again without a routing change (the heartbeat or the
-// stream's next load-grid instant).
-//
-// Routing changes go at once. Changes to a worker's load alone go at most
-// once per LoadInterval, on a grid of instants shared by the streams of one
-// load phase (so they still share frames): until then a delta carries the
-// routing changes alone and the stream remembers, as loadsAt, the revision
-// up to which loads were sent.
+// when to look again without a routing change. Routing changes go at once;
+// load changes at the stream's next load-grid instant, until which a delta
+// carries the routing changes alone and loadsAt is the revision up to which
+// loads were sent.
 func (w *watcher) pass(now time.Time) (time.Time, error) {
 	s := w.s
 	snap := s.reg.Snapshot()
@@ -568,8 +542,7 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 		}
 		sent, w.loadsAt, w.nextLoad = true, cur, s.loadGrid(now, w.phase)
 	case !sent && (!w.confirmed || !now.Before(w.beatAt)):
-		// Resumed with nothing new, or quiet for HeartbeatInterval:
-		// confirm the revision it holds.
+		// Resumed with nothing new, or quiet: confirm its revision.
 		if _, err := s.sendBase(w.stream, baseKey{w.epoch, kindHeartbeat, 0, w.last}, noWorkers, ""); err != nil {
 			return now, err
 		}
@@ -598,10 +571,9 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 	return next, nil
 }
 
-// relayTenants sends the router what the other routers reported of their
-// tenants, when the table changed since the last relay and at most every
-// TenantInterval. It is marshalled per router (it leaves the router's own
-// report out), through gRPC's codec.
+// relayTenants sends the router the other routers' tenants when the table
+// changed, at most every TenantInterval; marshalled per router, since it
+// leaves the router's own report out.
 func (w *watcher) relayTenants(t *tenants.Table, now time.Time) error {
 	v := t.Version()
 	if v == w.tenantsSent || now.Before(w.nextTenants) || !w.confirmed {
@@ -616,9 +588,8 @@ func (w *watcher) relayTenants(t *tenants.Table, now time.Time) error {
 	return nil
 }
 
-// sendBase sends b's message under k and counts its bytes as not yet acked.
-// The router's latest report the message's sums hold goes first
-// (sendAck).
+// sendBase sends b's message under k, after its ack (sendAck), and counts
+// its bytes as not yet acked.
 func (w *watcher) sendBase(k baseKey, b *base) error {
 	if err := w.sendAck(k.to); err != nil {
 		return err
@@ -637,9 +608,7 @@ func (w *watcher) sendBase(k baseKey, b *base) error {
 
 // sendAck acknowledges the router's latest report folded into the sums by
 // revision rev, before a message of workers read at rev: every worker the
-// router receives after the ack holds that report (or a later one), and
-// every worker before it an earlier one. One message per send at most,
-// encoded per router (appendAck).
+// router receives after the ack holds that report or a later one.
 func (w *watcher) sendAck(rev uint64) error {
 	if w.rec == nil {
 		return nil
@@ -654,9 +623,8 @@ func (w *watcher) sendAck(rev uint64) error {
 // maxMarks bounds the sends remembered for acks (a router that never acks).
 const maxMarks = 64
 
-// unacked is how many bytes of deltas and snapshots the router has not
-// acked: an upper bound on what sits in the connection's buffers and
-// gRPC's flow-control window for this stream.
+// unacked is the bytes of deltas and snapshots the router has not acked:
+// a bound on what sits in the connection's buffers for this stream.
 func (w *watcher) unacked() int64 {
 	if w.rec == nil {
 		return w.sentBytes
@@ -670,9 +638,9 @@ func (w *watcher) unacked() int64 {
 	return w.sentBytes - w.ackedBytes
 }
 
-// mayShare says whether the stream may go to a shared writer now: shared
-// writers are on, no send stalled on it lately, and the router has acked
-// all but half the budget (so that a writer does not hand it back at once).
+// mayShare says whether the stream may go to a shared writer now: none
+// stalled on it lately and the router has acked all but half the budget
+// (a writer would hand it back at once otherwise).
 func (w *watcher) mayShare(now time.Time) bool {
 	return w.s.pool != nil && !now.Before(w.sharedAgain) && w.unacked() <= w.s.opts.WriterBudget/2
 }
@@ -680,15 +648,14 @@ func (w *watcher) mayShare(now time.Time) bool {
 // errClosing ends a stream's context on Close: the stream says goodbye.
 var errClosing = errors.New("watch: control plane closing")
 
-// errRecv ends a stream's context when its receiver stops: err is what the
-// stream returns (nil: the router closed its side).
+// errRecv ends a stream's context when its receiver stops with err (nil:
+// the router closed its side).
 type errRecv struct{ err error }
 
 func (e errRecv) Error() string { return fmt.Sprintf("watch: receive: %v", e.err) }
 
 // loadGrid is the next instant after now at which loads may go to a stream
-// of the given phase: a multiple of LoadInterval plus the phase, the same for
-// every stream of the phase (now itself when pacing is off).
+// of phase: a multiple of LoadInterval plus the phase (now: pacing off).
 func (s *Server) loadGrid(now time.Time, phase time.Duration) time.Time {
 	if s.opts.LoadInterval < 0 {
 		return now
@@ -696,8 +663,7 @@ func (s *Server) loadGrid(now time.Time, phase time.Duration) time.Time {
 	return now.Add(-phase).Truncate(s.opts.LoadInterval).Add(s.opts.LoadInterval + phase)
 }
 
-// loadPhase is routerID's offset on the load grid: one of LoadPhases
-// evenly spaced offsets, by a hash of the id.
+// loadPhase is routerID's offset on the load grid, by a hash of the id.
 func (s *Server) loadPhase(routerID string) time.Duration {
 	if s.opts.LoadInterval <= 0 || s.opts.LoadPhases <= 1 {
 		return 0
@@ -708,12 +674,10 @@ func (s *Server) loadPhase(routerID string) time.Duration {
 	return g * (s.opts.LoadInterval / time.Duration(s.opts.LoadPhases))
 }
 
-// deltaBase is the shared content of the delta k (kindDelta: every change;
-// kindRouting: routing changes only) from k.from to snap.Revision. It reads
-// every changed worker from snap, so the message is exactly the state at
-// snap.Revision: a worker changed again after it is listed but read as of
-// snap (the next wake-up sends its newer state), and one created after it
-// reads as absent (a removal of an id the router does not hold: harmless).
+// deltaBase is the shared content of the delta k from k.from to
+// snap.Revision, every changed worker read from snap: the message is
+// exactly the state at snap.Revision (a worker created after it reads as
+// a removal of an id the router does not hold: harmless).
 func (s *Server) deltaBase(k baseKey, snap *registry.Snapshot) *base {
 	b := s.frames.base(k)
 	b.once.Do(func() {
@@ -727,8 +691,6 @@ func (s *Server) deltaBase(k baseKey, snap *registry.Snapshot) *base {
 			return
 		}
 		if k.kind == kindRouting {
-			// complete: no load change was left out, the router holds
-			// every change up to snap.Revision.
 			all, _, ok := s.reg.ChangesSince(k.from)
 			b.complete = ok && !slices.ContainsFunc(all, func(c registry.Change) bool { return c.LoadOnly })
 		}
@@ -777,8 +739,8 @@ func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID
 	return n, err
 }
 
-// warmingSecs is how long the registry may still be incomplete, in whole
-// seconds rounded up (0: complete).
+// warmingSecs is how long the registry may still be incomplete, in
+// seconds rounded up.
 func (s *Server) warmingSecs() int32 {
 	if s.opts.WarmUntil.IsZero() {
 		return 0
@@ -818,8 +780,7 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smg
 			if s.opts.Sink != nil {
 				s.opts.Sink.RouterObservations(rec.id, m.Report, now)
 				if seq := m.Report.GetSeq(); seq != 0 {
-					// Read after the fold committed: every state from this
-					// revision on holds the report.
+					// Read after the fold committed.
 					rec.folded(seq, s.reg.Revision())
 				}
 			}

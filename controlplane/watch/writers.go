@@ -9,37 +9,29 @@ import (
 	"google.golang.org/grpc"
 )
 
-// Shared writers. A routing change must reach every router: with a goroutine
-// per stream that is one goroutine wake-up per router per change, about a
-// third of what a change costs the control plane at 1,000 routers. Instead a
-// few writer goroutines (Options.Writers, GOMAXPROCS by default) each own a
-// shard of the streams and, at each change, run every stream of their shard
-// in turn through the same pass a stream's own goroutine would.
+// Shared writers. A goroutine per stream costs one wake-up per router per
+// change, about a third of a change's cost at 1,000 routers. Instead a few
+// writer goroutines each own a shard of the streams and, at each change, run
+// every stream of their shard in turn through the same pass.
 //
-// One writer for many streams must not let one router hold the others back.
-// gRPC's SendMsg blocks once a stream's write quota (64 KiB of messages not
-// yet taken by the connection's writer) is used up, which happens only when
-// the router stops taking bytes: its flow-control window is spent or its
-// socket is full. So:
+// One router must not hold the others back. gRPC's SendMsg blocks only once
+// the router stops taking bytes (its stream's 64 KiB write quota is used
+// up). So:
 //
 //   - A stream is written by a shared writer only while its router has
-//     acked all but WriterBudget bytes of the deltas and snapshots sent to
-//     it (routers ack the revision they applied). A router that falls behind
-//     honestly is handed back to its stream's own goroutine, which blocks
-//     alone; once the router has acked all but half the budget, the stream
-//     rejoins a writer.
-//   - A router that acks without reading (or whose socket fills under the
-//     budget) can still make a send block. A watchdog, armed while a writer
-//     runs a round, sees a send outlast WriterStall: it gives the rest of
-//     the round (and the shard) to a new writer; the stalled writer becomes
-//     that stream's own until its send returns, then hands the stream back
-//     to its goroutine, where it stays for a while (1 s, doubling with each
-//     stall, up to a minute). The others wait at most WriterStall, once.
+//     acked all but WriterBudget bytes sent to it; a router that falls
+//     behind goes back to its stream's own goroutine, which blocks alone,
+//     and rejoins a writer once it has acked all but half the budget.
+//   - A router that acks without reading can still make a send block. A
+//     watchdog sees a send outlast WriterStall and gives the rest of the
+//     shard to a new writer; the stalled writer hands the stream back to
+//     its goroutine once the send returns, where it stays for a while (1 s,
+//     doubling with each stall, up to a minute). The others wait at most
+//     WriterStall, once.
 //
 // A stream is held by one goroutine at a time: a writer holds the watcher's
-// mutex through its pass, hands the stream back over the watcher's channel,
-// and the stream's goroutine takes the mutex before it returns (so the
-// handler never returns while a writer is inside SendMsg on its stream).
+// mutex through its pass, and the stream's goroutine takes it before it
+// returns (the handler never returns while a writer is inside SendMsg).
 
 // Defaults for the shared writers' Options.
 const (
@@ -47,8 +39,7 @@ const (
 	DefaultWriterStall  = 20 * time.Millisecond
 )
 
-// stallWaitMin and stallWaitMax bound how long a stream a send stalled on
-// stays on its own goroutine.
+// How long a stream a send stalled on stays on its own goroutine.
 const (
 	stallWaitMin = time.Second
 	stallWaitMax = time.Minute
@@ -158,8 +149,7 @@ func (sh *shard) poke() {
 }
 
 // run serves the shard: a round over every stream at each routing change
-// (or change of membership), over the streams due at their heartbeat or
-// load-grid instant otherwise.
+// or change of membership, over the streams due otherwise.
 func (wr *writer) run() {
 	s := wr.sh.p.s
 	wake := time.NewTimer(time.Hour)
@@ -167,11 +157,9 @@ func (wr *writer) run() {
 	all := true
 	var changed <-chan struct{}
 	for {
-		// Taken before a round over every stream reads the registry, so no
-		// commit slips between. A timed round serves only the streams due:
-		// it keeps the channel of the last full round, which a commit since
-		// has closed (taken anew here, a commit between the timer's round
-		// and the next read would wait for a stream's heartbeat).
+		// Taken before a full round reads the registry, so no commit slips
+		// between; a timed round keeps the last full round's channel, so a
+		// commit since is not missed.
 		if all {
 			changed = s.changed()
 		}
@@ -198,8 +186,7 @@ func (wr *writer) run() {
 		case <-wr.sh.kick:
 			all = true
 		case <-wake.C:
-			// Only the streams due, unless a change came too (select
-			// picks either when both are ready).
+			// Only the streams due, unless a change came too.
 			select {
 			case <-changed:
 				all = true
@@ -210,9 +197,8 @@ func (wr *writer) run() {
 	}
 }
 
-// serve runs one round: each stream of the round (all, or those due) through
-// a pass. It returns when the next timed round is due, or false when the
-// watchdog replaced this writer.
+// serve runs one round (all streams, or those due) and returns when the
+// next timed round is due, or false when the watchdog replaced this writer.
 func (wr *writer) serve(all bool) (time.Time, bool) {
 	s := wr.sh.p.s
 	wr.mu.Lock()
@@ -242,8 +228,7 @@ func (wr *writer) serve(all bool) (time.Time, bool) {
 		n, err := w.pass(t)
 		w.by, w.due = nil, n
 		if wr.isAbandoned() {
-			// The watchdog gave the shard to a new writer while this send
-			// stalled: the stream goes back to its goroutine for a while.
+			// The watchdog replaced this writer while this send stalled.
 			w.stalled(s.opts.Now())
 			w.mu.Unlock()
 			w.back <- handBack{}
@@ -305,9 +290,9 @@ func (wr *writer) isAbandoned() bool {
 
 // check is the watchdog: a send that has lasted WriterStall makes the
 // writer give its shard to a new one, without the stream the send is on.
-// A watchdog that itself runs late says the process is short of CPU, not
-// that the router stopped reading (the writer too may simply not have run):
-// it looks again, up to stallLeeway times WriterStall into the send.
+// A watchdog running late says the process is short of CPU, not that the
+// router stopped reading: it looks again, up to stallLeeway times
+// WriterStall into the send.
 func (wr *writer) check() {
 	s := wr.sh.p.s
 	stall := s.opts.WriterStall
@@ -357,8 +342,7 @@ func (w *watcher) stalled(now time.Time) {
 	w.sharedAgain = now.Add(w.stallWait)
 }
 
-// writerStream is a stream whose sends, when a shared writer makes them,
-// are timed for its watchdog.
+// writerStream times a shared writer's sends for its watchdog.
 type writerStream struct {
 	grpc.ServerStream
 	w *watcher
