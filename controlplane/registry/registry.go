@@ -1,9 +1,8 @@
 // Package registry is the control plane's state store: workers, their resolved
 // thresholds, latest load report and verdicts (in a copy-on-write tree, with
-// URLs and registration jobs in go-memdb). Every write
-// transaction tracks its changes and commits them under one new revision, kept
-// in a bounded history so that watchers can ask for the changes since a
-// revision they hold.
+// URLs and registration jobs in go-memdb). Every write transaction commits
+// its changes under one new revision, kept in a bounded history so that
+// watchers can ask for the changes since a revision they hold.
 //
 // It owns every worker record, revisions, the change history and the one
 // place verdicts are decided (decide.go). It imports only judge among smg's
@@ -359,26 +358,20 @@ const DefaultHistory = 4096
 type Registry struct {
 	db *memdb.MemDB
 
-	// latest is every worker's current record by id, updated as each
-	// commit lands (under mu, in commit order), so that Get, the hot
-	// path's read (several per agent record), is a lookup without a lock
-	// (latest.go) instead of a search of the tree.
+	// latest is every worker's current record by id, for Get, the hot
+	// path's read: a lookup without a lock (latest.go).
 	latest *latest
 
-	// mu serializes writers, and guards tree (the latest commit's
-	// workers), mem (its memdb read view) and gen (the last transaction's
-	// number). Readers never take it: a write transaction
-	// (a flush of every worker's load) may hold it for milliseconds, and a
-	// thousand watch streams reading behind it convoyed the whole control
-	// plane, agent streams included (make bench-scale, 10,000 workers and
-	// 1,000 routers).
+	// mu serializes writers and guards tree, mem and gen. Readers never
+	// take it: a flush may hold it for milliseconds, and a thousand watch
+	// streams reading behind it convoyed the whole control plane (make
+	// bench-scale).
 	mu   sync.Mutex
 	tree *tree
 	mem  *memdb.Txn
 	gen  uint64
-	// view is the latest commit's read view (revision and memdb root),
-	// published by the writer before it wakes anyone, so Snapshot and
-	// Revision are one atomic load.
+	// view is the latest commit's read view, published before anyone is
+	// woken.
 	view  atomic.Pointer[Snapshot]
 	epoch atomic.Pointer[string]
 
@@ -387,9 +380,8 @@ type Registry struct {
 	pub      sync.Mutex
 	revision uint64
 	history  ring // the latest changes
-	// routing holds the latest routing changes (not LoadOnly), so that
-	// watchers can ask for them further back than a flood of load reports
-	// leaves in history.
+	// routing holds the latest routing changes, so that watchers reach
+	// further back than a flood of load reports leaves in history.
 	routing ring
 	notify  signal // every commit
 	// members: a commit that adds or removes a worker or changes its spec,
@@ -399,8 +391,7 @@ type Registry struct {
 	// routed: a commit with a routing change (not LoadOnly), so watchers
 	// that pace loads do not wake on every flush.
 	routed signal
-	// seen is ring.since's index (pub held), reused: it holds at most a
-	// ring's capacity.
+	// seen is ring.since's index (pub held), reused.
 	seen map[string]int
 
 	// changes and writes are the bookkeeping of the running transaction
@@ -479,24 +470,19 @@ type Txn struct {
 	db  *memdb.MemDB
 	txn *memdb.Txn // the URL and job tables' write transaction, begun by mem
 	// tree is the workers as this transaction leaves them, written in
-	// place once copied (gen is this transaction's number).
+	// place once copied by gen.
 	tree *tree
 	gen  uint64
-	// changed has one entry per worker id, latest wins (the registry's,
-	// reused by its next transaction).
+	// changed has one entry per worker id, latest wins.
 	changed *byID[Change]
 	rev     uint64 // the revision this transaction commits as
 	// last is the stored record Get or Insert saw last, so that the usual
 	// Get, Clone, Insert sequence looks the worker up once.
 	last *Worker
-	// membership: a worker was added or removed, or its spec, model or
-	// health changed.
+	// membership: a worker came, went, or its spec, model or health changed.
 	membership bool
-	// committed is the registry's latest records, which only a writer
-	// (this transaction, under the registry's lock) changes; written is
-	// every record this transaction inserted (nil: deleted) by id (the
-	// registry's, reused). Get reads them: two lookups, cheaper than a
-	// search of the tree.
+	// Get reads committed (the registry's latest records) under written
+	// (this transaction's, nil: deleted): cheaper than a search of the tree.
 	committed *latest
 	written   *byID[*Worker]
 }
@@ -541,9 +527,7 @@ func (t *Txn) GetByURL(url string) *Worker {
 func (t *Txn) Workers() []*Worker { return t.tree.list() }
 
 // Insert stores w (a fresh or cloned record, never a stored one) after
-// deciding its verdicts from its evidence (decide): the stored verdict is
-// always what the judge makes of the stored evidence. A change visible to
-// routers commits under this transaction's revision; a change to the
+// deciding its verdicts from its evidence (decide). A change to the
 // evidence alone keeps the record's revision and wakes nobody.
 func (t *Txn) Insert(w *Worker) {
 	old := t.Get(w.ID)
@@ -603,8 +587,7 @@ func (t *Txn) deleteURL(w *Worker) {
 	must(t.mem().Delete(tableURLs, o))
 }
 
-// must panics on a memdb error: the schema is static, so an index error is a
-// programming bug, not a condition to handle.
+// must panics on a memdb error (see Txn).
 func must(err error) {
 	if err != nil {
 		panic("registry: " + err.Error())

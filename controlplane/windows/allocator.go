@@ -20,11 +20,9 @@ const (
 	DefaultInterval = 250 * time.Millisecond
 	DefaultWarmup   = time.Second
 	// DefaultHeldWarmup is the warm-up once a router reports rooms it still
-	// holds from a previous control plane (a failover or a restart): long
-	// enough for the other routers to reach the new leader and report theirs
-	// (they reconnect with backoff capped at 1 s through followers that name
-	// the leader; the e2e failover test saw up to about 3.5 s after the new
-	// leader served). Routers keep the shares they held meanwhile.
+	// holds from a previous control plane: long enough for the other
+	// routers to reach the new leader and report theirs (the e2e failover
+	// test saw up to about 3.5 s).
 	DefaultHeldWarmup = 5 * time.Second
 )
 
@@ -35,15 +33,13 @@ type Options struct {
 	// StaleAfter is how long a disconnected router keeps its share before it
 	// returns to the others (--worker-stale-secs; 0: at once).
 	StaleAfter time.Duration
-	// Warmup is how long after Run starts (a control plane starting, or a
-	// replica taking the lead) no share grows, so that routers that still
-	// hold rooms from a previous control plane report them first. Zero: no
-	// warm-up; the control plane sets DefaultWarmup.
+	// Warmup is how long after Run starts no share grows, so that routers
+	// still holding rooms from a previous control plane report them first
+	// (zero: none; the control plane sets DefaultWarmup).
 	Warmup time.Duration
 	// HeldWarmup replaces Warmup once a router's first report in a run
-	// shows rooms in flight: routers of a previous control plane are
-	// reconnecting, and one not heard from yet may hold rooms too (0: no
-	// extension; the control plane sets DefaultHeldWarmup).
+	// shows rooms in flight: one not heard from yet may hold rooms too (0:
+	// no extension; the control plane sets DefaultHeldWarmup).
 	HeldWarmup time.Duration
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
@@ -55,8 +51,7 @@ type Options struct {
 	// (--worker-admission-queue): shares split window + Queue.
 	Queue int64
 	// TokenBudget gives every regular worker a token budget
-	// (--worker-token-budget): its reported KV capacity, else a learned one,
-	// split into per-router shares like the running window.
+	// (--worker-token-budget), split like the running window.
 	TokenBudget bool
 }
 
@@ -74,16 +69,13 @@ type Allocator struct {
 	mu      sync.Mutex
 	routers map[string]*routerState
 	seen    map[string]bool // plan's scratch, kept so a plan over 10,000 workers does not grow a map 4 times a second
-	// grants: worker id -> router id -> what the router may hold, by
-	// dimension (rooms of running windows, tokens of token budgets).
+	// grants: by dimension, worker id, router id.
 	grants [numDims]map[string]map[string]*grant
-	// learners: worker id -> learned running window (learn.go), fed by
+	// learners: learned running windows by worker id (learn.go), fed by
 	// ObserveLoad without the allocator's lock.
 	learners *shardmap.Map[*learner]
-	// kick asks Run for a round now (a learned window went down).
-	kick chan struct{}
-	// kv: worker id -> learned KV capacity (budget.go).
-	kv       map[string]*kvLearner
+	kick     chan struct{}         // a round now: a learned window went down
+	kv       map[string]*kvLearner // learned KV capacities by worker id (budget.go)
 	kvCapped prometheus.Counter
 }
 
@@ -173,16 +165,15 @@ func (a *Allocator) RouterDemand(routerID string, applied uint64, demand []*smgv
 	}
 }
 
-// Dimensions a window is counted in: rooms (running windows) and tokens
-// (token budgets). Each has its own grants and acknowledgements.
+// Dimensions a window is counted in, each with its own grants and
+// acknowledgements.
 const (
 	dimRooms = iota
 	dimTokens
 	numDims
 )
 
-// demandOf reads a router's demand on a worker in dimension dim: held now,
-// waiting (or refused since its last report), and waiting by class.
+// demandOf reads a router's demand on a worker in dimension dim.
 func demandOf(dim int, d *smgv1.DecodeDemand) (inFlight, waiting int64, byClass []int64) {
 	if dim == dimTokens {
 		return d.GetTokensInFlight(), d.GetTokensWaiting(), d.GetTokensWaitingByClass()
@@ -200,9 +191,7 @@ func (a *Allocator) RouterDisconnected(routerID string, now time.Time) {
 }
 
 // Run recomputes shares every Interval until ctx ends (a replica: while it
-// leads). The warm-up starts again with each run, and what a run learned of
-// routers, grants and windows goes with it: a later term starts clean, as
-// a new leader does.
+// leads). Each run starts clean, with its own warm-up, as a new leader does.
 func (a *Allocator) Run(ctx context.Context) {
 	a.mu.Lock()
 	a.started = a.opts.Now()
@@ -237,10 +226,10 @@ func (a *Allocator) Run(ctx context.Context) {
 }
 
 // Step runs one allocation round: expire routers gone past the stale bound,
-// then plan the next shares from demand and the latest commit, and commit
-// the ones that changed. The plan runs outside the registry's write lock
-// (over 10,000 workers it would hold up every flip for milliseconds); a
-// worker registered again meanwhile is left to the next round.
+// plan the next shares and commit the ones that changed. The plan runs
+// outside the registry's write lock (over 10,000 workers it would hold up
+// every flip for milliseconds); a worker registered again meanwhile is left
+// to the next round.
 func (a *Allocator) Step() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -281,8 +270,7 @@ type update struct {
 	budget    *registry.Budget
 }
 
-// expire forgets routers disconnected past the stale bound: their shares
-// return to the others.
+// expire forgets routers disconnected past the stale bound.
 func (a *Allocator) expire(now time.Time) {
 	for id, rs := range a.routers {
 		if rs.gone && now.Sub(rs.goneAt) >= a.opts.StaleAfter {
@@ -296,9 +284,8 @@ func (a *Allocator) expire(now time.Time) {
 	}
 }
 
-// plan computes every worker's next shares (and admission and budget
-// records) and, by dimension, the routers whose share decreased (their
-// decrease awaits an acknowledgement).
+// plan computes every worker's next window records and, by dimension, the
+// routers whose share decreased (awaiting an acknowledgement).
 func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]update, [numDims]map[string][]string) {
 	ids := slices.Sorted(maps.Keys(a.routers))
 	warmup := a.opts.Warmup
@@ -319,8 +306,7 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 	for _, w := range workers {
 		seen[w.ID] = true
 		if w.External() {
-			// A provider has no running window; its spill-over budget is
-			// split evenly among the routers.
+			// A provider has no running window, only its spill-over budget.
 			if shares := spillShares(w, ids, warm); !maps.Equal(shares, w.WindowShare) || (shares == nil) != (w.WindowShare == nil) || w.Admission != nil || w.Budget != nil {
 				updates[w.ID] = update{from: &w.Registered, shares: shares}
 			}
@@ -360,9 +346,8 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 	return updates, decreased
 }
 
-// sharesChanged reports whether next differs from the shares stored (cur)
-// enough to write: with a window (on) any change, and a first non-empty
-// split; without one, any shares left to drop.
+// sharesChanged reports whether next differs from the stored cur enough to
+// write: with a window (on) any change; without one, shares left to drop.
 func sharesChanged(next, cur map[string]int64, on bool) bool {
 	if !on {
 		return cur != nil
@@ -389,12 +374,9 @@ func (a *Allocator) planDim(dim int, w *registry.Worker, window int64, ids []str
 		inFlight, waiting, byClass := demandOf(dim, rs.demand[w.ID])
 		g := byRouter[id]
 		if g == nil {
-			// First heard of (in this term): what it reports in flight is
-			// what it holds, a share a previous control plane granted (a
-			// router keeping its share through a failover reports at least
-			// that share). It keeps it: adopted as its share, those rooms
-			// go to no other router, and shares move from there by the
-			// usual shrink-before-grow.
+			// First heard of in this term: what it reports in flight is a
+			// share a previous control plane granted. It is adopted as its
+			// share, so those rooms go to no other router.
 			g = &grant{share: inFlight, held: inFlight}
 			byRouter[id] = g
 		}
@@ -453,10 +435,9 @@ func (a *Allocator) planDim(dim int, w *registry.Worker, window int64, ids []str
 const SpillParts = 1_000_000
 
 // spillShares splits an external worker's spill-over budget evenly among
-// the routers known (a disconnected one keeps its part until the stale
-// bound), in millionths: per router, the fleet's budget over the routers.
-// While warming up no part grows, so routers that reconnect to a new
-// leader are not each granted the whole budget before the others report.
+// the routers known, in millionths. While warming up no part grows, so
+// routers reconnecting to a new leader are not each granted the whole
+// budget before the others report.
 func spillShares(w *registry.Worker, ids []string, warm bool) map[string]int64 {
 	if !registry.SpillBudget(w) || len(ids) == 0 {
 		return nil
@@ -473,8 +454,6 @@ func spillShares(w *registry.Worker, ids []string, warm bool) map[string]int64 {
 }
 
 // commit writes the planned records in t and reports whether it wrote any.
-// Each decrease is marked with the revision by Step: the router must
-// acknowledge it before the room is granted to another.
 func (a *Allocator) commit(t *registry.Txn, updates map[string]update) bool {
 	wrote := false
 	for id, u := range updates {
@@ -492,9 +471,9 @@ func (a *Allocator) commit(t *registry.Txn, updates map[string]update) bool {
 }
 
 // windowOf returns the rooms to split for w and, for an admission window,
-// its record: a decode worker's running window (PD, as before); with
-// Admission, a regular worker's window in the order spec, engine report,
-// learned; plus the queue allowance.
+// its record: a decode worker's running window; with Admission, a regular
+// worker's window from the spec, else the engine, else learned, plus the
+// queue allowance.
 func (a *Allocator) windowOf(w *registry.Worker, now time.Time) (int64, *registry.Admission) {
 	switch {
 	case w.Type == "decode":
@@ -555,8 +534,8 @@ func (a *Allocator) routersWaiting(id string) bool {
 
 // ObserveLoad folds one engine report of a registered worker into its
 // learned window (the evidence inbox calls it for every report, before
-// coalescing). A window that goes down (or is first learned) is committed
-// by a round run at once. Safe for concurrent use; it takes only the worker's own lock.
+// coalescing); a window that goes down is committed by a round at once.
+// It takes only the worker's own lock.
 func (a *Allocator) ObserveLoad(workerID string, load *smgv1.EngineLoad) {
 	if !a.opts.Admission || load == nil {
 		return

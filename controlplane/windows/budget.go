@@ -14,16 +14,13 @@ const (
 
 // Learning the KV capacity of an engine that reports none: at each new load
 // report with KV usage u of at least kvLearnMinUsage, the tokens the
-// routers hold on the worker T (prompt plus expected output, summed over
-// connected routers) give a sample T/u. T counts output not generated yet
-// and prompt the prefix cache shares, so a sample is at least the tokens
-// the engine holds over u: it errs above the capacity, toward admitting
-// (fail-open, bounded by windows and the overload veto), never toward
-// refusing what fits. The capacity is the median of the latest samples,
-// once kvLearnSamples are in. An engine that lies about its usage cannot
-// grow it without bound: a sample is at most kvLearnGrowth times the
-// capacity learned so far and at most MaxLearnedKV; a capped sample is
-// counted (smg_worker_token_budget_learn_capped_total).
+// routers hold on the worker T give a sample T/u. T counts output not
+// generated yet and prompt the prefix cache shares, so a sample errs above
+// the capacity, toward admitting (fail-open), never toward refusing what
+// fits. The capacity is the median of the latest kvLearnSamples. A sample
+// is capped at kvLearnGrowth times the capacity learned and at
+// MaxLearnedKV, so an engine lying about its usage cannot grow it without
+// bound (smg_worker_token_budget_learn_capped_total counts capped ones).
 const (
 	kvLearnMinUsage = 0.2
 	kvLearnSamples  = 5
@@ -83,13 +80,11 @@ func (a *Allocator) learnKV(w *registry.Worker) int64 {
 		return l.learned
 	}
 	sample := int64(float64(held) / u)
-	if limit := int64(MaxLearnedKV); l.learned > 0 {
+	limit := int64(MaxLearnedKV)
+	if l.learned > 0 {
 		limit = min(limit, l.learned*kvLearnGrowth)
-		if sample > limit {
-			sample = limit
-			a.kvCapped.Inc()
-		}
-	} else if sample > limit {
+	}
+	if sample > limit {
 		sample = limit
 		a.kvCapped.Inc()
 	}

@@ -15,29 +15,22 @@ import (
 //     prompts and grows back as KV frees); a queue with KV to spare says it
 //     is a cap on running requests (vLLM's --max-num-seqs), which does not
 //     move while the engine runs;
-//   - the limit grows only by a probe of one room, and only with evidence:
-//     the engine holds the whole window with nothing waiting beyond its
-//     free rooms, its KV has
-//     room for one more request of the running ones' mean size, no router
-//     has a request waiting for a room (a probe that fails would move that
-//     request into the engine's queue), the limit is not a cap already
-//     confirmed by a failed probe, and the probe back-off has passed. A
-//     probe is confirmed when the engine runs its room with nothing waiting
-//     (the next may follow at the next round); it fails when the engine does not run it for
-//     probeSpan while queueing (at once with KV full): the limit goes back;
+//   - the limit grows only by a probe of one room, and only with evidence
+//     (probe): the engine holds the whole window, KV has room for one more
+//     request, no router waits for a room (a failed probe would move that
+//     request into the engine's queue), the limit is not a confirmed cap,
+//     and the back-off has passed. A probe is confirmed when the engine
+//     runs its room with nothing waiting; it fails when the engine does not
+//     run it for probeSpan while queueing (at once with KV full);
 //   - an engine that comes back from a failure spell (possibly restarted
 //     with another window) may be probed again.
 //
 // A queue below a limit the engine has run with nothing waiting, KV to
-// spare, is requests caught between two scheduler steps (each room refilled
-// waits up to a step; at light load a report often catches one, and a few
-// reports in a row may): it lowers nothing. Such a limit is a cap on
-// running requests, which does not move while the engine runs.
+// spare, is requests caught between two scheduler steps: it lowers nothing.
 //
-// A report's running count is trusted only downward: a queue never raises
-// the limit, and an engine that keeps queueing while running at least the
-// limit (it counts work it does not run, or other clients feed it) is held
-// to the limit minus its queue.
+// A report's running count is trusted only downward: an engine that keeps
+// queueing while running at least the limit (it counts work it does not
+// run, or other clients feed it) is held to the limit minus its queue.
 const (
 	// kvFullAt: KV usage past which one more request of the running ones'
 	// mean size leaves the engine's KV nearly full: a queue then is put
@@ -182,17 +175,13 @@ func (l *learner) observe(o Observation, now time.Time) bool {
 }
 
 // observeProbe folds in a report while a probe is in flight. The engine
-// running the probe's room with nothing waiting confirms it: the limit is
-// at least this, and the next probe may follow at the next round (the
-// confirming report is the evidence it needs). A running count beside a
-// queue is not trusted upward (an engine that counts work it does not run
-// would confirm every probe). With KV full a queue takes the probe back
-// at once; with KV to spare the probe
-// fails only once the engine, holding the probed window, has queued in
-// queueStreak reports over at least probeSpan from the first, never running
-// the probe's room: at 2x of capacity each room refilled
-// waits up to a scheduler step, and on a busy box most reports catch one, so
-// an engine that runs the probe's room can look capped for a few reports.
+// running the probe's room with nothing waiting confirms it, and the next
+// probe may follow at the next round. A running count beside a queue is not
+// trusted upward (an engine that counts work it does not run would confirm
+// every probe). With KV full a queue takes the probe back at once; with KV
+// to spare only queueStreak reports over probeSpan do, never running the
+// probe's room: under load most reports catch a room being refilled, so an
+// engine that runs the probe's room can look capped for a few reports.
 func (l *learner) observeProbe(o Observation, now time.Time) bool {
 	if o.Running >= l.limit && o.Waiting <= 0 {
 		l.probeOf, l.basis, l.below = 0, LearnedProbe, 0
@@ -247,9 +236,8 @@ func (l *learner) probe(now time.Time, routersWaiting bool) bool {
 	return true
 }
 
-// contactAgain re-opens probing when the worker's contact sequence moved
-// (it came back from a failure spell: perhaps restarted with another
-// window).
+// contactAgain re-opens probing when the worker came back from a failure
+// spell (perhaps restarted with another window).
 func (l *learner) contactAgain(seq uint64, now time.Time) {
 	if l.contactKnown && seq == l.contact {
 		return

@@ -4,9 +4,9 @@
 // decode windows and, with --worker-admission-window, the running window of
 // every worker (from the spec, the engine's report, or learned here).
 //
-// Plan is the pure rule; Allocator runs it in a loop against the registry,
-// tracks what every router may still hold, and writes shares (a registry
-// revision each time they change, which the watch stream carries to routers).
+// Plan is the pure rule; Allocator runs it against the registry, tracks
+// what every router may still hold, and writes shares (the watch stream
+// carries them to routers).
 //
 // The guarantee: the sum over routers of the rooms each may occupy never
 // exceeds the window. A router occupies at most the largest share it has
@@ -90,11 +90,10 @@ func Plan(window int64, routers []RouterInput) []int64 {
 	return next
 }
 
-// Classes in a demand vector, highest first; unclassified waiting is of
-// classDefault. In-flight rooms are met with the default class: an
-// interactive request waiting on one router comes before another router's
-// running bulk when a window is split (what runs is never taken back; its
-// share only stops growing).
+// Classes in a demand vector, highest first; unclassified waiting and rooms
+// in flight are of classDefault (an interactive request waiting on one
+// router comes before another's running bulk; what runs is never taken
+// back, its share only stops growing).
 const (
 	numClasses   = 4
 	classDefault = 2
@@ -190,11 +189,10 @@ func fill(t, caps []int64, left int64, routers []RouterInput) int64 {
 		}
 		level := left / int64(len(unmet))
 		if level == 0 {
-			// Fewer rooms than routers asking: one each, to the highest
-			// class waiting first, then to routers that hold the room now
-			// (a room moved between routers idles for an acknowledgement's
-			// round trip, so equal askers keep what they have), then to
-			// the most waiting.
+			// Fewer rooms than routers asking: one each, by highest class
+			// waiting, then to routers holding the room now (a moved room
+			// idles for an acknowledgement's round trip), then by most
+			// waiting.
 			slices.SortStableFunc(unmet, func(a, b int) int {
 				if c := compareClasses(routers[a], routers[b]); c != 0 {
 					return c
