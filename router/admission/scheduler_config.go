@@ -243,8 +243,8 @@ func (c SchedulerConfig) Validate() error {
 	var errs []error
 	for _, cl := range Classes {
 		cc := c.Classes[cl]
-		if cc.Reserved < 0 {
-			errs = append(errs, fmt.Errorf("classes.%s.reserved must be >= 0, got %d", cl, cc.Reserved))
+		if cc.Reserved < 0 || cc.Reserved > MaxReserved {
+			errs = append(errs, fmt.Errorf("classes.%s.reserved must be >= 0 and <= %d, got %d", cl, MaxReserved, cc.Reserved))
 		}
 		if cc.QueueSize < 0 {
 			errs = append(errs, fmt.Errorf("classes.%s.queue_size must be >= 0, got %d", cl, cc.QueueSize))
@@ -267,6 +267,11 @@ func (c SchedulerConfig) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// MaxReserved bounds a class's reservation: the sums and proportions of
+// the reservations stay far from overflowing (a larger one would let more
+// requests in than the capacity).
+const MaxReserved = 1 << 20
 
 // maxWeight bounds a tenant's weight: counters divide by it.
 const maxWeight = 1e6
