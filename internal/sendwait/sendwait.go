@@ -5,6 +5,14 @@
 // exchange that finds nothing. Here the wait is armed first, then the held
 // bytes are written and the answer read when the socket says it is there,
 // so no answer can slip past the wait and no read finds nothing.
+//
+// On a socket every read and write is a raw system call (sysio): a
+// non-blocking socket's read or write never blocks, so the runtime need not
+// be told of it. Told (net.Conn's Read and Write), each call wakes the
+// runtime's monitor thread when it sleeps, and a write the kernel preempts
+// to run its receiver (on loopback it delivers the bytes) has its processor
+// handed to another thread: on a proxy's short exchanges those thread
+// switches cost more than the calls themselves.
 package sendwait
 
 import (
@@ -16,9 +24,8 @@ import (
 
 // Conn reads and writes c. Hold makes its next Write keep the bytes it is
 // given (a bufio.Writer's buffer, untouched until its next write) for the
-// next Read to send. A connection that is not a socket, or bytes the socket
-// does not take whole at once, go out through c's Write, the answer through
-// c's Read.
+// next Read to send. A connection that is not a socket goes through c's
+// Read and Write.
 type Conn struct {
 	c         net.Conn
 	raw       syscall.RawConn // nil: not a socket
@@ -26,7 +33,9 @@ type Conn struct {
 	tail      []byte
 	afterSend func()
 	st        state
+	wst       wstate
 	step      func(uintptr) bool // s.stepFD, bound once
+	wstep     func(uintptr) bool // s.writeFD, bound once
 }
 
 // state is one Read's, kept in the Conn so the step RawConn.Read calls
@@ -38,13 +47,20 @@ type state struct {
 	err     error
 }
 
+// wstate is one Write's: a Read may run beside it.
+type wstate struct {
+	p   []byte
+	n   int
+	err error
+}
+
 // New returns a Conn over c. afterSend (nil: none) runs once held bytes are
 // out, before the wait for the answer.
 func New(c net.Conn, afterSend func()) *Conn {
 	s := &Conn{c: c, afterSend: afterSend}
 	if sc, ok := c.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
-			s.raw, s.step = raw, s.stepFD
+			s.raw, s.step, s.wstep = raw, s.stepFD, s.writeFD
 		}
 	}
 	return s
@@ -74,7 +90,7 @@ func (s *Conn) SendHeld() error {
 	if len(tail) == 0 {
 		return nil
 	}
-	_, err := s.c.Write(tail)
+	_, err := s.write(tail)
 	return err
 }
 
@@ -85,16 +101,64 @@ func (s *Conn) Write(p []byte) (int, error) {
 		s.hold, s.tail = false, p
 		return len(p), nil
 	}
-	return s.c.Write(p)
+	return s.write(p)
+}
+
+func (s *Conn) write(p []byte) (int, error) {
+	if s.raw == nil {
+		return s.c.Write(p)
+	}
+	w := &s.wst
+	*w = wstate{p: p}
+	err := s.raw.Write(s.wstep)
+	n, werr := w.n, w.err
+	*w = wstate{}
+	switch {
+	case err != nil:
+		return n, err
+	case werr != nil:
+		return n, s.opError("write", werr)
+	}
+	return n, nil
+}
+
+// writeFD is RawConn.Write's callback: false when the socket takes no more
+// now (wait until it does).
+func (s *Conn) writeFD(fd uintptr) bool {
+	w := &s.wst
+	for w.n < len(w.p) {
+		m, err := sysWrite(fd, w.p[w.n:])
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			return false
+		case err != nil:
+			w.err = err
+			return true
+		case m <= 0:
+			w.err = syscall.EIO
+			return true
+		}
+		w.n += m
+	}
+	return true
+}
+
+func (s *Conn) opError(op string, err error) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: s.c.LocalAddr(), Addr: s.c.RemoteAddr(), Err: os.NewSyscallError(op, err)}
 }
 
 // Read sends held bytes, then reads the answer's first bytes into p.
 func (s *Conn) Read(p []byte) (int, error) {
-	if s.tail == nil {
+	if s.raw == nil {
 		return s.c.Read(p)
 	}
+	if len(p) == 0 && s.tail == nil {
+		return 0, nil
+	}
 	st := &s.st
-	*st = state{tail: s.tail, p: p}
+	*st = state{tail: s.tail, p: p, sent: s.tail == nil}
 	s.tail = nil
 	err := s.raw.Read(s.step)
 	n, rerr, tail := st.n, st.err, st.tail
@@ -103,34 +167,34 @@ func (s *Conn) Read(p []byte) (int, error) {
 	case err != nil:
 		return 0, err
 	case len(tail) > 0:
-		if _, err := s.c.Write(tail); err != nil {
+		if _, err := s.write(tail); err != nil {
 			return 0, err
 		}
 		if s.afterSend != nil {
 			s.afterSend()
 		}
-		return s.c.Read(p)
+		return s.Read(p)
 	case rerr != nil:
-		return 0, &net.OpError{Op: "read", Net: "tcp", Source: s.c.LocalAddr(), Addr: s.c.RemoteAddr(), Err: os.NewSyscallError("read", rerr)}
-	case n <= 0:
+		return 0, s.opError("read", rerr)
+	case n <= 0 && len(p) > 0:
 		return 0, io.EOF
 	}
 	return n, nil
 }
 
-// stepFD is RawConn.Read's callback: first the held bytes' write (false:
+// stepFD is RawConn.Read's callback: first any held bytes' write (false:
 // wait for the answer), then the read (false: nothing yet, wait again).
 func (s *Conn) stepFD(fd uintptr) bool {
 	st := &s.st
 	if !st.sent {
 		st.sent = true
 		for len(st.tail) > 0 {
-			m, err := syscall.Write(int(fd), st.tail)
+			m, err := sysWrite(fd, st.tail)
 			if err == syscall.EINTR {
 				continue
 			}
 			if err != nil || m <= 0 {
-				return true // Read finishes it through the connection's Write, or says why not
+				return true // Read finishes it through write, or says why not
 			}
 			st.tail = st.tail[m:]
 		}
@@ -139,8 +203,11 @@ func (s *Conn) stepFD(fd uintptr) bool {
 		}
 		return false
 	}
+	if len(st.p) == 0 {
+		return true
+	}
 	for {
-		st.n, st.err = syscall.Read(int(fd), st.p)
+		st.n, st.err = sysRead(fd, st.p)
 		if st.err != syscall.EINTR {
 			break
 		}
