@@ -185,14 +185,11 @@ type Heard struct {
 }
 
 // StreamRead is how far the control plane has read one agent stream, at a
-// sweep. Read against the Heard of a worker's latest evidence on it, it
-// tells how much of the worker's silence on the control plane's clock is
-// the control plane not reading: the growth of the stream's read lag (its
-// newest message's ReadAt-SentAt against the evidence's), plus the time the
-// receive loop has been busy applying its newest message instead of
-// reading (Busy), or, while it waits for the next message, the time the
-// process itself stood still since (Stalled: messages that arrived then
-// are not read yet). Rules.ReadLag caps that credit.
+// sweep. Against the Heard of a worker's latest evidence on it, it tells
+// how much of the worker's silence is the control plane not reading: the
+// growth of the stream's read lag, plus the time the receive loop has been
+// busy (Busy) or the process stood still while it waited (Stalled).
+// Rules.ReadLag caps that credit.
 type StreamRead struct {
 	Stream  uint64
 	ReadAt  time.Time     // the control plane's clock when its newest message was read
@@ -308,12 +305,10 @@ type Change struct {
 // commit.
 func (c Change) Changed() bool { return c.Verdict != c.Previous }
 
-// Liveness is one worker's liveness evidence and verdict. It is plain data:
-// the zero value is a worker heard from never, and copies are independent.
-// The caller holds one per Ready worker, serializes calls on it, passes
-// non-decreasing now values, and drops it when the worker leaves Ready, is
-// removed or replaced. Every method re-judges and returns the Change, so a
-// contact re-admits and a failure excludes at once; Sweep catches the rules
+// Liveness is one worker's liveness evidence and verdict: plain data, the
+// zero value a worker never heard from. The caller holds one per Ready
+// worker, serializes calls on it and passes non-decreasing now values.
+// Every method re-judges and returns the Change; Sweep catches the rules
 // whose threshold is reached by time passing alone.
 type Liveness struct {
 	lastContact stamp
@@ -348,12 +343,10 @@ type Liveness struct {
 	engineIdle     bool
 }
 
-// stamp is a time as nanoseconds since epoch plus 2^63 (so ordered as
-// the times are); 0: none. A Liveness is stored with every worker record:
-// a time.Time's location pointer would have the collector scan each one
-// and every write pay a write barrier. Counted from a reading of the
-// monotonic clock, two stamps of the control plane's clock are as far
-// apart as the times were, whatever the wall clock does meanwhile.
+// stamp is a time as nanoseconds since epoch plus 2^63 (ordered as the
+// times are); 0: none. A Liveness is stored with every worker record, and
+// a time.Time's location pointer would have the collector scan each one.
+// Counted from a monotonic reading, stamps ignore wall-clock jumps.
 type stamp uint64
 
 // epoch is what stamps count from, never a decision's now.
@@ -502,19 +495,18 @@ func (l *Liveness) SetPrefillRate(tokensPerSecond float64) {
 }
 
 // Sweep re-judges the worker at now; the caller runs it every SweepInterval
-// with how far it has read the agent stream the worker's latest agent
-// evidence came on (nil: that stream is gone, or there is none). Silence
-// the stream's read lag accounts for does not count, up to r.ReadLag.
-// Only sweeps know the stream, so only a sweep enters the stale veto or the
-// engine-silence veto before r.ReadLag has passed on top of its bound.
+// with how far it has read the stream of the worker's latest agent evidence
+// (nil: gone or none). Silence the read lag accounts for does not count, up
+// to r.ReadLag; only a sweep knows the stream, so only a sweep enters the
+// stale or engine-silence veto before r.ReadLag has passed on its bound.
 func (l *Liveness) Sweep(now time.Time, s *StreamRead, r *Rules) Change {
 	return l.judge(stampOf(now), r, s, true)
 }
 
 // readCredit is how much of the silence since the worker's latest agent
-// evidence the control plane spent behind on that evidence's stream, capped
-// at r.ReadLag. known is false outside sweeps: the credit is then taken
-// at its cap, so no call vetoes before a sweep would.
+// evidence the control plane spent behind on its stream, capped at
+// r.ReadLag (outside sweeps, known false: the cap, so no call vetoes
+// before a sweep would).
 func (l *Liveness) readCredit(now stamp, s *StreamRead, known bool, r *Rules) time.Duration {
 	if l.heardStream == 0 || r.ReadLag <= 0 {
 		return 0
@@ -653,11 +645,8 @@ func (l *Liveness) wedged(now stamp, credit time.Duration, r *Rules) (Cause, boo
 }
 
 // notPrefilling reports whether the engine's own latest record, newer than
-// the pile and not refuted by progress since, says none of the prompts in
-// flight is being prefilled: it runs no request. The prefill stretch of the
-// wedge bound (up to BoundCap while no rate is measured) then does not
-// apply. (An engine on a step wire that takes no step reports its silence,
-// which the engine-silence rule bounds by the wedge bound already.)
+// the pile and not refuted by progress since, says it runs no request: the
+// prefill stretch of the wedge bound then does not apply.
 func (l *Liveness) notPrefilling() bool {
 	if l.recordAt.IsZero() || l.recordAt.Before(l.pileSince) || l.lastProgress.After(l.recordAt) {
 		return false
@@ -683,11 +672,9 @@ func (l *Liveness) stillWedged(now stamp, r *Rules) (Cause, bool) {
 	return Cause{Kind: CausePileEmpty}, false
 }
 
-// engineSilence applies the engine's own silence, extrapolated from its last
-// record: the engine has produced nothing since engineSilent. Progress seen
-// after that record refutes it until the next record. The extrapolation
-// does not count credit when the record came on an agent stream: a record
-// saying the engine stepped again may be waiting unread.
+// engineSilence applies the engine's own silence, extrapolated from its
+// last record (refuted by progress seen since). A record read on an agent
+// stream earns credit: one saying the engine stepped again may be unread.
 func (l *Liveness) engineSilence(now stamp, credit time.Duration, r *Rules) (Cause, bool) {
 	if l.engineSilent.IsZero() || l.lastProgress.After(l.recordAt) {
 		return Cause{}, false

@@ -3,9 +3,8 @@ package registry
 // byID is a transaction's entries keyed by worker id, in the order first
 // added: searched in place while few (most transactions write one worker),
 // indexed by a map once many (a flush writes a thousand). The registry
-// keeps one of each for its transactions (they run one at a time, under
-// its lock) and resets it after each, so a flush's bookkeeping reuses the
-// last one's memory instead of growing a slice and a map afresh.
+// reuses one across its transactions, so a flush does not grow a slice and
+// a map afresh.
 type byID[T any] struct {
 	ids   []string
 	vals  []T

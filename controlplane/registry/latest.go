@@ -6,15 +6,12 @@ import (
 )
 
 // latest is every worker's current record by id, read without a lock
-// (Registry.Get: three reads per agent record, from every agent stream on
-// every core; a reader lock's counter, written by each read, moved between
-// the cores on every one). Each worker has a cell that the writer stores
-// its record in as each commit lands; the maps from ids to cells are
-// immutable once published and change only when a worker is added or
-// removed: such a change copies the small overlay, and folds it into a new
-// base once it has grown to about the square root of the fleet, so a fleet
-// registered one worker at a time costs a few hundred map writes each, not
-// a copy of the whole map.
+// (Registry.Get: three reads per agent record from every core; a reader
+// lock's counter moved between the cores on every one). Each worker has a
+// cell the writer stores its record in; the id → cell maps are immutable
+// once published. Adding or removing a worker copies the small overlay,
+// folded into a new base once it reaches about the square root of the
+// fleet, so a fleet registered one at a time is not a whole-map copy each.
 type latest struct {
 	maps atomic.Pointer[cellMaps]
 }

@@ -5,13 +5,11 @@ import (
 	"strings"
 )
 
-// tree is the workers, ordered by id: an immutable set once published (a
-// Snapshot's), copied on write by a transaction, leaf by leaf. It replaces
-// a go-memdb table: a flush stores every reporting worker four times a
-// second, and memdb's radix tree copied each insert's path from its root
-// (about 2 µs and several allocations per worker written); here a
-// transaction copies the leaf list once and each leaf it writes once, then
-// writes them in place.
+// tree is the workers, ordered by id: immutable once published, copied on
+// write by a transaction leaf by leaf. A flush stores every reporting
+// worker four times a second, and go-memdb's radix tree copied each
+// insert's path from its root (about 2 µs and several allocations a
+// worker); here a transaction copies the leaf list and each leaf once.
 type tree struct {
 	leaves []*leaf // ordered, none empty
 	n      int     // workers

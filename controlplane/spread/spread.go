@@ -1,12 +1,10 @@
 // Package spread staggers the control plane's periodic contacts with many
 // workers (health probes, load polls) over their interval, the way
 // Prometheus spreads scrapes: each worker has a stable phase within the
-// interval, a hash of the control plane's seed and the worker id, and is
-// contacted at the instants where its phase recurs. Ten thousand workers
-// registered at once (a restart, a leader taking over, a bulk registration)
-// are then contacted over one interval rather than at one instant, and stay
-// spread. A few new workers at a time still get their first contact at once,
-// from a small burst budget.
+// interval, a hash of the control plane's seed and the worker id. Ten
+// thousand workers registered at once are then contacted over one interval
+// rather than at one instant. A few new workers at a time still get their
+// first contact at once, from a small burst budget.
 //
 // It owns the phase arithmetic only: it reads no registry and contacts no
 // worker.
@@ -40,9 +38,7 @@ func PhaseOf(seed, key string, interval time.Duration) Phase {
 func (p Phase) Offset() time.Duration { return time.Duration(p.offset) }
 
 // Next returns the first instant strictly after t at which the phase
-// recurs: t < Next(t) <= t + interval, so a worker contacted at its phase
-// is contacted again exactly one interval later, and one scheduled from any
-// instant is contacted within one interval of it.
+// recurs: t < Next(t) <= t + interval.
 func (p Phase) Next(t time.Time) time.Time {
 	r := (t.UnixNano() - p.offset) % p.interval
 	if r < 0 {
@@ -72,11 +68,9 @@ func hash(seed, key string) uint64 {
 	return h
 }
 
-// Burst is the budget of first contacts started at once: Size at a time,
-// refilled at Size per Per. A worker registered alone (or a few dozen at
-// once) is contacted at once; beyond the budget, a worker waits for its
-// phase. It bounds how many contacts start together, never how many are in
-// flight: a blackholed engine's contact holds nothing that another needs.
+// Burst is the budget of first contacts started at once: size at a time,
+// refilled at size per per; beyond it, a worker waits for its phase. It
+// bounds how many contacts start together, never how many are in flight.
 type Burst struct {
 	size float64
 	per  time.Duration
@@ -117,10 +111,9 @@ func (b *Burst) Take(now time.Time) bool {
 	return true
 }
 
-// Queue is a schedule: (instant, id) entries, earliest first. Entries are
-// never removed early; the caller keeps each id's current instant and skips
-// an entry that no longer matches it (the worker was removed, replaced or
-// rescheduled).
+// Queue is a schedule of (instant, id) entries, earliest first. Entries are
+// never removed early: the caller skips one that no longer matches the id's
+// current instant.
 type Queue struct{ h entries }
 
 type entry struct {
@@ -171,9 +164,8 @@ func (q *Queue) Reset() { q.h = q.h[:0] }
 // Resolution, starting together the contacts due within it.
 const Resolution = 10 * time.Millisecond
 
-// PhaseAt returns the phase that recurs at t: a worker contacted at t (its
-// first contact, granted by the burst budget) keeps being contacted exactly
-// one interval apart from it.
+// PhaseAt returns the phase that recurs at t (a worker's first contact,
+// granted by the burst budget).
 func PhaseAt(t time.Time, interval time.Duration) Phase {
 	iv := max(int64(interval), 1)
 	r := t.UnixNano() % iv
@@ -184,8 +176,8 @@ func PhaseAt(t time.Time, interval time.Duration) Phase {
 }
 
 // Pace waits until Resolution has passed since start (when a loop's pass
-// began), so that a run of wake-ups costs one pass per Resolution rather
-// than one each. It reports false if ctx ended first.
+// began), so a run of wake-ups costs one pass per Resolution. It reports
+// false if ctx ended first.
 func Pace(ctx context.Context, start time.Time) bool {
 	d := Resolution - time.Since(start)
 	if d <= 0 {
