@@ -427,8 +427,7 @@ func (s *Server) changed() <-chan struct{} {
 type watcher struct {
 	s      *Server
 	stream grpc.ServerStream // the stream, timed for the stall watchdog (writerStream)
-	id     string
-	rec    *routerRecord // acks; nil in tests that serve a fake stream alone
+	rec    *routerRecord
 	epoch  string
 	phase  time.Duration // the stream's offset on the load grid
 	back   chan handBack // buffered 1: a shared writer hands the stream back
@@ -471,7 +470,7 @@ type handBack struct {
 
 func (s *Server) newWatcher(stream grpc.ServerStream, rec *routerRecord, hello *smgv1.WatchHello) *watcher {
 	epoch := s.reg.Epoch()
-	w := &watcher{s: s, id: rec.id, rec: rec, epoch: epoch, back: make(chan handBack, 1),
+	w := &watcher{s: s, rec: rec, epoch: epoch, back: make(chan handBack, 1),
 		phase: s.loadPhase(rec.id)}
 	w.stream = &writerStream{ServerStream: stream, w: w}
 	// A router holding this epoch resumes from its revision.
@@ -580,7 +579,7 @@ func (w *watcher) relayTenants(t *tenants.Table, now time.Time) error {
 		return nil
 	}
 	err := w.stream.SendMsg(&smgv1.WatchResponse{Epoch: w.epoch, Revision: w.last,
-		Msg: &smgv1.WatchResponse_Tenants{Tenants: t.Others(w.id)}})
+		Msg: &smgv1.WatchResponse_Tenants{Tenants: t.Others(w.rec.id)}})
 	if err != nil {
 		return err
 	}
@@ -594,7 +593,7 @@ func (w *watcher) sendBase(k baseKey, b *base) error {
 	if err := w.sendAck(k.to); err != nil {
 		return err
 	}
-	n, err := w.s.sendBase(w.stream, k, b, w.id)
+	n, err := w.s.sendBase(w.stream, k, b, w.rec.id)
 	if err != nil {
 		return err
 	}
@@ -610,9 +609,6 @@ func (w *watcher) sendBase(k baseKey, b *base) error {
 // revision rev, before a message of workers read at rev: every worker the
 // router receives after the ack holds that report or a later one.
 func (w *watcher) sendAck(rev uint64) error {
-	if w.rec == nil {
-		return nil
-	}
 	seq := w.rec.ackable(rev)
 	if seq == 0 {
 		return nil
@@ -626,9 +622,6 @@ const maxMarks = 64
 // unacked is the bytes of deltas and snapshots the router has not acked:
 // a bound on what sits in the connection's buffers for this stream.
 func (w *watcher) unacked() int64 {
-	if w.rec == nil {
-		return w.sentBytes
-	}
 	applied := w.rec.applied.Load()
 	i := 0
 	for ; i < len(w.marks) && w.marks[i].rev <= applied; i++ {

@@ -110,7 +110,7 @@ func (p *pool) add(w *watcher) {
 	sh.mu.Unlock()
 	p.shared.Add(1)
 	if p.joined != nil {
-		p.joined(w.id)
+		p.joined(w.rec.id)
 	}
 }
 
@@ -323,7 +323,7 @@ func (wr *writer) check() {
 	sh := wr.sh
 	sh.p.stalls.Add(1)
 	sh.p.s.log.Info("watch: a send to a router stalled; its stream leaves the shared writer for a while",
-		"router", stuck.id, "stall", stall)
+		"router", stuck.rec.id, "stall", stall)
 	sh.mu.Lock()
 	if i := slices.Index(sh.members, stuck); i >= 0 {
 		sh.members = slices.Delete(sh.members, i, i+1)
