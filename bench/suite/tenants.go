@@ -143,6 +143,10 @@ func (s *Suite) Tenants(ctx context.Context, rounds int) (*TenantReport, error) 
 				}
 			}
 			rep.Runs = append(rep.Runs, run)
+			// Each request's record, for reading where the refusals and the slow answers fall in a run.
+			if err := s.writeJSON(fmt.Sprintf("tenants-%s-%d.json", gc.Name, round+1), res.Records); err != nil {
+				return rep, err
+			}
 			st := run.ByTenant["steady"]
 			s.logf("%-22s steady: %d req, ok %d, refused %d, TTFT p50 %.0f ms p99 %.0f ms; flood: ok %d, 429 %d",
 				run.Config, st.Requests, st.Completed, st.Shed+st.Errors, st.TTFT.P50*1000, st.TTFT.P99*1000,
