@@ -76,7 +76,7 @@ func (s *Scheduler) Tenants() []TenantDemand {
 // count a tenant spread over three routers as wanting far more than it
 // does; the margin is its headroom on each router (headroomLocked).
 func (s *Scheduler) expectedLocked(t *tenantState, now time.Time) int64 {
-	return max(t.inflight+t.waiting, t.use.slotsSD(now, s.started, 0))
+	return max(t.inflight+t.waiting, t.use.streamSlots(now, 0, s.holdPriorLocked(now)))
 }
 
 // fleetLocked returns the other routers' tenants and the capacity to weigh
@@ -189,14 +189,15 @@ func (s *Scheduler) headroomLocked(ts *tenantState, ds []TenantDemand, capacity 
 		return 0
 	}
 	var claims int64
+	prior := s.holdPriorLocked(now)
 	for _, d := range ds {
 		u := s.fair.tenants[d.Tenant]
 		if u == nil || u == ts || d.Weight <= 0 || d.Demand <= 0 {
 			continue // not active here, or the asker
 		}
 		unused := float64(capacity)*d.Weight/wsum - float64(d.InFlight)
-		here := u.use.mean(now, s.started)
-		burst := u.use.slotsSD(now, s.started, headroomSD) - u.inflight
+		here := u.use.streamMean(now, prior)
+		burst := u.use.streamSlots(now, headroomSD, prior) - u.inflight
 		if unused <= 0 || here < idleDemand || burst <= 0 {
 			continue
 		}

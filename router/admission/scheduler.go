@@ -113,7 +113,9 @@ func (t *Ticket) Release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t.borrowed {
-		t.tenant.use.held(s.cfg.Now().Sub(t.admitted))
+		held := s.cfg.Now().Sub(t.admitted)
+		t.tenant.use.held(held)
+		s.answers.held(held)
 		return
 	}
 	s.running[t.class].Remove(t.elem)
@@ -121,6 +123,7 @@ func (t *Ticket) Release() {
 	s.completions.Add(1)
 	now := s.cfg.Now()
 	s.demand[t.class].held(now.Sub(t.admitted))
+	s.answers.held(now.Sub(t.admitted))
 	if t.tenant != nil {
 		t.tenant.use.held(now.Sub(t.admitted))
 	}
@@ -167,6 +170,7 @@ type Scheduler struct {
 	anyPool  poolSlots              // requests of a pool with no capacity of its own
 	fleet    fleetTenants           // the other routers' tenants, for fair shares fleet-wide
 	reasking bool                   // a waiter is asking the peers again (reborrow)
+	answers  classDemand            // every answer's slot-holding time (its hold only): a tenant's prior
 
 	completions atomic.Uint64 // answers ended, for the completion rate
 }

@@ -25,7 +25,9 @@ const holdAlpha = 0.2
 type classDemand struct {
 	arrivals float64   // exponentially decayed count of arrivals (each adds 1, decays by e^(-dt/tau))
 	last     time.Time // when arrivals was last decayed
+	first    time.Time // the first arrival of the current stream (after a silence)
 	hold     float64   // mean seconds an admitted request held its slot (0: none ended yet)
+	ended    bool      // an admitted request has ended: hold is measured
 }
 
 func (d *classDemand) decay(now time.Time) {
@@ -38,11 +40,15 @@ func (d *classDemand) decay(now time.Time) {
 // arrive counts one arrival at now.
 func (d *classDemand) arrive(now time.Time) {
 	d.decay(now)
+	if d.arrivals < idleDemand {
+		d.first = now // a new stream: nothing left of the last one
+	}
 	d.arrivals++
 }
 
 // held folds one admitted request's slot time into the mean.
 func (d *classDemand) held(dt time.Duration) {
+	d.ended = true
 	if d.hold == 0 {
 		d.hold = dt.Seconds()
 		return
@@ -75,4 +81,64 @@ func (d *classDemand) mean(now, since time.Time) float64 {
 	tau := demandTau.Seconds()
 	span := 1 - math.Exp(-max(now.Sub(since).Seconds(), 0.001)/tau)
 	return d.arrivals / (tau * span) * d.hold
+}
+
+// streamMean is a tenant's mean demand: the slots its arrivals keep busy on
+// average at now. It differs from mean in two ways, both for a stream's
+// first seconds. Its rate is measured from the stream's own first arrival
+// (not from when the counting began, which may be long before), leaving that
+// arrival out (one arrival measures no rate) and over at least one holding
+// time (two requests sent together are not a rate of thousands a second).
+// And until one of its answers has ended, it assumes prior as the holding
+// time (0: no demand until then).
+func (d *classDemand) streamMean(now time.Time, prior float64) float64 {
+	d.decay(now)
+	hold := d.hold
+	if !d.ended {
+		hold = prior
+	}
+	if hold <= 0 || d.arrivals <= 0 {
+		return 0
+	}
+	tau := demandTau.Seconds()
+	elapsed := max(now.Sub(d.first).Seconds(), 0)
+	later := d.arrivals - math.Exp(-elapsed/tau)
+	if later <= 0 {
+		return 0
+	}
+	span := 1 - math.Exp(-max(elapsed, hold)/tau)
+	return later / (tau * span) * hold
+}
+
+// streamSlots is streamMean plus sd standard deviations of a Poisson
+// arrival count, in whole slots (0 once the stream has gone quiet).
+func (d *classDemand) streamSlots(now time.Time, sd, prior float64) int64 {
+	mean := d.streamMean(now, prior)
+	if mean < idleDemand {
+		return 0
+	}
+	return int64(math.Ceil(mean + sd*math.Sqrt(mean)))
+}
+
+// DefaultHoldPrior is the slot-holding time a tenant's demand assumes while
+// no answer has ended on this router yet: an LLM answer holds its slot about
+// a second or more, and a tenant's demand of 0 would let another tenant take
+// every slot in a run's first second, kept until those answers end.
+const DefaultHoldPrior = time.Second
+
+// holdPriorLocked is the holding time a tenant's demand assumes until one of
+// its own answers has ended: the mean over every answer ended here, else
+// DefaultHoldPrior, or longer while a request in flight has already held its
+// slot longer (a lower bound on the holding time).
+func (s *Scheduler) holdPriorLocked(now time.Time) float64 {
+	if s.answers.ended {
+		return s.answers.hold
+	}
+	prior := DefaultHoldPrior
+	for _, c := range Classes {
+		if e := s.running[c].Front(); e != nil {
+			prior = max(prior, now.Sub(e.Value.(*Ticket).admitted))
+		}
+	}
+	return prior.Seconds()
 }
