@@ -138,9 +138,12 @@ const headroomSD = 2
 //     control plane relays the other routers' tenants), a slot free or not:
 //     the capacity past its share is kept for the others' next arrivals;
 //   - it holds its weighted share (capacity × its weight / the active
-//     tenants' weights) or more, so what more it takes is what others leave
-//     unused, and one more slot here would eat the headroom of a tenant
-//     under its weighted share active on this router (see headroomLocked).
+//     tenants' weights) or more, or wants more than it on average, and one
+//     more slot here would eat the headroom of a tenant under its weighted
+//     share on average active on this router (see headroomLocked).
+//
+// A tenant under its weighted share on average may hold up to its burst
+// fleet-wide past its fair share: its bursts take what the others leave.
 func (s *Scheduler) overShareLocked(ts *tenantState, now time.Time) bool {
 	others, capacity := s.fleetLocked(now)
 	if capacity == Unlimited {
@@ -162,28 +165,47 @@ func (s *Scheduler) overShareLocked(ts *tenantState, now time.Time) bool {
 	// one. What it waits for is not counted: a request waiting for a room
 	// its router's share lacks is no more than its tenant's share.
 	share := math.Ceil(min(float64(me.Demand), level*me.Weight) - 1e-9)
+	wsum := weightSum(ds)
+	weighted := float64(capacity) * me.Weight / wsum
+	mean := s.fleetMeanLocked(ts, others, now)
+	if mean < weighted {
+		// Under its weighted share on average: a burst past its share
+		// takes what the others leave, up to its burst fleet-wide.
+		share = max(share, math.Ceil(mean+headroomSD*math.Sqrt(mean)))
+	}
 	if mine >= max(1, int64(share)) {
 		return true
 	}
-	wsum := weightSum(ds)
-	if float64(mine) < float64(capacity)*me.Weight/wsum {
-		return false // within its weighted share: it borrows nothing
+	if float64(mine) < weighted && mean < weighted {
+		return false // within its weighted share, now and on average: it borrows nothing
 	}
 	claims := s.headroomLocked(ts, ds, capacity, wsum, now)
 	return claims > 0 && s.total+1+claims > s.capacity
 }
 
+// fleetMeanLocked is the slots t's arrivals keep busy on average
+// fleet-wide: its mean here plus what the other routers report for it
+// (their expected demand, at least their mean).
+func (s *Scheduler) fleetMeanLocked(t *tenantState, others map[string]TenantDemand, now time.Time) float64 {
+	m := t.use.streamMean(now, s.holdPriorLocked(now))
+	if o, ok := others[t.name]; ok {
+		m += float64(o.Demand)
+	}
+	return m
+}
+
 // headroomLocked is the free slots this router keeps for the tenants
-// active on it, other than ts, that hold less than their weighted share
-// (fleet-wide with the relay): each may burst up to it at once. What it does
-// not hold of its weighted share is split over the routers it sends through
-// in proportion to its demand on each, and each router keeps its part free
-// (never more than the tenant's burst there: its mean demand plus
-// headroomSD standard deviations, less what it holds). A tenant past its
-// weighted share takes a slot only past them, so a burst of the others
-// finds a free slot on every router at once instead of waiting there for
-// that tenant's next completion; the parts sum to no more than the others'
-// unused weighted shares, so the tenant keeps its own.
+// active on it, other than ts, under their weighted share on average
+// (fleet-wide with the relay): each may burst at once. What it leaves unused
+// of its weighted share, now or on average (whichever is more), is split over
+// the routers it sends through in proportion to its demand on each, and each
+// router keeps its part free (never more than the tenant's burst there: its
+// mean demand plus headroomSD standard deviations, less what it holds). A
+// tenant past its weighted share, or over it on average, takes a slot only
+// past them, so a burst of the others finds a free slot on every router at
+// once instead of waiting there for that tenant's next completion; the parts
+// sum to no more than the others' weighted shares less their mean use, so
+// the tenant keeps its own on average.
 func (s *Scheduler) headroomLocked(ts *tenantState, ds []TenantDemand, capacity int64, wsum float64, now time.Time) int64 {
 	if s.capacity == Unlimited || s.capacity <= 0 || capacity <= 0 || wsum <= 0 {
 		return 0
@@ -195,10 +217,15 @@ func (s *Scheduler) headroomLocked(ts *tenantState, ds []TenantDemand, capacity 
 		if u == nil || u == ts || d.Weight <= 0 || d.Demand <= 0 {
 			continue // not active here, or the asker
 		}
-		unused := float64(capacity)*d.Weight/wsum - float64(d.InFlight)
 		here := u.use.streamMean(now, prior)
+		// What it leaves unused of its weighted share now, or on average
+		// when more: a burst past what it holds on average keeps its
+		// headroom (the others keep their weighted share on average).
+		mean := here + float64(d.Demand-s.expectedLocked(u, now))
+		weighted := float64(capacity) * d.Weight / wsum
+		unused := weighted - min(float64(d.InFlight), mean)
 		burst := u.use.streamSlots(now, headroomSD, prior) - u.inflight
-		if unused <= 0 || here < idleDemand || burst <= 0 {
+		if mean >= weighted || unused <= 0 || here < idleDemand || burst <= 0 {
 			continue
 		}
 		part := int64(math.Round(unused * min(1, here/float64(d.Demand))))

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"math"
 	"time"
 )
 
@@ -27,7 +28,8 @@ func (s *Scheduler) AdmitOrBorrow(ctx context.Context, c Class, tenant, pool str
 func (t *Ticket) Borrowed() bool { return t != nil && t.borrowed }
 
 // mayBorrowLocked: fair shares on, another tenant active, and ts holds less
-// than its weighted share: the headroom the others keep for it is its own.
+// than its weighted share, or less than its burst while under its weighted
+// share on average: the headroom the others keep for it is its own.
 func (s *Scheduler) mayBorrowLocked(ts *tenantState, now time.Time) bool {
 	if ts == nil || s.cfg.FairShareWait {
 		return false
@@ -42,7 +44,13 @@ func (s *Scheduler) mayBorrowLocked(ts *tenantState, now time.Time) bool {
 	}
 	for _, d := range ds {
 		if d.Tenant == ts.name {
-			return float64(mine) < float64(capacity)*d.Weight/weightSum(ds)
+			weighted := float64(capacity) * d.Weight / weightSum(ds)
+			if float64(mine) < weighted {
+				return true
+			}
+			// Under it on average: a burst borrows up to its burst.
+			mean := s.fleetMeanLocked(ts, others, now)
+			return mean < weighted && float64(mine) < math.Ceil(mean+headroomSD*math.Sqrt(mean))
 		}
 	}
 	return false
