@@ -186,9 +186,9 @@ type agentStream struct {
 	engines map[string]*engineState
 
 	// known maps the URLs the agent sends, as it spells them, to the
-	// worker they named on this node, so a record costs one registry read
-	// (the worker's current record) instead of normalising its URL and
-	// looking it up. An entry holds while the worker's spec is the one it
+	// worker they named on this node, so a record costs one map lookup
+	// (its handle holds the worker's current record) instead of
+	// normalising its URL and looking it up. An entry holds while the worker's spec is the one it
 	// was found with (a new registration is another spec). Bounded by
 	// maxKnown; only the receive goroutine touches it.
 	known map[string]knownWorker
@@ -212,7 +212,7 @@ type agentStream struct {
 }
 
 type knownWorker struct {
-	id     string
+	h      *registry.Handle
 	spec   *smgv1.WorkerSpec
 	engine *engineState // of spec's URL: a record reaches it without another lookup
 }
@@ -457,7 +457,7 @@ func (s *Server) handle(st *agentStream, b []byte, now time.Time) error {
 // an agent speaks only for its own node.
 func (s *Server) workerEngine(st *agentStream, url string) (*registry.Worker, *engineState) {
 	if k, ok := st.known[url]; ok {
-		if w := s.reg.Get(k.id); w != nil && w.Spec == k.spec {
+		if w := k.h.Get(); w != nil && w.Spec == k.spec {
 			return w, k.engine
 		}
 		delete(st.known, url)
@@ -474,7 +474,9 @@ func (s *Server) workerEngine(st *agentStream, url string) (*registry.Worker, *e
 		clear(st.known)
 	}
 	e := st.engine(w.Spec.GetUrl())
-	st.known[url] = knownWorker{id: w.ID, spec: w.Spec, engine: e}
+	if h := s.reg.Handle(w.ID); h != nil {
+		st.known[url] = knownWorker{h: h, spec: w.Spec, engine: e}
+	}
 	return w, e
 }
 
@@ -551,7 +553,7 @@ func (s *Server) applyRecords(st *agentStream, now time.Time) {
 // the stream knows it.
 func (s *Server) recordWorker(st *agentStream, url []byte) (*registry.Worker, *engineState) {
 	if k, ok := st.known[string(url)]; ok {
-		if w := s.reg.Get(k.id); w != nil && w.Spec == k.spec {
+		if w := k.h.Get(); w != nil && w.Spec == k.spec {
 			return w, k.engine
 		}
 	}

@@ -74,7 +74,7 @@ type Inbox struct {
 
 	// cells is each registered worker's inbox by id, made at its first
 	// observation and dropped by a flush once its worker left the registry.
-	cells *shardmap.Map[*cell]
+	cells *shardmap.Map[*slot]
 
 	stalled     *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
@@ -111,7 +111,7 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 		opts.Now = time.Now
 	}
 	in := &Inbox{
-		reg: reg, rules: opts.Rules.Rules(), log: log, opts: opts, cells: shardmap.New[*cell](), vetoed: map[string]string{},
+		reg: reg, rules: opts.Rules.Rules(), log: log, opts: opts, cells: shardmap.New[*slot](), vetoed: map[string]string{},
 		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "smg_worker_stalled",
 			Help: "1 while the worker is excluded from routing by liveness, labeled with the reason (unreachable or wedged).",
@@ -145,19 +145,30 @@ func (in *Inbox) Run(ctx context.Context) {
 	}
 }
 
+// slot is a worker's cell and the handle of the registration it was made
+// for (outside the cell: its lock guards nothing of the registry's).
+type slot struct {
+	cell
+	h *registry.Handle
+}
+
 // cell returns id's cell, or nil.
-func (in *Inbox) cell(id string) *cell {
+func (in *Inbox) cell(id string) *slot {
 	c, _ := in.cells.Load(id)
 	return c
 }
 
 // cellOf returns id's cell, made for a registered worker (a hostile
 // agent's made-up ids make none): nil when w is nil.
-func (in *Inbox) cellOf(id string, w *registry.Worker) *cell {
+func (in *Inbox) cellOf(id string, w *registry.Worker) *slot {
 	if c := in.cell(id); c != nil || w == nil {
 		return c
 	}
-	c, _ := in.cells.LoadOrStore(id, &cell{})
+	h := in.reg.Handle(id)
+	if h == nil {
+		h = &registry.Handle{} // removed meanwhile: it reads nil, a flush drops the cell
+	}
+	c, _ := in.cells.LoadOrStore(id, &slot{h: h})
 	return c
 }
 
@@ -174,7 +185,7 @@ func (in *Inbox) Flush() {
 	in.fmu.Lock()
 	defer in.fmu.Unlock()
 	ids := in.ids[:0]
-	in.cells.Range(func(id string, c *cell) bool {
+	in.cells.Range(func(id string, c *slot) bool {
 		if c.pending() {
 			ids = append(ids, idCell{id, c})
 		} else {
@@ -200,7 +211,7 @@ func (in *Inbox) Flush() {
 // held), so the cell a flush finds is its worker's until the flush drops it.
 type idCell struct {
 	id string
-	c  *cell
+	c  *slot
 }
 
 // flushChunk stores the pending evidence of ids in one transaction, and
@@ -262,8 +273,8 @@ func (in *Inbox) flushChunk(ids []idCell) {
 
 // dropIdle drops id's cell c if it is empty and its worker left the registry
 // or Ready (a Ready worker's records pend; a report makes a cell again).
-func (in *Inbox) dropIdle(id string, c *cell) {
-	if w := in.reg.Get(id); (w == nil || !w.Ready()) && c.kill() {
+func (in *Inbox) dropIdle(id string, c *slot) {
+	if w := c.h.Get(); (w == nil || !w.Ready()) && c.kill() {
 		in.cells.CompareAndDelete(id, c)
 	}
 }

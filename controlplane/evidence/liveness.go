@@ -232,7 +232,12 @@ func (in *Inbox) observe(o *Observed, now time.Time) bool {
 	if !in.opts.Coalesce || !o.Rec.Pushed || len(o.Load.GetRanks()) == 0 {
 		return false
 	}
-	w := in.reg.Get(o.WorkerID)
+	c, w := in.cell(o.WorkerID), (*registry.Worker)(nil)
+	if c != nil {
+		w = c.h.Get() // one lookup for both
+	} else {
+		w = in.reg.Get(o.WorkerID)
+	}
 	if w == nil || !w.Ready() {
 		return false
 	}
@@ -241,9 +246,13 @@ func (in *Inbox) observe(o *Observed, now time.Time) bool {
 	}
 	waiting, usage := loadpb.Signals(o.Load.GetRanks())
 	for {
-		stands, dead := in.cellOf(o.WorkerID, w).pendObserved(w, o.Load, waiting, usage, timedRecord{o.Rec, now}, &in.rules)
+		if c == nil {
+			c = in.cellOf(o.WorkerID, w)
+		}
+		stands, dead := c.pendObserved(w, o.Load, waiting, usage, timedRecord{o.Rec, now}, &in.rules)
 		switch {
 		case dead:
+			c = nil
 			continue // dropped by a flush meanwhile: look again
 		case !stands:
 			_ = in.commit([]string{o.WorkerID}, nil)

@@ -6,33 +6,38 @@ import (
 )
 
 // latest is every worker's current record by id, read without a lock
-// (Registry.Get: three reads per agent record from every core; a reader
+// (Registry.Get and Handle: the agent records' path, from every core; a reader
 // lock's counter moved between the cores on every one). Each worker has a
-// cell the writer stores its record in; the id → cell maps are immutable
-// once published. Adding or removing a worker copies the small overlay,
-// folded into a new base once it reaches about the square root of the
-// fleet, so a fleet registered one at a time is not a whole-map copy each.
+// handle the writer stores its record in; the id → handle maps are
+// immutable once published. Adding or removing a worker copies the small
+// overlay, folded into a new base once it reaches about the square root of
+// the fleet, so a fleet registered one at a time is not a whole-map copy each.
 type latest struct {
 	maps atomic.Pointer[cellMaps]
 }
 
-// cellMaps is one published generation of the id → cell maps.
+// cellMaps is one published generation of the id → handle maps.
 type cellMaps struct {
-	base    map[string]*cell // never nil cells
-	overlay map[string]*cell // changes since base; a nil cell: removed
+	base    map[string]*Handle // never nil handles
+	overlay map[string]*Handle // changes since base; a nil handle: removed
 }
 
-// cell holds a worker's current record.
-type cell struct{ w atomic.Pointer[Worker] }
+// Handle holds one worker's current record (Registry.Handle): a hot path
+// looks a worker up once and reads it through its handle after. It reads
+// nil once the worker is removed; registered again, the worker has another.
+type Handle struct{ w atomic.Pointer[Worker] }
+
+// Get returns the worker's current record, or nil once it is removed.
+func (h *Handle) Get() *Worker { return h.w.Load() }
 
 func newLatest() *latest {
 	l := &latest{}
-	l.maps.Store(&cellMaps{base: map[string]*cell{}, overlay: map[string]*cell{}})
+	l.maps.Store(&cellMaps{base: map[string]*Handle{}, overlay: map[string]*Handle{}})
 	return l
 }
 
-// find returns id's cell, or nil.
-func (m *cellMaps) find(id string) *cell {
+// find returns id's handle, or nil.
+func (m *cellMaps) find(id string) *Handle {
 	if c, ok := m.overlay[id]; ok {
 		return c
 	}
@@ -66,10 +71,11 @@ func (l *latest) set(ids []string, ws []*Worker) {
 			next = &cellMaps{base: m.base, overlay: maps.Clone(m.overlay)}
 		}
 		if w == nil {
+			c.w.Store(nil) // its holders see it go
 			next.overlay[id] = nil
 			continue
 		}
-		c = &cell{}
+		c = &Handle{}
 		c.w.Store(w)
 		next.overlay[id] = c
 	}
@@ -85,7 +91,7 @@ func (l *latest) set(ids []string, ws []*Worker) {
 				base[id] = c
 			}
 		}
-		next = &cellMaps{base: base, overlay: map[string]*cell{}}
+		next = &cellMaps{base: base, overlay: map[string]*Handle{}}
 	}
 	l.maps.Store(next)
 }

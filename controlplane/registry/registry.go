@@ -687,6 +687,9 @@ func (r *Registry) Get(id string) *Worker {
 	return r.latest.get(id)
 }
 
+// Handle returns id's handle, or nil when no worker has id.
+func (r *Registry) Handle(id string) *Handle { return r.latest.maps.Load().find(id) }
+
 // Snapshot returns a read view of the current state.
 // A read view is shared by every reader of its revision (it is read-only).
 func (r *Registry) Snapshot() *Snapshot { return r.view.Load() }
