@@ -2,6 +2,7 @@ package evidence
 
 import (
 	"testing"
+	"time"
 
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
@@ -11,7 +12,8 @@ import (
 // The prompt tokens ahead on a worker, which routers predict TTFT from, are
 // the routers' sum, or the engine's own count of tokens to prefill when that
 // is larger (both count the same requests), and a router that leaves no
-// longer counts. The change reaches routers paced, as a load change.
+// longer counts. A change short of a jump reaches routers paced, as a load
+// change.
 func TestPromptTokensAheadAreSummedOverRoutersOrTheEngines(t *testing.T) {
 	tr, reg, _ := setup(t, registry.HealthHealthy)
 	tr.Contact("w1", t0)
@@ -21,9 +23,9 @@ func TestPromptTokensAheadAreSummedOverRoutersOrTheEngines(t *testing.T) {
 	ahead := func() int64 { return reg.Snapshot().Get("w1").PromptTokensAhead }
 	tr.RouterObservations("r1", obs(3000), t0)
 	rev := reg.Revision()
-	tr.RouterObservations("r2", obs(1000), t0)
-	if got := ahead(); got != 4000 {
-		t.Fatalf("ahead = %d, want 4000 (3000 + 1000)", got)
+	tr.RouterObservations("r2", obs(400), t0)
+	if got := ahead(); got != 3400 {
+		t.Fatalf("ahead = %d, want 3400 (3000 + 400)", got)
 	}
 	changes, _, _ := reg.ChangesSince(rev)
 	if len(changes) != 1 || !changes[0].LoadOnly {
@@ -35,8 +37,8 @@ func TestPromptTokensAheadAreSummedOverRoutersOrTheEngines(t *testing.T) {
 	}
 	tr.Record("w1", judge.Record{PrefillInHand: 0}, t0)
 	tr.RouterGone("r1")
-	if got := ahead(); got != 1000 {
-		t.Fatalf("ahead after r1 left = %d, want 1000", got)
+	if got := ahead(); got != 400 {
+		t.Fatalf("ahead after r1 left = %d, want 400", got)
 	}
 }
 
@@ -72,5 +74,55 @@ func TestRoutersPartsOfPromptTokensAheadReachRouters(t *testing.T) {
 	tr.RouterObservations("r3", obs(1<<62), t0)
 	if got := w().PromptTokensAhead; got != 1000+2*maxPromptTokens {
 		t.Fatalf("ahead with two huge reports = %d, want each bounded (%d)", got, 1000+2*maxPromptTokens)
+	}
+}
+
+// A report that raises a router's part by AheadJumpTokens or more is a jump:
+// the worker reaches routers at once, as a routing change, at most
+// AheadJumpsPerSec times a second over the fleet; a smaller rise, a fall and
+// a jump beyond the bound stay load changes, paced.
+func TestAJumpOfPromptTokensAheadReachesRoutersAtOnceWithinTheBound(t *testing.T) {
+	tr, reg, _ := setup(t, registry.HealthHealthy)
+	tr.Contact("w1", t0)
+	report := func(router string, tokens int64, at time.Time) registry.Change {
+		t.Helper()
+		rev := reg.Revision()
+		tr.RouterObservations(router, &smgv1.RouterReport{Workers: []*smgv1.WorkerObservation{{WorkerId: "w1", PromptTokensInFlight: tokens}}}, at)
+		changes, _, _ := reg.ChangesSince(rev)
+		if len(changes) != 1 {
+			t.Fatalf("%s reporting %d: changes %+v, want one", router, tokens, changes)
+		}
+		return changes[0]
+	}
+	if c := report("r1", AheadJumpTokens-1, t0); !c.LoadOnly {
+		t.Fatalf("a first report of %d tokens: %+v, want a load change", AheadJumpTokens-1, c)
+	}
+	if c := report("r1", 2*AheadJumpTokens-2, t0); !c.LoadOnly {
+		t.Fatalf("a rise of %d tokens: %+v, want a load change", AheadJumpTokens-1, c)
+	}
+	if c := report("r1", 3*AheadJumpTokens-2, t0); c.LoadOnly {
+		t.Fatalf("a rise of %d tokens: %+v, want a routing change", AheadJumpTokens, c)
+	}
+	if c := report("r1", 0, t0); !c.LoadOnly {
+		t.Fatalf("a fall: %+v, want a load change", c)
+	}
+	// The bucket started with AheadJumpsPerSec and r1 took one: r2 jumping
+	// again and again in the same instant gets the rest, then none.
+	for i := 1; i < AheadJumpsPerSec; i++ {
+		if c := report("r2", AheadJumpTokens, t0); c.LoadOnly {
+			t.Fatalf("jump %d in one instant: %+v, want a routing change", i+1, c)
+		}
+		report("r2", 0, t0)
+	}
+	if c := report("r2", AheadJumpTokens, t0); !c.LoadOnly {
+		t.Fatalf("jump %d in one instant: %+v, want a load change (beyond the bound)", AheadJumpsPerSec+1, c)
+	}
+	report("r2", 0, t0)
+	at := t0.Add(time.Second / AheadJumpsPerSec)
+	if c := report("r2", AheadJumpTokens, at); c.LoadOnly {
+		t.Fatalf("a jump 1/%d s later: %+v, want a routing change (the bucket refilled one)", AheadJumpsPerSec, c)
+	}
+	if got := reg.Snapshot().Get("w1").PromptTokensAhead; got != AheadJumpTokens {
+		t.Fatalf("ahead = %d, want r2's %d", got, AheadJumpTokens)
 	}
 }

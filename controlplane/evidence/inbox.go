@@ -89,6 +89,9 @@ type Inbox struct {
 	mu     sync.Mutex
 	vetoed map[string]string
 
+	// jumps bounds the routers' jumps of prompt tokens ahead sent at once.
+	jumps jumpBucket
+
 	fmu sync.Mutex // one flush (or rebuild) at a time
 	ids []idCell   // the running flush's workers (fmu held)
 	// records are fresh records for the flush to clone into, and made is

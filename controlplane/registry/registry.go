@@ -87,6 +87,12 @@ type State struct {
 	// a load, so each learns which of its reports the sum holds now
 	// (watch.proto's ReportAck) and keeps that report at hand.
 	AheadRevision uint64
+	// AheadJump bumps when one router's report raises its part of
+	// PromptTokensAhead by a jump (evidence.AheadJumpTokens or more, within
+	// the inbox's fleet-wide bound): unlike AheadRevision it is not masked
+	// by loadOnly, so the worker reaches routers at once, as a routing
+	// change, instead of on the load grid.
+	AheadJump uint64
 }
 
 // Shares are a worker's window, kept by the window allocator
