@@ -121,7 +121,7 @@ func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 	}
 
 	st.dispatched.Add(1)
-	st.promptTokens.Add(promptTokens)
+	r.addPrompt(st, promptTokens)
 	prefilling := true
 	defer func() {
 		if prefilling {

@@ -388,7 +388,7 @@ func (r *Router) dispatch(rc *reqCtx, w http.ResponseWriter, in *http.Request, w
 
 	st.dispatched.Add(1)
 	tt := r.startTTFT(wk, st, promptTokens)
-	st.promptTokens.Add(promptTokens)
+	r.addPrompt(st, promptTokens)
 	prefilling := true // until the first byte: the prompt is still in hand
 	defer func() {
 		if prefilling {

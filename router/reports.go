@@ -74,3 +74,28 @@ func (o *ownReports) part(seq uint64) int64 {
 	}
 	return o.latest.Load()
 }
+
+// JumpTokens is how far this router's prompt tokens in flight on a worker
+// may rise above its latest report before it asks to report early
+// (ReportSoon): the control plane sends a jump of as much to the other
+// routers at once (evidence.AheadJumpTokens), who under-predict every
+// request they send there until they hear of it.
+const JumpTokens = 512
+
+// ReportSoon is signalled when a dispatch raised this router's prompt
+// tokens in flight on a worker by JumpTokens or more since its latest
+// report: the watch client then sends a report without waiting for its
+// tick (at most one early report per watchclient.MinEarlyReport).
+func (r *Router) ReportSoon() <-chan struct{} { return r.reportSoon }
+
+// addPrompt counts a dispatched request's prompt tokens on st as in flight
+// and asks for an early report when they jump.
+func (r *Router) addPrompt(st *workerState, tokens int64) {
+	if st.promptTokens.Add(tokens)-st.reported.latest.Load() < JumpTokens {
+		return
+	}
+	select {
+	case r.reportSoon <- struct{}{}:
+	default: // one is pending: its report will carry this one too
+	}
+}

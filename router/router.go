@@ -40,16 +40,18 @@ type Router struct {
 	metrics  *metrics
 	// reportSeq numbers Observations (Observations.Seq).
 	reportSeq atomic.Uint64
-	pdm       *pdMetrics
-	wm        *windowMetrics      // the wait path of running windows
-	handoff   *handoff            // rooms borrowed from and lent to peer routers
-	ttm       *ttftMetrics        // TTFT predictions
-	om        *objectiveMetrics   // TTFT objectives
-	gatherer  prometheus.Gatherer // nil when the Registerer cannot gather
-	cb        breakerConfig
-	sel       selector
-	upstream  *upstream
-	grpc      *grpcPath // the upstream of gRPC workers
+	// reportSoon asks for a report before the next tick (ReportSoon).
+	reportSoon chan struct{}
+	pdm        *pdMetrics
+	wm         *windowMetrics      // the wait path of running windows
+	handoff    *handoff            // rooms borrowed from and lent to peer routers
+	ttm        *ttftMetrics        // TTFT predictions
+	om         *objectiveMetrics   // TTFT objectives
+	gatherer   prometheus.Gatherer // nil when the Registerer cannot gather
+	cb         breakerConfig
+	sel        selector
+	upstream   *upstream
+	grpc       *grpcPath // the upstream of gRPC workers
 	// objectives is each class's TTFT objective (0: none; objective.go).
 	objectives [admission.NumClasses]time.Duration
 	// door is the first admission layer: the priority scheduler (then
@@ -125,14 +127,15 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	}
 	stopped, stop := context.WithCancelCause(context.Background())
 	r := &Router{
-		pdm:     pdm,
-		stopped: stopped,
-		stop:    func() { stop(errStopped) },
-		opts:    opts,
-		log:     log,
-		metrics: m,
-		states:  make(map[string]*workerState),
-		clock:   opts.Now,
+		pdm:        pdm,
+		stopped:    stopped,
+		stop:       func() { stop(errStopped) },
+		opts:       opts,
+		log:        log,
+		metrics:    m,
+		states:     make(map[string]*workerState),
+		clock:      opts.Now,
+		reportSoon: make(chan struct{}, 1),
 
 		waitlists: make(map[waitlistKey]*admission.Waitlist),
 		cb: breakerConfig{

@@ -71,6 +71,18 @@ const (
 	DefaultReportInterval = 250 * time.Millisecond
 )
 
+// MinEarlyReport is the least time from one report to an early one: a
+// router sends at most 1/MinEarlyReport early reports a second, each as a
+// regular report (every worker), whatever its dispatches.
+const MinEarlyReport = 50 * time.Millisecond
+
+// EarlyReportTarget is a Target that asks for a report before the next
+// tick: the router after a dispatch that moved its prompt tokens in flight
+// on a worker by a jump (router.Router.ReportSoon).
+type EarlyReportTarget interface {
+	ReportSoon() <-chan struct{}
+}
+
 // Options configure a Client.
 type Options struct {
 	// RouterID names this router to the control plane.
@@ -307,16 +319,20 @@ func (c *Client) session(ctx context.Context) (heard bool, err error) {
 	}
 }
 
-// send acks applied revisions and sends observations every ReportInterval.
-// It is the stream's only sender after the hello. Acks feed the control
-// plane's lag display, not correctness (a resume names its revision), so at
-// most one goes out per ReportInterval on its own; the rest ride with the
-// next report.
+// send acks applied revisions and sends observations every ReportInterval,
+// and early when the target asks (EarlyReportTarget). It is the stream's
+// only sender after the hello. Acks feed the control plane's lag display,
+// not correctness (a resume names its revision), so at most one goes out
+// per ReportInterval on its own; the rest ride with the next report.
 func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[smgv1.WatchRequest, smgv1.WatchResponse]) {
 	tick := time.NewTicker(c.opts.ReportInterval)
 	defer tick.Stop()
+	var soon <-chan struct{}
+	if t, ok := c.target.(EarlyReportTarget); ok {
+		soon = t.ReportSoon()
+	}
 	var acked uint64
-	var lastAck time.Time
+	var lastAck, lastReport time.Time
 	ack := func() error {
 		_, rev := c.Revision()
 		if rev == acked && !lastAck.IsZero() {
@@ -326,6 +342,17 @@ func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[smgv1
 		return stream.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Ack{Ack: &smgv1.WatchAck{Revision: rev}}})
 	}
 	pending := false
+	var held <-chan time.Time // an early report waiting out MinEarlyReport
+	sendReport := func() error {
+		if pending {
+			pending = false
+			if err := ack(); err != nil {
+				return err
+			}
+		}
+		held, lastReport = nil, c.opts.Now()
+		return stream.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Report{Report: report(c.withCarried(c.target.Observations()))}})
+	}
 	for {
 		var err error
 		select {
@@ -337,15 +364,19 @@ func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[smgv1
 				continue
 			}
 			err = ack()
+		case <-soon:
+			if held != nil {
+				continue // one is due already
+			}
+			if d := MinEarlyReport - c.opts.Now().Sub(lastReport); d > 0 {
+				held = time.After(d)
+				continue
+			}
+			err = sendReport()
+		case <-held:
+			err = sendReport()
 		case <-tick.C:
-			if pending {
-				pending = false
-				err = ack()
-			}
-			if err != nil {
-				return
-			}
-			err = stream.Send(&smgv1.WatchRequest{Msg: &smgv1.WatchRequest_Report{Report: report(c.withCarried(c.target.Observations()))}})
+			err = sendReport()
 		}
 		if err != nil {
 			return // Recv sees the same failure and ends the session
