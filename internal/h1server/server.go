@@ -166,8 +166,8 @@ func (s *Server) closeIdle() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
-		st, since := c.getState()
-		if st == http.StateIdle || (st == http.StateNew && time.Since(since) > 5*time.Second) {
+		st := http.ConnState(c.state.Load())
+		if st == http.StateIdle || (st == http.StateNew && time.Since(c.opened) > 5*time.Second) {
 			_ = c.rwc.Close()
 		}
 	}
@@ -213,7 +213,8 @@ type conn struct {
 	head   reqHead
 	rw     response
 	body   *body
-	state  atomic.Int64 // http.ConnState<<56 | unix nanoseconds of the change (clipped)
+	state  atomic.Int32 // http.ConnState
+	opened time.Time    // accepted: a connection silent since is closed at Shutdown
 
 	connCancel context.CancelFunc // nil unless the base context can end
 
@@ -234,7 +235,7 @@ type conn struct {
 const bufSize = 4 << 10
 
 func (s *Server) newConn(base context.Context, rwc net.Conn) *conn {
-	c := &conn{s: s, rwc: rwc, remote: rwc.RemoteAddr().String()}
+	c := &conn{s: s, rwc: rwc, remote: rwc.RemoteAddr().String(), opened: time.Now()}
 	c.cw = sendwait.New(rwc, c.sentIdle)
 	c.cr.c = c.cw
 	c.ctx = context.WithValue(base, http.LocalAddrContextKey, rwc.LocalAddr())
@@ -263,20 +264,10 @@ func (s *Server) newConn(base context.Context, rwc net.Conn) *conn {
 }
 
 func (c *conn) setState(st http.ConnState) {
-	c.state.Store(int64(st)<<56 | time.Now().UnixNano()&(1<<56-1))
+	c.state.Store(int32(st))
 	if hook := c.s.Config.ConnState; hook != nil {
 		hook(c.rwc, st)
 	}
-}
-
-func (c *conn) getState() (http.ConnState, time.Time) {
-	v := c.state.Load()
-	now := time.Now().UnixNano()
-	ns := now&^(1<<56-1) | v&(1<<56-1)
-	if ns > now {
-		ns -= 1 << 56
-	}
-	return http.ConnState(v >> 56), time.Unix(0, ns)
 }
 
 func (c *conn) serve() {
