@@ -297,7 +297,7 @@ func (r *Router) sendPair(ctx context.Context, w http.ResponseWriter, in *http.R
 	copyResponseHeaders(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	if err := r.copyBody(w, resp.Body, dst, streaming || sse, func() bool { return true }); err != nil {
+	if err := r.copyBody(w, resp.Body, dst, streaming || sse, func(time.Time) bool { return true }); err != nil {
 		if clientLeft(in) {
 			return statusClientClosed
 		}

@@ -73,12 +73,12 @@ func (t *ttftTrack) firstByte(at time.Time, observed time.Duration) {
 
 // chunk records a later chunk of a streamed answer: the first after the
 // first byte is one decode step.
-func (t *ttftTrack) chunk(now func() time.Time) {
+func (t *ttftTrack) chunk(now time.Time) {
 	if t.stepDone || t.first.IsZero() {
 		return
 	}
 	t.stepDone = true
-	t.est.ObserveStep(now().Sub(t.first))
+	t.est.ObserveStep(now.Sub(t.first))
 }
 
 // ttftMetrics are the predictor's request metrics.

@@ -466,17 +466,16 @@ func (r *Router) dispatch(rc *reqCtx, w http.ResponseWriter, in *http.Request, w
 		sendHead()
 	}
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	firstByte := func() bool {
+	firstByte := func(now time.Time) bool {
 		if prefilling {
 			prefilling = false
 			st.promptTokens.Add(-promptTokens)
 			if resp.StatusCode == http.StatusOK {
-				now := r.clock()
 				st.notePrefill(promptTokens, now.Sub(sent))
 				tt.firstByte(now, now.Sub(sent))
 			}
 		} else if streaming || sse {
-			tt.chunk(r.clock)
+			tt.chunk(now)
 		}
 		return headSent || sendHead()
 	}
@@ -513,8 +512,10 @@ func (r *Router) dispatch(rc *reqCtx, w http.ResponseWriter, in *http.Request, w
 }
 
 // copyBody forwards the answer, flushing after every read when streaming so
-// each SSE event reaches the client as it arrives. Every chunk is progress.
-func (r *Router) copyBody(w http.ResponseWriter, body io.Reader, st *workerState, flush bool, firstByte func() bool) error {
+// each SSE event reaches the client as it arrives; the last bytes, read
+// with the body's end, go out with the answer's end instead (one write,
+// not two). Every chunk is progress, stamped once for firstByte and st.
+func (r *Router) copyBody(w http.ResponseWriter, body io.Reader, st *workerState, flush bool, firstByte func(time.Time) bool) error {
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	buf := *bp
@@ -525,14 +526,15 @@ func (r *Router) copyBody(w http.ResponseWriter, body io.Reader, st *workerState
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
-			if !firstByte() {
+			now := r.clock()
+			if !firstByte(now) {
 				return errPreempted
 			}
-			st.lastProgress.Store(r.clock().UnixNano())
+			st.lastProgress.Store(now.UnixNano())
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return werr
 			}
-			if flusher != nil {
+			if flusher != nil && err != io.EOF {
 				flusher.Flush()
 			}
 		}
