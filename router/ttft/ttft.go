@@ -138,11 +138,12 @@ type Estimator struct {
 	published atomic.Pointer[estimate]
 	// errs are the latest observed less predicted TTFTs (a ring), for
 	// Margin, as decayed up to errAt (the latest's time).
-	errs    [Samples]time.Duration
-	errNext int
-	errN    int
-	errAt   time.Time
-	margin  atomic.Pointer[margin]
+	errs        [Samples]time.Duration
+	errNext     int
+	errN        int
+	errAt       time.Time
+	margin      atomic.Pointer[margin]
+	marginStale atomic.Bool // errors came since margin was worked out
 }
 
 // margin is the margin as of the latest error, at.
@@ -434,12 +435,23 @@ func (e *Estimator) ObserveError(observed, predicted time.Duration) {
 	e.errs[e.errNext] = observed - predicted
 	e.errNext = (e.errNext + 1) % Samples
 	e.errN = min(e.errN+1, Samples)
+	e.marginStale.Store(true) // worked out when read: most routers never read it
+}
+
+// refreshMargin works out the margin from the errors as of the latest.
+func (e *Estimator) refreshMargin() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.marginStale.Load() {
+		return
+	}
 	var m time.Duration
 	if e.errN >= marginMin {
 		scratch := e.errs
 		m = min(max(nth(scratch[:e.errN], int(marginQuantile*float64(e.errN-1)+0.5)), 0), MaxMargin)
 	}
-	e.margin.Store(&margin{d: m, at: t})
+	e.margin.Store(&margin{d: m, at: e.errAt})
+	e.marginStale.Store(false)
 }
 
 // Margin is what a prediction is lengthened by where it must hold (an
@@ -450,6 +462,9 @@ func (e *Estimator) ObserveError(observed, predicted time.Duration) {
 // router sent that this one has not heard of yet) adds time whatever the
 // request's own prefill.
 func (e *Estimator) Margin() time.Duration {
+	if e.marginStale.Load() {
+		e.refreshMargin()
+	}
 	m := e.margin.Load()
 	if m.d == 0 {
 		return 0

@@ -364,3 +364,22 @@ func TestPredictionBoundsTheWorkAhead(t *testing.T) {
 		}
 	})
 }
+
+// Folding in an error is part of every request: it allocates nothing, and
+// the margin it moves is worked out when read, as of the latest error.
+func TestObserveErrorAllocatesNothing(t *testing.T) {
+	e := New(time.Now)
+	ms := time.Millisecond
+	for range Samples {
+		e.ObserveError(100*ms, 100*ms)
+	}
+	if n := testing.AllocsPerRun(100, func() { e.ObserveError(150*ms, 100*ms) }); n != 0 {
+		t.Fatalf("ObserveError: %v allocations, want 0", n)
+	}
+	if m := e.Margin(); m != 50*ms {
+		t.Fatalf("margin after the latest errors = %v, want 50ms", m)
+	}
+	if n := testing.AllocsPerRun(100, func() { e.Margin() }); n != 0 {
+		t.Fatalf("Margin with no new error: %v allocations, want 0", n)
+	}
+}
