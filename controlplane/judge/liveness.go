@@ -383,11 +383,7 @@ func (l *Liveness) HeardStream() uint64 { return l.heardStream }
 // Contact records a successful contact at now that carries no load: a
 // passing health probe, or any answer. It clears unreachable at once; it does
 // not clear wedged, which needs progress.
-func (l *Liveness) Contact(at time.Time, r *Rules) Change {
-	now := stampOf(at)
-	l.contact(now)
-	return l.judge(now, r, nil, false)
-}
+func (l *Liveness) Contact(at time.Time, r *Rules) Change { return l.ContactAt(at, at, r) }
 
 // ContactAt records contact that happened at at and is learned at now (a
 // router's report of an answer): it counts from at, so an answer older than
