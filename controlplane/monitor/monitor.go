@@ -371,7 +371,7 @@ func (m *Monitor) newReader(w *registry.Worker) (LoadReader, error) {
 		}
 		return m.opts.GRPC.Get(w.Spec.GetUrl())
 	}
-	return engine.NewReader(withBearer(m.client, w.Spec.GetApiKey()), w.Spec.GetUrl(), engine.WithBudget(m.opts.Budget)), nil
+	return engine.NewReader(m.client, w.Spec.GetUrl(), engine.WithBudget(m.opts.Budget), engine.WithAPIKey(w.Spec.GetApiKey())), nil
 }
 
 // PollOnce reads one worker and ingests the outcome.
@@ -434,30 +434,4 @@ func (m *Monitor) pruneReaders(workers []*registry.Worker) {
 		}
 		m.opts.GRPC.Retain(urls)
 	}
-}
-
-// withBearer returns a client that sends the worker's api_key as its bearer
-// token, or client itself when there is none.
-func withBearer(client *http.Client, apiKey string) *http.Client {
-	if apiKey == "" {
-		return client
-	}
-	c := *client
-	base := c.Transport
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	c.Transport = bearerTransport{base: base, header: "Bearer " + apiKey}
-	return &c
-}
-
-type bearerTransport struct {
-	base   http.RoundTripper
-	header string
-}
-
-func (t bearerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	req = req.Clone(req.Context())
-	req.Header.Set("Authorization", t.header)
-	return t.base.RoundTrip(req)
 }

@@ -51,6 +51,9 @@ func WithClock(now func() time.Time) Option { return func(r *Reader) { r.now = n
 // is parsed, its share of the process's read budget (nil: none).
 func WithBudget(b *readbudget.Budget) Option { return func(r *Reader) { r.budget = b } }
 
+// WithAPIKey sends key as the bearer token of every request ("": none).
+func WithAPIKey(key string) Option { return func(r *Reader) { r.apiKey = key } }
+
 // Reader reads one worker's load. It detects the worker's wire on the first
 // usable answer and remembers it; when the remembered wire stops giving a
 // usable report (an error status, an undecodable or empty answer) it is
@@ -62,6 +65,7 @@ type Reader struct {
 	base   string
 	now    func() time.Time
 	budget *readbudget.Budget
+	apiKey string
 
 	mu        sync.Mutex
 	source    Source
@@ -283,6 +287,9 @@ func (r *Reader) get(ctx context.Context, path, accept string) ([]byte, error) {
 		return nil, err
 	}
 	req.Header.Set("Accept", accept)
+	if r.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+r.apiKey)
+	}
 	resp, err := r.client.Do(req)
 	if err != nil {
 		return nil, err
