@@ -11,7 +11,6 @@ package controlplane
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -214,7 +213,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		opts.Now = time.Now
 	}
 	cp := &ControlPlane{opts: opts, log: log, metrics: reg}
-	cp.Registry = registry.New(newEpoch(), registry.DefaultHistory)
+	cp.Registry = registry.New(rand.Text(), registry.DefaultHistory)
 	// Engines are dialled through a hook that checks the address actually
 	// dialled, after resolution (registration checks only the URL as written).
 	dialer := workerurl.Dialer(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second},
@@ -422,13 +421,7 @@ func spreadSeed(opts Options) string {
 	if opts.Cluster.Enabled() {
 		return ""
 	}
-	return newEpoch()
-}
-
-func newEpoch() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	return rand.Text()
 }
 
 // TransportOptions are the gRPC transport options of the control plane's
@@ -442,12 +435,9 @@ func newEpoch() string {
 // second for nothing. The window is larger than what the agents' records
 // and routers' reports have in flight.
 func TransportOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.InitialWindowSize(transportWindow), grpc.InitialConnWindowSize(transportWindow)}
+	const window = 4 << 20 // per stream and per connection
+	return []grpc.ServerOption{grpc.InitialWindowSize(window), grpc.InitialConnWindowSize(window)}
 }
-
-// transportWindow is the server's HTTP/2 flow-control window, per stream
-// and per connection.
-const transportWindow = 4 << 20
 
 // Listening tells a replicated control plane the ports it serves on, which
 // it announces to the cluster (routers and agents are sent there).
@@ -611,18 +601,15 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 	<-ctx.Done()
 	wg.Wait()
 	if cp.Cluster != nil {
-		cp.demote()
+		// A replica that stopped leading drops its soft state: its verdicts
+		// and evidence are no one's truth any more (the next leader rebuilds
+		// its own), and a later term of its own starts clean. Workers go back
+		// to presumed Ready with no veto, the fail-open direction: a router
+		// still attached to this replica in the instant before its stream
+		// ends may read this change, and must not see the fleet vanish
+		// (Health pending would take every worker out of its routing until
+		// it reached the new leader).
+		cp.Evidence.Rebuild("no longer the leader: its verdicts are dropped", (*registry.Worker).Presumed)
+		cp.Evidence.Sweep(cp.opts.Now()) // drops the evidence of every worker not Ready
 	}
-}
-
-// demote drops the soft state of a replica that stopped leading: its
-// verdicts and evidence are no one's truth any more (the next leader
-// rebuilds its own), and a later term of its own starts clean. Workers go
-// back to presumed Ready with no veto, the fail-open direction: a router
-// still attached to this replica in the instant before its stream ends may
-// read this change, and must not see the fleet vanish (Health pending would
-// take every worker out of its routing until it reached the new leader).
-func (cp *ControlPlane) demote() {
-	cp.Evidence.Rebuild("no longer the leader: its verdicts are dropped", (*registry.Worker).Presumed)
-	cp.Evidence.Sweep(cp.opts.Now()) // drops the evidence of every worker not Ready
 }

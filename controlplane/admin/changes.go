@@ -2,8 +2,6 @@ package admin
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -306,10 +304,3 @@ func RestoreDurable(reg *registry.Registry, resolve ThresholdResolver, d *Durabl
 
 // running reports whether a job has not finished.
 func running(j *registry.Job) bool { return j.State == "pending" || j.State == "processing" }
-
-// newToken names a registration attempt.
-func newToken() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}

@@ -7,6 +7,7 @@ package admin
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
@@ -189,7 +190,7 @@ func (s *Service) startJob(ctx context.Context, id, kind string, spec *smgv1.Wor
 	if err != nil {
 		return nil, errBadRequest("spec", "spec: %v", err)
 	}
-	c := &Change{Op: OpSubmit, WorkerID: id, Token: newToken(), Kind: kind, Spec: b, At: s.opts.Now()}
+	c := &Change{Op: OpSubmit, WorkerID: id, Token: rand.Text(), Kind: kind, Spec: b, At: s.opts.Now()}
 	if _, err := s.commit(ctx, c); err != nil {
 		return nil, err
 	}
