@@ -30,12 +30,12 @@ type kvStreams struct {
 // reconcileStreams starts a stream for each Ready gRPC worker no agent
 // covers and stops the others'.
 func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Worker) {
-	if m.opts.GRPC == nil {
+	if m.opts.GRPC == nil || m.opts.Covered == nil {
 		return
 	}
 	want := map[string]*registry.Worker{}
 	for _, w := range workers {
-		if w.Ready() && enginegrpc.IsGRPC(w.Spec.GetUrl()) && !m.agentCovers(w) {
+		if w.Ready() && enginegrpc.IsGRPC(w.Spec.GetUrl()) && !m.opts.Covered(w.Spec.GetUrl()) {
 			want[w.ID] = w
 		}
 	}
@@ -64,14 +64,6 @@ func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Work
 		k.m[id] = st
 		k.wg.Go(func() { m.runStream(sctx, id, c, st) })
 	}
-}
-
-// agentCovers reports whether an agent streams w's KV events.
-func (m *Monitor) agentCovers(w *registry.Worker) bool {
-	if m.opts.Covered == nil {
-		return w.AgentNode != ""
-	}
-	return m.opts.Covered(w.Spec.GetUrl())
 }
 
 // KVStreams is the number of KV event streams the monitor keeps (one per

@@ -70,10 +70,9 @@ type Options struct {
 	// GRPC (nil: gRPC workers are not polled) polls grpc:// and grpcs://
 	// workers with GetLoads, and streams their KV events.
 	GRPC *enginegrpc.Pool
-	// Covered (nil: a worker is covered while the registry names the node
-	// of the agent feeding it) tells whether a connected agent is assigned
-	// the engine url: that agent streams its KV events, the monitor does
-	// not. Call CoverageChanged when its answers may change.
+	// Covered tells whether a connected agent is assigned the engine url:
+	// that agent streams its KV events, the monitor does not (nil: the
+	// monitor streams none). Call CoverageChanged when its answers may change.
 	Covered func(url string) bool
 }
 
