@@ -11,6 +11,7 @@ package tenants
 import (
 	"cmp"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -97,6 +98,7 @@ func (t *Table) Others(routerID string) *smgv1.TenantShares {
 			s.InFlight += u.InFlight
 			s.Waiting += u.Waiting
 			s.Demand += u.Demand
+			s.Mean += u.Mean
 		}
 	}
 	t.mu.Unlock()
@@ -117,6 +119,11 @@ func sanitize(us []*smgv1.TenantUsage) []*smgv1.TenantUsage {
 		c := &smgv1.TenantUsage{Tenant: u.Tenant, Weight: u.Weight,
 			InFlight: min(max(0, u.InFlight), maxCount), Waiting: min(max(0, u.Waiting), maxCount)}
 		c.Demand = min(max(u.Demand, c.InFlight+c.Waiting), maxCount)
+		// A tenant's mean, to a tenth of a slot: finer changes are noise the
+		// relay would carry to every router.
+		if u.Mean > 0 { // NaN not
+			c.Mean = math.Round(min(u.Mean, float64(maxCount))*10) / 10
+		}
 		if !(c.Weight > 0 && c.Weight <= maxWeight) { // NaN too
 			c.Weight = 1
 		}
@@ -134,6 +141,6 @@ func sanitize(us []*smgv1.TenantUsage) []*smgv1.TenantUsage {
 
 func same(a, b []*smgv1.TenantUsage) bool {
 	return slices.EqualFunc(a, b, func(x, y *smgv1.TenantUsage) bool {
-		return x.Tenant == y.Tenant && x.Weight == y.Weight && x.InFlight == y.InFlight && x.Waiting == y.Waiting && x.Demand == y.Demand
+		return x.Tenant == y.Tenant && x.Weight == y.Weight && x.InFlight == y.InFlight && x.Waiting == y.Waiting && x.Demand == y.Demand && x.Mean == y.Mean
 	})
 }

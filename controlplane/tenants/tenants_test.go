@@ -81,3 +81,32 @@ func TestReportSanitized(t *testing.T) {
 		t.Fatal("kept an idle, nameless or smallest tenant")
 	}
 }
+
+// A tenant's mean is summed over the other routers like its counts, to a
+// tenth of a slot (a change under that is no change to relay); a mean that
+// is negative or not a number is none.
+func TestMeanSummedAndSanitized(t *testing.T) {
+	tb := New()
+	mean := func(tenant string, in int64, m float64) *smgv1.TenantUsage {
+		return &smgv1.TenantUsage{Tenant: tenant, Weight: 1, InFlight: in, Mean: m}
+	}
+	tb.Report("r1", []*smgv1.TenantUsage{mean("auth:a", 1, 2.34)})
+	tb.Report("r2", []*smgv1.TenantUsage{mean("auth:a", 1, 1.01), mean("auth:b", 1, math.NaN())})
+	tb.Report("r3", []*smgv1.TenantUsage{mean("auth:b", 1, -4)})
+	got := map[string]float64{}
+	for _, o := range tb.Others("r3").GetOthers() {
+		got[o.Tenant] = o.Mean
+	}
+	if math.Abs(got["auth:a"]-3.3) > 1e-9 || got["auth:b"] != 0 {
+		t.Fatalf("r3 told means %v, want auth:a 3.3 (2.3 + 1.0), auth:b 0", got)
+	}
+	v := tb.Version()
+	tb.Report("r1", []*smgv1.TenantUsage{mean("auth:a", 1, 2.31)})
+	if tb.Version() != v {
+		t.Fatal("a mean that moved by less than a tenth of a slot changed the version")
+	}
+	tb.Report("r1", []*smgv1.TenantUsage{mean("auth:a", 1, 2.5)})
+	if tb.Version() == v {
+		t.Fatal("a mean that moved by 0.2 slot did not change the version")
+	}
+}

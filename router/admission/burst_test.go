@@ -97,3 +97,34 @@ func TestUnderShareBurstPastWeightedShare(t *testing.T) {
 		t.Logf("steady waited %d of 12 burst requests; flood held %.2f on average", waited, float64(floodSum)/float64(samples))
 	})
 }
+
+// Fleet-wide, the other routers' relayed mean decides whether a tenant is
+// under its weighted share on average, not what it holds there now: with a
+// mean of 2 elsewhere a burst to 6 of its weighted 6 goes on past it; with
+// a mean of 5 elsewhere it is refused at its share.
+func TestRelayedMeanDecidesBursts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, c := range []struct {
+			mean float64
+			want Result
+		}{{2, Admitted}, {5, OverFairShare}} {
+			s := newTest(t, refusedCfg(), 4)
+			s.SetFleetCapacity(12)
+			s.SetFleetTenants([]TenantDemand{
+				{Tenant: "auth:flood", Weight: 1, InFlight: 5, Demand: 50, Mean: 50},
+				{Tenant: "auth:steady", Weight: 1, InFlight: 5, Demand: 5, Mean: c.mean},
+			})
+			held := admitN(t, s, "auth:steady", 1) // 6 of its weighted 6 fleet-wide
+			tk, r := s.AdmitTenant(t.Context(), Default, "auth:steady")
+			if r != c.want {
+				t.Fatalf("relayed mean %v: %v, want %v", c.mean, r, c.want)
+			}
+			if tk != nil {
+				held = append(held, tk)
+			}
+			for _, h := range held {
+				h.Release()
+			}
+		}
+	})
+}

@@ -39,6 +39,9 @@ func (s *Scheduler) SetFleetTenants(others []TenantDemand) {
 		if o.Tenant == "" || !validWeight(o.Weight) || o.InFlight < 0 || o.Waiting < 0 {
 			continue
 		}
+		if !(o.Mean >= 0 && o.Mean <= float64(math.MaxInt32)) { // NaN too
+			o.Mean = 0
+		}
 		o.Demand = max(o.Demand, o.InFlight+o.Waiting)
 		m[o.Tenant] = o
 	}
@@ -60,7 +63,8 @@ func (s *Scheduler) Tenants() []TenantDemand {
 	out := make([]TenantDemand, 0, s.fair.active)
 	for _, t := range s.fair.tenants {
 		if d := s.expectedLocked(t, now); d > 0 {
-			out = append(out, TenantDemand{Tenant: t.name, Weight: t.weight, InFlight: t.inflight, Waiting: t.waiting, Demand: d})
+			out = append(out, TenantDemand{Tenant: t.name, Weight: t.weight, InFlight: t.inflight, Waiting: t.waiting, Demand: d,
+				Mean: t.use.streamMean(now, s.holdPriorLocked(now))})
 		}
 	}
 	if len(out) > maxReportedTenants {
@@ -96,12 +100,15 @@ func (s *Scheduler) fleetLocked(now time.Time) (map[string]TenantDemand, int64) 
 // active.
 func (s *Scheduler) demandsLocked(ts *tenantState, others map[string]TenantDemand, now time.Time) (ds []TenantDemand, mine int64, active bool) {
 	ds = make([]TenantDemand, 0, s.fair.active+len(others)+1)
+	prior := s.holdPriorLocked(now)
 	for _, t := range s.fair.tenants {
-		d := TenantDemand{Tenant: t.name, Weight: t.weight, InFlight: t.inflight, Waiting: t.waiting, Demand: s.expectedLocked(t, now)}
+		d := TenantDemand{Tenant: t.name, Weight: t.weight, InFlight: t.inflight, Waiting: t.waiting, Demand: s.expectedLocked(t, now),
+			Mean: t.use.streamMean(now, prior)}
 		if o, ok := others[t.name]; ok {
 			d.InFlight += o.InFlight
 			d.Waiting += o.Waiting
 			d.Demand += o.Demand
+			d.Mean += o.Mean
 		}
 		switch {
 		case t == ts:
@@ -167,7 +174,7 @@ func (s *Scheduler) overShareLocked(ts *tenantState, now time.Time) bool {
 	share := math.Ceil(min(float64(me.Demand), level*me.Weight) - 1e-9)
 	wsum := weightSum(ds)
 	weighted := float64(capacity) * me.Weight / wsum
-	mean := s.fleetMeanLocked(ts, others, now)
+	mean := me.Mean
 	if mean < weighted {
 		// Under its weighted share on average: a burst past its share
 		// takes what the others leave, up to its burst fleet-wide.
@@ -181,17 +188,6 @@ func (s *Scheduler) overShareLocked(ts *tenantState, now time.Time) bool {
 	}
 	claims := s.headroomLocked(ts, ds, capacity, wsum, now)
 	return claims > 0 && s.total+1+claims > s.capacity
-}
-
-// fleetMeanLocked is the slots t's arrivals keep busy on average
-// fleet-wide: its mean here plus what the other routers report for it
-// (their expected demand, at least their mean).
-func (s *Scheduler) fleetMeanLocked(t *tenantState, others map[string]TenantDemand, now time.Time) float64 {
-	m := t.use.streamMean(now, s.holdPriorLocked(now))
-	if o, ok := others[t.name]; ok {
-		m += float64(o.Demand)
-	}
-	return m
 }
 
 // headroomLocked is the free slots this router keeps for the tenants
@@ -221,7 +217,7 @@ func (s *Scheduler) headroomLocked(ts *tenantState, ds []TenantDemand, capacity 
 		// What it leaves unused of its weighted share now, or on average
 		// when more: a burst past what it holds on average keeps its
 		// headroom (the others keep their weighted share on average).
-		mean := here + float64(d.Demand-s.expectedLocked(u, now))
+		mean := d.Mean // fleet-wide
 		weighted := float64(capacity) * d.Weight / wsum
 		unused := weighted - min(float64(d.InFlight), mean)
 		burst := u.use.streamSlots(now, headroomSD, prior) - u.inflight

@@ -49,8 +49,7 @@ func (s *Scheduler) mayBorrowLocked(ts *tenantState, now time.Time) bool {
 				return true
 			}
 			// Under it on average: a burst borrows up to its burst.
-			mean := s.fleetMeanLocked(ts, others, now)
-			return mean < weighted && float64(mine) < math.Ceil(mean+headroomSD*math.Sqrt(mean))
+			return d.Mean < weighted && float64(mine) < math.Ceil(d.Mean+headroomSD*math.Sqrt(d.Mean))
 		}
 	}
 	return false

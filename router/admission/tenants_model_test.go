@@ -61,7 +61,7 @@ func tenantScenario(t *testing.T, shares []int64, seed uint64, st *tenantStats) 
 						}
 						x := sum[d.Tenant]
 						x.Tenant, x.Weight = d.Tenant, d.Weight
-						x.InFlight, x.Waiting, x.Demand = x.InFlight+d.InFlight, x.Waiting+d.Waiting, x.Demand+d.Demand
+						x.InFlight, x.Waiting, x.Demand, x.Mean = x.InFlight+d.InFlight, x.Waiting+d.Waiting, x.Demand+d.Demand, x.Mean+d.Mean
 						sum[d.Tenant] = x
 					}
 				}

@@ -162,5 +162,6 @@ type TenantDemand struct {
 	Weight   float64
 	InFlight int64
 	Waiting  int64
-	Demand   int64 // InFlight + Waiting, plus a newcomer when asked
+	Demand   int64   // InFlight + Waiting, plus a newcomer when asked
+	Mean     float64 // the slots its arrivals keep busy on average, without what it holds now
 }

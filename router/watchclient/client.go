@@ -61,7 +61,7 @@ func fleetTenants(m *smgv1.TenantShares) []admission.TenantDemand {
 	out := make([]admission.TenantDemand, 0, len(m.GetOthers()))
 	for _, u := range m.GetOthers() {
 		out = append(out, admission.TenantDemand{Tenant: u.GetTenant(), Weight: u.GetWeight(),
-			InFlight: u.GetInFlight(), Waiting: u.GetWaiting(), Demand: u.GetDemand()})
+			InFlight: u.GetInFlight(), Waiting: u.GetWaiting(), Demand: u.GetDemand(), Mean: u.GetMean()})
 	}
 	return out
 }
@@ -928,7 +928,7 @@ func report(obs router.Observations) *smgv1.RouterReport {
 	}
 	for _, t := range obs.Tenants {
 		r.Tenants = append(r.Tenants, &smgv1.TenantUsage{Tenant: t.Tenant, Weight: t.Weight, InFlight: t.InFlight, Waiting: t.Waiting,
-			Demand: t.Demand})
+			Demand: t.Demand, Mean: t.Mean})
 	}
 	return r
 }

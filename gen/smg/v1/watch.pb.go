@@ -314,7 +314,11 @@ type TenantUsage struct {
 	// The slots the tenant is expected to use: at least in_flight + waiting,
 	// more when its arrival rate times its holding time is (a tenant between
 	// two requests keeps its place).
-	Demand        int64 `protobuf:"varint,5,opt,name=demand,proto3" json:"demand,omitempty"`
+	Demand int64 `protobuf:"varint,5,opt,name=demand,proto3" json:"demand,omitempty"`
+	// The slots its arrivals keep busy on average (arrival rate times holding
+	// time), without what it holds now: whether it is under its weighted share
+	// on average, so its bursts may pass it.
+	Mean          float64 `protobuf:"fixed64,6,opt,name=mean,proto3" json:"mean,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -380,6 +384,13 @@ func (x *TenantUsage) GetWaiting() int64 {
 func (x *TenantUsage) GetDemand() int64 {
 	if x != nil {
 		return x.Demand
+	}
+	return 0
+}
+
+func (x *TenantUsage) GetMean() float64 {
+	if x != nil {
+		return x.Mean
 	}
 	return 0
 }
@@ -1512,13 +1523,14 @@ const file_smg_v1_watch_proto_rawDesc = "" +
 	"\aworkers\x18\x01 \x03(\v2\x19.smg.v1.WorkerObservationR\aworkers\x12,\n" +
 	"\x06demand\x18\x02 \x03(\v2\x14.smg.v1.DecodeDemandR\x06demand\x12-\n" +
 	"\atenants\x18\x03 \x03(\v2\x13.smg.v1.TenantUsageR\atenants\x12\x10\n" +
-	"\x03seq\x18\x04 \x01(\x04R\x03seq\"\x8c\x01\n" +
+	"\x03seq\x18\x04 \x01(\x04R\x03seq\"\xa0\x01\n" +
 	"\vTenantUsage\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06weight\x18\x02 \x01(\x01R\x06weight\x12\x1b\n" +
 	"\tin_flight\x18\x03 \x01(\x03R\binFlight\x12\x18\n" +
 	"\awaiting\x18\x04 \x01(\x03R\awaiting\x12\x16\n" +
-	"\x06demand\x18\x05 \x01(\x03R\x06demand\"\xd2\x03\n" +
+	"\x06demand\x18\x05 \x01(\x03R\x06demand\x12\x12\n" +
+	"\x04mean\x18\x06 \x01(\x01R\x04mean\"\xd2\x03\n" +
 	"\x11WorkerObservation\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12*\n" +
 	"\x11streams_in_flight\x18\x02 \x01(\x05R\x0fstreamsInFlight\x12?\n" +
