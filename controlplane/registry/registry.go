@@ -82,10 +82,9 @@ type State struct {
 	// predictions; set with the verdicts from the evidence.
 	PromptTokensAhead int64
 	// AheadRevision bumps when a router's part of PromptTokensAhead
-	// (Evidence.Routers) changes, even when the sum does not (the engine's
-	// larger count stands): the worker then reaches routers again, paced as
-	// a load, so each learns which of its reports the sum holds now
-	// (watch.proto's ReportAck) and keeps that report at hand.
+	// changes, even when the sum does not: the worker then reaches routers
+	// again, paced as a load, so each learns which of its reports the sum
+	// holds now (watch.proto's ReportAck).
 	AheadRevision uint64
 	// AheadJump bumps when one router's report raises its part of
 	// PromptTokensAhead by a jump (evidence.AheadJumpTokens or more, within
@@ -274,17 +273,15 @@ type Change struct {
 	Revision uint64
 	WorkerID string
 	Deleted  bool
-	// LoadOnly: only the worker's load report changed (Load, LoadRevision
-	// and the overload reason quoting it), or the agent feeding it, so
-	// watchers may deliver it at their own pace; any other change is a
-	// routing change.
+	// LoadOnly: only what loadOnly lists changed, so watchers may deliver
+	// it at their own pace; any other change is a routing change.
 	LoadOnly bool
 }
 
 // loadOnly reports whether b differs from a only where routers need not
-// hear at once: its load report, the prompt tokens ahead on it, or the
-// agent that feeds it (not sent to routers; a fleet of agents connecting
-// sets it on every worker).
+// hear at once: its load report (and the overload reason quoting it), the
+// prompt tokens ahead on it, or the agent that feeds it (a fleet of agents
+// connecting sets it on every worker).
 func loadOnly(a, b *Worker) bool {
 	c := *a
 	c.Load, c.LoadRevision, c.OverloadReason, c.AgentNode = b.Load, b.LoadRevision, b.OverloadReason, b.AgentNode
@@ -316,8 +313,8 @@ func (h *ring) at(i int) Change { return h.buf[(h.head+i)%len(h.buf)] }
 
 // since returns the ids changed after rev, each once (latest state wins; a
 // change is LoadOnly only if every merged change was), or ok=false when rev
-// is older than the history retained. seen is the caller's, empty, and left
-// empty: the index of the changes by id while they are merged.
+// is older than the history retained. seen is an empty scratch index, left
+// empty.
 func (h *ring) since(rev uint64, seen map[string]int) ([]Change, bool) {
 	if rev < h.evicted {
 		return nil, false
