@@ -55,7 +55,10 @@ func tokenCount(raw rawRef) (int64, bool) {
 // prompt plus its expected output for each of its need sequences (a batch
 // of prompts, or n choices), bounded.
 func requestTokens(prompt, output, need int64) int64 {
-	return min(prompt+max(1, need)*output, maxRequestTokens)
+	if need = max(1, need); output > 0 && need > maxRequestTokens/output {
+		return maxRequestTokens // the product would pass the bound, or wrap
+	}
+	return min(prompt+need*output, maxRequestTokens)
 }
 
 // tooManyTokensEverywhere reports whether tokens exceed the whole token

@@ -150,15 +150,20 @@ func (r *Router) servePD(ctx context.Context, w http.ResponseWriter, in *http.Re
 
 // batchSize returns the number of decode rooms a request takes (one per
 // prompt of a batched request, times n) and its number of prompts when it is
-// a batch (0: a single prompt).
+// a batch (0: a single prompt). The rooms are at most maxRooms: a client's
+// n cannot wrap the product around to a request that takes no room.
 func batchSize(f *requestFields) (rooms, prompts int64) {
 	for _, p := range [...]rawRef{f.Text, f.Prompt, f.InputIDs} {
 		if prompts = jsonBatchLen(p); prompts > 0 {
 			break
 		}
 	}
-	return max(1, prompts) * max(1, f.N), prompts
+	return min(min(max(1, prompts), maxRooms)*min(max(1, f.N), maxRooms), maxRooms), prompts
 }
+
+// maxRooms bounds the rooms one request claims: far past any window, so
+// such a request is shed as too wide.
+const maxRooms = 1 << 30
 
 // jsonBatchLen returns the length of a JSON array of prompts (strings or token
 // lists), or 0 for a single prompt. A list of numbers is one tokenized prompt.
