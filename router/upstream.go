@@ -197,24 +197,35 @@ func nothingRead(err error) error {
 
 // get takes an idle connection to key, or dials one.
 func (u *upstream) get(ctx context.Context, key upKey) (*upConn, bool, error) {
-	now := time.Now()
-	u.mu.Lock()
-	for list := u.idle[key]; len(list) > 0; list = u.idle[key] {
-		pc := list[len(list)-1]
-		list[len(list)-1] = nil
-		u.idle[key] = list[:len(list)-1]
-		if now.Sub(pc.idleAt) < u.idleTimeout {
-			u.mu.Unlock()
-			return pc, true, nil
-		}
-		pc.c.Close()
+	pc, expired := u.takeIdle(key, time.Now())
+	for _, c := range expired {
+		c.c.Close() // with no lock held: a TLS close writes to the engine
 	}
-	u.mu.Unlock()
+	if pc != nil {
+		return pc, true, nil
+	}
 	c, err := u.dialKey(ctx, key)
 	if err != nil {
 		return nil, false, err
 	}
 	return newUpConn(c, key), false, nil
+}
+
+// takeIdle takes the newest idle connection to key within the idle
+// timeout, and the older ones it passed, for the caller to close.
+func (u *upstream) takeIdle(key upKey, now time.Time) (pc *upConn, expired []*upConn) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for list := u.idle[key]; len(list) > 0; list = u.idle[key] {
+		c := list[len(list)-1]
+		list[len(list)-1] = nil
+		u.idle[key] = list[:len(list)-1]
+		if now.Sub(c.idleAt) < u.idleTimeout {
+			return c, expired
+		}
+		expired = append(expired, c)
+	}
+	return nil, expired
 }
 
 func (u *upstream) dialKey(ctx context.Context, key upKey) (net.Conn, error) {
@@ -240,40 +251,48 @@ func (u *upstream) dialKey(ctx context.Context, key upKey) (net.Conn, error) {
 // put keeps pc for the next request to its engine, within maxIdle, and
 // closes idle connections past the idle timeout now and then.
 func (u *upstream) put(pc *upConn) {
-	now := time.Now()
-	pc.idleAt = now
+	pc.idleAt = time.Now()
+	kept, stale := u.keep(pc)
+	if !kept {
+		pc.c.Close()
+	}
+	for _, c := range stale {
+		c.c.Close()
+	}
+}
+
+// keep adds pc to its engine's idle connections unless they are full, and
+// now and then takes out those past the idle timeout, for the caller to
+// close with no lock held.
+func (u *upstream) keep(pc *upConn) (kept bool, stale []*upConn) {
+	now := pc.idleAt
 	u.mu.Lock()
+	defer u.mu.Unlock()
 	list := u.idle[pc.key]
 	if len(list) >= u.maxIdle {
-		u.mu.Unlock()
-		pc.c.Close()
-		return
+		return false, nil
 	}
 	u.idle[pc.key] = append(list, pc)
-	var stale []*upConn
 	if now.Sub(u.lastSweep) > u.idleTimeout {
 		u.lastSweep = now
 		for k, list := range u.idle {
-			kept := list[:0]
+			fresh := list[:0]
 			for _, c := range list {
 				if now.Sub(c.idleAt) >= u.idleTimeout {
 					stale = append(stale, c)
 				} else {
-					kept = append(kept, c)
+					fresh = append(fresh, c)
 				}
 			}
-			clear(list[len(kept):])
-			if len(kept) == 0 {
+			clear(list[len(fresh):])
+			if len(fresh) == 0 {
 				delete(u.idle, k)
 			} else {
-				u.idle[k] = kept
+				u.idle[k] = fresh
 			}
 		}
 	}
-	u.mu.Unlock()
-	for _, c := range stale {
-		c.c.Close()
-	}
+	return true, stale
 }
 
 // upBody is an answer's body: read to its end, it gives the connection back

@@ -260,3 +260,48 @@ func TestUpstreamSendsAndWaitsOnPlainTCP(t *testing.T) {
 		}
 	}
 }
+
+// closeBlocks is a connection whose Close blocks until release is closed, as
+// a TLS close does while the engine reads nothing of its close_notify.
+type closeBlocks struct {
+	net.Conn
+	closing chan struct{}
+	release chan struct{}
+}
+
+func (c *closeBlocks) Close() error {
+	close(c.closing)
+	<-c.release
+	return nil
+}
+
+// An idle connection past the idle timeout is closed with no lock held:
+// one whose close blocks holds up neither the request that found it nor
+// the other engines' requests.
+func TestUpstreamClosesExpiredConnectionsOutsideTheLock(t *testing.T) {
+	u := newUpstream(&net.Dialer{Timeout: time.Second}, nil, 4, time.Minute)
+	key := upKey{host: "engine-a:8000"}
+	stuck := &closeBlocks{closing: make(chan struct{}), release: make(chan struct{})}
+	old := newUpConn(stuck, key)
+	old.idleAt = time.Now().Add(-2 * time.Minute)
+	u.idle[key] = []*upConn{old}
+	u.dial = func(context.Context, string, string) (net.Conn, error) {
+		c, _ := net.Pipe()
+		return c, nil
+	}
+	got := make(chan bool, 1)
+	go func() {
+		_, reused, _ := u.get(context.Background(), key)
+		got <- reused
+	}()
+	<-stuck.closing
+	if !u.mu.TryLock() {
+		close(stuck.release)
+		t.Fatal("the upstream's lock is held while an expired connection closes")
+	}
+	u.mu.Unlock()
+	close(stuck.release)
+	if <-got {
+		t.Fatal("an expired connection was reused")
+	}
+}
