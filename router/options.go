@@ -233,7 +233,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	boolean(&o.DisableCircuitBreaker, "disable-circuit-breaker", "turn off the per-worker circuit breaker")
 	integer(&o.CBFailureThreshold, "cb-failure-threshold", "consecutive failures that open a worker's circuit breaker")
 	integer(&o.CBSuccessThreshold, "cb-success-threshold", "consecutive successes in half-open that close the breaker")
-	integer(&o.CBTimeoutDurationSecs, "cb-timeout-duration-secs", "seconds an open breaker waits before letting a request through (half-open)")
+	integer(&o.CBTimeoutDurationSecs, "cb-timeout-duration-secs", "seconds an open breaker waits before letting a request through (half-open), unless the worker's next load report comes first")
 	boolean(&o.DisableRetries, "disable-retries", "never retry a failed upstream attempt")
 	integer(&o.RetryMaxRetries, "retry-max-retries", "retries after the first attempt, only before the first byte reaches the client")
 	integer(&o.RetryInitialBackoffMs, "retry-initial-backoff-ms", "backoff before the first retry, in milliseconds")
