@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
@@ -81,12 +80,12 @@ func (n *Node) serveRemove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	f := n.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
+	members, err := n.configuration()
+	if err != nil {
 		noLeader(w)
 		return
 	}
-	if !slices.ContainsFunc(f.Configuration().Servers, func(s raft.Server) bool { return string(s.ID) == id }) {
+	if _, ok := members[id]; !ok {
 		admin.WriteJSONError(w, http.StatusNotFound, "invalid_request_error", "MEMBER_NOT_FOUND", "no member "+id+" in the cluster configuration", nil)
 		return
 	}

@@ -50,14 +50,13 @@ type Node struct {
 	adminKey string
 	peerHTTP *http.Client // to the other members' HTTP ports
 
-	mu       sync.Mutex
-	self     Member
-	leading  bool            // Prepare done: streams and writes are taken
-	leadCtx  context.Context // ends when leadership ends
-	ready    chan struct{}   // closed when this node takes up leading
-	changes  int             // leader changes seen (metrics)
-	closed   bool
-	shutdown chan struct{}
+	mu        sync.Mutex
+	self      Member
+	leadCtx   context.Context // while leading, Prepare done (streams and writes are taken); ends when leadership does
+	ready     chan struct{}   // closed when this node takes up leading
+	changes   int             // leader changes seen (metrics)
+	closeOnce sync.Once
+	shutdown  chan struct{}
 }
 
 // nodeFile records which node a data dir belongs to.
@@ -247,11 +246,7 @@ func (n *Node) warnPlaintext(peers map[string]string) {
 	if n.opts.TLS != nil {
 		return
 	}
-	others := len(peers) > 1 || n.opts.Join != ""
-	if f := n.raft.GetConfiguration(); f.Error() == nil && len(f.Configuration().Servers) > 1 {
-		others = true
-	}
-	if others {
+	if stored, _ := n.configuration(); len(peers) > 1 || n.opts.Join != "" || len(stored) > 1 {
 		n.log.Warn("Raft traffic is plaintext: anyone who reaches the Raft port can read the registry or inject Raft RPCs (set --raft-tls-cert-file, --raft-tls-key-file and --raft-tls-ca-file; docs/ha.md#raft-security)",
 			"raft_addr", n.opts.RaftAddr)
 	}
@@ -292,7 +287,7 @@ func (n *Node) Run(ctx context.Context, l Leader) error {
 			return
 		}
 		n.mu.Lock()
-		n.leading = false
+		n.leadCtx = nil
 		n.ready = make(chan struct{})
 		n.mu.Unlock()
 		end()
@@ -327,7 +322,7 @@ func (n *Node) Run(ctx context.Context, l Leader) error {
 			go func() { defer close(done); l.Lead(lctx) }()
 			end = func() { cancel(); <-done }
 			n.mu.Lock()
-			n.leading, n.leadCtx = true, lctx
+			n.leadCtx = lctx
 			close(n.ready)
 			n.mu.Unlock()
 			n.log.Info("This control plane is the leader", "node_id", n.id, "term", term)
@@ -340,7 +335,7 @@ func (n *Node) Run(ctx context.Context, l Leader) error {
 func (n *Node) Leading() (context.Context, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.leadCtx, n.leading
+	return n.leadCtx, n.leadCtx != nil
 }
 
 // awaitLeader waits, within ctx and at most d, until this node leads with
@@ -458,20 +453,16 @@ func (n *Node) logLeaders() {
 }
 
 // Close stops Raft and closes the data dir.
-func (n *Node) Close() error {
-	n.mu.Lock()
-	if n.closed {
-		n.mu.Unlock()
-		return nil
-	}
-	n.closed = true
-	n.mu.Unlock()
-	close(n.shutdown)
-	n.raft.DeregisterObserver(n.obs)
-	err := n.raft.Shutdown().Error()
-	_ = n.trans.Close()
-	n.peerHTTP.CloseIdleConnections()
-	return errors.Join(err, n.store.Close())
+func (n *Node) Close() (err error) {
+	n.closeOnce.Do(func() {
+		close(n.shutdown)
+		n.raft.DeregisterObserver(n.obs)
+		err = n.raft.Shutdown().Error()
+		_ = n.trans.Close()
+		n.peerHTTP.CloseIdleConnections()
+		err = errors.Join(err, n.store.Close())
+	})
+	return err
 }
 
 // logWriter sends Raft's own log lines to the control plane's logger.
@@ -489,8 +480,7 @@ func (n *Node) Handover() {
 	if n.raft.State() != raft.Leader {
 		return
 	}
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil || len(f.Configuration().Servers) < 2 {
+	if m, err := n.configuration(); err != nil || len(m) < 2 {
 		return
 	}
 	done := make(chan error, 1)
