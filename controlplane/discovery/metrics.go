@@ -36,11 +36,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-func (m *Metrics) event(e string) {
-	if m != nil {
-		m.events.WithLabelValues(e).Inc()
-	}
-}
+func (m *Metrics) event(e string) { m.events.WithLabelValues(e).Inc() }
 
 func (m *Metrics) setPods(n map[string]int) {
 	for _, s := range PodStates {

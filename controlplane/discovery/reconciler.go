@@ -74,13 +74,10 @@ type tracked struct {
 	rejected      string            // the URL whose submission was refused (logged once)
 }
 
-// New returns a reconciler writing through r; metrics may be nil.
+// New returns a reconciler writing through r.
 func New(reg *registry.Registry, r Registrar, opts Options, m *Metrics, log *slog.Logger) *Reconciler {
 	if opts.Now == nil {
 		opts.Now = time.Now
-	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
 	}
 	return &Reconciler{reg: reg, r: r, opts: opts, log: log, m: m, pods: map[string]*tracked{}}
 }
@@ -363,9 +360,6 @@ func (t *tracked) state() string {
 }
 
 func (rc *Reconciler) gauge() {
-	if rc.m == nil {
-		return
-	}
 	n := map[string]int{}
 	for _, t := range rc.pods {
 		n[t.state()]++
