@@ -45,8 +45,6 @@ type Options struct {
 	APIKey string
 	// RegistrationTimeout bounds how long registration tries to reach an engine.
 	RegistrationTimeout time.Duration
-	// JobRetention is how long a finished registration job stays visible.
-	JobRetention time.Duration
 	// URL relaxes the worker URL rules (--allow-link-local-workers).
 	URL workerurl.Options
 	// AllowInsecureProviderLoopback accepts an external worker at a plain
@@ -88,9 +86,6 @@ func New(reg *registry.Registry, opts Options, resolve ThresholdResolver, client
 	ctx, cancel := context.WithCancel(context.Background())
 	if opts.RegistrationTimeout <= 0 {
 		opts.RegistrationTimeout = 30 * time.Second
-	}
-	if opts.JobRetention <= 0 {
-		opts.JobRetention = 10 * time.Minute
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -364,9 +359,12 @@ func (s *Service) ListRouters(ctx context.Context, _ *smgv1.ListRoutersRequest) 
 	return resp, nil
 }
 
+// jobRetention is how long a finished registration job stays visible.
+const jobRetention = 10 * time.Minute
+
 // jobVisible hides finished jobs once their retention has passed.
 func (s *Service) jobVisible(j *registry.Job) bool {
-	return running(j) || s.opts.Now().Sub(j.UpdatedAt) < s.opts.JobRetention
+	return running(j) || s.opts.Now().Sub(j.UpdatedAt) < jobRetention
 }
 
 func jobStatus(j *registry.Job) *smgv1.JobStatus {
