@@ -226,6 +226,8 @@ type engineState struct {
 	// ("nothing changed since my last record") re-applies it.
 	last    lastRecord
 	hasLast bool
+	// slot is its worker's in the inbox, kept while the inbox keeps it.
+	slot *evidence.Slot
 }
 
 // maxKnown bounds a stream's known URLs: an agent covers its node's
@@ -523,7 +525,10 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	}
 	o := evidence.Observed{WorkerID: w.ID, Rec: rec}
 	if w.Ready() {
-		o.Load = r.load
+		if cur, kept := e.slot.Worker(); cur != w || !kept {
+			e.slot = s.ev.Slot(w.ID)
+		}
+		o.Load, o.Slot = r.load, e.slot
 	} else if r.load != nil {
 		last.unjudged = proto.CloneOf(r.load)
 	}

@@ -2,6 +2,7 @@ package evidence
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/smg-project/smg/controlplane/judge"
@@ -38,9 +39,10 @@ type cell struct {
 	// more than the rule). base nil: scratch is made again.
 	base    *registry.Worker
 	scratch registry.Worker
-	// dead: the flush dropped the cell (its worker left the registry);
-	// whoever holds it looks the worker up again.
-	dead bool
+	// dead: the flush dropped the cell (its worker left the registry or
+	// Ready); whoever holds it looks the worker up again. Set under the
+	// lock, read without it by holders of a Slot.
+	dead atomic.Bool
 }
 
 // timedRecord is a pushed record not yet stored.
@@ -72,7 +74,7 @@ func (c *cell) predictLocked(w *registry.Worker, r *judge.Rules) *registry.Worke
 func (c *cell) pendLoad(w *registry.Worker, load *smgv1.EngineLoad, copied bool, waiting int64, usage float64, r *judge.Rules) (stands, dead bool) {
 	c.lock.Lock()
 	defer c.lock.Unlock()
-	if c.dead {
+	if c.dead.Load() {
 		return false, true
 	}
 	if !c.pendLoadLocked(w, load, copied, waiting, usage) {
@@ -104,7 +106,7 @@ func (c *cell) pendLoadLocked(w *registry.Worker, load *smgv1.EngineLoad, copied
 func (c *cell) pendRecord(w *registry.Worker, rec timedRecord, r *judge.Rules) (stands, dead bool) {
 	c.lock.Lock()
 	defer c.lock.Unlock()
-	if c.dead {
+	if c.dead.Load() {
 		return false, true
 	}
 	s := c.predictLocked(w, r)
@@ -118,7 +120,7 @@ func (c *cell) pendRecord(w *registry.Worker, rec timedRecord, r *judge.Rules) (
 func (c *cell) pendObserved(w *registry.Worker, load *smgv1.EngineLoad, waiting int64, usage float64, rec timedRecord, r *judge.Rules) (stands, dead bool) {
 	c.lock.Lock()
 	defer c.lock.Unlock()
-	if c.dead {
+	if c.dead.Load() {
 		return false, true
 	}
 	stands = c.pendLoadLocked(w, load, true, waiting, usage)
@@ -134,7 +136,7 @@ func (c *cell) pendNoReport() (dead bool) {
 	c.lock.Lock()
 	defer c.lock.Unlock()
 	c.load, c.refresh, c.noReport, c.base = nil, false, true, nil
-	return c.dead
+	return c.dead.Load()
 }
 
 // pendRefresh asks the next store to move the load revision, unless a
@@ -145,7 +147,7 @@ func (c *cell) pendRefresh() (dead bool) {
 	if c.load == nil {
 		c.refresh = true
 	}
-	return c.dead
+	return c.dead.Load()
 }
 
 // pending reports whether the cell holds anything to store.
@@ -232,6 +234,6 @@ func (c *cell) kill() bool {
 	if c.load != nil || c.noReport || c.refresh || c.recorded {
 		return false
 	}
-	c.dead = true
+	c.dead.Store(true)
 	return true
 }

@@ -26,7 +26,7 @@ func Unlocked(in *Inbox, id string) bool {
 // Cells is how many workers have a cell kept.
 func Cells(in *Inbox) int {
 	n := 0
-	in.cells.Range(func(string, *slot) bool { n++; return true })
+	in.cells.Range(func(string, *Slot) bool { n++; return true })
 	return n
 }
 

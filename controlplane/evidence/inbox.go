@@ -74,7 +74,7 @@ type Inbox struct {
 
 	// cells is each registered worker's inbox by id, made at its first
 	// observation and dropped by a flush once its worker left the registry.
-	cells *shardmap.Map[*slot]
+	cells *shardmap.Map[*Slot]
 
 	stalled     *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
@@ -114,7 +114,7 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 		opts.Now = time.Now
 	}
 	in := &Inbox{
-		reg: reg, rules: opts.Rules.Rules(), log: log, opts: opts, cells: shardmap.New[*slot](), vetoed: map[string]string{},
+		reg: reg, rules: opts.Rules.Rules(), log: log, opts: opts, cells: shardmap.New[*Slot](), vetoed: map[string]string{},
 		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "smg_worker_stalled",
 			Help: "1 while the worker is excluded from routing by liveness, labeled with the reason (unreachable or wedged).",
@@ -148,22 +148,43 @@ func (in *Inbox) Run(ctx context.Context) {
 	}
 }
 
-// slot is a worker's cell and the handle of the registration it was made
-// for (outside the cell: its lock guards nothing of the registry's).
-type slot struct {
+// Slot is a worker's place in the inbox: its cell and the handle of the
+// registration it was made for (outside the cell: its lock guards nothing
+// of the registry's). A stream reporting a worker many times a second
+// keeps its slot (Inbox.Slot) and hands it with each record
+// (Observed.Slot), so a record costs no lookup by id.
+type Slot struct {
 	cell
 	h *registry.Handle
 }
 
+// Slot returns a Ready worker's slot, or nil.
+func (in *Inbox) Slot(id string) *Slot {
+	if w := in.reg.Get(id); w != nil && w.Ready() {
+		return in.cellOf(id, w)
+	}
+	return nil
+}
+
+// Worker returns the current record of the slot's worker (nil once
+// removed, or for no slot), and whether the inbox still keeps the slot (a
+// flush drops that of a worker out of Ready).
+func (s *Slot) Worker() (*registry.Worker, bool) {
+	if s == nil {
+		return nil, false
+	}
+	return s.h.Get(), !s.dead.Load()
+}
+
 // cell returns id's cell, or nil.
-func (in *Inbox) cell(id string) *slot {
+func (in *Inbox) cell(id string) *Slot {
 	c, _ := in.cells.Load(id)
 	return c
 }
 
 // cellOf returns id's cell, made for a registered worker (a hostile
 // agent's made-up ids make none): nil when w is nil.
-func (in *Inbox) cellOf(id string, w *registry.Worker) *slot {
+func (in *Inbox) cellOf(id string, w *registry.Worker) *Slot {
 	if c := in.cell(id); c != nil || w == nil {
 		return c
 	}
@@ -171,7 +192,7 @@ func (in *Inbox) cellOf(id string, w *registry.Worker) *slot {
 	if h == nil {
 		h = &registry.Handle{} // removed meanwhile: it reads nil, a flush drops the cell
 	}
-	c, _ := in.cells.LoadOrStore(id, &slot{h: h})
+	c, _ := in.cells.LoadOrStore(id, &Slot{h: h})
 	return c
 }
 
@@ -188,7 +209,7 @@ func (in *Inbox) Flush() {
 	in.fmu.Lock()
 	defer in.fmu.Unlock()
 	ids := in.ids[:0]
-	in.cells.Range(func(id string, c *slot) bool {
+	in.cells.Range(func(id string, c *Slot) bool {
 		if c.pending() {
 			ids = append(ids, idCell{id, c})
 		} else {
@@ -214,7 +235,7 @@ func (in *Inbox) Flush() {
 // held), so the cell a flush finds is its worker's until the flush drops it.
 type idCell struct {
 	id string
-	c  *slot
+	c  *Slot
 }
 
 // flushChunk stores the pending evidence of ids in one transaction, and
@@ -276,7 +297,7 @@ func (in *Inbox) flushChunk(ids []idCell) {
 
 // dropIdle drops id's cell c if it is empty and its worker left the registry
 // or Ready (a Ready worker's records pend; a report makes a cell again).
-func (in *Inbox) dropIdle(id string, c *slot) {
+func (in *Inbox) dropIdle(id string, c *Slot) {
 	if w := c.h.Get(); (w == nil || !w.Ready()) && c.kill() {
 		in.cells.CompareAndDelete(id, c)
 	}

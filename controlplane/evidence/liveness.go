@@ -200,11 +200,12 @@ func (in *Inbox) Record(workerID string, rec judge.Record, now time.Time) {
 }
 
 // Observed is one agent record: its load (nil: none to judge) and its
-// liveness side.
+// liveness side; Slot, when set, is WorkerID's (Inbox.Slot).
 type Observed struct {
 	WorkerID string
 	Load     *smgv1.EngineLoad
 	Rec      judge.Record
+	Slot     *Slot
 }
 
 // ObserveAll takes one agent message's records in order, all received at
@@ -232,7 +233,10 @@ func (in *Inbox) observe(o *Observed, now time.Time) bool {
 	if !in.opts.Coalesce || !o.Rec.Pushed || len(o.Load.GetRanks()) == 0 {
 		return false
 	}
-	c, w := in.cell(o.WorkerID), (*registry.Worker)(nil)
+	c, w := o.Slot, (*registry.Worker)(nil)
+	if c == nil {
+		c = in.cell(o.WorkerID)
+	}
 	if c != nil {
 		w = c.h.Get() // one lookup for both
 	} else {

@@ -218,7 +218,7 @@ func removeWorker(t *testing.T, reg *registry.Registry, id string) {
 // pendingIDs lists the workers with evidence pending, sorted.
 func pendingIDs(in *Inbox) []string {
 	var ids []string
-	in.cells.Range(func(id string, c *slot) bool {
+	in.cells.Range(func(id string, c *Slot) bool {
 		if c.pending() {
 			ids = append(ids, id)
 		}

@@ -115,7 +115,7 @@ func (in *Inbox) Rebuild(why string, reset func(*registry.Worker) *registry.Work
 	n, workers := 0, 0
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		n, workers = 0, 0
-		in.cells.Range(func(_ string, c *slot) bool { c.drop(); return true })
+		in.cells.Range(func(_ string, c *Slot) bool { c.drop(); return true })
 		for _, w := range t.Workers() {
 			workers++
 			if w.Overloaded {
@@ -136,7 +136,7 @@ func (in *Inbox) Rebuild(why string, reset func(*registry.Worker) *registry.Work
 	})
 	in.done(changes{}, err)
 	in.log.Warn("Load monitor rebuilt its state: overload vetoes cleared for every worker", "reason", why, "workers", workers, "cleared", n)
-	in.cells.Range(func(id string, _ *slot) bool { in.judgeAgain(id); return true })
+	in.cells.Range(func(id string, _ *Slot) bool { in.judgeAgain(id); return true })
 }
 
 // loadBlock is a copied load with room for one rank and its timestamp: one
