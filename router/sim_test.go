@@ -109,3 +109,42 @@ func TestBatchedPDRequestThroughRouterToSimulators(t *testing.T) {
 		}
 	}
 }
+
+// An engine killed and restarted on its address before the control plane
+// judged it unreachable: its failures opened this router's breaker, and the
+// control plane's next load report from the restarted engine lets requests
+// through again at once, not after --cb-timeout-duration-secs (the clock
+// does not move).
+func TestRestartedSimulatorBackOnItsFirstReport(t *testing.T) {
+	clock := newFakeClock()
+	h := newHarness(t, func(o *Options) {
+		clock.opts(o)
+		o.DisableRetries = true
+		o.CBFailureThreshold = 3
+	})
+	s := startSim(t, nil)
+	w := Worker{ID: "sim", URL: s.URL(), Model: testModel, Healthy: true, LoadRevision: 1}
+	h.apply(w)
+	if a := h.post(testModel, "", "hello"); a.status != http.StatusOK {
+		t.Fatalf("before the kill: %d %s", a.status, a.body)
+	}
+	if err := s.SetFault(sim.Fault{Kill: true}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if a := h.post(testModel, "", "hello"); a.status == http.StatusOK {
+			t.Fatal("a killed engine answered")
+		}
+	}
+	if err := s.SetFault(sim.Fault{}); err != nil { // restarted on the same address
+		t.Fatal(err)
+	}
+	if a := h.post(testModel, "", "hello"); a.errorCode() != CodeNoAvailableWorkers {
+		t.Fatalf("restarted, no report yet: got %d %s, want the breaker open", a.status, a.body)
+	}
+	w.LoadRevision = 2 // the restarted engine answered the control plane's poll
+	h.apply(w)
+	if a := h.post(testModel, "", "hello"); a.status != http.StatusOK {
+		t.Fatalf("after the restarted engine's first report: got %d %s, want its answer", a.status, a.body)
+	}
+}
