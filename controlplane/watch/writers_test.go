@@ -42,7 +42,9 @@ func TestSharedWriterLeavesABlockedRouterBehind(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := registry.New(testEpoch, 0)
 			put(t, reg, newWorker("w0"))
-			h := start(t, reg, Options{HeartbeatInterval: time.Hour, LoadInterval: -1, Writers: 1, WriterBudget: tc.budget})
+			// WriterStall well above any send's time on a starved box, so
+			// that only the blocked router's send outlasts it.
+			h := start(t, reg, Options{HeartbeatInterval: time.Hour, LoadInterval: -1, Writers: 1, WriterBudget: tc.budget, WriterStall: 250 * time.Millisecond})
 			joined := make(chan string, 100)
 			h.srv.pool.joined = func(id string) { joined <- id }
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
