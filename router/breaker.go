@@ -28,6 +28,11 @@ type breaker struct {
 
 	mu        sync.Mutex
 	successes int32 // consecutive successes while half-open
+	// Cuts by evidence back off while the worker keeps failing this router
+	// (reachable from the control plane, not from here): the next cut waits
+	// cutGap after the last one, doubling from evidenceGapMin up to the
+	// timeout, and a close starts over.
+	lastCut, cutGap int64
 
 	// heldUntil (monotonic nanoseconds) keeps the worker out of routing
 	// whatever the breaker's state, even disabled: a provider's 429 asked
@@ -122,12 +127,15 @@ func (b *breaker) hold(until int64) {
 	}
 }
 
+// evidenceGapMin is the wait between the first two cuts by evidence.
+const evidenceGapMin = int64(1e9)
+
 // evidence cuts an open breaker's timeout short: the worker answered the
 // control plane since (a fresh load report: it restarted, or came back
 // faster than the control plane judged it unreachable), so the breaker is
 // half-open now: requests go through, --cb-success-threshold successes close
 // it, and one failure reopens it for a whole timeout (a worker only this
-// router cannot reach costs one failure a report, not a whole threshold).
+// router cannot reach costs one failure per cut, and the cuts back off).
 // It reports whether the timeout was cut.
 func (b *breaker) evidence(cfg *breakerConfig, now int64) bool {
 	if cfg.disabled || b.state.Load() != breakerOpen {
@@ -138,6 +146,11 @@ func (b *breaker) evidence(cfg *breakerConfig, now int64) bool {
 	if b.state.Load() != breakerOpen || b.openUntil.Load() <= now {
 		return false
 	}
+	if b.cutGap > 0 && now < b.lastCut+b.cutGap {
+		return false
+	}
+	b.lastCut = now
+	b.cutGap = min(max(2*b.cutGap, evidenceGapMin), max(cfg.timeout, evidenceGapMin))
 	b.openUntil.Store(now)
 	return true
 }
@@ -154,4 +167,5 @@ func (b *breaker) close() {
 	b.state.Store(breakerClosed)
 	b.failures.Store(0)
 	b.successes = 0
+	b.lastCut, b.cutGap = 0, 0
 }

@@ -403,6 +403,47 @@ func TestBreakerHalfOpenFailureReopens(t *testing.T) {
 	}
 }
 
+// Fresh reports about a worker that keeps failing this router cut the
+// breaker's timeout short less and less often: 1 s after the first cut, then
+// 2 s, 4 s..., until the gap reaches the timeout; a close starts over.
+func TestBreakerEvidenceCutsBackOff(t *testing.T) {
+	const s = int64(1e9)
+	cfg := &breakerConfig{failureThreshold: 1, successThreshold: 1, timeout: 60 * s}
+	var b breaker
+	b.failure(cfg, 0)
+	cutAt := func(now int64) bool {
+		cut := b.evidence(cfg, now)
+		if cut && !b.allow(cfg, now) {
+			t.Fatalf("cut at %v s but not allowed", float64(now)/1e9)
+		}
+		return cut
+	}
+	now := int64(0)
+	for i, gap := range []int64{0, 1, 2, 4, 8, 16, 32} {
+		now += gap * s
+		if gap > 0 && cutAt(now-s/10) {
+			t.Fatalf("cut %d came %v s after the last, before its gap of %d s", i, float64(gap*s-s/10)/1e9, gap)
+		}
+		if !cutAt(now) {
+			t.Fatalf("cut %d (%d s after the last) refused", i, gap)
+		}
+		if !b.failure(cfg, now) {
+			t.Fatalf("the half-open failure after cut %d did not reopen", i)
+		}
+	}
+	// The gap has reached the timeout: evidence no longer cuts it short.
+	if cutAt(now + 59*s) {
+		t.Fatal("a cut 59 s after the last, with the gap at the 60 s timeout")
+	}
+	if !b.allow(cfg, now+60*s) || !b.success(cfg, now+60*s) {
+		t.Fatal("want half-open after the timeout and a close")
+	}
+	b.failure(cfg, now+61*s)
+	if !cutAt(now + 62*s) {
+		t.Fatal("after a close the first cut comes at once")
+	}
+}
+
 // Admission: a full queue answers 429 admission_queue_full with Retry-After.
 func TestAdmissionQueueFull(t *testing.T) {
 	h := newHarness(t, func(o *Options) { o.MaxConcurrentRequests = 1; o.QueueSize = 0 })
