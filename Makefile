@@ -86,7 +86,7 @@ clean: ## remove build outputs
 # AGENT_POLL is the node agent's poll interval in both benchmarks (0: no agent,
 # the control plane polls the engines over HTTP every second).
 AGENT_POLL ?= 50ms
-bench-overload: build ## 4 simulated engines at 0.5x-2x capacity under 10 configs (protection and windows), then heterogeneous requests at 1x-4x under TTFT objectives, windows alone and nginx, then a steady tenant beside a flooding one with and without fair shares: docs/benchmarks.md, docs/img (SHORT=1: smoke test)
+bench-overload: build ## 4 simulated engines at 0.5x-2x capacity under every protection and window config (reported and learned windows, 1 and 3 routers), then heterogeneous requests at 1x-4x under TTFT objectives, windows alone and nginx, then a steady tenant beside a flooding one with and without fair shares: docs/benchmarks.md, docs/img (SHORT=1: smoke test)
 ifeq ($(SHORT),1)
 	SMG_BENCH_BIN=$(CURDIR)/bin/smg $(GO) test -count=1 -run 'TestOverloadSmoke|TestObjectiveSmoke' -v ./bench/suite/
 else
