@@ -57,8 +57,9 @@ chaos: ## network-fault suite: each component in its own network namespace, ipta
 image-test: image ## run the image's sim, control plane, agent and router as containers; stream, /readyz, /metrics, SIGTERM
 	bash scripts/image-test.sh localhost/smg:$(VERSION)
 
-test: ## run every test with the race detector
+test: ## run every test with the race detector, then without it the packages whose race build swaps their raw system calls for the runtime's
 	$(GO) test $(TEST_FLAGS) ./...
+	$(GO) test -count=1 ./internal/sendwait/
 
 lint: $(PLUGINS) ## buf lint, go mod tidy -diff, go vet, gofmt, staticcheck
 	$(BIN)/buf lint
