@@ -53,6 +53,7 @@ type summary struct {
 	stepWire   bool
 	silent     bool
 	maxRunning int64
+	start      float64 // process start time: a restart is a new record even when the figures stay
 	ranks      []rankSummary
 }
 
@@ -65,7 +66,7 @@ type rankSummary struct {
 
 func summarize(rep engine.Report, silent bool) summary {
 	s := summary{source: rep.Source, stepWire: rep.StepWire, silent: silent, maxRunning: rep.MaxRunning(),
-		ranks: make([]rankSummary, len(rep.Ranks))}
+		start: rep.StartTime, ranks: make([]rankSummary, len(rep.Ranks))}
 	for i, r := range rep.Ranks {
 		s.ranks[i] = rankSummary{dp: r.DPRank, waiting: r.Waiting, running: r.Running, tokenUsage: r.TokenUsage, maxRunning: r.MaxRunning}
 	}
@@ -74,5 +75,5 @@ func summarize(rep engine.Report, silent bool) summary {
 
 func (s summary) equal(o summary) bool {
 	return s.source == o.source && s.stepWire == o.stepWire && s.silent == o.silent &&
-		s.maxRunning == o.maxRunning && slices.Equal(s.ranks, o.ranks)
+		s.maxRunning == o.maxRunning && s.start == o.start && slices.Equal(s.ranks, o.ranks)
 }

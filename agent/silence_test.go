@@ -84,6 +84,11 @@ func TestSummaryDecidesRecords(t *testing.T) {
 	if summarize(base, false).equal(summarize(base, true)) {
 		t.Error("silence crossing zero made no new record")
 	}
+	restarted := base
+	restarted.StartTime = 1.7e9
+	if summarize(base, false).equal(summarize(restarted, false)) {
+		t.Error("a new process start time with the same figures made no new record")
+	}
 }
 
 func TestOptionsValidate(t *testing.T) {

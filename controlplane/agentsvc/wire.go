@@ -272,6 +272,8 @@ func (d *recordsDecoder) load(b []byte, l *smgv1.EngineLoad, ts *timestamppb.Tim
 			l.MaxRunningRequests = int32(f.v)
 		case f.is(8, protowire.VarintType):
 			l.KvCapacityTokens = int64(f.v)
+		case f.is(9, protowire.Fixed64Type):
+			l.ProcessStartTimeSeconds = math.Float64frombits(f.v)
 		case f.is(7, protowire.BytesType):
 			if l.ReportedAt == nil {
 				ts.Seconds, ts.Nanos = 0, 0
@@ -292,7 +294,7 @@ func (d *recordsDecoder) load(b []byte, l *smgv1.EngineLoad, ts *timestamppb.Tim
 func clearLoad(l *smgv1.EngineLoad, ranks []*smgv1.RankLoad) {
 	l.Source, l.Ranks, l.ReportedAt = "", ranks, nil
 	l.WaitingRequests, l.RunningRequests, l.MaxRunningRequests, l.TokenUsage = 0, 0, 0, 0
-	l.KvCapacityTokens = 0
+	l.KvCapacityTokens, l.ProcessStartTimeSeconds = 0, 0
 }
 
 // nextRank appends a rank to l, reusing a RankLoad left past its length by

@@ -168,7 +168,7 @@ func CopyLoad(dst, src *smgv1.EngineLoad) *smgv1.EngineLoad {
 	dst.Source = src.GetSource()
 	dst.WaitingRequests, dst.RunningRequests = src.GetWaitingRequests(), src.GetRunningRequests()
 	dst.TokenUsage, dst.MaxRunningRequests = src.GetTokenUsage(), src.GetMaxRunningRequests()
-	dst.KvCapacityTokens = src.GetKvCapacityTokens()
+	dst.KvCapacityTokens, dst.ProcessStartTimeSeconds = src.GetKvCapacityTokens(), src.GetProcessStartTimeSeconds()
 	if at := src.GetReportedAt(); at != nil {
 		if dst.ReportedAt == nil {
 			dst.ReportedAt = &timestamppb.Timestamp{}

@@ -54,6 +54,7 @@ func fromVLLM(fs families) (Report, error) {
 	}
 	// One histogram observation per engine step: the scheduler's own pulse.
 	rep.StepCount, rep.StepWire = fs.stepCounter("vllm:iteration_tokens_total", w.rankLabels)
+	rep.StartTime = fs.startTime()
 	return rep, nil
 }
 
@@ -98,6 +99,7 @@ func fromSGLangMetrics(fs families) (Report, error) {
 			fs.sumRanks("sglang:generation_tokens_total", w.rankLabels, sampleValue)
 		rep.BatchWire = true
 	}
+	rep.StartTime = fs.startTime()
 	return rep, nil
 }
 
@@ -134,6 +136,7 @@ func fromTokenSpeed(fs families) (Report, error) {
 		return Report{}, err
 	}
 	rep.StepCount, rep.StepWire = fs.stepCounter("tokenspeed:iteration_tokens_total", w.rankLabels)
+	rep.StartTime = fs.startTime()
 	return rep, nil
 }
 
@@ -189,7 +192,7 @@ func fromTRTLLM(fs families) (Report, error) {
 		TokenUsage: fraction(usage),
 		MaxRunning: count(window),
 	}
-	return Report{Source: SourceTRTLLM, Ranks: []Rank{rk}}, nil
+	return Report{Source: SourceTRTLLM, Ranks: []Rank{rk}, StartTime: fs.startTime()}, nil
 }
 
 // ParseTGI reads a Text Generation Inference /metrics page and, when given,
@@ -234,6 +237,7 @@ func fromTGI(fs families, window int64) (Report, error) {
 	if fs["tgi_batch_inference_count"] != nil {
 		rep.StepCount, rep.StepWire = fs.sumAll("tgi_batch_inference_count", sampleValue), true
 	}
+	rep.StartTime = fs.startTime()
 	return rep, nil
 }
 
@@ -280,6 +284,7 @@ func fromLlamaCpp(fs families) (Report, error) {
 	if fs["llamacpp:n_decode_total"] != nil {
 		rep.StepCount, rep.StepWire = fs.sumRanks("llamacpp:n_decode_total", nil, sampleValue), true
 	}
+	rep.StartTime = fs.startTime()
 	return rep, nil
 }
 

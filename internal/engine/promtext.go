@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 
@@ -114,6 +115,21 @@ func (fs families) hasPrefix(p string) bool {
 		}
 	}
 	return false
+}
+
+// startTime is the page's process_start_time_seconds (what Prometheus
+// client libraries export for the serving process), or 0 when the page has
+// none or its value is not a finite positive number.
+func (fs families) startTime() float64 {
+	f := fs["process_start_time_seconds"]
+	if f == nil || len(f.GetMetric()) == 0 {
+		return 0
+	}
+	v := metricValue(f.GetMetric()[0], sampleValue)
+	if !(v > 0) || math.IsInf(v, 1) {
+		return 0
+	}
+	return v
 }
 
 // first returns the first of names present on the page, or "".

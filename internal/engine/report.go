@@ -86,6 +86,10 @@ type Report struct {
 	// use), so a long prefill is silent too: the control plane stretches the
 	// silence it allows on such a wire (the spec's token-batch rule).
 	BatchWire bool
+	// StartTime is the engine process's start time in seconds since the
+	// Unix epoch (process_start_time_seconds on a /metrics page), or 0 when
+	// the wire carries none: a later one says the engine restarted.
+	StartTime float64
 
 	counters []rankSample // by DP rank, for wires that export counters
 }

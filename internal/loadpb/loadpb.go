@@ -32,6 +32,7 @@ func FromReport(rep engine.Report, at time.Time) *smgv1.EngineLoad {
 	l := Clamp(&smgv1.EngineLoad{
 		Source: string(rep.Source), Ranks: ranks, RunningRequests: clamp32(rep.Running()),
 		MaxRunningRequests: clamp32(rep.MaxRunning()), KvCapacityTokens: rep.KVCapacity(), ReportedAt: timestamppb.New(at),
+		ProcessStartTimeSeconds: rep.StartTime,
 	})
 	waiting, usage := Signals(l.Ranks)
 	l.WaitingRequests, l.TokenUsage = clamp32(waiting), usage
@@ -64,8 +65,8 @@ const MaxRanks = 1024
 const maxDPRank = 1<<20 - 1
 
 // Clamp makes l's numbers ones a load can have, in place, and returns l:
-// counts are at least 0, usage and hit rate within [0, 1], throughput finite
-// and at least 0 (NaN reads 0), rank numbers within [0, 2^20), and at most
+// counts are at least 0, usage and hit rate within [0, 1], throughput and
+// process start time finite and at least 0 (NaN reads 0), rank numbers within [0, 2^20), and at most
 // MaxRanks ranks. Every stored load passes through it, whoever read the
 // engine: the poller (FromReport) or an agent (its pushed records).
 func Clamp(l *smgv1.EngineLoad) *smgv1.EngineLoad {
@@ -90,6 +91,7 @@ func Clamp(l *smgv1.EngineLoad) *smgv1.EngineLoad {
 	l.MaxRunningRequests = max(l.MaxRunningRequests, 0)
 	l.KvCapacityTokens = min(max(l.KvCapacityTokens, 0), MaxKVCapacity)
 	l.TokenUsage = fraction(l.TokenUsage)
+	l.ProcessStartTimeSeconds = rate(l.ProcessStartTimeSeconds)
 	return l
 }
 

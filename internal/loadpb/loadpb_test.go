@@ -30,13 +30,13 @@ func TestClamp(t *testing.T) {
 		{"negative", -2, 0, 0},
 		{"over 1", 7, 1, 7},
 	} {
-		l := Clamp(&smgv1.EngineLoad{RunningRequests: -1, MaxRunningRequests: -3, WaitingRequests: -9, TokenUsage: c.in,
+		l := Clamp(&smgv1.EngineLoad{RunningRequests: -1, MaxRunningRequests: -3, WaitingRequests: -9, TokenUsage: c.in, ProcessStartTimeSeconds: c.in,
 			Ranks: []*smgv1.RankLoad{{DpRank: -1, RunningRequests: -1, MaxRunningRequests: -3, WaitingRequests: -9,
 				TokenUsage: c.in, GenThroughput: c.in, CacheHitRate: c.in}}})
 		r := l.Ranks[0]
 		if l.RunningRequests != 0 || l.MaxRunningRequests != 0 || l.WaitingRequests != 0 || l.TokenUsage != c.usage ||
 			r.DpRank != 0 || r.RunningRequests != 0 || r.MaxRunningRequests != 0 || r.WaitingRequests != 0 ||
-			r.TokenUsage != c.usage || r.CacheHitRate != c.usage || r.GenThroughput != c.gen {
+			r.TokenUsage != c.usage || r.CacheHitRate != c.usage || r.GenThroughput != c.gen || l.ProcessStartTimeSeconds != c.gen {
 			t.Errorf("%s: clamped to %v", c.name, l)
 		}
 	}
@@ -46,6 +46,14 @@ func TestClamp(t *testing.T) {
 	}
 	if l := Clamp(many); len(l.Ranks) != MaxRanks || l.Ranks[0].DpRank != maxDPRank {
 		t.Errorf("%d ranks, rank number %d: want %d ranks of at most %d", len(l.Ranks), l.Ranks[0].DpRank, MaxRanks, maxDPRank)
+	}
+}
+
+// A polled report's engine start time reaches the load.
+func TestFromReportStartTime(t *testing.T) {
+	rep := engine.Report{Source: "vllm", Ranks: []engine.Rank{{Running: 1}}, StartTime: 1.7e9}
+	if got := FromReport(rep, time.Unix(1, 0)).GetProcessStartTimeSeconds(); got != 1.7e9 {
+		t.Errorf("process_start_time_seconds = %v, want 1.7e9", got)
 	}
 }
 

@@ -200,8 +200,13 @@ type EngineLoad struct {
 	// KV cache capacity in tokens summed over ranks (0: not reported by
 	// every rank).
 	KvCapacityTokens int64 `protobuf:"varint,8,opt,name=kv_capacity_tokens,json=kvCapacityTokens,proto3" json:"kv_capacity_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The engine process's start time, in seconds since the Unix epoch, as
+	// its /metrics page exports it (process_start_time_seconds; 0: not
+	// reported). A later start time than the one known says the engine
+	// restarted, however quickly.
+	ProcessStartTimeSeconds float64 `protobuf:"fixed64,9,opt,name=process_start_time_seconds,json=processStartTimeSeconds,proto3" json:"process_start_time_seconds,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *EngineLoad) Reset() {
@@ -290,6 +295,13 @@ func (x *EngineLoad) GetKvCapacityTokens() int64 {
 	return 0
 }
 
+func (x *EngineLoad) GetProcessStartTimeSeconds() float64 {
+	if x != nil {
+		return x.ProcessStartTimeSeconds
+	}
+	return 0
+}
+
 var File_smg_v1_load_proto protoreflect.FileDescriptor
 
 const file_smg_v1_load_proto_rawDesc = "" +
@@ -304,7 +316,7 @@ const file_smg_v1_load_proto_rawDesc = "" +
 	"\x0egen_throughput\x18\x05 \x01(\x01R\rgenThroughput\x12$\n" +
 	"\x0ecache_hit_rate\x18\x06 \x01(\x01R\fcacheHitRate\x120\n" +
 	"\x14max_running_requests\x18\a \x01(\x05R\x12maxRunningRequests\x12,\n" +
-	"\x12kv_capacity_tokens\x18\b \x01(\x03R\x10kvCapacityTokens\"\xe0\x02\n" +
+	"\x12kv_capacity_tokens\x18\b \x01(\x03R\x10kvCapacityTokens\"\x9d\x03\n" +
 	"\n" +
 	"EngineLoad\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12&\n" +
@@ -316,7 +328,8 @@ const file_smg_v1_load_proto_rawDesc = "" +
 	"\x14max_running_requests\x18\x06 \x01(\x05R\x12maxRunningRequests\x12;\n" +
 	"\vreported_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12,\n" +
-	"\x12kv_capacity_tokens\x18\b \x01(\x03R\x10kvCapacityTokens*V\n" +
+	"\x12kv_capacity_tokens\x18\b \x01(\x03R\x10kvCapacityTokens\x12;\n" +
+	"\x1aprocess_start_time_seconds\x18\t \x01(\x01R\x17processStartTimeSeconds*V\n" +
 	"\x04Veto\x12\x14\n" +
 	"\x10VETO_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rVETO_OVERLOAD\x10\x01\x12\x14\n" +
