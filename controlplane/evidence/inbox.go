@@ -342,8 +342,18 @@ func (in *Inbox) commit(ids []string, fn func(i int, c *registry.Worker) bool) e
 
 // changes are the verdict changes of one transaction, to log after it.
 type changes struct {
-	flips []flip
-	live  []change
+	flips  []flip
+	live   []change
+	starts []startChange
+}
+
+// startChange is a committed move of a worker's trusted engine start time
+// (a restart), or its first untrusted one.
+type startChange struct {
+	id, url  string
+	from, to float64
+	ignored  bool
+	reported float64
 }
 
 // committed notes the insert of c (w moved on): a liveness veto change
@@ -355,6 +365,27 @@ func (in *Inbox) committed(w, c *registry.Worker, ch *changes) {
 	}
 	if c.Liveness != w.Liveness {
 		ch.live = in.livenessChanged(w, c, ch.live)
+	}
+	if c.Evidence.StartTime != w.Evidence.StartTime && w.Evidence.StartTime != 0 {
+		ch.starts = append(ch.starts, startChange{id: c.ID, url: c.Spec.GetUrl(), from: w.Evidence.StartTime, to: c.Evidence.StartTime})
+	}
+	if c.Evidence.StartIgnored > 0 && w.Evidence.StartIgnored == 0 {
+		ch.starts = append(ch.starts, startChange{id: c.ID, url: c.Spec.GetUrl(), from: c.Evidence.StartTime,
+			ignored: true, reported: c.Load.GetProcessStartTimeSeconds()})
+	}
+}
+
+// logStarts logs committed restarts, and a worker's first untrusted start
+// time (later ones are only counted: a lying engine must not flood the log).
+func (in *Inbox) logStarts(starts []startChange) {
+	for _, s := range starts {
+		if s.ignored {
+			in.log.Warn("Engine start time not trusted: not a restart", "worker_id", s.id, "url", s.url,
+				"start_time", s.from, "reported_start_time", s.reported)
+			continue
+		}
+		in.log.Info("Engine restarted: contact ends its failure spell", "worker_id", s.id, "url", s.url,
+			"old_start_time", s.from, "new_start_time", s.to)
 	}
 }
 
@@ -374,6 +405,7 @@ func (in *Inbox) done(ch changes, err error) {
 		in.logFlip(f)
 	}
 	in.logLiveness(ch.live)
+	in.logStarts(ch.starts)
 	for _, f := range ch.flips {
 		in.judgeAgain(f.workerID)
 	}

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"math"
 	"time"
 
 	"github.com/smg-project/smg/controlplane/judge"
@@ -19,7 +20,8 @@ import (
 //     flagged nor judged by liveness, whatever evidence reaches it;
 //   - the verdicts themselves are judged's;
 //   - leaving unreachable bumps ContactSeq (routers close the worker's
-//     breaker).
+//     breaker), and so does a restart of the engine (restarted): contact
+//     that ends a failure spell however short it was.
 //
 // Reasons are formatted only when the figures behind them change, so the
 // ingest hot path does not allocate for them.
@@ -51,9 +53,62 @@ func decide(old, w *Worker) {
 	default:
 		w.LivenessReason = v.cause.String()
 	}
-	if old != nil && old.Liveness == smgv1.Veto_VETO_UNREACHABLE && w.Liveness != smgv1.Veto_VETO_UNREACHABLE {
-		w.ContactSeq = max(w.ContactSeq, old.ContactSeq) + 1
+	left := old != nil && old.Liveness == smgv1.Veto_VETO_UNREACHABLE && w.Liveness != smgv1.Veto_VETO_UNREACHABLE
+	if restarted(old, w) || left {
+		var seq uint64
+		if old != nil {
+			seq = old.ContactSeq
+		}
+		w.ContactSeq = max(w.ContactSeq, seq) + 1
 	}
+}
+
+// startSlack is how far a reported start time may move without being a
+// restart (an engine that derives it from its uptime jitters), and
+// startAhead how far past the load's own time it may lie (clock skew).
+const (
+	startSlack = 1.0
+	startAhead = time.Minute
+)
+
+// startMove is what the restart rule makes of the start time load reports
+// against held, the one trusted so far (0: none): next to trust, and
+// whether it is a restart or an untrusted value. A value that is not a
+// finite positive number, lies more than startAhead past the load's own
+// time (or comes without one), or goes backwards is never trusted, so a
+// lying engine cannot force a contact at every report: one only when its
+// start time moves forward.
+func startMove(held float64, load *smgv1.EngineLoad) (next float64, restart, ignored bool) {
+	s := load.GetProcessStartTimeSeconds()
+	at := load.GetReportedAt()
+	switch {
+	case s == 0 || s == held:
+		return held, false, false
+	case !(s > 0) || math.IsInf(s, 1) || at == nil ||
+		s > float64(at.AsTime().Add(startAhead).UnixNano())/1e9 || held > 0 && s < held-startSlack:
+		return held, false, true
+	case held == 0:
+		return s, false, false
+	case s > held+startSlack:
+		return s, true, false
+	}
+	return held, false, false
+}
+
+// restarted applies the restart rule to w's load: the start time its
+// evidence holds moves to a trusted new one, and the answer says whether
+// that was a restart. A no-report keeps the last load visible, and a
+// record whose load is old's was judged with it: neither is new.
+func restarted(old, w *Worker) bool {
+	if w.Evidence.NoReport || w.Load == nil || old != nil && old.Load == w.Load {
+		return false
+	}
+	next, restart, ignored := startMove(w.Evidence.StartTime, w.Load)
+	w.Evidence.StartTime = next
+	if ignored {
+		w.Evidence.StartIgnored++
+	}
+	return restart
 }
 
 // verdicts is what the rules make of a record's evidence, before any reason
@@ -86,6 +141,9 @@ func judged(w *Worker) (v verdicts) {
 // evidence wait for a later commit ask it first: evidence that moves a
 // verdict commits at once.
 func Stands(w, c *Worker) bool {
+	if _, restart, _ := startMove(w.Evidence.StartTime, c.Load); restart && !c.Evidence.NoReport {
+		return false // a restart is contact: routers hear of it at once
+	}
 	v := judged(c)
 	return v.over == w.Overloaded && VetoOf(v.live) == w.Liveness && (v.live == judge.Live || sameCause(w, v.cause))
 }

@@ -161,6 +161,11 @@ type Evidence struct {
 	PushedAt time.Time
 	// ProbePasses and ProbeFailures count consecutive health probes.
 	ProbePasses, ProbeFailures int
+	// StartTime is the engine's process start time (seconds since the Unix
+	// epoch) last trusted from its loads, 0 before one; StartIgnored counts
+	// the reported ones not trusted (decide's restart rule).
+	StartTime    float64
+	StartIgnored int
 }
 
 // RouterView is one router's latest observation of a worker.
