@@ -64,10 +64,12 @@ func decide(old, w *Worker) {
 }
 
 // startSlack is how far a reported start time may move without being a
-// restart (an engine that derives it from its uptime jitters), and
-// startAhead how far past the load's own time it may lie (clock skew).
+// restart (a start time read off /proc moves by a clock tick at most; one
+// that jitters more moves the trusted one forward only past its highest
+// value so far, so a few times at most), and startAhead how far past the
+// load's own time it may lie (clock skew).
 const (
-	startSlack = 1.0
+	startSlack = 0.01
 	startAhead = time.Minute
 )
 

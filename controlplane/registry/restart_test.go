@@ -27,7 +27,7 @@ func TestARestartIsContact(t *testing.T) {
 	if w.ContactSeq != 0 || w.Evidence.StartTime != first {
 		t.Fatalf("first start time: contact_seq %d, held %v; want 0 and %v", w.ContactSeq, w.Evidence.StartTime, first)
 	}
-	for _, s := range []float64{first, first + 0.5, 0} {
+	for _, s := range []float64{first, first + 0.005, 0} {
 		if w = put(t, r, func(w *Worker) { w.Load = startLoad(s) }); w.ContactSeq != 0 {
 			t.Fatalf("start time %v against %v: contact_seq %d, want 0", s, first, w.ContactSeq)
 		}

@@ -6,6 +6,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
@@ -225,6 +227,42 @@ func TestLearnedWindowRestartedEngine(t *testing.T) {
 			t.Fatalf("window reached %d once found, want no more probes past a cap", hi)
 		}
 	})
+}
+
+// TestLearnedWindowFastRestart: an engine learned at its cap of 8 restarts
+// with a cap of 16 within one report, never seen unreachable: the new
+// process start time its load carries is the contact that ends the spell,
+// and the window is probed and found again.
+func TestLearnedWindowFastRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := &fakeEngine{cap: 8, kv: 1e6, perReq: 100, flood: 20, completed: 1}
+		g := learnedRig(t, e, 8)
+		start := time.Now().Add(-time.Hour)
+		g.startedAt(start)
+		g.run(3 * time.Second)
+		e.cap = 16
+		g.startedAt(start.Add(time.Hour))
+		found := g.findAgain(16, 30*time.Second)
+		if found > 5*time.Second {
+			t.Fatalf("16 found again after %s, want within 5 s", found)
+		}
+	})
+}
+
+// startedAt stores a load of w1 from an engine process started at start,
+// as the control plane's evidence does with every report.
+func (g *learnRig) startedAt(start time.Time) {
+	g.t.Helper()
+	l := g.e.report()
+	l.ProcessStartTimeSeconds, l.ReportedAt = float64(start.UnixNano())/1e9, timestamppb.Now()
+	if _, err := g.reg.Update(func(tx *registry.Txn) error {
+		w := tx.Get("w1").Clone()
+		w.Load = l
+		tx.Insert(w)
+		return nil
+	}); err != nil {
+		g.t.Fatal(err)
+	}
 }
 
 // TestLearnedWindowProbeThroughStepBoundaries: an engine restarted with a
