@@ -125,7 +125,7 @@ func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 	prefilling := true
 	defer func() {
 		if prefilling {
-			st.promptTokens.Add(-promptTokens)
+			r.addPrompt(st, -promptTokens)
 		}
 	}()
 	if job.streaming() { // the pile: streaming gRPC generations
@@ -170,7 +170,7 @@ func (r *Router) dispatchGRPC(ctx context.Context, w http.ResponseWriter, in *ht
 	st.answered(r.clock())
 	r.recordSuccess(wk, st)
 	prefilling = false
-	st.promptTokens.Add(-promptTokens)
+	r.addPrompt(st, -promptTokens)
 	st.notePrefill(promptTokens, r.clock().Sub(sent))
 	if ticket != nil && !ticket.Start() {
 		return dispatchResult{status: writePreempted(w)}

@@ -392,7 +392,7 @@ func (r *Router) dispatch(rc *reqCtx, w http.ResponseWriter, in *http.Request, w
 	prefilling := true // until the first byte: the prompt is still in hand
 	defer func() {
 		if prefilling {
-			st.promptTokens.Add(-promptTokens)
+			r.addPrompt(st, -promptTokens)
 		}
 	}()
 	// An HTTP stream is no pile: the spec counts streaming gRPC generations
@@ -469,7 +469,7 @@ func (r *Router) dispatch(rc *reqCtx, w http.ResponseWriter, in *http.Request, w
 	firstByte := func(now time.Time) bool {
 		if prefilling {
 			prefilling = false
-			st.promptTokens.Add(-promptTokens)
+			r.addPrompt(st, -promptTokens)
 			if resp.StatusCode == http.StatusOK {
 				st.notePrefill(promptTokens, now.Sub(sent))
 				tt.firstByte(now, now.Sub(sent))

@@ -76,22 +76,25 @@ func (o *ownReports) part(seq uint64) int64 {
 }
 
 // JumpTokens is how far this router's prompt tokens in flight on a worker
-// may rise above its latest report before it asks to report early
+// may move from its latest report before it asks to report early
 // (ReportSoon): the control plane sends a jump of as much to the other
-// routers at once (evidence.AheadJumpTokens), who under-predict every
-// request they send there until they hear of it.
+// routers at once (evidence.AheadJumpTokens). Rises and falls alike: the
+// others under-predict behind a long prompt they have not heard of, and
+// over-predict behind one already prefilled (learning too fast a rate from
+// it).
 const JumpTokens = 512
 
-// ReportSoon is signalled when a dispatch raised this router's prompt
-// tokens in flight on a worker by JumpTokens or more since its latest
-// report: the watch client then sends a report without waiting for its
-// tick (at most one early report per watchclient.MinEarlyReport).
+// ReportSoon is signalled when a dispatch or a first token moved this
+// router's prompt tokens in flight on a worker by JumpTokens or more since
+// its latest report: the watch client then sends a report without waiting
+// for its tick (at most one early report per watchclient.MinEarlyReport).
 func (r *Router) ReportSoon() <-chan struct{} { return r.reportSoon }
 
-// addPrompt counts a dispatched request's prompt tokens on st as in flight
-// and asks for an early report when they jump.
+// addPrompt moves the prompt tokens in flight on st by tokens (a dispatch,
+// or its first token or failure with -tokens) and asks for an early report
+// when they jump.
 func (r *Router) addPrompt(st *workerState, tokens int64) {
-	if st.promptTokens.Add(tokens)-st.reported.latest.Load() < JumpTokens {
+	if d := st.promptTokens.Add(tokens) - st.reported.latest.Load(); d < JumpTokens && d > -JumpTokens {
 		return
 	}
 	select {

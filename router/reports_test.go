@@ -5,31 +5,38 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 )
 
-// A dispatch that raises this router's prompt tokens in flight on a worker
-// by JumpTokens or more since its latest report asks for an early report
-// (ReportSoon); smaller rises wait for the tick, and a report resets what
-// counts as the rise.
+// A dispatch or a first token that moves this router's prompt tokens in
+// flight on a worker by JumpTokens or more since its latest report, up or
+// down, asks for an early report (ReportSoon); smaller moves wait for the
+// tick, and a report resets what counts as the move.
 func TestAJumpOfPromptTokensInFlightAsksForAReport(t *testing.T) {
 	arrived, release := make(chan struct{}, 8), make(chan struct{})
 	e := newEngine(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		arrived <- struct{}{}
-		<-release
+		b, _ := io.ReadAll(r.Body)
+		if !strings.Contains(string(b), "quick") { // held until release
+			arrived <- struct{}{}
+			<-release
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"ok":true}`)
 	})
 	h := newHarness(t, nil)
 	h.apply(e.worker())
 	done := make(chan error, 4)
-	t.Cleanup(func() { // the four requests sent below end
-		close(release)
-		for range cap(done) {
-			<-done
-		}
-	})
+	var once sync.Once
+	end := func() { // the four requests sent below end
+		once.Do(func() {
+			close(release)
+			for range cap(done) {
+				<-done
+			}
+		})
+	}
+	t.Cleanup(end)
 	// send dispatches a request of about tokens prompt tokens (4 bytes
 	// each) and returns once the engine holds it.
 	send := func(tokens int) {
@@ -70,5 +77,18 @@ func TestAJumpOfPromptTokensInFlightAsksForAReport(t *testing.T) {
 	send(JumpTokens * 7 / 10)
 	if !asked() {
 		t.Fatalf("no report asked for after a second rise of about %d tokens since the latest report", JumpTokens*11/10)
+	}
+	h.r.Observations() // reports 2.2 jumps in flight
+	// A request answered at once moves it up and down by less than a jump.
+	quick := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}]}`, testModel, "quick"+strings.Repeat("x", 4*JumpTokens*9/10))
+	if got := h.send("/v1/chat/completions", quick, ""); got.status != http.StatusOK {
+		t.Fatalf("quick answer %d %s", got.status, got.body)
+	}
+	if asked() {
+		t.Fatalf("asked for a report after a request of about %d tokens came and went", JumpTokens*9/10)
+	}
+	end() // the four answer: a fall of 2.2 jumps
+	if !asked() {
+		t.Fatalf("no report asked for after a fall of about %d tokens since the latest report", JumpTokens*22/10)
 	}
 }

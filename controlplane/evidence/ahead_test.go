@@ -77,10 +77,10 @@ func TestRoutersPartsOfPromptTokensAheadReachRouters(t *testing.T) {
 	}
 }
 
-// A report that raises a router's part by AheadJumpTokens or more is a jump:
-// the worker reaches routers at once, as a routing change, at most
-// AheadJumpsPerSec times a second over the fleet; a smaller rise, a fall and
-// a jump beyond the bound stay load changes, paced.
+// A report that moves the sum ahead by AheadJumpTokens or more, up or
+// down, is a jump: the worker reaches routers at once, as a routing change,
+// at most AheadJumpsPerSec times a second over the fleet; a smaller move
+// and a jump beyond the bound stay load changes, paced.
 func TestAJumpOfPromptTokensAheadReachesRoutersAtOnceWithinTheBound(t *testing.T) {
 	tr, reg, _ := setup(t, registry.HealthHealthy)
 	tr.Contact("w1", t0)
@@ -94,35 +94,44 @@ func TestAJumpOfPromptTokensAheadReachesRoutersAtOnceWithinTheBound(t *testing.T
 		}
 		return changes[0]
 	}
-	if c := report("r1", AheadJumpTokens-1, t0); !c.LoadOnly {
-		t.Fatalf("a first report of %d tokens: %+v, want a load change", AheadJumpTokens-1, c)
+	const j = AheadJumpTokens
+	for _, step := range []struct {
+		tokens  int64
+		routing bool
+		what    string
+	}{
+		{j - 1, false, "a first report under a jump"},
+		{2*j - 2, false, "a rise under a jump"},
+		{3*j - 2, true, "a rise of a jump"},
+		{2*j - 1, false, "a fall under a jump"},
+		{j - 1, true, "a fall of a jump"},
+	} {
+		if c := report("r1", step.tokens, t0); c.LoadOnly == step.routing {
+			t.Fatalf("%s (to %d): %+v, want routing %v", step.what, step.tokens, c, step.routing)
+		}
 	}
-	if c := report("r1", 2*AheadJumpTokens-2, t0); !c.LoadOnly {
-		t.Fatalf("a rise of %d tokens: %+v, want a load change", AheadJumpTokens-1, c)
-	}
-	if c := report("r1", 3*AheadJumpTokens-2, t0); c.LoadOnly {
-		t.Fatalf("a rise of %d tokens: %+v, want a routing change", AheadJumpTokens, c)
-	}
-	if c := report("r1", 0, t0); !c.LoadOnly {
-		t.Fatalf("a fall: %+v, want a load change", c)
-	}
-	// The bucket started with AheadJumpsPerSec and r1 took one: r2 jumping
+	// The bucket started with AheadJumpsPerSec and r1 took two: r2 jumping
 	// again and again in the same instant gets the rest, then none.
-	for i := 1; i < AheadJumpsPerSec; i++ {
-		if c := report("r2", AheadJumpTokens, t0); c.LoadOnly {
+	var n int64
+	for i := 2; i < AheadJumpsPerSec; i++ {
+		n += j
+		if c := report("r2", n, t0); c.LoadOnly {
 			t.Fatalf("jump %d in one instant: %+v, want a routing change", i+1, c)
 		}
-		report("r2", 0, t0)
 	}
-	if c := report("r2", AheadJumpTokens, t0); !c.LoadOnly {
+	if c := report("r2", n+j, t0); !c.LoadOnly {
 		t.Fatalf("jump %d in one instant: %+v, want a load change (beyond the bound)", AheadJumpsPerSec+1, c)
 	}
-	report("r2", 0, t0)
-	at := t0.Add(time.Second / AheadJumpsPerSec)
-	if c := report("r2", AheadJumpTokens, at); c.LoadOnly {
+	if c := report("r2", 0, t0.Add(time.Second/AheadJumpsPerSec)); c.LoadOnly {
 		t.Fatalf("a jump 1/%d s later: %+v, want a routing change (the bucket refilled one)", AheadJumpsPerSec, c)
 	}
-	if got := reg.Snapshot().Get("w1").PromptTokensAhead; got != AheadJumpTokens {
-		t.Fatalf("ahead = %d, want r2's %d", got, AheadJumpTokens)
+	if got := reg.Snapshot().Get("w1").PromptTokensAhead; got != j-1 {
+		t.Fatalf("ahead = %d, want r1's %d", got, j-1)
+	}
+	// A part that moves while the engine's larger count stands moves no
+	// sum: no jump.
+	tr.Record("w1", judge.Record{PrefillInHand: 100 * j}, t0.Add(time.Second))
+	if c := report("r1", 10*j, t0.Add(time.Second)); !c.LoadOnly {
+		t.Fatalf("a part's rise under the engine's count: %+v, want a load change", c)
 	}
 }

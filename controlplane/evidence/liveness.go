@@ -348,16 +348,16 @@ func (in *Inbox) RouterObservations(routerID string, rep *smgv1.RouterReport, no
 		// A negative count would cancel the other routers' part of the sum, a
 		// huge one overflow it.
 		prefill := min(max(o.GetPromptTokensInFlight(), 0), maxPromptTokens)
-		old, ok := routers[routerID]
-		if !ok || old.PrefillTokens != prefill {
+		if old, ok := routers[routerID]; !ok || old.PrefillTokens != prefill {
 			w.AheadRevision++
-		}
-		if prefill-old.PrefillTokens >= AheadJumpTokens && in.jumps.take(now) {
-			w.AheadJump++
 		}
 		routers[routerID] = registry.RouterView{Streams: int64(o.GetStreamsInFlight()), LastProgress: lastProgress, PrefillTokens: prefill}
 		ev.Routers = routers
+		before := ev.Live.PromptTokensAhead()
 		ev.Live.Routers(now, sum(routers), &in.rules)
+		if d := ev.Live.PromptTokensAhead() - before; (d >= AheadJumpTokens || d <= -AheadJumpTokens) && in.jumps.take(now) {
+			w.AheadJump++
+		}
 	})
 }
 

@@ -86,9 +86,9 @@ type State struct {
 	// again, paced as a load, so each learns which of its reports the sum
 	// holds now (watch.proto's ReportAck).
 	AheadRevision uint64
-	// AheadJump bumps when one router's report raises its part of
-	// PromptTokensAhead by a jump (evidence.AheadJumpTokens or more, within
-	// the inbox's fleet-wide bound): unlike AheadRevision it is not masked
+	// AheadJump bumps when one router's report moves PromptTokensAhead by
+	// a jump (evidence.AheadJumpTokens or more, up or down, within the
+	// inbox's fleet-wide bound): unlike AheadRevision it is not masked
 	// by loadOnly, so the worker reaches routers at once, as a routing
 	// change, instead of on the load grid.
 	AheadJump uint64
