@@ -111,7 +111,7 @@ func (v sglangServicer) GetServerInfo(context.Context, *sglangpb.GetServerInfoRe
 		return nil, err
 	}
 	return &sglangpb.GetServerInfoResponse{ServerArgs: args, SchedulerInfo: info, ActiveRequests: int32(s.activeRequests()),
-		IsPaused: s.Fault().Freeze, UptimeSeconds: time.Since(s.started).Seconds(), SglangVersion: "sim", ServerType: "grpc",
+		IsPaused: s.Fault().Freeze, UptimeSeconds: time.Since(s.startedAt()).Seconds(), SglangVersion: "sim", ServerType: "grpc",
 		MaxTotalNumTokens: int32(o.KVCapacityTokens)}, nil
 }
 
@@ -247,7 +247,7 @@ func (v vllmServicer) GetModelInfo(context.Context, *vllmpb.GetModelInfoRequest)
 func (v vllmServicer) GetServerInfo(context.Context, *vllmpb.GetServerInfoRequest) (*vllmpb.GetServerInfoResponse, error) {
 	s, o := v.s, v.s.opts
 	info := &vllmpb.GetServerInfoResponse{ActiveRequests: uint32(s.activeRequests()), IsPaused: s.Fault().Freeze,
-		UptimeSeconds: time.Since(s.started).Seconds(), ServerType: "vllm-grpc", DataParallelSize: int32(o.DPSize)}
+		UptimeSeconds: time.Since(s.startedAt()).Seconds(), ServerType: "vllm-grpc", DataParallelSize: int32(o.DPSize)}
 	switch o.Role {
 	case RolePrefill:
 		info.KvConnector, info.KvRole = "SimConnector", "kv_producer"

@@ -58,7 +58,7 @@ func (c *collector) Describe(chan<- *prometheus.Desc) {}
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
-	ch <- prometheus.MustNewConstMetric(c.start, prometheus.GaugeValue, float64(s.started.UnixNano())/1e9)
+	ch <- prometheus.MustNewConstMetric(c.start, prometheus.GaugeValue, float64(s.startedAt().UnixNano())/1e9)
 	e := s.eng.Load()
 	if e == nil || s.silent.Load() {
 		return

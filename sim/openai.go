@@ -490,7 +490,7 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 		owner = "sglang"
 	}
 	writeJSON(w, map[string]any{"object": "list", "data": []map[string]any{{
-		"id": s.opts.Model, "object": "model", "created": s.started.Unix(), "owned_by": owner,
+		"id": s.opts.Model, "object": "model", "created": s.startedAt().Unix(), "owned_by": owner,
 		"root": s.opts.Model, "max_model_len": s.opts.KVCapacityTokens,
 	}}})
 }

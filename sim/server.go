@@ -32,7 +32,7 @@ type Server struct {
 	addr  string    // host:port, kept across kill and revive
 	// grpcAddr is the gRPC host:port ("" without gRPC), kept across kill and revive.
 	grpcAddr string
-	started  time.Time
+	started  atomic.Int64 // unix ns the engine (re)started: a revive is a new process
 	metrics  http.Handler
 	client   *http.Client // decode role: talks to prefill engines
 	mux      *http.ServeMux
@@ -157,7 +157,7 @@ func newServer(index int, opts Options, log *slog.Logger) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
-		opts: opts, log: log.With("engine", index), index: index, started: time.Now(),
+		opts: opts, log: log.With("engine", index), index: index,
 		conns: map[net.Conn]struct{}{}, timers: map[*time.Timer]struct{}{},
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
 	}
@@ -184,6 +184,7 @@ func (s *Server) serve(ln, gln net.Listener) error {
 }
 
 func (s *Server) serveLocked(ln, gln net.Listener) {
+	s.started.Store(time.Now().UnixNano())
 	e := newEngine(configFrom(s.opts), s.opts.DPSize, s.opts.Seed, s.fetchKV)
 	e.setFault(s.fault)
 	e.start()
@@ -236,6 +237,10 @@ func (s *Server) URL() string {
 
 // Addr is the engine's host:port.
 func (s *Server) Addr() string { return s.addr }
+
+// startedAt is when the engine's process started: at Start, and again at
+// each revive (process_start_time_seconds moves as a restarted engine's does).
+func (s *Server) startedAt() time.Time { return time.Unix(0, s.started.Load()) }
 
 // Index is the engine's position in its fleet (0 for Start).
 func (s *Server) Index() int { return s.index }

@@ -777,3 +777,23 @@ func TestLogprobsOutOfRange(t *testing.T) {
 		}
 	}
 }
+
+// A revive is a restarted process: its process_start_time_seconds is later
+// than the killed one's, as a restarted engine's is (how the control plane
+// tells a restart it never saw unreachable).
+func TestReviveMovesTheStartTime(t *testing.T) {
+	s := startSim(t, fastOptions())
+	before := gauge(scrape(t, s.URL()), "process_start_time_seconds")
+	if before <= 0 {
+		t.Fatalf("process_start_time_seconds %v, want the start time", before)
+	}
+	if err := s.SetFault(Fault{Kill: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetFault(Fault{}); err != nil {
+		t.Fatal(err)
+	}
+	if after := gauge(scrape(t, s.URL()), "process_start_time_seconds"); !(after > before) {
+		t.Fatalf("process_start_time_seconds %v after a revive, want later than %v", after, before)
+	}
+}
