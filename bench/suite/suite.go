@@ -205,15 +205,27 @@ func (s *Suite) startConfig(ctx context.Context, gc GatewayConfig) (*env, error)
 			e.urls = append(e.urls, url)
 		}
 	}
-	if gc.LearnWindows {
-		urls := e.urls // every router's, or none with one router
-		if len(urls) == 0 {
-			urls = []string{gw.URL}
-		}
-		warmWindows(ctx, urls, 2*gc.engines()*engineSlots)
-	}
 	if slices.Contains(flags, "--worker-admission-window") {
-		if err := gw.waitShares(ctx, gc.engines(), max(1, gc.Routers), 20*time.Second); err != nil {
+		// Learned windows need a burst that queues on every engine: on a
+		// starved box one burst may not, so it is sent again until the
+		// windows are learned and split.
+		warm := func() {}
+		if gc.LearnWindows {
+			urls := e.urls // every router's, or none with one router
+			if len(urls) == 0 {
+				urls = []string{gw.URL}
+			}
+			warm = func() { warmWindows(ctx, urls, 2*gc.engines()*engineSlots) }
+		}
+		var err error
+		for deadline := time.Now().Add(time.Minute); ; {
+			warm()
+			err = gw.waitShares(ctx, gc.engines(), max(1, gc.Routers), 10*time.Second)
+			if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+				break
+			}
+		}
+		if err != nil {
 			e.stop()
 			return nil, err
 		}
