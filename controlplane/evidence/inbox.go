@@ -366,7 +366,7 @@ func (in *Inbox) committed(w, c *registry.Worker, ch *changes) {
 	if c.Liveness != w.Liveness {
 		ch.live = in.livenessChanged(w, c, ch.live)
 	}
-	if c.Evidence.StartTime != w.Evidence.StartTime && w.Evidence.StartTime != 0 {
+	if !c.Evidence.RestartAt.Equal(w.Evidence.RestartAt) { // a restart decide believed
 		ch.starts = append(ch.starts, startChange{id: c.ID, url: c.Spec.GetUrl(), from: w.Evidence.StartTime, to: c.Evidence.StartTime})
 	}
 	if c.Evidence.StartIgnored > 0 && w.Evidence.StartIgnored == 0 {

@@ -73,6 +73,12 @@ const (
 	startAhead = time.Minute
 )
 
+// restartGap is the least time, by the loads' own clock, between two
+// restarts the rule believes: an engine that claims a new start at every
+// report forces one contact per gap, not one per report. A start time that
+// moves within the gap is still trusted, so it is no restart later either.
+const restartGap = 10 * time.Second
+
 // startMove is what the restart rule makes of the start time load reports
 // against held, the one trusted so far (0: none): next to trust, and
 // whether it is a restart or an untrusted value. A value that is not a
@@ -97,6 +103,18 @@ func startMove(held float64, load *smgv1.EngineLoad) (next float64, restart, ign
 	return held, false, false
 }
 
+// restartMove is startMove against ev's trusted start time, a restart
+// within restartGap of the last believed one counted as ignored.
+func restartMove(ev *Evidence, load *smgv1.EngineLoad) (next float64, restart, ignored bool) {
+	next, restart, ignored = startMove(ev.StartTime, load)
+	if restart && !ev.RestartAt.IsZero() {
+		if d := load.GetReportedAt().AsTime().Sub(ev.RestartAt); d < restartGap && d > -restartGap {
+			return next, false, true
+		}
+	}
+	return next, restart, ignored
+}
+
 // restarted applies the restart rule to w's load: the start time its
 // evidence holds moves to a trusted new one, and the answer says whether
 // that was a restart. A no-report keeps the last load visible, and a
@@ -105,10 +123,13 @@ func restarted(old, w *Worker) bool {
 	if w.Evidence.NoReport || w.Load == nil || old != nil && old.Load == w.Load {
 		return false
 	}
-	next, restart, ignored := startMove(w.Evidence.StartTime, w.Load)
+	next, restart, ignored := restartMove(&w.Evidence, w.Load)
 	w.Evidence.StartTime = next
 	if ignored {
 		w.Evidence.StartIgnored++
+	}
+	if restart {
+		w.Evidence.RestartAt = w.Load.GetReportedAt().AsTime()
 	}
 	return restart
 }
@@ -143,7 +164,7 @@ func judged(w *Worker) (v verdicts) {
 // evidence wait for a later commit ask it first: evidence that moves a
 // verdict commits at once.
 func Stands(w, c *Worker) bool {
-	if _, restart, _ := startMove(w.Evidence.StartTime, c.Load); restart && !c.Evidence.NoReport {
+	if _, restart, _ := restartMove(&w.Evidence, c.Load); restart && !c.Evidence.NoReport {
 		return false // a restart is contact: routers hear of it at once
 	}
 	v := judged(c)

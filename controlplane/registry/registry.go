@@ -166,6 +166,8 @@ type Evidence struct {
 	// the reported ones not trusted (decide's restart rule).
 	StartTime    float64
 	StartIgnored int
+	// RestartAt is the load time of the last restart the rule believed.
+	RestartAt time.Time
 }
 
 // RouterView is one router's latest observation of a worker.

@@ -85,3 +85,41 @@ func TestARestartDoesNotStand(t *testing.T) {
 		t.Fatal("a restart stands: it would wait for the next flush")
 	}
 }
+
+// TestRestartsBelievedOncePerGap: an engine that claims a new start time at
+// every report forces one contact per restartGap of its loads' time, not one
+// per report; a claim within the gap is still trusted, so it is no restart
+// later either, and it commits with the next flush like any load.
+func TestRestartsBelievedOncePerGap(t *testing.T) {
+	r := New("e", 0)
+	at := func(start float64, reported time.Duration) func(*Worker) {
+		return func(w *Worker) {
+			w.Load = startLoad(start)
+			w.Load.ReportedAt = timestamppb.New(t0.Add(reported))
+		}
+	}
+	first := float64(t0.Add(-time.Hour).Unix())
+	put(t, r, at(first, 0))
+	w := put(t, r, at(first+100, time.Second))
+	if w.ContactSeq != 1 {
+		t.Fatalf("first restart: contact_seq %d, want 1", w.ContactSeq)
+	}
+	for i := 2; i < 10; i++ { // a new start claimed every second
+		next := w.Clone()
+		next.Load = startLoad(first + 100 + float64(i))
+		next.Load.ReportedAt = timestamppb.New(t0.Add(time.Duration(i) * time.Second))
+		if !Stands(w, next) {
+			t.Fatalf("a restart claimed %d s after the last believed one does not stand", i-1)
+		}
+		if w = put(t, r, at(first+100+float64(i), time.Duration(i)*time.Second)); w.ContactSeq != 1 || w.Evidence.StartTime != first+100+float64(i) {
+			t.Fatalf("restart claimed %d s after the last: contact_seq %d, held %v; want 1 and %v",
+				i-1, w.ContactSeq, w.Evidence.StartTime, first+100+float64(i))
+		}
+	}
+	if w = put(t, r, at(first+111, 11*time.Second)); w.ContactSeq != 2 {
+		t.Fatalf("a restart 10 s after the last believed one: contact_seq %d, want 2", w.ContactSeq)
+	}
+	if w.Evidence.StartIgnored != 8 {
+		t.Fatalf("ignored %d, want the 8 claims within the gap", w.Evidence.StartIgnored)
+	}
+}
