@@ -194,5 +194,5 @@ func VetoOf(v judge.Verdict) smgv1.Veto {
 // sameVisible reports whether a and b look the same to routers and the
 // admin API: they differ at most in Evidence and Revision.
 func sameVisible(a, b *Worker) bool {
-	return a.Registered == b.Registered && a.State == b.State && a.Shares.same(&b.Shares)
+	return a.Registered == b.Registered && a.State == b.State && a.Shares.Equal(&b.Shares)
 }

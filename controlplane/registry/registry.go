@@ -95,7 +95,7 @@ type State struct {
 }
 
 // Shares are a worker's window, kept by the window allocator
-// (controlplane/windows): soft state too, compared by value (same).
+// (controlplane/windows): soft state too, compared by value (Equal).
 type Shares struct {
 	WindowShare map[string]int64 // router id -> rooms of the worker's window (PD decode or admission)
 	Admission   *Admission       // running window under --worker-admission-window (nil: off)
@@ -103,8 +103,9 @@ type Shares struct {
 	Budget      *Budget          // token budget under --worker-token-budget (nil: off)
 }
 
-// same reports whether s and o hold the same shares and window.
-func (s *Shares) same(o *Shares) bool {
+// Equal reports whether s and o hold the same shares and windows (a nil
+// map is not an empty one).
+func (s *Shares) Equal(o *Shares) bool {
 	return maps.Equal(s.WindowShare, o.WindowShare) && (s.WindowShare == nil) == (o.WindowShare == nil) &&
 		(s.Admission == o.Admission || s.Admission != nil && o.Admission != nil && *s.Admission == *o.Admission) &&
 		maps.Equal(s.TokenShare, o.TokenShare) && (s.TokenShare == nil) == (o.TokenShare == nil) &&

@@ -80,11 +80,10 @@ type Allocator struct {
 }
 
 type routerState struct {
-	applied  uint64
-	demand   map[string]*smgv1.DecodeDemand // by worker id, from the latest report
-	gone     bool
-	goneAt   time.Time
-	reported bool
+	applied uint64
+	demand  map[string]*smgv1.DecodeDemand // by worker id, from the latest report
+	gone    bool
+	goneAt  time.Time
 }
 
 // grant is one router's standing on one worker beyond its share in the
@@ -100,9 +99,6 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
-	if opts.Warmup < 0 {
-		opts.Warmup = 0
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -112,6 +108,7 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 	a := &Allocator{
 		reg: reg, opts: opts, log: log, started: opts.Now(),
 		routers:  make(map[string]*routerState),
+		seen:     make(map[string]bool),
 		grants:   [numDims]map[string]map[string]*grant{make(map[string]map[string]*grant), make(map[string]map[string]*grant)},
 		learners: shardmap.New[*learner](),
 		kick:     make(chan struct{}, 1),
@@ -147,7 +144,7 @@ func (a *Allocator) RouterDemand(routerID string, applied uint64, demand []*smgv
 			a.log.Info("A router holds rooms from a previous control plane; shares grow after the longer warm-up", "router", routerID, "warmup", a.opts.HeldWarmup)
 		}
 	}
-	rs.gone, rs.reported, rs.applied = false, true, max(rs.applied, applied)
+	rs.gone, rs.applied = false, max(rs.applied, applied)
 	rs.demand = make(map[string]*smgv1.DecodeDemand, len(demand))
 	for _, d := range demand {
 		rs.demand[d.GetWorkerId()] = d
@@ -260,14 +257,11 @@ func (a *Allocator) Step() error {
 	return nil
 }
 
-// update is the next state of one worker's window record (nil shares: drop),
-// planned from the registration of from.
+// update is the next shares of one worker, planned from the registration
+// of from.
 type update struct {
-	from      *registry.Registered
-	shares    map[string]int64
-	admission *registry.Admission
-	tokens    map[string]int64
-	budget    *registry.Budget
+	from   *registry.Registered
+	shares registry.Shares
 }
 
 // expire forgets routers disconnected past the stale bound.
@@ -294,49 +288,32 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 	}
 	warm := now.Sub(a.started) >= warmup
 	updates := make(map[string]update)
-	var decreased [numDims]map[string][]string
-	for dim := range decreased {
-		decreased[dim] = make(map[string][]string)
-	}
-	if a.seen == nil {
-		a.seen = make(map[string]bool, len(workers))
-	}
+	decreased := [numDims]map[string][]string{{}, {}}
 	seen := a.seen
 	clear(seen)
 	for _, w := range workers {
 		seen[w.ID] = true
+		var next registry.Shares
 		if w.External() {
 			// A provider has no running window, only its spill-over budget.
-			if shares := spillShares(w, ids, warm); !maps.Equal(shares, w.WindowShare) || (shares == nil) != (w.WindowShare == nil) || w.Admission != nil || w.Budget != nil {
-				updates[w.ID] = update{from: &w.Registered, shares: shares}
-			}
+			next.WindowShare = spillShares(w, ids, warm)
 			delete(a.grants[dimRooms], w.ID)
 			delete(a.grants[dimTokens], w.ID)
-			continue
+		} else {
+			window, adm := a.windowOf(w, now)
+			tokens, budget := a.budgetOf(w)
+			next = registry.Shares{Admission: adm, Budget: budget,
+				WindowShare: a.planDim(dimRooms, w, window, ids, warm, decreased[dimRooms]),
+				TokenShare:  a.planDim(dimTokens, w, tokens, ids, warm, decreased[dimTokens])}
 		}
-		window, adm := a.windowOf(w, now)
-		tokens, budget := a.budgetOf(w)
-		next := update{from: &w.Registered}
-		next.admission, next.budget = adm, budget
-		next.shares = a.planDim(dimRooms, w, window, ids, warm, decreased[dimRooms])
-		next.tokens = a.planDim(dimTokens, w, tokens, ids, warm, decreased[dimTokens])
-		if !samePtr(adm, w.Admission) || !samePtr(budget, w.Budget) ||
-			sharesChanged(next.shares, w.WindowShare, window > 0) || sharesChanged(next.tokens, w.TokenShare, tokens > 0) {
-			updates[w.ID] = next
+		if !next.Equal(&w.Shares) {
+			updates[w.ID] = update{from: &w.Registered, shares: next}
 		}
 	}
 	for _, grants := range a.grants {
-		for id := range grants {
-			if !seen[id] {
-				delete(grants, id)
-			}
-		}
+		maps.DeleteFunc(grants, func(id string, _ map[string]*grant) bool { return !seen[id] })
 	}
-	for id := range a.kv {
-		if !seen[id] {
-			delete(a.kv, id)
-		}
-	}
+	maps.DeleteFunc(a.kv, func(id string, _ *kvLearner) bool { return !seen[id] })
 	a.learners.Range(func(id string, l *learner) bool {
 		if !seen[id] {
 			a.learners.CompareAndDelete(id, l)
@@ -346,21 +323,15 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 	return updates, decreased
 }
 
-// sharesChanged reports whether next differs from the stored cur enough to
-// write: with a window (on) any change; without one, shares left to drop.
-func sharesChanged(next, cur map[string]int64, on bool) bool {
-	if !on {
-		return cur != nil
-	}
-	return !maps.Equal(next, cur) || (cur == nil && len(next) > 0)
-}
-
 // planDim splits w's window in dimension dim (rooms or tokens) over the
-// routers (nil with no window), noting the routers whose share decreased
-// in dec.
+// routers (nil with no window or no router), noting the routers whose share
+// decreased in dec.
 func (a *Allocator) planDim(dim int, w *registry.Worker, window int64, ids []string, warm bool, dec map[string][]string) map[string]int64 {
 	if window <= 0 {
 		delete(a.grants[dim], w.ID)
+		return nil
+	}
+	if len(ids) == 0 {
 		return nil
 	}
 	byRouter := a.grants[dim][w.ID]
@@ -420,11 +391,6 @@ func (a *Allocator) planDim(dim int, w *registry.Worker, window int64, ids []str
 			decreased = append(decreased, r.ID)
 		}
 	}
-	for id := range byRouter {
-		if _, ok := a.routers[id]; !ok {
-			delete(byRouter, id)
-		}
-	}
 	if len(decreased) > 0 {
 		dec[w.ID] = decreased
 	}
@@ -462,8 +428,7 @@ func (a *Allocator) commit(t *registry.Txn, updates map[string]update) bool {
 			continue
 		}
 		c := cur.Clone()
-		c.WindowShare, c.Admission = u.shares, u.admission
-		c.TokenShare, c.Budget = u.tokens, u.budget
+		c.Shares = u.shares
 		t.Insert(c)
 		wrote = true
 	}
@@ -576,12 +541,4 @@ func usage(v float64) float64 {
 		return 0
 	}
 	return min(v, 1)
-}
-
-// samePtr reports whether a and b are both nil or point to equal values.
-func samePtr[T comparable](a, b *T) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
 }
