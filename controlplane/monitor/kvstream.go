@@ -42,9 +42,6 @@ func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Work
 	k := &m.kv
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.m == nil {
-		k.m = map[string]*kvStream{}
-	}
 	for id, st := range k.m {
 		if w := want[id]; w == nil || w.Spec.GetUrl() != st.url {
 			st.cancel()
@@ -77,10 +74,10 @@ func (m *Monitor) KVStreams() int {
 // stopStreams ends every stream and waits for them.
 func (m *Monitor) stopStreams() {
 	m.kv.mu.Lock()
-	for id, st := range m.kv.m {
+	for _, st := range m.kv.m {
 		st.cancel()
-		delete(m.kv.m, id)
 	}
+	clear(m.kv.m)
 	m.kv.mu.Unlock()
 	m.kv.wg.Wait()
 }

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net/http"
 	"sync"
 	"time"
@@ -101,7 +102,7 @@ func New(reg *registry.Registry, in *evidence.Inbox, client *http.Client, opts O
 		opts.Burst = spread.NewBurst(spread.DefaultBurstSize, spread.DefaultBurstPer)
 	}
 	return &Monitor{reg: reg, ingest: in, client: client, log: log, opts: opts, seed: opts.Seed + "\x00poll",
-		coverage: make(chan struct{}, 1), readers: map[string]*reader{}}
+		coverage: make(chan struct{}, 1), readers: map[string]*reader{}, kv: kvStreams{m: map[string]*kvStream{}}}
 }
 
 func groupOf(w *registry.Worker) GroupKey {
@@ -415,22 +416,14 @@ func engineAnswered(err error) bool {
 
 // pruneReaders forgets readers of removed workers.
 func (m *Monitor) pruneReaders(workers []*registry.Worker) {
-	ids := make(map[string]bool, len(workers))
+	ids, urls := make(map[string]bool, len(workers)), make(map[string]bool, len(workers))
 	for _, w := range workers {
-		ids[w.ID] = true
+		ids[w.ID], urls[w.Spec.GetUrl()] = true, true
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for id := range m.readers {
-		if !ids[id] {
-			delete(m.readers, id)
-		}
-	}
+	maps.DeleteFunc(m.readers, func(id string, _ *reader) bool { return !ids[id] })
 	if m.opts.GRPC != nil {
-		urls := map[string]bool{}
-		for _, w := range workers {
-			urls[w.Spec.GetUrl()] = true
-		}
 		m.opts.GRPC.Retain(urls)
 	}
 }
