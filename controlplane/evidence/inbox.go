@@ -93,7 +93,13 @@ type Inbox struct {
 	jumps jumpBucket
 
 	fmu sync.Mutex // one flush (or rebuild) at a time
-	ids []idCell   // the running flush's workers (fmu held)
+	// order is every cell by id (fmu held), and added the cells made since
+	// the last flush (amu held), merged into it by the next: the flush
+	// walks the cells in id order without sorting 10,000 ids each time.
+	order []idCell
+	amu   sync.Mutex
+	added []idCell
+	ids   []idCell // the running flush's workers (fmu held)
 	// records are fresh records for the flush to clone into, and made is
 	// fresh loads for the cells' spares (fmu held): both made outside
 	// every lock. A flush runs during the collector's mark phases, which
@@ -192,7 +198,12 @@ func (in *Inbox) cellOf(id string, w *registry.Worker) *Slot {
 	if h == nil {
 		h = &registry.Handle{} // removed meanwhile: it reads nil, a flush drops the cell
 	}
-	c, _ := in.cells.LoadOrStore(id, &Slot{h: h})
+	c, loaded := in.cells.LoadOrStore(id, &Slot{h: h})
+	if !loaded {
+		in.amu.Lock()
+		in.added = append(in.added, idCell{id, c})
+		in.amu.Unlock()
+	}
 	return c
 }
 
@@ -208,19 +219,25 @@ const chunkSize = 1024
 func (in *Inbox) Flush() {
 	in.fmu.Lock()
 	defer in.fmu.Unlock()
+	in.amu.Lock()
+	added := in.added
+	in.added = nil
+	in.amu.Unlock()
+	if len(added) > 0 { // a fleet's first reports are the only long sort
+		in.order = append(in.order, added...)
+		slices.SortFunc(in.order, func(a, b idCell) int { return strings.Compare(a.id, b.id) })
+	}
+	// In id order, each transaction writes one stretch of the registry's
+	// tree: the leaves a chunk copies are its own, not copied again by
+	// every chunk as map order would have it.
 	ids := in.ids[:0]
-	in.cells.Range(func(id string, c *Slot) bool {
-		if c.pending() {
-			ids = append(ids, idCell{id, c})
+	for _, e := range in.order {
+		if e.c.pending() {
+			ids = append(ids, e)
 		} else {
-			in.dropIdle(id, c)
+			in.dropIdle(e.id, e.c)
 		}
-		return true
-	})
-	// In key order, each transaction writes one stretch of the id index's
-	// radix tree: the inner nodes a chunk copies are its own, not copied
-	// again by every chunk as map order would have it.
-	slices.SortFunc(ids, func(a, b idCell) int { return strings.Compare(a.id, b.id) })
+	}
 	for start := 0; start < len(ids); start += chunkSize {
 		if start > 0 && in.betweenChunks != nil {
 			in.betweenChunks()
@@ -229,6 +246,7 @@ func (in *Inbox) Flush() {
 	}
 	clear(ids)
 	in.ids = ids[:0]
+	in.order = slices.DeleteFunc(in.order, func(e idCell) bool { return e.c.dead.Load() })
 }
 
 // idCell is a worker's id and its cell. Only a flush drops cells (fmu

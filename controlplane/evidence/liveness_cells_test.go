@@ -197,6 +197,36 @@ func TestCellsOnlyForReadyWorkers(t *testing.T) {
 	}
 }
 
+// A flush walks every cell in id order, the ones made since the last flush
+// too, and forgets the ones it drops: a worker back in Ready has its new
+// cell's evidence stored by the next flush.
+func TestFlushWalksEveryCellInIDOrder(t *testing.T) {
+	tr, reg := openHealthy(t, []string{"w3", "w1", "w2"}, true)
+	for _, id := range []string{"w3", "w1", "w2"} {
+		tr.Record(id, judge.Record{Pushed: true}, t0)
+	}
+	tr.Flush()
+	setHealth(t, reg, "w2", registry.HealthUnhealthy)
+	tr.Flush() // drops w2's cell
+	setHealth(t, reg, "w2", registry.HealthHealthy)
+	at := t0.Add(time.Second)
+	tr.Record("w2", judge.Record{Pushed: true}, at)
+	if c := tr.cell("w2"); c == nil || !c.pending() {
+		t.Fatal("w2's record back in Ready does not wait in a new cell")
+	}
+	tr.Flush()
+	if got := reg.Get("w2").Evidence.PushedAt; !got.Equal(at) {
+		t.Fatalf("w2 pushed at %v after the flush, want %v", got, at)
+	}
+	var ids []string
+	for _, e := range tr.order {
+		ids = append(ids, e.id)
+	}
+	if !reflect.DeepEqual(ids, []string{"w1", "w2", "w3"}) {
+		t.Fatalf("the flush's cells %v, want w1, w2, w3", ids)
+	}
+}
+
 func addWorker(t *testing.T, reg *registry.Registry, id string) {
 	if _, err := reg.Update(func(txn *registry.Txn) error {
 		txn.Insert(&registry.Worker{Registered: registry.Registered{ID: id, Spec: &smgv1.WorkerSpec{Url: "http://" + id}, Model: "m", Type: "regular"}, State: registry.State{Health: registry.HealthHealthy}})
