@@ -13,6 +13,7 @@ package spread
 import (
 	"container/heap"
 	"context"
+	"hash/fnv"
 	"sync"
 	"time"
 
@@ -34,32 +35,37 @@ func PhaseOf(seed, key string, interval time.Duration) Phase {
 	return Phase{offset: int64(hash(seed, key) % uint64(iv)), interval: iv}
 }
 
-// Offset is the phase's offset within its interval.
-func (p Phase) Offset() time.Duration { return time.Duration(p.offset) }
+// PhaseAt returns the phase that recurs at t (a worker's first contact,
+// granted by the burst budget).
+func PhaseAt(t time.Time, interval time.Duration) Phase {
+	iv := max(int64(interval), 1)
+	return Phase{offset: mod(t.UnixNano(), iv), interval: iv}
+}
 
 // Next returns the first instant strictly after t at which the phase
 // recurs: t < Next(t) <= t + interval.
 func (p Phase) Next(t time.Time) time.Time {
-	r := (t.UnixNano() - p.offset) % p.interval
+	return t.Add(time.Duration(p.interval - mod(t.UnixNano()-p.offset, p.interval)))
+}
+
+// mod is a modulo n in [0, n).
+func mod(a, n int64) int64 {
+	r := a % n
 	if r < 0 {
-		r += p.interval
+		r += n
 	}
-	return t.Add(time.Duration(p.interval - r))
+	return r
 }
 
 // hash is 64-bit FNV-1a over seed, a separator and key, finished with
 // splitmix64's mixer so that ids differing in their last character (w00001,
 // w00002) land far apart rather than in neighbouring offsets.
 func hash(seed, key string) uint64 {
-	const prime = 1099511628211
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(seed); i++ {
-		h = (h ^ uint64(seed[i])) * prime
-	}
-	h = (h ^ 0xff) * prime // 0xff never occurs in UTF-8: seed "a"+key "b" differs from "ab"+""
-	for i := 0; i < len(key); i++ {
-		h = (h ^ uint64(key[i])) * prime
-	}
+	f := fnv.New64a()
+	f.Write([]byte(seed))
+	f.Write([]byte{0xff}) // never in UTF-8: seed "a"+key "b" differs from "ab"+""
+	f.Write([]byte(key))
+	h := f.Sum64()
 	h ^= h >> 30
 	h *= 0xbf58476d1ce4e5b9
 	h ^= h >> 27
@@ -75,14 +81,13 @@ type Burst struct {
 	size float64
 	per  time.Duration
 
-	mu      sync.Mutex
-	tokens  float64
-	last    time.Time
-	started bool
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time // zero before the first Take: the budget is full
 }
 
-// DefaultBurstSize is the first contacts started at once (and per
-// DefaultBurstPer) before the rest wait for their phase.
+// The first contacts started at once, and per DefaultBurstPer, before the
+// rest wait for their phase.
 const (
 	DefaultBurstSize = 64
 	DefaultBurstPer  = time.Second
@@ -90,7 +95,8 @@ const (
 
 // NewBurst returns a full budget of size contacts, refilled at size per per.
 func NewBurst(size int, per time.Duration) *Burst {
-	return &Burst{size: float64(max(size, 0)), per: max(per, time.Nanosecond)}
+	n := float64(max(size, 0))
+	return &Burst{size: n, tokens: n, per: max(per, time.Nanosecond)}
 }
 
 // Take spends one contact from the budget at now, or reports that it is
@@ -98,9 +104,7 @@ func NewBurst(size int, per time.Duration) *Burst {
 func (b *Burst) Take(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.started {
-		b.started, b.tokens, b.last = true, b.size, now
-	} else if el := now.Sub(b.last); el > 0 {
+	if el := now.Sub(b.last); el > 0 {
 		b.tokens = min(b.size, b.tokens+b.size*float64(el)/float64(b.per))
 		b.last = now
 	}
@@ -154,26 +158,12 @@ func (q *Queue) PopDue(now time.Time) (at time.Time, id string, ok bool) {
 	return e.at, e.id, true
 }
 
-// Len is the number of entries, stale ones included.
-func (q *Queue) Len() int { return len(q.h) }
-
 // Reset empties the queue.
 func (q *Queue) Reset() { q.h = q.h[:0] }
 
 // Resolution is how finely a schedule is kept: a loop wakes at most once per
 // Resolution, starting together the contacts due within it.
 const Resolution = 10 * time.Millisecond
-
-// PhaseAt returns the phase that recurs at t (a worker's first contact,
-// granted by the burst budget).
-func PhaseAt(t time.Time, interval time.Duration) Phase {
-	iv := max(int64(interval), 1)
-	r := t.UnixNano() % iv
-	if r < 0 {
-		r += iv
-	}
-	return Phase{offset: r, interval: iv}
-}
 
 // Pace waits until Resolution has passed since start (when a loop's pass
 // began), so a run of wake-ups costs one pass per Resolution. It reports

@@ -12,8 +12,8 @@ func TestNextIsWithinOneIntervalAndRecursExactly(t *testing.T) {
 	const iv = 60 * time.Second
 	for i := range 1000 {
 		p := PhaseOf("seed", fmt.Sprintf("w%05d", i), iv)
-		if p.Offset() < 0 || p.Offset() >= iv {
-			t.Fatalf("offset %s outside [0, %s)", p.Offset(), iv)
+		if off := time.Duration(p.offset); off < 0 || off >= iv {
+			t.Fatalf("offset %s outside [0, %s)", time.Duration(p.offset), iv)
 		}
 		for _, from := range []time.Time{t0, t0.Add(time.Duration(i) * 7919 * time.Millisecond), time.Unix(0, -int64(i)*1e9)} {
 			n := p.Next(from)
@@ -23,8 +23,8 @@ func TestNextIsWithinOneIntervalAndRecursExactly(t *testing.T) {
 			if got := p.Next(n); got.Sub(n) != iv {
 				t.Fatalf("from its own phase the next contact is %s later, want exactly %s", got.Sub(n), iv)
 			}
-			if got := n.UnixNano() % int64(iv); got != int64(p.Offset()) && got+int64(iv) != int64(p.Offset()) {
-				t.Fatalf("Next lands at %d mod interval, want the offset %d", got, p.Offset())
+			if got := n.UnixNano() % int64(iv); got != p.offset && got+int64(iv) != p.offset {
+				t.Fatalf("Next lands at %d mod interval, want the offset %d", got, p.offset)
 			}
 		}
 	}
@@ -39,7 +39,7 @@ func TestPhasesSpreadEvenly(t *testing.T) {
 	for _, seed := range []string{"", "cp-a"} {
 		var buckets [k]int
 		for i := range n {
-			off := PhaseOf(seed, fmt.Sprintf("w%05d", i), iv).Offset()
+			off := time.Duration(PhaseOf(seed, fmt.Sprintf("w%05d", i), iv).offset)
 			buckets[off*k/iv]++
 		}
 		for b, c := range buckets {
@@ -125,8 +125,8 @@ func TestQueuePopsDueEntriesInOrder(t *testing.T) {
 		}
 		got = append(got, id)
 	}
-	if fmt.Sprint(got) != "[1 2 3]" || q.Len() != 2 {
-		t.Fatalf("due at 3 s: %v (left %d), want [1 2 3] and 2 left", got, q.Len())
+	if fmt.Sprint(got) != "[1 2 3]" || len(q.h) != 2 {
+		t.Fatalf("due at 3 s: %v (left %d), want [1 2 3] and 2 left", got, len(q.h))
 	}
 	q.Reset()
 	if _, ok := q.Peek(); ok {

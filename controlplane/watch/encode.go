@@ -50,11 +50,8 @@ func (s *Server) appendResponse(buf []byte, k baseKey, b *base, routerID string,
 	case kindSnapshot:
 		buf, m := openField(buf, responseSnapshot)
 		buf = appendWorkers(buf, snapshotWorkers, b.workers, routerID)
-		if st := s.opts.Settings; st != nil {
-			var sm int
-			buf, sm = openField(buf, snapshotSettings)
-			buf = must(proto.MarshalOptions{}.MarshalAppend(buf, st))
-			buf = closeField(buf, sm)
+		if s.opts.Settings != nil {
+			buf = protowire.AppendBytes(protowire.AppendTag(buf, snapshotSettings, protowire.BytesType), s.settings)
 		}
 		buf = appendInt(buf, snapshotWarming, int64(warming))
 		return closeField(buf, m)
@@ -200,13 +197,6 @@ func validUTF8(v string) string {
 		return v
 	}
 	return strings.ToValidUTF8(v, "\uFFFD")
-}
-
-func must(b []byte, err error) []byte {
-	if err != nil {
-		panic(err) // FleetSettings always marshals: a bug if not
-	}
-	return b
 }
 
 // appendAck appends the WatchResponse acknowledging report seq, under

@@ -12,12 +12,9 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 )
 
-// Encode once, send to many. Every stream that needs the same message under
-// the same epoch gets one shared frame, encoded by the first stream that
-// asks (encode.go). A frame is keyed by everything its content depends on:
-// (epoch, kind, from, to) and, when it lists workers with per-router window
-// or token shares, the asking router's shares of them (routers holding the
-// same shares still share bytes).
+// Encode once, send to many: every stream that needs the same message gets
+// one shared frame, encoded by the first stream that asks (encode.go) and
+// keyed by everything its content depends on.
 
 // frameKind says what a frame carries.
 type frameKind uint8
@@ -48,8 +45,8 @@ type baseKey struct {
 	to    uint64 // the revision the message brings the router to
 }
 
-// frameKey names one encoded message: its content, the router's shares
-// (base.shareKey) and a snapshot's warm-up seconds.
+// frameKey names one encoded message: its content, the router's shares of
+// its workers (base.shareKey) and a snapshot's warm-up seconds.
 type frameKey struct {
 	baseKey
 	shares  string
@@ -69,11 +66,6 @@ type base struct {
 // frame is one encoded message shared by every stream that needs it, in a
 // pooled buffer given back once nobody holds it (refs: the cache's hold and
 // one per sending stream).
-//
-// A large frame's first copySends senders send copies (gRPC copies into a
-// pooled buffer, freed once written); later ones send it prepared
-// (grpc.PreparedMsg, kept). A 10,000-worker load refresh for one or two
-// routers so allocates nothing new; a frame shared by many is prepared once.
 type frame struct {
 	refs    atomic.Int32
 	once    sync.Once     // writes raw
@@ -85,8 +77,11 @@ type frame struct {
 	prepped *grpc.PreparedMsg // nil: not prepared (yet), or the stream cannot
 }
 
-// copySends is how many streams a large frame is copied to before it is
-// prepared (a small one always is: gRPC's copy of it is not pooled).
+// copySends is how many streams a large frame is copied to (gRPC copies it
+// into a pooled buffer, freed once written) before it is prepared
+// (grpc.PreparedMsg, kept): a load refresh for one or two routers
+// allocates nothing new. A small frame is always prepared: gRPC's copy of
+// it is not pooled.
 const copySends = 2
 
 func newFrame() *frame {
@@ -117,8 +112,8 @@ func (f *frames) release(fr *frame) {
 	}
 }
 
-// frames caches the bases and frames of the newest revision: every stream
-// reads the current state before asking, so older entries are dropped.
+// frames caches the bases and frames of the newest revision (every stream
+// reads the current state before asking).
 type frames struct {
 	mu      sync.Mutex
 	newest  uint64
@@ -127,34 +122,28 @@ type frames struct {
 	encoded func(kind frameKind) // hears every message marshalled
 	private bool                 // Options.EncodePerStream: nothing shared
 	bufs    bufPool
-	// lastBase and lastFrame are the entries handed out last: at a change
-	// every stream asks for the same ones in turn, and finds them here
-	// without the lock and the map (most of a pass's own cost per stream).
-	lastBase  atomic.Pointer[baseEntry]
-	lastFrame atomic.Pointer[frameEntry]
+	// The entries handed out last: at a change every stream asks for the
+	// same ones, and finds them without the lock and the map.
+	lastBase  atomic.Pointer[entry[baseKey, *base]]
+	lastFrame atomic.Pointer[entry[frameKey, *frame]]
 }
 
-type baseEntry struct {
-	k baseKey
-	b *base
-}
-
-type frameEntry struct {
-	k  frameKey
-	fr *frame
+type entry[K comparable, V any] struct {
+	k K
+	v V
 }
 
 func newFrames(encoded func(frameKind)) *frames {
 	return &frames{bases: map[baseKey]*base{}, frames: map[frameKey]*frame{}, encoded: encoded}
 }
 
-// base and frame return the shared entries for a key, creating empty ones.
+// base returns the shared base under k, empty when new.
 func (f *frames) base(k baseKey) *base {
 	if f.private {
 		return &base{}
 	}
 	if e := f.lastBase.Load(); e != nil && e.k == k {
-		return e.b
+		return e.v
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -164,18 +153,17 @@ func (f *frames) base(k baseKey) *base {
 		b = &base{}
 		f.bases[k] = b
 	}
-	f.lastBase.Store(&baseEntry{k, b})
+	f.lastBase.Store(&entry[baseKey, *base]{k, b})
 	return b
 }
 
-// frame returns the frame under k, held for the caller, who releases it
-// once sent.
+// frame returns the frame under k, held for the caller, who releases it.
 func (f *frames) frame(k frameKey) *frame {
 	if f.private {
 		return newFrame() // the caller's hold only
 	}
-	if e := f.lastFrame.Load(); e != nil && e.k == k && e.fr.acquire() {
-		return e.fr
+	if e := f.lastFrame.Load(); e != nil && e.k == k && e.v.acquire() {
+		return e.v
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -186,7 +174,7 @@ func (f *frames) frame(k frameKey) *frame {
 		f.frames[k] = fr
 	}
 	fr.acquire() // cannot fail: the cache holds it
-	f.lastFrame.Store(&frameEntry{k, fr})
+	f.lastFrame.Store(&entry[frameKey, *frame]{k, fr})
 	return fr
 }
 

@@ -1,10 +1,6 @@
 package watch
 
-import (
-	"sync/atomic"
-
-	"github.com/prometheus/client_golang/prometheus"
-)
+import "github.com/prometheus/client_golang/prometheus"
 
 // metrics of the watch server. Router lag is computed at scrape time from the
 // router records, so it is always measured against the current revision.
@@ -16,22 +12,22 @@ type metrics struct {
 	// every send (1,000 routers: 20,000 a second at 20 changes a second).
 	sentBy   [kindHeartbeat + 1]prometheus.Counter
 	goodbyes prometheus.Counter
+	shared   prometheus.Gauge   // streams held by the shared writers
+	stalls   prometheus.Counter // sends that outlasted WriterStall
 }
 
 func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		streams: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "smg_watch_streams",
-			Help: "Watch streams open from routers.",
-		}),
-		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "smg_watch_messages_sent_total",
-			Help: "Watch messages sent to routers, by kind (snapshot, delta, heartbeat, goodbye).",
-		}, []string{"kind"}),
-		encoded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "smg_watch_messages_encoded_total",
-			Help: "Watch messages marshalled, by kind (snapshot, delta, heartbeat): each is encoded once and the same bytes go to every stream that needs it.",
-		}, []string{"kind"}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "smg_watch_streams",
+			Help: "Watch streams open from routers."}),
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "smg_watch_messages_sent_total",
+			Help: "Watch messages sent to routers, by kind (snapshot, delta, heartbeat, goodbye)."}, []string{"kind"}),
+		encoded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "smg_watch_messages_encoded_total",
+			Help: "Watch messages marshalled, by kind (snapshot, delta, heartbeat): each is encoded once and the same bytes go to every stream that needs it."}, []string{"kind"}),
+		shared: prometheus.NewGauge(prometheus.GaugeOpts{Name: "smg_watch_shared_streams",
+			Help: "Watch streams written by the shared writers (the rest are written by their own goroutine: routers behind on their acks, or whose send stalled)."}),
+		stalls: prometheus.NewCounter(prometheus.CounterOpts{Name: "smg_watch_writer_stalls_total",
+			Help: "Sends to a router that blocked a shared writer for longer than its bound (20 ms): the writer's other streams went to a new writer, the router's stream to its own goroutine."}),
 	}
 	for k := range m.sentBy {
 		m.sentBy[k] = m.sent.WithLabelValues(frameKind(k).String())
@@ -40,28 +36,10 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for _, kind := range []string{"snapshot", "delta", "heartbeat"} {
 		m.encoded.WithLabelValues(kind)
 	}
-	shared := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "smg_watch_shared_streams",
-		Help: "Watch streams written by the shared writers (the rest are written by their own goroutine: routers behind on their acks, or whose send stalled).",
-	}, s.poolGauge(func(p *pool) *atomic.Int64 { return &p.shared }))
-	stalls := prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "smg_watch_writer_stalls_total",
-		Help: "Sends to a router that blocked a shared writer for longer than its bound (20 ms): the writer's other streams went to a new writer, the router's stream to its own goroutine.",
-	}, s.poolGauge(func(p *pool) *atomic.Int64 { return &p.stalls }))
 	if reg != nil {
-		reg.MustRegister(m.streams, m.sent, m.encoded, shared, stalls, lagCollector{s})
+		reg.MustRegister(m.streams, m.sent, m.encoded, m.shared, m.stalls, lagCollector{s})
 	}
 	return m
-}
-
-// poolGauge reads one of the shared writers' counts (0 without them).
-func (s *Server) poolGauge(v func(*pool) *atomic.Int64) func() float64 {
-	return func() float64 {
-		if s.pool == nil {
-			return 0
-		}
-		return float64(v(s.pool).Load())
-	}
 }
 
 var lagDesc = prometheus.NewDesc("smg_router_watch_lag",

@@ -1,23 +1,13 @@
 // Package watch serves WatchService: it pushes the routing view of the fleet
-// to routers (a full snapshot, then deltas and heartbeats, each under the
+// to routers (a snapshot, then deltas and heartbeats, each under the
 // registry's epoch and revision) and takes back what only routers see.
 //
-// Each stream is served by passes, Consul style: read the registry, send,
-// look again at the next commit or heartbeat tick. The registry never waits
-// on a stream: a slow router is simply served later and is sent every worker
-// changed since the revision it was last sent, each once in its latest
-// state, or a snapshot when that would be more than MaxPending workers or the
-// history no longer reaches back that far. Nothing is queued per stream.
-//
-// A stream's passes run on its own goroutine until its router keeps up (has
-// acked all but half of WriterBudget), then on one of a few shared writers
-// that, at each change, serve every stream of their shard in turn: one
-// goroutine wake-up per writer instead of one per router. A router that
-// falls behind goes back to its own goroutine; one whose send blocks a
-// writer for WriterStall is cut loose by a watchdog (writers.go). Messages
-// are encoded once and shared by every stream at the same revisions
-// (frames.go); load-only changes go on a grid of LoadInterval in LoadPhases
-// phases.
+// Each stream is served by passes, Consul style: read the registry, send
+// what the router lacks (merged per worker, or a snapshot), look again at the
+// next commit or heartbeat tick. Nothing is queued per stream and the
+// registry never waits on one. Streams whose routers keep up are passed by a
+// few shared writers (writers.go); messages are encoded once for every stream
+// at the same revisions (frames.go, encode.go). docs/watch.md has the design.
 //
 // It owns the routers' streams, frames and writers; it reads the registry's
 // published views and never writes to it (routers' reports go to its Sink and
@@ -47,6 +37,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/smg-project/smg/controlplane/registry"
@@ -62,6 +53,8 @@ const (
 	DefaultLoadInterval      = time.Second
 	DefaultTenantInterval    = 250 * time.Millisecond
 	DefaultLoadPhases        = 10
+	DefaultWriterBudget      = 128 << 10
+	DefaultWriterStall       = 20 * time.Millisecond
 )
 
 // ObservationSink takes what routers report. Calls come from stream
@@ -85,60 +78,46 @@ type DemandSink interface {
 	RouterDisconnected(routerID string, now time.Time)
 }
 
-// Options configure a Server.
+// Options configure a Server (docs/watch.md).
 type Options struct {
 	// Token, when set, is required as gRPC metadata "authorization: Bearer <token>"
 	// (--watch-token). mTLS, when used instead, is configured on the grpc.Server.
 	Token string
-	// HeartbeatInterval is how long a stream may stay quiet before a
-	// heartbeat carrying the revision is sent (default 1s).
+	// HeartbeatInterval is how long a stream may stay quiet (default 1s).
 	HeartbeatInterval time.Duration
-	// MaxPending is how many changed workers one stream may be sent as a
-	// delta; beyond it (and beyond half the fleet, whose delta would cost
-	// half a snapshot) the stream gets a snapshot instead (default 1024).
+	// MaxPending is the most changed workers a delta carries (or half the
+	// fleet, if more); beyond it a stream gets a snapshot (default 1024).
 	MaxPending int
-	// LoadInterval paces load reports: a change to a worker's load alone
-	// reaches a router at most once per LoadInterval (default 1s, inside
-	// the spec's 10 s load refresh); routing changes go at once. Negative:
-	// loads go at once too.
+	// LoadInterval paces changes to loads alone: a router gets them at most
+	// once per LoadInterval, routing changes at once (default 1s;
+	// negative: loads at once too). LoadPhases spreads that grid over
+	// groups of routers, by id (default 10).
 	LoadInterval time.Duration
-	// LoadPhases spreads the load grid over LoadPhases groups of streams
-	// (by router id), so that no instant carries every router's load delta
-	// for a routing change to wait behind; a group's streams still share
-	// frames (default 10; 1: one grid).
-	LoadPhases int
-	// Writers is how many shared writer goroutines send to the streams
-	// whose routers keep up (writers.go; default GOMAXPROCS; negative:
-	// every stream is written by its own goroutine).
-	Writers int
-	// WriterBudget is how many bytes of deltas and snapshots a router may
-	// leave unacked and still be written by a shared writer (default
-	// 128 KiB); beyond it its stream's own goroutine writes to it.
+	LoadPhases   int
+	// Writers is how many shared writers pass the streams of routers that
+	// keep up (default GOMAXPROCS; negative: each stream its own goroutine).
+	// A router more than WriterBudget bytes behind on its acks (default
+	// 128 KiB), or whose send blocked a writer for WriterStall (default
+	// 20 ms), is passed by its stream's own goroutine.
+	Writers      int
 	WriterBudget int64
-	// WriterStall is how long one send may block a shared writer before
-	// the writer's other streams go to a new writer and the stalled
-	// stream to its own goroutine (default 20 ms).
-	WriterStall time.Duration
-	// Sink receives router observations (nil: dropped).
-	Sink ObservationSink
-	// Demand receives routers' decode window demand (nil: dropped).
+	WriterStall  time.Duration
+	// Sink and Demand receive routers' reports (nil: dropped).
+	Sink   ObservationSink
 	Demand DemandSink
 	// Tenants keeps routers' tenant reports and relays to each router the
-	// others' (fair shares fleet-wide; nil: a table of the server's own).
-	Tenants *tenants.Table
-	// TenantInterval is the least time between two relays to one router
-	// (default 250ms): while any router reports a tenant, streams look at
-	// the table this often.
+	// others', at most every TenantInterval (default 250ms; nil: a table of
+	// the server's own).
+	Tenants        *tenants.Table
 	TenantInterval time.Duration
 	// Now is the clock of the passes, the writers and router records (nil: time.Now).
 	Now func() time.Time
-	// Settings go to every router with each snapshot: the values routers
-	// must share with this control plane (nil: none sent, routers keep
-	// their flags).
+	// Settings go to every router with each snapshot (nil: none sent,
+	// routers keep their flags).
 	Settings *smgv1.FleetSettings
 	// Sent, when set, hears every delta and snapshot written to a router's
-	// stream, with the revision the router holds after it (the scale
-	// harness times the fan-out with it). Called concurrently.
+	// stream, with the revision it brings the router to (the scale harness
+	// times the fan-out with it). Called concurrently.
 	Sent func(routerID string, revision uint64)
 	// WarmUntil is when this control plane's registry is complete: until
 	// then every snapshot says how many seconds are left (warming_secs),
@@ -151,37 +130,29 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.HeartbeatInterval <= 0 {
-		o.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if o.MaxPending <= 0 {
-		o.MaxPending = DefaultMaxPending
-	}
-	if o.LoadInterval == 0 {
-		o.LoadInterval = DefaultLoadInterval
-	}
-	if o.LoadPhases <= 0 {
-		o.LoadPhases = DefaultLoadPhases
-	}
-	if o.Writers == 0 {
-		o.Writers = runtime.GOMAXPROCS(0)
-	}
-	if o.WriterBudget <= 0 {
-		o.WriterBudget = DefaultWriterBudget
-	}
-	if o.WriterStall <= 0 {
-		o.WriterStall = DefaultWriterStall
-	}
+	o.HeartbeatInterval = positive(o.HeartbeatInterval, DefaultHeartbeatInterval)
+	o.MaxPending = positive(o.MaxPending, DefaultMaxPending)
+	o.LoadInterval = cmp.Or(o.LoadInterval, DefaultLoadInterval)
+	o.LoadPhases = positive(o.LoadPhases, DefaultLoadPhases)
+	o.Writers = cmp.Or(o.Writers, runtime.GOMAXPROCS(0))
+	o.WriterBudget = positive(o.WriterBudget, DefaultWriterBudget)
+	o.WriterStall = positive(o.WriterStall, DefaultWriterStall)
+	o.TenantInterval = positive(o.TenantInterval, DefaultTenantInterval)
 	if o.Now == nil {
 		o.Now = time.Now
-	}
-	if o.TenantInterval <= 0 {
-		o.TenantInterval = DefaultTenantInterval
 	}
 	if o.Tenants == nil {
 		o.Tenants = tenants.New()
 	}
 	return o
+}
+
+// positive is v, or d when v is not positive.
+func positive[T int | int64 | time.Duration](v, d T) T {
+	if v <= 0 {
+		return d
+	}
+	return v
 }
 
 var _ smgv1.WatchServiceServer = (*Server)(nil)
@@ -196,16 +167,13 @@ type Server struct {
 	metrics *metrics
 	frames  *frames
 	pool    *pool // shared writers; nil: every stream writes itself
-	// fleet is the number of workers in the latest snapshot built: a
-	// delta is sent up to half of it, so a storm of verdicts does not turn
-	// every wake-up into a snapshot.
-	fleet atomic.Int64
+	// fleet is the number of workers in the latest snapshot built: a delta
+	// may carry up to half of it, so a storm of verdicts is not snapshots.
+	fleet    atomic.Int64
+	settings []byte // Options.Settings marshalled
 
-	closeOnce sync.Once
-	closing   chan struct{} // closed by Close: every stream says goodbye
-	// closed is done with closing (streams hear it through AfterFunc).
-	closed     context.Context
-	closeStrms context.CancelFunc
+	closed context.Context // done at Close: every stream says goodbye
+	cancel context.CancelFunc
 
 	mu      sync.Mutex
 	routers map[string]*routerRecord // by router id: the latest stream of each
@@ -220,9 +188,8 @@ type routerRecord struct {
 	applied     atomic.Uint64
 	lastSeen    atomic.Int64 // Unix ns
 
-	// acks are the folded reports not yet acknowledged, oldest first.
 	ackMu sync.Mutex
-	acks  []pendingAck
+	acks  []pendingAck // folded reports not yet acknowledged, oldest first
 }
 
 // pendingAck is a folded report: every state at revision rev or later holds it.
@@ -277,10 +244,15 @@ func NewServer(reg *registry.Registry, opts Options, log *slog.Logger, metrics p
 		reg:     reg,
 		opts:    opts.withDefaults(),
 		log:     log,
-		closing: make(chan struct{}),
 		routers: make(map[string]*routerRecord),
 	}
-	s.closed, s.closeStrms = context.WithCancel(context.Background())
+	s.closed, s.cancel = context.WithCancel(context.Background())
+	if opts.Settings != nil {
+		var err error
+		if s.settings, err = proto.Marshal(opts.Settings); err != nil {
+			panic(err) // two integers always marshal: a bug if not
+		}
+	}
 	s.frames = newFrames(func(k frameKind) { s.metrics.encoded.WithLabelValues(k.String()).Inc() })
 	s.frames.private = s.opts.EncodePerStream
 	if s.opts.Writers > 0 && !s.opts.EncodePerStream {
@@ -294,7 +266,7 @@ func NewServer(reg *registry.Registry, opts Options, log *slog.Logger, metrics p
 // reconnect at once, to another replica or to this one restarted) and ends
 // them. It does not wait: grpc.Server.GracefulStop waits for the handlers.
 func (s *Server) Close() {
-	s.closeOnce.Do(func() { close(s.closing); s.closeStrms() })
+	s.cancel()
 }
 
 // Routers lists the routers watching, by id, with their lag behind the
@@ -335,10 +307,8 @@ func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1
 	if hello == nil {
 		return status.Error(codes.InvalidArgument, "watch: the first message must be a hello")
 	}
-	select {
-	case <-s.closing: // shutting down: no snapshot, just the goodbye
+	if s.closed.Err() != nil { // shutting down: no snapshot, just the goodbye
 		return stream.Send(s.goodbye(hello.GetRevision()))
-	default:
 	}
 	id, err := tlsutil.PeerName(ctx, "router", hello.GetRouterId())
 	if err != nil {
@@ -355,8 +325,8 @@ func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1
 	s.log.Info("router watching", "router", rec.id, "peer", rec.peer,
 		"epoch", hello.GetEpoch(), "revision", hello.GetRevision())
 
-	// The stream's loop waits on one context for everything that ends it:
-	// the stream's end, the receiver's error (its cause) and Close.
+	// One context for everything that ends the stream: its end, the
+	// receiver's error (its cause) and Close.
 	sctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	defer context.AfterFunc(s.closed, func() { stop(errClosing) })()
@@ -367,10 +337,9 @@ func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1
 	return err
 }
 
-// serve runs one stream until it ends: on this goroutine until the router
-// has acked all but WriterBudget/2 of the bytes sent, then on a shared
-// writer (writers.go) while this goroutine waits for the stream's end or
-// for the writer to hand it back. Either runs the same pass.
+// serve runs one stream's passes until it ends: on this goroutine, or on a
+// shared writer (mayShare) while this one waits for the stream's end or for
+// the writer to hand it back.
 func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, rec *routerRecord, hello *smgv1.WatchHello) error {
 	w := s.newWatcher(stream, rec, hello)
 	wake := time.NewTimer(s.opts.HeartbeatInterval)
@@ -389,14 +358,13 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, rec *route
 		if share {
 			s.pool.add(w)
 			select {
-			case back := <-w.back:
-				if back.err != nil {
-					return back.err
+			case err := <-w.back:
+				if err != nil {
+					return err
 				}
 				continue // back on this goroutine: look again at once
 			case <-ctx.Done():
-				s.pool.remove(w) // waits out a shared writer's send on it
-				return w.end(ctx)
+				return w.leave(ctx)
 			}
 		}
 		wake.Reset(next.Sub(now))
@@ -404,10 +372,7 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, rec *route
 		case <-changed:
 		case <-wake.C:
 		case <-ctx.Done():
-			w.mu.Lock()
-			w.gone = true
-			w.mu.Unlock()
-			return w.end(ctx)
+			return w.leave(ctx)
 		}
 	}
 }
@@ -421,16 +386,16 @@ func (s *Server) changed() <-chan struct{} {
 	return s.reg.Changed()
 }
 
-// watcher is one stream's state between passes, touched under mu by the
-// goroutine holding the stream; a shared writer holds mu through its pass,
-// so the stream's goroutine taking mu waits out any send on it.
+// watcher is one stream's state between passes, under mu. A shared writer
+// holds mu through its pass, so the stream's goroutine taking mu waits out
+// any send on it.
 type watcher struct {
 	s      *Server
-	stream grpc.ServerStream // the stream, timed for the stall watchdog (writerStream)
+	stream grpc.ServerStream // timed for the stall watchdog (writerStream)
 	rec    *routerRecord
 	epoch  string
 	phase  time.Duration // the stream's offset on the load grid
-	back   chan handBack // buffered 1: a shared writer hands the stream back
+	back   chan error    // buffered 1: a shared writer hands the stream back (non-nil: it ends)
 
 	mu           sync.Mutex
 	gone         bool   // the stream ended: nobody sends on it again
@@ -440,18 +405,15 @@ type watcher struct {
 	nextLoad     time.Time
 	beatAt       time.Time
 	confirmed    bool // the router has heard from us on this stream
-	// Bytes of deltas and snapshots sent and acked (not heartbeats: the
-	// router does not ack a revision again); marks are the unacked sends.
+	// Bytes of deltas and snapshots sent and acked (a heartbeat is not
+	// acked); marks are the unacked sends.
 	sentBytes, ackedBytes int64
 	marks                 []ackMark
-	// A stream a send stalled on stays on its own goroutine until
-	// sharedAgain (stalled).
-	sharedAgain time.Time
-	stallWait   time.Duration
-	tenantsSent uint64 // the tenant table's version last relayed
-	nextTenants time.Time
-	// Shared writers' bookkeeping: the shard it joined, the writer in a
-	// pass on it, when it is due next.
+	sharedAgain           time.Time // a stalled stream stays on its own goroutine until then
+	stallWait             time.Duration
+	tenantsSent           uint64 // the tenant table's version last relayed
+	nextTenants           time.Time
+	// The shard it joined, the writer in a pass on it, when it is due next.
 	shard *shard
 	by    *writer
 	due   time.Time
@@ -462,16 +424,9 @@ type ackMark struct {
 	bytes int64
 }
 
-// handBack is a shared writer giving a stream back to its goroutine (err:
-// a send failed, the stream ends with it).
-type handBack struct {
-	err error
-}
-
 func (s *Server) newWatcher(stream grpc.ServerStream, rec *routerRecord, hello *smgv1.WatchHello) *watcher {
 	epoch := s.reg.Epoch()
-	w := &watcher{s: s, rec: rec, epoch: epoch, back: make(chan handBack, 1),
-		phase: s.loadPhase(rec.id)}
+	w := &watcher{s: s, rec: rec, epoch: epoch, back: make(chan error, 1), phase: s.loadPhase(rec.id)}
 	w.stream = &writerStream{ServerStream: stream, w: w}
 	// A router holding this epoch resumes from its revision.
 	w.needSnapshot = hello.GetEpoch() != epoch
@@ -483,9 +438,16 @@ func (s *Server) newWatcher(stream grpc.ServerStream, rec *routerRecord, hello *
 	return w
 }
 
-// end is what the stream returns once ctx is done, by its cause. The
-// caller holds the stream alone.
-func (w *watcher) end(ctx context.Context) error {
+// leave takes w out of any shared writer's shard once ctx is done, waits
+// out a pass on it (nobody sends on it afterwards), and says what the
+// stream returns, by ctx's cause.
+func (w *watcher) leave(ctx context.Context) error {
+	if w.shard != nil {
+		w.shard.drop(w)
+	}
+	w.mu.Lock()
+	w.gone = true
+	w.mu.Unlock()
 	switch cause := context.Cause(ctx); {
 	case errors.Is(cause, errClosing):
 		return w.stream.SendMsg(w.s.goodbye(w.last))
@@ -512,7 +474,7 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 		k := baseKey{w.epoch, kindDelta, w.loadsAt, cur}
 		if b := s.deltaBase(k, snap); b.tooFar {
 			w.needSnapshot = true
-		} else if err := w.sendBase(k, b); err != nil {
+		} else if err := w.send(k, b); err != nil {
 			return now, err
 		} else {
 			sent, w.loadsAt, w.nextLoad = true, cur, s.loadGrid(now, w.phase)
@@ -524,7 +486,7 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 			w.needSnapshot = true
 		case len(b.workers)+len(b.removed) == 0: // loads alone: nothing to send yet
 		default:
-			if err := w.sendBase(k, b); err != nil {
+			if err := w.send(k, b); err != nil {
 				return now, err
 			}
 			if b.complete && w.loadsAt == w.last {
@@ -536,13 +498,13 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 	switch {
 	case w.needSnapshot:
 		k := baseKey{w.epoch, kindSnapshot, 0, cur}
-		if err := w.sendBase(k, s.snapshotBase(k, snap)); err != nil {
+		if err := w.send(k, s.snapshotBase(k, snap)); err != nil {
 			return now, err
 		}
 		sent, w.loadsAt, w.nextLoad = true, cur, s.loadGrid(now, w.phase)
 	case !sent && (!w.confirmed || !now.Before(w.beatAt)):
 		// Resumed with nothing new, or quiet: confirm its revision.
-		if _, err := s.sendBase(w.stream, baseKey{w.epoch, kindHeartbeat, 0, w.last}, noWorkers, ""); err != nil {
+		if err := w.send(baseKey{w.epoch, kindHeartbeat, 0, w.last}, noWorkers); err != nil {
 			return now, err
 		}
 		w.confirmed, w.beatAt = true, now.Add(s.opts.HeartbeatInterval)
@@ -587,15 +549,30 @@ func (w *watcher) relayTenants(t *tenants.Table, now time.Time) error {
 	return nil
 }
 
-// sendBase sends b's message under k, after its ack (sendAck), and counts
-// its bytes as not yet acked.
-func (w *watcher) sendBase(k baseKey, b *base) error {
-	if err := w.sendAck(k.to); err != nil {
+// send sends the message of b under k as this router sees it. A delta or
+// snapshot goes after its ack (sendAck) and counts as not yet acked.
+func (w *watcher) send(k baseKey, b *base) error {
+	s, beat := w.s, k.kind == kindHeartbeat
+	if !beat {
+		if err := w.sendAck(k.to); err != nil {
+			return err
+		}
+	}
+	s.metrics.sentBy[k.kind].Inc()
+	var warming int32
+	if k.kind == kindSnapshot {
+		warming = s.warmingSecs()
+	}
+	fr := s.frames.frame(frameKey{k, b.shareKey(w.rec.id), warming})
+	n, err := s.frames.send(w.stream, k.kind, fr, b.sizeHint(), func(buf []byte) []byte {
+		return s.appendResponse(buf, k, b, w.rec.id, warming)
+	})
+	s.frames.release(fr)
+	if err != nil || beat {
 		return err
 	}
-	n, err := w.s.sendBase(w.stream, k, b, w.rec.id)
-	if err != nil {
-		return err
+	if s.opts.Sent != nil {
+		s.opts.Sent(w.rec.id, k.to)
 	}
 	w.sentBytes += int64(n)
 	if len(w.marks) == maxMarks { // merge into the newest: acks count a little late
@@ -713,31 +690,9 @@ func (s *Server) snapshotBase(k baseKey, snap *registry.Snapshot) *base {
 // noWorkers is a heartbeat's base (read only).
 var noWorkers = &base{}
 
-// sendBase sends the message of b (under k) as routerID sees it, and says
-// how many bytes it was.
-func (s *Server) sendBase(stream grpc.ServerStream, k baseKey, b *base, routerID string) (int, error) {
-	s.metrics.sentBy[k.kind].Inc()
-	var warming int32
-	if k.kind == kindSnapshot {
-		warming = s.warmingSecs()
-	}
-	fr := s.frames.frame(frameKey{k, b.shareKey(routerID), warming})
-	defer s.frames.release(fr)
-	n, err := s.frames.send(stream, k.kind, fr, b.sizeHint(), func(buf []byte) []byte {
-		return s.appendResponse(buf, k, b, routerID, warming)
-	})
-	if err == nil && s.opts.Sent != nil && k.kind != kindHeartbeat {
-		s.opts.Sent(routerID, k.to)
-	}
-	return n, err
-}
-
 // warmingSecs is how long the registry may still be incomplete, in
-// seconds rounded up.
+// seconds rounded up (a zero WarmUntil is long past).
 func (s *Server) warmingSecs() int32 {
-	if s.opts.WarmUntil.IsZero() {
-		return 0
-	}
 	left := s.opts.WarmUntil.Sub(s.opts.Now())
 	if left <= 0 {
 		return 0

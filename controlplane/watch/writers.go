@@ -9,57 +9,36 @@ import (
 	"google.golang.org/grpc"
 )
 
-// Shared writers. A goroutine per stream costs one wake-up per router per
-// change, about a third of a change's cost at 1,000 routers. Instead a few
-// writer goroutines each own a shard of the streams and, at each change, run
-// every stream of their shard in turn through the same pass.
+// Shared writers: a goroutine per stream costs one wake-up per router per
+// change, about a third of a change's cost at 1,000 routers, so a few
+// writers each own a shard of the streams and, at each change, pass every
+// stream of their shard in turn.
 //
-// One router must not hold the others back. gRPC's SendMsg blocks only once
-// the router stops taking bytes (its stream's 64 KiB write quota is used
-// up). So:
-//
-//   - A stream is written by a shared writer only while its router has
-//     acked all but WriterBudget bytes sent to it; a router that falls
-//     behind goes back to its stream's own goroutine, which blocks alone,
-//     and rejoins a writer once it has acked all but half the budget.
-//   - A router that acks without reading can still make a send block. A
-//     watchdog sees a send outlast WriterStall and gives the rest of the
-//     shard to a new writer; the stalled writer hands the stream back to
-//     its goroutine once the send returns, where it stays for a while (1 s,
-//     doubling with each stall, up to a minute). The others wait at most
-//     WriterStall, once.
-//
-// A stream is held by one goroutine at a time: a writer holds the watcher's
-// mutex through its pass, and the stream's goroutine takes it before it
-// returns (the handler never returns while a writer is inside SendMsg).
+// One router must not hold the others back, and gRPC's SendMsg blocks once
+// a router stops taking bytes. A router more than WriterBudget behind on its
+// acks goes back to its stream's own goroutine, which blocks alone. One that
+// acks without reading can still block a send: a watchdog sees it outlast
+// WriterStall and gives the rest of the shard to a new writer; the stream
+// then stays on its own goroutine for a while.
 
-// Defaults for the shared writers' Options.
 const (
-	DefaultWriterBudget = 128 << 10
-	DefaultWriterStall  = 20 * time.Millisecond
-)
-
-// How long a stream a send stalled on stays on its own goroutine.
-const (
+	// How long a stream a send stalled on stays on its own goroutine: 1 s,
+	// doubling with each stall, up to a minute.
 	stallWaitMin = time.Second
 	stallWaitMax = time.Minute
+	// stallLeeway bounds how long a watchdog running late waits on a send,
+	// in WriterStalls.
+	stallLeeway = 4
+	// writerTick is the granularity of a writer's timed rounds: streams due
+	// within one tick are passed together.
+	writerTick = 10 * time.Millisecond
 )
-
-// stallLeeway bounds how long a watchdog running late waits on a send, in
-// WriterStalls.
-const stallLeeway = 4
-
-// writerTick is the granularity of a writer's timed rounds (heartbeats and
-// the load grid): streams due within one tick are served together.
-const writerTick = 10 * time.Millisecond
 
 // pool is the shared writers, one per shard.
 type pool struct {
 	s      *Server
 	shards []*shard
 	next   atomic.Uint64 // round robin over the shards
-	shared atomic.Int64  // streams held by shared writers (metrics)
-	stalls atomic.Int64  // sends that outlasted WriterStall (metrics)
 	// joined, when set, hears each stream joining a writer (tests).
 	joined func(routerID string)
 }
@@ -108,19 +87,10 @@ func (p *pool) add(w *watcher) {
 		sh.poke()
 	}
 	sh.mu.Unlock()
-	p.shared.Add(1)
+	p.s.metrics.shared.Inc()
 	if p.joined != nil {
 		p.joined(w.rec.id)
 	}
-}
-
-// remove takes w out of its writer's shard when its stream ends, and waits
-// out any pass on it; nobody sends on it afterwards.
-func (p *pool) remove(w *watcher) {
-	w.shard.drop(w)
-	w.mu.Lock()
-	w.gone = true
-	w.mu.Unlock()
 }
 
 // drop takes w out of the shard (no-op if it is not in it).
@@ -129,7 +99,7 @@ func (sh *shard) drop(w *watcher) {
 	defer sh.mu.Unlock()
 	if i := slices.Index(sh.members, w); i >= 0 {
 		sh.members = slices.Delete(sh.members, i, i+1)
-		sh.p.shared.Add(-1)
+		sh.p.s.metrics.shared.Dec()
 		sh.poke() // an empty shard's writer ends
 	}
 }
@@ -231,20 +201,14 @@ func (wr *writer) serve(all bool) (time.Time, bool) {
 			// The watchdog replaced this writer while this send stalled.
 			w.stalled(s.opts.Now())
 			w.mu.Unlock()
-			w.back <- handBack{}
+			w.back <- nil
 			return now, false
 		}
-		var back *handBack
-		switch {
-		case err != nil:
-			back = &handBack{err: err}
-		case w.unacked() > s.opts.WriterBudget:
-			back = &handBack{}
-		}
+		giveBack := err != nil || w.unacked() > s.opts.WriterBudget
 		w.mu.Unlock()
-		if back != nil {
+		if giveBack {
 			wr.sh.drop(w)
-			w.back <- *back
+			w.back <- err
 			continue
 		}
 		next = minTime(next, n)
@@ -321,13 +285,13 @@ func (wr *writer) check() {
 	wr.mu.Unlock()
 
 	sh := wr.sh
-	sh.p.stalls.Add(1)
+	sh.p.s.metrics.stalls.Inc()
 	sh.p.s.log.Info("watch: a send to a router stalled; its stream leaves the shared writer for a while",
 		"router", stuck.rec.id, "stall", stall)
 	sh.mu.Lock()
 	if i := slices.Index(sh.members, stuck); i >= 0 {
 		sh.members = slices.Delete(sh.members, i, i+1)
-		sh.p.shared.Add(-1)
+		sh.p.s.metrics.shared.Dec()
 	}
 	if sh.w == wr {
 		sh.start()

@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -266,7 +267,7 @@ func TestSharedWritersConverge(t *testing.T) {
 	}
 	mu.Unlock()
 	// Close: every router gets a goodbye, those held by a shared writer too.
-	if h.srv.pool.shared.Load() == 0 {
+	if testutil.ToFloat64(h.srv.metrics.shared) == 0 {
 		t.Fatal("no stream on a shared writer")
 	}
 	h.srv.Close()
