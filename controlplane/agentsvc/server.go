@@ -204,11 +204,6 @@ type agentStream struct {
 	// them.
 	dec     recordsDecoder
 	scratch wireRecord
-
-	// batch is the records of the message being applied, handed to the
-	// inbox together (applyRecords); each locks its worker's cell alone.
-	// Only the receive goroutine touches it.
-	batch []evidence.Observed
 }
 
 type knownWorker struct {
@@ -422,20 +417,17 @@ func (s *Server) handle(st *agentStream, b []byte, now time.Time) error {
 		for _, r := range recs { // bounded by the message size limit
 			s.record(st, r, now)
 		}
-		s.applyRecords(st, now)
 		return nil
 	}
 	switch m := req.Msg.(type) {
 	case *smgv1.ReportRequest_Record:
 		st.scratch.setProto(m.Record)
 		s.record(st, &st.scratch, now)
-		s.applyRecords(st, now)
 	case *smgv1.ReportRequest_Records:
 		for _, r := range m.Records.GetRecords() { // bounded by the message size limit
 			st.scratch.setProto(r)
 			s.record(st, &st.scratch, now)
 		}
-		s.applyRecords(st, now)
 	case *smgv1.ReportRequest_Event:
 		s.event(st, m.Event, now)
 	case *smgv1.ReportRequest_Heartbeat:
@@ -483,9 +475,7 @@ func (s *Server) workerEngine(st *agentStream, url string) (*registry.Worker, *e
 }
 
 // record takes in one record; r is the stream's, reused by the next
-// message (its load stays valid until then). Its load and its liveness
-// side wait in the stream's batch for applyRecords, which the caller runs
-// before the message is done.
+// message (the inbox copies its load).
 func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	w, e := s.recordWorker(st, r.url)
 	if w == nil {
@@ -520,9 +510,6 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	// Like the poller, only Ready workers are judged for overload: a worker
 	// leaving Ready has its veto cleared and must not get it back from a
 	// record while it is out.
-	if st.batch == nil { // full at maxApply: never grown past it
-		st.batch = make([]evidence.Observed, 0, maxApply)
-	}
 	o := evidence.Observed{WorkerID: w.ID, Rec: rec}
 	if w.Ready() {
 		if cur, kept := e.slot.Worker(); cur != w || !kept {
@@ -533,25 +520,9 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 		last.unjudged = proto.CloneOf(r.load)
 	}
 	e.last, e.hasLast = last, true
-	st.batch = append(st.batch, o)
-	if len(st.batch) == maxApply {
-		s.applyRecords(st, now)
+	if err := s.ev.Observe(&o, now); err != nil {
+		s.log.Debug("Agent record not ingested", "worker_id", w.ID, "error", err)
 	}
-}
-
-// maxApply bounds the records applied at once: a hostile agent's message of
-// many thousand records goes in batches of it, so the stream's batch
-// buffers never grow past it.
-const maxApply = 256
-
-// applyRecords hands the records that record took in to the inbox, in
-// order (at most maxApply: record applies a full batch itself).
-func (s *Server) applyRecords(st *agentStream, now time.Time) {
-	s.ev.ObserveAll(st.batch, now, func(i int, err error) {
-		s.log.Debug("Agent record not ingested", "worker_id", st.batch[i].WorkerID, "error", err)
-	})
-	clear(st.batch) // no load kept past its message
-	st.batch = st.batch[:0]
 }
 
 // recordWorker is worker for a record's URL, without copying the URL when
@@ -612,7 +583,6 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	if r, ok := st.pending[w.Spec.GetUrl()]; ok {
 		st.scratch.setProto(r)
 		s.record(st, &st.scratch, now) // registered since its record arrived
-		s.applyRecords(st, now)
 		return
 	}
 	e := st.engines[w.Spec.GetUrl()]

@@ -82,21 +82,18 @@ func scalar(fd protoreflect.FieldDescriptor, seed *int) protoreflect.Value {
 // The hand-written decoder (recordsDecoder) yields every field of a load
 // record: each record is filled field by field from the descriptors, sent
 // in both shapes the decoder takes (a LoadRecords batch, one LoadRecord),
-// decoded, and compared with the record sent. A field added to LoadRecord,
-// EngineLoad, RankLoad or a timestamp that the decoder does not read fails
-// here.
+// decoded, and compared with what was sent. A field added to LoadRecords,
+// LoadRecord, EngineLoad, RankLoad or a timestamp that the decoder does not
+// read fails here.
 func TestDecodeRecordsReadsEveryField(t *testing.T) {
 	seed := 0
-	var recs []*smgv1.LoadRecord
-	for range 3 {
-		r := &smgv1.LoadRecord{}
-		fill(r.ProtoReflect(), &seed)
-		recs = append(recs, r)
-	}
+	batch := &smgv1.LoadRecords{}
+	fill(batch.ProtoReflect(), &seed)
+	recs := batch.Records
 	sent := &smgv1.ReportRequest{}
 	fill(sent.ProtoReflect(), &seed) // sets sent_at, and one of the oneof's members
 	for name, msg := range map[string]*smgv1.ReportRequest{
-		"batch":  {Msg: &smgv1.ReportRequest_Records{Records: &smgv1.LoadRecords{Records: recs}}, SentAt: sent.SentAt},
+		"batch":  {Msg: &smgv1.ReportRequest_Records{Records: batch}, SentAt: sent.SentAt},
 		"single": {Msg: &smgv1.ReportRequest_Record{Record: recs[0]}, SentAt: sent.SentAt},
 	} {
 		b, err := proto.Marshal(msg)
@@ -122,6 +119,15 @@ func TestDecodeRecordsReadsEveryField(t *testing.T) {
 			if !proto.Equal(r.own(), want[i]) {
 				t.Errorf("%s: record %d decoded by hand differs from the one sent (a field the decoder does not read?):\n got %v\nwant %v",
 					name, i, r.own(), want[i])
+			}
+		}
+		if name == "batch" {
+			decoded := &smgv1.LoadRecords{}
+			for _, r := range got {
+				decoded.Records = append(decoded.Records, r.own())
+			}
+			if !proto.Equal(decoded, batch) {
+				t.Errorf("batch: the records decoded by hand make another LoadRecords than the one sent (a field the decoder does not read?)")
 			}
 		}
 	}

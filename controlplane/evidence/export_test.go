@@ -1,6 +1,20 @@
 package evidence
 
-import smgv1 "github.com/smg-project/smg/gen/smg/v1"
+import (
+	"time"
+
+	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+)
+
+// ObserveAll is Observe of each record in order; failed, when set, hears
+// a load's error.
+func (in *Inbox) ObserveAll(obs []Observed, now time.Time, failed func(i int, err error)) {
+	for i := range obs {
+		if err := in.Observe(&obs[i], now); err != nil && failed != nil {
+			failed(i, err)
+		}
+	}
+}
 
 // BetweenChunks sets a hook run between a flush's transactions.
 func BetweenChunks(in *Inbox, f func()) { in.betweenChunks = f }

@@ -208,22 +208,18 @@ type Observed struct {
 	Slot     *Slot
 }
 
-// ObserveAll takes one agent message's records in order, all received at
-// now: each one's load (ReportCopy: it stays the caller's), then its
-// liveness record. failed, when set, hears a load's error.
-func (in *Inbox) ObserveAll(obs []Observed, now time.Time, failed func(i int, err error)) {
-	for i := range obs {
-		o := &obs[i]
-		if in.observe(o, now) {
-			continue
-		}
-		if o.Load != nil {
-			if err := in.ReportCopy(o.WorkerID, o.Load); err != nil && failed != nil {
-				failed(i, err)
-			}
-		}
-		in.Record(o.WorkerID, o.Rec, now)
+// Observe takes one agent record received at now: its load (ReportCopy:
+// it stays the caller's), then its liveness record. The error is the
+// load's.
+func (in *Inbox) Observe(o *Observed, now time.Time) (err error) {
+	if in.observe(o, now) {
+		return nil
 	}
+	if o.Load != nil {
+		err = in.ReportCopy(o.WorkerID, o.Load)
+	}
+	in.Record(o.WorkerID, o.Rec, now)
+	return err
 }
 
 // observe is ReportCopy and Record of a Ready worker's load and pushed
