@@ -84,11 +84,9 @@ type Options struct {
 	// KubeClient lists and watches pods for --service-discovery (nil: the
 	// pod's in-cluster credentials).
 	KubeClient podwatch.Client
-	// WatchSent and AgentApplying are the scale harness's hooks (nil:
-	// none): it times the fan-out on the control plane's side with the
-	// first (watch.Options.Sent), and blocks in the second, run between
-	// reading an agent's message and applying it (agentsvc.Options.Applying),
-	// to model a control plane that has stopped reading its agents.
+	// The scale harness's hooks (nil: none): watch.Options.Sent times the
+	// fan-out; agentsvc.Options.Applying blocks to model a control plane
+	// that has stopped reading its agents.
 	WatchSent     func(routerID string, revision uint64)
 	AgentApplying func()
 }
@@ -235,7 +233,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	if err := reg.Register(collector); err != nil {
 		return nil, err
 	}
-	var committer admin.Committer
+	var commit func(context.Context, *admin.Change) (*registry.Worker, error)
 	if opts.Cluster.Enabled() {
 		node, err := cluster.Open(opts.Cluster, cp.Registry, resolver(opts.Thresholds), opts.AdminAPIKey, log)
 		if err != nil {
@@ -245,7 +243,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 			_ = node.Close()
 			return nil, err
 		}
-		cp.Cluster, committer = node, node
+		cp.Cluster, commit = node, node.Commit
 	} else {
 		log.Info("No --data-dir: the worker registry is in memory, and registrations are lost when the control plane restarts")
 		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "smg_controlplane_is_leader",
@@ -293,7 +291,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		APIKey: opts.AdminAPIKey, RegistrationTimeout: opts.RegistrationTimeout,
 		URL:                           workerurl.Options{AllowLinkLocal: opts.AllowLinkLocalWorkers},
 		AllowInsecureProviderLoopback: opts.ProviderAllowInsecureLoopback,
-		Routers:                       cp.Watch, OnRemove: collector.Removed, Now: opts.Now, Committer: committer, GRPC: grpcOpts,
+		Routers:                       cp.Watch.Routers, OnRemove: collector.Removed, Now: opts.Now, Commit: commit, GRPC: grpcOpts,
 	}, resolver(opts.Thresholds), client, log)
 	if err := cp.newDiscovery(reg); err != nil {
 		return nil, err
@@ -311,12 +309,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		Now:  opts.Now,
 		Registration: agentsvc.RegistrationPolicy{
 			Models: opts.AgentModels, AnyModel: opts.AgentAnyModel, Timeout: opts.RegistrationTimeout,
-			Discover: func(ctx context.Context, url string) (string, error) {
-				if enginegrpc.IsGRPC(url) {
-					return admin.DiscoverGRPCModel(ctx, url, grpcOpts)
-				}
-				return admin.DiscoverModel(ctx, client, url, "")
-			},
+			Discover: cp.Admin.Discover,
 		},
 		Remove:          cp.Admin.Remove,
 		Discovery:       cp.Discovery,
@@ -341,14 +334,11 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	return cp, nil
 }
 
-// warmUntil is when an in-memory control plane's registry counts as
-// complete: it starts empty, and its workers come back as agents reconnect
-// and register them again (with backoff capped at 1 s), discovery relists
-// and --worker-urls register. Until then its snapshots tell routers to keep
-// the workers of the epoch they held (docs/ha.md). The bound is
-// --worker-stale-secs, the silence after which an agent's workers count as
-// gone anyway; 0 (the rule off) means no warm-up. A durable registry
-// (--data-dir) is complete at once.
+// warmUntil is when an in-memory registry, which starts empty and refills as
+// agents, discovery and --worker-urls register again, counts as complete;
+// until then snapshots tell routers to keep the workers they held
+// (docs/ha.md). The bound is --worker-stale-secs, after which an agent's
+// workers count as gone anyway. A durable registry is complete at once.
 func (cp *ControlPlane) warmUntil() time.Time {
 	if cp.opts.Cluster.Enabled() || cp.opts.Liveness.StaleSecs <= 0 {
 		return time.Time{}
@@ -411,12 +401,10 @@ func resolver(g judge.GatewayThresholds) admin.ThresholdResolver {
 	}
 }
 
-// spreadSeed is mixed into every worker's probe and poll phase
-// (controlplane/spread). Control planes in memory each lead and probe the
-// engines on their own: each gets its own seed, so two of them do not probe
-// in step. The replicas of a cluster share one (none): only the leader
-// probes, and a new leader keeps its predecessor's phases, so no worker
-// waits more than one interval across a takeover.
+// spreadSeed is mixed into every worker's probe and poll phase: in-memory
+// control planes each probe on their own, so each has its own seed; the
+// replicas of a cluster share one, so a new leader keeps its predecessor's
+// phases and no worker waits more than one interval across a takeover.
 func spreadSeed(opts Options) string {
 	if opts.Cluster.Enabled() {
 		return ""
@@ -425,15 +413,11 @@ func spreadSeed(opts Options) string {
 }
 
 // TransportOptions are the gRPC transport options of the control plane's
-// server (the scale harness's floor uses the same).
-//
-// Fixed flow-control windows: with gRPC's default (windows sized by
-// estimating the bandwidth-delay product), every burst the server receives
-// after a quiet spell, each router's ack and observation report four times
-// a second among them, makes it send a window update and a ping and read
-// the ping's answer: at 1,000 routers, thousands of writes and reads a
-// second for nothing. The window is larger than what the agents' records
-// and routers' reports have in flight.
+// server (the scale harness's floor uses the same). Fixed flow-control
+// windows: gRPC's default (sized by estimating the bandwidth-delay product)
+// answers every burst after a quiet spell with a window update and a ping,
+// thousands a second at 1,000 routers. The window is larger than what the
+// agents' records and routers' reports have in flight.
 func TransportOptions() []grpc.ServerOption {
 	const window = 4 << 20 // per stream and per connection
 	return []grpc.ServerOption{grpc.InitialWindowSize(window), grpc.InitialConnWindowSize(window)}
@@ -537,8 +521,7 @@ func PDSpecs(prefill, decode []string) ([]*smgv1.WorkerSpec, error) {
 }
 
 // Run runs the background loops until ctx ends (a replica: while it
-// leads), then says goodbye to the watching routers and stops. A replica
-// that cannot join its cluster returns the reason.
+// leads), then stops. A replica that cannot join its cluster returns why.
 func (cp *ControlPlane) Run(ctx context.Context) error {
 	var err error
 	if cp.Cluster == nil {
@@ -564,12 +547,10 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	return err
 }
 
-// Prepare readies a replica that was elected leader in term: a new watch
-// epoch (routers take a full snapshot, never mixing two leaders'
-// revisions), every stored worker presumed Ready with no veto until its
-// first probe or report (the fail-open direction: never an empty or
-// half-judged fleet: the load monitor rebuilds its state, logged as the
-// spec's warning), and the registrations its predecessor accepted resumed.
+// Prepare readies a replica elected leader in term: a new watch epoch
+// (routers never mix two leaders' revisions), every stored worker presumed
+// Ready with no veto until its first probe or report (fail open: never an
+// empty or half-judged fleet), and its predecessor's registrations resumed.
 func (cp *ControlPlane) Prepare(term uint64) {
 	cp.Registry.SetEpoch(fmt.Sprintf("%s-t%d", cp.Cluster.ID(), term))
 	cp.Evidence.Rebuild(fmt.Sprintf("elected leader in term %d: no worker's load is known yet", term), (*registry.Worker).Presumed)
@@ -594,21 +575,16 @@ func (cp *ControlPlane) Lead(ctx context.Context) {
 			wg.Go(func() { pods.Run(ctx) })
 		}
 	}
-	// Evidence.Run: the flush and the sweep.
 	for _, run := range []func(context.Context){cp.Windows.Run, cp.Monitor.Run, cp.Health.Run, cp.Evidence.Run} {
 		wg.Go(func() { run(ctx) })
 	}
 	<-ctx.Done()
 	wg.Wait()
 	if cp.Cluster != nil {
-		// A replica that stopped leading drops its soft state: its verdicts
-		// and evidence are no one's truth any more (the next leader rebuilds
-		// its own), and a later term of its own starts clean. Workers go back
-		// to presumed Ready with no veto, the fail-open direction: a router
-		// still attached to this replica in the instant before its stream
-		// ends may read this change, and must not see the fleet vanish
-		// (Health pending would take every worker out of its routing until
-		// it reached the new leader).
+		// A replica that stopped leading drops its soft state (the next
+		// leader rebuilds its own). Workers go back to presumed Ready with no
+		// veto, failing open: a router still attached in the instant before
+		// its stream ends must not see the fleet vanish.
 		cp.Evidence.Rebuild("no longer the leader: its verdicts are dropped", (*registry.Worker).Presumed)
 		cp.Evidence.Sweep(cp.opts.Now()) // drops the evidence of every worker not Ready
 	}

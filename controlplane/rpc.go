@@ -114,7 +114,7 @@ func (cp *ControlPlane) stream(srv any, ss grpc.ServerStream, info *grpc.StreamS
 func (cp *ControlPlane) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 	opts := append(TransportOptions(), grpc.InTapHandle(cp.tap), grpc.ChainUnaryInterceptor(cp.unary), grpc.ChainStreamInterceptor(cp.stream))
 	s := grpc.NewServer(append(opts, extra...)...)
-	cp.Admin.RegisterGRPC(s)
+	smgv1.RegisterWorkerServiceServer(s, cp.Admin)
 	smgv1.RegisterWatchServiceServer(s, cp.Watch)
 	smgv1.RegisterAgentServiceServer(s, cp.Agents)
 	cp.grpcHealth = grpchealth.NewServer()

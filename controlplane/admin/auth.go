@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -39,10 +38,6 @@ func (s *Service) Authorize(ctx context.Context, method string) error {
 	}
 	return nil
 }
-
-// RegisterGRPC serves the admin service on gs; the server's interceptors
-// call Authorize.
-func (s *Service) RegisterGRPC(gs grpc.ServiceRegistrar) { smgv1.RegisterWorkerServiceServer(gs, s) }
 
 // requireKey guards the REST routes: the key is checked before the body is
 // read, so an unauthenticated caller gets 401 whatever it sent.

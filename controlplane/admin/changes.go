@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -38,12 +37,6 @@ type Change struct {
 	Message  string    `json:"message,omitempty"`
 	Model    string    `json:"model,omitempty"` // register
 	At       time.Time `json:"at"`
-}
-
-// Committer makes a Change durable and applies it to the registry. It
-// returns the worker record the change removed or replaced, if any.
-type Committer interface {
-	Commit(ctx context.Context, c *Change) (old *registry.Worker, err error)
 }
 
 // ApplyChange applies one change in one registry write transaction. A change
@@ -143,23 +136,24 @@ func applyRegister(t *registry.Txn, resolve ThresholdResolver, c *Change) (*regi
 	if other := t.GetByURL(spec.GetUrl()); other != nil && other.ID != job.WorkerID {
 		return nil, fmt.Errorf("a worker with url %q already exists", spec.GetUrl())
 	}
-	w := &registry.Worker{Registered: registry.Registered{ID: job.WorkerID}, State: registry.State{Health: registry.HealthPending}}
+	health := registry.HealthPending
 	if spec.GetProvider() != nil {
-		w.Health = registry.HealthHealthy // never probed: routable once registered
+		health = registry.HealthHealthy // never probed: routable once registered
 	}
+	w := &registry.Worker{Registered: registry.Registered{ID: job.WorkerID}, State: registry.State{Health: health}}
 	old := t.Get(job.WorkerID)
 	if old != nil {
 		if job.Kind != "replace" {
 			return nil, fmt.Errorf("worker %s already exists", job.WorkerID)
 		}
 		w = old.Clone()
-		if old.Spec.GetUrl() != spec.GetUrl() || (old.Spec.GetProvider() != nil) != (spec.GetProvider() != nil) {
-			w.Health, w.Load, w.AgentNode = registry.HealthPending, nil, ""
-			if spec.GetProvider() != nil {
-				w.Health = registry.HealthHealthy
-			}
+		if old.Spec.GetUrl() != spec.GetUrl() || old.External() != (spec.GetProvider() != nil) {
+			w.Health, w.Load, w.AgentNode = health, nil, ""
 		}
-		clearOverload(w) // a replaced worker starts with no overload veto
+		// A replaced worker starts with no overload veto: its last load is no
+		// fresh signal for the new spec (fail open until the next report).
+		// Liveness vetoes end only on their own rule's evidence.
+		w.Evidence.NoReport = true
 	} else if job.Kind == "replace" {
 		return nil, fmt.Errorf("worker %s was removed", job.WorkerID)
 	}
@@ -207,7 +201,7 @@ func applyUpdate(t *registry.Txn, c *Change) error {
 		spec.Node = u.GetNode()
 	}
 	n.Spec = spec
-	clearOverload(n) // the spec: PATCH replaces the worker, which clears its overload veto
+	n.Evidence.NoReport = true // the spec: PATCH replaces the worker, which clears its overload veto
 	t.Insert(n)
 	return nil
 }

@@ -76,26 +76,16 @@ func errorInfo(st *status.Status) *errdetails.ErrorInfo {
 	return nil
 }
 
-// Reasons of the 503 answers of a replicated control plane.
-const (
-	CodeNoLeader       = "NO_LEADER"
-	CodeOutcomeUnknown = "OUTCOME_UNKNOWN"
-)
-
-// RetryAfterSecs is the Retry-After of a write refused for want of a leader:
-// an election takes about a second.
-const RetryAfterSecs = 1
+// retryAfter is the Retry-After of a 503 of a replicated control plane: an
+// election takes about a second.
+var retryAfter = map[string]string{"retry_after": "1"}
 
 // ErrNoLeader refuses a write that was not made because this control plane
-// does not lead (and no leader was reachable): 503 with Retry-After.
-func ErrNoLeader(msg string) error {
-	return withInfo(codes.Unavailable, CodeNoLeader, retryAfter, msg)
-}
+// does not lead (and no leader was reachable).
+func ErrNoLeader(msg string) error { return withInfo(codes.Unavailable, "NO_LEADER", retryAfter, msg) }
 
 // ErrOutcomeUnknown answers a write that entered the log but whose commit
 // was not seen, because leadership changed: it may be stored.
 func ErrOutcomeUnknown(msg string) error {
-	return withInfo(codes.Unavailable, CodeOutcomeUnknown, retryAfter, msg)
+	return withInfo(codes.Unavailable, "OUTCOME_UNKNOWN", retryAfter, msg)
 }
-
-var retryAfter = map[string]string{"retry_after": fmt.Sprint(RetryAfterSecs)}

@@ -31,55 +31,44 @@ func (s *Service) reachGRPC(ctx context.Context, spec *smgv1.WorkerSpec) (string
 	}
 	defer c.Close()
 	var info enginegrpc.Info
-	err = s.retry(ctx, "gRPC worker "+spec.GetUrl(), func() (bool, error) {
-		info, err = s.readGRPC(ctx, c)
-		var pe permanentErr
-		if errors.As(err, &pe) {
-			return true, pe.err
-		}
-		return err == nil, err
-	})
+	err = s.retry(ctx, "gRPC worker "+spec.GetUrl(), func() (bool, error) { return s.readGRPC(ctx, c, &info) })
 	if err != nil {
 		return "", nil, err
 	}
 	stored := spec
 	if spec.GetWorkerType() == "prefill" && spec.BootstrapPort == nil && info.BootstrapPort > 0 {
-		stored = proto.Clone(spec).(*smgv1.WorkerSpec)
+		stored = proto.CloneOf(spec)
 		stored.BootstrapPort = proto.Int32(int32(info.BootstrapPort))
 	}
 	return cmp.Or(spec.GetModelId(), info.Model), stored, nil
 }
 
-// readGRPC is one attempt; an error that a retry cannot fix is a permanentErr.
-func (s *Service) readGRPC(ctx context.Context, c *enginegrpc.Client) (enginegrpc.Info, error) {
+// readGRPC is one attempt; done unless a retry may fix its error.
+func (s *Service) readGRPC(ctx context.Context, c *enginegrpc.Client, info *enginegrpc.Info) (done bool, err error) {
 	actx, cancel := context.WithTimeout(ctx, grpcAttemptTimeout)
-	info, err := c.Info(actx)
+	*info, err = c.Info(actx)
 	cancel()
 	if err != nil {
-		if enginegrpc.AnswersHTTP(err) || !(enginegrpc.IsConnectionFailure(err) || status.Code(err) == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded)) {
-			return info, permanent(err)
-		}
-		return info, err
+		transient := enginegrpc.IsConnectionFailure(err) || status.Code(err) == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded)
+		return enginegrpc.AnswersHTTP(err) || !transient, err
 	}
 	// The archive may be large: the registration's own deadline bounds it.
 	if _, err := c.Tokenizer(ctx, enginegrpc.MaxTokenizerBytes); err != nil {
 		if enginegrpc.IsConnectionFailure(err) && !enginegrpc.AnswersHTTP(err) {
-			return info, err
+			return false, err
 		}
-		return info, permanent(fmt.Errorf("gRPC worker %s: tokenizer unusable: %w", c.URL(), err))
+		return true, fmt.Errorf("gRPC worker %s: tokenizer unusable: %w", c.URL(), err)
 	}
-	return info, nil
+	return true, nil
 }
 
-// permanentErr carries a failure no retry can fix.
-type permanentErr struct{ err error }
-
-func (e permanentErr) Error() string { return e.err.Error() }
-func permanent(err error) error      { return permanentErr{err} }
-
-// DiscoverGRPCModel returns the model a gRPC worker serves (GetModelInfo).
-func DiscoverGRPCModel(ctx context.Context, url string, o enginegrpc.Options) (string, error) {
-	c, err := enginegrpc.New(url, o)
+// Discover returns the model the engine at url serves: GetModelInfo for a
+// gRPC worker, else the first model at /v1/models.
+func (s *Service) Discover(ctx context.Context, url string) (string, error) {
+	if !enginegrpc.IsGRPC(url) {
+		return DiscoverModel(ctx, s.client, url, "")
+	}
+	c, err := enginegrpc.New(url, s.opts.GRPC)
 	if err != nil {
 		return "", err
 	}

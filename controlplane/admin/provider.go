@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
-	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/secretref"
 	"github.com/smg-project/smg/internal/workerurl"
@@ -17,12 +16,10 @@ import (
 
 // Bounds of a provider block.
 const (
-	MaxProviderTimeoutSecs   = 3600
-	maxProviderHeaders       = 32
-	maxProviderHeaderValue   = 4096
-	providerModelSeparator   = "#"
-	providerRedactedValue    = "<redacted>"
-	externalKind, engineKind = "external", "engine"
+	MaxProviderTimeoutSecs = 3600
+	maxProviderHeaders     = 32
+	maxProviderHeaderValue = 4096
+	providerModelSeparator = "#"
 )
 
 // providerHeadersRefused are headers the router sets itself (or must never
@@ -133,29 +130,3 @@ func validateProvider(s *smgv1.WorkerSpec) error {
 }
 
 func budget(v float64) bool { return v >= 0 && !math.IsInf(v, 0) }
-
-// redactedProvider hides the values of a provider's extra headers in
-// answers (one may carry a credential); the key reference is shown: it
-// says where the key is, not what it is.
-func redactedProvider(p *smgv1.ProviderSpec) {
-	for k := range p.GetHeaders() {
-		p.Headers[k] = providerRedactedValue
-	}
-}
-
-// workerKind is how GET /workers tells an external worker from an engine.
-func workerKind(spec *smgv1.WorkerSpec) string {
-	if spec.GetProvider() != nil {
-		return externalKind
-	}
-	return engineKind
-}
-
-// spillShares are the parts of an external worker's spill-over budget the
-// routers hold (the window allocator's, in millionths).
-func spillShares(w *registry.Worker) map[string]int64 {
-	if !w.External() {
-		return nil
-	}
-	return w.WindowShare
-}

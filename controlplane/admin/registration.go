@@ -33,7 +33,7 @@ func (s *Service) startRegistration(job *registry.Job) {
 
 func (s *Service) setJob(job *registry.Job, state, msg string) {
 	c := &Change{Op: OpJob, WorkerID: job.WorkerID, Token: job.Token, State: state, Message: msg, At: s.opts.Now()}
-	if _, err := s.commit(s.ctx, c); err != nil {
+	if _, err := s.opts.Commit(s.ctx, c); err != nil {
 		s.log.Warn("Registration job state not stored", "worker_id", job.WorkerID, "state", state, "reason", err.Error())
 	}
 }
@@ -67,11 +67,13 @@ func (s *Service) register(job *registry.Job) error {
 	if err != nil {
 		return err
 	}
-	old, err := s.commit(s.ctx, &Change{Op: OpRegister, WorkerID: job.WorkerID, Token: job.Token, Spec: b, Model: model, At: s.opts.Now()})
+	old, err := s.opts.Commit(s.ctx, &Change{Op: OpRegister, WorkerID: job.WorkerID, Token: job.Token, Spec: b, Model: model, At: s.opts.Now()})
 	if err != nil {
 		return err
 	}
-	s.removed(old) // the replaced record's series and state go
+	if old != nil {
+		s.opts.OnRemove(old) // the replaced record's series and state go
+	}
 	s.log.Info("Worker registered", "worker_id", job.WorkerID, "url", spec.GetUrl(), "model", model, "kind", job.Kind)
 	return nil
 }

@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -34,11 +33,6 @@ import (
 // thresholds; an error names the out-of-range field.
 type ThresholdResolver func(block *smgv1.OverloadBlock) (judge.Thresholds, error)
 
-// RouterLister lists the routers watching the control plane.
-type RouterLister interface {
-	Routers() []*smgv1.RouterInfo
-}
-
 // Options configure the admin service.
 type Options struct {
 	// APIKey, when set, guards every route but /loads.
@@ -52,15 +46,16 @@ type Options struct {
 	// against a local fake provider).
 	AllowInsecureProviderLoopback bool
 	// Routers (nil: none listed) lists the routers watching the control plane.
-	Routers RouterLister
+	Routers func() []*smgv1.RouterInfo
 	// OnRemove (nil: none) runs with the old record after a worker is
 	// removed or replaced (its metric series, its per-worker state).
 	OnRemove func(old *registry.Worker)
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
-	// Committer makes admin changes durable; nil applies them to the
-	// registry at once (in memory).
-	Committer Committer
+	// Commit makes a Change durable and applies it to the registry,
+	// returning the worker record it removed or replaced, if any; nil
+	// applies it to the registry at once (in memory).
+	Commit func(context.Context, *Change) (old *registry.Worker, err error)
 	// GRPC configures the channels registration opens to grpc:// and
 	// grpcs:// workers (their TLS).
 	GRPC enginegrpc.Options
@@ -71,7 +66,6 @@ type Service struct {
 	smgv1.UnimplementedWorkerServiceServer
 
 	reg     *registry.Registry
-	commit  func(context.Context, *Change) (old *registry.Worker, err error)
 	opts    Options
 	resolve ThresholdResolver
 	client  *http.Client
@@ -90,11 +84,13 @@ func New(reg *registry.Registry, opts Options, resolve ThresholdResolver, client
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	commit := func(_ context.Context, c *Change) (*registry.Worker, error) { return ApplyChange(reg, resolve, c) } // in memory: at once
-	if opts.Committer != nil {
-		commit = opts.Committer.Commit
+	if opts.OnRemove == nil {
+		opts.OnRemove = func(*registry.Worker) {}
 	}
-	return &Service{reg: reg, commit: commit, opts: opts, resolve: resolve, client: client, log: log, ctx: ctx, cancel: cancel}
+	if opts.Commit == nil {
+		opts.Commit = func(_ context.Context, c *Change) (*registry.Worker, error) { return ApplyChange(reg, resolve, c) }
+	}
+	return &Service{reg: reg, opts: opts, resolve: resolve, client: client, log: log, ctx: ctx, cancel: cancel}
 }
 
 // Close stops background registrations and waits for them.
@@ -135,11 +131,24 @@ func (s *Service) Submit(spec *smgv1.WorkerSpec) (string, error) {
 	return id, err
 }
 
-// start validates spec and starts a registration job of kind in the
-// background: "create" (the id is the URL's) or "replace" (of worker id).
-// probe first refuses a URL that answers as smg (the API's calls).
+// start validates spec (a copy, its URL in canonical form) and starts a
+// registration job of kind in the background: "create" (the id is the
+// URL's) or "replace" (of worker id). probe first refuses a URL that
+// answers as smg (the API's calls).
 func (s *Service) start(ctx context.Context, id, kind string, spec *smgv1.WorkerSpec, probe bool) (*smgv1.WorkerSpec, string, error) {
-	spec, err := s.prepare(spec)
+	if spec == nil {
+		return nil, "", errBadRequest("url", "url is required")
+	}
+	spec = proto.CloneOf(spec)
+	var err error
+	if spec.GetProvider() == nil {
+		err = normalizeSpec(spec, s.opts.URL)
+	} else if err = normalizeProvider(spec, s.opts.URL, s.opts.AllowInsecureProviderLoopback); err == nil {
+		err = validateProvider(spec)
+	}
+	if err == nil {
+		err = validateSpec(spec)
+	}
 	if err == nil && probe {
 		err = s.refuseSMG(ctx, spec)
 	}
@@ -157,28 +166,6 @@ func (s *Service) start(ctx context.Context, id, kind string, spec *smgv1.Worker
 	return spec, id, nil
 }
 
-// prepare returns a validated copy of spec with its URL in canonical form.
-func (s *Service) prepare(spec *smgv1.WorkerSpec) (*smgv1.WorkerSpec, error) {
-	if spec == nil {
-		return nil, errBadRequest("url", "url is required")
-	}
-	spec = proto.Clone(spec).(*smgv1.WorkerSpec)
-	if spec.GetProvider() != nil {
-		if err := normalizeProvider(spec, s.opts.URL, s.opts.AllowInsecureProviderLoopback); err != nil {
-			return nil, err
-		}
-		if err := validateProvider(spec); err != nil {
-			return nil, err
-		}
-	} else if err := normalizeSpec(spec, s.opts.URL); err != nil {
-		return nil, err
-	}
-	if err := validateSpec(spec); err != nil {
-		return nil, err
-	}
-	return spec, nil
-}
-
 // startJob commits the start of a registration job and returns it.
 func (s *Service) startJob(ctx context.Context, id, kind string, spec *smgv1.WorkerSpec) (*registry.Job, error) {
 	b, err := proto.Marshal(spec)
@@ -186,7 +173,7 @@ func (s *Service) startJob(ctx context.Context, id, kind string, spec *smgv1.Wor
 		return nil, errBadRequest("spec", "spec: %v", err)
 	}
 	c := &Change{Op: OpSubmit, WorkerID: id, Token: rand.Text(), Kind: kind, Spec: b, At: s.opts.Now()}
-	if _, err := s.commit(ctx, c); err != nil {
+	if _, err := s.opts.Commit(ctx, c); err != nil {
 		return nil, err
 	}
 	job := s.reg.Snapshot().Job(id)
@@ -236,7 +223,7 @@ func (s *Service) UpdateWorker(ctx context.Context, req *smgv1.UpdateWorkerReque
 	if err != nil {
 		return nil, errBadRequest("update", "update: %v", err)
 	}
-	if _, err := s.commit(ctx, &Change{Op: OpUpdate, WorkerID: id, Update: b, At: s.opts.Now()}); err != nil {
+	if _, err := s.opts.Commit(ctx, &Change{Op: OpUpdate, WorkerID: id, Update: b, At: s.opts.Now()}); err != nil {
 		return nil, err
 	}
 	var url string
@@ -267,7 +254,7 @@ func (s *Service) Remove(id string) error {
 
 func (s *Service) remove(ctx context.Context, id string) (string, error) {
 	job := s.reg.Snapshot().Job(id)
-	old, err := s.commit(ctx, &Change{Op: OpDelete, WorkerID: id, At: s.opts.Now()})
+	old, err := s.opts.Commit(ctx, &Change{Op: OpDelete, WorkerID: id, At: s.opts.Now()})
 	if err != nil {
 		return "", err
 	}
@@ -279,15 +266,9 @@ func (s *Service) remove(ctx context.Context, id string) (string, error) {
 		s.log.Info("Worker registration cancelled", "worker_id", id, "url", url)
 		return url, nil
 	}
-	s.removed(old)
+	s.opts.OnRemove(old)
 	s.log.Info("Worker removed", "worker_id", id, "url", old.Spec.GetUrl())
 	return old.Spec.GetUrl(), nil
-}
-
-func (s *Service) removed(old *registry.Worker) {
-	if s.opts.OnRemove != nil && old != nil {
-		s.opts.OnRemove(old)
-	}
 }
 
 func (s *Service) GetWorker(ctx context.Context, req *smgv1.GetWorkerRequest) (*smgv1.GetWorkerResponse, error) {
@@ -311,17 +292,13 @@ func (s *Service) ListWorkers(ctx context.Context, req *smgv1.ListWorkersRequest
 	snap := s.reg.Snapshot()
 	resp := &smgv1.ListWorkersResponse{}
 	for _, w := range snap.Workers() {
-		if m := req.GetModel(); m != "" && !servesModel(w, m) {
+		if m := req.GetModel(); m != "" && w.Model != m && !slices.Contains(w.Spec.GetModels(), m) {
 			continue
 		}
 		resp.Workers = append(resp.Workers, WorkerView(w, snap.Job(w.ID)))
 	}
 	resp.Total = int32(len(resp.Workers))
 	return resp, nil
-}
-
-func servesModel(w *registry.Worker, model string) bool {
-	return w.Model == model || slices.Contains(w.Spec.GetModels(), model)
 }
 
 func (s *Service) GetLoads(ctx context.Context, _ *smgv1.GetLoadsRequest) (*smgv1.GetLoadsResponse, error) {
@@ -338,23 +315,21 @@ func (s *Service) GetLoads(ctx context.Context, _ *smgv1.GetLoadsRequest) (*smgv
 }
 
 func (s *Service) ListJobs(ctx context.Context, _ *smgv1.ListJobsRequest) (*smgv1.ListJobsResponse, error) {
+	jobs := s.reg.Snapshot().Jobs()
+	slices.SortFunc(jobs, func(a, b *registry.Job) int { return b.UpdatedAt.Compare(a.UpdatedAt) }) // newest first
 	resp := &smgv1.ListJobsResponse{}
-	for _, j := range s.reg.Snapshot().Jobs() {
-		if !s.jobVisible(j) {
-			continue
+	for _, j := range jobs {
+		if s.jobVisible(j) {
+			resp.Jobs = append(resp.Jobs, &smgv1.Job{WorkerId: j.WorkerID, Url: j.URL, Kind: j.Kind, Status: jobStatus(j)})
 		}
-		resp.Jobs = append(resp.Jobs, &smgv1.Job{WorkerId: j.WorkerID, Url: j.URL, Kind: j.Kind, Status: jobStatus(j)})
 	}
-	sort.Slice(resp.Jobs, func(a, b int) bool {
-		return resp.Jobs[a].GetStatus().GetUpdatedAt().AsTime().After(resp.Jobs[b].GetStatus().GetUpdatedAt().AsTime())
-	})
 	return resp, nil
 }
 
 func (s *Service) ListRouters(ctx context.Context, _ *smgv1.ListRoutersRequest) (*smgv1.ListRoutersResponse, error) {
 	resp := &smgv1.ListRoutersResponse{Revision: s.reg.Revision()}
 	if s.opts.Routers != nil {
-		resp.Routers = s.opts.Routers.Routers()
+		resp.Routers = s.opts.Routers()
 	}
 	return resp, nil
 }
@@ -374,7 +349,9 @@ func jobStatus(j *registry.Job) *smgv1.JobStatus {
 	return &smgv1.JobStatus{State: j.State, Message: j.Message, UpdatedAt: timestamppb.New(j.UpdatedAt)}
 }
 
-// WorkerView renders a registry record for the admin API.
+// WorkerView renders a registry record for the admin API. An external
+// worker's spill shares are the parts of its spill-over budget the routers
+// hold (the window allocator's, in millionths).
 func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 	veto, reason := w.Veto()
 	liveness := ""
@@ -392,6 +369,10 @@ func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 		}
 		adm.TokenBudget, adm.TokenSource, adm.TokenLearned, adm.TokenShares = b.Tokens, b.Source, b.Learned, w.TokenShare
 	}
+	kind, spill := "engine", map[string]int64(nil)
+	if w.External() {
+		kind, spill = "external", w.WindowShare
+	}
 	return &smgv1.Worker{
 		Admission:  adm,
 		WorkerId:   w.ID,
@@ -408,8 +389,8 @@ func WorkerView(w *registry.Worker, job *registry.Job) *smgv1.Worker {
 		},
 		JobStatus:   jobStatus(job),
 		AgentNode:   w.AgentNode,
-		Kind:        workerKind(w.Spec),
-		SpillShares: spillShares(w),
+		Kind:        kind,
+		SpillShares: spill,
 	}
 }
 
@@ -422,24 +403,20 @@ func VetoWord(v smgv1.Veto) string {
 	return strings.ToLower(strings.TrimPrefix(v.String(), "VETO_"))
 }
 
-// clearOverload drops the overload veto of a replaced worker: its last load
-// is no fresh signal for the new spec, so the registry treats it as "no
-// report" (fail open) until the next one. Liveness vetoes end only on their
-// own rule's evidence.
-func clearOverload(w *registry.Worker) {
-	w.Evidence.NoReport = true
-}
-
-// redacted hides a spec's api_key in answers: the key is the engine's
-// secret, and GET /workers may be open when no admin key is set.
+// redacted hides in answers a spec's api_key (the engine's secret: GET
+// /workers may be open when no admin key is set) and the values of a
+// provider's extra headers (one may carry a credential); the provider's key
+// reference is shown: it says where the key is, not what it is.
 func redacted(spec *smgv1.WorkerSpec) *smgv1.WorkerSpec {
 	if spec.GetApiKey() == "" && len(spec.GetProvider().GetHeaders()) == 0 {
 		return spec
 	}
-	c := proto.Clone(spec).(*smgv1.WorkerSpec)
+	c := proto.CloneOf(spec)
 	if c.ApiKey != "" {
 		c.ApiKey = "<redacted>"
 	}
-	redactedProvider(c.GetProvider())
+	for k := range c.GetProvider().GetHeaders() {
+		c.Provider.Headers[k] = "<redacted>"
+	}
 	return c
 }

@@ -25,9 +25,6 @@ const (
 // normalizeSpec puts the spec's URL in canonical form (in place; the caller
 // owns spec), so that aliases of one engine meet the duplicate check.
 func normalizeSpec(spec *smgv1.WorkerSpec, o workerurl.Options) error {
-	if spec == nil {
-		return errBadRequest("url", "url is required")
-	}
 	u, err := workerurl.Normalize(spec.GetUrl(), o)
 	if err != nil {
 		return errBadRequest("url", "%s", err.Error())
@@ -48,9 +45,6 @@ func normalizeSpec(spec *smgv1.WorkerSpec, o workerurl.Options) error {
 // naming the field. The overload block is resolved later, by registration,
 // because the spec says out-of-range thresholds fail the registration (202).
 func validateSpec(s *smgv1.WorkerSpec) error {
-	if s == nil {
-		return errBadRequest("url", "url is required")
-	}
 	switch s.GetWorkerType() {
 	case "", "regular", "prefill", "decode":
 	default:

@@ -155,9 +155,10 @@ func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 	}
 	var header metadata.MD
 	err = cc.Invoke(metadata.NewOutgoingContext(ctx, out), method, req, resp, grpc.Header(&header))
-	if err != nil && status.Code(err) == codes.Unavailable && errorInfo(err) == nil {
-		// The leader was not reached (or did not answer): a read falls
-		// back to this replica; a write may or may not have been made.
+	if st := status.Convert(err); st.Code() == codes.Unavailable && len(st.Details()) == 0 {
+		// Not the leader's answer (which carries an ErrorInfo): the leader was
+		// not reached. A read falls back to this replica; a write may or may
+		// not have been made.
 		if !write {
 			return stale()
 		}
@@ -199,15 +200,6 @@ func first(md metadata.MD, k string) string {
 		return v[0]
 	}
 	return ""
-}
-
-func errorInfo(err error) *errdetails.ErrorInfo {
-	for _, d := range status.Convert(err).Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			return info
-		}
-	}
-	return nil
 }
 
 // Stream serves RouteLocal streams here and RouteLeader streams on the

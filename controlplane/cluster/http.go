@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,10 +23,8 @@ import (
 
 // JoinRequest asks the leader to add a node (or to record its addresses).
 type JoinRequest struct {
-	ID       string `json:"id"`
+	Member
 	RaftAddr string `json:"raft_addr"`
-	GRPC     string `json:"grpc"`
-	HTTP     string `json:"http"`
 }
 
 // MemberView is one member in GET /cluster.
@@ -82,7 +81,7 @@ func (n *Node) serveRemove(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	members, err := n.configuration()
 	if err != nil {
-		noLeader(w)
+		noLeader(w, noLeaderMsg)
 		return
 	}
 	if _, ok := members[id]; !ok {
@@ -90,8 +89,7 @@ func (n *Node) serveRemove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := n.raft.RemoveServer(raft.ServerID(id), 0, n.opts.ApplyTimeout).Error(); err != nil {
-		w.Header().Set("Retry-After", "1")
-		admin.WriteJSONError(w, http.StatusServiceUnavailable, "server_error", "NO_LEADER", "removing member "+id+": "+err.Error(), nil)
+		noLeader(w, "removing member "+id+": "+err.Error())
 		return
 	}
 	n.log.Info("Member removed from the cluster", "node_id", id)
@@ -103,7 +101,7 @@ func (n *Node) serveRemove(w http.ResponseWriter, r *http.Request) {
 func (n *Node) toLeader(w http.ResponseWriter, r *http.Request, body []byte) {
 	lm, ok := n.LeaderMember()
 	if !ok || lm.ID == n.id || r.Header.Get(forwardedHeader) != "" {
-		noLeader(w)
+		noLeader(w, noLeaderMsg)
 		return
 	}
 	if body != nil {
@@ -122,7 +120,7 @@ func (n *Node) peerScheme() string {
 	return "http"
 }
 
-func (n *Node) view() View {
+func (n *Node) serveView(w http.ResponseWriter, _ *http.Request) {
 	_, leader := n.raft.LeaderWithID()
 	v := View{Node: n.id, State: n.raft.State().String(), Term: n.raft.CurrentTerm(), Leader: string(leader),
 		CommitIndex: n.raft.CommitIndex(), AppliedIndex: n.raft.AppliedIndex(), Members: []MemberView{}}
@@ -141,11 +139,7 @@ func (n *Node) view() View {
 			v.Members = append(v.Members, m)
 		}
 	}
-	return v
-}
-
-func (n *Node) serveView(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, n.view())
+	writeJSON(w, v)
 }
 
 // serveJoin adds a voter, or records a member's addresses. A follower hands
@@ -169,31 +163,24 @@ func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	code, msg := n.join(req)
 	if code != http.StatusOK {
-		admin.WriteJSONError(w, code, "invalid_request_error", joinReason(code), msg, nil)
+		admin.WriteJSONError(w, code, "invalid_request_error", cmp.Or(joinReasons[code], "JOIN_FAILED"), msg, nil)
 		return
 	}
 	writeJSON(w, map[string]string{"status": "ok", "message": msg})
 }
 
-func joinReason(code int) string {
-	switch code {
-	case http.StatusConflict:
-		return "NODE_ID_IN_USE"
-	case http.StatusForbidden:
-		return "MEMBER_NOT_AUTHENTICATED"
-	case http.StatusServiceUnavailable:
-		return "NO_LEADER"
-	}
-	return "JOIN_FAILED"
-}
+var joinReasons = map[int]string{http.StatusConflict: "NODE_ID_IN_USE", http.StatusForbidden: "MEMBER_NOT_AUTHENTICATED",
+	http.StatusServiceUnavailable: "NO_LEADER"}
 
 // forwardedHeader marks a request a follower handed on, so it is not
 // handed on twice.
 const forwardedHeader = "X-Smg-Forwarded-By"
 
-func noLeader(w http.ResponseWriter) {
+const noLeaderMsg = "the control plane cluster has no leader yet; retry"
+
+func noLeader(w http.ResponseWriter, msg string) {
 	w.Header().Set("Retry-After", "1")
-	admin.WriteJSONError(w, http.StatusServiceUnavailable, "server_error", "NO_LEADER", "the control plane cluster has no leader yet; retry", nil)
+	admin.WriteJSONError(w, http.StatusServiceUnavailable, "server_error", "NO_LEADER", msg, nil)
 }
 
 // join runs on the leader.
@@ -226,11 +213,9 @@ func (n *Node) join(req JoinRequest) (int, string) {
 		}
 		n.log.Info("Node joined the cluster", "node_id", req.ID, "raft_addr", req.RaftAddr)
 	}
-	if req.GRPC != "" {
-		if cur, ok := n.fsm.member(req.ID); !ok || cur != (Member{ID: req.ID, GRPC: req.GRPC, HTTP: req.HTTP}) {
-			if err := n.apply(entry{Member: &Member{ID: req.ID, GRPC: req.GRPC, HTTP: req.HTTP}}); err != nil {
-				return http.StatusServiceUnavailable, err.Error()
-			}
+	if cur, ok := n.fsm.member(req.ID); req.GRPC != "" && (!ok || cur != req.Member) {
+		if err := n.apply(entry{Member: &req.Member}); err != nil {
+			return http.StatusServiceUnavailable, err.Error()
 		}
 	}
 	return http.StatusOK, "member " + req.ID + " known"
@@ -268,7 +253,7 @@ func (n *Node) announce(ctx context.Context) error {
 }
 
 func (n *Node) sendJoin(ctx context.Context, client *http.Client, self Member) (int, string) {
-	req := JoinRequest{ID: n.id, RaftAddr: string(n.trans.LocalAddr()), GRPC: self.GRPC, HTTP: self.HTTP}
+	req := JoinRequest{Member: self, RaftAddr: string(n.trans.LocalAddr())}
 	if n.raft.State() == raft.Leader {
 		return n.join(req)
 	}

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -116,8 +117,7 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 		return fail(fmt.Errorf("--raft-addr %s: %v", opts.RaftAddr, err))
 	}
 	advertise := opts.advertise()
-	if _, port, _ := net.SplitHostPort(advertise); port == "0" {
-		host, _, _ := net.SplitHostPort(advertise)
+	if host, port, _ := net.SplitHostPort(advertise); port == "0" {
 		_, p, _ := net.SplitHostPort(ln.Addr().String())
 		advertise = net.JoinHostPort(host, p)
 	}
@@ -158,7 +158,8 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 		return fail(fmt.Errorf("--data-dir %s: %v", dir, err))
 	}
 	n.raft = r
-	n.layer.setMembers(func() map[string]string { m, _ := n.configuration(); return m })
+	members := func() map[string]string { m, _ := n.configuration(); return m }
+	n.layer.members.Store(&members)
 	if existing {
 		if err := n.checkPeers(peers); err != nil {
 			return fail(err)
@@ -269,7 +270,8 @@ func (n *Node) ID() string { return n.id }
 // Advertise sets how this node is reached (its gRPC and HTTP HOST:PORT,
 // with the host from --advertise-host).
 func (n *Node) Advertise(grpcPort, httpPort string) {
-	host := n.opts.advertiseHost()
+	host, _, _ := net.SplitHostPort(n.opts.advertise())
+	host = cmp.Or(n.opts.AdvertiseHost, host)
 	n.mu.Lock()
 	n.self = Member{ID: n.id, GRPC: net.JoinHostPort(host, grpcPort), HTTP: net.JoinHostPort(host, httpPort)}
 	n.mu.Unlock()
@@ -344,14 +346,11 @@ func (n *Node) Leading() (context.Context, bool) {
 // no leader yet, or has elected this node and Prepare is running, and a call
 // would find no one to answer it.
 func (n *Node) awaitLeader(ctx context.Context, d time.Duration) {
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
 	tick := time.NewTicker(20 * time.Millisecond) // leader changes and announcements land in the log, which signals nothing
 	defer tick.Stop()
-	for {
-		if n.Ready() {
-			return
-		}
+	for !n.Ready() {
 		n.mu.Lock()
 		ready := n.ready
 		n.mu.Unlock()
@@ -359,8 +358,6 @@ func (n *Node) awaitLeader(ctx context.Context, d time.Duration) {
 		case <-ready:
 		case <-tick.C:
 		case <-ctx.Done():
-			return
-		case <-deadline.C:
 			return
 		}
 	}

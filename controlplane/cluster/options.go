@@ -29,13 +29,10 @@ import (
 	"github.com/smg-project/smg/internal/tlsutil"
 )
 
-// Defaults of the Raft timing. A follower starts an election after
-// HeartbeatTimeout..2×HeartbeatTimeout without the leader; with these, a new
-// leader is elected within about 1.5 s of the old one's loss on loopback.
-// The lease equals the heartbeat timeout (its maximum): a shorter one made a
-// leader on a CPU-starved node step down on a 300 ms scheduling stall, with
-// an election and a new watch epoch for nothing, while the followers would
-// still have waited for it.
+// Defaults of the Raft timing: a new leader within about 1.5 s of the old
+// one's loss on loopback. The lease is the heartbeat timeout (its maximum):
+// a shorter one made a leader on a CPU-starved node step down on a 300 ms
+// scheduling stall, with an election and a new watch epoch for nothing.
 const (
 	DefaultHeartbeatTimeout   = 500 * time.Millisecond
 	DefaultElectionTimeout    = 500 * time.Millisecond
@@ -180,8 +177,3 @@ func (o Options) nodeID() string {
 }
 
 func (o Options) advertise() string { return cmp.Or(o.RaftAdvertise, o.RaftAddr) }
-
-func (o Options) advertiseHost() string {
-	host, _, _ := net.SplitHostPort(o.advertise())
-	return cmp.Or(o.AdvertiseHost, host)
-}

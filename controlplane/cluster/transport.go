@@ -114,9 +114,6 @@ func newStreamLayer(ln net.Listener, advertise addr, t *TLS, handshake time.Dura
 	return s
 }
 
-// setMembers tells the layer where to read the cluster's configuration.
-func (s *streamLayer) setMembers(f func() map[string]string) { s.members.Store(&f) }
-
 func (s *streamLayer) memberList() map[string]string {
 	if f := s.members.Load(); f != nil {
 		return (*f)()

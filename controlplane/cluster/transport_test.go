@@ -294,7 +294,7 @@ func TestRaftJoinNeedsTheClusterCertificate(t *testing.T) {
 		{"plaintext", "cp1", nil},
 	} {
 		cand := openNode(t, tc.id, "127.0.0.1:0", nil, tc.tls)
-		code, msg := l.join(JoinRequest{ID: tc.id, RaftAddr: string(cand.trans.LocalAddr())})
+		code, msg := l.join(JoinRequest{Member: Member{ID: tc.id}, RaftAddr: string(cand.trans.LocalAddr())})
 		if code != http.StatusForbidden || !strings.Contains(msg, "smg:controlplane:cp1") {
 			t.Errorf("%s: join answered %d %q, want 403 naming the certificate wanted", tc.name, code, msg)
 		}
@@ -305,7 +305,7 @@ func TestRaftJoinNeedsTheClusterCertificate(t *testing.T) {
 	}
 	// The real thing joins and replicates.
 	good := openNode(t, "cp1", "127.0.0.1:0", nil, pki.tlsFor(t, "cp1", "smg:controlplane:cp1"))
-	if code, msg := l.join(JoinRequest{ID: "cp1", RaftAddr: string(good.trans.LocalAddr())}); code != http.StatusOK {
+	if code, msg := l.join(JoinRequest{Member: Member{ID: "cp1"}, RaftAddr: string(good.trans.LocalAddr())}); code != http.StatusOK {
 		t.Fatalf("join of a node with the cluster's certificate: %d %s", code, msg)
 	}
 	testutil.WaitFor(t, 10*time.Second, "cp1 to follow cp0", func() (bool, string) {
