@@ -8,9 +8,7 @@ package registry
 type byID[T any] struct {
 	ids   []string
 	vals  []T
-	index map[string]int // kept across resets; valid while indexed
-	// indexed: index holds every entry (there are at least indexAt).
-	indexed bool
+	index map[string]int // kept across resets; holds every entry once there are indexAt
 }
 
 // indexAt is the size at which byID indexes its entries.
@@ -22,7 +20,7 @@ const keepAt = 4096
 
 // find returns id's place, if it has one.
 func (b *byID[T]) find(id string) (int, bool) {
-	if b.indexed {
+	if len(b.ids) >= indexAt {
 		i, ok := b.index[id]
 		return i, ok
 	}
@@ -39,7 +37,7 @@ func (b *byID[T]) add(id string, v T) {
 	b.ids = append(b.ids, id)
 	b.vals = append(b.vals, v)
 	switch {
-	case b.indexed:
+	case len(b.ids) > indexAt:
 		b.index[id] = len(b.ids) - 1
 	case len(b.ids) == indexAt:
 		if b.index == nil {
@@ -48,7 +46,6 @@ func (b *byID[T]) add(id string, v T) {
 		for i, x := range b.ids {
 			b.index[x] = i
 		}
-		b.indexed = true
 	}
 }
 
@@ -61,11 +58,10 @@ func (b *byID[T]) reset() {
 		*b = byID[T]{}
 		return
 	}
+	if len(b.ids) >= indexAt {
+		clear(b.index)
+	}
 	clear(b.ids)
 	clear(b.vals)
 	b.ids, b.vals = b.ids[:0], b.vals[:0]
-	if b.indexed {
-		clear(b.index)
-		b.indexed = false
-	}
 }

@@ -79,15 +79,16 @@ const (
 // moves within the gap is still trusted, so it is no restart later either.
 const restartGap = 10 * time.Second
 
-// startMove is what the restart rule makes of the start time load reports
-// against held, the one trusted so far (0: none): next to trust, and
-// whether it is a restart or an untrusted value. A value that is not a
-// finite positive number, lies more than startAhead past the load's own
-// time (or comes without one), or goes backwards is never trusted, so a
-// lying engine cannot force a contact at every report: one only when its
-// start time moves forward.
-func startMove(held float64, load *smgv1.EngineLoad) (next float64, restart, ignored bool) {
-	s := load.GetProcessStartTimeSeconds()
+// restartMove is what the restart rule makes of the start time load
+// reports against ev's trusted one (0: none): next to trust, and whether it
+// is a restart or an untrusted value. A value that is not a finite positive
+// number, lies more than startAhead past the load's own time (or comes
+// without one), or goes backwards is never trusted, so a lying engine
+// cannot force a contact at every report: one only when its start time
+// moves forward, and a restart within restartGap of the last believed one
+// counts as not trusted.
+func restartMove(ev *Evidence, load *smgv1.EngineLoad) (next float64, restart, ignored bool) {
+	s, held := load.GetProcessStartTimeSeconds(), ev.StartTime
 	at := load.GetReportedAt()
 	switch {
 	case s == 0 || s == held:
@@ -97,22 +98,13 @@ func startMove(held float64, load *smgv1.EngineLoad) (next float64, restart, ign
 		return held, false, true
 	case held == 0:
 		return s, false, false
-	case s > held+startSlack:
-		return s, true, false
+	case s <= held+startSlack:
+		return held, false, false
 	}
-	return held, false, false
-}
-
-// restartMove is startMove against ev's trusted start time, a restart
-// within restartGap of the last believed one counted as ignored.
-func restartMove(ev *Evidence, load *smgv1.EngineLoad) (next float64, restart, ignored bool) {
-	next, restart, ignored = startMove(ev.StartTime, load)
-	if restart && !ev.RestartAt.IsZero() {
-		if d := load.GetReportedAt().AsTime().Sub(ev.RestartAt); d < restartGap && d > -restartGap {
-			return next, false, true
-		}
+	if d := at.AsTime().Sub(ev.RestartAt); !ev.RestartAt.IsZero() && d < restartGap && d > -restartGap {
+		return s, false, true
 	}
-	return next, restart, ignored
+	return s, true, false
 }
 
 // restarted applies the restart rule to w's load: the start time its

@@ -369,21 +369,17 @@ const DefaultHistory = 4096
 type Registry struct {
 	db *memdb.MemDB
 
-	// latest is every worker's current record by id, for Get, the hot
-	// path's read: a lookup without a lock (latest.go).
-	latest *latest
+	latest *latest // every worker's current record, for Get (latest.go)
 
 	// mu serializes writers and guards tree, mem and gen. Readers never
 	// take it: a flush may hold it for milliseconds, and a thousand watch
 	// streams reading behind it convoyed the whole control plane (make
 	// bench-scale).
-	mu   sync.Mutex
-	tree *tree
-	mem  *memdb.Txn
-	gen  uint64
-	// view is the latest commit's read view, published before anyone is
-	// woken.
-	view  atomic.Pointer[Snapshot]
+	mu    sync.Mutex
+	tree  *tree
+	mem   *memdb.Txn
+	gen   uint64
+	view  atomic.Pointer[Snapshot] // the latest commit's, published before anyone is woken
 	epoch atomic.Pointer[string]
 
 	// pub guards the fields below: a commit holds it only to publish (the
@@ -394,16 +390,11 @@ type Registry struct {
 	// routing holds the latest routing changes, so that watchers reach
 	// further back than a flood of load reports leaves in history.
 	routing ring
-	notify  signal // every commit
-	// members: a commit that adds or removes a worker or changes its spec,
-	// model or health, so loops that track membership do not wake on every
-	// load report.
-	members signal
-	// routed: a commit with a routing change (not LoadOnly), so watchers
-	// that pace loads do not wake on every flush.
-	routed signal
-	// seen is ring.since's index (pub held), reused.
-	seen map[string]int
+	// Changed's, MembershipChanged's and RoutingChanged's wake-ups, apart
+	// so that loops tracking membership or pacing loads do not wake on
+	// every flush.
+	notify, members, routed signal
+	seen                    map[string]int // ring.since's index, reused
 
 	// changes and writes are the bookkeeping of the running transaction
 	// (under mu), reset after each.
@@ -422,7 +413,7 @@ func New(epoch string, historyCap int) *Registry {
 		historyCap = DefaultHistory
 	}
 	r := &Registry{db: db, latest: newLatest(), history: newRing(historyCap), routing: newRing(historyCap),
-		notify: newSignal(), members: newSignal(), routed: newSignal(),
+		notify: newSignal(), members: newSignal(), routed: newSignal(), seen: map[string]int{},
 		tree: &tree{}, mem: db.Txn(false)}
 	r.epoch.Store(&epoch)
 	r.view.Store(&Snapshot{txn: r.mem, workers: r.tree})
@@ -465,8 +456,7 @@ func (r *Registry) take(s *signal) <-chan struct{} {
 	return s.ch
 }
 
-// fire closes s if anyone holds it (nobody does: no need for a new one).
-// Caller holds pub.
+// fire closes s if anyone holds it (caller holds pub).
 func (s *signal) fire() {
 	if s.taken {
 		close(s.ch)
@@ -478,20 +468,16 @@ func (s *signal) fire() {
 // A memdb error inside a transaction is an index error on the static schema,
 // a programming bug: the registry panics rather than hand it to callers.
 type Txn struct {
-	db  *memdb.MemDB
-	txn *memdb.Txn // the URL and job tables' write transaction, begun by mem
-	// tree is the workers as this transaction leaves them, written in
-	// place once copied by gen.
-	tree *tree
-	gen  uint64
-	// changed has one entry per worker id, latest wins.
-	changed *byID[Change]
-	rev     uint64 // the revision this transaction commits as
+	db      *memdb.MemDB
+	txn     *memdb.Txn // the URL and job tables' write transaction, begun by mem
+	tree    *tree      // the workers as this transaction leaves them, written in place once copied by gen
+	gen     uint64
+	changed *byID[Change] // one per worker id, latest wins
+	rev     uint64        // the revision this transaction commits as
 	// last is the stored record Get or Insert saw last, so that the usual
 	// Get, Clone, Insert sequence looks the worker up once.
-	last *Worker
-	// membership: a worker came, went, or its spec, model or health changed.
-	membership bool
+	last       *Worker
+	membership bool // a worker came, went, or its spec, model or health changed
 	// Get reads committed (the registry's latest records) under written
 	// (this transaction's, nil: deleted): cheaper than a search of the tree.
 	committed *latest
@@ -526,12 +512,10 @@ func (t *Txn) mem() *memdb.Txn {
 
 // GetByURL returns a worker by URL, or nil.
 func (t *Txn) GetByURL(url string) *Worker {
-	o, err := t.mem().First(tableURLs, "id", url)
-	must(err)
-	if o == nil {
-		return nil
+	if e := urlOf(t.mem(), url); e != nil {
+		return t.Get(e.WorkerID)
 	}
-	return t.Get(o.(*urlEntry).WorkerID)
+	return nil
 }
 
 // Workers returns every worker.
@@ -590,12 +574,17 @@ func (t *Txn) wrote(id string, w *Worker) {
 
 // deleteURL drops w's URL entry if it still points at w.
 func (t *Txn) deleteURL(w *Worker) {
-	o, err := t.mem().First(tableURLs, "id", w.Spec.GetUrl())
-	must(err)
-	if o == nil || o.(*urlEntry).WorkerID != w.ID {
-		return
+	if e := urlOf(t.mem(), w.Spec.GetUrl()); e != nil && e.WorkerID == w.ID {
+		must(t.mem().Delete(tableURLs, e))
 	}
-	must(t.mem().Delete(tableURLs, o))
+}
+
+// urlOf returns url's entry, or nil.
+func urlOf(txn *memdb.Txn, url string) *urlEntry {
+	o, err := txn.First(tableURLs, "id", url)
+	must(err)
+	e, _ := o.(*urlEntry)
+	return e
 }
 
 // must panics on a memdb error (see Txn).
@@ -657,16 +646,17 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	}
 	// Publish, then wake: a reader takes its wake-up channel before its
 	// view, so it either sees this commit or holds a channel closed below.
+	// With no change routers see, the records may still have changed
+	// (evidence): readers get them under the same revision.
 	r.pub.Lock()
 	defer r.pub.Unlock()
+	if t.changed.len() > 0 {
+		r.revision = t.rev
+	}
+	r.view.Store(&Snapshot{Revision: r.revision, txn: r.mem, workers: r.tree})
 	if t.changed.len() == 0 {
-		// Nothing routers see, but the records did change (evidence):
-		// readers get them under the same revision.
-		r.view.Store(&Snapshot{Revision: r.revision, txn: r.mem, workers: r.tree})
 		return r.revision, nil
 	}
-	r.revision = t.rev
-	r.view.Store(&Snapshot{Revision: r.revision, txn: r.mem, workers: r.tree})
 	routed := false
 	for _, c := range t.changed.vals {
 		r.history.add(c)
@@ -710,12 +700,10 @@ func (s *Snapshot) Get(id string) *Worker { return s.workers.get(id) }
 
 // GetByURL returns a worker by URL, or nil.
 func (s *Snapshot) GetByURL(url string) *Worker {
-	o, err := s.txn.First(tableURLs, "id", url)
-	must(err)
-	if o == nil {
-		return nil
+	if e := urlOf(s.txn, url); e != nil {
+		return s.workers.get(e.WorkerID)
 	}
-	return s.workers.get(o.(*urlEntry).WorkerID)
+	return nil
 }
 
 // Workers returns every worker, ordered by id.
@@ -759,9 +747,6 @@ func (r *Registry) since(h *ring, rev uint64) ([]Change, uint64, bool) {
 	case rev == r.revision:
 		return nil, r.revision, true
 	}
-	if r.seen == nil {
-		r.seen = map[string]int{}
-	}
 	changes, ok := h.since(rev, r.seen)
 	return changes, r.revision, ok
 }
@@ -769,8 +754,6 @@ func (r *Registry) since(h *ring, rev uint64) ([]Change, uint64, bool) {
 func getJob(txn *memdb.Txn, id string) *Job {
 	o, err := txn.First(tableJobs, "id", id)
 	must(err)
-	if o == nil {
-		return nil
-	}
-	return o.(*Job)
+	j, _ := o.(*Job)
+	return j
 }
