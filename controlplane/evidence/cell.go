@@ -67,66 +67,39 @@ func (c *cell) predictLocked(w *registry.Worker, r *judge.Rules) *registry.Worke
 	return &c.scratch
 }
 
-// pendLoad makes load (copied when copied, into memory the cell owns) the
-// pending load and reports whether it leaves w's verdicts as they are (it
-// may wait for the flush). A report after a no-report never stands: it
-// ends the fail-open spell. dead: the cell was dropped, nothing pends.
-func (c *cell) pendLoad(w *registry.Worker, load *smgv1.EngineLoad, copied bool, waiting int64, usage float64, r *judge.Rules) (stands, dead bool) {
+// pend makes load (nil: none; copied when copied, into memory the cell
+// owns) and rec (nil: none) pending and reports whether they leave w's
+// verdicts as they are (they may wait for the flush): one lock and one run
+// of the rule for an agent's record, which carries both. A report after a
+// no-report never stands: it ends the fail-open spell. dead: the cell was
+// dropped, nothing pends.
+func (c *cell) pend(w *registry.Worker, load *smgv1.EngineLoad, copied bool, waiting int64, usage float64, rec *timedRecord, r *judge.Rules) (stands, dead bool) {
 	c.lock.Lock()
 	defer c.lock.Unlock()
 	if c.dead.Load() {
 		return false, true
 	}
-	if !c.pendLoadLocked(w, load, copied, waiting, usage) {
-		return false, false
-	}
-	return registry.Stands(w, c.predictLocked(w, r)), false
-}
-
-// pendLoadLocked is pendLoad's work up to the rule: false when the load
-// cannot stand (it ends a fail-open spell).
-func (c *cell) pendLoadLocked(w *registry.Worker, load *smgv1.EngineLoad, copied bool, waiting int64, usage float64) bool {
-	if copied {
-		dst := c.load
-		if dst == nil {
-			dst, c.spare = c.spare, nil
+	stands = true
+	if load != nil {
+		if copied {
+			dst := c.load
+			if dst == nil {
+				dst, c.spare = c.spare, nil
+			}
+			load = CopyLoad(dst, load)
 		}
-		load = CopyLoad(dst, load)
-	}
-	setSignals(load, waiting, usage)
-	c.load, c.refresh = load, false
-	if c.base == w {
-		c.scratch.Load = load // the rest of scratch is as it was
-	}
-	return !c.noReport && !w.Evidence.NoReport
-}
-
-// pendRecord pends a pushed record and reports whether it leaves w's
-// verdicts as they are.
-func (c *cell) pendRecord(w *registry.Worker, rec timedRecord, r *judge.Rules) (stands, dead bool) {
-	c.lock.Lock()
-	defer c.lock.Unlock()
-	if c.dead.Load() {
-		return false, true
+		setSignals(load, waiting, usage)
+		c.load, c.refresh = load, false
+		if c.base == w {
+			c.scratch.Load = load // the rest of scratch is as it was
+		}
+		stands = !c.noReport && !w.Evidence.NoReport
 	}
 	s := c.predictLocked(w, r)
-	c.rec, c.recorded = rec, true
-	applyPushed(&s.Evidence, rec, r)
-	return registry.Stands(w, s), false
-}
-
-// pendObserved is pendLoad (of a copy) and pendRecord under one lock and
-// one run of the rule: an agent's record carries both.
-func (c *cell) pendObserved(w *registry.Worker, load *smgv1.EngineLoad, waiting int64, usage float64, rec timedRecord, r *judge.Rules) (stands, dead bool) {
-	c.lock.Lock()
-	defer c.lock.Unlock()
-	if c.dead.Load() {
-		return false, true
+	if rec != nil {
+		c.rec, c.recorded = *rec, true
+		applyPushed(&s.Evidence, *rec, r)
 	}
-	stands = c.pendLoadLocked(w, load, true, waiting, usage)
-	s := c.predictLocked(w, r)
-	c.rec, c.recorded = rec, true
-	applyPushed(&s.Evidence, rec, r)
 	return stands && registry.Stands(w, s), false
 }
 

@@ -43,6 +43,7 @@ import (
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
+	"github.com/smg-project/smg/internal/loadpb"
 	"github.com/smg-project/smg/internal/shardmap"
 )
 
@@ -207,6 +208,34 @@ func (in *Inbox) cellOf(id string, w *registry.Worker) *Slot {
 	return c
 }
 
+// pend pends load (nil: none; a copy when copied) and rec (nil: none) in
+// w's cell (c: its slot, nil: looked up), and stores them at once unless
+// they leave w's verdicts as they are and Coalesce lets them wait.
+func (in *Inbox) pend(id string, w *registry.Worker, c *Slot, load *smgv1.EngineLoad, copied bool, rec *timedRecord) error {
+	var waiting int64
+	var usage float64
+	if load != nil {
+		if in.opts.Observe != nil {
+			in.opts.Observe(id, load)
+		}
+		waiting, usage = loadpb.Signals(load.GetRanks())
+	}
+	for {
+		if c == nil {
+			c = in.cellOf(id, w)
+		}
+		stands, dead := c.pend(w, load, copied, waiting, usage, rec, &in.rules)
+		switch {
+		case dead:
+			c = nil
+			continue // dropped by a flush meanwhile: look again
+		case stands && in.opts.Coalesce:
+			return nil // stored by the next flush
+		}
+		return in.commit([]string{id}, nil)
+	}
+}
+
 // chunkSize is how many workers one flush transaction stores: an
 // observation that moves a verdict waits for at most one chunk (a few
 // milliseconds), not for a flush of the whole fleet.
@@ -358,60 +387,30 @@ func (in *Inbox) commit(ids []string, fn func(i int, c *registry.Worker) bool) e
 	return err
 }
 
-// changes are the verdict changes of one transaction, to log after it.
-type changes struct {
-	flips  []flip
-	live   []change
-	starts []startChange
-}
-
-// startChange is a committed move of a worker's trusted engine start time
-// (a restart), or its first untrusted one.
-type startChange struct {
-	id, url  string
-	from, to float64
-	ignored  bool
-	reported float64
-}
+// changes are the records one transaction stored whose verdicts or engine
+// start time moved, each beside the record it replaced, to log after it
+// (stored records never change).
+type changes [][2]*registry.Worker
 
 // committed notes the insert of c (w moved on): a liveness veto change
 // updates the metrics at once, so they follow the commit order.
 func (in *Inbox) committed(w, c *registry.Worker, ch *changes) {
-	if w.Overloaded != c.Overloaded {
-		ch.flips = append(ch.flips, flip{over: c.Overloaded, noReport: c.Evidence.NoReport, workerID: c.ID, model: c.Model,
-			reason: registry.OverloadFigures(c)})
-	}
 	if c.Liveness != w.Liveness {
-		ch.live = in.livenessChanged(w, c, ch.live)
+		in.mu.Lock()
+		in.setVetoLocked(c.ID, c.Spec.GetUrl(), c.Liveness)
+		in.mu.Unlock()
 	}
-	if !c.Evidence.RestartAt.Equal(w.Evidence.RestartAt) { // a restart decide believed
-		ch.starts = append(ch.starts, startChange{id: c.ID, url: c.Spec.GetUrl(), from: w.Evidence.StartTime, to: c.Evidence.StartTime})
-	}
-	if c.Evidence.StartIgnored > 0 && w.Evidence.StartIgnored == 0 {
-		ch.starts = append(ch.starts, startChange{id: c.ID, url: c.Spec.GetUrl(), from: c.Evidence.StartTime,
-			ignored: true, reported: c.Load.GetProcessStartTimeSeconds()})
-	}
-}
-
-// logStarts logs committed restarts, and a worker's first untrusted start
-// time (later ones are only counted: a lying engine must not flood the log).
-func (in *Inbox) logStarts(starts []startChange) {
-	for _, s := range starts {
-		if s.ignored {
-			in.log.Warn("Engine start time not trusted: not a restart", "worker_id", s.id, "url", s.url,
-				"start_time", s.from, "reported_start_time", s.reported)
-			continue
-		}
-		in.log.Info("Engine restarted: contact ends its failure spell", "worker_id", s.id, "url", s.url,
-			"old_start_time", s.from, "new_start_time", s.to)
+	if w.Overloaded != c.Overloaded || c.Liveness != w.Liveness || !c.Evidence.RestartAt.Equal(w.Evidence.RestartAt) ||
+		c.Evidence.StartIgnored > 0 && w.Evidence.StartIgnored == 0 {
+		*ch = append(*ch, [2]*registry.Worker{w, c})
 	}
 }
 
-// done logs a transaction's verdict changes (or its failure for a reason
-// other than an unknown worker, which callers are told about), then judges
-// again what came for the flipped workers meanwhile: it was judged against
-// the record before, and commits now if it no longer leaves the stored
-// verdicts as they are.
+// done logs a transaction's changes (or its failure for a reason other
+// than an unknown worker, which callers are told about), then judges again
+// what came for the workers whose verdicts moved meanwhile: it was judged
+// against the record before, and commits now if it no longer leaves the
+// stored verdicts as they are.
 func (in *Inbox) done(ch changes, err error) {
 	if err != nil {
 		if !errors.Is(err, ErrUnknownWorker) {
@@ -419,16 +418,41 @@ func (in *Inbox) done(ch changes, err error) {
 		}
 		return
 	}
-	for _, f := range ch.flips {
-		in.logFlip(f)
+	for _, m := range ch {
+		in.logChange(m[0], m[1])
 	}
-	in.logLiveness(ch.live)
-	in.logStarts(ch.starts)
-	for _, f := range ch.flips {
-		in.judgeAgain(f.workerID)
+	for _, m := range ch {
+		if w, c := m[0], m[1]; w.Overloaded != c.Overloaded || w.Liveness != c.Liveness {
+			in.judgeAgain(c.ID)
+		}
 	}
-	for _, c := range ch.live {
-		in.judgeAgain(c.id)
+}
+
+// logChange logs what moved from w to c: the overload verdict, the
+// liveness veto, a restart decide believed, a first untrusted start time
+// (later ones are only counted: a lying engine must not flood the log).
+func (in *Inbox) logChange(w, c *registry.Worker) {
+	id, url, ev := c.ID, c.Spec.GetUrl(), &c.Evidence
+	switch {
+	case w.Overloaded == c.Overloaded:
+	case ev.NoReport:
+		in.log.Info("Worker sent no load report: overload veto cleared (fail open)", "worker_id", id, "model", c.Model)
+	case c.Overloaded:
+		in.log.Info("Worker overloaded: excluded from routing", "worker_id", id, "model", c.Model, "reason", registry.OverloadFigures(c).String())
+	default:
+		in.log.Info("Worker under every threshold: back in routing", "worker_id", id, "model", c.Model, "reason", registry.OverloadFigures(c).String())
+	}
+	if c.Liveness != w.Liveness {
+		_, cause := ev.Live.Status()
+		in.logVeto(id, url, c.Liveness, cause.String())
+	}
+	if !ev.RestartAt.Equal(w.Evidence.RestartAt) {
+		in.log.Info("Engine restarted: contact ends its failure spell", "worker_id", id, "url", url,
+			"old_start_time", w.Evidence.StartTime, "new_start_time", ev.StartTime)
+	}
+	if ev.StartIgnored > 0 && w.Evidence.StartIgnored == 0 {
+		in.log.Warn("Engine start time not trusted: not a restart", "worker_id", id, "url", url,
+			"start_time", ev.StartTime, "reported_start_time", c.Load.GetProcessStartTimeSeconds())
 	}
 }
 
@@ -440,24 +464,4 @@ func (in *Inbox) judgeAgain(id string) {
 		return
 	}
 	_ = in.commit([]string{id}, nil)
-}
-
-// flip is an overload verdict change to log after the commit.
-type flip struct {
-	over     bool
-	noReport bool
-	workerID string
-	model    string
-	reason   judge.OverloadReason
-}
-
-func (in *Inbox) logFlip(f flip) {
-	switch {
-	case f.noReport:
-		in.log.Info("Worker sent no load report: overload veto cleared (fail open)", "worker_id", f.workerID, "model", f.model)
-	case f.over:
-		in.log.Info("Worker overloaded: excluded from routing", "worker_id", f.workerID, "model", f.model, "reason", f.reason.String())
-	default:
-		in.log.Info("Worker under every threshold: back in routing", "worker_id", f.workerID, "model", f.model, "reason", f.reason.String())
-	}
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/enginegrpc"
-	"github.com/smg-project/smg/internal/loadpb"
 )
 
 // applyPushed moves ev by one pushed record.
@@ -75,45 +74,23 @@ func (in *Inbox) Sweep(now time.Time) {
 	})
 	in.done(ch, err)
 	snap := in.reg.Snapshot()
+	var gone [][2]string
 	in.mu.Lock()
-	var gone []change
 	for id, url := range in.vetoed {
 		if w := snap.Get(id); w == nil || w.Spec.GetUrl() != url || w.Liveness == smgv1.Veto_VETO_UNSPECIFIED {
-			in.setGauges(url, smgv1.Veto_VETO_UNSPECIFIED)
-			delete(in.vetoed, id)
-			gone = append(gone, change{id: id, url: url, to: smgv1.Veto_VETO_UNSPECIFIED, dropped: true})
+			in.setVetoLocked(id, url, smgv1.Veto_VETO_UNSPECIFIED)
+			gone = append(gone, [2]string{id, url})
 		}
 	}
 	in.mu.Unlock()
-	in.logLiveness(gone)
-}
-
-// change is a committed liveness veto change, to log.
-type change struct {
-	id, url  string
-	from, to smgv1.Veto
-	cause    string
-	dropped  bool // left Ready or removed
-}
-
-// livenessChanged updates the metrics after the insert of c (w moved on),
-// whose liveness veto changed, and returns the change to log.
-func (in *Inbox) livenessChanged(w, c *registry.Worker, changes []change) []change {
-	url := c.Spec.GetUrl()
-	in.mu.Lock()
-	in.setGauges(url, c.Liveness)
-	if c.Liveness != smgv1.Veto_VETO_UNSPECIFIED {
-		in.transitions.WithLabelValues(url, verdictLabel(c.Liveness)).Inc()
-		in.vetoed[c.ID] = url
-	} else {
-		delete(in.vetoed, c.ID)
+	for _, g := range gone {
+		in.logVeto(g[0], g[1], smgv1.Veto_VETO_UNSPECIFIED, "left Ready or removed")
 	}
-	in.mu.Unlock()
-	_, cause := c.Evidence.Live.Status()
-	return append(changes, change{id: c.ID, url: url, from: w.Liveness, to: c.Liveness, cause: cause.String()})
 }
 
-func (in *Inbox) setGauges(url string, veto smgv1.Veto) {
+// setVetoLocked shows worker id's liveness veto (at url) in the metrics
+// (in.mu held).
+func (in *Inbox) setVetoLocked(id, url string, veto smgv1.Veto) {
 	for _, v := range []smgv1.Veto{smgv1.Veto_VETO_UNREACHABLE, smgv1.Veto_VETO_WEDGED} {
 		val := 0.0
 		if veto == v {
@@ -121,6 +98,21 @@ func (in *Inbox) setGauges(url string, veto smgv1.Veto) {
 		}
 		in.stalled.WithLabelValues(url, verdictLabel(v)).Set(val)
 	}
+	if veto == smgv1.Veto_VETO_UNSPECIFIED {
+		delete(in.vetoed, id)
+		return
+	}
+	in.transitions.WithLabelValues(url, verdictLabel(veto)).Inc()
+	in.vetoed[id] = url
+}
+
+// logVeto logs a liveness veto change of worker id to veto, and its cause.
+func (in *Inbox) logVeto(id, url string, veto smgv1.Veto, cause string) {
+	if veto != smgv1.Veto_VETO_UNSPECIFIED {
+		in.log.Warn("Worker vetoed by liveness", "worker_id", id, "url", url, "reason", verdictLabel(veto), "cause", cause)
+		return
+	}
+	in.log.Info("Worker re-admitted by liveness", "worker_id", id, "url", url, "cause", cause)
 }
 
 func verdictLabel(v smgv1.Veto) string {
@@ -131,20 +123,6 @@ func verdictLabel(v smgv1.Veto) string {
 		return judge.Wedged.String()
 	}
 	return judge.Live.String()
-}
-
-// logLiveness logs committed liveness changes.
-func (in *Inbox) logLiveness(changes []change) {
-	for _, ch := range changes {
-		switch {
-		case ch.to != smgv1.Veto_VETO_UNSPECIFIED:
-			in.log.Warn("Worker vetoed by liveness", "worker_id", ch.id, "url", ch.url, "reason", verdictLabel(ch.to), "cause", ch.cause)
-		case ch.dropped:
-			in.log.Info("Worker re-admitted by liveness", "worker_id", ch.id, "url", ch.url, "cause", "left Ready or removed")
-		default:
-			in.log.Info("Worker re-admitted by liveness", "worker_id", ch.id, "url", ch.url, "cause", ch.cause)
-		}
-	}
 }
 
 // judge stores, in one transaction, the pending evidence of each worker of
@@ -184,16 +162,8 @@ func (in *Inbox) Record(workerID string, rec judge.Record, now time.Time) {
 	r := timedRecord{rec, now}
 	if in.opts.Coalesce && rec.Pushed {
 		if w := in.reg.Get(workerID); w != nil && w.Ready() {
-			for {
-				stands, dead := in.cellOf(workerID, w).pendRecord(w, r, &in.rules)
-				switch {
-				case dead:
-					continue
-				case !stands:
-					in.judge([]string{workerID}, func(int, *registry.Worker) {}) // stores it
-				}
-				return
-			}
+			_ = in.pend(workerID, w, nil, nil, false, &r)
+			return
 		}
 	}
 	in.with(workerID, func(ev *registry.Evidence) { applyPushed(ev, r, &in.rules) })
@@ -241,24 +211,8 @@ func (in *Inbox) observe(o *Observed, now time.Time) bool {
 	if w == nil || !w.Ready() {
 		return false
 	}
-	if in.opts.Observe != nil {
-		in.opts.Observe(o.WorkerID, o.Load)
-	}
-	waiting, usage := loadpb.Signals(o.Load.GetRanks())
-	for {
-		if c == nil {
-			c = in.cellOf(o.WorkerID, w)
-		}
-		stands, dead := c.pendObserved(w, o.Load, waiting, usage, timedRecord{o.Rec, now}, &in.rules)
-		switch {
-		case dead:
-			c = nil
-			continue // dropped by a flush meanwhile: look again
-		case !stands:
-			_ = in.commit([]string{o.WorkerID}, nil)
-		}
-		return true
-	}
+	_ = in.pend(o.WorkerID, w, c, o.Load, true, &timedRecord{o.Rec, now})
+	return true
 }
 
 // RecentlyPushed tells the poller to skip a worker whose agent delivered a

@@ -7,7 +7,6 @@ import (
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
-	"github.com/smg-project/smg/internal/loadpb"
 )
 
 // Report takes one load report for a worker and takes ownership of load. A
@@ -35,21 +34,7 @@ func (in *Inbox) report(workerID string, load *smgv1.EngineLoad, copied bool) er
 	if w == nil {
 		return ErrUnknownWorker
 	}
-	if in.opts.Observe != nil {
-		in.opts.Observe(workerID, load)
-	}
-	waiting, usage := loadpb.Signals(load.GetRanks())
-	for {
-		c := in.cellOf(workerID, w)
-		stands, dead := c.pendLoad(w, load, copied, waiting, usage, &in.rules)
-		switch {
-		case dead:
-			continue // dropped by a flush meanwhile: look again
-		case stands && in.opts.Coalesce:
-			return nil // the verdicts stand: stored by the next flush
-		}
-		return in.commit([]string{workerID}, nil)
-	}
+	return in.pend(workerID, w, nil, load, copied, nil)
 }
 
 // setSignals writes the signals computed from load's ranks over the
