@@ -101,14 +101,13 @@ type Inbox struct {
 	amu   sync.Mutex
 	added []idCell
 	ids   []idCell // the running flush's workers (fmu held)
-	// records are fresh records for the flush to clone into, and made is
-	// fresh loads for the cells' spares (fmu held): both made outside
-	// every lock. A flush runs during the collector's mark phases, which
-	// charge allocations to whoever makes them, as assists: made inside
-	// the registry's transaction, they would hold up a flip waiting for
-	// it; made by a report under its cell's lock, the flush behind it.
+	// records are fresh records for the flush to clone into (fmu held).
+	// They and the cells' spare loads are made outside every lock: a flush
+	// runs during the collector's mark phases, which charge allocations to
+	// whoever makes them, as assists; made inside the registry's
+	// transaction, they would hold up a flip waiting for it; made by a
+	// report under its cell's lock, the flush behind it.
 	records []*registry.Worker
-	made    []*smgv1.EngineLoad
 
 	// For tests: inFlush runs inside each flush transaction after its
 	// cells are taken, betweenChunks between two of them.
@@ -297,8 +296,7 @@ func (in *Inbox) flushChunk(ids []idCell) {
 		used, loads, ch = 0, 0, changes{}
 		for _, e := range ids {
 			w, cl := t.Get(e.id), e.c
-			switch {
-			case w == nil:
+			if w == nil {
 				cl.drop() // its worker left the registry
 				continue
 			}
@@ -323,19 +321,18 @@ func (in *Inbox) flushChunk(ids []idCell) {
 	n := copy(in.records, in.records[used:])
 	clear(in.records[n:])
 	in.records = in.records[:n]
-	for range loads {
-		in.made = append(in.made, newLoad())
-	}
+	var spare *smgv1.EngineLoad
 	for _, e := range ids {
-		if len(in.made) == 0 {
+		if loads == 0 {
 			break
 		}
-		if e.c.giveSpare(in.made[len(in.made)-1]) {
-			in.made = in.made[:len(in.made)-1]
+		if spare == nil {
+			spare = newLoad()
+		}
+		if e.c.giveSpare(spare) {
+			spare, loads = nil, loads-1
 		}
 	}
-	clear(in.made)
-	in.made = in.made[:0]
 	in.done(ch, err)
 	for _, e := range ids {
 		in.dropIdle(e.id, e.c)
