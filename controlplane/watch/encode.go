@@ -1,8 +1,10 @@
 package watch
 
 import (
+	"maps"
 	"math"
 	"math/bits"
+	"slices"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -79,22 +81,48 @@ func appendWorkers(buf []byte, num protowire.Number, workers []*registry.Worker,
 	return buf
 }
 
-// appendWorker appends the fields of RoutingWorker(w, routerID).
+// Spec defaults for a worker registered without them.
+const (
+	DefaultPriority = 50
+	DefaultCost     = 1.0
+)
+
+// RoutingWorker is the part of w that routing needs, as the router routerID
+// sees it: the worker exactly as a snapshot or delta sends it.
+func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
+	rw := &smgv1.RoutingWorker{}
+	if err := proto.Unmarshal(appendWorker(nil, w, routerID), rw); err != nil {
+		panic(err) // the encoder wrote bytes it cannot read: a bug
+	}
+	return rw
+}
+
+// appendWorker appends the fields of the RoutingWorker that the router
+// routerID gets of w (its own shares of a decode worker's window and token
+// budget). Every worker is sent, ready or not: healthy carries the health
+// checker's admission and the router decides.
 func appendWorker(buf []byte, w *registry.Worker, routerID string) []byte {
 	spec := w.Spec
-	v := viewOf(w)
+	priority, cost := int32(DefaultPriority), DefaultCost
+	if spec != nil && spec.Priority != nil {
+		priority = *spec.Priority
+	}
+	if spec != nil && spec.Cost != nil {
+		cost = *spec.Cost
+	}
+	veto, vetoReason := w.Veto()
 	buf = appendString(buf, 1, w.ID)
 	buf = appendString(buf, 2, spec.GetUrl())
 	buf = appendString(buf, 3, w.Model)
 	buf = appendString(buf, 4, w.Type)
-	buf = appendInt(buf, 5, int64(v.priority))
-	buf = appendDouble(buf, 6, v.cost)
+	buf = appendInt(buf, 5, int64(priority))
+	buf = appendDouble(buf, 6, cost)
 	buf = appendBool(buf, 7, w.Ready())
-	buf = appendInt(buf, 8, int64(v.veto))
-	buf = appendString(buf, 9, v.vetoReason)
-	buf = appendInt(buf, 10, v.waiting)
-	buf = appendInt(buf, 11, v.running)
-	buf = appendDouble(buf, 12, v.tokenUsage)
+	buf = appendInt(buf, 8, int64(veto))
+	buf = appendString(buf, 9, vetoReason)
+	buf = appendInt(buf, 10, int64(w.Load.GetWaitingRequests()))
+	buf = appendInt(buf, 11, int64(w.Load.GetRunningRequests()))
+	buf = appendDouble(buf, 12, w.Load.GetTokenUsage())
 	buf = appendInt(buf, 13, w.MaxRunning())
 	buf = appendUint(buf, 14, w.LoadRevision)
 	buf = appendInt(buf, 15, int64(spec.GetBootstrapPort()))
@@ -107,7 +135,7 @@ func appendWorker(buf []byte, w *registry.Worker, routerID string) []byte {
 	if p := spec.GetProvider(); p != nil {
 		var m int
 		buf, m = openField(buf, 22)
-		buf = appendProvider(buf, ProviderRoute(p))
+		buf = appendProvider(buf, p)
 		buf = closeField(buf, m)
 	}
 	buf = appendInt(buf, 23, w.PromptTokensAhead)
@@ -116,21 +144,49 @@ func appendWorker(buf []byte, w *registry.Worker, routerID string) []byte {
 	return buf
 }
 
-// appendProvider appends the fields of a ProviderRoute.
-func appendProvider(buf []byte, p *smgv1.ProviderRoute) []byte {
+// appendProvider appends the fields of the ProviderRoute routers get of an
+// external worker's provider block: its key as the reference only, its
+// headers sorted by name so the same worker always encodes alike.
+func appendProvider(buf []byte, p *smgv1.ProviderSpec) []byte {
 	buf = appendString(buf, 1, p.GetModel())
 	buf = appendString(buf, 2, p.GetApiKeyRef())
-	for _, h := range p.GetHeaders() { // repeated: every element, empty or not
+	for _, name := range slices.Sorted(maps.Keys(p.GetHeaders())) { // repeated: every element, empty or not
 		var m int
 		buf, m = openField(buf, 3)
-		buf = appendString(buf, 1, h.GetName())
-		buf = appendString(buf, 2, h.GetValue())
+		buf = appendString(buf, 1, name)
+		buf = appendString(buf, 2, p.GetHeaders()[name])
 		buf = closeField(buf, m)
 	}
 	buf = appendInt(buf, 4, int64(p.GetTimeoutSecs()))
 	buf = appendDouble(buf, 5, p.GetSpillRequestsPerSec())
 	return appendDouble(buf, 6, p.GetSpillTokensPerSec())
 }
+
+// windowShare is routerID's share of w's running window as RoutingWorker
+// sends it.
+func windowShare(w *registry.Worker, routerID string) int64 {
+	share := w.WindowShare[routerID]
+	if share == 0 && (w.Type == "decode" && w.MaxRunning() > 0 || w.Admission.Rooms() > 0 || registry.SpillBudget(w)) {
+		// No share granted to this router (yet): -1 tells it to hold no room
+		// (spill nothing), where 0 would let it count against the whole
+		// window (budget) alone.
+		share = -1
+	}
+	return share
+}
+
+// tokenShare is routerID's share of w's token budget as RoutingWorker sends
+// it: -1 when the worker has a budget and this router no share (yet).
+func tokenShare(w *registry.Worker, routerID string) int64 {
+	share := w.TokenShare[routerID]
+	if share == 0 && w.Budget.TokenBudget() > 0 {
+		share = -1
+	}
+	return share
+}
+
+// perRouter reports whether routers see w differently (their own shares).
+func perRouter(w *registry.Worker) bool { return len(w.WindowShare) > 0 || len(w.TokenShare) > 0 }
 
 // openField appends field num's tag and a one-byte length placeholder,
 // and returns where the length goes (closeField).

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -20,13 +21,13 @@ import (
 )
 
 // replaced is the message the direct encoding replaces: b's WatchResponse
-// under k built from RoutingWorker messages, as routerID sees it.
+// under k built from RoutingWorker messages (marshalled), as routerID sees it.
 func replaced(s *Server, k baseKey, b *base, routerID string, warming int32) *smgv1.WatchResponse {
 	m := &smgv1.WatchResponse{Epoch: k.epoch, Revision: k.to}
 	var workers []*smgv1.RoutingWorker
 	if b != nil {
 		for _, w := range b.workers {
-			workers = append(workers, RoutingWorker(w, routerID))
+			workers = append(workers, marshalled(w, routerID))
 		}
 	}
 	switch k.kind {
@@ -38,6 +39,51 @@ func replaced(s *Server, k baseKey, b *base, routerID string, warming int32) *sm
 		m.Msg = &smgv1.WatchResponse_Delta{Delta: &smgv1.WatchDelta{Upserts: workers, Removed: b.removed}}
 	}
 	return m
+}
+
+// marshalled is the RoutingWorker the router routerID gets of w, built as a
+// message field by field: what the direct encoding must write the bytes of.
+func marshalled(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
+	spec := w.Spec
+	rw := &smgv1.RoutingWorker{
+		WorkerId:           w.ID,
+		Url:                spec.GetUrl(),
+		Model:              w.Model,
+		WorkerType:         w.Type,
+		Priority:           DefaultPriority,
+		Cost:               DefaultCost,
+		Healthy:            w.Ready(),
+		WaitingRequests:    int64(w.Load.GetWaitingRequests()),
+		RunningRequests:    int64(w.Load.GetRunningRequests()),
+		TokenUsage:         w.Load.GetTokenUsage(),
+		MaxRunningRequests: w.MaxRunning(),
+		LoadRevision:       w.LoadRevision,
+		BootstrapPort:      spec.GetBootstrapPort(),
+		ContactSeq:         w.ContactSeq,
+		ApiKey:             spec.GetApiKey(),
+		WindowShare:        windowShare(w, routerID),
+		AdmissionRooms:     w.Admission.Rooms(),
+		Overloaded:         w.Overloaded,
+		OverloadReason:     w.OverloadReason,
+		PromptTokensAhead:  w.PromptTokensAhead,
+		TokenBudget:        w.Budget.TokenBudget(),
+		TokenShare:         tokenShare(w, routerID),
+	}
+	rw.Veto, rw.VetoReason = w.Veto()
+	if spec != nil && spec.Priority != nil { // set, 0 included
+		rw.Priority = spec.GetPriority()
+	}
+	if spec != nil && spec.Cost != nil {
+		rw.Cost = spec.GetCost()
+	}
+	if p := spec.GetProvider(); p != nil {
+		rw.Provider = &smgv1.ProviderRoute{Model: p.GetModel(), ApiKeyRef: p.GetApiKeyRef(), TimeoutSecs: p.GetTimeoutSecs(),
+			SpillRequestsPerSec: p.GetSpillRequestsPerSec(), SpillTokensPerSec: p.GetSpillTokensPerSec()}
+		for _, k := range slices.Sorted(maps.Keys(p.GetHeaders())) {
+			rw.Provider.Headers = append(rw.Provider.Headers, &smgv1.ProviderHeader{Name: k, Value: p.GetHeaders()[k]})
+		}
+	}
+	return rw
 }
 
 // randString is a short random string: empty, ASCII, or multi-byte UTF-8,

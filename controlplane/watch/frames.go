@@ -26,16 +26,8 @@ const (
 	kindHeartbeat
 )
 
-func (k frameKind) String() string {
-	switch k {
-	case kindDelta, kindRouting:
-		return "delta"
-	case kindSnapshot:
-		return "snapshot"
-	default:
-		return "heartbeat"
-	}
-}
+// kindNames are the frame kinds as the metrics name them.
+var kindNames = [...]string{kindDelta: "delta", kindRouting: "delta", kindSnapshot: "snapshot", kindHeartbeat: "heartbeat"}
 
 // baseKey names a message's content before per-router shares.
 type baseKey struct {

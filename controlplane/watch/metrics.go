@@ -8,12 +8,12 @@ type metrics struct {
 	streams prometheus.Gauge
 	sent    *prometheus.CounterVec
 	encoded *prometheus.CounterVec
-	// sentBy is sent by frame kind, resolved once: every stream counts
+	// sent and encoded by frame kind, resolved once: every stream counts
 	// every send (1,000 routers: 20,000 a second at 20 changes a second).
-	sentBy   [kindHeartbeat + 1]prometheus.Counter
-	goodbyes prometheus.Counter
-	shared   prometheus.Gauge   // streams held by the shared writers
-	stalls   prometheus.Counter // sends that outlasted WriterStall
+	sentBy, encodedBy [len(kindNames)]prometheus.Counter
+	goodbyes          prometheus.Counter
+	shared            prometheus.Gauge   // streams held by the shared writers
+	stalls            prometheus.Counter // sends that outlasted WriterStall
 }
 
 func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
@@ -29,13 +29,10 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		stalls: prometheus.NewCounter(prometheus.CounterOpts{Name: "smg_watch_writer_stalls_total",
 			Help: "Sends to a router that blocked a shared writer for longer than its bound (20 ms): the writer's other streams went to a new writer, the router's stream to its own goroutine."}),
 	}
-	for k := range m.sentBy {
-		m.sentBy[k] = m.sent.WithLabelValues(frameKind(k).String())
+	for k, name := range kindNames {
+		m.sentBy[k], m.encodedBy[k] = m.sent.WithLabelValues(name), m.encoded.WithLabelValues(name)
 	}
 	m.goodbyes = m.sent.WithLabelValues("goodbye")
-	for _, kind := range []string{"snapshot", "delta", "heartbeat"} {
-		m.encoded.WithLabelValues(kind)
-	}
 	if reg != nil {
 		reg.MustRegister(m.streams, m.sent, m.encoded, m.shared, m.stalls, lagCollector{s})
 	}

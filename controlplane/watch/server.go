@@ -155,8 +155,6 @@ func positive[T int | int64 | time.Duration](v, d T) T {
 	return v
 }
 
-var _ smgv1.WatchServiceServer = (*Server)(nil)
-
 // Server implements smgv1.WatchServiceServer.
 type Server struct {
 	smgv1.UnimplementedWatchServiceServer
@@ -253,7 +251,7 @@ func NewServer(reg *registry.Registry, opts Options, log *slog.Logger, metrics p
 			panic(err) // two integers always marshal: a bug if not
 		}
 	}
-	s.frames = newFrames(func(k frameKind) { s.metrics.encoded.WithLabelValues(k.String()).Inc() })
+	s.frames = newFrames(func(k frameKind) { s.metrics.encodedBy[k].Inc() })
 	s.frames.private = s.opts.EncodePerStream
 	if s.opts.Writers > 0 && !s.opts.EncodePerStream {
 		s.pool = newPool(s, s.opts.Writers)
@@ -425,16 +423,13 @@ type ackMark struct {
 }
 
 func (s *Server) newWatcher(stream grpc.ServerStream, rec *routerRecord, hello *smgv1.WatchHello) *watcher {
-	epoch := s.reg.Epoch()
-	w := &watcher{s: s, rec: rec, epoch: epoch, back: make(chan error, 1), phase: s.loadPhase(rec.id)}
+	w := &watcher{s: s, rec: rec, epoch: s.reg.Epoch(), back: make(chan error, 1), phase: s.loadPhase(rec.id),
+		beatAt: s.opts.Now().Add(s.opts.HeartbeatInterval)}
 	w.stream = &writerStream{ServerStream: stream, w: w}
 	// A router holding this epoch resumes from its revision.
-	w.needSnapshot = hello.GetEpoch() != epoch
-	if !w.needSnapshot {
-		w.last = hello.GetRevision()
+	if w.needSnapshot = hello.GetEpoch() != w.epoch; !w.needSnapshot {
+		w.last, w.loadsAt = hello.GetRevision(), hello.GetRevision()
 	}
-	w.loadsAt = w.last
-	w.beatAt = s.opts.Now().Add(s.opts.HeartbeatInterval)
 	return w
 }
 
@@ -722,9 +717,12 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smg
 		now := s.opts.Now()
 		switch m := req.Msg.(type) {
 		case *smgv1.WatchRequest_Ack:
-			s.touch(rec, now, m.Ack.GetRevision())
+			rec.lastSeen.Store(now.UnixNano())
+			if rev := m.Ack.GetRevision(); rev != 0 {
+				rec.applied.Store(rev)
+			}
 		case *smgv1.WatchRequest_Report:
-			s.touch(rec, now, 0)
+			rec.lastSeen.Store(now.UnixNano())
 			if s.opts.Sink != nil {
 				s.opts.Sink.RouterObservations(rec.id, m.Report, now)
 				if seq := m.Report.GetSeq(); seq != 0 {
@@ -739,13 +737,6 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smg
 		case *smgv1.WatchRequest_Hello:
 			s.log.Warn("router sent a second hello; ignored", "router", rec.id)
 		}
-	}
-}
-
-func (s *Server) touch(rec *routerRecord, now time.Time, applied uint64) {
-	rec.lastSeen.Store(now.UnixNano())
-	if applied != 0 {
-		rec.applied.Store(applied)
 	}
 }
 

@@ -148,18 +148,14 @@ func (wr *writer) run() {
 		if !ok {
 			return
 		}
-		now := s.opts.Now()
-		wake.Reset(next.Sub(now))
+		wake.Reset(next.Sub(s.opts.Now()))
+		all = true
 		select {
 		case <-changed:
-			all = true
 		case <-wr.sh.kick:
-			all = true
-		case <-wake.C:
-			// Only the streams due, unless a change came too.
+		case <-wake.C: // only the streams due, unless a change came too
 			select {
 			case <-changed:
-				all = true
 			default:
 				all = false
 			}
@@ -194,12 +190,16 @@ func (wr *writer) serve(all bool) (time.Time, bool) {
 			continue
 		}
 		w.by = wr
-		t := s.opts.Now()
-		n, err := w.pass(t)
+		n, err := w.pass(s.opts.Now())
 		w.by, w.due = nil, n
-		if wr.isAbandoned() {
-			// The watchdog replaced this writer while this send stalled.
-			w.stalled(s.opts.Now())
+		wr.mu.Lock()
+		abandoned := wr.abandoned
+		wr.mu.Unlock()
+		if abandoned {
+			// The watchdog replaced this writer while this send stalled:
+			// the stream stays on its own goroutine for a while.
+			w.stallWait = min(max(2*w.stallWait, stallWaitMin), stallWaitMax)
+			w.sharedAgain = s.opts.Now().Add(w.stallWait)
 			w.mu.Unlock()
 			w.back <- nil
 			return now, false
@@ -244,12 +244,6 @@ func (wr *writer) arm(now time.Time, wait time.Duration) {
 	} else {
 		wr.watchdog.Reset(wait)
 	}
-}
-
-func (wr *writer) isAbandoned() bool {
-	wr.mu.Lock()
-	defer wr.mu.Unlock()
-	return wr.abandoned
 }
 
 // check is the watchdog: a send that has lasted WriterStall makes the
@@ -297,13 +291,6 @@ func (wr *writer) check() {
 		sh.start()
 	}
 	sh.mu.Unlock()
-}
-
-// stalled keeps w on its own goroutine for a while after a send on it
-// outlasted WriterStall. Caller holds w.mu.
-func (w *watcher) stalled(now time.Time) {
-	w.stallWait = min(max(2*w.stallWait, stallWaitMin), stallWaitMax)
-	w.sharedAgain = now.Add(w.stallWait)
 }
 
 // writerStream times a shared writer's sends for its watchdog.
