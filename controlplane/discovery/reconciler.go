@@ -220,33 +220,24 @@ func owned(s *smgv1.WorkerSpec) *smgv1.WorkerSpec {
 func (rc *Reconciler) remove(t *tracked, reason string) {
 	url := t.url
 	t.url, t.notReadySince = "", time.Time{}
-	if rc.removeURL(t.source, url) {
-		rc.log.Info("Discovered pod removed", "pod", t.pod.Name, "namespace", t.pod.Namespace, "url", url, "reason", reason)
-		rc.m.event("removed")
-	}
-}
-
-// removeURL removes the worker (or pending registration) at url when source
-// added it.
-func (rc *Reconciler) removeURL(source, url string) bool {
 	snap := rc.reg.Snapshot()
 	id := ""
 	if w := snap.GetByURL(url); w != nil {
-		if w.Spec.GetLabels()[podwatch.LabelSource] != source {
-			return false
+		if w.Spec.GetLabels()[podwatch.LabelSource] != t.source {
+			return
 		}
 		id = w.ID
 	} else {
 		for _, j := range snap.Jobs() {
-			if j.URL == url && j.Spec.GetLabels()[podwatch.LabelSource] == source {
+			if j.URL == url && j.Spec.GetLabels()[podwatch.LabelSource] == t.source {
 				id = j.WorkerID
 			}
 		}
 	}
-	if id == "" {
-		return false
+	if id != "" && rc.r.Remove(id) == nil {
+		rc.log.Info("Discovered pod removed", "pod", t.pod.Name, "namespace", t.pod.Namespace, "url", url, "reason", reason)
+		rc.m.event("removed")
 	}
-	return rc.r.Remove(id) == nil
 }
 
 // Delete forgets a pod that is gone or matches no selector.
@@ -279,6 +270,7 @@ func (rc *Reconciler) Synced(source string) {
 	rc.collect(source)
 }
 
+// collect removes the workers source added whose pods it does not track.
 func (rc *Reconciler) collect(source string) {
 	live := map[string]bool{}
 	for _, t := range rc.pods {

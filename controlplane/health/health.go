@@ -109,11 +109,8 @@ type probeState struct {
 	url      string
 	next     time.Time
 	inFlight bool
-	// phased: the worker came in a batch larger than the burst budget and is
-	// probed at its phase (spread.Phase); otherwise one cadence after its
-	// last probe, as a worker registered alone always was.
-	phased bool
-	gen    uint64
+	phased   bool // came in a batch beyond the burst budget: probed at its phase, not one cadence after its last probe
+	gen      uint64
 }
 
 // New returns a checker; sink (nil: none) hears of every passing probe.
@@ -127,17 +124,16 @@ func New(reg *registry.Registry, opts Options, client *http.Client, sink Contact
 	if opts.Burst == nil {
 		opts.Burst = spread.NewBurst(spread.DefaultBurstSize, spread.DefaultBurstPer)
 	}
-	return &Checker{reg: reg, opts: opts, client: client, log: log, sink: sink, seed: opts.Seed + "\x00health", wake: make(chan struct{}, 1),
-		maxWait: max(min(opts.StartupInterval, opts.interval())/4, spread.Resolution), state: map[string]*probeState{}}
+	c := &Checker{reg: reg, opts: opts, client: client, log: log, sink: sink, seed: opts.Seed + "\x00health", wake: make(chan struct{}, 1),
+		state: map[string]*probeState{}}
+	c.maxWait = max(min(c.cadence(false), c.cadence(true))/4, spread.Resolution)
+	return c
 }
-
-// interval is the probe period of a Ready worker.
-func (o Options) interval() time.Duration { return time.Duration(o.IntervalSecs) * time.Second }
 
 // cadence is the probe period of a worker Ready or not.
 func (c *Checker) cadence(ready bool) time.Duration {
 	if ready {
-		return c.opts.interval()
+		return time.Duration(c.opts.IntervalSecs) * time.Second
 	}
 	return c.opts.StartupInterval
 }
@@ -338,7 +334,6 @@ func (c *Checker) Observe(id, url string, ok bool, why string, now time.Time) re
 	var from, to registry.Health
 	var failures int
 	_, err := c.reg.Update(func(t *registry.Txn) error {
-		from, to = "", ""
 		w := t.Get(id)
 		if w == nil || w.Spec.GetUrl() != url {
 			return nil // removed or replaced while the probe ran

@@ -56,14 +56,7 @@ func (t *Table) Report(routerID string, us []*smgv1.TenantUsage) {
 }
 
 // Gone drops routerID's tenants: its stream ended.
-func (t *Table) Gone(routerID string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if _, ok := t.routers[routerID]; ok {
-		delete(t.routers, routerID)
-		t.version++
-	}
-}
+func (t *Table) Gone(routerID string) { t.Report(routerID, nil) }
 
 // Version changes with every change of the table.
 func (t *Table) Version() uint64 {
