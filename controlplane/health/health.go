@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -242,11 +243,7 @@ func (c *Checker) reconcile(workers []*registry.Worker, now time.Time) {
 		}
 		st.gen = c.gen
 	}
-	for id, st := range c.state {
-		if st.gen != c.gen {
-			delete(c.state, id)
-		}
-	}
+	maps.DeleteFunc(c.state, func(_ string, st *probeState) bool { return st.gen != c.gen })
 }
 
 // closed reports whether ch is closed.

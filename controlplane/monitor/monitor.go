@@ -266,11 +266,7 @@ func (g *group) reconcile(m *Monitor, workers []*registry.Worker, now time.Time)
 		}
 		s.gen = g.gen
 	}
-	for id, s := range g.slots {
-		if s.gen != g.gen {
-			delete(g.slots, id)
-		}
-	}
+	maps.DeleteFunc(g.slots, func(_ string, s *slot) bool { return s.gen != g.gen })
 }
 
 // pollDue polls the group's workers that are due and returns how long until

@@ -197,14 +197,7 @@ func (a *Allocator) Run(ctx context.Context) {
 		a.mu.Lock()
 		a.held = false
 		clear(a.routers)
-		clear(a.kv)
-		for _, g := range a.grants {
-			clear(g)
-		}
-		a.learners.Range(func(id string, l *learner) bool {
-			a.learners.CompareAndDelete(id, l)
-			return true
-		})
+		a.forget(nil)
 		a.mu.Unlock()
 	}()
 	t := time.NewTicker(a.opts.Interval)
@@ -310,6 +303,12 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 			updates[w.ID] = update{from: &w.Registered, shares: next}
 		}
 	}
+	a.forget(seen)
+	return updates, decreased
+}
+
+// forget drops what is kept of the workers not in seen.
+func (a *Allocator) forget(seen map[string]bool) {
 	for _, grants := range a.grants {
 		maps.DeleteFunc(grants, func(id string, _ map[string]*grant) bool { return !seen[id] })
 	}
@@ -320,7 +319,6 @@ func (a *Allocator) plan(workers []*registry.Worker, now time.Time) (map[string]
 		}
 		return true
 	})
-	return updates, decreased
 }
 
 // planDim splits w's window in dimension dim (rooms or tokens) over the

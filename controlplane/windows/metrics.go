@@ -1,6 +1,7 @@
 package windows
 
 import (
+	"maps"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -144,11 +145,7 @@ func (c *Collector) collect() []promseries.Gauge {
 		}
 	}
 	if len(c.workers) > gated {
-		for id, p := range c.workers {
-			if p.seen != c.scrape {
-				delete(c.workers, id)
-			}
-		}
+		maps.DeleteFunc(c.workers, func(_ string, p *windowPairs) bool { return p.seen != c.scrape })
 	}
 	return gauges[:k]
 }
