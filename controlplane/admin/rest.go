@@ -162,8 +162,6 @@ func writeError(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w h
 	}
 	typ := "invalid_request_error"
 	switch {
-	case st.Code() == codes.InvalidArgument && info == nil && strings.Contains(st.Message(), "request body too large"):
-		code, reason = http.StatusRequestEntityTooLarge, "REQUEST_TOO_LARGE"
 	case st.Code() == codes.InvalidArgument && info == nil:
 		code, reason = http.StatusUnprocessableEntity, "UNPROCESSABLE_ENTITY"
 	case st.Code() == codes.Aborted, st.Code() == codes.AlreadyExists:

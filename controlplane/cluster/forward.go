@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"strings"
 	"sync"
@@ -78,20 +79,15 @@ func (f *Forwarder) Close() {
 func (f *Forwarder) conn(addr string) (*grpc.ClientConn, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c := f.conns[addr]
-	if c == nil {
-		var err error
-		creds := f.node.opts.PeerCreds
-		if creds == nil {
-			creds = insecure.NewCredentials()
-		}
-		c, err = grpc.NewClient(addr, grpc.WithTransportCredentials(creds), backoff.DialOption(backoff.DefaultPolicy()))
-		if err != nil {
-			return nil, err
-		}
+	if c := f.conns[addr]; c != nil {
+		return c, nil
+	}
+	creds := cmp.Or(f.node.opts.PeerCreds, insecure.NewCredentials())
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds), backoff.DialOption(backoff.DefaultPolicy()))
+	if err == nil {
 		f.conns[addr] = c
 	}
-	return c, nil
+	return c, err
 }
 
 // LeaderWait bounds how long a call waits for a leader to be known (an
@@ -102,11 +98,12 @@ const LeaderWait = 2 * time.Second
 // RouteWrite calls to the leader; a method without a route is refused.
 func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, local grpc.UnaryHandler) (any, error) {
 	method, r := info.FullMethod, f.routeOf(info.FullMethod)
-	if r != RouteRead && r != RouteWrite {
-		if r == RouteLocal {
-			return local(ctx, req)
-		}
-		return nil, status.Errorf(codes.Unimplemented, "%s has no route on a replicated control plane", method)
+	switch r {
+	case RouteLocal:
+		return local(ctx, req)
+	case RouteRead, RouteWrite:
+	default:
+		return nil, unrouted(method)
 	}
 	write := r == RouteWrite
 	md, _ := metadata.FromIncomingContext(ctx)
@@ -159,14 +156,13 @@ func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 		// Not the leader's answer (which carries an ErrorInfo): the leader was
 		// not reached. A read falls back to this replica; a write may or may
 		// not have been made.
-		if !write {
+		switch {
+		case !write:
 			return stale()
-		}
-		if strings.Contains(status.Convert(err).Message(), "connection refused") {
-			// Never sent: the old leader is gone and no new one is known yet.
+		case strings.Contains(st.Message(), "connection refused"): // never sent: the old leader is gone
 			return nil, admin.ErrNoLeader("the leader " + lm.ID + " is not reachable and no other leader is known yet; the write was not made; retry")
 		}
-		return nil, admin.ErrOutcomeUnknown("the leader " + lm.ID + " could not be reached (" + status.Convert(err).Message() + "): the write may or may not be stored; read it back before retrying")
+		return nil, admin.ErrOutcomeUnknown("the leader " + lm.ID + " could not be reached (" + st.Message() + "): the write may or may not be stored; read it back before retrying")
 	}
 	pass := metadata.MD{}
 	for _, k := range []string{"x-http-code", "location", MDStale} {
@@ -174,9 +170,7 @@ func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 			pass.Set(k, v...)
 		}
 	}
-	if len(pass) > 0 {
-		_ = grpc.SetHeader(ctx, pass)
-	}
+	_ = grpc.SetHeader(ctx, pass) // nothing when empty
 	if err != nil {
 		return nil, err
 	}
@@ -206,11 +200,12 @@ func first(md metadata.MD, k string) string {
 // leader only; a leader that loses its term ends them with the leader's
 // address, so routers and agents move to the new leader.
 func (f *Forwarder) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if r := f.routeOf(info.FullMethod); r != RouteLeader {
-		if r == RouteLocal {
-			return handler(srv, ss)
-		}
-		return status.Errorf(codes.Unimplemented, "%s has no route on a replicated control plane", info.FullMethod)
+	switch f.routeOf(info.FullMethod) {
+	case RouteLocal:
+		return handler(srv, ss)
+	case RouteLeader:
+	default:
+		return unrouted(info.FullMethod)
 	}
 	n := f.node
 	lctx, ok := n.Leading()
@@ -226,6 +221,10 @@ func (f *Forwarder) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 		return n.notLeader()
 	}
 	return err
+}
+
+func unrouted(method string) error {
+	return status.Errorf(codes.Unimplemented, "%s has no route on a replicated control plane", method)
 }
 
 type leaderStream struct {

@@ -88,7 +88,7 @@ func (n *Node) serveRemove(w http.ResponseWriter, r *http.Request) {
 		admin.WriteJSONError(w, http.StatusNotFound, "invalid_request_error", "MEMBER_NOT_FOUND", "no member "+id+" in the cluster configuration", nil)
 		return
 	}
-	if err := n.raft.RemoveServer(raft.ServerID(id), 0, n.opts.ApplyTimeout).Error(); err != nil {
+	if err := n.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout).Error(); err != nil {
 		noLeader(w, "removing member "+id+": "+err.Error())
 		return
 	}
@@ -208,7 +208,7 @@ func (n *Node) join(req JoinRequest) (int, string) {
 		}
 	}
 	if !known {
-		if err := n.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr), 0, n.opts.ApplyTimeout).Error(); err != nil {
+		if err := n.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr), 0, applyTimeout).Error(); err != nil {
 			return http.StatusServiceUnavailable, "adding the voter failed: " + err.Error()
 		}
 		n.log.Info("Node joined the cluster", "node_id", req.ID, "raft_addr", req.RaftAddr)
@@ -226,14 +226,13 @@ func (n *Node) join(req JoinRequest) (int, string) {
 // leader refuses for a node id in use is fatal.
 func (n *Node) announce(ctx context.Context) error {
 	bo := backoff.New(backoff.Policy{Initial: 200 * time.Millisecond, Max: 2 * time.Second}, nil)
-	client := n.peerHTTP
 	for {
 		n.mu.Lock()
 		self := n.self
 		n.mu.Unlock()
 		wait := time.Second
 		if cur, ok := n.fsm.member(n.id); self.GRPC != "" && (!ok || cur != self) {
-			code, msg := n.sendJoin(ctx, client, self)
+			code, msg := n.sendJoin(ctx, self)
 			switch code {
 			case http.StatusOK:
 				bo.Reset()
@@ -252,7 +251,7 @@ func (n *Node) announce(ctx context.Context) error {
 	}
 }
 
-func (n *Node) sendJoin(ctx context.Context, client *http.Client, self Member) (int, string) {
+func (n *Node) sendJoin(ctx context.Context, self Member) (int, string) {
 	req := JoinRequest{Member: self, RaftAddr: string(n.trans.LocalAddr())}
 	if n.raft.State() == raft.Leader {
 		return n.join(req)
@@ -274,7 +273,7 @@ func (n *Node) sendJoin(ctx context.Context, client *http.Client, self Member) (
 	if n.adminKey != "" {
 		hr.Header.Set("Authorization", "Bearer "+n.adminKey)
 	}
-	resp, err := client.Do(hr)
+	resp, err := n.peerHTTP.Do(hr)
 	if err != nil {
 		return http.StatusServiceUnavailable, err.Error()
 	}

@@ -66,6 +66,7 @@ type nodeFile struct {
 }
 
 const (
+	applyTimeout = 5 * time.Second // an admin write's or membership change's wait for its commit
 	nodeFileName = "node.json"
 	logFileName  = "raft.db"
 )
@@ -130,7 +131,7 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 	conf.ElectionTimeout = opts.ElectionTimeout
 	conf.LeaderLeaseTimeout = opts.LeaderLeaseTimeout
 	conf.CommitTimeout = 20 * time.Millisecond
-	conf.SnapshotThreshold = opts.SnapshotThreshold
+	conf.SnapshotThreshold = 1024 // log entries
 	conf.SnapshotInterval = 30 * time.Second
 	conf.NotifyCh = n.notify
 	conf.Logger = hlog
@@ -313,7 +314,7 @@ func (n *Node) Run(ctx context.Context, l Leader) error {
 			}
 			// Every entry committed by earlier terms is applied before
 			// this node judges anything.
-			if err := n.raft.Barrier(n.opts.ApplyTimeout).Error(); err != nil {
+			if err := n.raft.Barrier(applyTimeout).Error(); err != nil {
 				n.log.Warn("Leadership not taken up: barrier failed", "error", err)
 				continue
 			}
@@ -397,7 +398,7 @@ func (n *Node) Commit(ctx context.Context, c *admin.Change) (*registry.Worker, e
 	if err != nil {
 		return nil, err
 	}
-	timeout := n.opts.ApplyTimeout
+	timeout := applyTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(dl))
 	}
@@ -426,7 +427,7 @@ func (n *Node) apply(e entry) error {
 	if err != nil {
 		return err
 	}
-	return n.raft.Apply(b, n.opts.ApplyTimeout).Error()
+	return n.raft.Apply(b, applyTimeout).Error()
 }
 
 // logLeaders logs every leader change.

@@ -29,16 +29,6 @@ import (
 	"github.com/smg-project/smg/internal/tlsutil"
 )
 
-// Defaults of the Raft timing: a new leader within about 1.5 s of the old
-// one's loss on loopback. The lease is the heartbeat timeout (its maximum):
-// a shorter one made a leader on a CPU-starved node step down on a 300 ms
-// scheduling stall, with an election and a new watch epoch for nothing.
-const (
-	DefaultHeartbeatTimeout   = 500 * time.Millisecond
-	DefaultElectionTimeout    = 500 * time.Millisecond
-	DefaultLeaderLeaseTimeout = 500 * time.Millisecond
-)
-
 // Options configure a replicated control plane; AddFlags describes each
 // flag's field. With no DataDir the control plane keeps its registry in
 // memory and none of the rest applies.
@@ -53,8 +43,6 @@ type Options struct {
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
-	ApplyTimeout       time.Duration // how long an admin write waits for its commit
-	SnapshotThreshold  uint64        // log entries that trigger a snapshot
 	// TLS secures the Raft transport and proves a joining node's identity
 	// (nil: plaintext).
 	TLS *TLS
@@ -67,16 +55,14 @@ type Options struct {
 	PeerHTTPTLS *tlsutil.ClientOptions
 }
 
-// DefaultOptions returns the defaults.
+// DefaultOptions returns the defaults: a new leader within about 1.5 s of
+// the old one's loss on loopback. The lease is the heartbeat timeout (its
+// maximum): a shorter one made a leader on a CPU-starved node step down on
+// a 300 ms scheduling stall, with an election and a new watch epoch for
+// nothing.
 func DefaultOptions() Options {
-	return Options{
-		RaftAddr:           "127.0.0.1:30003",
-		HeartbeatTimeout:   DefaultHeartbeatTimeout,
-		ElectionTimeout:    DefaultElectionTimeout,
-		LeaderLeaseTimeout: DefaultLeaderLeaseTimeout,
-		ApplyTimeout:       5 * time.Second,
-		SnapshotThreshold:  1024,
-	}
+	const timeout = 500 * time.Millisecond
+	return Options{RaftAddr: "127.0.0.1:30003", HeartbeatTimeout: timeout, ElectionTimeout: timeout, LeaderLeaseTimeout: timeout}
 }
 
 // AddFlags registers the flags on fs.
@@ -166,14 +152,8 @@ func ParsePeers(list []string) (map[string]string, error) {
 }
 
 func (o Options) nodeID() string {
-	if o.NodeID != "" {
-		return o.NodeID
-	}
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		return "node"
-	}
-	return h
+	h, _ := os.Hostname() // "" when unknown
+	return cmp.Or(o.NodeID, h, "node")
 }
 
 func (o Options) advertise() string { return cmp.Or(o.RaftAdvertise, o.RaftAddr) }
