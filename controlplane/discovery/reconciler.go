@@ -102,7 +102,7 @@ func (rc *Reconciler) upsertLocked(source string, pod podwatch.Pod, now time.Tim
 	}
 	t.pod, t.spec = pod, pod.Spec
 	notes := pod.Warnings
-	if t.spec != nil && t.spec.GetOverload() != nil && rc.opts.CheckOverload != nil {
+	if t.spec.GetOverload() != nil && rc.opts.CheckOverload != nil {
 		if err := rc.opts.CheckOverload(t.spec.GetOverload()); err != nil {
 			t.spec = proto.Clone(t.spec).(*smgv1.WorkerSpec)
 			t.spec.Overload = nil

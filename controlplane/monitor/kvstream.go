@@ -82,17 +82,17 @@ func (m *Monitor) stopStreams() {
 	m.kv.wg.Wait()
 }
 
-// pushCovers reports whether the worker's KV stream delivered a record for
-// every pushing rank within d (the poll of this tick is skipped); ok is
-// false for a worker without a stream here.
-func (m *Monitor) pushCovers(workerID string, d time.Duration, now time.Time) (covers, ok bool) {
+// pushed reports whether pushed records make this tick's poll of the
+// worker unnecessary: its KV stream here delivered a record for every
+// pushing rank within d or, without one, an agent delivered within d.
+func (m *Monitor) pushed(workerID string, d time.Duration, now time.Time) bool {
 	m.kv.mu.Lock()
 	st := m.kv.m[workerID]
 	m.kv.mu.Unlock()
-	if st == nil {
-		return false, false
+	if st != nil {
+		return st.ranks.Covers(d, now)
 	}
-	return st.ranks.Covers(d, now), true
+	return m.opts.Skipper != nil && m.opts.Skipper.RecentlyPushed(workerID, d, now)
 }
 
 // runStream keeps the worker's stream open, reconnecting with backoff. A

@@ -290,11 +290,7 @@ func (m *Monitor) pollDue(ctx context.Context, g *group) time.Duration {
 		}
 		s.next = s.phase.Next(now)
 		g.queue.Push(s.next, id)
-		if covers, ok := m.pushCovers(id, g.interval, now); ok {
-			if covers { // every pushing rank delivered within the interval
-				continue
-			}
-		} else if m.opts.Skipper != nil && m.opts.Skipper.RecentlyPushed(id, g.interval, now) {
+		if m.pushed(id, g.interval, now) {
 			continue
 		}
 		m.pollAsync(ctx, w)

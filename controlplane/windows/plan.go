@@ -145,11 +145,7 @@ func fairTargets(window int64, routers []RouterInput) []int64 {
 	left := window
 	for c := 0; c < numClasses && left > 0; c++ {
 		for i, r := range routers {
-			w := classWaiting(r)
-			if c == 0 {
-				caps[i] = 0
-			}
-			caps[i] += w[c]
+			caps[i] += classWaiting(r)[c]
 			if c == classDefault {
 				caps[i] += max(0, r.Demand-r.Waiting) // in flight
 			}
