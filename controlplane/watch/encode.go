@@ -23,47 +23,29 @@ import (
 // size is a snapshot every second. Fields go in number order, zero values
 // skipped, so the bytes are exactly proto.Marshal's
 // (TestDirectEncodingEqualsMarshal; encode_fields_test.go guards new fields).
-
-// Field numbers of the messages written here (proto/smg/v1/watch.proto).
-const (
-	responseEpoch     = 1
-	responseRevision  = 2
-	responseSnapshot  = 3
-	responseDelta     = 4
-	responseHeartbeat = 5
-	responseReportAck = 8
-
-	reportAckSeq = 1
-
-	snapshotWorkers  = 1
-	snapshotSettings = 2
-	snapshotWarming  = 3
-
-	deltaUpserts = 1
-	deltaRemoved = 2
-)
+// Field numbers are proto/smg/v1/watch.proto's.
 
 // appendResponse appends the WatchResponse of b under k as routerID sees it
 // (a snapshot saying warming seconds of warm-up are left).
 func (s *Server) appendResponse(buf []byte, k baseKey, b *base, routerID string, warming int32) []byte {
-	buf = appendString(buf, responseEpoch, k.epoch)
-	buf = appendUint(buf, responseRevision, k.to)
+	buf = appendString(buf, 1, k.epoch)
+	buf = appendUint(buf, 2, k.to) // revision
 	switch k.kind {
 	case kindSnapshot:
-		buf, m := openField(buf, responseSnapshot)
-		buf = appendWorkers(buf, snapshotWorkers, b.workers, routerID)
+		buf, m := openField(buf, 3)
+		buf = appendWorkers(buf, 1, b.workers, routerID)
 		if s.opts.Settings != nil {
-			buf = protowire.AppendBytes(protowire.AppendTag(buf, snapshotSettings, protowire.BytesType), s.settings)
+			buf = protowire.AppendBytes(protowire.AppendTag(buf, 2, protowire.BytesType), s.settings)
 		}
-		buf = appendInt(buf, snapshotWarming, int64(warming))
+		buf = appendInt(buf, 3, int64(warming))
 		return closeField(buf, m)
 	case kindHeartbeat:
-		return protowire.AppendBytes(protowire.AppendTag(buf, responseHeartbeat, protowire.BytesType), nil)
+		return protowire.AppendBytes(protowire.AppendTag(buf, 5, protowire.BytesType), nil)
 	default:
-		buf, m := openField(buf, responseDelta)
-		buf = appendWorkers(buf, deltaUpserts, b.workers, routerID)
-		for _, id := range b.removed { // repeated: every element, empty or not
-			buf = protowire.AppendTag(buf, deltaRemoved, protowire.BytesType)
+		buf, m := openField(buf, 4)
+		buf = appendWorkers(buf, 1, b.workers, routerID) // upserts
+		for _, id := range b.removed {                   // repeated: every element, empty or not
+			buf = protowire.AppendTag(buf, 2, protowire.BytesType)
 			buf = protowire.AppendString(buf, validUTF8(id))
 		}
 		return closeField(buf, m)
@@ -258,10 +240,10 @@ func validUTF8(v string) string {
 // appendAck appends the WatchResponse acknowledging report seq, under
 // epoch at the router's revision rev.
 func appendAck(buf []byte, epoch string, rev, seq uint64) []byte {
-	buf = appendString(buf, responseEpoch, epoch)
-	buf = appendUint(buf, responseRevision, rev)
-	buf, m := openField(buf, responseReportAck)
-	buf = appendUint(buf, reportAckSeq, seq)
+	buf = appendString(buf, 1, epoch)
+	buf = appendUint(buf, 2, rev)
+	buf, m := openField(buf, 8) // report_ack
+	buf = appendUint(buf, 1, seq)
 	return closeField(buf, m)
 }
 

@@ -507,7 +507,7 @@ func TestFrameLetGoDuringASendKeepsItsBytes(t *testing.T) {
 // protowireMessage is a WatchResponse at rev with a padding of n bytes in an
 // unknown field (content that differs per revision).
 func protowireMessage(rev uint64, n int) []byte {
-	b := appendUint(nil, responseRevision, rev)
+	b := appendUint(nil, responseRevisionField, rev)
 	pad := make([]byte, n)
 	for i := range pad {
 		pad[i] = byte(rev)

@@ -46,16 +46,8 @@ import (
 	"github.com/smg-project/smg/internal/bearer"
 )
 
-// Defaults for Options.
-const (
-	DefaultHeartbeatInterval = time.Second
-	DefaultMaxPending        = 1024
-	DefaultLoadInterval      = time.Second
-	DefaultTenantInterval    = 250 * time.Millisecond
-	DefaultLoadPhases        = 10
-	DefaultWriterBudget      = 128 << 10
-	DefaultWriterStall       = 20 * time.Millisecond
-)
+// DefaultLoadInterval is Options.LoadInterval's default.
+const DefaultLoadInterval = time.Second
 
 // ObservationSink takes what routers report. Calls come from stream
 // goroutines, concurrently; implementations must not block for long.
@@ -66,10 +58,9 @@ type ObservationSink interface {
 	RouterGone(routerID string)
 }
 
-// DemandSink takes what routers report about their use of decode windows,
-// with the revision each router had applied when it reported: the window
-// allocator re-grants capacity a router gave up only once it has applied the
-// lower share. Calls come from stream goroutines, concurrently.
+// DemandSink takes routers' use of decode windows, with the revision each
+// had applied (capacity a router gave up is re-granted only once it holds
+// the lower share). Calls come from stream goroutines, concurrently.
 type DemandSink interface {
 	// RouterDemand hands over one report's demand (possibly empty: the
 	// router is connected and holds no rooms).
@@ -130,14 +121,14 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	o.HeartbeatInterval = positive(o.HeartbeatInterval, DefaultHeartbeatInterval)
-	o.MaxPending = positive(o.MaxPending, DefaultMaxPending)
+	o.HeartbeatInterval = positive(o.HeartbeatInterval, time.Second)
+	o.MaxPending = positive(o.MaxPending, 1024)
 	o.LoadInterval = cmp.Or(o.LoadInterval, DefaultLoadInterval)
-	o.LoadPhases = positive(o.LoadPhases, DefaultLoadPhases)
+	o.LoadPhases = positive(o.LoadPhases, 10)
 	o.Writers = cmp.Or(o.Writers, runtime.GOMAXPROCS(0))
-	o.WriterBudget = positive(o.WriterBudget, DefaultWriterBudget)
-	o.WriterStall = positive(o.WriterStall, DefaultWriterStall)
-	o.TenantInterval = positive(o.TenantInterval, DefaultTenantInterval)
+	o.WriterBudget = positive(o.WriterBudget, 128<<10)
+	o.WriterStall = positive(o.WriterStall, 20*time.Millisecond)
+	o.TenantInterval = positive(o.TenantInterval, 250*time.Millisecond)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -164,7 +155,10 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	frames  *frames
-	pool    *pool // shared writers; nil: every stream writes itself
+	// The shared writers' shards (none: every stream writes itself).
+	shards    []*shard
+	nextShard atomic.Uint64         // round robin
+	joined    func(routerID string) // when set, hears each stream joining a writer (tests)
 	// fleet is the number of workers in the latest snapshot built: a delta
 	// may carry up to half of it, so a storm of verdicts is not snapshots.
 	fleet    atomic.Int64
@@ -195,8 +189,7 @@ type pendingAck struct {
 	seq, rev uint64
 }
 
-// maxAcks bounds the folded reports awaiting a send: the newest replaces
-// the last.
+// maxAcks bounds the folded reports awaiting a send: the newest replaces the last.
 const maxAcks = 16
 
 // folded notes report seq as folded into the sums by revision rev.
@@ -254,21 +247,21 @@ func NewServer(reg *registry.Registry, opts Options, log *slog.Logger, metrics p
 	s.frames = newFrames(func(k frameKind) { s.metrics.encodedBy[k].Inc() })
 	s.frames.private = s.opts.EncodePerStream
 	if s.opts.Writers > 0 && !s.opts.EncodePerStream {
-		s.pool = newPool(s, s.opts.Writers)
+		for range s.opts.Writers {
+			s.shards = append(s.shards, &shard{s: s, kick: make(chan struct{}, 1)})
+		}
 	}
 	s.metrics = newMetrics(s, metrics)
 	return s
 }
 
 // Close tells every stream, and any that opens later, goodbye (routers
-// reconnect at once, to another replica or to this one restarted) and ends
-// them. It does not wait: grpc.Server.GracefulStop waits for the handlers.
+// reconnect at once) and ends them; grpc.Server.GracefulStop waits for them.
 func (s *Server) Close() {
 	s.cancel()
 }
 
-// Routers lists the routers watching, by id, with their lag behind the
-// current revision.
+// Routers lists the routers watching, by id, with their lag.
 func (s *Server) Routers() []*smgv1.RouterInfo {
 	current := s.reg.Revision()
 	s.mu.Lock()
@@ -354,7 +347,7 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, rec *route
 			return err
 		}
 		if share {
-			s.pool.add(w)
+			s.share(w)
 			select {
 			case err := <-w.back:
 				if err != nil {
@@ -454,10 +447,8 @@ func (w *watcher) leave(ctx context.Context) error {
 }
 
 // pass is one look at the registry: send the router what it lacks, and say
-// when to look again without a routing change. Routing changes go at once;
-// load changes at the stream's next load-grid instant, until which a delta
-// carries the routing changes alone and loadsAt is the revision up to which
-// loads were sent.
+// when to look again without a routing change. Routing changes go at once,
+// changes to loads at the stream's next load-grid instant.
 func (w *watcher) pass(now time.Time) (time.Time, error) {
 	s := w.s
 	snap := s.reg.Snapshot()
@@ -528,8 +519,7 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 }
 
 // relayTenants sends the router the other routers' tenants when the table
-// changed, at most every TenantInterval; marshalled per router, since it
-// leaves the router's own report out.
+// changed, at most every TenantInterval (per router: its own are left out).
 func (w *watcher) relayTenants(t *tenants.Table, now time.Time) error {
 	v := t.Version()
 	if v == w.tenantsSent || now.Before(w.nextTenants) || !w.confirmed {
@@ -591,8 +581,7 @@ func (w *watcher) sendAck(rev uint64) error {
 // maxMarks bounds the sends remembered for acks (a router that never acks).
 const maxMarks = 64
 
-// unacked is the bytes of deltas and snapshots the router has not acked:
-// a bound on what sits in the connection's buffers for this stream.
+// unacked is the bytes of deltas and snapshots the router has not acked.
 func (w *watcher) unacked() int64 {
 	applied := w.rec.applied.Load()
 	i := 0
@@ -604,17 +593,15 @@ func (w *watcher) unacked() int64 {
 }
 
 // mayShare says whether the stream may go to a shared writer now: none
-// stalled on it lately and the router has acked all but half the budget
-// (a writer would hand it back at once otherwise).
+// stalled on it lately, and the router has acked all but half the budget.
 func (w *watcher) mayShare(now time.Time) bool {
-	return w.s.pool != nil && !now.Before(w.sharedAgain) && w.unacked() <= w.s.opts.WriterBudget/2
+	return len(w.s.shards) > 0 && !now.Before(w.sharedAgain) && w.unacked() <= w.s.opts.WriterBudget/2
 }
 
 // errClosing ends a stream's context on Close: the stream says goodbye.
 var errClosing = errors.New("watch: control plane closing")
 
-// errRecv ends a stream's context when its receiver stops with err (nil:
-// the router closed its side).
+// errRecv ends a stream's context when its receiver stops (nil: EOF).
 type errRecv struct{ err error }
 
 func (e errRecv) Error() string { return fmt.Sprintf("watch: receive: %v", e.err) }
@@ -639,10 +626,9 @@ func (s *Server) loadPhase(routerID string) time.Duration {
 	return g * (s.opts.LoadInterval / time.Duration(s.opts.LoadPhases))
 }
 
-// deltaBase is the shared content of the delta k from k.from to
-// snap.Revision, every changed worker read from snap: the message is
-// exactly the state at snap.Revision (a worker created after it reads as
-// a removal of an id the router does not hold: harmless).
+// deltaBase is the shared content of the delta k, every changed worker read
+// from snap: exactly the state at snap.Revision (a worker created since
+// reads as a removal of an id the router does not hold: harmless).
 func (s *Server) deltaBase(k baseKey, snap *registry.Snapshot) *base {
 	b := s.frames.base(k)
 	b.once.Do(func() {

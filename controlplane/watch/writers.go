@@ -3,7 +3,6 @@ package watch
 import (
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -34,18 +33,9 @@ const (
 	writerTick = 10 * time.Millisecond
 )
 
-// pool is the shared writers, one per shard.
-type pool struct {
-	s      *Server
-	shards []*shard
-	next   atomic.Uint64 // round robin over the shards
-	// joined, when set, hears each stream joining a writer (tests).
-	joined func(routerID string)
-}
-
 // shard is a set of streams and the writer serving them.
 type shard struct {
-	p       *pool
+	s       *Server
 	mu      sync.Mutex
 	members []*watcher
 	w       *writer       // the running writer; nil when the shard is empty
@@ -67,17 +57,9 @@ type writer struct {
 	checkAt   time.Time // when the watchdog should run next
 }
 
-func newPool(s *Server, writers int) *pool {
-	p := &pool{s: s}
-	for range writers {
-		p.shards = append(p.shards, &shard{p: p, kick: make(chan struct{}, 1)})
-	}
-	return p
-}
-
-// add gives w, held by its own goroutine, to a shared writer.
-func (p *pool) add(w *watcher) {
-	sh := p.shards[p.next.Add(1)%uint64(len(p.shards))]
+// share gives w, held by its own goroutine, to a shared writer.
+func (s *Server) share(w *watcher) {
+	sh := s.shards[s.nextShard.Add(1)%uint64(len(s.shards))]
 	w.shard = sh
 	sh.mu.Lock()
 	sh.members = append(sh.members, w)
@@ -87,9 +69,9 @@ func (p *pool) add(w *watcher) {
 		sh.poke()
 	}
 	sh.mu.Unlock()
-	p.s.metrics.shared.Inc()
-	if p.joined != nil {
-		p.joined(w.rec.id)
+	s.metrics.shared.Inc()
+	if s.joined != nil {
+		s.joined(w.rec.id)
 	}
 }
 
@@ -99,7 +81,7 @@ func (sh *shard) drop(w *watcher) {
 	defer sh.mu.Unlock()
 	if i := slices.Index(sh.members, w); i >= 0 {
 		sh.members = slices.Delete(sh.members, i, i+1)
-		sh.p.s.metrics.shared.Dec()
+		sh.s.metrics.shared.Dec()
 		sh.poke() // an empty shard's writer ends
 	}
 }
@@ -121,7 +103,7 @@ func (sh *shard) poke() {
 // run serves the shard: a round over every stream at each routing change
 // or change of membership, over the streams due otherwise.
 func (wr *writer) run() {
-	s := wr.sh.p.s
+	s := wr.sh.s
 	wake := time.NewTimer(time.Hour)
 	defer wake.Stop()
 	all := true
@@ -166,7 +148,7 @@ func (wr *writer) run() {
 // serve runs one round (all streams, or those due) and returns when the
 // next timed round is due, or false when the watchdog replaced this writer.
 func (wr *writer) serve(all bool) (time.Time, bool) {
-	s := wr.sh.p.s
+	s := wr.sh.s
 	wr.mu.Lock()
 	wr.active = true
 	wr.arm(s.opts.Now(), s.opts.WriterStall)
@@ -227,7 +209,7 @@ func minTime(a, b time.Time) time.Time {
 // send is SendMsg on w's stream, timed for the watchdog.
 func (wr *writer) send(w *watcher, stream grpc.ServerStream, m any) error {
 	wr.mu.Lock()
-	wr.cur, wr.since = w, wr.sh.p.s.opts.Now()
+	wr.cur, wr.since = w, wr.sh.s.opts.Now()
 	wr.mu.Unlock()
 	err := stream.SendMsg(m)
 	wr.mu.Lock()
@@ -252,7 +234,7 @@ func (wr *writer) arm(now time.Time, wait time.Duration) {
 // router stopped reading: it looks again, up to stallLeeway times
 // WriterStall into the send.
 func (wr *writer) check() {
-	s := wr.sh.p.s
+	s := wr.sh.s
 	stall := s.opts.WriterStall
 	wr.mu.Lock()
 	if !wr.active || wr.abandoned {
@@ -279,13 +261,13 @@ func (wr *writer) check() {
 	wr.mu.Unlock()
 
 	sh := wr.sh
-	sh.p.s.metrics.stalls.Inc()
-	sh.p.s.log.Info("watch: a send to a router stalled; its stream leaves the shared writer for a while",
+	sh.s.metrics.stalls.Inc()
+	sh.s.log.Info("watch: a send to a router stalled; its stream leaves the shared writer for a while",
 		"router", stuck.rec.id, "stall", stall)
 	sh.mu.Lock()
 	if i := slices.Index(sh.members, stuck); i >= 0 {
 		sh.members = slices.Delete(sh.members, i, i+1)
-		sh.p.s.metrics.shared.Dec()
+		sh.s.metrics.shared.Dec()
 	}
 	if sh.w == wr {
 		sh.start()

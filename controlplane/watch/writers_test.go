@@ -47,7 +47,7 @@ func TestSharedWriterLeavesABlockedRouterBehind(t *testing.T) {
 			// that only the blocked router's send outlasts it.
 			h := start(t, reg, Options{HeartbeatInterval: time.Hour, LoadInterval: -1, Writers: 1, WriterBudget: tc.budget, WriterStall: 250 * time.Millisecond})
 			joined := make(chan string, 100)
-			h.srv.pool.joined = func(id string) { joined <- id }
+			h.srv.joined = func(id string) { joined <- id }
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
 
