@@ -326,11 +326,9 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	if cp.Cluster != nil {
 		cp.Forward = cluster.NewForwarder(cp.Cluster, func(m string) cluster.Route { return rpcs[m].route })
 	}
-	rest, err := admin.RESTHandlerWith(cp.Admin, inproc.New(&smgv1.WorkerService_ServiceDesc, cp.Admin, cp.unary))
-	if err != nil {
+	if cp.rest, err = admin.RESTHandlerWith(cp.Admin, inproc.New(&smgv1.WorkerService_ServiceDesc, cp.Admin, cp.unary)); err != nil {
 		return nil, err
 	}
-	cp.rest = rest
 	return cp, nil
 }
 

@@ -29,8 +29,7 @@ const MaxBodyBytes = 1 << 20
 func RESTHandlerWith(svc *Service, conn grpc.ClientConnInterface) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
-			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
-			UnmarshalOptions: protojson.UnmarshalOptions{},
+			MarshalOptions: protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
 		}),
 		runtime.WithForwardResponseOption(setStatus),
 		runtime.WithOutgoingHeaderMatcher(func(key string) (string, bool) {
@@ -54,19 +53,18 @@ func RESTHandlerWith(svc *Service, conn grpc.ClientConnInterface) (http.Handler,
 	if err := smgv1.RegisterWorkerServiceHandlerClient(context.Background(), mux, smgv1.NewWorkerServiceClient(conn)); err != nil {
 		return nil, err
 	}
-	return svc.requireKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes)
-		requireObject(mux).ServeHTTP(w, r)
-	})), nil
+	return svc.requireKey(requireObject(mux)), nil
 }
 
 // requireObject refuses, before the gateway decodes it, a body that is not
-// a JSON object (null, an array, a string, nothing): 400, never a half-read
-// spec. It runs after requireKey, so only an authorised caller gets here.
+// a JSON object (null, an array, a string, nothing) or is too large: 400 or
+// 413, never a half-read spec. Only the routes that take r's method with a
+// body read one (a wrong method gets its 405 from the gateway, body or not).
+// It runs after requireKey, so only an authorised caller gets here.
 func requireObject(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if takesBody(r) {
-			body, err := io.ReadAll(r.Body)
+		if m := r.Method; (m == http.MethodPost || m == http.MethodPut || m == http.MethodPatch) && strings.Contains(allowedMethods(r.URL.Path), m) {
+			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 			if err != nil {
 				WriteJSONError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "REQUEST_TOO_LARGE",
 					"request body too large or cut: "+err.Error(), nil)
@@ -81,16 +79,6 @@ func requireObject(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// takesBody: a route that accepts r's method with a body (a wrong method
-// gets its 405 from the gateway, body or not).
-func takesBody(r *http.Request) bool {
-	switch r.Method {
-	case http.MethodPost, http.MethodPut, http.MethodPatch:
-		return strings.Contains(allowedMethods(r.URL.Path), r.Method)
-	}
-	return false
 }
 
 // allowedMethods is the Allow header of each admin route, for the 405 of a

@@ -71,9 +71,8 @@ const (
 	logFileName  = "raft.db"
 )
 
-// Open opens (or creates) the node's data dir and starts its Raft
-// instance. The registry is the one the FSM applies changes to; resolve
-// resolves a spec's thresholds as the admin API does.
+// Open opens (or creates) the node's data dir and starts its Raft instance,
+// which applies changes to reg, resolving thresholds as the admin API does.
 func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver, adminKey string, log *slog.Logger) (*Node, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
@@ -279,8 +278,7 @@ func (n *Node) Advertise(grpcPort, httpPort string) {
 }
 
 // Run follows leadership until ctx ends: Prepare and Lead while this node
-// leads, and keeps its addresses known to the cluster (joining it first
-// when --join is set).
+// leads; it keeps its addresses known to the cluster (joining it with --join).
 func (n *Node) Run(ctx context.Context, l Leader) error {
 	errc := make(chan error, 1)
 	go func() { errc <- n.announce(ctx) }()
@@ -341,11 +339,9 @@ func (n *Node) Leading() (context.Context, bool) {
 	return n.leadCtx, n.leadCtx != nil
 }
 
-// awaitLeader waits, within ctx and at most d, until this node leads with
-// its duties taken up or another member is known to lead (with its
-// addresses): after a start or an election there is a moment when Raft has
-// no leader yet, or has elected this node and Prepare is running, and a call
-// would find no one to answer it.
+// awaitLeader waits, within ctx and at most d, until Ready: right after a
+// start or an election Raft may have no leader yet, or this node is still
+// in Prepare, and a call would find no one to answer it.
 func (n *Node) awaitLeader(ctx context.Context, d time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()

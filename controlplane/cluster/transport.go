@@ -237,11 +237,9 @@ func (s *streamLayer) dial(address, want string, timeout time.Duration) (net.Con
 // failed the TLS checks (as opposed to a peer that could not be reached).
 var errUntrusted = errors.New("not a trusted control plane")
 
-// verifyMember proves, with Raft over TLS, that the node asking to join
-// holds a certificate from the cluster's CA naming its id: the leader dials
-// its Raft address and checks what it presents. A join request alone (with
-// the admin key, or with none set) cannot add a member that could not speak
-// Raft itself.
+// verifyMember proves that the node asking to join holds a certificate from
+// the cluster's CA naming its id, by dialling its Raft address: a join
+// request alone cannot add a member that could not speak Raft itself.
 func (n *Node) verifyMember(id, raftAddr string) error {
 	if n.opts.TLS == nil || id == n.id {
 		return nil
