@@ -14,8 +14,9 @@ import (
 	"container/heap"
 	"context"
 	"hash/fnv"
-	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/smg-project/smg/internal/backoff"
 )
@@ -77,14 +78,7 @@ func hash(seed, key string) uint64 {
 // Burst is the budget of first contacts started at once: size at a time,
 // refilled at size per per; beyond it, a worker waits for its phase. It
 // bounds how many contacts start together, never how many are in flight.
-type Burst struct {
-	size float64
-	per  time.Duration
-
-	mu     sync.Mutex
-	tokens float64
-	last   time.Time // zero before the first Take: the budget is full
-}
+type Burst struct{ tokens *rate.Limiter }
 
 // The first contacts started at once, and per DefaultBurstPer, before the
 // rest wait for their phase.
@@ -95,25 +89,13 @@ const (
 
 // NewBurst returns a full budget of size contacts, refilled at size per per.
 func NewBurst(size int, per time.Duration) *Burst {
-	n := float64(max(size, 0))
-	return &Burst{size: n, tokens: n, per: max(per, time.Nanosecond)}
+	size = max(size, 0)
+	return &Burst{rate.NewLimiter(rate.Limit(float64(size)/max(per, time.Nanosecond).Seconds()), size)}
 }
 
 // Take spends one contact from the budget at now, or reports that it is
 // spent.
-func (b *Burst) Take(now time.Time) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if el := now.Sub(b.last); el > 0 {
-		b.tokens = min(b.size, b.tokens+b.size*float64(el)/float64(b.per))
-		b.last = now
-	}
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
+func (b *Burst) Take(now time.Time) bool { return b.tokens.AllowN(now, 1) }
 
 // Queue is a schedule of (instant, id) entries, earliest first. Entries are
 // never removed early: the caller skips one that no longer matches the id's

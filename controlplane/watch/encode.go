@@ -43,8 +43,8 @@ func (s *Server) appendResponse(buf []byte, k baseKey, b *base, routerID string,
 		return protowire.AppendBytes(protowire.AppendTag(buf, 5, protowire.BytesType), nil)
 	default:
 		buf, m := openField(buf, 4)
-		buf = appendWorkers(buf, 1, b.workers, routerID) // upserts
-		for _, id := range b.removed {                   // repeated: every element, empty or not
+		buf = appendWorkers(buf, 1, b.workers, routerID)
+		for _, id := range b.removed { // removed, repeated: every element, empty or not
 			buf = protowire.AppendTag(buf, 2, protowire.BytesType)
 			buf = protowire.AppendString(buf, validUTF8(id))
 		}

@@ -2,6 +2,7 @@ package watch
 
 import (
 	"encoding/binary"
+	"maps"
 	"sync"
 	"sync/atomic"
 
@@ -176,11 +177,7 @@ func (f *frames) advance(rev uint64) {
 		return
 	}
 	f.newest = rev
-	for k := range f.bases {
-		if k.to < rev {
-			delete(f.bases, k)
-		}
-	}
+	maps.DeleteFunc(f.bases, func(k baseKey, _ *base) bool { return k.to < rev })
 	for k, fr := range f.frames {
 		if k.to < rev {
 			delete(f.frames, k)
