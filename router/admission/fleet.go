@@ -2,6 +2,7 @@ package admission
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"time"
 )
@@ -151,12 +152,17 @@ const headroomSD = 2
 //
 // A tenant under its weighted share on average may hold up to its burst
 // fleet-wide past its fair share: its bursts take what the others leave.
+// With newcomer_headroom, a stream in its first holding time is also held to
+// the share it would have beside a tenant not seen yet (youngOverLocked).
 func (s *Scheduler) overShareLocked(ts *tenantState, now time.Time) bool {
 	others, capacity := s.fleetLocked(now)
 	if capacity == Unlimited {
 		return false
 	}
 	ds, mine, active := s.demandsLocked(ts, others, now)
+	if s.cfg.NewcomerHeadroom && s.youngOverLocked(ts, ds, others, capacity, mine, now) {
+		return true // a tenant not seen yet keeps its share (alone or not)
+	}
 	if !active {
 		return false // alone: what it misses is the fleet's capacity, not its share
 	}
@@ -228,6 +234,41 @@ func (s *Scheduler) headroomLocked(ts *tenantState, ds []TenantDemand, capacity 
 		claims += max(0, min(part, burst))
 	}
 	return claims
+}
+
+// youngOverLocked reports whether ts, in its stream's first holding time
+// (since its first arrival after a silence), holds the share it would have
+// beside one more tenant of the default weight that wants the whole
+// capacity (a tenant not seen yet), while it wants more than that share on
+// average. A stream's first arrivals would otherwise take every free slot
+// before another tenant's second arrival makes that one's demand known, and
+// keep them until their answers end. Fleet-wide once the control plane
+// relays the tenant from another router; before that, this router's part.
+func (s *Scheduler) youngOverLocked(ts *tenantState, ds []TenantDemand, others map[string]TenantDemand, capacity, mine int64, now time.Time) bool {
+	prior := s.holdPriorLocked(now)
+	if now.Sub(ts.use.first).Seconds() >= prior || capacity <= 0 || s.capacity <= 0 {
+		return false
+	}
+	// Its share if it wanted the whole capacity, beside a newcomer that does.
+	all := append(slices.Clone(ds), TenantDemand{Weight: s.cfg.DefaultWeight, Demand: capacity})
+	for i := range all {
+		if all[i].Tenant == ts.name {
+			all[i].Demand = capacity
+		}
+	}
+	part := waterLevel(float64(capacity), all) * ts.weight / float64(capacity)
+	// Whether it wants more than that on average: fleet-wide once relayed.
+	wants := ts.use.streamMean(now, prior) > part*float64(s.capacity)
+	if _, ok := others[ts.name]; ok {
+		for _, d := range ds {
+			if d.Tenant == ts.name {
+				wants = d.Mean > part*float64(capacity)
+			}
+		}
+	}
+	// Held to it fleet-wide and, as the relay lags, on this router.
+	return wants && (float64(mine) >= max(1, math.Ceil(part*float64(capacity)-1e-9)) ||
+		float64(ts.inflight) >= max(1, math.Ceil(part*float64(s.capacity)-1e-9)))
 }
 
 // weightSum is the weights of the active tenants.

@@ -53,6 +53,10 @@ type SchedulerConfig struct {
 	// FairShareWait keeps a tenant over its fair share waiting (its turn
 	// still comes by its counter) instead of refusing it with 429.
 	FairShareWait bool
+	// NewcomerHeadroom holds a tenant's stream, in its first holding time,
+	// to the share it would have beside one more tenant of the default
+	// weight, alone or not (fleet.go youngOverLocked).
+	NewcomerHeadroom bool
 	// TenantWeight is a tenant's weight in fair shares (tenant_policies'
 	// weight); DefaultWeight the weight of every other tenant.
 	TenantWeight  map[string]float64
@@ -108,9 +112,10 @@ type fileConfig struct {
 		Weight   *float64 `yaml:"weight"`
 	} `yaml:"tenant_policies"`
 	FairShare *struct {
-		Enabled         bool     `yaml:"enabled"`
-		DefaultWeight   *float64 `yaml:"default_weight"`
-		RefuseOverShare *bool    `yaml:"refuse_over_share"`
+		Enabled          bool     `yaml:"enabled"`
+		DefaultWeight    *float64 `yaml:"default_weight"`
+		RefuseOverShare  *bool    `yaml:"refuse_over_share"`
+		NewcomerHeadroom *bool    `yaml:"newcomer_headroom"`
 	} `yaml:"fair_share"`
 	APIKeys           map[string]string `yaml:"api_keys"`
 	TrustTenantHeader *bool             `yaml:"trust_tenant_header"`
@@ -188,6 +193,9 @@ func ParseSchedulerConfig(data []byte, base SchedulerConfig) (SchedulerConfig, e
 		c.FairShare = fs.Enabled
 		if fs.RefuseOverShare != nil {
 			c.FairShareWait = !*fs.RefuseOverShare
+		}
+		if fs.NewcomerHeadroom != nil {
+			c.NewcomerHeadroom = *fs.NewcomerHeadroom
 		}
 		if fs.DefaultWeight != nil {
 			if w := *fs.DefaultWeight; validWeight(w) {

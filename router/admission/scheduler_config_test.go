@@ -123,8 +123,8 @@ api_keys:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !c.FairShare || c.FairShareWait {
-		t.Fatalf("fair_share.enabled: FairShare %v, wait %v", c.FairShare, c.FairShareWait)
+	if !c.FairShare || c.FairShareWait || c.NewcomerHeadroom {
+		t.Fatalf("fair_share.enabled: FairShare %v, wait %v, newcomer headroom %v (off unless asked)", c.FairShare, c.FairShareWait, c.NewcomerHeadroom)
 	}
 	for tenant, want := range map[string]float64{"auth:gold": 4, "auth:zero": 2, "auth:neg": 2, "ip:10.0.0.1": 2} {
 		if w := c.Weight(tenant); w != want {
@@ -146,7 +146,7 @@ api_keys:
 	}
 
 	c, err = ParseSchedulerConfig([]byte(`
-fair_share: {enabled: true, default_weight: 0, refuse_over_share: false}
+fair_share: {enabled: true, default_weight: 0, refuse_over_share: false, newcomer_headroom: true}
 tenant_policies:
   "auth:nobody": {weight: 1}
   "header:x": {weight: 1}
@@ -154,8 +154,8 @@ tenant_policies:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.DefaultWeight != 1 || !c.FairShareWait {
-		t.Fatalf("default weight %v (want the fallback 1), wait %v", c.DefaultWeight, c.FairShareWait)
+	if c.DefaultWeight != 1 || !c.FairShareWait || !c.NewcomerHeadroom {
+		t.Fatalf("default weight %v (want the fallback 1), wait %v, newcomer headroom %v", c.DefaultWeight, c.FairShareWait, c.NewcomerHeadroom)
 	}
 	all = strings.Join(c.Problems, "\n")
 	for _, want := range []string{"fair_share.default_weight must be", `no api_keys entry names tenant "nobody"`, "trust_tenant_header is off"} {
