@@ -15,7 +15,6 @@ const (
 	FlagStaleSecs = "worker-stale-secs"
 )
 
-// Liveness constants of the reference implementation.
 const (
 	DefaultStallSecs = 2
 	DefaultWedgeSecs = 3
@@ -23,14 +22,11 @@ const (
 	// SweepInterval is how often the caller should run Sweep, so that a
 	// veto lands at its threshold rather than at the next event.
 	SweepInterval = 250 * time.Millisecond
-	// DeepPile is the pile of streaming requests that is evidence on its own.
-	DeepPile = 4
-	// BoundCap caps how far prefill in flight stretches the wedge bound.
-	BoundCap = 120 * time.Second
+	DeepPile      = 4                 // a pile of streaming requests that is evidence on its own
+	BoundCap      = 120 * time.Second // how far prefill in flight stretches the wedge bound
 )
 
-// LivenessConfig holds the liveness flags in whole seconds, as the spec's
-// flags are.
+// LivenessConfig holds the liveness flags in whole seconds.
 type LivenessConfig struct {
 	StallSecs int // --worker-stall-secs; 0 removes the silence requirement
 	WedgeSecs int // --worker-wedge-secs; 0 disables the wedge rule
@@ -65,9 +61,8 @@ func (c LivenessConfig) Validate() error {
 	return nil
 }
 
-// Warnings returns advice worth logging at startup: the stale bound should sit
-// above the load monitor interval, or a worker whose event stream stopped
-// while its poll still answers is excluded between polls.
+// Warnings returns advice to log at startup: a stale bound not above the
+// load monitor interval excludes a worker fed by polls alone between them.
 func (c LivenessConfig) Warnings(loadMonitorIntervalSecs int) []string {
 	if c.StaleSecs > 0 && c.StaleSecs <= loadMonitorIntervalSecs {
 		return []string{fmt.Sprintf("--%s %d is not above --load-monitor-interval %d: workers fed only by polls between pushes may be excluded as unreachable",
@@ -94,26 +89,22 @@ type Rules struct {
 	Wedge time.Duration // wedge bound floor; 0 disables the wedge rule
 	Stale time.Duration // total silence of a pushing worker; 0 disables
 	// ReadLag caps the silence put down to the control plane reading an
-	// agent's stream late (StreamRead): the stale rule and the engine's
-	// silence veto a worker at most ReadLag later than on the control
-	// plane's clock alone, whatever the agent's clock says. 0: no credit.
+	// agent's stream late (StreamRead), whatever the agent's clock says.
 	ReadLag  time.Duration
 	DeepPile int64         // streams in flight that are evidence without growth
 	BoundCap time.Duration // cap on the prefill-stretched bound
 }
 
-// Verdict is the liveness opinion of one worker. Its String is the reason
-// label of smg_worker_stalled.
+// Verdict is the liveness opinion of one worker, in increasing precedence.
+// Its String is the reason label of smg_worker_stalled.
 type Verdict uint8
 
-// Verdicts, in increasing precedence: unreachable overrides wedged.
 const (
 	Live Verdict = iota
 	Wedged
 	Unreachable
 )
 
-// String returns "none", "wedged" or "unreachable".
 func (v Verdict) String() string {
 	switch v {
 	case Wedged:
@@ -125,54 +116,41 @@ func (v Verdict) String() string {
 }
 
 // FailureKind classifies a failure seen on one of the worker's channels.
-// Only ConnectionFailure arms the unreachable veto; the others are accepted
-// so the caller can pass every failure it sees and the rule stays here.
+// Only ConnectionFailure arms the unreachable veto; the caller passes every
+// failure it sees, so the rule stays here.
 type FailureKind uint8
 
 const (
-	// ConnectionFailure is a connection-level failure (reset, refused,
-	// keepalive timeout, broken stream) of an agent poll, a KV event or
-	// load stream, or a router's upstream connection to a gRPC worker.
+	// ConnectionFailure: reset, refused, keepalive timeout or broken stream
+	// of an agent poll, a KV event or load stream, or a router's upstream
+	// connection to a gRPC worker.
 	ConnectionFailure FailureKind = iota
-	// DeadlineExceeded: the worker is slow, not gone.
-	DeadlineExceeded
-	// EngineError: the engine answered with an error; it is wrong, not gone.
-	EngineError
-	// HealthProbeFailed is left to the health checker.
-	HealthProbeFailed
-	// HTTPPollFailed: HTTP workers are watched by health checks and the
-	// circuit breaker instead.
-	HTTPPollFailed
-	// HTTPRequestFailed: a router's proxied request to an HTTP worker failed
-	// at the connection. It is neither of the worker's channels; the
-	// router's circuit breaker counts it.
-	HTTPRequestFailed
+	DeadlineExceeded              // slow, not gone
+	EngineError                   // wrong, not gone
+	HealthProbeFailed             // the health checker's
+	HTTPPollFailed                // HTTP workers: health checks and the circuit breaker
+	HTTPRequestFailed             // a router's request to an HTTP worker: its circuit breaker's
 )
 
 // Record is what one load report says to the liveness rules.
 type Record struct {
-	// Pushed is true for a record an agent pushed; from then on the worker is
-	// held to the push cadence (the stale rule). False for an answered poll.
-	Pushed bool
-	// Waiting is the waiting queue, summed over DP ranks.
-	Waiting int64
+	// Pushed: an agent pushed it (false: an answered poll); from then on
+	// the worker is held to the push cadence (the stale rule).
+	Pushed  bool
+	Waiting int64 // the waiting queue, summed over DP ranks
 	// Silence is how long the engine has produced nothing for the streaming
-	// requests it holds; 0 when it reports none (older servicers, answered
-	// polls, or a generation reported only at its end, which counts no
-	// silence). Each record replaces the previous one's figure.
-	Silence time.Duration
-	// PrefillInHand is the prompt tokens the servicer holds still in prefill.
-	PrefillInHand int64
-	// StepWire is true when the wire reports every scheduler step (vLLM with
-	// stats logging); false for token batches only (SGLang, TokenSpeed, vLLM
-	// with --disable-log-stats), where a long prefill is silent too.
+	// requests it holds; 0 when it reports none (older servicers, polls, a
+	// generation reported only at its end).
+	Silence       time.Duration
+	PrefillInHand int64 // prompt tokens the servicer holds still in prefill
+	// StepWire: the wire reports every scheduler step (vLLM with stats
+	// logging); false for token batches only (SGLang, TokenSpeed, vLLM with
+	// --disable-log-stats), where a long prefill is silent too.
 	StepWire bool
-	// Idle is true when the engine reports no request running: the prompts
-	// routers hold in flight on it are then not in prefill, so they do not
-	// stretch the wedge bound.
-	Idle bool
-	// Heard is the agent stream that carried the record (zero: a poll).
-	Heard Heard
+	// Idle: the engine runs no request, so the prompts routers hold in
+	// flight on it are not in prefill and do not stretch the wedge bound.
+	Idle  bool
+	Heard Heard // the agent stream that carried it (zero: a poll)
 }
 
 // Heard names the agent stream that carried a piece of evidence and the
@@ -188,8 +166,7 @@ type Heard struct {
 // sweep. Against the Heard of a worker's latest evidence on it, it tells
 // how much of the worker's silence is the control plane not reading: the
 // growth of the stream's read lag, plus the time the receive loop has been
-// busy (Busy) or the process stood still while it waited (Stalled).
-// Rules.ReadLag caps that credit.
+// Busy or the process Stalled while it waited (capped at Rules.ReadLag).
 type StreamRead struct {
 	Stream  uint64
 	ReadAt  time.Time     // the control plane's clock when its newest message was read
@@ -201,15 +178,13 @@ type StreamRead struct {
 // RouterObservation is what the routers see of one worker, summed across
 // routers by the caller. Times are on the caller's clock.
 type RouterObservation struct {
-	// Streams is the pile: streaming gRPC generations in flight. HTTP
-	// workers, PD legs and non-streaming generations never count.
+	// Streams is the pile: streaming gRPC generations in flight (not HTTP
+	// workers, PD legs or non-streaming generations).
 	Streams int64
-	// LastProgress is the latest token or completion (including a
-	// non-streaming generation's answer) any router saw; zero if none yet.
-	LastProgress time.Time
-	// PrefillTokens is the prompt tokens of in-flight requests that have not
-	// produced a first token yet.
-	PrefillTokens int64
+	// LastProgress is the latest token or completion any router saw
+	// (zero: none yet).
+	LastProgress  time.Time
+	PrefillTokens int64 // prompts of in-flight requests without a first token yet
 }
 
 // CauseKind names the rule behind a verdict or a re-admission.
@@ -290,8 +265,7 @@ func (c Cause) unread() string {
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
 
 // Change is the result of every Liveness method: the verdict now, the one
-// before, and the cause of the newer one (a re-admission's cause when Verdict
-// is Live).
+// before, and the cause of the newer one (a re-admission's when Live).
 type Change struct {
 	Verdict  Verdict
 	Previous Verdict
@@ -301,15 +275,13 @@ type Change struct {
 	Held bool
 }
 
-// Changed reports whether the verdict moved, i.e. whether to log, count and
-// commit.
+// Changed reports whether the verdict moved (to log, count and commit).
 func (c Change) Changed() bool { return c.Verdict != c.Previous }
 
 // Liveness is one worker's liveness evidence and verdict: plain data, the
-// zero value a worker never heard from. The caller holds one per Ready
-// worker, serializes calls on it and passes non-decreasing now values.
-// Every method re-judges and returns the Change; Sweep catches the rules
-// whose threshold is reached by time passing alone.
+// zero value a worker never heard from. The caller serializes calls on it
+// with non-decreasing now values. Every method re-judges and returns the
+// Change; Sweep catches thresholds reached by time passing alone.
 type Liveness struct {
 	lastContact stamp
 	failedAt    stamp // latest connection failure not yet followed by contact
@@ -344,9 +316,9 @@ type Liveness struct {
 }
 
 // stamp is a time as nanoseconds since epoch plus 2^63 (ordered as the
-// times are); 0: none. A Liveness is stored with every worker record, and
-// a time.Time's location pointer would have the collector scan each one.
-// Counted from a monotonic reading, stamps ignore wall-clock jumps.
+// times are); 0: none. A time.Time's location pointer would have the
+// collector scan every stored worker's Liveness. Counted from a monotonic
+// reading, stamps ignore wall-clock jumps.
 type stamp uint64
 
 // epoch is what stamps count from, never a decision's now.
@@ -380,24 +352,22 @@ func (l *Liveness) Status() (Verdict, Cause) { return l.verdict, l.cause }
 // none); the caller passes that stream's read state to Sweep.
 func (l *Liveness) HeardStream() uint64 { return l.heardStream }
 
-// Contact records a successful contact at now that carries no load: a
-// passing health probe, or any answer. It clears unreachable at once; it does
-// not clear wedged, which needs progress.
+// Contact records contact at now that carries no load (a passing probe,
+// any answer). It clears unreachable at once, not wedged (that needs
+// progress).
 func (l *Liveness) Contact(at time.Time, r *Rules) Change { return l.ContactAt(at, at, r) }
 
-// ContactAt records contact that happened at at and is learned at now (a
-// router's report of an answer): it counts from at, so an answer older than
-// a connection failure heard meanwhile does not clear it. An at after now
-// counts as now.
+// ContactAt records contact at at (an at after now counts as now) learned
+// at now (a router's report of an answer): an answer older than a
+// connection failure heard meanwhile does not clear it.
 func (l *Liveness) ContactAt(at, now time.Time, r *Rules) Change {
 	t := stampOf(now)
 	l.contact(min(stampOf(at), t))
 	return l.judge(t, r, nil, false)
 }
 
-// Heard records contact at now read on an agent stream (h): an answered
-// poll or heartbeat the agent vouches for. Like Contact, it clears
-// unreachable at once.
+// Heard is Contact read on an agent stream (h): an answered poll or
+// heartbeat the agent vouches for.
 func (l *Liveness) Heard(at time.Time, h Heard, r *Rules) Change {
 	now := stampOf(at)
 	l.contact(now)
@@ -420,15 +390,14 @@ func (l *Liveness) heard(now time.Time, h Heard) {
 // 0), otherwise Sweep vetoes once r.Stall passes without further contact.
 func (l *Liveness) Failure(at time.Time, kind FailureKind, r *Rules) Change {
 	now := stampOf(at)
-	if kind == ConnectionFailure && now.After(l.failedAt) {
-		l.failedAt = now
+	if kind == ConnectionFailure {
+		l.failedAt = max(l.failedAt, now)
 	}
 	return l.judge(now, r, nil, false)
 }
 
-// Record ingests a load report received at now (a pushed record or an
-// answered poll). It is contact; a pushed one subjects the worker to the stale
-// rule from then on.
+// Record ingests a load report received at now (pushed, or an answered
+// poll): contact, and a pushed one holds the worker to the stale rule.
 func (l *Liveness) Record(at time.Time, rec Record, r *Rules) Change {
 	now := stampOf(at)
 	l.contact(now)
@@ -450,14 +419,11 @@ func (l *Liveness) Record(at time.Time, rec Record, r *Rules) Change {
 }
 
 // Routers ingests the routers' summed view of the worker at now. A newer
-// LastProgress is progress and contact (a worker still streaming is never
-// stale nor wedged).
+// LastProgress is progress and contact.
 func (l *Liveness) Routers(at time.Time, o RouterObservation, r *Rules) Change {
 	now := stampOf(at)
 	if p := stampOf(o.LastProgress); p.After(l.lastProgress) {
-		if p.After(now) {
-			p = now
-		}
+		p = min(p, now)
 		l.lastProgress = p
 		l.contact(p)
 		l.pileLow = o.Streams
@@ -481,20 +447,20 @@ func (l *Liveness) Routers(at time.Time, o RouterObservation, r *Rules) Change {
 // count the same requests, so they are not added).
 func (l *Liveness) PromptTokensAhead() int64 { return max(l.prefillTokens, l.enginePrefill, 0) }
 
-// SetPrefillRate records the prefill rate measured on the worker, in prompt
-// tokens per second; non-positive or non-finite values are ignored. Until a
-// rate is known, a token-batch wire's silence passes no verdict.
+// SetPrefillRate records the prefill rate measured on the worker (prompt
+// tokens/s; a value not positive and finite is ignored). Until one is
+// known, a token-batch wire's silence passes no verdict.
 func (l *Liveness) SetPrefillRate(tokensPerSecond float64) {
 	if tokensPerSecond > 0 && !math.IsInf(tokensPerSecond, 1) {
 		l.prefillRate = tokensPerSecond
 	}
 }
 
-// Sweep re-judges the worker at now; the caller runs it every SweepInterval
-// with how far it has read the stream of the worker's latest agent evidence
-// (nil: gone or none). Silence the read lag accounts for does not count, up
-// to r.ReadLag; only a sweep knows the stream, so only a sweep enters the
-// stale or engine-silence veto before r.ReadLag has passed on its bound.
+// Sweep re-judges the worker at now, every SweepInterval, with how far the
+// caller has read the stream of its latest agent evidence (nil: gone or
+// none). Silence the read lag accounts for does not count, up to
+// r.ReadLag: only a sweep enters the stale or engine-silence veto before
+// r.ReadLag has passed on its bound.
 func (l *Liveness) Sweep(now time.Time, s *StreamRead, r *Rules) Change {
 	return l.judge(stampOf(now), r, s, true)
 }
@@ -531,9 +497,7 @@ func span(d time.Duration) time.Duration {
 
 // contact notes contact at t; it answers a connection failure not after t.
 func (l *Liveness) contact(t stamp) {
-	if t.After(l.lastContact) {
-		l.lastContact = t
-	}
+	l.lastContact = max(l.lastContact, t)
 	if !l.failedAt.IsZero() && !t.Before(l.failedAt) {
 		l.failedAt = 0
 	}
@@ -607,7 +571,7 @@ func (l *Liveness) unreachable(now stamp, credit time.Duration, r *Rules) (Cause
 	}
 	heard := l.lastContact
 	if l.heardStream != 0 {
-		heard = laterOf(heard, l.heardAt.Add(credit))
+		heard = max(heard, l.heardAt.Add(credit))
 	}
 	if silence := now.Sub(heard); silence >= r.Stale {
 		return Cause{Kind: CauseStale, Silence: silence, Bound: r.Stale, Unread: heard.Sub(l.lastContact)}, true
@@ -619,7 +583,7 @@ func (l *Liveness) unreachable(now stamp, credit time.Duration, r *Rules) (Cause
 // the engine's silence extrapolated from a record read on an agent stream.
 func (l *Liveness) wedged(now stamp, credit time.Duration, r *Rules) (Cause, bool) {
 	if l.streams > 0 {
-		silence := now.Sub(laterOf(l.lastProgress, l.pileSince))
+		silence := now.Sub(max(l.lastProgress, l.pileSince))
 		prefill := max(l.prefillTokens, l.enginePrefill)
 		if l.notPrefilling() {
 			prefill = 0 // the engine itself says so: the bound is the wedge bound
@@ -716,11 +680,4 @@ func (r *Rules) prefillTime(tokens, rate float64) time.Duration {
 		return r.BoundCap
 	}
 	return time.Duration(secs * float64(time.Second))
-}
-
-func laterOf(a, b stamp) stamp {
-	if a.After(b) {
-		return a
-	}
-	return b
 }

@@ -7,15 +7,11 @@ import (
 	"strconv"
 )
 
-// Flag names of the gateway overload thresholds, as the spec writes them.
+// The gateway overload flags, as the spec names them, and their defaults.
 const (
-	FlagWaitingRequests = "worker-overload-waiting-requests"
-	FlagTokenUsage      = "worker-overload-token-usage"
-	FlagDisable         = "disable-worker-overload-protection"
-)
-
-// Defaults of the gateway overload thresholds.
-const (
+	FlagWaitingRequests    = "worker-overload-waiting-requests"
+	FlagTokenUsage         = "worker-overload-token-usage"
+	FlagDisable            = "disable-worker-overload-protection"
 	DefaultWaitingRequests = 8
 	DefaultTokenUsage      = 0.8
 )
@@ -59,8 +55,8 @@ type Block struct {
 	TokenUsage      *float64 `json:"token_usage,omitempty"`
 }
 
-// Validate reports the first out-of-range field, naming it as the worker spec
-// does. An error fails that worker's registration.
+// Validate reports the out-of-range fields as the worker spec names them
+// (an error fails that worker's registration).
 func (b Block) Validate() error {
 	var errs []error
 	if b.WaitingRequests != nil && *b.WaitingRequests < 1 {
@@ -79,10 +75,10 @@ type Thresholds struct {
 	TokenUsage      float64
 }
 
-// Resolve returns the thresholds of a worker with block b (nil: no block).
-// A field set in the block wins; an omitted field falls back to the gateway
-// value, or to no threshold when the gateway switch is off — the block applies
-// even under --disable-worker-overload-protection. b must have been validated.
+// Resolve returns the thresholds of a worker with block b (nil: none,
+// validated): a field set in the block wins, even under
+// --disable-worker-overload-protection; an omitted one falls back to the
+// gateway value, or to none when the gateway switch is off.
 func (g GatewayThresholds) Resolve(b *Block) Thresholds {
 	var t Thresholds
 	if !g.Disabled {
@@ -100,12 +96,10 @@ func (g GatewayThresholds) Resolve(b *Block) Thresholds {
 	return t
 }
 
-// Check scores one load report: overloaded when either signal is at or above
-// its threshold (>=). waitingSum is num_waiting_reqs summed over DP ranks and
-// tokenUsageMean is token_usage averaged over them; a field the backend leaves
-// out reads as 0 and so never trips. There is no hysteresis: the first report
-// under every threshold returns false. It does not allocate; format the
-// reason only when the verdict changes.
+// Check scores one load report: overloaded when either signal is at or
+// above its threshold. waitingSum is num_waiting_reqs summed over DP ranks,
+// tokenUsageMean token_usage averaged over them (a field left out reads 0
+// and never trips). No hysteresis; no allocation.
 func Check(waitingSum int64, tokenUsageMean float64, t Thresholds) (overloaded bool, reason OverloadReason) {
 	reason = OverloadReason{
 		Waiting: waitingSum, WaitingThreshold: t.WaitingRequests,
@@ -116,8 +110,8 @@ func Check(waitingSum int64, tokenUsageMean float64, t Thresholds) (overloaded b
 	return reason.WaitingTripped || reason.TokenUsageTripped, reason
 }
 
-// OverloadReason says why Check decided as it did. It is plain data so the
-// hot path does not allocate; String formats it for logs.
+// OverloadReason says why Check decided as it did: plain data, formatted by
+// String only for logs.
 type OverloadReason struct {
 	WaitingTripped    bool
 	TokenUsageTripped bool
