@@ -1,6 +1,7 @@
 package evidence
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,37 +12,29 @@ import (
 )
 
 // cell is one worker's inbox: the evidence that reached the control plane
-// and is not stored yet, in order. Its lock is a leaf: every method of cell
-// locks it and takes no other lock, calls no callback and never touches
-// the registry, which is handed only the records read from it. So the one
-// lock order (a registry transaction, then a cell) holds by construction.
-//
-// 100 agent streams push 20,000 messages a second: one lock they all took
-// would form a convoy behind any holder that was delayed (a GC assist, a
-// preempted flush), handed over in FIFO order through every waiting stream.
+// and is not stored yet. Its lock is a leaf: its methods take no other
+// lock, call no callback and never reach the registry, so the one lock
+// order (a registry transaction, then a cell) holds by construction. One
+// lock per worker, not one for all: 100 agent streams behind one lock
+// would convoy behind any holder delayed by a GC assist or preemption.
 type cell struct {
 	lock     sync.Mutex
 	load     *smgv1.EngineLoad // the latest report; nil: none
 	noReport bool              // a no-report older than load
 	refresh  bool              // the engine confirmed the stored load: move its revision
-	// rec is the newest pushed liveness record (recorded: there is one).
-	// Every record pending is pushed, so the newest leaves nothing of an
-	// older one to the rules: what a record sets, the next sets again.
-	// One is kept, however late the flush.
+	// rec is the newest pushed record (recorded: there is one): what a
+	// pushed record sets, the next sets again, so one is kept.
 	rec      timedRecord
 	recorded bool
-	// spare is a load no one holds, made by the flush, for the next
-	// report to copy into (nil: none; one is made then).
-	spare *smgv1.EngineLoad
-	// scratch is base, the stored record the pending evidence was last
-	// judged against, moved by it: an observation that finds the same
-	// base stored moves scratch by itself alone (a copy per record costs
-	// more than the rule). base nil: scratch is made again.
+	spare    *smgv1.EngineLoad // made by the flush for the next report to copy into
+	// scratch is base (the stored record the pending evidence was last
+	// judged against) moved by it: an observation that finds base still
+	// stored moves scratch by itself alone, with no copy. base nil: made
+	// again.
 	base    *registry.Worker
 	scratch registry.Worker
 	// dead: the flush dropped the cell (its worker left the registry or
-	// Ready); whoever holds it looks the worker up again. Set under the
-	// lock, read without it by holders of a Slot.
+	// Ready); whoever holds it looks again. Read without the lock.
 	dead atomic.Bool
 }
 
@@ -51,8 +44,8 @@ type timedRecord struct {
 	at  time.Time
 }
 
-// predictLocked moves the scratch copy of w (the stored record) to w moved by
-// every pending observation, made again only when w is not its base.
+// predictLocked returns scratch: w (the stored record) moved by everything
+// pending, made again only when w is not its base.
 func (c *cell) predictLocked(w *registry.Worker, r *judge.Rules) *registry.Worker {
 	if c.base != w {
 		c.scratch = *w
@@ -67,12 +60,10 @@ func (c *cell) predictLocked(w *registry.Worker, r *judge.Rules) *registry.Worke
 	return &c.scratch
 }
 
-// pend makes load (nil: none; copied when copied, into memory the cell
-// owns) and rec (nil: none) pending and reports whether they leave w's
-// verdicts as they are (they may wait for the flush): one lock and one run
-// of the rule for an agent's record, which carries both. A report after a
-// no-report never stands: it ends the fail-open spell. dead: the cell was
-// dropped, nothing pends.
+// pend makes load (nil: none; copied into the cell's memory when copied)
+// and rec (nil: none) pending, and reports whether they leave w's verdicts
+// as they are. A report after a no-report never stands: it ends the
+// fail-open spell. dead: the cell was dropped, nothing pends.
 func (c *cell) pend(w *registry.Worker, load *smgv1.EngineLoad, copied bool, waiting int64, usage float64, rec *timedRecord, r *judge.Rules) (stands, dead bool) {
 	c.lock.Lock()
 	defer c.lock.Unlock()
@@ -88,7 +79,8 @@ func (c *cell) pend(w *registry.Worker, load *smgv1.EngineLoad, copied bool, wai
 			}
 			load = CopyLoad(dst, load)
 		}
-		setSignals(load, waiting, usage)
+		// The signals from the ranks, over the aggregates the sender filled in.
+		load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
 		c.load, c.refresh = load, false
 		if c.base == w {
 			c.scratch.Load = load // the rest of scratch is as it was
@@ -103,8 +95,7 @@ func (c *cell) pend(w *registry.Worker, load *smgv1.EngineLoad, copied bool, wai
 	return stands && registry.Stands(w, s), false
 }
 
-// pendNoReport makes "no report" pending: newer than any load or refresh
-// pending.
+// pendNoReport makes "no report" pending, over any load or refresh.
 func (c *cell) pendNoReport() (dead bool) {
 	c.lock.Lock()
 	defer c.lock.Unlock()
@@ -130,8 +121,8 @@ func (c *cell) pending() bool {
 	return c.load != nil || c.noReport || c.refresh || c.recorded
 }
 
-// stands reports whether what the cell holds leaves w's verdicts as they are
-// (false: it must be stored now). Empty, it stands.
+// stands reports whether what the cell holds (if anything) leaves w's
+// verdicts as they are.
 func (c *cell) stands(w *registry.Worker, r *judge.Rules) bool {
 	c.lock.Lock()
 	defer c.lock.Unlock()
@@ -143,9 +134,8 @@ func (c *cell) stands(w *registry.Worker, r *judge.Rules) bool {
 
 // takeOnto moves what the cell holds onto c, a clone of w (the stored
 // record), and empties it; it reports whether c moved and whether the cell
-// wants a spare (a load was taken and it holds none). Only a registry transaction calls it (the registry, then the
-// cell): whoever takes a worker's evidence takes all of it, in the order
-// the transactions commit, so it is stored in the order it came.
+// wants a spare. Only a registry transaction calls it: evidence is stored
+// in the order the transactions commit, so in the order it came.
 func (cl *cell) takeOnto(w, c *registry.Worker, r *judge.Rules) (moved, wantsSpare bool) {
 	cl.lock.Lock()
 	defer cl.lock.Unlock()
@@ -156,14 +146,12 @@ func (cl *cell) takeOnto(w, c *registry.Worker, r *judge.Rules) (moved, wantsSpa
 	case cl.load != nil:
 		setLoad(c, cl.load)
 		moved, wantsSpare = true, cl.spare == nil
-	case cl.refresh && refreshable(c):
+	case cl.refresh && c.Load != nil && !c.Evidence.NoReport: // a no-report has no load to confirm
 		c.LoadRevision++
 		moved = true
 	}
 	if cl.recorded && c.Ready() { // the rules judge Ready workers only
-		if cl.base == w {
-			// The prediction's work, done already: the record touches
-			// these two fields.
+		if cl.base == w { // the prediction did the work: a record moves these two
 			c.Evidence.Live, c.Evidence.PushedAt = cl.scratch.Evidence.Live, cl.scratch.Evidence.PushedAt
 		} else {
 			applyPushed(&c.Evidence, cl.rec, r)
@@ -199,7 +187,7 @@ func (c *cell) giveSpare(l *smgv1.EngineLoad) bool {
 	return true
 }
 
-// kill marks the cell dropped unless it holds evidence; it reports whether
+// kill marks the cell dropped unless it holds evidence, and reports whether
 // it did.
 func (c *cell) kill() bool {
 	c.lock.Lock()

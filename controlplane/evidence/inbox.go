@@ -56,32 +56,29 @@ type Options struct {
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 	// Coalesce: an observation that leaves the verdicts as they are waits
-	// for the next flush (Run must then run); otherwise each is stored at
-	// once.
+	// for the next flush (Run must run).
 	Coalesce bool
 	// Observe, when set, hears every non-empty load report of a registered
-	// worker as it arrives, before coalescing (the window allocator learns
-	// engines' windows from each one). It must not keep load.
+	// worker before coalescing (the window allocator learns from each). It
+	// must not keep load.
 	Observe func(workerID string, load *smgv1.EngineLoad)
 }
 
-// Inbox takes every observation of every worker and stores it in the
-// registry.
+// Inbox takes every observation of every worker into the registry.
 type Inbox struct {
 	reg   *registry.Registry
 	rules judge.Rules
 	log   *slog.Logger
 	opts  Options
 
-	// cells is each registered worker's inbox by id, made at its first
-	// observation and dropped by a flush once its worker left the registry.
+	// cells by worker id, made at a worker's first observation and dropped
+	// by a flush once it left the registry or Ready.
 	cells *shardmap.Map[*Slot]
 
 	stalled     *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
 	held        prometheus.Gauge
 
-	// streams are the open agent streams and how far each is read.
 	streams streams
 
 	// vetoed is the URL of each worker whose liveness veto the metrics
@@ -90,23 +87,21 @@ type Inbox struct {
 	mu     sync.Mutex
 	vetoed map[string]string
 
-	// jumps bounds the routers' jumps of prompt tokens ahead sent at once.
 	jumps jumpBucket
 
 	fmu sync.Mutex // one flush (or rebuild) at a time
-	// order is every cell by id (fmu held), and added the cells made since
-	// the last flush (amu held), merged into it by the next: the flush
-	// walks the cells in id order without sorting 10,000 ids each time.
+	// order is every cell by id (fmu held); added the cells made since the
+	// last flush (amu held), merged in by the next: no sort of every id
+	// at each flush.
 	order []idCell
 	amu   sync.Mutex
 	added []idCell
 	ids   []idCell // the running flush's workers (fmu held)
 	// records are fresh records for the flush to clone into (fmu held).
-	// They and the cells' spare loads are made outside every lock: a flush
-	// runs during the collector's mark phases, which charge allocations to
-	// whoever makes them, as assists; made inside the registry's
-	// transaction, they would hold up a flip waiting for it; made by a
-	// report under its cell's lock, the flush behind it.
+	// They and the cells' spare loads are made outside every lock: during
+	// the collector's mark phase an allocation pays assists, which inside
+	// the registry's transaction would hold up a flip, and under a cell's
+	// lock the flush.
 	records []*registry.Worker
 
 	// For tests: inFlush runs inside each flush transaction after its
@@ -121,6 +116,7 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 	}
 	in := &Inbox{
 		reg: reg, rules: opts.Rules.Rules(), log: log, opts: opts, cells: shardmap.New[*Slot](), vetoed: map[string]string{},
+		streams: streams{open: map[uint64]*Stream{}},
 		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "smg_worker_stalled",
 			Help: "1 while the worker is excluded from routing by liveness, labeled with the reason (unreachable or wedged).",
@@ -154,11 +150,10 @@ func (in *Inbox) Run(ctx context.Context) {
 	}
 }
 
-// Slot is a worker's place in the inbox: its cell and the handle of the
-// registration it was made for (outside the cell: its lock guards nothing
-// of the registry's). A stream reporting a worker many times a second
-// keeps its slot (Inbox.Slot) and hands it with each record
-// (Observed.Slot), so a record costs no lookup by id.
+// Slot is a worker's cell and the handle of the registration it was made
+// for (outside the cell: its lock guards nothing of the registry's). An
+// agent stream keeps its workers' slots (Inbox.Slot) and hands one with
+// each record (Observed.Slot): no lookup by id.
 type Slot struct {
 	cell
 	h *registry.Handle
@@ -188,8 +183,8 @@ func (in *Inbox) cell(id string) *Slot {
 	return c
 }
 
-// cellOf returns id's cell, made for a registered worker (a hostile
-// agent's made-up ids make none): nil when w is nil.
+// cellOf returns id's cell, made when w (its record) is not nil: a
+// hostile agent's made-up ids make none.
 func (in *Inbox) cellOf(id string, w *registry.Worker) *Slot {
 	if c := in.cell(id); c != nil || w == nil {
 		return c
@@ -207,9 +202,8 @@ func (in *Inbox) cellOf(id string, w *registry.Worker) *Slot {
 	return c
 }
 
-// pend pends load (nil: none; a copy when copied) and rec (nil: none) in
-// w's cell (c: its slot, nil: looked up), and stores them at once unless
-// they leave w's verdicts as they are and Coalesce lets them wait.
+// pend pends load and rec (cell.pend) in w's cell (c; nil: looked up),
+// and stores them at once unless they stand and Coalesce lets them wait.
 func (in *Inbox) pend(id string, w *registry.Worker, c *Slot, load *smgv1.EngineLoad, copied bool, rec *timedRecord) error {
 	var waiting int64
 	var usage float64
@@ -235,15 +229,13 @@ func (in *Inbox) pend(id string, w *registry.Worker, c *Slot, load *smgv1.Engine
 	}
 }
 
-// chunkSize is how many workers one flush transaction stores: an
-// observation that moves a verdict waits for at most one chunk (a few
-// milliseconds), not for a flush of the whole fleet.
+// chunkSize is how many workers one flush transaction stores: a verdict
+// change waits for one chunk at most, not for the whole fleet.
 const chunkSize = 1024
 
 // Flush stores everything pending, in transactions of chunkSize workers in
-// id order, each worker cloned and inserted once. The registry decides
-// each verdict again from what it stores, so a verdict that the world
-// moved under (thresholds, health) is right at the flush.
+// id order, each worker cloned and inserted once; the registry decides
+// each verdict again from what it stores.
 func (in *Inbox) Flush() {
 	in.fmu.Lock()
 	defer in.fmu.Unlock()
@@ -255,9 +247,8 @@ func (in *Inbox) Flush() {
 		in.order = append(in.order, added...)
 		slices.SortFunc(in.order, func(a, b idCell) int { return strings.Compare(a.id, b.id) })
 	}
-	// In id order, each transaction writes one stretch of the registry's
-	// tree: the leaves a chunk copies are its own, not copied again by
-	// every chunk as map order would have it.
+	// In id order, the registry leaves a chunk copies are its own, not
+	// copied again by every chunk.
 	ids := in.ids[:0]
 	for _, e := range in.order {
 		if e.c.pending() {
@@ -278,7 +269,7 @@ func (in *Inbox) Flush() {
 }
 
 // idCell is a worker's id and its cell. Only a flush drops cells (fmu
-// held), so the cell a flush finds is its worker's until the flush drops it.
+// held).
 type idCell struct {
 	id string
 	c  *Slot
@@ -317,7 +308,7 @@ func (in *Inbox) flushChunk(ids []idCell) {
 		return nil
 	})
 	// The records stored are the registry's now; the loads stored are
-	// replaced by spares for the reports to come.
+	// replaced by spares.
 	n := copy(in.records, in.records[used:])
 	clear(in.records[n:])
 	in.records = in.records[:n]
@@ -339,8 +330,8 @@ func (in *Inbox) flushChunk(ids []idCell) {
 	}
 }
 
-// dropIdle drops id's cell c if it is empty and its worker left the registry
-// or Ready (a Ready worker's records pend; a report makes a cell again).
+// dropIdle drops id's cell c if it is empty and its worker left the
+// registry or Ready.
 func (in *Inbox) dropIdle(id string, c *Slot) {
 	if w := c.h.Get(); (w == nil || !w.Ready()) && c.kill() {
 		in.cells.CompareAndDelete(id, c)
@@ -348,11 +339,11 @@ func (in *Inbox) dropIdle(id string, c *Slot) {
 }
 
 // commit stores, in one transaction, everything pending for each worker
-// of ids and then what fn adds (nil: nothing; it reports whether it moved
-// c, a clone of the stored record, the i-th of ids).
+// of ids and then what fn (nil: none) adds to c, a clone of the i-th's
+// record, reporting whether it moved it.
 func (in *Inbox) commit(ids []string, fn func(i int, c *registry.Worker) bool) error {
 	if len(ids) == 0 {
-		return nil // an empty router report: no transaction (1,000 routers send 4,000 a second)
+		return nil // an empty router report (thousands a second): no transaction
 	}
 	var ch changes
 	_, err := in.reg.Update(func(t *registry.Txn) error {
@@ -384,9 +375,8 @@ func (in *Inbox) commit(ids []string, fn func(i int, c *registry.Worker) bool) e
 	return err
 }
 
-// changes are the records one transaction stored whose verdicts or engine
-// start time moved, each beside the record it replaced, to log after it
-// (stored records never change).
+// changes are the records a transaction stored whose verdicts or engine
+// start moved, beside the ones they replaced, to log after it.
 type changes [][2]*registry.Worker
 
 // committed notes the insert of c (w moved on): a liveness veto change
@@ -403,11 +393,9 @@ func (in *Inbox) committed(w, c *registry.Worker, ch *changes) {
 	}
 }
 
-// done logs a transaction's changes (or its failure for a reason other
-// than an unknown worker, which callers are told about), then judges again
-// what came for the workers whose verdicts moved meanwhile: it was judged
-// against the record before, and commits now if it no longer leaves the
-// stored verdicts as they are.
+// done logs a transaction's changes (or its failure, but for an unknown
+// worker: callers are told), then judges again what came meanwhile for the
+// workers whose verdicts moved: it was judged against the record before.
 func (in *Inbox) done(ch changes, err error) {
 	if err != nil {
 		if !errors.Is(err, ErrUnknownWorker) {
@@ -426,8 +414,8 @@ func (in *Inbox) done(ch changes, err error) {
 }
 
 // logChange logs what moved from w to c: the overload verdict, the
-// liveness veto, a restart decide believed, a first untrusted start time
-// (later ones are only counted: a lying engine must not flood the log).
+// liveness veto, a believed restart, a first untrusted start time (later
+// ones are only counted: a lying engine must not flood the log).
 func (in *Inbox) logChange(w, c *registry.Worker) {
 	id, url, ev := c.ID, c.Spec.GetUrl(), &c.Evidence
 	switch {

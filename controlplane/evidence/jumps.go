@@ -5,15 +5,13 @@ import (
 	"time"
 )
 
-// A router's report that moves a worker's prompt tokens ahead (the sum the
-// routers see) by AheadJumpTokens or more (about 25 ms of prefill at 20,000
-// tokens/s), up or down, is a jump: the other routers under-predict every request
-// they send there until they hear of a long prompt, and over-predict (and
-// learn too fast a prefill rate) behind one already prefilled, so the
-// worker goes to them at once instead of on the load grid
-// (--watch-load-interval). Each such send reaches every router, so jumps go
-// at once at most AheadJumpsPerSec times a second over the whole fleet (a
-// burst of as many); the rest wait for the grid as before.
+// A router's report that moves a worker's prompt tokens ahead by
+// AheadJumpTokens or more (about 25 ms of prefill), up or down, is a jump:
+// until they hear of it the other routers mispredict every request they
+// send there, so the worker goes to them at once instead of on the load
+// grid (--watch-load-interval). Each such send reaches every router, so
+// at most AheadJumpsPerSec go at once over the fleet (a burst of as many);
+// the rest wait for the grid.
 const (
 	AheadJumpTokens  = 512
 	AheadJumpsPerSec = 20

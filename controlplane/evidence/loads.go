@@ -1,27 +1,23 @@
 package evidence
 
 import (
-	"math"
-
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
-// Report takes one load report for a worker and takes ownership of load. A
-// nil or empty report is "no report": the veto clears (fail open) and the
-// last load stays visible. The signals are computed from the ranks
-// (loadpb.Signals), whatever aggregates the sender filled in. Only Ready
-// workers get a veto (the registry's rule).
+// Report takes one load report for a worker, and ownership of load. A nil
+// or empty report is "no report": the veto clears (fail open), the last
+// load stays visible. The signals are computed from the ranks
+// (loadpb.Signals), whatever aggregates the sender filled in.
 func (in *Inbox) Report(workerID string, load *smgv1.EngineLoad) error {
 	return in.report(workerID, load, false)
 }
 
 // ReportCopy is Report of a copy of load, which stays the caller's (an agent
-// stream decodes into memory it reuses). The copy reuses the memory of the
-// worker's pending load when it has one, so a worker reporting several
-// times per flush allocates once per flush, not once per report.
+// stream decodes into memory it reuses). The copy goes into the worker's
+// pending load or spare: no allocation per report.
 func (in *Inbox) ReportCopy(workerID string, load *smgv1.EngineLoad) error {
 	return in.report(workerID, load, true)
 }
@@ -37,12 +33,6 @@ func (in *Inbox) report(workerID string, load *smgv1.EngineLoad, copied bool) er
 	return in.pend(workerID, w, nil, load, copied, nil)
 }
 
-// setSignals writes the signals computed from load's ranks over the
-// aggregates its sender filled in.
-func setSignals(load *smgv1.EngineLoad, waiting int64, usage float64) {
-	load.WaitingRequests, load.TokenUsage = int32(min(waiting, math.MaxInt32)), usage
-}
-
 // setLoad stores a report on c, a clone.
 func setLoad(c *registry.Worker, load *smgv1.EngineLoad) {
 	c.Load = load
@@ -50,14 +40,11 @@ func setLoad(c *registry.Worker, load *smgv1.EngineLoad) {
 	c.Evidence.NoReport = false
 }
 
-// Refresh records a poll whose engine answered with the load already stored
-// (an agent sends a load only when it changes, and says "contact" when it
-// did not): the worker's LoadRevision moves, with its load as it is, at the
-// next flush (at once without Coalesce), unless a newer load does it first.
-// Routers count their dispatches to a worker since its last report
-// (least_load, power_of_two, the waiting cap) and start again when the load
-// revision moves; without this, an engine whose figures stay the same
-// between polls (requests that start and end between them) would collect
+// Refresh records an answer that confirms the stored load (an agent sends
+// a load only when it changes): the LoadRevision moves at the next flush
+// (at once without Coalesce), unless a newer load does it first. Routers
+// count their dispatches to a worker since its last load revision; without
+// this, an engine whose figures stay the same between polls would collect
 // dispatches without end and be routed around.
 func (in *Inbox) Refresh(workerID string) error {
 	w := in.reg.Get(workerID)
@@ -72,12 +59,8 @@ func (in *Inbox) Refresh(workerID string) error {
 	return in.commit([]string{workerID}, nil)
 }
 
-// refreshable: w holds a load that its engine's answer may confirm (not a
-// no-report, which clears the verdict until a load arrives).
-func refreshable(w *registry.Worker) bool { return w.Load != nil && !w.Evidence.NoReport }
-
 // NoReport records a poll that produced no report: the overload veto
-// clears, at once.
+// clears at once.
 func (in *Inbox) NoReport(workerID string) error {
 	w := in.reg.Get(workerID)
 	if w == nil {
@@ -89,20 +72,19 @@ func (in *Inbox) NoReport(workerID string) error {
 }
 
 // Rebuild clears the overload veto of every worker: the monitor lost its
-// state and holds no fresh signal for any of them. reset gives each
-// worker's record without that state (nil: marked "no report", its last
-// load kept visible). What the cells held is dropped in the same
-// transaction (evidence from before the rebuild is no one's signal), and
-// what came while it ran is judged again against the records after it.
+// state. reset gives each worker's record without it (nil: marked "no
+// report", its last load kept visible). What the cells held is dropped in
+// the same transaction (no one's signal now); what came while it ran is
+// judged again against the records after it.
 func (in *Inbox) Rebuild(why string, reset func(*registry.Worker) *registry.Worker) {
 	in.fmu.Lock()
 	defer in.fmu.Unlock()
 	n, workers := 0, 0
 	_, err := in.reg.Update(func(t *registry.Txn) error {
-		n, workers = 0, 0
+		ws := t.Workers()
+		n, workers = 0, len(ws)
 		in.cells.Range(func(_ string, c *Slot) bool { c.drop(); return true })
-		for _, w := range t.Workers() {
-			workers++
+		for _, w := range ws {
 			if w.Overloaded {
 				n++
 			}
@@ -119,7 +101,7 @@ func (in *Inbox) Rebuild(why string, reset func(*registry.Worker) *registry.Work
 		}
 		return nil
 	})
-	in.done(changes{}, err)
+	in.done(nil, err)
 	in.log.Warn("Load monitor rebuilt its state: overload vetoes cleared for every worker", "reason", why, "workers", workers, "cleared", n)
 	in.cells.Range(func(id string, _ *Slot) bool { in.judgeAgain(id); return true })
 }

@@ -21,14 +21,11 @@ import (
 // smg_workers_overloaded per model. A removed worker's smg_engine_* series
 // read -1 (series cannot be deleted from a scraper's view).
 //
-// A scrape at 10,000 workers writes 50,000 series. Each series' label pairs
-// are built once and kept with the worker until its URL, model or ranks
-// change; a scrape's values go out in one slice of gauges; and the series go
-// out in the order the registry sorts them into (kept sorted across scrapes,
-// re-sorted only when a series comes or goes), so that its sort finds them
-// in order. A scrape costs the garbage collector the registry's two
-// allocations per series (its dto.Metric and its duplicate check's hash), not
-// 17, and little sorting.
+// A scrape at 10,000 workers writes 50,000 series: each one's label pairs
+// are kept with its worker until its URL, model or ranks change, the values
+// go out in one slice of gauges, and in the registry's own label order
+// (re-sorted only when a series comes or goes). A scrape costs two
+// allocations per series (the registry's), not 17, and little sorting.
 type Collector struct {
 	reg *registry.Registry
 
@@ -50,25 +47,26 @@ const maxTombstones = 4096
 
 type rankKey struct{ worker, model, rank string }
 
-var (
-	descWaiting    = prometheus.NewDesc("smg_engine_waiting_requests", "Requests waiting in the engine's scheduler queue, as last reported (-1: worker removed).", []string{"worker", "model", "dp_rank"}, nil)
-	descTokenUsage = prometheus.NewDesc("smg_engine_token_usage", "KV cache token usage (0-1) the engine last reported (-1: worker removed).", []string{"worker", "model", "dp_rank"}, nil)
-	descRunning    = prometheus.NewDesc("smg_engine_running_requests", "Requests in the engine's running batch, as last reported (-1: worker removed).", []string{"worker", "model", "dp_rank"}, nil)
-	descThroughput = prometheus.NewDesc("smg_engine_gen_throughput", "Generation throughput (tokens/s) the engine last reported (-1: worker removed).", []string{"worker", "model", "dp_rank"}, nil)
-	descCacheHit   = prometheus.NewDesc("smg_engine_cache_hit_rate", "Prefix cache hit rate (0-1) the engine last reported (-1: worker removed).", []string{"worker", "model", "dp_rank"}, nil)
-	descOverloaded = prometheus.NewDesc("smg_workers_overloaded", "Workers currently excluded from routing by overload protection.", []string{"model"}, nil)
+// engineDescs in the order a rank's five series are written.
+var engineDescs = [5]*prometheus.Desc{
+	engineDesc("smg_engine_waiting_requests", "Requests waiting in the engine's scheduler queue, as last reported"),
+	engineDesc("smg_engine_token_usage", "KV cache token usage (0-1) the engine last reported"),
+	engineDesc("smg_engine_running_requests", "Requests in the engine's running batch, as last reported"),
+	engineDesc("smg_engine_gen_throughput", "Generation throughput (tokens/s) the engine last reported"),
+	engineDesc("smg_engine_cache_hit_rate", "Prefix cache hit rate (0-1) the engine last reported"),
+}
 
-	// engineDescs in the order a rank's five series are written.
-	engineDescs = [5]*prometheus.Desc{descWaiting, descTokenUsage, descRunning, descThroughput, descCacheHit}
-)
+var descOverloaded = prometheus.NewDesc("smg_workers_overloaded", "Workers currently excluded from routing by overload protection.", []string{"model"}, nil)
 
-// The label names, shared by every pair built here (a LabelPair is
-// read-only once built).
+func engineDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help+" (-1: worker removed).", []string{"worker", "model", "dp_rank"}, nil)
+}
+
+// The label names, shared by every pair built here (read-only once built).
 var nameWorker, nameRank = "worker", "dp_rank"
 
-// sharedRanks is how many dp_ranks (0 up) have one dp_rank pair for every
-// worker; a pair is kept per worker with each of its series, so the fewer
-// per worker, the less the collector adds to the heap each GC marks.
+// sharedRanks is how many dp_ranks (0 up) share one dp_rank pair across
+// workers: fewer pairs per worker, less heap for each GC to mark.
 const sharedRanks = 64
 
 // workerPairs is a worker's label pairs as of the last scrape that saw it.
@@ -262,14 +260,8 @@ func (c *Collector) pairsOf(w *registry.Worker) *workerPairs {
 		c.workers[w.ID] = p
 		c.dirty = true
 	}
-	if len(p.ranks) == len(ranks) {
-		same := true
-		for i, r := range ranks {
-			same = same && p.ranks[i].rank == r.GetDpRank()
-		}
-		if same {
-			return p
-		}
+	if slices.EqualFunc(p.ranks, ranks, func(rp rankPairs, r *smgv1.RankLoad) bool { return rp.rank == r.GetDpRank() }) {
+		return p
 	}
 	c.dirty = true
 	p.ranks = make([]rankPairs, len(ranks))
@@ -277,7 +269,8 @@ func (c *Collector) pairsOf(w *registry.Worker) *workerPairs {
 		rp := &p.ranks[i]
 		rp.rank = r.GetDpRank()
 		rp.key = rankKey{url, w.Model, strconv.Itoa(int(rp.rank))}
-		if firstRank(ranks, i) && p.worker != nil && p.modelPairs.labels != nil {
+		dup := slices.ContainsFunc(ranks[:i], func(o *smgv1.RankLoad) bool { return o.GetDpRank() == rp.rank })
+		if !dup && p.worker != nil && p.modelPairs.labels != nil {
 			rp.labels = []*dto.LabelPair{c.rankPair(rp), p.modelPairs.labels[0], p.worker}
 		}
 	}
@@ -295,21 +288,6 @@ func (c *Collector) rankPair(rp *rankPairs) *dto.LabelPair {
 		c.ranks[rp.rank] = &dto.LabelPair{Name: &nameRank, Value: &v}
 	}
 	return c.ranks[rp.rank]
-}
-
-// firstRank reports whether ranks[i] is the first with its dp_rank.
-func firstRank(ranks []*smgv1.RankLoad, i int) bool {
-	for _, r := range ranks[:i] {
-		if r.GetDpRank() == ranks[i].GetDpRank() {
-			return false
-		}
-	}
-	return true
-}
-
-// rankLabels is a removed series' pairs (nil: a label is not UTF-8).
-func rankLabels(k rankKey) []*dto.LabelPair {
-	return promseries.Pairs("worker", k.worker, "model", k.model, "dp_rank", k.rank)
 }
 
 // model returns the model's series, created on first sight; the first
@@ -336,8 +314,8 @@ func (c *Collector) Removed(w *registry.Worker) {
 		if _, ok := c.removed[k]; ok {
 			continue
 		}
-		labels := rankLabels(k)
-		if labels == nil {
+		labels := promseries.Pairs("worker", k.worker, "model", k.model, "dp_rank", k.rank)
+		if labels == nil { // not UTF-8
 			continue
 		}
 		if len(c.order) == maxTombstones {

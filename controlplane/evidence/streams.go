@@ -9,11 +9,10 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 )
 
-// Stream is how far the control plane has read one agent stream: its
-// receive loop calls Read for every message and Applied when done with it;
-// each sweep reads it to tell "the agent went silent" from "this process has
-// not read what the agent sent" (judge.StreamRead). Open one with
-// Inbox.OpenStream.
+// Stream is how far the control plane has read one agent stream (open one
+// with Inbox.OpenStream): its receive loop calls Read for every message and
+// Applied when done with it; a sweep tells from it "the agent went silent"
+// from "this process has not read what the agent sent" (judge.StreamRead).
 type Stream struct {
 	id     uint64
 	stalls *atomic.Int64 // the inbox's: process stall time so far, ns
@@ -26,8 +25,8 @@ type Stream struct {
 }
 
 // Read notes a message read at now (the control plane's clock) that the
-// agent sent at sentAt (its clock; zero: not said). The stream is busy until
-// Applied. It returns what evidence from the message is heard as.
+// agent sent at sentAt (its clock; zero: not said), busy until Applied,
+// and returns what its evidence is heard as.
 func (s *Stream) Read(now, sentAt time.Time) judge.Heard {
 	stalls := s.stalls.Load()
 	s.mu.Lock()
@@ -36,8 +35,7 @@ func (s *Stream) Read(now, sentAt time.Time) judge.Heard {
 	return judge.Heard{Stream: s.id, SentAt: sentAt}
 }
 
-// Applied notes that the receive loop is done with the message it read and
-// waits for the next.
+// Applied notes that the receive loop is done with the message it read.
 func (s *Stream) Applied() {
 	s.mu.Lock()
 	s.busy = false
@@ -89,9 +87,6 @@ func (in *Inbox) OpenStream() *Stream {
 	defer in.streams.mu.Unlock()
 	in.streams.next++
 	s := &Stream{id: in.streams.next, stalls: &in.streams.stalls}
-	if in.streams.open == nil {
-		in.streams.open = map[uint64]*Stream{}
-	}
 	in.streams.open[s.id] = s
 	return s
 }
@@ -107,21 +102,16 @@ func (in *Inbox) CloseStream(s *Stream) {
 func (in *Inbox) readStates(now time.Time) map[uint64]*judge.StreamRead {
 	in.streams.swept(now)
 	in.streams.mu.Lock()
-	open := make([]*Stream, 0, len(in.streams.open))
-	for _, s := range in.streams.open {
-		open = append(open, s)
-	}
-	in.streams.mu.Unlock()
-	out := make(map[uint64]*judge.StreamRead, len(open))
-	for _, s := range open {
-		out[s.id] = s.state()
+	defer in.streams.mu.Unlock()
+	out := make(map[uint64]*judge.StreamRead, len(in.streams.open))
+	for id, s := range in.streams.open {
+		out[id] = s.state() // a stream's lock is taken after the set's, never before
 	}
 	return out
 }
 
-// Heard records contact read on an agent stream (the agent vouches for the
-// engine): like Contact, and the stream's read state then times the
-// worker's silence.
+// Heard is Contact read on an agent stream (the agent vouches for the
+// engine): the stream's read state then times the worker's silence.
 func (in *Inbox) Heard(workerID string, h judge.Heard, now time.Time) {
 	in.with(workerID, func(ev *registry.Evidence) { ev.Live.Heard(now, h, &in.rules) })
 }
