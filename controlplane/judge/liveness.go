@@ -74,12 +74,10 @@ func (c LivenessConfig) Warnings(loadMonitorIntervalSecs int) []string {
 // Rules returns the durations the liveness rules compare against.
 func (c LivenessConfig) Rules() Rules {
 	return Rules{
-		Stall:    time.Duration(c.StallSecs) * time.Second,
-		Wedge:    time.Duration(c.WedgeSecs) * time.Second,
-		Stale:    time.Duration(c.StaleSecs) * time.Second,
-		ReadLag:  time.Duration(c.StaleSecs) * time.Second,
-		DeepPile: DeepPile,
-		BoundCap: BoundCap,
+		Stall:   time.Duration(c.StallSecs) * time.Second,
+		Wedge:   time.Duration(c.WedgeSecs) * time.Second,
+		Stale:   time.Duration(c.StaleSecs) * time.Second,
+		ReadLag: time.Duration(c.StaleSecs) * time.Second,
 	}
 }
 
@@ -90,9 +88,7 @@ type Rules struct {
 	Stale time.Duration // total silence of a pushing worker; 0 disables
 	// ReadLag caps the silence put down to the control plane reading an
 	// agent's stream late (StreamRead), whatever the agent's clock says.
-	ReadLag  time.Duration
-	DeepPile int64         // streams in flight that are evidence without growth
-	BoundCap time.Duration // cap on the prefill-stretched bound
+	ReadLag time.Duration
 }
 
 // Verdict is the liveness opinion of one worker, in increasing precedence.
@@ -595,7 +591,7 @@ func (l *Liveness) wedged(now stamp, credit time.Duration, r *Rules) (Cause, boo
 			case l.waiting > 0: // a queue that grew since the last report is > 0 too
 				c.Kind = CauseWaitingQueue
 				return c, true
-			case l.streams >= r.DeepPile || l.streams > l.pileLow:
+			case l.streams >= DeepPile || l.streams > l.pileLow:
 				c.Kind = CausePile
 				return c, true
 			}
@@ -647,7 +643,7 @@ func (l *Liveness) engineSilence(now stamp, credit time.Duration, r *Rules) (Cau
 		// The prefill in hand: the servicer's figure, or what the routers
 		// hold in prefill on the worker when the engine reports none (an
 		// agent reading SGLang's load endpoints sees no prompt tokens).
-		bound = max(bound, r.prefillTime(2*float64(max(l.enginePrefill, l.prefillTokens)), l.prefillRate))
+		bound = max(bound, prefillTime(2*float64(max(l.enginePrefill, l.prefillTokens)), l.prefillRate))
 	}
 	if l.heardStream == 0 || l.heardAt != l.recordAt {
 		credit = 0 // a poll's record, or one re-read since on no stream
@@ -668,16 +664,16 @@ func (r *Rules) pileBound(prefillTokens int64, rate float64) time.Duration {
 		return r.Wedge
 	}
 	if rate <= 0 {
-		return max(r.Wedge, r.BoundCap)
+		return max(r.Wedge, BoundCap)
 	}
-	return max(r.Wedge, r.prefillTime(float64(prefillTokens), rate))
+	return max(r.Wedge, prefillTime(float64(prefillTokens), rate))
 }
 
 // prefillTime is tokens/rate, capped at BoundCap.
-func (r *Rules) prefillTime(tokens, rate float64) time.Duration {
+func prefillTime(tokens, rate float64) time.Duration {
 	secs := tokens / rate
-	if !(secs < r.BoundCap.Seconds()) { // also catches NaN
-		return r.BoundCap
+	if !(secs < BoundCap.Seconds()) { // also catches NaN
+		return BoundCap
 	}
 	return time.Duration(secs * float64(time.Second))
 }

@@ -525,8 +525,8 @@ func TestCauseStrings(t *testing.T) {
 }
 
 func TestLivenessConfig(t *testing.T) {
-	if got := DefaultLivenessConfig().Rules(); got != (Rules{Stall: 2 * s, Wedge: 3 * s, Stale: 15 * s, ReadLag: 15 * s, DeepPile: 4, BoundCap: 120 * s}) {
-		t.Fatalf("default rules %+v", got)
+	if got := DefaultLivenessConfig().Rules(); got != (Rules{Stall: 2 * s, Wedge: 3 * s, Stale: 15 * s, ReadLag: 15 * s}) || DeepPile != 4 || BoundCap != 120*s {
+		t.Fatalf("default rules %+v, deep pile %d, bound cap %v", got, DeepPile, BoundCap)
 	}
 	for _, c := range []struct {
 		cfg  LivenessConfig
