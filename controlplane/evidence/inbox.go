@@ -1,28 +1,21 @@
 // Package evidence is the one path by which what the control plane learns
-// of a worker reaches the registry: load reports and no-reports (agents,
-// the load monitor), liveness records, contact and transport failures
-// (agents, polls, health probes), and routers' piles, progress and
-// failures. Each source calls the Inbox; the registry decides every
-// verdict from the evidence it stores (registry.decide), in the same
-// transaction (the spec's "Polling", "When a Worker Does Not Report",
-// "When a Worker Dies or Loses Its Link", "When an Engine Freezes", "When a
-// Worker Goes Silent Entirely"; docs/verdicts.md).
+// of a worker reaches the registry: load reports and no-reports, liveness
+// records, contact and transport failures (agents, polls, health probes),
+// and routers' piles, progress and failures. The registry decides every
+// verdict from the evidence it stores, in the same transaction
+// (docs/verdicts.md).
 //
-// Each worker has one cell, its inbox: with Options.Coalesce, an
-// observation that leaves the worker's verdicts as they are (asked of the
-// registry's own rule, registry.Stands, on a scratch copy of the stored
-// record moved by everything pending) waits in it, the latest load and
-// pushed record winning; one that moves a verdict is stored at once, with
-// everything pending before it. Run flushes every cell, then sweeps (the
-// time-based rules), every judge.SweepInterval: a worker reporting 20
-// times a second is written once per 5 reports, and watchers see one
-// revision per flush.
+// Each worker has one cell: with Options.Coalesce, an observation that
+// leaves the worker's verdicts as they are (asked of the registry's own
+// rule, registry.Stands, on a scratch copy of the stored record moved by
+// everything pending) waits in it, the latest load and pushed record
+// winning; one that moves a verdict is stored at once, with everything
+// pending before it. Run flushes every cell, then sweeps (the time-based
+// rules), every judge.SweepInterval.
 //
-// Lock order: a registry transaction, then a cell. A cell's lock is a leaf
-// (cell.go: its methods take no other lock and never reach the registry;
-// TestACellsLockIsALeaf checks it); what it holds is taken out only inside
-// a transaction, so evidence is stored in the order it came, whoever
-// stores it.
+// Lock order: a registry transaction, then a cell, whose lock is a leaf
+// (TestACellsLockIsALeaf); what a cell holds is taken out only inside a
+// transaction, so evidence is stored in the order it came.
 //
 // It owns the cells, the flush and sweep, the routers' sums and the agent
 // streams' read states; the rules are judge's and every verdict is the

@@ -191,37 +191,28 @@ type Observed struct {
 // it stays the caller's), then its liveness record. The error is the
 // load's.
 func (in *Inbox) Observe(o *Observed, now time.Time) (err error) {
-	if in.observe(o, now) {
-		return nil
+	if in.opts.Coalesce && o.Rec.Pushed && len(o.Load.GetRanks()) > 0 {
+		// A Ready worker's load and pushed record: one lookup, one lock and
+		// one run of the rule for both.
+		c, w := o.Slot, (*registry.Worker)(nil)
+		if c == nil {
+			c = in.cell(o.WorkerID)
+		}
+		if c != nil {
+			w = c.h.Get()
+		} else {
+			w = in.reg.Get(o.WorkerID)
+		}
+		if w != nil && w.Ready() {
+			_ = in.pend(o.WorkerID, w, c, o.Load, true, &timedRecord{o.Rec, now})
+			return nil
+		}
 	}
 	if o.Load != nil {
 		err = in.ReportCopy(o.WorkerID, o.Load)
 	}
 	in.Record(o.WorkerID, o.Rec, now)
 	return err
-}
-
-// observe is ReportCopy and Record of a Ready worker's load and pushed
-// record in one lookup, one lock and one run of the rule; false: o is not
-// one, nothing done.
-func (in *Inbox) observe(o *Observed, now time.Time) bool {
-	if !in.opts.Coalesce || !o.Rec.Pushed || len(o.Load.GetRanks()) == 0 {
-		return false
-	}
-	c, w := o.Slot, (*registry.Worker)(nil)
-	if c == nil {
-		c = in.cell(o.WorkerID)
-	}
-	if c != nil {
-		w = c.h.Get() // one lookup for both
-	} else {
-		w = in.reg.Get(o.WorkerID)
-	}
-	if w == nil || !w.Ready() {
-		return false
-	}
-	_ = in.pend(o.WorkerID, w, c, o.Load, true, &timedRecord{o.Rec, now})
-	return true
 }
 
 // RecentlyPushed tells the poller to skip a worker whose agent delivered a

@@ -34,9 +34,9 @@ type Collector struct {
 	workers    map[string]*workerPairs // by worker id, every worker the last scrape saw
 	models     map[string]*modelPairs  // models with workers, and the ones remembered
 	remembered int                     // models kept after their last worker went
-	removed    map[rankKey]*tombstone
+	removed    map[rankKey]*rankPairs
 	order      []rankKey                   // eviction order of removed, oldest first
-	sorted     []series                    // every rank of workers and removed in label order
+	sorted     []*rankPairs                // every rank of workers and removed in label order
 	ranks      [sharedRanks]*dto.LabelPair // dp_rank pairs shared by every worker
 	dirty      bool                        // sorted misses a series or holds one dropped
 }
@@ -78,13 +78,15 @@ type workerPairs struct {
 	seen       uint64      // scrape that saw the worker last
 }
 
-// rankPairs is one rank's series.
+// rankPairs is one rank's series: a worker's, or a removed one's, written
+// at -1 unless a live worker has the same.
 type rankPairs struct {
-	rank   int32
-	key    rankKey
-	labels []*dto.LabelPair // nil: a duplicate rank, or a label not UTF-8: not written
-	load   *smgv1.RankLoad  // this scrape's, while it runs
-	seen   uint64
+	rank    int32
+	key     rankKey
+	labels  []*dto.LabelPair // nil: a duplicate rank, or a label not UTF-8: not written
+	load    *smgv1.RankLoad  // this scrape's, while it runs
+	seen    uint64           // the last scrape that saw it (removed: a live worker with it)
+	removed bool
 }
 
 // modelPairs is a model's smg_workers_overloaded series and its count in
@@ -96,30 +98,10 @@ type modelPairs struct {
 	remembered bool
 }
 
-// tombstone is a removed series, written at -1.
-type tombstone struct {
-	key    rankKey
-	labels []*dto.LabelPair
-	live   uint64 // scrape in which a live worker had the same series
-}
-
-// series is an entry of Collector.sorted: a live rank or a tombstone.
-type series struct {
-	rank *rankPairs
-	tomb *tombstone
-}
-
-func (s series) key() *rankKey {
-	if s.rank != nil {
-		return &s.rank.key
-	}
-	return &s.tomb.key
-}
-
 // NewCollector returns a collector over reg; register it on a Registerer.
 func NewCollector(reg *registry.Registry) *Collector {
 	return &Collector{reg: reg, workers: map[string]*workerPairs{}, models: map[string]*modelPairs{},
-		removed: map[rankKey]*tombstone{}}
+		removed: map[rankKey]*rankPairs{}}
 }
 
 // Describe implements prometheus.Collector.
@@ -168,7 +150,7 @@ func (c *Collector) collect() (ranks, models []promseries.Gauge) {
 			rp.seen, rp.load = now, r
 			if len(c.removed) > 0 {
 				if t := c.removed[rp.key]; t != nil {
-					t.live = now
+					t.seen = now
 				}
 			}
 		}
@@ -188,18 +170,18 @@ func (c *Collector) collect() (ranks, models []promseries.Gauge) {
 	k := 0
 	for _, s := range c.sorted {
 		switch {
-		case s.rank != nil && s.rank.seen == now:
-			r := s.rank.load
-			s.rank.load = nil // the registry's record, not kept past the scrape
+		case !s.removed && s.seen == now:
+			r := s.load
+			s.load = nil // the registry's record, not kept past the scrape
 			v := [5]float64{float64(r.GetWaitingRequests()), r.GetTokenUsage(), float64(r.GetRunningRequests()),
 				r.GetGenThroughput(), r.GetCacheHitRate()}
 			for j, d := range engineDescs {
-				ranks[k].Set(d, s.rank.labels, v[j])
+				ranks[k].Set(d, s.labels, v[j])
 				k++
 			}
-		case s.tomb != nil && s.tomb.live != now:
+		case s.removed && s.seen != now:
 			for _, d := range engineDescs {
-				ranks[k].Set(d, s.tomb.labels, -1)
+				ranks[k].Set(d, s.labels, -1)
 				k++
 			}
 		}
@@ -230,16 +212,15 @@ func (c *Collector) sort() {
 	for _, p := range c.workers {
 		for i := range p.ranks {
 			if rp := &p.ranks[i]; rp.labels != nil {
-				c.sorted = append(c.sorted, series{rank: rp})
+				c.sorted = append(c.sorted, rp)
 			}
 		}
 	}
 	for _, t := range c.removed {
-		c.sorted = append(c.sorted, series{tomb: t})
+		c.sorted = append(c.sorted, t)
 	}
-	slices.SortFunc(c.sorted, func(a, b series) int {
-		ka, kb := a.key(), b.key()
-		return cmp.Or(strings.Compare(ka.rank, kb.rank), strings.Compare(ka.model, kb.model), strings.Compare(ka.worker, kb.worker))
+	slices.SortFunc(c.sorted, func(a, b *rankPairs) int {
+		return cmp.Or(strings.Compare(a.key.rank, b.key.rank), strings.Compare(a.key.model, b.key.model), strings.Compare(a.key.worker, b.key.worker))
 	})
 	clear(c.sorted[len(c.sorted):cap(c.sorted)]) // drop what the last sort held
 	c.dirty = false
@@ -322,7 +303,7 @@ func (c *Collector) Removed(w *registry.Worker) {
 			delete(c.removed, c.order[0])
 			c.order = c.order[1:]
 		}
-		c.removed[k] = &tombstone{key: k, labels: labels}
+		c.removed[k] = &rankPairs{key: k, labels: labels, removed: true}
 		c.order = append(c.order, k)
 		c.dirty = true
 	}
