@@ -2,6 +2,7 @@ package evidence
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -216,9 +217,7 @@ func (c *Collector) sort() {
 			}
 		}
 	}
-	for _, t := range c.removed {
-		c.sorted = append(c.sorted, t)
-	}
+	c.sorted = slices.AppendSeq(c.sorted, maps.Values(c.removed))
 	slices.SortFunc(c.sorted, func(a, b *rankPairs) int {
 		return cmp.Or(strings.Compare(a.key.rank, b.key.rank), strings.Compare(a.key.model, b.key.model), strings.Compare(a.key.worker, b.key.worker))
 	})

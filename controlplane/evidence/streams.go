@@ -67,19 +67,6 @@ type streams struct {
 // process (scheduling jitter is not one).
 const stallAfter = 4 * judge.SweepInterval
 
-// swept notes a sweep at now and counts the time since the previous one
-// beyond its interval, when it came stallAfter late or more.
-func (ss *streams) swept(now time.Time) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if gap := now.Sub(ss.lastSweep); !ss.lastSweep.IsZero() && gap >= stallAfter {
-		ss.stalls.Add(int64(gap - judge.SweepInterval))
-	}
-	if now.After(ss.lastSweep) {
-		ss.lastSweep = now
-	}
-}
-
 // OpenStream registers a new agent stream; close it with CloseStream when
 // the stream ends, so its workers' silence is no longer credited to it.
 func (in *Inbox) OpenStream() *Stream {
@@ -98,13 +85,21 @@ func (in *Inbox) CloseStream(s *Stream) {
 	delete(in.streams.open, s.id)
 }
 
-// readStates returns every open stream's read state, for one sweep at now.
+// readStates returns every open stream's read state, for one sweep at now,
+// counting the time since the previous sweep beyond its interval as a stall
+// when it came stallAfter late or more.
 func (in *Inbox) readStates(now time.Time) map[uint64]*judge.StreamRead {
-	in.streams.swept(now)
-	in.streams.mu.Lock()
-	defer in.streams.mu.Unlock()
-	out := make(map[uint64]*judge.StreamRead, len(in.streams.open))
-	for id, s := range in.streams.open {
+	ss := &in.streams
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if gap := now.Sub(ss.lastSweep); !ss.lastSweep.IsZero() && gap >= stallAfter {
+		ss.stalls.Add(int64(gap - judge.SweepInterval))
+	}
+	if now.After(ss.lastSweep) {
+		ss.lastSweep = now
+	}
+	out := make(map[uint64]*judge.StreamRead, len(ss.open))
+	for id, s := range ss.open {
 		out[id] = s.state() // a stream's lock is taken after the set's, never before
 	}
 	return out
