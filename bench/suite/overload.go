@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/smg-project/smg/bench"
@@ -228,15 +229,25 @@ func (s *Suite) Overload(ctx context.Context) (*OverloadReport, error) {
 
 // pickConfigs is the configurations of all named in names, in the order
 // named: twins interleaved, and rounds that reverse the order, alternate
-// on the box.
+// on the box. name@secs is the configuration with that router wait
+// (--worker-admission-wait-secs), so waits compare under one calibration.
 func pickConfigs(all []GatewayConfig, names []string) ([]GatewayConfig, error) {
 	picked := make([]GatewayConfig, 0, len(names))
 	for _, name := range names {
-		i := slices.IndexFunc(all, func(gc GatewayConfig) bool { return gc.Name == name })
+		base, wait, waited := strings.Cut(name, "@")
+		i := slices.IndexFunc(all, func(gc GatewayConfig) bool { return gc.Name == base })
 		if i < 0 {
 			return nil, fmt.Errorf("unknown overload configuration %q", name)
 		}
-		picked = append(picked, all[i])
+		gc := all[i]
+		if waited {
+			if !slices.Contains(gc.Flags, "--worker-admission-wait-secs") {
+				return nil, fmt.Errorf("%q: %s has no router wait to replace", name, base)
+			}
+			gc.Name = name
+			gc.Flags, gc.RouterFlags = withFlag(gc.Flags, "--worker-admission-wait-secs", wait), withFlag(gc.RouterFlags, "--worker-admission-wait-secs", wait)
+		}
+		picked = append(picked, gc)
 	}
 	return picked, nil
 }

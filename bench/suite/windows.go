@@ -18,12 +18,23 @@ import (
 	"github.com/smg-project/smg/bench"
 )
 
-// windowFlags are the router-side flags of the window configurations: every
-// engine gated on its running window (the engine reports 8), no wait in the
-// router (a request that finds every window full is shed at once: a router
-// queue that holds requests for seconds only moves the latency) and no queue
-// allowance in the engines. The overload veto stays on beneath.
+// windowFlags gate every engine on its running window (the engine reports
+// 8) with no wait in the router (a request that finds every window full is
+// shed at once: a router queue that holds requests for seconds only moves
+// the latency) and no queue allowance in the engines. The overload veto
+// stays on beneath.
 var windowFlags = []string{"--worker-overload-shed", "--worker-admission-window", "--worker-admission-wait-secs", "0"}
+
+// roomWait is the window configurations' router wait for a room, in
+// seconds: with none a router is a loss system, and a room freed between
+// two arrivals stays empty until the next one (2-5% of the rooms at 2×);
+// a request that finds every window full waits this long for a freed room
+// instead, which adds at most this much to its TTFT. The configurations'
+// Why texts say 20 ms.
+const roomWait = "0.02"
+
+// windowWaitFlags are windowFlags with the window configurations' wait.
+var windowWaitFlags = withFlag(windowFlags, "--worker-admission-wait-secs", roomWait)
 
 // routerBase is what an extra router shares with the gateway's own router.
 var routerBase = []string{"--policy", "least_load", "--load-monitor-interval", "1"}
@@ -33,37 +44,37 @@ var routerBase = []string{"--policy", "least_load", "--load-monitor-interval", "
 // each counting the whole window alone (what shares buy).
 func WindowConfigs() []GatewayConfig {
 	sglang := []string{"--flavor", "sglang"}
-	alone := append(append([]string{}, windowFlags...), "--worker-admission-window-mode", "per-router")
+	alone := append(append([]string{}, windowWaitFlags...), "--worker-admission-window-mode", "per-router")
 	return []GatewayConfig{
-		{Name: "window-1r", Flags: windowFlags, SimArgs: sglang,
-			Why: "running windows (8, reported by the engines), wait 0, queue 0; 1 router"},
-		{Name: "window-1r-grpc", Flags: windowFlags, SimArgs: sglang, GRPC: true,
+		{Name: "window-1r", Flags: windowWaitFlags, SimArgs: sglang,
+			Why: "running windows (8, reported by the engines), a wait of at most 20 ms for a room, queue 0; 1 router"},
+		{Name: "window-1r-grpc", Flags: windowWaitFlags, SimArgs: sglang, GRPC: true,
 			Why: "window-1r with the same engines registered by their gRPC URLs (SMG's engine protocol): the router renders the chat template, tokenizes, calls Generate and detokenizes"},
-		{Name: "window-3r", Flags: windowFlags, SimArgs: sglang, Routers: 3,
-			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
+		{Name: "window-3r", Flags: windowWaitFlags, SimArgs: sglang, Routers: 3,
+			RouterFlags: append(append([]string{}, routerBase...), windowWaitFlags...),
 			Why:         "the same, 3 routers sharing each window (client spreads requests over them in turn)"},
-		{Name: "window-3r-lo", Flags: windowFlags, SimArgs: sglang, Routers: 3, Spread: bench.SpreadLeastOutstanding,
-			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
+		{Name: "window-3r-lo", Flags: windowWaitFlags, SimArgs: sglang, Routers: 3, Spread: bench.SpreadLeastOutstanding,
+			RouterFlags: append(append([]string{}, routerBase...), windowWaitFlags...),
 			Why:         "the same 3 routers sharing each window, the client sending each request to the router with the fewest of its requests open (least outstanding)"},
-		{Name: "window-3r-next", Flags: windowFlags, SimArgs: sglang, Routers: 3, ShedFailover: true,
-			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
+		{Name: "window-3r-next", Flags: windowWaitFlags, SimArgs: sglang, Routers: 3, ShedFailover: true,
+			RouterFlags: append(append([]string{}, routerBase...), windowWaitFlags...),
 			Why:         "the same 3 routers sharing each window, in turn; a request shed by one router goes on to the next at once (each router once), as a balancer retrying 503 on another upstream"},
-		{Name: "window-3r-loan", Flags: windowFlags, SimArgs: sglang, Routers: 3, Handoff: true,
-			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
+		{Name: "window-3r-loan", Flags: windowWaitFlags, SimArgs: sglang, Routers: 3, Handoff: true,
+			RouterFlags: append(append([]string{}, routerBase...), windowWaitFlags...),
 			Why:         "the same 3 routers sharing each window, in turn; a router with no room in its share borrows one from a peer router that has one and sends the request there itself (`--peer-routers`, each router listing the other two)"},
 		{Name: "window-3r-alone", Flags: alone, SimArgs: sglang, Routers: 3,
 			RouterFlags: append(append([]string{}, routerBase...), alone...),
 			Why:         "the same 3 routers, each counting the whole window alone (`--worker-admission-window-mode per-router`)"},
-		{Name: "window-vllm-1r", Flags: windowFlags, LearnWindows: true,
-			Why: "running windows learned (vLLM flavor: the engines report no window; their real one is 8), wait 0, queue 0; 1 router"},
-		{Name: "window-vllm-3r", Flags: windowFlags, LearnWindows: true, Routers: 3,
-			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
+		{Name: "window-vllm-1r", Flags: windowWaitFlags, LearnWindows: true,
+			Why: "running windows learned (vLLM flavor: the engines report no window; their real one is 8), a wait of at most 20 ms for a room, queue 0; 1 router"},
+		{Name: "window-vllm-3r", Flags: windowWaitFlags, LearnWindows: true, Routers: 3,
+			RouterFlags: append(append([]string{}, routerBase...), windowWaitFlags...),
 			Why:         "the same learned windows, 3 routers sharing each window (client spreads requests over them in turn)"},
-		{Name: "window-vllm-3r-next", Flags: windowFlags, LearnWindows: true, Routers: 3, ShedFailover: true,
-			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
+		{Name: "window-vllm-3r-next", Flags: windowWaitFlags, LearnWindows: true, Routers: 3, ShedFailover: true,
+			RouterFlags: append(append([]string{}, routerBase...), windowWaitFlags...),
 			Why:         "window-3r-next with learned windows: a request shed by one router goes on to the next at once (each router once)"},
-		{Name: "window-vllm-3r-loan", Flags: windowFlags, LearnWindows: true, Routers: 3, Handoff: true,
-			RouterFlags: append(append([]string{}, routerBase...), windowFlags...),
+		{Name: "window-vllm-3r-loan", Flags: windowWaitFlags, LearnWindows: true, Routers: 3, Handoff: true,
+			RouterFlags: append(append([]string{}, routerBase...), windowWaitFlags...),
 			Why:         "window-3r-loan with learned windows: a router with no room in its share borrows one from a peer router (`--peer-routers`)"},
 	}
 }

@@ -44,7 +44,8 @@ func TestLossBound(t *testing.T) {
 }
 
 // TestPickConfigs: --configs runs the configurations in the order named (so
-// rounds can alternate twins) and refuses a name it does not know.
+// rounds can alternate twins), name@secs with that router wait, and refuses
+// a name it does not know.
 func TestPickConfigs(t *testing.T) {
 	all := WindowConfigs()
 	got, err := pickConfigs(all, []string{"window-vllm-3r-next", "window-3r-next", "window-vllm-1r"})
@@ -60,6 +61,21 @@ func TestPickConfigs(t *testing.T) {
 	}
 	if _, err := pickConfigs(all, []string{"window-1r", "window-9r"}); err == nil || !strings.Contains(err.Error(), "window-9r") {
 		t.Fatalf("unknown name: err %v, want one naming window-9r", err)
+	}
+	// name@secs: the configuration with that router wait, beside itself.
+	got, err = pickConfigs(all, []string{"window-3r-next", "window-3r-next@0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[1].Name != "window-3r-next@0" || !slices.Equal(got[1].Flags, windowFlags) ||
+		!slices.Contains(got[1].RouterFlags, "0") || slices.Contains(got[1].RouterFlags, roomWait) {
+		t.Fatalf("window-3r-next@0: %s %v %v, want wait 0 in both", got[1].Name, got[1].Flags, got[1].RouterFlags)
+	}
+	if !slices.Equal(got[0].Flags, windowWaitFlags) || got[0].Name != "window-3r-next" {
+		t.Fatalf("window-3r-next: %s %v, want %v", got[0].Name, got[0].Flags, windowWaitFlags)
+	}
+	if _, err := pickConfigs(all, []string{"window-9r@0"}); err == nil || !strings.Contains(err.Error(), "window-9r@0") {
+		t.Fatalf("unknown name with a wait: err %v", err)
 	}
 }
 

@@ -36,7 +36,7 @@ func main() {
 	seed := fs.Uint64("seed", 1, "seed of the simulated engines and of the offered load")
 	agentPoll := fs.Duration("agent-poll", 50*time.Millisecond,
 		"run one smg agent covering every engine, polling each this often (0: the control plane polls over HTTP)")
-	only := fs.String("configs", "", "overload, objectives, tenants: comma-separated configurations to run (empty: all; with --suite overload, only the overload scenario runs, in the order named)")
+	only := fs.String("configs", "", "overload, objectives, tenants: comma-separated configurations to run (empty: all; with --suite overload, only the overload scenario runs, in the order named; name@secs: that configuration with --worker-admission-wait-secs secs)")
 	loads := fs.String("loads", "", "overload, objectives: comma-separated multiples of capacity (empty: 0.5,1,1.5,2; objectives 1,2,4)")
 	replot := fs.Bool("republish", false, "overload, objectives: rewrite the docs tables and plots from the last full run's overload.json (objectives.json) in --raw, without running")
 	tuned := fs.Int("tuned-waiting", 0, "overload: waiting-requests ceiling of shed-tuned (0: the benchmark's choice)")
