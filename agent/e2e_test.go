@@ -55,7 +55,7 @@ func startControlPlane(t *testing.T, cfg cpConfig) *controlPlane {
 		}}
 	}
 	cp.srv = agentsvc.New(cp.reg, tr, submit,
-		agentsvc.Options{Token: cfg.token, Now: cfg.now, Registration: policy}, discard())
+		agentsvc.Options{Auth: agentsvc.TokenAuth{Shared: cfg.token}, Now: cfg.now, Registration: policy}, discard())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

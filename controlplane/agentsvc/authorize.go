@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/podwatch"
 	"github.com/smg-project/smg/internal/workerurl"
@@ -108,10 +107,4 @@ func (s *Server) refused(st *agentStream, url string, err error) error {
 			"node", st.node, "peer", st.peer, "url", workerurl.Redact(url), "reason", err.Error())
 	}
 	return err
-}
-
-// onNode reports whether w is on the stream's node (authorize describe).
-func (s *Server) onNode(st *agentStream, w *registry.Worker) bool {
-	_, err := s.authorize(context.Background(), st, describe, w.Spec)
-	return err == nil
 }

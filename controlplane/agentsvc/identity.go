@@ -151,14 +151,13 @@ type hostSet struct {
 	allowed  map[string]bool
 	prefixes []netip.Prefix // the node's address ranges (its pod CIDR)
 	loopback bool           // the agent runs on the control plane's host
-	resolve  func(ctx context.Context, host string) ([]string, error)
 
 	mu    sync.Mutex
 	names map[string]bool
 }
 
 func newHostSet(id Identity, ctx context.Context) *hostSet {
-	hs := &hostSet{allowed: map[string]bool{}, names: map[string]bool{}, resolve: net.DefaultResolver.LookupHost}
+	hs := &hostSet{allowed: map[string]bool{}, names: map[string]bool{}}
 	for _, h := range id.Hosts {
 		if p, err := netip.ParsePrefix(h); err == nil {
 			hs.prefixes = append(hs.prefixes, p)
@@ -192,7 +191,7 @@ func (hs *hostSet) contains(host string) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	addrs, _ := hs.resolve(ctx, host)
+	addrs, _ := net.DefaultResolver.LookupHost(ctx, host)
 	ok := len(addrs) > 0
 	for _, a := range addrs {
 		if ip := net.ParseIP(a); ip == nil || !hs.allowedIP(ip) {

@@ -41,7 +41,6 @@ func (s *Server) pods(st *agentStream, m *smgv1.DiscoveredPods) {
 	}
 }
 
-// applyPods authorizes and applies the stream's latest pods until none waits.
 func (s *Server) applyPods(st *agentStream) {
 	for {
 		st.pods.mu.Lock()

@@ -42,12 +42,9 @@ import (
 
 // Options configure a Server.
 type Options struct {
-	// Token, when set, is required as gRPC metadata
-	// "authorization: Bearer <token>" (smg agent --token); it names no
-	// node. Ignored when Auth is set.
-	Token string
-	// Auth turns a stream's credentials into its identity (nil: TokenAuth
-	// with Token). An identity that names a node binds the stream to it.
+	// Auth turns a stream's credentials into its identity (nil: every
+	// stream is accepted). An identity that names a node binds the stream
+	// to it.
 	Auth Authenticator
 	// Registration says what an agent may register (hello.register).
 	Registration RegistrationPolicy
@@ -115,20 +112,15 @@ type Server struct {
 	ended func(node string) // tests: a stream's end has been applied
 }
 
-// New returns an AgentService over the registry. submit registers a worker
-// in the background (admin.Service.Submit); it runs for engines an agent
-// registers itself (hello.register). Every record, event and contact goes
-// to ev.
+// New returns an AgentService over the registry, feeding ev. submit
+// registers the engines agents register themselves (admin.Service.Submit).
 func New(reg *registry.Registry, ev *evidence.Inbox,
 	submit func(*smgv1.WorkerSpec) (string, error), opts Options, log *slog.Logger) *Server {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
 	if opts.Auth == nil {
-		opts.Auth = TokenAuth{Shared: opts.Token}
+		opts.Auth = TokenAuth{}
 	}
 	// A verified client certificate (mutual TLS) binds the stream to the node
 	// it names, on top of whatever the tokens say.
@@ -153,17 +145,15 @@ func (s *Server) Close() {
 	}
 }
 
-// agentStream is one agent's stream.
 type agentStream struct {
 	ctx  context.Context // the stream's: ends with it
 	node string
 	peer string
 	own  []string // engines named in the hello
 
-	// read is how far the control plane has read the stream (the liveness
-	// sweep tells the agent's silence from its own lag with it); heard is
-	// the message being applied, as its evidence is heard. Only the receive
-	// goroutine sets heard.
+	// read is how far the control plane has read the stream (the sweep
+	// tells the agent's silence from our own lag with it); heard is the
+	// message being applied.
 	read  *evidence.Stream
 	heard judge.Heard
 
@@ -176,34 +166,23 @@ type agentStream struct {
 	mu      sync.Mutex
 	covered map[string]bool // engine URLs assigned to or reported by this stream
 
-	// assigned is the latest assignment sent (guarded by the Server's mu):
-	// the engines the agent streams and polls while this is its node's
-	// latest stream.
-	assigned []string
+	assigned []string // the latest assignment sent (guarded by the Server's mu)
 
-	// engines is what the receive goroutine keeps of each engine it heard
-	// of, by URL (canonical); only it touches it.
-	engines map[string]*engineState
+	// The rest is the receive goroutine's alone.
 
-	// known maps the URLs the agent sends, as it spells them, to the
-	// worker they named on this node, so a record costs one map lookup
-	// (its handle holds the worker's current record) instead of
-	// normalising its URL and looking it up. An entry holds while the worker's spec is the one it
-	// was found with (a new registration is another spec). Bounded by
-	// maxKnown; only the receive goroutine touches it.
+	engines map[string]*engineState // by canonical URL
+	// known maps the URLs the agent sends, as it spells them, to the worker
+	// they named on this node, so a record costs one map lookup instead of
+	// normalising its URL; an entry holds while the worker's spec is the
+	// one it was found with (a new registration is another spec).
 	known map[string]knownWorker
-
 	// pending is the latest record of each of the hello's engines that was
-	// not registered yet when it arrived; the first contact or heartbeat
-	// after its registration applies it in full (the agent sends a record
-	// only when something changed). Only the receive goroutine touches it.
+	// not registered yet when it arrived: the first contact or heartbeat
+	// after its registration applies it (the agent sends a record only when
+	// something changed).
 	pending map[string]*smgv1.LoadRecord
-
-	// dec decodes the records of the agent's messages, and scratch holds a
-	// record proto.Unmarshal decoded; only the receive goroutine touches
-	// them.
 	dec     recordsDecoder
-	scratch wireRecord
+	scratch wireRecord // a record proto.Unmarshal decoded
 }
 
 type knownWorker struct {
@@ -214,15 +193,12 @@ type knownWorker struct {
 
 // engineState is what a stream keeps of one engine.
 type engineState struct {
-	// reported: the agent reported it and the stream covers it already, so
-	// a record takes no lock to cover its engine.
-	reported bool
+	reported bool // covered already: a record takes no lock to cover it
 	// last is the latest record, so that a contact or a heartbeat
 	// ("nothing changed since my last record") re-applies it.
 	last    lastRecord
 	hasLast bool
-	// slot is its worker's in the inbox, kept while the inbox keeps it.
-	slot *evidence.Slot
+	slot    *evidence.Slot // its worker's, kept while the inbox keeps it
 }
 
 // maxKnown bounds a stream's known URLs: an agent covers its node's
@@ -254,16 +230,6 @@ func (st *agentStream) cover(urls ...string) {
 	for _, u := range urls {
 		st.covered[u] = true
 	}
-}
-
-// engine returns the state of the engine url (canonical).
-func (st *agentStream) engine(url string) *engineState {
-	e := st.engines[url]
-	if e == nil {
-		e = &engineState{}
-		st.engines[url] = e
-	}
-	return e
 }
 
 // coverReported covers e's engine, url, reported by the agent.
@@ -467,7 +433,11 @@ func (s *Server) workerEngine(st *agentStream, url string) (*registry.Worker, *e
 	if len(st.known) >= maxKnown {
 		clear(st.known)
 	}
-	e := st.engine(w.Spec.GetUrl())
+	e := st.engines[w.Spec.GetUrl()]
+	if e == nil {
+		e = &engineState{}
+		st.engines[w.Spec.GetUrl()] = e
+	}
 	if h := s.reg.Handle(w.ID); h != nil {
 		st.known[url] = knownWorker{h: h, spec: w.Spec, engine: e}
 	}
@@ -525,8 +495,8 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	}
 }
 
-// recordWorker is worker for a record's URL, without copying the URL when
-// the stream knows it.
+// recordWorker is workerEngine for a record's URL, not copied when the
+// stream knows it.
 func (s *Server) recordWorker(st *agentStream, url []byte) (*registry.Worker, *engineState) {
 	if k, ok := st.known[string(url)]; ok {
 		if w := k.h.Get(); w != nil && w.Spec == k.spec {
@@ -619,22 +589,27 @@ func (s *Server) setAgentNode(w *registry.Worker, node string) {
 	if w.AgentNode == node {
 		return
 	}
-	id := w.ID
-	if _, err := s.reg.Update(func(t *registry.Txn) error {
-		w := t.Get(id)
-		if w == nil || w.AgentNode == node {
-			return nil
-		}
-		c := w.Clone()
-		c.AgentNode = node
-		t.Insert(c)
-		return nil
-	}); err != nil {
-		s.log.Error("Agent node not stored", "worker_id", id, "node", node, "error", err)
+	if err := s.storeAgentNode([]string{w.ID}, node, func(cur string) bool { return cur != node }); err != nil {
+		s.log.Error("Agent node not stored", "worker_id", w.ID, "node", node, "error", err)
 	}
 }
 
-// current reports whether st is its node's latest stream.
+// storeAgentNode sets the AgentNode of the workers ids whose stored one
+// passes replace.
+func (s *Server) storeAgentNode(ids []string, node string, replace func(cur string) bool) error {
+	_, err := s.reg.Update(func(t *registry.Txn) error {
+		for _, id := range ids {
+			if w := t.Get(id); w != nil && replace(w.AgentNode) {
+				c := w.Clone()
+				c.AgentNode = node
+				t.Insert(c)
+			}
+		}
+		return nil
+	})
+	return err
+}
+
 func (s *Server) current(st *agentStream) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -677,7 +652,10 @@ func (s *Server) endStream(st *agentStream, broke bool) {
 	snap := s.reg.Snapshot()
 	for _, u := range st.coveredURLs() {
 		w := snap.GetByURL(u)
-		if w == nil || !s.onNode(st, w) {
+		if w == nil {
+			continue
+		}
+		if _, err := s.authorize(context.Background(), st, describe, w.Spec); err != nil {
 			continue // another node's worker is not this stream's to fail
 		}
 		ids = append(ids, w.ID)
@@ -688,18 +666,7 @@ func (s *Server) endStream(st *agentStream, broke bool) {
 	if s.opts.StreamEnded != nil && len(ids) > 0 {
 		s.opts.StreamEnded(ids)
 	}
-	if _, err := s.reg.Update(func(t *registry.Txn) error {
-		for _, id := range ids {
-			w := t.Get(id)
-			if w == nil || w.AgentNode != st.node {
-				continue
-			}
-			c := w.Clone()
-			c.AgentNode = ""
-			t.Insert(c)
-		}
-		return nil
-	}); err != nil {
+	if err := s.storeAgentNode(ids, "", func(cur string) bool { return cur == st.node }); err != nil {
 		s.log.Error("Agent node not cleared", "node", st.node, "error", err)
 	}
 }

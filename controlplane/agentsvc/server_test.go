@@ -78,7 +78,10 @@ func start(t testing.TB, cfg config) *harness {
 		return "w-new", nil
 	}
 	opts := cfg.opts
-	opts.Token, opts.Now = cfg.token, h.clock.Now
+	opts.Now = h.clock.Now
+	if cfg.token != "" {
+		opts.Auth = TokenAuth{Shared: cfg.token}
+	}
 	h.tr = tr
 	h.srv = New(h.reg, tr, submit, opts, discard())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -14,19 +14,17 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
-// rawRequest receives a ReportRequest's wire bytes: gRPC's proto codec
-// unmarshals through protobuf-go, which calls the Unmarshal method of a
-// message that has one (the legacy proto.Unmarshaler), so the stream gets
-// the bytes and decodes its records itself (recordsDecoder) into memory it
-// reuses. The codec frees its buffer when Unmarshal returns: the bytes are
-// copied into buf, which the next message reuses.
+// rawRequest receives a ReportRequest's wire bytes: protobuf-go calls the
+// Unmarshal method of a message that has one (the legacy
+// proto.Unmarshaler), so the stream decodes its records itself
+// (recordsDecoder) into memory it reuses. The codec frees its buffer when
+// Unmarshal returns: the bytes are copied into buf.
 type rawRequest struct{ buf []byte }
 
 func (r *rawRequest) Reset()         { r.buf = r.buf[:0] }
 func (r *rawRequest) String() string { return "agentsvc.rawRequest" }
 func (r *rawRequest) ProtoMessage()  {}
 
-// Unmarshal keeps a copy of b.
 func (r *rawRequest) Unmarshal(b []byte) error {
 	r.buf = append(r.buf[:0], b...)
 	return nil
@@ -37,7 +35,6 @@ func (r *rawRequest) Unmarshal(b []byte) error {
 // the life of the stream.
 const maxKeptBuffer = 256 << 10
 
-// release drops a buffer grown past maxKeptBuffer.
 func (r *rawRequest) release() {
 	if cap(r.buf) > maxKeptBuffer {
 		r.buf = nil
@@ -46,9 +43,7 @@ func (r *rawRequest) release() {
 
 // wireRecord is a LoadRecord as the stream reads it: url aliases the
 // message's bytes, and load, silence and observedAt point into the record's
-// own buffers, reused by the next message. Nothing of it may be kept: the
-// inbox copies the load (evidence.Inbox.ReportCopy), and own makes a
-// LoadRecord to keep.
+// own buffers, reused by the next message; own makes a LoadRecord to keep.
 type wireRecord struct {
 	url        []byte
 	load       *smgv1.EngineLoad      // nil, or &loadBuf
@@ -94,9 +89,10 @@ func (r *wireRecord) own() *smgv1.LoadRecord {
 }
 
 // recordsDecoder decodes a ReportRequest that carries load records (a
-// LoadRecords, or one LoadRecord) into records it reuses: the hot path
-// costs no allocation per record. It accepts what proto.Unmarshal accepts
-// and yields what it yields, unknown fields left out (FuzzDecodeRecords).
+// LoadRecords, or one LoadRecord) into records it reuses, with no
+// allocation per record. It accepts what proto.Unmarshal accepts and yields
+// what it yields, unknown fields left out (FuzzDecodeRecords,
+// TestDecodeRecordsReadsEveryField).
 type recordsDecoder struct {
 	recs   []*wireRecord
 	source string // the latest load source, reused while it repeats
@@ -114,56 +110,37 @@ const maxKeptRecords = 4096
 // field is a LoadRecords (merged, as proto.Unmarshal merges them: their
 // records in order) or whose one field is a LoadRecord, with or without its
 // sent_at (zero when unset); ok is false for any other message (a hello, an
-// event, a heartbeat, pods, a mix), and for a malformed one (errWire:
-// proto.Unmarshal says why).
+// event, a heartbeat, pods, a mix), and for a malformed one (proto.Unmarshal
+// says why).
 func (d *recordsDecoder) decode(b []byte) (recs []*wireRecord, sentAt time.Time, ok bool) {
 	if len(d.recs) > maxKeptRecords {
 		d.recs = nil
 	}
-	single, batches := 0, 0
-	for rest := b; len(rest) > 0; {
-		num, typ, n := protowire.ConsumeTag(rest)
-		if n < 0 || typ != protowire.BytesType {
-			return nil, sentAt, false
-		}
-		switch num {
-		case 2:
-			single++
-		case 6:
-			batches++
-		case 7: // sent_at
-		default:
-			return nil, sentAt, false
-		}
-		rest = rest[n:]
-		if n = protowire.ConsumeFieldValue(num, typ, rest); n < 0 {
-			return nil, sentAt, false
-		}
-		rest = rest[n:]
-	}
-	if !(single == 1 && batches == 0) && !(single == 0 && batches > 0) {
-		return nil, sentAt, false
-	}
-	n, hasSent := 0, false
+	single, batches, n, hasSent := 0, 0, 0, false
 	d.sent.Seconds, d.sent.Nanos = 0, 0
-	for len(b) > 0 {
-		num, _, tn := protowire.ConsumeTag(b)
-		v, vn := protowire.ConsumeBytes(b[tn:])
-		b = b[tn+vn:]
+	fr := fieldReader{b: b}
+	for fr.next() {
 		var err error
-		switch num {
-		case 2:
-			err = d.record(v, n)
+		switch f := &fr.f; {
+		case f.is(2, protowire.BytesType):
+			single++
+			err = d.record(f.p, n)
 			n++
-		case 6:
-			n, err = d.records(v, n)
-		default:
+		case f.is(6, protowire.BytesType):
+			batches++
+			n, err = d.records(f.p, n)
+		case f.is(7, protowire.BytesType):
 			hasSent = true
-			err = secondsNanos(v, &d.sent.Seconds, &d.sent.Nanos)
+			err = secondsNanos(f.p, &d.sent.Seconds, &d.sent.Nanos)
+		default:
+			return nil, sentAt, false
 		}
 		if err != nil {
 			return nil, sentAt, false
 		}
+	}
+	if fr.err != nil || !(single == 1 && batches == 0) && !(single == 0 && batches > 0) {
+		return nil, sentAt, false
 	}
 	if hasSent {
 		sentAt = d.sent.AsTime()
@@ -297,8 +274,7 @@ func clearLoad(l *smgv1.EngineLoad, ranks []*smgv1.RankLoad) {
 	l.KvCapacityTokens, l.ProcessStartTimeSeconds = 0, 0
 }
 
-// nextRank appends a rank to l, reusing a RankLoad left past its length by
-// an earlier record.
+// nextRank appends a rank to l, reusing a RankLoad of an earlier record.
 func nextRank(l *smgv1.EngineLoad) *smgv1.RankLoad {
 	n := len(l.Ranks)
 	if n < cap(l.Ranks) {
@@ -358,9 +334,8 @@ func secondsNanos(b []byte, seconds *int64, nanos *int32) error {
 	return fr.err
 }
 
-// fieldReader reads the fields of a message in order: next reads one into
-// f, and false ends the loop, at the end of the message or at a malformed
-// field (err).
+// fieldReader reads the fields of a message in order into f; next is false
+// at the end of the message or at a malformed field (err).
 type fieldReader struct {
 	b   []byte
 	f   wireField
@@ -397,10 +372,9 @@ func (f wireField) is(num protowire.Number, typ protowire.Type) bool {
 }
 
 // nextField reads the first field of b (not empty) into f and returns its
-// length, rejecting
-// what proto.Unmarshal rejects: a field number out of range, an end-group
-// tag (no group is open in a message field), a truncated or overlong value,
-// a group never closed.
+// length, rejecting what proto.Unmarshal rejects: a field number out of
+// range, an end-group tag (no group is open in a message field), a
+// truncated or overlong value, a group never closed.
 func nextField(b []byte, f *wireField) (n int, err error) {
 	var t uint64
 	tn := 1
