@@ -1,13 +1,11 @@
 // Package spread staggers the control plane's periodic contacts with many
-// workers (health probes, load polls) over their interval, the way
-// Prometheus spreads scrapes: each worker has a stable phase within the
-// interval, a hash of the control plane's seed and the worker id. Ten
-// thousand workers registered at once are then contacted over one interval
-// rather than at one instant. A few new workers at a time still get their
-// first contact at once, from a small burst budget.
+// workers (health probes, load polls) over their interval, as Prometheus
+// spreads scrapes: each worker has a stable phase, a hash of the control
+// plane's seed and its id, so ten thousand workers registered at once are
+// contacted over one interval, not at one instant. A few new workers at a
+// time still get their first contact at once, from a small burst budget.
 //
-// It owns the phase arithmetic only: it reads no registry and contacts no
-// worker.
+// It owns the phase arithmetic only: it reads no registry and contacts no worker.
 package spread
 
 import (

@@ -18,12 +18,10 @@ import (
 )
 
 // The watch's messages are written straight to their wire bytes: built as
-// RoutingWorker messages and marshalled, a 10,000-worker snapshot allocates
-// 3.2 MB and takes 2-4 times as long, and a router's load refresh at that
-// size is a snapshot every second. Fields go in number order, zero values
-// skipped, so the bytes are exactly proto.Marshal's
-// (TestDirectEncodingEqualsMarshal; encode_fields_test.go guards new fields).
-// Field numbers are proto/smg/v1/watch.proto's.
+// messages and marshalled, a 10,000-worker snapshot (a router's load refresh
+// at that size, every second) allocates 3.2 MB and takes 2-4 times as long.
+// Fields go in watch.proto's number order, zero values skipped: exactly
+// proto.Marshal's bytes (TestDirectEncodingEqualsMarshal, encode_fields_test.go).
 
 // appendResponse appends the WatchResponse of b under k as routerID sees it
 // (a snapshot saying warming seconds of warm-up are left).
@@ -63,12 +61,6 @@ func appendWorkers(buf []byte, num protowire.Number, workers []*registry.Worker,
 	return buf
 }
 
-// Spec defaults for a worker registered without them.
-const (
-	DefaultPriority = 50
-	DefaultCost     = 1.0
-)
-
 // RoutingWorker is the part of w that routing needs, as the router routerID
 // sees it: the worker exactly as a snapshot or delta sends it.
 func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
@@ -85,7 +77,7 @@ func RoutingWorker(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 // checker's admission and the router decides.
 func appendWorker(buf []byte, w *registry.Worker, routerID string) []byte {
 	spec := w.Spec
-	priority, cost := int32(DefaultPriority), DefaultCost
+	priority, cost := int32(50), 1.0 // the spec's defaults
 	if spec != nil && spec.Priority != nil {
 		priority = *spec.Priority
 	}

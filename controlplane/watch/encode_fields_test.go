@@ -16,7 +16,7 @@ import (
 // encoder (appendResponse) never writes, and who does.
 var notHandEncoded = map[protoreflect.FullName]string{
 	"smg.v1.WatchResponse.goodbye":    "sent once at shutdown as a message, through gRPC's codec (Server.goodbye)",
-	"smg.v1.WatchResponse.tenants":    "relayed per router as a message, through gRPC's codec (watcher.relayTenants)",
+	"smg.v1.WatchResponse.tenants":    "relayed per router as a message, through gRPC's codec (watcher.pass)",
 	"smg.v1.WatchResponse.report_ack": "encoded per router by appendAck (watcher.sendAck; ack_test decodes it)",
 }
 

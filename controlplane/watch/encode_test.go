@@ -50,8 +50,8 @@ func marshalled(w *registry.Worker, routerID string) *smgv1.RoutingWorker {
 		Url:                spec.GetUrl(),
 		Model:              w.Model,
 		WorkerType:         w.Type,
-		Priority:           DefaultPriority,
-		Cost:               DefaultCost,
+		Priority:           50, // the spec's defaults
+		Cost:               1,
 		Healthy:            w.Ready(),
 		WaitingRequests:    int64(w.Load.GetWaitingRequests()),
 		RunningRequests:    int64(w.Load.GetRunningRequests()),

@@ -38,8 +38,7 @@ type baseKey struct {
 	to    uint64 // the revision the message brings the router to
 }
 
-// frameKey names one encoded message: its content, the router's shares of
-// its workers (base.shareKey) and a snapshot's warm-up seconds.
+// frameKey names one encoded message: content, shares (base.shareKey), warm-up.
 type frameKey struct {
 	baseKey
 	shares  string
@@ -70,11 +69,10 @@ type frame struct {
 	prepped *grpc.PreparedMsg // nil: not prepared (yet), or the stream cannot
 }
 
-// copySends is how many streams a large frame is copied to (gRPC copies it
-// into a pooled buffer, freed once written) before it is prepared
-// (grpc.PreparedMsg, kept): a load refresh for one or two routers
-// allocates nothing new. A small frame is always prepared: gRPC's copy of
-// it is not pooled.
+// copySends is how many streams a large frame is copied to (into gRPC's
+// pooled buffers) before it is prepared (grpc.PreparedMsg, kept), so a load
+// refresh for one or two routers allocates nothing new. A small frame is
+// always prepared: gRPC does not pool its copy.
 const copySends = 2
 
 func newFrame() *frame {
@@ -105,8 +103,7 @@ func (f *frames) release(fr *frame) {
 	}
 }
 
-// frames caches the bases and frames of the newest revision (every stream
-// reads the current state before asking).
+// frames caches the bases and frames of the newest revision (what streams ask for).
 type frames struct {
 	mu      sync.Mutex
 	newest  uint64
@@ -210,9 +207,8 @@ func (b *base) list(workers []*registry.Worker) {
 	}
 }
 
-// send writes fr to stream, encoded first by write (into a buffer of
-// about size bytes) if no stream has yet, and says how many bytes it is.
-// The caller holds fr.
+// send writes fr to stream, encoded first by write (into a buffer of about
+// size bytes) if no stream has yet, and says how many bytes it is.
 func (f *frames) send(stream grpc.ServerStream, kind frameKind, fr *frame, size int, write func([]byte) []byte) (int, error) {
 	fr.once.Do(func() {
 		fr.buf = f.bufs.get(size)

@@ -58,9 +58,9 @@ type ObservationSink interface {
 	RouterGone(routerID string)
 }
 
-// DemandSink takes routers' use of decode windows, with the revision each
-// had applied (capacity a router gave up is re-granted only once it holds
-// the lower share). Calls come from stream goroutines, concurrently.
+// DemandSink takes routers' use of decode windows with the revision each had
+// applied (capacity given up is re-granted once a router holds the lower
+// share). Calls come from stream goroutines, concurrently.
 type DemandSink interface {
 	// RouterDemand hands over one report's demand (possibly empty: the
 	// router is connected and holds no rooms).
@@ -96,9 +96,8 @@ type Options struct {
 	// Sink and Demand receive routers' reports (nil: dropped).
 	Sink   ObservationSink
 	Demand DemandSink
-	// Tenants keeps routers' tenant reports and relays to each router the
-	// others', at most every TenantInterval (default 250ms; nil: a table of
-	// the server's own).
+	// Tenants keeps routers' tenant reports and relays to each the others', at
+	// most every TenantInterval (default 250ms; nil: a table of its own).
 	Tenants        *tenants.Table
 	TenantInterval time.Duration
 	// Now is the clock of the passes, the writers and router records (nil: time.Now).
@@ -106,9 +105,8 @@ type Options struct {
 	// Settings go to every router with each snapshot (nil: none sent,
 	// routers keep their flags).
 	Settings *smgv1.FleetSettings
-	// Sent, when set, hears every delta and snapshot written to a router's
-	// stream, with the revision it brings the router to (the scale harness
-	// times the fan-out with it). Called concurrently.
+	// Sent, when set, hears every delta and snapshot sent, with the revision
+	// it brings the router to (the scale harness times the fan-out). Called concurrently.
 	Sent func(routerID string, revision uint64)
 	// WarmUntil is when this control plane's registry is complete: until
 	// then every snapshot says how many seconds are left (warming_secs),
@@ -329,8 +327,7 @@ func (s *Server) Watch(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smgv1
 }
 
 // serve runs one stream's passes until it ends: on this goroutine, or on a
-// shared writer (mayShare) while this one waits for the stream's end or for
-// the writer to hand it back.
+// shared writer while this one waits for the end or for the stream back.
 func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, rec *routerRecord, hello *smgv1.WatchHello) error {
 	w := s.newWatcher(stream, rec, hello)
 	wake := time.NewTimer(s.opts.HeartbeatInterval)
@@ -341,7 +338,9 @@ func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, rec *route
 		now := s.opts.Now()
 		w.mu.Lock()
 		next, err := w.pass(now)
-		share := err == nil && w.mayShare(now)
+		// To a shared writer if none stalled on it lately and the router has
+		// acked all but half the budget.
+		share := err == nil && len(s.shards) > 0 && !now.Before(w.sharedAgain) && w.unacked() <= s.opts.WriterBudget/2
 		w.mu.Unlock()
 		if err != nil {
 			return err
@@ -426,9 +425,8 @@ func (s *Server) newWatcher(stream grpc.ServerStream, rec *routerRecord, hello *
 	return w
 }
 
-// leave takes w out of any shared writer's shard once ctx is done, waits
-// out a pass on it (nobody sends on it afterwards), and says what the
-// stream returns, by ctx's cause.
+// leave takes w from its shared writer, if any, and waits out a pass on it
+// (nobody sends on it afterwards); it returns what ctx's cause ends it with.
 func (w *watcher) leave(ctx context.Context) error {
 	if w.shard != nil {
 		w.shard.drop(w)
@@ -500,9 +498,15 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 		w.beatAt = now.Add(s.opts.HeartbeatInterval)
 	}
 	next := w.beatAt
+	// The other routers' tenants (per router: its own are left out), when
+	// the table changed, at most every TenantInterval.
 	t := s.opts.Tenants
-	if err := w.relayTenants(t, now); err != nil {
-		return now, err
+	if v := t.Version(); v != w.tenantsSent && !now.Before(w.nextTenants) && w.confirmed {
+		if err := w.stream.SendMsg(&smgv1.WatchResponse{Epoch: w.epoch, Revision: w.last,
+			Msg: &smgv1.WatchResponse_Tenants{Tenants: t.Others(w.rec.id)}}); err != nil {
+			return now, err
+		}
+		w.tenantsSent, w.nextTenants = v, now.Add(s.opts.TenantInterval)
 	}
 	if at := now.Add(s.opts.TenantInterval); (t.Active() || t.Version() != w.tenantsSent) && at.Before(next) {
 		next = at
@@ -516,22 +520,6 @@ func (w *watcher) pass(now time.Time) (time.Time, error) {
 		}
 	}
 	return next, nil
-}
-
-// relayTenants sends the router the other routers' tenants when the table
-// changed, at most every TenantInterval (per router: its own are left out).
-func (w *watcher) relayTenants(t *tenants.Table, now time.Time) error {
-	v := t.Version()
-	if v == w.tenantsSent || now.Before(w.nextTenants) || !w.confirmed {
-		return nil
-	}
-	err := w.stream.SendMsg(&smgv1.WatchResponse{Epoch: w.epoch, Revision: w.last,
-		Msg: &smgv1.WatchResponse_Tenants{Tenants: t.Others(w.rec.id)}})
-	if err != nil {
-		return err
-	}
-	w.tenantsSent, w.nextTenants = v, now.Add(w.s.opts.TenantInterval)
-	return nil
 }
 
 // send sends the message of b under k as this router sees it. A delta or
@@ -567,9 +555,8 @@ func (w *watcher) send(k baseKey, b *base) error {
 	return nil
 }
 
-// sendAck acknowledges the router's latest report folded into the sums by
-// revision rev, before a message of workers read at rev: every worker the
-// router receives after the ack holds that report or a later one.
+// sendAck acknowledges, before a message of workers read at rev, the
+// router's latest report folded by then: every worker after it holds it.
 func (w *watcher) sendAck(rev uint64) error {
 	seq := w.rec.ackable(rev)
 	if seq == 0 {
@@ -590,12 +577,6 @@ func (w *watcher) unacked() int64 {
 	}
 	w.marks = w.marks[:copy(w.marks, w.marks[i:])]
 	return w.sentBytes - w.ackedBytes
-}
-
-// mayShare says whether the stream may go to a shared writer now: none
-// stalled on it lately, and the router has acked all but half the budget.
-func (w *watcher) mayShare(now time.Time) bool {
-	return len(w.s.shards) > 0 && !now.Before(w.sharedAgain) && w.unacked() <= w.s.opts.WriterBudget/2
 }
 
 // errClosing ends a stream's context on Close: the stream says goodbye.
@@ -675,10 +656,7 @@ var noWorkers = &base{}
 // seconds rounded up (a zero WarmUntil is long past).
 func (s *Server) warmingSecs() int32 {
 	left := s.opts.WarmUntil.Sub(s.opts.Now())
-	if left <= 0 {
-		return 0
-	}
-	return int32(min((left+time.Second-1)/time.Second, math.MaxInt32))
+	return int32(min(max(left+time.Second-1, 0)/time.Second, math.MaxInt32))
 }
 
 func (s *Server) goodbye(rev uint64) *smgv1.WatchResponse {

@@ -25,12 +25,8 @@ const (
 	// doubling with each stall, up to a minute.
 	stallWaitMin = time.Second
 	stallWaitMax = time.Minute
-	// stallLeeway bounds how long a watchdog running late waits on a send,
-	// in WriterStalls.
-	stallLeeway = 4
-	// writerTick is the granularity of a writer's timed rounds: streams due
-	// within one tick are passed together.
-	writerTick = 10 * time.Millisecond
+	stallLeeway  = 4                     // a late watchdog waits on a send up to 4 WriterStalls
+	writerTick   = 10 * time.Millisecond // streams due within a tick are passed in one round
 )
 
 // shard is a set of streams and the writer serving them.
@@ -42,8 +38,7 @@ type shard struct {
 	kick    chan struct{} // buffered 1: the members changed: a round over all
 }
 
-// writer is one goroutine serving a shard's streams, until its shard is
-// empty or the watchdog replaces it.
+// writer is one goroutine serving a shard, until it is empty or replaced.
 type writer struct {
 	sh    *shard
 	round []*watcher
@@ -89,6 +84,8 @@ func (sh *shard) drop(w *watcher) {
 // start runs a new writer for the shard. Caller holds sh.mu.
 func (sh *shard) start() {
 	wr := &writer{sh: sh}
+	wr.watchdog = time.AfterFunc(time.Hour, wr.check)
+	wr.watchdog.Stop() // armed for each round
 	sh.w = wr
 	go wr.run()
 }
@@ -100,8 +97,8 @@ func (sh *shard) poke() {
 	}
 }
 
-// run serves the shard: a round over every stream at each routing change
-// or change of membership, over the streams due otherwise.
+// run serves the shard: a round over every stream at each routing change or
+// change of members, over the streams due otherwise.
 func (wr *writer) run() {
 	s := wr.sh.s
 	wake := time.NewTimer(time.Hour)
@@ -145,8 +142,8 @@ func (wr *writer) run() {
 	}
 }
 
-// serve runs one round (all streams, or those due) and returns when the
-// next timed round is due, or false when the watchdog replaced this writer.
+// serve runs one round and returns when the next timed round is due, or
+// false when the watchdog replaced this writer.
 func (wr *writer) serve(all bool) (time.Time, bool) {
 	s := wr.sh.s
 	wr.mu.Lock()
@@ -206,26 +203,10 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-// send is SendMsg on w's stream, timed for the watchdog.
-func (wr *writer) send(w *watcher, stream grpc.ServerStream, m any) error {
-	wr.mu.Lock()
-	wr.cur, wr.since = w, wr.sh.s.opts.Now()
-	wr.mu.Unlock()
-	err := stream.SendMsg(m)
-	wr.mu.Lock()
-	wr.cur = nil
-	wr.mu.Unlock()
-	return err
-}
-
 // arm sets the watchdog to look in wait. Caller holds wr.mu.
 func (wr *writer) arm(now time.Time, wait time.Duration) {
 	wr.checkAt = now.Add(wait)
-	if wr.watchdog == nil {
-		wr.watchdog = time.AfterFunc(wait, wr.check)
-	} else {
-		wr.watchdog.Reset(wait)
-	}
+	wr.watchdog.Reset(wait)
 }
 
 // check is the watchdog: a send that has lasted WriterStall makes the
@@ -282,8 +263,16 @@ type writerStream struct {
 }
 
 func (ws *writerStream) SendMsg(m any) error {
-	if wr := ws.w.by; wr != nil {
-		return wr.send(ws.w, ws.ServerStream, m)
+	wr := ws.w.by
+	if wr == nil {
+		return ws.ServerStream.SendMsg(m)
 	}
-	return ws.ServerStream.SendMsg(m)
+	wr.mu.Lock()
+	wr.cur, wr.since = ws.w, wr.sh.s.opts.Now()
+	wr.mu.Unlock()
+	err := ws.ServerStream.SendMsg(m)
+	wr.mu.Lock()
+	wr.cur = nil
+	wr.mu.Unlock()
+	return err
 }
