@@ -161,8 +161,7 @@ func (in *Inbox) Slot(id string) *Slot {
 }
 
 // Worker returns the current record of the slot's worker (nil once
-// removed, or for no slot), and whether the inbox still keeps the slot (a
-// flush drops that of a worker out of Ready).
+// removed, or for no slot), and whether the inbox still keeps the slot.
 func (s *Slot) Worker() (*registry.Worker, bool) {
 	if s == nil {
 		return nil, false
@@ -261,8 +260,7 @@ func (in *Inbox) Flush() {
 	in.order = slices.DeleteFunc(in.order, func(e idCell) bool { return e.c.dead.Load() })
 }
 
-// idCell is a worker's id and its cell. Only a flush drops cells (fmu
-// held).
+// idCell is a worker's id and its cell.
 type idCell struct {
 	id string
 	c  *Slot

@@ -125,7 +125,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // collect builds one scrape's gauges under the lock: every live rank's and
-// every tombstone no live worker shadows, in label order, and every model's.
+// every removed one no live worker shadows, in label order, and every model's.
 // It sends nothing, so a slow scraper never holds the lock.
 func (c *Collector) collect() (ranks, models []promseries.Gauge) {
 	workers := c.reg.Snapshot().Workers()

@@ -150,9 +150,8 @@ type Record struct {
 }
 
 // Heard names the agent stream that carried a piece of evidence and the
-// agent's clock when it sent it (ReportRequest.sent_at). The agent's clock
-// never stamps evidence: it is only compared with the same agent's clock
-// on later messages of the same stream (StreamRead).
+// agent's clock when it sent it (ReportRequest.sent_at), which never stamps
+// evidence: it is only compared with the same stream's later messages.
 type Heard struct {
 	Stream uint64    // the stream's id, unique in the process; 0: none
 	SentAt time.Time // zero: the agent did not say (an older agent)
@@ -171,8 +170,8 @@ type StreamRead struct {
 	Stalled time.Duration // the process stood still this long since ReadAt
 }
 
-// RouterObservation is what the routers see of one worker, summed across
-// routers by the caller. Times are on the caller's clock.
+// RouterObservation is what the routers see of one worker, summed by the
+// caller, on its clock.
 type RouterObservation struct {
 	// Streams is the pile: streaming gRPC generations in flight (not HTTP
 	// workers, PD legs or non-streaming generations).
@@ -201,8 +200,8 @@ const (
 	CauseEngineResumed // wedged cleared: the record no longer reports silence
 )
 
-// Cause explains a verdict with the figures behind it; plain data so sweeps
-// do not allocate. String formats it for the log.
+// Cause explains a verdict with the figures behind it: plain data, formatted
+// by String only for the log.
 type Cause struct {
 	Kind    CauseKind
 	Silence time.Duration // nothing heard / no progress / engine silent for
@@ -216,8 +215,7 @@ type Cause struct {
 	Unread time.Duration
 }
 
-// String is the human cause for "Worker vetoed by liveness" and
-// "Worker re-admitted by liveness" log lines.
+// String is the cause in the liveness veto and re-admission log lines.
 func (c Cause) String() string {
 	switch c.Kind {
 	case CauseTransport:
@@ -344,8 +342,8 @@ func (s stamp) Sub(o stamp) time.Duration {
 // Status returns the current verdict and its cause.
 func (l *Liveness) Status() (Verdict, Cause) { return l.verdict, l.cause }
 
-// HeardStream is the agent stream of the worker's latest agent evidence (0:
-// none); the caller passes that stream's read state to Sweep.
+// HeardStream is the stream of the worker's latest agent evidence (0:
+// none), whose read state the caller passes to Sweep.
 func (l *Liveness) HeardStream() uint64 { return l.heardStream }
 
 // Contact records contact at now that carries no load (a passing probe,
@@ -438,9 +436,8 @@ func (l *Liveness) Routers(at time.Time, o RouterObservation, r *Rules) Change {
 }
 
 // PromptTokensAhead is the prompt tokens waiting for prefill on the worker:
-// the routers' sum of those dispatched without a first token yet, or the
-// engine's own count of tokens still to prefill when it is larger (they
-// count the same requests, so they are not added).
+// the routers' sum or the engine's own count, the larger (they count the
+// same requests).
 func (l *Liveness) PromptTokensAhead() int64 { return max(l.prefillTokens, l.enginePrefill, 0) }
 
 // SetPrefillRate records the prefill rate measured on the worker (prompt
