@@ -60,15 +60,14 @@ func (a TokenAuth) Authenticate(ctx context.Context) (Identity, error) {
 		}
 		// Every entry is compared, in constant time, so timing tells
 		// nothing about which tokens exist.
-		var found Identity
-		matched := 0
+		var found *Identity
 		for tok, id := range a.Nodes {
 			if subtle.ConstantTimeCompare([]byte(got), []byte(tok)) == 1 {
-				found, matched = id, 1
+				found = &id
 			}
 		}
-		if matched == 1 {
-			return found, nil
+		if found != nil {
+			return *found, nil
 		}
 	}
 	if a.Shared != "" {

@@ -139,10 +139,10 @@ func (s *Server) Close() {
 	s.closeOnce.Do(func() { close(s.closing) })
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for node, stop := range s.gone {
+	for _, stop := range s.gone {
 		stop()
-		delete(s.gone, node)
 	}
+	clear(s.gone)
 }
 
 type agentStream struct {
@@ -239,12 +239,6 @@ func (st *agentStream) coverReported(e *engineState, url string) {
 	}
 	e.reported = true
 	st.cover(url)
-}
-
-func (st *agentStream) coveredURLs() []string {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return slices.Sorted(maps.Keys(st.covered))
 }
 
 // Report serves one agent's stream.
@@ -650,7 +644,10 @@ func (s *Server) endStream(st *agentStream, broke bool) {
 	now := s.opts.Now()
 	var ids []string
 	snap := s.reg.Snapshot()
-	for _, u := range st.coveredURLs() {
+	st.mu.Lock()
+	covered := slices.Sorted(maps.Keys(st.covered))
+	st.mu.Unlock()
+	for _, u := range covered {
 		w := snap.GetByURL(u)
 		if w == nil {
 			continue

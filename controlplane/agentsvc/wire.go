@@ -61,11 +61,6 @@ type wireRecord struct {
 // maxKeptRanks bounds the ranks a record keeps for reuse.
 const maxKeptRanks = 64
 
-func (r *wireRecord) reset() {
-	r.url, r.load, r.silence, r.observedAt = nil, nil, nil, nil
-	r.stepWire, r.prefill = false, 0
-}
-
 // setProto makes r the record p (decoded by proto.Unmarshal); r aliases p.
 func (r *wireRecord) setProto(p *smgv1.LoadRecord) {
 	r.url = append(r.url[:0], p.GetWorkerUrl()...)
@@ -148,16 +143,6 @@ func (d *recordsDecoder) decode(b []byte) (recs []*wireRecord, sentAt time.Time,
 	return d.recs[:n], sentAt, true
 }
 
-// next returns the reused record at index n, reset.
-func (d *recordsDecoder) next(n int) *wireRecord {
-	if n == len(d.recs) {
-		d.recs = append(d.recs, &wireRecord{})
-	}
-	r := d.recs[n]
-	r.reset()
-	return r
-}
-
 // records decodes a LoadRecords into the records from index n on and
 // returns the index after its last.
 func (d *recordsDecoder) records(b []byte, n int) (int, error) {
@@ -173,9 +158,14 @@ func (d *recordsDecoder) records(b []byte, n int) (int, error) {
 	return n, fr.err
 }
 
-// record decodes a LoadRecord into the record at index n.
+// record decodes a LoadRecord into the record at index n, reused.
 func (d *recordsDecoder) record(b []byte, n int) error {
-	r := d.next(n)
+	if n == len(d.recs) {
+		d.recs = append(d.recs, &wireRecord{})
+	}
+	r := d.recs[n]
+	r.url, r.load, r.silence, r.observedAt = nil, nil, nil, nil
+	r.stepWire, r.prefill = false, 0
 	fr := fieldReader{b: b}
 	for fr.next() {
 		switch f := &fr.f; {
