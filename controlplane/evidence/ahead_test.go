@@ -135,3 +135,24 @@ func TestAJumpOfPromptTokensAheadReachesRoutersAtOnceWithinTheBound(t *testing.T
 		t.Fatalf("a part's rise under the engine's count: %+v, want a load change", c)
 	}
 }
+
+// Reports arrive slightly out of order (each ingest reads the clock
+// before taking its locks): the jump bound holds within a token a second
+// for every millisecond of disorder, never more.
+func TestJumpBoundHoldsOutOfOrder(t *testing.T) {
+	tr, _, _ := setup(t, registry.HealthHealthy)
+	const secs, skew = 10, time.Millisecond
+	granted := 0
+	for i := range secs * 1000 {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		if i%2 == 1 {
+			at = at.Add(-skew)
+		}
+		if tr.jumps.AllowN(at, 1) {
+			granted++
+		}
+	}
+	if limit := AheadJumpsPerSec*(secs+1) + secs; granted > limit {
+		t.Fatalf("%d jumps in %d s of reports out of order by %v, want at most %d", granted, secs, skew, limit)
+	}
+}

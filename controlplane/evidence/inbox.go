@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
@@ -80,7 +81,8 @@ type Inbox struct {
 	mu     sync.Mutex
 	vetoed map[string]string
 
-	jumps jumpBucket
+	// jumps bounds the jumps sent at once (a burst of AheadJumpsPerSec).
+	jumps *rate.Limiter
 
 	fmu sync.Mutex // one flush (or rebuild) at a time
 	// order is every cell by id (fmu held); added the cells made since the
@@ -109,7 +111,7 @@ func New(reg *registry.Registry, opts Options, log *slog.Logger, m prometheus.Re
 	}
 	in := &Inbox{
 		reg: reg, rules: opts.Rules.Rules(), log: log, opts: opts, cells: shardmap.New[*Slot](), vetoed: map[string]string{},
-		streams: streams{open: map[uint64]*Stream{}},
+		streams: streams{open: map[uint64]*Stream{}}, jumps: rate.NewLimiter(AheadJumpsPerSec, AheadJumpsPerSec),
 		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "smg_worker_stalled",
 			Help: "1 while the worker is excluded from routing by liveness, labeled with the reason (unreachable or wedged).",

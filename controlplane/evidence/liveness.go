@@ -303,7 +303,7 @@ func (in *Inbox) RouterObservations(routerID string, rep *smgv1.RouterReport, no
 		ev.Routers = routers
 		before := ev.Live.PromptTokensAhead()
 		ev.Live.Routers(now, sum(routers), &in.rules)
-		if d := ev.Live.PromptTokensAhead() - before; (d >= AheadJumpTokens || d <= -AheadJumpTokens) && in.jumps.take(now) {
+		if d := ev.Live.PromptTokensAhead() - before; (d >= AheadJumpTokens || d <= -AheadJumpTokens) && in.jumps.AllowN(now, 1) {
 			w.AheadJump++
 		}
 	})
