@@ -29,7 +29,7 @@ func TestGRPCWorkerRules(t *testing.T) {
 	contact := func(tr *Inbox, now time.Time) { tr.Contact("w1", now) }
 	pushed := func(silence time.Duration) func(*Inbox, time.Time) {
 		return func(tr *Inbox, now time.Time) {
-			tr.PushedRecord("w1", judge.Record{Waiting: 0, Silence: silence, StepWire: true}, now)
+			tr.Record("w1", judge.Record{Waiting: 0, Silence: silence, StepWire: true, Pushed: true}, now)
 		}
 	}
 	sweep := func(*Inbox, time.Time) {}

@@ -35,7 +35,7 @@ func TestGRPCWorkerPileSummedOverRouters(t *testing.T) {
 		}
 		tr.RouterObservations(router, &smgv1.RouterReport{Workers: []*smgv1.WorkerObservation{o}}, now)
 	}
-	push := func(now time.Time) { tr.PushedRecord("w1", judge.Record{Waiting: 0, StepWire: true}, now) }
+	push := func(now time.Time) { tr.Record("w1", judge.Record{Waiting: 0, StepWire: true, Pushed: true}, now) }
 	check := func(at time.Duration, want smgv1.Veto) {
 		t.Helper()
 		tr.Sweep(t0.Add(at))

@@ -228,15 +228,6 @@ func (in *Inbox) StopPushed(workerID string) {
 	in.with(workerID, func(ev *registry.Evidence) { ev.PushedAt = time.Time{} })
 }
 
-// PollAnswered: a load poll the engine answered without a usable report.
-func (in *Inbox) PollAnswered(workerID string, now time.Time) { in.Contact(workerID, now) }
-
-// PollReport: an answered load poll is contact and shows the waiting
-// queue, and whether the engine runs anything.
-func (in *Inbox) PollReport(workerID string, waiting, running int64, now time.Time) {
-	in.Record(workerID, judge.Record{Waiting: waiting, Idle: running == 0}, now)
-}
-
 // PollTransportFailure: an HTTP worker's failed poll never arms the
 // unreachable veto; a gRPC worker's (load poll or KV event stream) does.
 func (in *Inbox) PollTransportFailure(workerID string, _ error, now time.Time) {
@@ -246,15 +237,6 @@ func (in *Inbox) PollTransportFailure(workerID string, _ error, now time.Time) {
 	}
 	in.Failure(workerID, kind, now)
 }
-
-// PushedRecord: a load record a gRPC worker's KV event stream carried.
-func (in *Inbox) PushedRecord(workerID string, rec judge.Record, now time.Time) {
-	rec.Pushed = true
-	in.Record(workerID, rec, now)
-}
-
-// HealthPassed implements health.ContactSink.
-func (in *Inbox) HealthPassed(workerID string, now time.Time) { in.Contact(workerID, now) }
 
 // maxPromptTokens bounds one router's prompt tokens in flight on a worker
 // (far above any engine's queue) so that the sum cannot overflow.

@@ -146,7 +146,7 @@ func TestPushedRecordsMakeAWorkerStaleAfterSilence(t *testing.T) {
 	if got := liveness(reg); got != smgv1.Veto_VETO_UNREACHABLE {
 		t.Fatalf("liveness = %v, want unreachable (stale)", got)
 	}
-	tr.HealthPassed("w1", t0.Add(16*time.Second))
+	tr.Contact("w1", t0.Add(16*time.Second))
 	if got := liveness(reg); got != smgv1.Veto_VETO_UNSPECIFIED {
 		t.Fatalf("a passing probe did not clear the stale veto: %v", got)
 	}

@@ -81,7 +81,7 @@ func (o Options) Validate() error {
 
 // ContactSink hears of every passing probe (contact, for liveness).
 type ContactSink interface {
-	HealthPassed(workerID string, now time.Time)
+	Contact(workerID string, now time.Time)
 }
 
 // Checker probes workers.
@@ -326,7 +326,7 @@ func (c *Checker) record(id string, st *probeState, ok bool, why string) {
 // after, or "" when the worker was removed or now has another URL.
 func (c *Checker) Observe(id, url string, ok bool, why string, now time.Time) registry.Health {
 	if ok && c.sink != nil {
-		c.sink.HealthPassed(id, now)
+		c.sink.Contact(id, now)
 	}
 	var from, to registry.Health
 	var failures int

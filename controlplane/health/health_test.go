@@ -57,7 +57,7 @@ func (c *clock) Add(d time.Duration) {
 
 type sink struct{ passed atomic.Int32 }
 
-func (s *sink) HealthPassed(string, time.Time) { s.passed.Add(1) }
+func (s *sink) Contact(string, time.Time) { s.passed.Add(1) }
 
 func setup(t *testing.T, url, apiKey string, h registry.Health) (*Checker, *registry.Registry, *clock, *sink) {
 	t.Helper()

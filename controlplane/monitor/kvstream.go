@@ -146,11 +146,11 @@ func (m *Monitor) readStream(ctx context.Context, id string, c *enginegrpc.Clien
 		if err != nil {
 			continue
 		}
-		rec := judge.Record{Waiting: rep.Waiting(), Idle: rep.Running() == 0, PrefillInHand: merged.Prefill, StepWire: merged.StepWire}
+		rec := judge.Record{Waiting: rep.Waiting(), Idle: rep.Running() == 0, PrefillInHand: merged.Prefill, StepWire: merged.StepWire, Pushed: true}
 		if merged.Silence != nil {
 			rec.Silence = *merged.Silence
 		}
-		m.ingest.PushedRecord(id, rec, now) // holds the worker to the push cadence, with the engine-silence figure
+		m.ingest.Record(id, rec, now) // holds the worker to the push cadence, with the engine-silence figure
 		m.ingested(id, m.ingest.Report(id, loadpb.FromReport(rep, now)))
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/smg-project/smg/controlplane/evidence"
+	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
 	"github.com/smg-project/smg/controlplane/spread"
 	"github.com/smg-project/smg/internal/engine"
@@ -377,13 +378,13 @@ func (m *Monitor) PollOnce(ctx context.Context, workerID string, r LoadReader) {
 		if engine.IsTransportFailure(err) || enginegrpc.IsConnectionFailure(err) {
 			m.ingest.PollTransportFailure(workerID, err, now)
 		} else if engineAnswered(err) {
-			m.ingest.PollAnswered(workerID, now)
+			m.ingest.Contact(workerID, now)
 		}
 		m.log.Debug("Load poll produced no report", "worker_id", workerID, "error", err)
 		m.ingested(workerID, m.ingest.NoReport(workerID))
 		return
 	}
-	m.ingest.PollReport(workerID, rep.Waiting(), rep.Running(), now)
+	m.ingest.Record(workerID, judge.Record{Waiting: rep.Waiting(), Idle: rep.Running() == 0}, now)
 	m.ingested(workerID, m.ingest.Report(workerID, loadpb.FromReport(rep, now)))
 }
 
