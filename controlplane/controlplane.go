@@ -271,8 +271,8 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		return nil, err
 	}
 	cp.Monitor = monitor.New(cp.Registry, cp.Evidence, client, monitor.Options{
-		Interval: time.Duration(opts.LoadMonitorInterval) * time.Second,
-		Skipper:  cp.Evidence, Now: opts.Now, Seed: hopts.Seed, GRPC: cp.grpcPool, Budget: budget,
+		Interval:       time.Duration(opts.LoadMonitorInterval) * time.Second,
+		RecentlyPushed: cp.Evidence.RecentlyPushed, Now: opts.Now, Seed: hopts.Seed, GRPC: cp.grpcPool, Budget: budget,
 		Covered: func(url string) bool { return cp.Agents.Covers(url) },
 	}, log)
 	if opts.AdmissionWindow || opts.TokenBudget {

@@ -92,7 +92,7 @@ func (m *Monitor) pushed(workerID string, d time.Duration, now time.Time) bool {
 	if st != nil {
 		return st.ranks.Covers(d, now)
 	}
-	return m.opts.Skipper != nil && m.opts.Skipper.RecentlyPushed(workerID, d, now)
+	return m.opts.RecentlyPushed != nil && m.opts.RecentlyPushed(workerID, d, now)
 }
 
 // runStream keeps the worker's stream open, reconnecting with backoff. A

@@ -31,12 +31,6 @@ import (
 	"github.com/smg-project/smg/internal/readbudget"
 )
 
-// Skipper tells whether a worker's pushed records made this tick's poll
-// unnecessary (an agent delivered within the interval).
-type Skipper interface {
-	RecentlyPushed(workerID string, within time.Duration, now time.Time) bool
-}
-
 // Monitor polls worker groups.
 type Monitor struct {
 	reg      *registry.Registry
@@ -60,8 +54,10 @@ type Options struct {
 	// Interval is the default polling period (--load-monitor-interval).
 	Interval time.Duration
 	Budget   *readbudget.Budget // bounds the memory of the polls in flight (nil: none)
-	Skipper  Skipper            // nil: poll always
-	Now      func() time.Time   // nil: time.Now
+	// RecentlyPushed (nil: poll always) tells whether an agent delivered the
+	// worker's records within the interval, making this tick's poll needless.
+	RecentlyPushed func(workerID string, within time.Duration, now time.Time) bool
+	Now            func() time.Time // nil: time.Now
 	// Seed is mixed into each worker's poll phase so that two control
 	// planes polling the same engines do not poll them in step.
 	Seed string

@@ -107,7 +107,7 @@ func setHealth(t *testing.T, reg *registry.Registry, id string, h registry.Healt
 	}
 }
 
-// pushes is a Skipper: a worker's agent pushed at the times set.
+// pushes is a RecentlyPushed: a worker's agent pushed at the times set.
 type pushes struct {
 	mu   sync.Mutex
 	last map[string]time.Time
@@ -129,10 +129,10 @@ type sched struct {
 	reg *registry.Registry
 }
 
-func newSched(t *testing.T, reg *registry.Registry, clk *clock, client *http.Client, burst *spread.Burst, skip Skipper) *sched {
+func newSched(t *testing.T, reg *registry.Registry, clk *clock, client *http.Client, burst *spread.Burst, skip func(string, time.Duration, time.Time) bool) *sched {
 	log := slog.New(slog.DiscardHandler)
 	m := New(reg, evidence.New(reg, evidence.Options{}, log, prometheus.NewRegistry()), client,
-		Options{Interval: 10 * time.Second, Now: clk.Now, Seed: "cp-test", Burst: burst, Skipper: skip}, log)
+		Options{Interval: 10 * time.Second, Now: clk.Now, Seed: "cp-test", Burst: burst, RecentlyPushed: skip}, log)
 	return &sched{m: m, g: &group{key: key, interval: 10 * time.Second, slots: map[string]*slot{}}, clk: clk, reg: reg}
 }
 
@@ -236,7 +236,7 @@ func TestAPushingWorkerIsPolledWhenItsRecordsStop(t *testing.T) {
 	p := &pushes{last: map[string]time.Time{}}
 	lastPush := t0.Add(35 * time.Second)
 	p.last["pusher"] = lastPush
-	s := newSched(t, reg, clk, f.Client(), spread.NewBurst(0, time.Second), p)
+	s := newSched(t, reg, clk, f.Client(), spread.NewBurst(0, time.Second), p.RecentlyPushed)
 	iv := 10 * time.Second
 	s.kick()
 	for s.step(lastPush) {
