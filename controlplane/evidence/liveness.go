@@ -273,7 +273,7 @@ func (in *Inbox) RouterObservations(routerID string, rep *smgv1.RouterReport, no
 			ev.Live.Failure(at, routerFailureKind(w), &in.rules)
 		}
 		ev.Live.SetPrefillRate(o.GetPrefillTokensPerSec())
-		routers := make(map[string]registry.RouterView, len(ev.Routers)+1)
+		routers := make(map[string]judge.RouterObservation, len(ev.Routers)+1)
 		maps.Copy(routers, ev.Routers)
 		// A negative count would cancel the other routers' part of the sum, a
 		// huge one overflow it.
@@ -281,7 +281,7 @@ func (in *Inbox) RouterObservations(routerID string, rep *smgv1.RouterReport, no
 		if old, ok := routers[routerID]; !ok || old.PrefillTokens != prefill {
 			w.AheadRevision++
 		}
-		routers[routerID] = registry.RouterView{Streams: int64(o.GetStreamsInFlight()), LastProgress: lastProgress, PrefillTokens: prefill}
+		routers[routerID] = judge.RouterObservation{Streams: int64(o.GetStreamsInFlight()), LastProgress: lastProgress, PrefillTokens: prefill}
 		ev.Routers = routers
 		before := ev.Live.PromptTokensAhead()
 		ev.Live.Routers(now, sum(routers), &in.rules)
@@ -324,7 +324,7 @@ func (in *Inbox) RouterGone(routerID string) {
 }
 
 // sum adds up the routers' piles and takes the latest progress.
-func sum(routers map[string]registry.RouterView) judge.RouterObservation {
+func sum(routers map[string]judge.RouterObservation) judge.RouterObservation {
 	var o judge.RouterObservation
 	for _, v := range routers {
 		o.Streams += v.Streams

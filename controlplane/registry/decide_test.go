@@ -74,7 +74,7 @@ func TestInsertDecidesTheLivenessVetoAndDropsEvidenceOutsideReady(t *testing.T) 
 	seq = w.ContactSeq
 	w = put(t, r, func(w *Worker) {
 		w.Health = HealthUnhealthy
-		w.Evidence.Routers = map[string]RouterView{"r1": {Streams: 3}}
+		w.Evidence.Routers = map[string]judge.RouterObservation{"r1": {Streams: 3}}
 		w.Evidence.PushedAt = t0
 	})
 	if w.Liveness != smgv1.Veto_VETO_UNSPECIFIED || w.Evidence.Live != (judge.Liveness{}) || w.Evidence.Routers != nil || !w.Evidence.PushedAt.IsZero() {
@@ -214,7 +214,7 @@ func TestExternalWorkerIsNeverFlagged(t *testing.T) {
 		w.Spec = &smgv1.WorkerSpec{Url: "https://api.example.com/v1#m", Provider: &smgv1.ProviderSpec{Model: "p"}}
 		w.Load = &smgv1.EngineLoad{WaitingRequests: 99}
 		w.Evidence.Live.Failure(t0, judge.ConnectionFailure, &rules)
-		w.Evidence.Routers = map[string]RouterView{"r1": {Streams: 3}}
+		w.Evidence.Routers = map[string]judge.RouterObservation{"r1": {Streams: 3}}
 	})
 	if w.Overloaded || w.Liveness != smgv1.Veto_VETO_UNSPECIFIED || w.Evidence.Live != (judge.Liveness{}) || w.Evidence.Routers != nil {
 		t.Fatalf("external worker judged: overloaded %v liveness %v evidence %+v", w.Overloaded, w.Liveness, w.Evidence)

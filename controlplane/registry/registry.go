@@ -157,7 +157,7 @@ type Evidence struct {
 	// data: a clone's copy is independent).
 	Live judge.Liveness
 	// Routers is each router's latest view of the worker; copy on write.
-	Routers map[string]RouterView
+	Routers map[string]judge.RouterObservation
 	// PushedAt is when an agent last pushed a record for the worker.
 	PushedAt time.Time
 	// ProbePasses and ProbeFailures count consecutive health probes.
@@ -169,13 +169,6 @@ type Evidence struct {
 	StartIgnored int
 	// RestartAt is the load time of the last restart the rule believed.
 	RestartAt time.Time
-}
-
-// RouterView is one router's latest observation of a worker.
-type RouterView struct {
-	Streams       int64
-	LastProgress  time.Time
-	PrefillTokens int64
 }
 
 // External reports whether the worker is an external provider (spec.provider

@@ -169,10 +169,10 @@ func randWorker(r *rand.Rand, id string, routers []string) *registry.Worker {
 		// Insert takes the prompt tokens ahead from the evidence.
 		w.Evidence.Live.Routers(time.Time{}, judge.RouterObservation{PrefillTokens: int64(randInt32(r))}, &judge.Rules{})
 		// Each router's part of it (any value: the encoder bounds it by the sum).
-		w.Evidence.Routers = map[string]registry.RouterView{}
+		w.Evidence.Routers = map[string]judge.RouterObservation{}
 		for _, id := range routers {
 			if r.IntN(2) == 0 {
-				w.Evidence.Routers[id] = registry.RouterView{PrefillTokens: int64(randInt32(r))}
+				w.Evidence.Routers[id] = judge.RouterObservation{PrefillTokens: int64(randInt32(r))}
 			}
 		}
 	}

@@ -91,7 +91,7 @@ func TestSharedFramesKeepTokenSharesPerRouter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reg := registry.New(testEpoch, 0)
 		w := newWorker("w1")
-		w.Evidence.Routers = map[string]registry.RouterView{"r1": {PrefillTokens: 3000}, "r2": {PrefillTokens: 1000}}
+		w.Evidence.Routers = map[string]judge.RouterObservation{"r1": {PrefillTokens: 3000}, "r2": {PrefillTokens: 1000}}
 		w.Evidence.Live.Routers(time.Time{}, judge.RouterObservation{PrefillTokens: 4000}, &judge.Rules{})
 		b := newWorker("w2")
 		b.Budget = &registry.Budget{Tokens: 1000, Source: "engine"}

@@ -56,9 +56,9 @@ func BenchmarkPassPromptParts(b *testing.B) {
 			reg := joinFleet(b, 1000)
 			round, recs := benchWatchers(b, reg, routers)
 			round()
-			views := map[string]registry.RouterView{}
+			views := map[string]judge.RouterObservation{}
 			for r := range routers {
-				views[fmt.Sprintf("router-%04d", r)] = registry.RouterView{PrefillTokens: int64(r)}
+				views[fmt.Sprintf("router-%04d", r)] = judge.RouterObservation{PrefillTokens: int64(r)}
 			}
 			b.ResetTimer()
 			for i := range b.N {
