@@ -263,7 +263,12 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	cp.Evidence = evidence.New(cp.Registry, eopts, log, reg)
 	hopts := opts.Health
 	hopts.Now = opts.Now
-	hopts.Seed = spreadSeed(opts)
+	if !opts.Cluster.Enabled() {
+		// In-memory control planes each probe on their own phases; the
+		// replicas of a cluster share the empty seed, so a new leader keeps
+		// its predecessor's phases across a takeover.
+		hopts.Seed = rand.Text()
+	}
 	hopts.GRPC = cp.grpcPool
 	cp.Health = health.New(cp.Registry, hopts, client, cp.Evidence, log)
 	budget, err := readbudget.New(int64(opts.EngineReadBudgetMiB)<<20, reg, log)
@@ -397,17 +402,6 @@ func resolver(g judge.GatewayThresholds) admin.ThresholdResolver {
 		}
 		return g.Resolve(blk), nil
 	}
-}
-
-// spreadSeed is mixed into every worker's probe and poll phase: in-memory
-// control planes each probe on their own, so each has its own seed; the
-// replicas of a cluster share one, so a new leader keeps its predecessor's
-// phases and no worker waits more than one interval across a takeover.
-func spreadSeed(opts Options) string {
-	if opts.Cluster.Enabled() {
-		return ""
-	}
-	return rand.Text()
 }
 
 // TransportOptions are the gRPC transport options of the control plane's

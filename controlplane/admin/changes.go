@@ -178,7 +178,7 @@ func applyUpdate(t *registry.Txn, c *Change) error {
 		return errBadRequest("update", "an external worker takes no api_key (its key is provider.api_key_ref), node, load_monitor_interval_secs or max_running_requests; replace its spec with PUT /workers/{worker_id}")
 	}
 	n := w.Clone()
-	spec := proto.Clone(w.Spec).(*smgv1.WorkerSpec)
+	spec := proto.CloneOf(w.Spec)
 	if u.Priority != nil {
 		spec.Priority = u.Priority
 	}

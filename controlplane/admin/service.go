@@ -37,7 +37,8 @@ type ThresholdResolver func(block *smgv1.OverloadBlock) (judge.Thresholds, error
 type Options struct {
 	// APIKey, when set, guards every route but /loads.
 	APIKey string
-	// RegistrationTimeout bounds how long registration tries to reach an engine.
+	// RegistrationTimeout bounds how long registration tries to reach an
+	// engine (> 0: every caller sets it).
 	RegistrationTimeout time.Duration
 	// URL relaxes the worker URL rules (--allow-link-local-workers).
 	URL workerurl.Options
@@ -78,9 +79,6 @@ type Service struct {
 // New returns the service. client reaches the engines during registration.
 func New(reg *registry.Registry, opts Options, resolve ThresholdResolver, client *http.Client, log *slog.Logger) *Service {
 	ctx, cancel := context.WithCancel(context.Background())
-	if opts.RegistrationTimeout <= 0 {
-		opts.RegistrationTimeout = 30 * time.Second
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

@@ -46,7 +46,7 @@ type Options struct {
 	// would; a bad block is dropped (gateway thresholds) instead of failing
 	// the registration.
 	CheckOverload func(*smgv1.OverloadBlock) error
-	// Now is the clock of the grace rule (nil: time.Now).
+	// Now is the clock of the grace rule.
 	Now func() time.Time
 }
 
@@ -76,9 +76,6 @@ type tracked struct {
 
 // New returns a reconciler writing through r.
 func New(reg *registry.Registry, r Registrar, opts Options, m *Metrics, log *slog.Logger) *Reconciler {
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
 	return &Reconciler{reg: reg, r: r, opts: opts, log: log, m: m, pods: map[string]*tracked{}}
 }
 
@@ -102,9 +99,9 @@ func (rc *Reconciler) upsertLocked(source string, pod podwatch.Pod, now time.Tim
 	}
 	t.pod, t.spec = pod, pod.Spec
 	notes := pod.Warnings
-	if t.spec.GetOverload() != nil && rc.opts.CheckOverload != nil {
+	if t.spec.GetOverload() != nil {
 		if err := rc.opts.CheckOverload(t.spec.GetOverload()); err != nil {
-			t.spec = proto.Clone(t.spec).(*smgv1.WorkerSpec)
+			t.spec = proto.CloneOf(t.spec)
 			t.spec.Overload = nil
 			notes = append(slices.Clone(notes), fmt.Sprintf("annotation %s: %v; the gateway thresholds apply", podwatch.AnnotationOverload, err))
 		}

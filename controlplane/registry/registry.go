@@ -677,9 +677,7 @@ type Snapshot struct {
 
 // Get returns the current record of a worker, or nil, without a snapshot:
 // a map lookup, for the hot paths.
-func (r *Registry) Get(id string) *Worker {
-	return r.latest.get(id)
-}
+func (r *Registry) Get(id string) *Worker { return r.latest.get(id) }
 
 // Handle returns id's handle, or nil when no worker has id.
 func (r *Registry) Handle(id string) *Handle { return r.latest.maps.Load().find(id) }
