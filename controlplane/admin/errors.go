@@ -26,13 +26,13 @@ func apiError(c codes.Code, reason, field, msg string) error {
 	if field != "" {
 		md = map[string]string{"field": field}
 	}
-	return withInfo(c, reason, md, msg)
+	return WithInfo(c, errorDomain, reason, md, msg)
 }
 
-// withInfo is the status c with msg and this service's ErrorInfo.
-func withInfo(c codes.Code, reason string, md map[string]string, msg string) error {
+// WithInfo is the status c with msg and an ErrorInfo of domain.
+func WithInfo(c codes.Code, domain, reason string, md map[string]string, msg string) error {
 	st := status.New(c, msg)
-	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: errorDomain, Metadata: md}); err == nil {
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: domain, Metadata: md}); err == nil {
 		st = d
 	}
 	return st.Err()
@@ -82,10 +82,12 @@ var retryAfter = map[string]string{"retry_after": "1"}
 
 // ErrNoLeader refuses a write that was not made because this control plane
 // does not lead (and no leader was reachable).
-func ErrNoLeader(msg string) error { return withInfo(codes.Unavailable, "NO_LEADER", retryAfter, msg) }
+func ErrNoLeader(msg string) error {
+	return WithInfo(codes.Unavailable, errorDomain, "NO_LEADER", retryAfter, msg)
+}
 
 // ErrOutcomeUnknown answers a write that entered the log but whose commit
 // was not seen, because leadership changed: it may be stored.
 func ErrOutcomeUnknown(msg string) error {
-	return withInfo(codes.Unavailable, "OUTCOME_UNKNOWN", retryAfter, msg)
+	return WithInfo(codes.Unavailable, errorDomain, "OUTCOME_UNKNOWN", retryAfter, msg)
 }

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -241,9 +240,5 @@ func (n *Node) notLeader() error {
 		reason, msg = ReasonNotLeader, "this control plane is not the leader; the leader is "+lm.ID+" at "+lm.GRPC
 		md = map[string]string{"leader": lm.GRPC, "leader_id": lm.ID}
 	}
-	st := status.New(codes.Unavailable, msg)
-	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: md}); err == nil {
-		st = d
-	}
-	return st.Err()
+	return admin.WithInfo(codes.Unavailable, ErrorDomain, reason, md, msg)
 }
