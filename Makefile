@@ -102,7 +102,7 @@ bench-scale: ## one control plane, N synthetic workers through agents, R synthet
 	$(GO) run ./bench/cmd/benchsuite --suite scale $(if $(filter 1,$(SHORT)),--short)
 
 # nginx and wrk come from apt when missing (root, Debian/Ubuntu).
-bench-proxy: build ## smg launch beside nginx in front of the same 2 fast simulated engines: CPU per request and per streamed token, req/s, profiles (docs/benchmarks.md; SHORT=1: smoke test)
+bench-proxy: build ## smg launch beside nginx in front of the same 2 fast simulated engines, sharing the CPUs with wrk and the engines and on a CPU of its own: CPU per request and per streamed token, req/s, what bounds it, profiles (docs/benchmarks.md; SHORT=1: smoke test)
 	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { apt-get update && apt-get install -y nginx; }
 	@command -v wrk >/dev/null || { apt-get update && apt-get install -y wrk; }
 	$(GO) run ./bench/cmd/benchsuite --bin bin/smg --suite proxy $(if $(filter 1,$(SHORT)),--short)

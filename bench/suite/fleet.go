@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,9 +28,14 @@ type Proc struct {
 }
 
 // startProc runs bin with args, in its own process group, and calls onLine
-// with every stdout and stderr line.
-func startProc(bin string, args []string, onLine func(string), env ...string) (*Proc, error) {
-	p, err := testutil.Start(filepath.Base(bin)+" "+firstArg(args), bin, args, testutil.Options{OnLine: onLine, Group: true, Env: env})
+// with every stdout and stderr line. A non-empty pin is a command bin runs
+// under (taskset -c N: the CPUs it may run on).
+func startProc(pin []string, bin string, args []string, onLine func(string), env ...string) (*Proc, error) {
+	name := filepath.Base(bin) + " " + firstArg(args)
+	if len(pin) > 0 {
+		bin, args = pin[0], append(append(slices.Clone(pin[1:]), bin), args...)
+	}
+	p, err := testutil.Start(name, bin, args, testutil.Options{OnLine: onLine, Group: true, Env: env})
 	if err != nil {
 		return nil, err
 	}
@@ -66,12 +72,17 @@ var controlRe = regexp.MustCompile(`msg="control listener" url=(\S+)`)
 
 // StartFleet runs `smg sim --count n` on free ports with simArgs added.
 func StartFleet(ctx context.Context, bin string, n int, simArgs []string) (*Fleet, error) {
+	return startFleet(ctx, nil, bin, n, simArgs)
+}
+
+// startFleet is StartFleet run under pin (see startProc).
+func startFleet(ctx context.Context, pin []string, bin string, n int, simArgs []string) (*Fleet, error) {
 	f := &Fleet{}
 	var mu sync.Mutex
 	ready := make(chan struct{})
 	var once sync.Once
 	args := append([]string{"sim", "--count", fmt.Sprint(n), "--port", "0", "--control-port", "0"}, simArgs...)
-	p, err := startProc(bin, args, func(line string) {
+	p, err := startProc(pin, bin, args, func(line string) {
 		mu.Lock()
 		defer mu.Unlock()
 		if strings.HasPrefix(line, "http://") {
@@ -136,19 +147,20 @@ var servingRe = regexp.MustCompile(`msg="smg launch serving" http=(\S+) grpc=(\S
 // StartGateway runs `smg launch` in front of workers with extra flags and
 // waits until every worker is Ready.
 func StartGateway(ctx context.Context, bin string, workers []string, extra []string) (*Gateway, error) {
-	return startGatewayEnv(ctx, bin, workers, extra, nil)
+	return startGatewayEnv(ctx, nil, bin, workers, extra, nil)
 }
 
-// startGatewayEnv is StartGateway with env added to the process's
-// environment (the profiling variables of docs/benchmarks.md).
-func startGatewayEnv(ctx context.Context, bin string, workers, extra, env []string) (*Gateway, error) {
+// startGatewayEnv is StartGateway run under pin (see startProc) with env
+// added to the process's environment (the profiling variables of
+// docs/benchmarks.md).
+func startGatewayEnv(ctx context.Context, pin []string, bin string, workers, extra, env []string) (*Gateway, error) {
 	g := &Gateway{}
 	addr := make(chan []string, 1)
 	// Info level: the address comes in the "smg launch serving" line.
 	args := append([]string{"launch", "--port", "0", "--grpc-port", "0", "--log-level", "info",
 		"--worker-urls"}, workers...)
 	args = append(args, extra...)
-	p, err := startProc(bin, args, func(line string) {
+	p, err := startProc(pin, bin, args, func(line string) {
 		if m := servingRe.FindStringSubmatch(line); m != nil {
 			select {
 			case addr <- m[1:]:
@@ -271,7 +283,7 @@ func (g *Gateway) waitReady(ctx context.Context, n int, within time.Duration) er
 func StartAgent(ctx context.Context, bin string, gw *Gateway, node string, engines []string, poll time.Duration) (*Proc, error) {
 	args := append([]string{"agent", "--port", "0", "--controlplane", gw.GRPC, "--node", node,
 		"--poll-interval", poll.String(), "--log-level", "warn", "--engine-urls"}, engines...)
-	p, err := startProc(bin, args, func(string) {})
+	p, err := startProc(nil, bin, args, func(string) {})
 	if err != nil {
 		return nil, err
 	}

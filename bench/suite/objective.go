@@ -442,7 +442,7 @@ func (s *Suite) startNginxFor(f *Fleet, maxConns int) (*Proc, string, string, er
 	if err != nil {
 		return nil, "", "", err
 	}
-	p, url, err := startNginx(bin, dir, f.URLs, maxConns)
+	p, url, err := startNginx(bin, dir, f.URLs, maxConns, 2, nil)
 	if err != nil {
 		os.RemoveAll(dir)
 	}

@@ -1,6 +1,8 @@
 package suite
 
 import (
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 )
@@ -58,5 +60,59 @@ func TestProxyRatiosPairRuns(t *testing.T) {
 	// Pair 0: CPU/request 100 against 50 µs (2x), req/s 0.5x; pair 1: 1x, 1x.
 	if r.Pairs != 2 || r.CPURatioMin != 1 || r.CPURatioMax != 2 || r.CPURatio != 1.5 || r.RPSRatio != 0.75 || r.Errors != 3 {
 		t.Fatalf("ratios %+v", r)
+	}
+}
+
+func TestProxyPlacementNeedsTwoCPUs(t *testing.T) {
+	_, err := proxyPlacement(PlacementOwnCPU, []int{0})
+	if err == nil || !strings.Contains(err.Error(), "needs 2 CPUs") || !strings.Contains(err.Error(), "--proxy-placements shared") {
+		t.Fatalf("own-cpu on 1 CPU: %v, want an error naming the 2 CPUs it needs and the shared placement", err)
+	}
+	if pl, err := proxyPlacement(PlacementShared, []int{0}); err != nil || pl.proxyPin != nil || pl.restPin != nil || pl.nginxWorkers != 2 {
+		t.Fatalf("shared on 1 CPU: %+v, %v", pl, err)
+	}
+	if _, err := proxyPlacement("elsewhere", []int{0, 1}); err == nil {
+		t.Fatal("an unknown placement was accepted")
+	}
+	if _, err := exec.LookPath("taskset"); err != nil {
+		t.Skip("no taskset")
+	}
+	pl, err := proxyPlacement(PlacementOwnCPU, []int{2, 5, 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(pl.proxyPin, " ") != "taskset -c 5" || strings.Join(pl.restPin, " ") != "taskset -c 2" || pl.nginxWorkers != 1 {
+		t.Fatalf("own-cpu on CPUs 2, 5, 7: %+v; want the proxy on 5, the rest on 2, one nginx worker", pl)
+	}
+}
+
+func TestParseCPUStat(t *testing.T) {
+	before := parseCPUStat("cpu  10 0 10 80 0 0 0 0 0 0\ncpu0 10 0 0 40 0 0 0 0 0 0\ncpu1 0 0 10 40 0 0 0 0 0 0\nintr 5\n")
+	after := parseCPUStat("cpu  100 0 10 170 0 0 0 0 0 0\ncpu0 100 0 0 40 0 0 0 0 0 0\ncpu1 0 0 10 120 10 0 0 0 0 0\n")
+	busy := cpuBusy(before, after)
+	// CPU 0 busy all 90 ticks; CPU 1 idle or waiting all 90.
+	if len(busy) != 2 || busy[0] != 1 || busy[1] != 0 {
+		t.Fatalf("busy %v, want [1 0]", busy)
+	}
+}
+
+func TestBoundBy(t *testing.T) {
+	for _, c := range []struct {
+		placement           string
+		u                   ProxyUse
+		restBusy, proxyBusy float64
+		want                string
+	}{
+		{PlacementShared, ProxyUse{ProxyCores: 1.2, RestCores: 0.8}, 1, 1, "the shared cores"},
+		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.97, RestCores: 0.95}, 1, 1, "the proxy's CPU"},
+		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.6, RestCores: 0.96}, 1, 0.6, "the engines' CPU"},
+		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.6, RestCores: 0.7}, 0.95, 0.6, "the engines' CPU, with other jobs"},
+		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.6, RestCores: 0.7}, 0.7, 0.95, "the proxy's CPU, with other jobs"},
+		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.2, RestCores: 0.4}, 1, 1, "both CPUs, with other jobs"},
+		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.6, RestCores: 0.7}, 0.7, 0.6, "neither CPU full"},
+	} {
+		if got := boundBy(c.placement, c.u, c.restBusy, c.proxyBusy); got != c.want {
+			t.Errorf("boundBy(%s, %+v, %.2f, %.2f) = %q, want %q", c.placement, c.u, c.restBusy, c.proxyBusy, got, c.want)
+		}
 	}
 }

@@ -111,7 +111,7 @@ var routerServingRe = regexp.MustCompile(`msg="Router serving" http=(\S+)`)
 func StartRouter(ctx context.Context, bin string, gw *Gateway, id string, flags []string) (*Proc, string, error) {
 	addr := make(chan string, 1)
 	args := append([]string{"router", "--port", "0", "--controlplane", gw.GRPC, "--router-id", id, "--log-level", "info"}, flags...)
-	p, err := startProc(bin, args, func(line string) {
+	p, err := startProc(nil, bin, args, func(line string) {
 		if m := routerServingRe.FindStringSubmatch(line); m != nil {
 			select {
 			case addr <- "http://" + m[1]:

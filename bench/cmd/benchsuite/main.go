@@ -49,6 +49,7 @@ func main() {
 	proxyPairs := fs.Int("proxy-pairs", 5, "proxy: runs of each proxy per load, alternating")
 	proxyRun := fs.Duration("proxy-run", 10*time.Second, "proxy: length of one run (whole seconds)")
 	proxyClients := fs.Int("proxy-clients", 32, "proxy: closed-loop wrk connections")
+	proxyPlacements := fs.String("proxy-placements", "shared,own-cpu", "proxy: where the proxy runs, comma-separated: shared (wrk, engines and proxy on every CPU) and own-cpu (the proxy alone on one CPU, wrk and the engines on another; needs 2 CPUs)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
@@ -99,7 +100,8 @@ func main() {
 	case *which == "scale" && *scaleRepublish != "":
 		err = republishScale(*scaleRepublish, *docs)
 	case *which == "proxy":
-		err = runProxy(ctx, s, suite.ProxyOptions{Pairs: *proxyPairs, Duration: *proxyRun, Clients: *proxyClients, Profile: !*short})
+		err = runProxy(ctx, s, suite.ProxyOptions{Pairs: *proxyPairs, Duration: *proxyRun, Clients: *proxyClients, Profile: !*short,
+			Placements: strings.Split(*proxyPlacements, ",")})
 	case *which == "scale":
 		err = runScale(ctx, s.DocsDir, *raw, *short, *scaleConfig, *scaleWindow)
 	default:
