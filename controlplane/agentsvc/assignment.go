@@ -7,10 +7,9 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 )
 
-// assignment follows the engines one node's agent must cover: those its
-// hello named plus registered workers whose spec names the node. It reads
-// only the workers changed since its last update, so a busy registry (every
-// load record is a commit) costs each stream the changes, not the fleet.
+// assignment follows the engines one node's agent must cover: its hello's
+// and the workers whose spec names the node, reading only the changes since
+// its last update (every load record is a commit), not the fleet.
 type assignment struct {
 	node   string
 	own    []string

@@ -29,15 +29,13 @@ var (
 	errNoURL     = errors.New("no engine URL")
 )
 
-// authorize is the one gate between an agent's messages and the registry:
-// every message that creates, changes or describes a worker passes it, with
-// the worker's spec (describe: as registered; create: as the agent proposes
-// it). An agent speaks only for engines on its node; it registers only
-// engines at its node's addresses serving a model the admin allowed. For
-// create it returns the spec to register: the URL in canonical form, the
-// node, the model read from the engine, the role, bootstrap port and
-// overload block the agent gave, nothing else (no key, priority or cost),
-// and no labels. describe costs no allocation and no network.
+// authorize is the one gate between an agent's messages and the registry,
+// passed with the worker's spec (describe: as registered; create: as the
+// agent proposes it). An agent speaks only for engines on its node and
+// registers only engines at its node's addresses serving a model the admin
+// allowed. create returns the spec to register: canonical URL, node, the
+// model read from the engine, and the agent's role, bootstrap port and
+// overload block; nothing else. describe costs no allocation and no network.
 func (s *Server) authorize(ctx context.Context, st *agentStream, act action, spec *smgv1.WorkerSpec) (*smgv1.WorkerSpec, error) {
 	if act == describe { // a spec naming a node is judged by it alone, else by its host
 		if n := spec.GetNode(); (n != "" && n != st.node) || (n == "" && !st.hosts.contains(workerurl.Host(spec.GetUrl()))) {
@@ -76,9 +74,8 @@ func (s *Server) authorize(ctx context.Context, st *agentStream, act action, spe
 }
 
 // registeredModel is the model of the worker at url when this node's agent
-// registered it (pinned then, so its engine need not be asked again: a
-// control plane that restarts or changes leader re-reads an agent's pods
-// without a round of model reads), or "".
+// registered it (pinned then: a new leader re-reads an agent's pods without
+// a round of model reads), or "".
 func (s *Server) registeredModel(st *agentStream, url string) string {
 	w := s.reg.Snapshot().GetByURL(url)
 	if w == nil || w.Spec.GetNode() != st.node {

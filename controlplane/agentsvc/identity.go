@@ -3,7 +3,6 @@ package agentsvc
 import (
 	"bufio"
 	"context"
-	"crypto/subtle"
 	"fmt"
 	"net"
 	"net/netip"
@@ -31,9 +30,8 @@ type Identity struct {
 	Hosts []string
 }
 
-// Authenticator turns a stream's credentials into its identity. Tokens do it
-// today (TokenAuth); a client certificate naming the node can feed the same
-// interface.
+// Authenticator turns a stream's credentials into its identity (TokenAuth,
+// CertAuth).
 type Authenticator interface {
 	Authenticate(ctx context.Context) (Identity, error)
 }
@@ -53,27 +51,19 @@ func (a TokenAuth) Authenticate(ctx context.Context) (Identity, error) {
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get("authorization")
-	for _, v := range vals {
-		got, ok := strings.CutPrefix(v, "Bearer ")
-		if !ok {
-			continue
-		}
-		// Every entry is compared, in constant time, so timing tells
-		// nothing about which tokens exist.
-		var found *Identity
-		for tok, id := range a.Nodes {
-			if subtle.ConstantTimeCompare([]byte(got), []byte(tok)) == 1 {
-				found = &id
-			}
-		}
-		if found != nil {
-			return *found, nil
+	// Every token is compared, in constant time, so timing tells nothing
+	// about which tokens exist.
+	var found *Identity
+	for tok, id := range a.Nodes {
+		if _, ok := bearer.Match(vals, tok); ok {
+			found = &id
 		}
 	}
-	if a.Shared != "" {
-		if _, ok := bearer.Match(vals, a.Shared); ok {
-			return Identity{}, nil
-		}
+	if found != nil {
+		return *found, nil
+	}
+	if _, ok := bearer.Match(vals, a.Shared); ok && a.Shared != "" {
+		return Identity{}, nil
 	}
 	if len(vals) == 0 {
 		return Identity{}, status.Error(codes.Unauthenticated,
@@ -143,9 +133,8 @@ func parseTokens(name string, sc *bufio.Scanner) (map[string]Identity, error) {
 }
 
 // hostSet decides whether an engine's host is on the agent's node: one of
-// the node's configured addresses, the address the stream comes from, or
-// (for an agent on the control plane's own host) any loopback address. Names
-// are resolved once per stream.
+// its configured addresses, the stream's, or (an agent on the control
+// plane's host) any loopback address. Names are resolved once per stream.
 type hostSet struct {
 	allowed  map[string]bool
 	prefixes []netip.Prefix // the node's address ranges (its pod CIDR)

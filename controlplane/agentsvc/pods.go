@@ -15,9 +15,8 @@ const maxPods = 1024
 // at once.
 const podReads = 8
 
-// podsSlot holds a stream's latest discovered pods not applied yet:
-// authorizing them may read engines' models, so it runs beside the receive
-// loop, and a newer set replaces one still waiting.
+// podsSlot holds a stream's latest pods not applied yet: authorizing them
+// may read engines' models, so it runs beside the receive loop.
 type podsSlot struct {
 	mu      sync.Mutex
 	latest  *smgv1.DiscoveredPods
@@ -59,11 +58,9 @@ func (s *Server) applyPods(st *agentStream) {
 	}
 }
 
-// authorizePods turns the agent's pods into discovery's: a pod's spec is
-// kept only as authorize makes it. A pod that is not Ready keeps its spec
-// only when this node's agent registered it already (its engine is not
-// asked for a model it may not serve yet; discovery registers no pod that
-// is not Ready).
+// authorizePods turns the agent's pods into discovery's, a spec kept only
+// as authorize makes it; a pod not Ready keeps one only when this node's
+// agent registered it already (its engine is not asked for its model yet).
 func (s *Server) authorizePods(st *agentStream, m *smgv1.DiscoveredPods) []podwatch.Pod {
 	in := m.GetPods()
 	if len(in) > maxPods {

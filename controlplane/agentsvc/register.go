@@ -13,9 +13,8 @@ import (
 	"github.com/smg-project/smg/internal/podwatch"
 )
 
-// RegisteredByLabel marks a worker an agent registered; its value is the
-// node. Such workers are removed when their node's agent is gone for good.
-// An admin who PATCHes the labels without it adopts the worker.
+// RegisteredByLabel marks a worker an agent registered (value: the node),
+// removed when that agent is gone for good; PATCHing it away adopts the worker.
 const RegisteredByLabel = "smg.agent-registered"
 
 // RegistrationPolicy bounds what agents may register: engines on their own
@@ -37,9 +36,8 @@ func (p RegistrationPolicy) allows(model string) bool {
 	return p.AnyModel || slices.Contains(p.Models, model)
 }
 
-// register submits the hello's engines that are not registered yet, each in
-// the background: only an engine on the agent's node, whose model the admin
-// allowed agents to serve, is registered, pinned to that model.
+// register submits the hello's engines not registered yet, each in the
+// background, as authorize allows (pinned to the model read).
 func (s *Server) register(ctx context.Context, st *agentStream) {
 	snap := s.reg.Snapshot()
 	for _, u := range st.own {

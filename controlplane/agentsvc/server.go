@@ -42,9 +42,8 @@ import (
 
 // Options configure a Server.
 type Options struct {
-	// Auth turns a stream's credentials into its identity (nil: every
-	// stream is accepted). An identity that names a node binds the stream
-	// to it.
+	// Auth turns a stream's credentials into its identity (nil: every stream
+	// is accepted); an identity naming a node binds the stream to it.
 	Auth Authenticator
 	// Registration says what an agent may register (hello.register).
 	Registration RegistrationPolicy
@@ -63,23 +62,20 @@ type Options struct {
 	// StreamEnded, when set, hears the workers an ended stream covered, so
 	// the poller can take them over at once.
 	StreamEnded func(workerIDs []string)
-	// CoverageChanged, when set, hears that Covers may answer differently
-	// (an agent was assigned other engines, or its stream ended), so the
-	// load monitor hands gRPC workers' KV event streams over at once.
+	// CoverageChanged, when set, hears that Covers may answer differently,
+	// so the load monitor hands gRPC workers' KV event streams over at once.
 	CoverageChanged func()
 	// Discovery, when set, registers the engine pods agents discover on
 	// their nodes.
 	Discovery DiscoverySink
-	// Applying, when set, runs in each stream's receive loop after a
-	// message is read and before it is applied. Tests and the scale harness
-	// block in it to hold a stream unread, as a control plane stuck on its
-	// own locks or starved of CPU does.
+	// Applying, when set, runs after a message is read and before it is
+	// applied: tests and the scale harness block in it to hold a stream
+	// unread, as a control plane starved of CPU does.
 	Applying func()
 	// Applied, when set, runs when the receive loop is done with a message
 	// (tests: the stream is read up to it).
 	Applied func()
-	// Refused, when set, hears every engine authorize refuses an agent
-	// (tests).
+	// Refused, when set, hears every engine authorize refuses (tests).
 	Refused func(node, url string, err error)
 }
 
@@ -102,12 +98,10 @@ type Server struct {
 	closeOnce sync.Once
 	closing   chan struct{} // closed by Close: every stream says goodbye
 
-	mu    sync.Mutex
-	nodes map[string]*agentStream // the latest stream of each node
-	gone  map[string]func() bool  // node → stops its pending removal
-	// covering counts, by engine URL, the nodes' latest streams whose
-	// latest assignment names it (Covers).
-	covering map[string]int
+	mu       sync.Mutex
+	nodes    map[string]*agentStream // the latest stream of each node
+	gone     map[string]func() bool  // node → stops its pending removal
+	covering map[string]int          // by engine URL: the latest streams assigned it (Covers)
 
 	ended func(node string) // tests: a stream's end has been applied
 }
@@ -171,15 +165,13 @@ type agentStream struct {
 	// The rest is the receive goroutine's alone.
 
 	engines map[string]*engineState // by canonical URL
-	// known maps the URLs the agent sends, as it spells them, to the worker
-	// they named on this node, so a record costs one map lookup instead of
-	// normalising its URL; an entry holds while the worker's spec is the
-	// one it was found with (a new registration is another spec).
+	// known maps the URLs the agent sends, as spelled, to their worker on
+	// this node while its spec is the one found: a record costs one map
+	// lookup, not normalising its URL.
 	known map[string]knownWorker
-	// pending is the latest record of each of the hello's engines that was
-	// not registered yet when it arrived: the first contact or heartbeat
-	// after its registration applies it (the agent sends a record only when
-	// something changed).
+	// pending is the latest record of each hello engine not registered yet
+	// when it came: the first contact after its registration applies it
+	// (the agent sends a record only when something changed).
 	pending map[string]*smgv1.LoadRecord
 	dec     recordsDecoder
 	scratch wireRecord // a record proto.Unmarshal decoded
@@ -201,27 +193,24 @@ type engineState struct {
 	slot    *evidence.Slot // its worker's, kept while the inbox keeps it
 }
 
-// maxKnown bounds a stream's known URLs: an agent covers its node's
-// engines, but may spell URLs any number of ways.
+// maxKnown bounds a stream's known URLs: an agent may spell URLs any
+// number of ways.
 const maxKnown = 16384
 
 type lastRecord struct {
 	rec judge.Record
 	at  time.Time
-	// unjudged is the record's load while the worker was not Ready (only
-	// Ready workers are judged): the first contact after it turns Ready
-	// ingests it, since an agent sends a load only when it changes and an
-	// idle engine's may never change again.
+	// unjudged is the load of a record while the worker was not Ready: the
+	// first contact after it turns Ready ingests it (an idle engine's load
+	// may never change again, so never be sent again).
 	unjudged *smgv1.EngineLoad
 	// confirmed is when a contact last moved the worker's load revision
 	// (evidence.Inbox.Refresh), at most once per refreshEvery.
 	confirmed time.Time
 }
 
-// refreshEvery bounds how often a contact ("answered, nothing changed")
-// moves a worker's load revision: routers see loads on a grid of
-// --watch-load-interval (1 s by default), so more often would be writes
-// nobody sees.
+// refreshEvery bounds how often a contact moves a worker's load revision:
+// routers see loads on a --watch-load-interval grid (1 s by default).
 const refreshEvery = time.Second
 
 func (st *agentStream) cover(urls ...string) {
@@ -348,9 +337,9 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.ReportRequest, sm
 	}
 }
 
-// handle applies one message, b its wire bytes: records are decoded by the
-// stream's own decoder, anything else by proto.Unmarshal. A malformed
-// message is the error gRPC's codec would have given.
+// handle applies one message, b its wire bytes: records by the stream's
+// own decoder, anything else by proto.Unmarshal (whose error a malformed
+// message gets, as from gRPC's codec).
 func (s *Server) handle(st *agentStream, b []byte, now time.Time) error {
 	recs, sentAt, ok := st.dec.decode(b)
 	var req *smgv1.ReportRequest
@@ -405,10 +394,8 @@ func (s *Server) handle(st *agentStream, b []byte, now time.Time) error {
 }
 
 // workerEngine returns the registered worker with url if it is on the
-// stream's node, with the state of its engine, or nil. An unregistered
-// engine is logged at debug (an agent may poll one before its registration
-// completes); another node's worker is refused and logged once per stream:
-// an agent speaks only for its own node.
+// stream's node, with the state of its engine, or nil (another node's
+// worker is refused: authorize logs it once per stream).
 func (s *Server) workerEngine(st *agentStream, url string) (*registry.Worker, *engineState) {
 	if k, ok := st.known[url]; ok {
 		if w := k.h.Get(); w != nil && w.Spec == k.spec {
@@ -443,10 +430,8 @@ func (s *Server) workerEngine(st *agentStream, url string) (*registry.Worker, *e
 func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	w, e := s.recordWorker(st, r.url)
 	if w == nil {
-		// Kept even if the engine's registration has landed since the
-		// lookup (checking again would drop the record, and an idle
-		// engine sends no other): the next contact applies it if the
-		// worker is on this node.
+		// Kept even if the registration landed since the lookup (an idle
+		// engine sends no other record): the next contact applies it.
 		if u := canonicalURL(string(r.url)); slices.Contains(st.own, u) {
 			st.pending[u] = r.own() // bounded by the hello's engines
 		}
@@ -456,14 +441,10 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	delete(st.pending, url)
 	st.coverReported(e, url)
 	loadpb.Clamp(r.load) // as the poller's reads are: the agent's numbers are its own
-	var silence time.Duration
-	if r.silence != nil {
-		silence = max(r.silence.AsDuration(), 0)
-	}
 	rec := judge.Record{
 		Pushed:        true,
 		Waiting:       int64(r.load.GetWaitingRequests()),
-		Silence:       silence,
+		Silence:       max(r.silence.AsDuration(), 0), // nil: 0
 		PrefillInHand: max(r.prefill, 0),
 		StepWire:      r.stepWire,
 		Idle:          runsNothing(r.load),
@@ -471,9 +452,8 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 	}
 	last := lastRecord{rec: rec, at: now}
 	s.setAgentNode(w, st.node)
-	// Like the poller, only Ready workers are judged for overload: a worker
-	// leaving Ready has its veto cleared and must not get it back from a
-	// record while it is out.
+	// Only Ready workers are judged for overload, as by the poller: one out
+	// of Ready must not get its cleared veto back from a record.
 	o := evidence.Observed{WorkerID: w.ID, Rec: rec}
 	if w.Ready() {
 		if cur, kept := e.slot.Worker(); cur != w || !kept {
@@ -538,11 +518,9 @@ func (s *Server) event(st *agentStream, e *smgv1.EngineEvent, now time.Time) {
 	}
 }
 
-// vouch applies contact that says "the engine answered and nothing changed
-// since my last record": the last record is re-applied (its silence aged by
-// the time since), which keeps the worker's pushed cadence fresh so the
-// poller does not take over from a live agent, and keeps an engine's silence
-// growing. Without a record on this stream it is plain contact.
+// vouch applies contact ("the engine answered, nothing changed"): the last
+// record is re-applied, its silence aged by the time since, so the poller
+// does not take over from a live agent; without a record it is plain contact.
 func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	if r, ok := st.pending[w.Spec.GetUrl()]; ok {
 		st.scratch.setProto(r)
@@ -577,8 +555,8 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	s.ev.Record(w.ID, rec, now)
 }
 
-// setAgentNode records which node's agent feeds the worker (w, as just
-// read); the registry is written only when that changes.
+// setAgentNode records which node's agent feeds w, writing the registry
+// only when that changes.
 func (s *Server) setAgentNode(w *registry.Worker, node string) {
 	if w.AgentNode == node {
 		return
@@ -702,8 +680,7 @@ func (s *Server) coverageChanged() {
 }
 
 // Covers reports whether a connected agent is assigned the engine url
-// (canonical): that agent polls it and, for a gRPC engine, streams its KV
-// events, so the control plane's monitor must not.
+// (canonical): that agent polls it and streams its KV events, not the monitor.
 func (s *Server) Covers(url string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -717,9 +694,8 @@ func peerOf(ctx context.Context) string {
 	return ""
 }
 
-// canonicalURL is url in the registry's canonical form (so an agent's
-// "http://h:8000/" finds the worker "http://h:8000"), or url unchanged if it
-// has none.
+// canonicalURL is url in the registry's canonical form ("http://h:8000/"
+// finds "http://h:8000"), or url unchanged if it has none.
 func canonicalURL(url string) string {
 	if c, err := workerurl.Normalize(url, workerurl.Options{AllowLinkLocal: true}); err == nil {
 		return c
