@@ -16,7 +16,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -95,23 +94,17 @@ type Checker struct {
 	maxWait time.Duration // Run looks again at least this often
 	wake    chan struct{} // a probe's outcome scheduled one before wakeAt
 
-	mu      sync.Mutex
-	state   map[string]*probeState
-	queue   spread.Queue    // each worker's next probe; entries not matching its state are stale
-	members <-chan struct{} // closes at the next membership change (nil: reconcile now)
-	gen     uint64          // reconcile pass, to sweep states of removed workers
-	wakeAt  time.Time       // when Run's timer fires
+	mu     sync.Mutex
+	sched  spread.Schedule[probeState] // each worker's next probe
+	wakeAt time.Time                   // when Run's timer fires
 }
 
 // probeState schedules a worker's probes; the consecutive passes and
 // failures are stored with the worker (registry.Evidence), so the health
 // transition is decided in the transaction that commits it.
 type probeState struct {
-	url      string
-	next     time.Time
-	inFlight bool
-	phased   bool // came in a batch beyond the burst budget: probed at its phase, not one cadence after its last probe
-	gen      uint64
+	url    string
+	phased bool // came in a batch beyond the burst budget: probed at its phase, not one cadence after its last probe
 }
 
 // New returns a checker; sink (nil: none) hears of every passing probe.
@@ -125,8 +118,7 @@ func New(reg *registry.Registry, opts Options, client *http.Client, sink Contact
 	if opts.Burst == nil {
 		opts.Burst = spread.NewBurst(spread.DefaultBurstSize, spread.DefaultBurstPer)
 	}
-	c := &Checker{reg: reg, opts: opts, client: client, log: log, sink: sink, seed: opts.Seed + "\x00health", wake: make(chan struct{}, 1),
-		state: map[string]*probeState{}}
+	c := &Checker{reg: reg, opts: opts, client: client, log: log, sink: sink, seed: opts.Seed + "\x00health", wake: make(chan struct{}, 1)}
 	c.maxWait = max(min(c.cadence(false), c.cadence(true))/4, spread.Resolution)
 	return c
 }
@@ -143,81 +135,39 @@ func (c *Checker) cadence(ready bool) time.Duration {
 // worker afresh.
 func (c *Checker) Run(ctx context.Context) {
 	c.mu.Lock()
-	c.state, c.members = map[string]*probeState{}, nil
-	c.queue.Reset()
+	c.sched = spread.Schedule[probeState]{}
 	c.mu.Unlock()
-	timer := time.NewTimer(0)
-	defer timer.Stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for {
-		start := time.Now()
-		members, wait := c.probeDue(ctx, &wg)
-		timer.Reset(wait)
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		case <-c.wake:
-		case <-members:
-		}
-		if !spread.Pace(ctx, start) {
-			return
-		}
-	}
+	spread.Loop(ctx, c.reg.MembershipChanged, c.wake, func(reconcile bool) time.Duration { return c.probeDue(ctx, &wg, reconcile) })
 }
 
 // probeDue starts the probes that are due, after taking in membership
-// changes. It returns the channel that closes at the next membership change
-// and how long to wait for the next probe due.
-func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) (<-chan struct{}, time.Duration) {
-	c.mu.Lock()
-	members := c.members
-	c.mu.Unlock()
-	reconcile := members == nil || closed(members)
-	if reconcile {
-		members = c.reg.MembershipChanged() // before the snapshot: no change is missed
-	}
+// changes if reconcile, and returns how long to wait for the next probe due.
+func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup, reconcile bool) time.Duration {
 	snap := c.reg.Snapshot()
 	now := c.opts.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if reconcile {
-		c.members = members
 		c.reconcile(snap.Workers(), now)
 	}
-	for {
-		at, id, ok := c.queue.PopDue(now)
-		if !ok {
-			break
-		}
-		st := c.state[id]
-		if st == nil || st.inFlight || !st.next.Equal(at) {
-			continue // stale entry
-		}
-		w := snap.Get(id)
-		if w == nil || w.Spec.GetUrl() != st.url {
+	for sl := c.sched.PopDue(now); sl != nil; sl = c.sched.PopDue(now) {
+		w := snap.Get(sl.ID)
+		if w == nil || w.Spec.GetUrl() != sl.State.url {
 			continue // removed or replaced: the pending reconcile sees to it
 		}
-		st.inFlight = true
 		apiKey := w.Spec.GetApiKey()
 		wg.Go(func() {
-			ok, why := c.probe(ctx, st.url, apiKey)
-			if ctx.Err() != nil {
-				c.mu.Lock()
-				st.inFlight = false
-				c.mu.Unlock()
-				return
+			ok, why := c.probe(ctx, sl.State.url, apiKey)
+			if ctx.Err() == nil {
+				c.record(sl, ok, why)
 			}
-			c.record(id, st, ok, why)
 		})
 	}
-	wait := c.maxWait
-	if at, ok := c.queue.Peek(); ok {
-		wait = min(max(at.Sub(now), spread.Resolution), c.maxWait)
-	}
+	wait := c.sched.Wait(now, c.maxWait)
 	c.wakeAt = now.Add(wait)
-	return members, wait
+	return wait
 }
 
 // reconcile schedules the first probe of each worker not seen before (or
@@ -226,34 +176,21 @@ func (c *Checker) probeDue(ctx context.Context, wg *sync.WaitGroup) (<-chan stru
 // a bulk registration), each worker waits for its phase within its cadence,
 // so the first probes of N workers spread over one interval.
 func (c *Checker) reconcile(workers []*registry.Worker, now time.Time) {
-	c.gen++
 	for _, w := range workers {
 		if w.External() {
 			continue // a provider is never probed: Ready from its registration
 		}
-		st := c.state[w.ID]
-		if st == nil || st.url != w.Spec.GetUrl() {
-			st = &probeState{url: w.Spec.GetUrl(), next: now}
+		if sl := c.sched.Keep(w.ID); sl == nil || sl.State.url != w.Spec.GetUrl() {
+			sl = c.sched.Add(w.ID, probeState{url: w.Spec.GetUrl()})
+			at := now
 			if !c.opts.Burst.Take(now) {
-				st.phased = true
-				st.next = spread.PhaseOf(c.seed, w.ID, c.cadence(w.Ready())).Next(now)
+				sl.State.phased = true
+				at = spread.PhaseOf(c.seed, w.ID, c.cadence(w.Ready())).Next(now)
 			}
-			c.state[w.ID] = st
-			c.queue.Push(st.next, w.ID)
+			c.sched.At(sl, at)
 		}
-		st.gen = c.gen
 	}
-	maps.DeleteFunc(c.state, func(_ string, st *probeState) bool { return st.gen != c.gen })
-}
-
-// closed reports whether ch is closed.
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
+	c.sched.Sweep()
 }
 
 // probe asks the worker's health endpoint, with its api_key when it has one.
@@ -295,23 +232,21 @@ func (c *Checker) probe(ctx context.Context, url, apiKey string) (bool, string) 
 // a phased worker at its phase in the cadence its health now calls for (at
 // most one cadence away, and exactly one while the health holds), another
 // one cadence after this probe.
-func (c *Checker) record(id string, st *probeState, ok bool, why string) {
+func (c *Checker) record(sl *spread.Slot[probeState], ok bool, why string) {
 	now := c.opts.Now()
-	to := c.Observe(id, st.url, ok, why, now)
+	to := c.Observe(sl.ID, sl.State.url, ok, why, now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st.inFlight = false
-	if c.state[id] != st {
+	if c.sched.Get(sl.ID) != sl {
 		return // removed or replaced while the probe ran
 	}
 	cadence := c.cadence(to == registry.HealthHealthy) // not Ready: look again soon
-	if st.phased {
-		st.next = spread.PhaseOf(c.seed, id, cadence).Next(now)
-	} else {
-		st.next = now.Add(cadence)
+	next := now.Add(cadence)
+	if sl.State.phased {
+		next = spread.PhaseOf(c.seed, sl.ID, cadence).Next(now)
 	}
-	c.queue.Push(st.next, id)
-	if st.next.Before(c.wakeAt) {
+	c.sched.At(sl, next)
+	if next.Before(c.wakeAt) {
 		select {
 		case c.wake <- struct{}{}:
 		default:

@@ -75,10 +75,11 @@ func setup(t *testing.T, url, apiKey string, h registry.Health) (*Checker, *regi
 	return New(reg, opts, http.DefaultClient, s, slog.New(slog.DiscardHandler)), reg, clk, s
 }
 
-// round runs one probe round and waits for its probes.
+// round runs one probe round and waits for its probes. It reconciles every
+// round: a round without a membership change finds nothing to reconcile.
 func round(c *Checker) {
 	var wg sync.WaitGroup
-	c.probeDue(context.Background(), &wg)
+	c.probeDue(context.Background(), &wg, true)
 	wg.Wait()
 }
 

@@ -105,7 +105,7 @@ func (c *clock) Set(t time.Time) {
 // would (without its resolution); it reports false past until.
 func step(c *Checker, clk *clock, until time.Time) bool {
 	c.mu.Lock()
-	at, ok := c.queue.Peek()
+	at, ok := c.sched.Peek()
 	c.mu.Unlock()
 	if !ok || at.After(until) {
 		return false
@@ -318,12 +318,12 @@ func TestABatchHoldsFewProbeConnectionsAtOnce(t *testing.T) {
 			peak := e.PeakOpen(k+1, func(s int) (int, func()) {
 				clk.Set(t0.Add(iv * time.Duration(s) / k))
 				var wg sync.WaitGroup
-				c.probeDue(context.Background(), &wg)
+				c.probeDue(context.Background(), &wg, s == 0)
 				c.mu.Lock()
 				defer c.mu.Unlock()
 				started := 0
-				for _, st := range c.state {
-					if st.inFlight {
+				for _, id := range ids(n, "w") {
+					if c.sched.Get(id).Next().IsZero() { // popped: in flight
 						started++
 					}
 				}

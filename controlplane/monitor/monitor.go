@@ -19,6 +19,7 @@ import (
 	"maps"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/smg-project/smg/controlplane/evidence"
@@ -39,7 +40,8 @@ type Monitor struct {
 	log      *slog.Logger
 	opts     Options
 	seed     string        // opts.Seed for polls
-	coverage chan struct{} // CoverageChanged: reconcile the KV event streams
+	coverage chan struct{} // CoverageChanged wakes Run
+	streams  atomic.Bool   // CoverageChanged: reconcile the KV event streams
 	kv       kvStreams
 
 	mu      sync.Mutex
@@ -128,174 +130,95 @@ func (m *Monitor) Groups(workers []*registry.Worker) map[GroupKey]time.Duration 
 	return out
 }
 
-// Run polls until ctx ends, reconciling groups whenever the registry changes.
+// Run polls until ctx ends, reconciling the schedule whenever membership
+// changes.
 func (m *Monitor) Run(ctx context.Context) {
-	type runner struct {
-		interval time.Duration
-		cancel   context.CancelFunc
-		kick     chan struct{}
-	}
 	m.mu.Lock()
 	m.runCtx = ctx
 	m.mu.Unlock()
-	runners := map[GroupKey]*runner{}
-	var wg sync.WaitGroup
 	defer func() {
-		for _, r := range runners {
-			r.cancel()
-		}
-		wg.Wait()
 		m.stopStreams()
 		m.mu.Lock()
 		m.stopped = true
 		m.mu.Unlock()
 		m.polls.Wait() // every poll started has ended
 	}()
-	for {
-		changed := m.reg.MembershipChanged() // not on load reports: membership only
-		workers := m.reg.Snapshot().Workers()
-		m.pruneReaders(workers)
-		m.reconcileStreams(ctx, workers)
-		groups := m.Groups(workers)
-		for k, r := range runners {
-			if iv, ok := groups[k]; !ok || iv != r.interval {
-				r.cancel()
-				delete(runners, k)
-			}
-		}
-		for k, iv := range groups {
-			r, ok := runners[k]
-			if !ok {
-				rctx, cancel := context.WithCancel(ctx)
-				r = &runner{interval: iv, cancel: cancel, kick: make(chan struct{}, 1)}
-				runners[k] = r
-				wg.Go(func() { m.runGroup(rctx, k, iv, r.kick) })
-			}
-			select { // a change may have made a worker Ready: poll it now
-			case r.kick <- struct{}{}:
-			default:
-			}
-		}
-		for again := true; again; {
-			select {
-			case <-ctx.Done():
-				return
-			case <-changed:
-				again = false
-			case <-m.coverage: // an agent took over or left: hand the streams over
-				m.reconcileStreams(ctx, m.reg.Snapshot().Workers())
-			}
-		}
-	}
+	var s schedule
+	spread.Loop(ctx, m.reg.MembershipChanged, m.coverage, func(reconcile bool) time.Duration { return m.pollDue(ctx, &s, reconcile) })
 }
 
 // CoverageChanged tells the monitor that Options.Covered may answer
 // differently: the KV event streams are handed over to or taken back from
 // the agents at once, so each gRPC worker has exactly one.
 func (m *Monitor) CoverageChanged() {
+	m.streams.Store(true)
 	select {
 	case m.coverage <- struct{}{}:
 	default:
 	}
 }
 
-// runGroup polls each of the group's Ready workers every interval, at its
-// phase: a worker that becomes Ready (or joins the group) is polled at once
+// schedule is Run's: each polled worker's slot, kept by Run's goroutine.
+type schedule = spread.Schedule[slot]
+
+// slot is where a worker is polled: its group, the group's interval and
+// its phase in it. A worker whose group or interval changes starts afresh.
+type slot struct {
+	key      GroupKey
+	interval time.Duration
+	phase    spread.Phase
+}
+
+// pollDue polls the workers that are due, after taking in membership
+// changes if reconcile, and returns how long until the next is.
+func (m *Monitor) pollDue(ctx context.Context, s *schedule, reconcile bool) time.Duration {
+	snap := m.reg.Snapshot()
+	now := m.opts.Now()
+	if reconcile {
+		m.pruneReaders(snap.Workers())
+		m.reconcile(s, snap.Workers(), now)
+	}
+	if m.streams.Swap(false) || reconcile {
+		m.reconcileStreams(ctx, snap.Workers())
+	}
+	for sl := s.PopDue(now); sl != nil; sl = s.PopDue(now) {
+		w := snap.Get(sl.ID)
+		if w == nil || !polled(w) || groupOf(w) != sl.State.key {
+			s.Drop(sl.ID) // the reconcile this change brings re-adds it if it comes back
+			continue
+		}
+		s.At(sl, sl.State.phase.Next(now))
+		if !m.pushed(sl.ID, sl.State.interval, now) {
+			m.pollAsync(ctx, w)
+		}
+	}
+	return s.Wait(now, max(m.opts.Interval, spread.Resolution))
+}
+
+// reconcile schedules the first poll of each Ready worker new to its group
+// (or whose group's interval changed) and forgets those that left Ready
+// (polled again as new when they come back). A worker is polled at once
 // while the burst budget lasts, and from then on every interval after that
 // first poll; beyond the budget (a restart, a leader taking over, a bulk
 // registration) it is first polled at its hashed phase, within one interval,
 // so the polls of N workers spread over the interval and stay spread.
-func (m *Monitor) runGroup(ctx context.Context, k GroupKey, interval time.Duration, kick <-chan struct{}) {
-	g := &group{key: k, interval: interval, slots: map[string]*slot{}}
-	timer := time.NewTimer(interval)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		case <-kick:
-			g.reconcile(m, m.reg.Snapshot().Workers(), m.opts.Now())
-		}
-		start := time.Now()
-		timer.Reset(m.pollDue(ctx, g))
-		if !spread.Pace(ctx, start) {
-			return
-		}
-	}
-}
-
-// group is one polling group's schedule, kept by its runGroup goroutine.
-type group struct {
-	key      GroupKey
-	interval time.Duration
-	slots    map[string]*slot // the group's Ready workers
-	queue    spread.Queue     // each slot's next poll; entries not matching it are stale
-	gen      uint64
-}
-
-type slot struct {
-	phase spread.Phase
-	next  time.Time
-	gen   uint64
-}
-
-// reconcile schedules the first poll of each Ready worker new to the group
-// and forgets those that left it or left Ready (polled again as new when
-// they come back).
-func (g *group) reconcile(m *Monitor, workers []*registry.Worker, now time.Time) {
-	g.gen++
+func (m *Monitor) reconcile(s *schedule, workers []*registry.Worker, now time.Time) {
+	groups := m.Groups(workers)
 	for _, w := range workers {
-		if !polled(w) || groupOf(w) != g.key {
+		if !polled(w) {
 			continue
 		}
-		s := g.slots[w.ID]
-		if s == nil {
-			s = &slot{}
-			if m.opts.Burst.Take(now) {
-				s.phase, s.next = spread.PhaseAt(now, g.interval), now
-			} else {
-				s.phase = spread.PhaseOf(m.seed, w.ID, g.interval)
-				s.next = s.phase.Next(now)
+		k := groupOf(w)
+		if sl := s.Keep(w.ID); sl == nil || sl.State.key != k || sl.State.interval != groups[k] {
+			st, at := slot{key: k, interval: groups[k], phase: spread.PhaseAt(now, groups[k])}, now
+			if !m.opts.Burst.Take(now) {
+				st.phase = spread.PhaseOf(m.seed, w.ID, groups[k])
+				at = st.phase.Next(now)
 			}
-			g.slots[w.ID] = s
-			g.queue.Push(s.next, w.ID)
+			s.At(s.Add(w.ID, st), at)
 		}
-		s.gen = g.gen
 	}
-	maps.DeleteFunc(g.slots, func(_ string, s *slot) bool { return s.gen != g.gen })
-}
-
-// pollDue polls the group's workers that are due and returns how long until
-// the next is.
-func (m *Monitor) pollDue(ctx context.Context, g *group) time.Duration {
-	now := m.opts.Now()
-	snap := m.reg.Snapshot()
-	for {
-		at, id, ok := g.queue.PopDue(now)
-		if !ok {
-			break
-		}
-		s := g.slots[id]
-		if s == nil || !s.next.Equal(at) {
-			continue // stale entry
-		}
-		w := snap.Get(id)
-		if w == nil || !polled(w) || groupOf(w) != g.key {
-			delete(g.slots, id) // the reconcile this change brings re-adds it if it comes back
-			continue
-		}
-		s.next = s.phase.Next(now)
-		g.queue.Push(s.next, id)
-		if m.pushed(id, g.interval, now) {
-			continue
-		}
-		m.pollAsync(ctx, w)
-	}
-	if at, ok := g.queue.Peek(); ok {
-		return min(max(at.Sub(now), spread.Resolution), g.interval)
-	}
-	return g.interval
+	s.Sweep()
 }
 
 // PollNow polls the given Ready workers at once (their agent went away: the

@@ -81,8 +81,6 @@ var vllm = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 1\n"))
 })
 
-var key = GroupKey{Model: "m", Type: "regular", Mode: "http"}
-
 func register(t *testing.T, reg *registry.Registry, base string, h registry.Health, workers []string) {
 	t.Helper()
 	if _, err := reg.Update(func(tx *registry.Txn) error {
@@ -120,11 +118,11 @@ func (p *pushes) RecentlyPushed(id string, within time.Duration, now time.Time) 
 	return ok && now.Sub(at) < within
 }
 
-// sched drives one group's schedule on the fake clock, as runGroup does on
-// the real one (without its resolution).
+// sched drives the monitor's schedule on the fake clock, as Run does on the
+// real one (without its resolution).
 type sched struct {
 	m   *Monitor
-	g   *group
+	s   schedule
 	clk *clock
 	reg *registry.Registry
 }
@@ -133,26 +131,25 @@ func newSched(t *testing.T, reg *registry.Registry, clk *clock, client *http.Cli
 	log := slog.New(slog.DiscardHandler)
 	m := New(reg, evidence.New(reg, evidence.Options{}, log, prometheus.NewRegistry()), client,
 		Options{Interval: 10 * time.Second, Now: clk.Now, Seed: "cp-test", Burst: burst, RecentlyPushed: skip}, log)
-	return &sched{m: m, g: &group{key: key, interval: 10 * time.Second, slots: map[string]*slot{}}, clk: clk, reg: reg}
+	return &sched{m: m, clk: clk, reg: reg}
 }
 
-// kick is a membership change reaching the group.
+// kick is a membership change reaching the schedule.
 func (s *sched) kick() {
-	s.g.reconcile(s.m, s.reg.Snapshot().Workers(), s.clk.Now())
-	s.m.pollDue(context.Background(), s.g)
+	s.m.pollDue(context.Background(), &s.s, true)
 	s.m.polls.Wait()
 }
 
 // step moves the clock to the next poll due and runs it; false past until.
 func (s *sched) step(until time.Time) bool {
-	at, ok := s.g.queue.Peek()
+	at, ok := s.s.Peek()
 	if !ok || at.After(until) {
 		return false
 	}
 	if at.After(s.clk.Now()) {
 		s.clk.Set(at)
 	}
-	s.m.pollDue(context.Background(), s.g)
+	s.m.pollDue(context.Background(), &s.s, false)
 	s.m.polls.Wait()
 	return true
 }
@@ -276,11 +273,10 @@ func TestABatchHoldsFewPollConnectionsAtOnce(t *testing.T) {
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 			defer client.CloseIdleConnections()
 			s := newSched(t, reg, clk, client, spread.NewBurst(tc.burst, time.Second), nil)
-			s.g.reconcile(s.m, reg.Snapshot().Workers(), t0)
 			iv := 10 * time.Second
 			peak := e.PeakOpen(k+1, func(i int) (int, func()) {
 				clk.Set(t0.Add(iv * time.Duration(i) / k))
-				s.m.pollDue(context.Background(), s.g)
+				s.m.pollDue(context.Background(), &s.s, i == 0) // the batch's membership change, then its ticks
 				s.m.mu.Lock()
 				defer s.m.mu.Unlock()
 				started := 0

@@ -5,13 +5,15 @@
 // contacted over one interval, not at one instant. A few new workers at a
 // time still get their first contact at once, from a small burst budget.
 //
-// It owns the phase arithmetic only: it reads no registry and contacts no worker.
+// It owns the phase arithmetic and the schedule of contacts (Schedule, Loop):
+// it reads no registry and contacts no worker.
 package spread
 
 import (
 	"container/heap"
 	"context"
 	"hash/fnv"
+	"maps"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -95,10 +97,25 @@ func NewBurst(size int, per time.Duration) *Burst {
 // spent.
 func (b *Burst) Take(now time.Time) bool { return b.tokens.AllowN(now, 1) }
 
-// Queue is a schedule of (instant, id) entries, earliest first. Entries are
-// never removed early: the caller skips one that no longer matches the id's
-// current instant.
-type Queue struct{ h entries }
+// Schedule is one loop's workers, each with the state S the loop keeps of it
+// and the instant of its next contact, earliest first. Not safe for
+// concurrent use.
+type Schedule[S any] struct {
+	slots map[string]*Slot[S]
+	h     entries // (instant, id), earliest first; one not matching its slot is stale
+	gen   uint64  // Sweep's pass
+}
+
+// Slot is one worker's place in a Schedule.
+type Slot[S any] struct {
+	ID    string
+	State S
+	next  time.Time // zero: none scheduled (a contact in flight)
+	gen   uint64
+}
+
+// Next is when sl's next contact is due (zero: none scheduled).
+func (sl *Slot[S]) Next() time.Time { return sl.next }
 
 type entry struct {
 	at time.Time
@@ -118,40 +135,104 @@ func (e *entries) Pop() any {
 	return x
 }
 
-// Push schedules id at at.
-func (q *Queue) Push(at time.Time, id string) { heap.Push(&q.h, entry{at: at, id: id}) }
+// Get returns id's slot, nil if none.
+func (s *Schedule[S]) Get(id string) *Slot[S] { return s.slots[id] }
 
-// Peek returns the earliest instant, and false when the queue is empty.
-func (q *Queue) Peek() (time.Time, bool) {
-	if len(q.h) == 0 {
+// Keep returns id's slot (nil: none) and keeps it through the next Sweep.
+func (s *Schedule[S]) Keep(id string) *Slot[S] {
+	sl := s.slots[id]
+	if sl != nil {
+		sl.gen = s.gen
+	}
+	return sl
+}
+
+// Add gives id a new slot holding st, in place of any, kept through the
+// next Sweep; the caller schedules its first contact.
+func (s *Schedule[S]) Add(id string, st S) *Slot[S] {
+	if s.slots == nil {
+		s.slots = map[string]*Slot[S]{}
+	}
+	sl := &Slot[S]{ID: id, State: st, gen: s.gen}
+	s.slots[id] = sl
+	return sl
+}
+
+// Sweep forgets the slots neither added nor kept since the last Sweep.
+func (s *Schedule[S]) Sweep() {
+	maps.DeleteFunc(s.slots, func(_ string, sl *Slot[S]) bool { return sl.gen != s.gen })
+	s.gen++
+}
+
+// Drop forgets id's slot.
+func (s *Schedule[S]) Drop(id string) { delete(s.slots, id) }
+
+// At schedules sl's next contact at t, in place of any other.
+func (s *Schedule[S]) At(sl *Slot[S], t time.Time) {
+	sl.next = t
+	heap.Push(&s.h, entry{at: t, id: sl.ID})
+}
+
+// Peek returns the earliest instant scheduled, and false when none is.
+func (s *Schedule[S]) Peek() (time.Time, bool) {
+	if len(s.h) == 0 {
 		return time.Time{}, false
 	}
-	return q.h[0].at, true
+	return s.h[0].at, true
 }
 
-// PopDue removes and returns the earliest entry if it is due at now.
-func (q *Queue) PopDue(now time.Time) (at time.Time, id string, ok bool) {
-	if len(q.h) == 0 || q.h[0].at.After(now) {
-		return time.Time{}, "", false
+// PopDue returns a slot whose contact is due at now, no longer scheduled,
+// or nil when none is.
+func (s *Schedule[S]) PopDue(now time.Time) *Slot[S] {
+	for len(s.h) > 0 && !s.h[0].at.After(now) {
+		e := heap.Pop(&s.h).(entry)
+		if sl := s.slots[e.id]; sl != nil && sl.next.Equal(e.at) {
+			sl.next = time.Time{}
+			return sl
+		}
 	}
-	e := heap.Pop(&q.h).(entry)
-	return e.at, e.id, true
+	return nil
 }
 
-// Reset empties the queue.
-func (q *Queue) Reset() { q.h = q.h[:0] }
+// Wait is how long from now until the next contact due, at least
+// Resolution and at most most.
+func (s *Schedule[S]) Wait(now time.Time, most time.Duration) time.Duration {
+	if at, ok := s.Peek(); ok {
+		return min(max(at.Sub(now), Resolution), most)
+	}
+	return most
+}
 
 // Resolution is how finely a schedule is kept: a loop wakes at most once per
 // Resolution, starting together the contacts due within it.
 const Resolution = 10 * time.Millisecond
 
-// Pace waits until Resolution has passed since start (when a loop's pass
-// began), so a run of wake-ups costs one pass per Resolution. It reports
-// false if ctx ended first.
-func Pace(ctx context.Context, start time.Time) bool {
-	d := Resolution - time.Since(start)
-	if d <= 0 {
-		return ctx.Err() == nil
+// Loop runs pass until ctx ends, at most once a Resolution: again when the
+// wait it returned is over, on wake, or when membership changes (members is
+// the registry's MembershipChanged); reconcile tells pass that membership
+// may have changed since its last run.
+func Loop(ctx context.Context, members func() <-chan struct{}, wake <-chan struct{}, pass func(reconcile bool) time.Duration) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	changed, reconcile := members(), true // before pass reads the registry: no change is missed
+	for {
+		start := time.Now()
+		timer.Reset(pass(reconcile))
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-wake:
+		case <-changed:
+		}
+		if d := Resolution - time.Since(start); d > 0 && !backoff.Sleep(ctx, d) || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-changed:
+			changed, reconcile = members(), true
+		default:
+			reconcile = false
+		}
 	}
-	return backoff.Sleep(ctx, d)
 }

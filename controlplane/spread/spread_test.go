@@ -109,27 +109,45 @@ func TestBurstSpendsItsSizeThenRefills(t *testing.T) {
 	}
 }
 
-func TestQueuePopsDueEntriesInOrder(t *testing.T) {
-	var q Queue
+func TestSchedulePopsDueEntriesInOrder(t *testing.T) {
+	var q Schedule[int]
 	for _, s := range []int{5, 1, 4, 2, 3} {
-		q.Push(t0.Add(time.Duration(s)*time.Second), fmt.Sprint(s))
+		q.At(q.Add(fmt.Sprint(s), s), t0.Add(time.Duration(s)*time.Second))
 	}
 	if at, ok := q.Peek(); !ok || !at.Equal(t0.Add(time.Second)) {
 		t.Fatalf("Peek = %s %v", at, ok)
 	}
 	var got []string
-	for {
-		_, id, ok := q.PopDue(t0.Add(3 * time.Second))
-		if !ok {
-			break
-		}
-		got = append(got, id)
+	for sl := q.PopDue(t0.Add(3 * time.Second)); sl != nil; sl = q.PopDue(t0.Add(3 * time.Second)) {
+		got = append(got, sl.ID)
 	}
 	if fmt.Sprint(got) != "[1 2 3]" || len(q.h) != 2 {
 		t.Fatalf("due at 3 s: %v (left %d), want [1 2 3] and 2 left", got, len(q.h))
 	}
-	q.Reset()
-	if _, ok := q.Peek(); ok {
-		t.Fatal("Reset left entries")
+}
+
+// TestScheduleSkipsStaleEntriesAndSweeps: a slot rescheduled, dropped or
+// replaced leaves its old entry behind, never popped; Sweep forgets the slots
+// not kept since the last one.
+func TestScheduleSkipsStaleEntriesAndSweeps(t *testing.T) {
+	var q Schedule[int]
+	a, b := q.Add("a", 1), q.Add("b", 2)
+	q.At(a, t0)
+	q.At(a, t0.Add(time.Second)) // rescheduled: the entry at t0 is stale
+	q.At(b, t0)
+	q.Drop("b")
+	q.At(q.Add("c", 3), t0)
+	q.Add("c", 4) // replaced, unscheduled
+	if sl := q.PopDue(t0); sl != nil {
+		t.Fatalf("popped %s at t0: every entry there is stale", sl.ID)
+	}
+	if sl := q.PopDue(t0.Add(time.Second)); sl != a || !sl.Next().IsZero() || q.PopDue(t0.Add(time.Second)) != nil {
+		t.Fatalf("popped %v, want a, once, no longer scheduled", sl)
+	}
+	q.Sweep()
+	q.Keep("a")
+	q.Sweep()
+	if q.Get("a") != a || q.Get("c") != nil {
+		t.Fatalf("after sweeps: a %v c %v, want a kept and c forgotten", q.Get("a"), q.Get("c"))
 	}
 }
