@@ -18,10 +18,6 @@ type assignment struct {
 	byID   map[string]string // worker id → url of workers whose spec names the node
 }
 
-func newAssignment(node string, own []string) *assignment {
-	return &assignment{node: node, own: own, byID: map[string]string{}}
-}
-
 // update brings the set up to the registry's current state and returns the
 // engine URLs, sorted and without duplicates.
 func (a *assignment) update(reg *registry.Registry) []string {

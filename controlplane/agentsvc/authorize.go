@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -66,7 +67,7 @@ func (s *Server) authorize(ctx context.Context, st *agentStream, act action, spe
 			return nil, s.refused(st, u, fmt.Errorf("its model could not be read: %w", err))
 		}
 	}
-	if !p.allows(model) {
+	if !p.AnyModel && !slices.Contains(p.Models, model) {
 		return nil, s.refused(st, u, fmt.Errorf("model %s is not one the admin allowed agents to serve (--agent-models)", model))
 	}
 	return &smgv1.WorkerSpec{Url: u, Node: st.node, ModelId: model, WorkerType: spec.GetWorkerType(),

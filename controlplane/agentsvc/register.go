@@ -2,13 +2,11 @@ package agentsvc
 
 import (
 	"context"
-	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 	"github.com/smg-project/smg/internal/podwatch"
 )
@@ -30,10 +28,6 @@ type RegistrationPolicy struct {
 	Discover func(ctx context.Context, url string) (string, error)
 	// Timeout bounds one engine's discovery.
 	Timeout time.Duration
-}
-
-func (p RegistrationPolicy) allows(model string) bool {
-	return p.AnyModel || slices.Contains(p.Models, model)
 }
 
 // register submits the hello's engines not registered yet, each in the
@@ -92,7 +86,7 @@ func (s *Server) removeGone(node string) {
 		s.opts.Discovery.ReplaceSource(podwatch.SourceAgent(node), nil)
 	}
 	for _, w := range s.reg.Snapshot().Workers() {
-		if !registeredBy(w, node) {
+		if w.Spec.GetLabels()[RegisteredByLabel] != node || w.Spec.GetNode() != node {
 			continue
 		}
 		if err := s.opts.Remove(w.ID); err != nil {
@@ -101,8 +95,4 @@ func (s *Server) removeGone(node string) {
 		}
 		s.log.Info("Agent gone past the stale bound: removed the worker it registered", "node", node, "worker_id", w.ID, "url", w.Spec.GetUrl())
 	}
-}
-
-func registeredBy(w *registry.Worker, node string) bool {
-	return w.Spec.GetLabels()[RegisteredByLabel] == node && w.Spec.GetNode() == node
 }

@@ -287,7 +287,7 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 // it, until the agent closes its side, the stream breaks or Close says goodbye.
 // It returns nil for a clean end and the error of a broken stream.
 func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, st *agentStream, recvErr <-chan error) error {
-	a := newAssignment(st.node, st.own)
+	a := &assignment{node: st.node, own: st.own, byID: map[string]string{}}
 	var sent []string
 	first := true
 	for {
@@ -451,7 +451,11 @@ func (s *Server) record(st *agentStream, r *wireRecord, now time.Time) {
 		Heard:         st.heard,
 	}
 	last := lastRecord{rec: rec, at: now}
-	s.setAgentNode(w, st.node)
+	if w.AgentNode != st.node { // the registry is written only when it changes
+		if err := s.storeAgentNode([]string{w.ID}, st.node, func(cur string) bool { return cur != st.node }); err != nil {
+			s.log.Error("Agent node not stored", "worker_id", w.ID, "node", st.node, "error", err)
+		}
+	}
 	// Only Ready workers are judged for overload, as by the poller: one out
 	// of Ready must not get its cleared veto back from a record.
 	o := evidence.Observed{WorkerID: w.ID, Rec: rec}
@@ -555,19 +559,8 @@ func (s *Server) vouch(st *agentStream, w *registry.Worker, now time.Time) {
 	s.ev.Record(w.ID, rec, now)
 }
 
-// setAgentNode records which node's agent feeds w, writing the registry
-// only when that changes.
-func (s *Server) setAgentNode(w *registry.Worker, node string) {
-	if w.AgentNode == node {
-		return
-	}
-	if err := s.storeAgentNode([]string{w.ID}, node, func(cur string) bool { return cur != node }); err != nil {
-		s.log.Error("Agent node not stored", "worker_id", w.ID, "node", node, "error", err)
-	}
-}
-
-// storeAgentNode sets the AgentNode of the workers ids whose stored one
-// passes replace.
+// storeAgentNode sets the AgentNode (which node's agent feeds it) of the
+// workers ids whose stored one passes replace.
 func (s *Server) storeAgentNode(ids []string, node string, replace func(cur string) bool) error {
 	_, err := s.reg.Update(func(t *registry.Txn) error {
 		for _, id := range ids {
