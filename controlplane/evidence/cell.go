@@ -22,15 +22,12 @@ type cell struct {
 	load     *smgv1.EngineLoad // the latest report; nil: none
 	noReport bool              // a no-report older than load
 	refresh  bool              // the engine confirmed the stored load: move its revision
-	// rec is the newest pushed record (recorded: there is one): what a
-	// pushed record sets, the next sets again, so one is kept.
-	rec      timedRecord
+	rec      timedRecord       // the newest pushed record (each sets what the last did)
 	recorded bool
 	spare    *smgv1.EngineLoad // made by the flush for the next report to copy into
 	// scratch is base (the stored record the pending evidence was last
-	// judged against) moved by it: an observation that finds base still
-	// stored moves scratch by itself alone, with no copy. base nil: made
-	// again.
+	// judged against; nil: none) moved by it: while base is stored, an
+	// observation moves scratch alone, with no copy.
 	base    *registry.Worker
 	scratch registry.Worker
 	// dead: the flush dropped the cell (its worker left the registry or
@@ -175,8 +172,8 @@ func (c *cell) drop() {
 	c.clearLocked()
 }
 
-// giveSpare hands the cell a load for its next report, unless it has one
-// or holds one pending; it reports whether it took it.
+// giveSpare hands the cell a load for its next report unless it has one
+// (spare or pending), reporting whether it took it.
 func (c *cell) giveSpare(l *smgv1.EngineLoad) bool {
 	c.lock.Lock()
 	defer c.lock.Unlock()

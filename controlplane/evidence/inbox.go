@@ -65,9 +65,7 @@ type Inbox struct {
 	log   *slog.Logger
 	opts  Options
 
-	// cells by worker id, made at a worker's first observation and dropped
-	// by a flush once it left the registry or Ready.
-	cells *shardmap.Map[*Slot]
+	cells *shardmap.Map[*Slot] // by worker id; a flush drops those of workers gone or not Ready
 
 	stalled     *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
@@ -75,28 +73,23 @@ type Inbox struct {
 
 	streams streams
 
-	// vetoed is the URL of each worker whose liveness veto the metrics
-	// show; written inside registry transactions (so in commit order) and
-	// by Sweep.
 	mu     sync.Mutex
-	vetoed map[string]string
+	vetoed map[string]string // id → URL of the workers the metrics show vetoed, in commit order
 
 	// jumps bounds the jumps sent at once (a burst of AheadJumpsPerSec).
 	jumps *rate.Limiter
 
 	fmu sync.Mutex // one flush (or rebuild) at a time
 	// order is every cell by id (fmu held); added the cells made since the
-	// last flush (amu held), merged in by the next: no sort of every id
-	// at each flush.
-	order []idCell
+	// last flush (amu held), merged in by the next: no sort at each flush.
+	order []*Slot
 	amu   sync.Mutex
-	added []idCell
-	ids   []idCell // the running flush's workers (fmu held)
-	// records are fresh records for the flush to clone into (fmu held).
-	// They and the cells' spare loads are made outside every lock: during
-	// the collector's mark phase an allocation pays assists, which inside
-	// the registry's transaction would hold up a flip, and under a cell's
-	// lock the flush.
+	added []*Slot
+	ids   []*Slot // the running flush's workers (fmu held)
+	// records are fresh records for the flush to clone into (fmu held),
+	// made, as the cells' spare loads, outside every lock: in the
+	// collector's mark phase an allocation pays assists, which would hold
+	// up the registry's transaction or a cell.
 	records []*registry.Worker
 
 	// For tests: inFlush runs inside each flush transaction after its
@@ -145,13 +138,14 @@ func (in *Inbox) Run(ctx context.Context) {
 	}
 }
 
-// Slot is a worker's cell and the handle of the registration it was made
-// for (outside the cell: its lock guards nothing of the registry's). An
-// agent stream keeps its workers' slots (Inbox.Slot) and hands one with
-// each record (Observed.Slot): no lookup by id.
+// Slot is a worker's cell, its id and the handle of the registration it was
+// made for (outside the cell: its lock guards nothing of the registry's). An
+// agent stream keeps its workers' slots and hands one with each record
+// (Observed.Slot): no lookup by id.
 type Slot struct {
 	cell
-	h *registry.Handle
+	id string
+	h  *registry.Handle
 }
 
 // Slot returns a Ready worker's slot, or nil.
@@ -187,10 +181,10 @@ func (in *Inbox) cellOf(id string, w *registry.Worker) *Slot {
 	if h == nil {
 		h = &registry.Handle{} // removed meanwhile: it reads nil, a flush drops the cell
 	}
-	c, loaded := in.cells.LoadOrStore(id, &Slot{h: h})
+	c, loaded := in.cells.LoadOrStore(id, &Slot{id: id, h: h})
 	if !loaded {
 		in.amu.Lock()
-		in.added = append(in.added, idCell{id, c})
+		in.added = append(in.added, c)
 		in.amu.Unlock()
 	}
 	return c
@@ -239,16 +233,16 @@ func (in *Inbox) Flush() {
 	in.amu.Unlock()
 	if len(added) > 0 { // a fleet's first reports are the only long sort
 		in.order = append(in.order, added...)
-		slices.SortFunc(in.order, func(a, b idCell) int { return strings.Compare(a.id, b.id) })
+		slices.SortFunc(in.order, func(a, b *Slot) int { return strings.Compare(a.id, b.id) })
 	}
 	// In id order, the registry leaves a chunk copies are its own, not
 	// copied again by every chunk.
 	ids := in.ids[:0]
-	for _, e := range in.order {
-		if e.c.pending() {
-			ids = append(ids, e)
+	for _, c := range in.order {
+		if c.pending() {
+			ids = append(ids, c)
 		} else {
-			in.dropIdle(e.id, e.c)
+			in.dropIdle(c)
 		}
 	}
 	for start := 0; start < len(ids); start += chunkSize {
@@ -259,18 +253,12 @@ func (in *Inbox) Flush() {
 	}
 	clear(ids)
 	in.ids = ids[:0]
-	in.order = slices.DeleteFunc(in.order, func(e idCell) bool { return e.c.dead.Load() })
-}
-
-// idCell is a worker's id and its cell.
-type idCell struct {
-	id string
-	c  *Slot
+	in.order = slices.DeleteFunc(in.order, func(c *Slot) bool { return c.dead.Load() })
 }
 
 // flushChunk stores the pending evidence of ids in one transaction, and
 // hands the cells whose load it took a spare for their next.
-func (in *Inbox) flushChunk(ids []idCell) {
+func (in *Inbox) flushChunk(ids []*Slot) {
 	for len(in.records) < len(ids) {
 		in.records = append(in.records, new(registry.Worker))
 	}
@@ -278,8 +266,8 @@ func (in *Inbox) flushChunk(ids []idCell) {
 	var ch changes
 	_, err := in.reg.Update(func(t *registry.Txn) error {
 		used, loads, ch = 0, 0, changes{}
-		for _, e := range ids {
-			w, cl := t.Get(e.id), e.c
+		for _, cl := range ids {
+			w := t.Get(cl.id)
 			if w == nil {
 				cl.drop() // its worker left the registry
 				continue
@@ -306,35 +294,34 @@ func (in *Inbox) flushChunk(ids []idCell) {
 	clear(in.records[n:])
 	in.records = in.records[:n]
 	var spare *smgv1.EngineLoad
-	for _, e := range ids {
+	for _, c := range ids {
 		if loads == 0 {
 			break
 		}
 		if spare == nil {
 			spare = newLoad()
 		}
-		if e.c.giveSpare(spare) {
+		if c.giveSpare(spare) {
 			spare, loads = nil, loads-1
 		}
 	}
 	in.done(ch, err)
-	for _, e := range ids {
-		in.dropIdle(e.id, e.c)
+	for _, c := range ids {
+		in.dropIdle(c)
 	}
 }
 
-// dropIdle drops id's cell c if it is empty and its worker left the
-// registry or Ready.
-func (in *Inbox) dropIdle(id string, c *Slot) {
+// dropIdle drops c if it is empty and its worker left the registry or Ready.
+func (in *Inbox) dropIdle(c *Slot) {
 	if w := c.h.Get(); (w == nil || !w.Ready()) && c.kill() {
-		in.cells.CompareAndDelete(id, c)
+		in.cells.CompareAndDelete(c.id, c)
 	}
 }
 
 // commit stores, in one transaction, everything pending for each worker
-// of ids and then what fn (nil: none) adds to c, a clone of the i-th's
-// record, reporting whether it moved it.
-func (in *Inbox) commit(ids []string, fn func(i int, c *registry.Worker) bool) error {
+// of ids, then moves each Ready one with fn (nil: none), given a clone of
+// the i-th's record.
+func (in *Inbox) commit(ids []string, fn func(i int, c *registry.Worker)) error {
 	if len(ids) == 0 {
 		return nil // an empty router report (thousands a second): no transaction
 	}
@@ -354,7 +341,8 @@ func (in *Inbox) commit(ids []string, fn func(i int, c *registry.Worker) bool) e
 			if cl := in.cell(id); cl != nil {
 				moved, _ = cl.takeOnto(w, c, &in.rules)
 			}
-			if fn != nil && fn(i, c) {
+			if fn != nil && c.Ready() { // the rules judge Ready workers only
+				fn(i, c)
 				moved = true
 			}
 			if moved {
@@ -388,7 +376,7 @@ func (in *Inbox) committed(w, c *registry.Worker, ch *changes) {
 
 // done logs a transaction's changes (or its failure, but for an unknown
 // worker: callers are told), then judges again what came meanwhile for the
-// workers whose verdicts moved: it was judged against the record before.
+// workers whose verdicts moved (judged against the record before).
 func (in *Inbox) done(ch changes, err error) {
 	if err != nil {
 		if !errors.Is(err, ErrUnknownWorker) {

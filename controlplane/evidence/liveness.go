@@ -6,6 +6,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/smg-project/smg/controlplane/judge"
 	"github.com/smg-project/smg/controlplane/registry"
@@ -24,9 +25,8 @@ func applyPushed(ev *registry.Evidence, r timedRecord, rules *judge.Rules) {
 // Sweep stores everything pending (Flush), re-judges every Ready worker at
 // now with how far its agent's stream is read, and clears the metrics of
 // vetoed workers that left Ready or were removed. The fleet is judged on
-// the latest commit, outside the registry's write lock (it would hold up
-// every flip for milliseconds); the workers whose verdict moves are judged
-// again in one transaction, each taking what came for it since first.
+// the latest commit, outside the write lock (it would hold up every flip);
+// the workers whose verdict moves are judged again in one transaction.
 func (in *Inbox) Sweep(now time.Time) {
 	in.Flush()
 	reads := in.readStates(now)
@@ -89,8 +89,7 @@ func (in *Inbox) Sweep(now time.Time) {
 }
 
 // HeldForReadLag is smg_liveness_held_for_read_lag_workers as the last
-// sweep set it, read from the gauge alone, not by a gather of every metric
-// (the scale harness samples it 4 times a second).
+// sweep set it, read from the gauge alone (no gather of every metric).
 func (in *Inbox) HeldForReadLag() float64 {
 	var m dto.Metric
 	if err := in.held.Write(&m); err != nil {
@@ -136,21 +135,9 @@ func verdictLabel(v smgv1.Veto) string {
 	return judge.Live.String()
 }
 
-// judge stores, in one transaction, the pending evidence of each worker of
-// ids, then moves each Ready one with fn.
-func (in *Inbox) judge(ids []string, fn func(i int, w *registry.Worker)) {
-	_ = in.commit(ids, func(i int, c *registry.Worker) bool {
-		if !c.Ready() {
-			return false // the rules judge Ready workers only
-		}
-		fn(i, c)
-		return true
-	})
-}
-
 // with moves one worker's evidence.
 func (in *Inbox) with(workerID string, fn func(ev *registry.Evidence)) {
-	in.judge([]string{workerID}, func(_ int, w *registry.Worker) { fn(&w.Evidence) })
+	_ = in.commit([]string{workerID}, func(_ int, w *registry.Worker) { fn(&w.Evidence) })
 }
 
 // Contact records contact that carries no load (an answered poll without a
@@ -187,9 +174,8 @@ type Observed struct {
 	Slot     *Slot
 }
 
-// Observe takes one agent record received at now: its load (ReportCopy:
-// it stays the caller's), then its liveness record. The error is the
-// load's.
+// Observe takes one agent record received at now: its load (ReportCopy: it
+// stays the caller's), then its liveness record; the error is the load's.
 func (in *Inbox) Observe(o *Observed, now time.Time) (err error) {
 	if in.opts.Coalesce && o.Rec.Pushed && len(o.Load.GetRanks()) > 0 {
 		// A Ready worker's load and pushed record: one lookup, one lock and
@@ -250,27 +236,15 @@ func (in *Inbox) RouterObservations(routerID string, rep *smgv1.RouterReport, no
 	for i, o := range obs {
 		ids[i] = o.GetWorkerId()
 	}
-	in.judge(ids, func(i int, w *registry.Worker) {
+	_ = in.commit(ids, func(i int, w *registry.Worker) {
 		ev, o := &w.Evidence, obs[i]
-		var lastProgress time.Time
-		if o.GetLastProgress() != nil {
-			lastProgress = o.GetLastProgress().AsTime()
-		}
 		if o.GetContact() {
 			// The answer's own time: the report may come after a failure
 			// the answer preceded (an older router sends none: now).
-			at := now
-			if o.GetLastContact() != nil {
-				at = o.GetLastContact().AsTime()
-			}
-			ev.Live.ContactAt(at, now, &in.rules)
+			ev.Live.ContactAt(timeOr(o.GetLastContact(), now), now, &in.rules)
 		}
 		if o.GetConnectionFailures() > 0 {
-			at := now
-			if o.GetLastFailure() != nil {
-				at = o.GetLastFailure().AsTime()
-			}
-			ev.Live.Failure(at, routerFailureKind(w), &in.rules)
+			ev.Live.Failure(timeOr(o.GetLastFailure(), now), routerFailureKind(w), &in.rules)
 		}
 		ev.Live.SetPrefillRate(o.GetPrefillTokensPerSec())
 		routers := make(map[string]judge.RouterObservation, len(ev.Routers)+1)
@@ -281,7 +255,8 @@ func (in *Inbox) RouterObservations(routerID string, rep *smgv1.RouterReport, no
 		if old, ok := routers[routerID]; !ok || old.PrefillTokens != prefill {
 			w.AheadRevision++
 		}
-		routers[routerID] = judge.RouterObservation{Streams: int64(o.GetStreamsInFlight()), LastProgress: lastProgress, PrefillTokens: prefill}
+		routers[routerID] = judge.RouterObservation{Streams: int64(o.GetStreamsInFlight()),
+			LastProgress: timeOr(o.GetLastProgress(), time.Time{}), PrefillTokens: prefill}
 		ev.Routers = routers
 		before := ev.Live.PromptTokensAhead()
 		ev.Live.Routers(now, sum(routers), &in.rules)
@@ -289,6 +264,14 @@ func (in *Inbox) RouterObservations(routerID string, rep *smgv1.RouterReport, no
 			w.AheadJump++
 		}
 	})
+}
+
+// timeOr is ts, or def when unset.
+func timeOr(ts *timestamppb.Timestamp, def time.Time) time.Time {
+	if ts == nil {
+		return def
+	}
+	return ts.AsTime()
 }
 
 // routerFailureKind is what a router's failed connection to w is to the
@@ -310,7 +293,7 @@ func (in *Inbox) RouterGone(routerID string) {
 			ids = append(ids, w.ID)
 		}
 	}
-	in.judge(ids, func(_ int, w *registry.Worker) {
+	_ = in.commit(ids, func(_ int, w *registry.Worker) {
 		ev := &w.Evidence
 		if _, ok := ev.Routers[routerID]; !ok {
 			return

@@ -40,12 +40,11 @@ func setLoad(c *registry.Worker, load *smgv1.EngineLoad) {
 	c.Evidence.NoReport = false
 }
 
-// Refresh records an answer that confirms the stored load (an agent sends
-// a load only when it changes): the LoadRevision moves at the next flush
-// (at once without Coalesce), unless a newer load does it first. Routers
-// count their dispatches to a worker since its last load revision; without
-// this, an engine whose figures stay the same between polls would collect
-// dispatches without end and be routed around.
+// Refresh records an answer that confirms the stored load: the
+// LoadRevision moves at the next flush (at once without Coalesce) unless a
+// newer load does. Routers count dispatches since a worker's last load
+// revision: an engine whose figures stay the same would collect them
+// without end and be routed around.
 func (in *Inbox) Refresh(workerID string) error {
 	w := in.reg.Get(workerID)
 	if w == nil {
@@ -71,11 +70,10 @@ func (in *Inbox) NoReport(workerID string) error {
 	return in.commit([]string{workerID}, nil)
 }
 
-// Rebuild clears the overload veto of every worker: the monitor lost its
-// state. reset gives each worker's record without it (nil: marked "no
-// report", its last load kept visible). What the cells held is dropped in
-// the same transaction (no one's signal now); what came while it ran is
-// judged again against the records after it.
+// Rebuild clears the overload veto of every worker (the monitor lost its
+// state): reset gives each worker's record without it (nil: marked "no
+// report", its last load kept). What the cells held is dropped in the same
+// transaction; what came while it ran is judged again after it.
 func (in *Inbox) Rebuild(why string, reset func(*registry.Worker) *registry.Worker) {
 	in.fmu.Lock()
 	defer in.fmu.Unlock()
@@ -115,8 +113,7 @@ type loadBlock struct {
 	at    timestamppb.Timestamp
 }
 
-// newLoad returns an empty load with room for one rank and a timestamp, in
-// one allocation.
+// newLoad returns an empty load in one loadBlock.
 func newLoad() *smgv1.EngineLoad {
 	blk := &loadBlock{}
 	blk.ranks[0] = &blk.rank

@@ -51,10 +51,9 @@ func (s *Stream) state() *judge.StreamRead {
 }
 
 // streams are the open agent streams, and how long the process has stood
-// still: a sweep that comes much later than its interval (the process was
-// paused, frozen or starved of CPU) counts the excess, so a stream waiting
-// for its next message is not taken as read up to now by a sweep that runs
-// before its receive loop had a chance to read what arrived meanwhile.
+// still: a sweep much later than its interval (the process was paused or
+// starved of CPU) counts the excess, so a stream is not taken as read up to
+// now before its receive loop had a chance to read what arrived meanwhile.
 type streams struct {
 	mu        sync.Mutex
 	next      uint64
