@@ -37,9 +37,3 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 func (m *Metrics) event(e string) { m.events.WithLabelValues(e).Inc() }
-
-func (m *Metrics) setPods(n map[string]int) {
-	for _, s := range PodStates {
-		m.pods.WithLabelValues(s).Set(float64(n[s]))
-	}
-}

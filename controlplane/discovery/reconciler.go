@@ -353,5 +353,7 @@ func (rc *Reconciler) gauge() {
 	for _, t := range rc.pods {
 		n[t.state()]++
 	}
-	rc.m.setPods(n)
+	for _, s := range PodStates {
+		rc.m.pods.WithLabelValues(s).Set(float64(n[s]))
+	}
 }

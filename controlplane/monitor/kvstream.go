@@ -2,7 +2,6 @@ package monitor
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/smg-project/smg/controlplane/judge"
@@ -20,13 +19,6 @@ type kvStream struct {
 	ranks  enginegrpc.Ranks
 }
 
-// kvStreams keeps one stream per Ready gRPC worker that no agent covers.
-type kvStreams struct {
-	mu sync.Mutex
-	m  map[string]*kvStream // by worker id
-	wg sync.WaitGroup
-}
-
 // reconcileStreams starts a stream for each Ready gRPC worker no agent
 // covers and stops the others'.
 func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Worker) {
@@ -39,17 +31,16 @@ func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Work
 			want[w.ID] = w
 		}
 	}
-	k := &m.kv
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for id, st := range k.m {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, st := range m.streams {
 		if w := want[id]; w == nil || w.Spec.GetUrl() != st.url {
 			st.cancel()
-			delete(k.m, id)
+			delete(m.streams, id)
 		}
 	}
 	for id, w := range want {
-		if k.m[id] != nil {
+		if m.streams[id] != nil {
 			continue
 		}
 		c, err := m.opts.GRPC.Get(w.Spec.GetUrl())
@@ -58,37 +49,26 @@ func (m *Monitor) reconcileStreams(ctx context.Context, workers []*registry.Work
 		}
 		sctx, cancel := context.WithCancel(ctx)
 		st := &kvStream{url: w.Spec.GetUrl(), cancel: cancel}
-		k.m[id] = st
-		k.wg.Go(func() { m.runStream(sctx, id, c, st) })
+		m.streams[id] = st
+		m.polls.Go(func() { m.runStream(sctx, id, c, st) })
 	}
 }
 
 // KVStreams is the number of KV event streams the monitor keeps (one per
 // Ready gRPC worker no agent covers).
 func (m *Monitor) KVStreams() int {
-	m.kv.mu.Lock()
-	defer m.kv.mu.Unlock()
-	return len(m.kv.m)
-}
-
-// stopStreams ends every stream and waits for them.
-func (m *Monitor) stopStreams() {
-	m.kv.mu.Lock()
-	for _, st := range m.kv.m {
-		st.cancel()
-	}
-	clear(m.kv.m)
-	m.kv.mu.Unlock()
-	m.kv.wg.Wait()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.streams)
 }
 
 // pushed reports whether pushed records make this tick's poll of the
 // worker unnecessary: its KV stream here delivered a record for every
 // pushing rank within d or, without one, an agent delivered within d.
 func (m *Monitor) pushed(workerID string, d time.Duration, now time.Time) bool {
-	m.kv.mu.Lock()
-	st := m.kv.m[workerID]
-	m.kv.mu.Unlock()
+	m.mu.Lock()
+	st := m.streams[workerID]
+	m.mu.Unlock()
 	if st != nil {
 		return st.ranks.Covers(d, now)
 	}

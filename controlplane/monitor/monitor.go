@@ -41,14 +41,13 @@ type Monitor struct {
 	opts     Options
 	seed     string        // opts.Seed for polls
 	coverage chan struct{} // CoverageChanged wakes Run
-	streams  atomic.Bool   // CoverageChanged: reconcile the KV event streams
-	kv       kvStreams
+	covered  atomic.Bool   // CoverageChanged: reconcile the KV event streams
 
 	mu      sync.Mutex
 	readers map[string]*reader
-	runCtx  context.Context // set by Run; PollNow polls under it
-	stopped bool            // Run is returning: no new polls
-	polls   sync.WaitGroup  // polls in flight; Run waits for them
+	streams map[string]*kvStream // by worker id: one per Ready gRPC worker no agent covers
+	runCtx  context.Context      // set by Run; PollNow polls under it
+	polls   sync.WaitGroup       // polls and KV streams running; Run waits for them
 }
 
 // Options configure a Monitor.
@@ -101,7 +100,7 @@ func New(reg *registry.Registry, in *evidence.Inbox, client *http.Client, opts O
 		opts.Burst = spread.NewBurst(spread.DefaultBurstSize, spread.DefaultBurstPer)
 	}
 	return &Monitor{reg: reg, ingest: in, client: client, log: log, opts: opts, seed: opts.Seed + "\x00poll",
-		coverage: make(chan struct{}, 1), readers: map[string]*reader{}, kv: kvStreams{m: map[string]*kvStream{}}}
+		coverage: make(chan struct{}, 1), readers: map[string]*reader{}, streams: map[string]*kvStream{}}
 }
 
 func groupOf(w *registry.Worker) GroupKey {
@@ -137,11 +136,10 @@ func (m *Monitor) Run(ctx context.Context) {
 	m.runCtx = ctx
 	m.mu.Unlock()
 	defer func() {
-		m.stopStreams()
-		m.mu.Lock()
-		m.stopped = true
+		m.mu.Lock() // after ctx ended: no poll or stream starts after this (pollAsync)
+		clear(m.streams)
 		m.mu.Unlock()
-		m.polls.Wait() // every poll started has ended
+		m.polls.Wait() // every poll and stream started has ended
 	}()
 	var s schedule
 	spread.Loop(ctx, m.reg.MembershipChanged, m.coverage, func(reconcile bool) time.Duration { return m.pollDue(ctx, &s, reconcile) })
@@ -151,7 +149,7 @@ func (m *Monitor) Run(ctx context.Context) {
 // differently: the KV event streams are handed over to or taken back from
 // the agents at once, so each gRPC worker has exactly one.
 func (m *Monitor) CoverageChanged() {
-	m.streams.Store(true)
+	m.covered.Store(true)
 	select {
 	case m.coverage <- struct{}{}:
 	default:
@@ -178,7 +176,7 @@ func (m *Monitor) pollDue(ctx context.Context, s *schedule, reconcile bool) time
 		m.pruneReaders(snap.Workers())
 		m.reconcile(s, snap.Workers(), now)
 	}
-	if m.streams.Swap(false) || reconcile {
+	if m.covered.Swap(false) || reconcile {
 		m.reconcileStreams(ctx, snap.Workers())
 	}
 	for sl := s.PopDue(now); sl != nil; sl = s.PopDue(now) {
@@ -245,7 +243,8 @@ func (m *Monitor) PollNow(workerIDs ...string) {
 // external provider has no load feed).
 func polled(w *registry.Worker) bool { return w.Ready() && !w.External() }
 
-// pollAsync polls one worker unless its previous poll is still running.
+// pollAsync polls one worker unless its previous poll is still running or
+// ctx (its Run's) ended.
 func (m *Monitor) pollAsync(ctx context.Context, w *registry.Worker) {
 	m.mu.Lock()
 	rd := m.readers[w.ID]
@@ -259,7 +258,7 @@ func (m *Monitor) pollAsync(ctx context.Context, w *registry.Worker) {
 		rd = &reader{url: w.Spec.GetUrl(), apiKey: w.Spec.GetApiKey(), r: r}
 		m.readers[w.ID] = rd
 	}
-	if rd.inFlight || m.stopped {
+	if rd.inFlight || ctx.Err() != nil {
 		m.mu.Unlock()
 		return
 	}
