@@ -11,11 +11,13 @@ import (
 
 // A one-node control plane with a data dir elects itself a moment after it
 // starts: until then /readyz says not ready, and a write sent in that moment
-// waits for the election instead of failing NO_LEADER.
+// waits for the election instead of failing NO_LEADER. The wait is raised
+// from its 2 s default: on a loaded box the election alone took longer.
 func TestSingleNodeNotReadyUntilWritesAreTakenAndWritesWait(t *testing.T) {
 	opts := fastOptions()
 	opts.Cluster.DataDir = t.TempDir()
 	opts.Cluster.RaftAddr = "127.0.0.1:0"
+	opts.Cluster.LeaderWait = time.Minute
 	h := startCP(t, opts)
 	if r := h.do(t, http.MethodGet, "/readyz", ""); r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") != "1" {
 		t.Fatalf("GET /readyz before the election = %d (Retry-After %q), want 503", r.status, r.header.Get("Retry-After"))

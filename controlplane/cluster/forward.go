@@ -5,7 +5,6 @@ import (
 	"context"
 	"strings"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -89,10 +88,6 @@ func (f *Forwarder) conn(addr string) (*grpc.ClientConn, error) {
 	return c, err
 }
 
-// LeaderWait bounds how long a call waits for a leader to be known (an
-// election on loopback takes 0.7-2 s) before it is refused NO_LEADER.
-const LeaderWait = 2 * time.Second
-
 // Unary serves RouteLocal calls here and hands a follower's RouteRead and
 // RouteWrite calls to the leader; a method without a route is refused.
 func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, local grpc.UnaryHandler) (any, error) {
@@ -121,7 +116,7 @@ func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 	// refuse a write or answer a read from a copy that may not have caught
 	// up (after a full restart a follower's holds only its last snapshot
 	// until a leader tells it what is committed).
-	f.node.awaitLeader(ctx, LeaderWait)
+	f.node.awaitLeader(ctx)
 	if _, ok := f.node.Leading(); ok {
 		return local(ctx, req)
 	}

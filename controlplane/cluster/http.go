@@ -108,16 +108,8 @@ func (n *Node) toLeader(w http.ResponseWriter, r *http.Request, body []byte) {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 	}
 	r.Header.Set(forwardedHeader, n.id)
-	target := &url.URL{Scheme: n.peerScheme(), Host: lm.HTTP}
+	target := &url.URL{Scheme: n.peerScheme, Host: lm.HTTP}
 	(&httputil.ReverseProxy{Rewrite: func(p *httputil.ProxyRequest) { p.SetURL(target) }, Transport: n.peerHTTP.Transport}).ServeHTTP(w, r)
-}
-
-// peerScheme is how the other members' HTTP ports are reached.
-func (n *Node) peerScheme() string {
-	if n.opts.PeerHTTPTLS != nil {
-		return "https"
-	}
-	return "http"
 }
 
 func (n *Node) serveView(w http.ResponseWriter, _ *http.Request) {
@@ -258,7 +250,7 @@ func (n *Node) sendJoin(ctx context.Context, self Member) (int, string) {
 	}
 	target := ""
 	if lm, ok := n.LeaderMember(); ok {
-		target = n.peerScheme() + "://" + lm.HTTP
+		target = n.peerScheme + "://" + lm.HTTP
 	} else if n.opts.Join != "" {
 		target = strings.TrimRight(n.opts.Join, "/")
 	} else {

@@ -46,11 +46,7 @@ func (n *Node) RegisterMetrics(m prometheus.Registerer) error {
 			}
 			return float64(v)
 		}),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "smg_controlplane_raft_leader_changes_total", Help: "Leader changes this node observed (no leader counts as one)."}, func() float64 {
-			n.mu.Lock()
-			defer n.mu.Unlock()
-			return float64(n.changes)
-		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "smg_controlplane_raft_leader_changes_total", Help: "Leader changes this node observed (no leader counts as one)."}, func() float64 { return float64(n.changes.Load()) }),
 	}
 	for dir, count := range map[string]*atomic.Uint64{"in": &n.layer.refusedIn, "out": &n.layer.refusedOut} {
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "smg_controlplane_raft_tls_refused_total",

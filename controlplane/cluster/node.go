@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -46,16 +47,16 @@ type Node struct {
 	layer *streamLayer
 	obs   *raft.Observer
 
-	notify   chan bool
-	observed chan raft.Observation
-	adminKey string
-	peerHTTP *http.Client // to the other members' HTTP ports
+	notify     chan bool
+	observed   chan raft.Observation
+	adminKey   string
+	peerHTTP   *http.Client // to the other members' HTTP ports
+	peerScheme string       // how they are reached: http or https
 
 	mu        sync.Mutex
 	self      Member
 	leadCtx   context.Context // while leading, Prepare done (streams and writes are taken); ends when leadership does
-	ready     chan struct{}   // closed when this node takes up leading
-	changes   int             // leader changes seen (metrics)
+	changes   atomic.Int64    // leader changes seen (metrics)
 	closeOnce sync.Once
 	shutdown  chan struct{}
 }
@@ -78,10 +79,12 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 		return nil, err
 	}
 	n := &Node{opts: opts, id: opts.nodeID(), log: log, fsm: newFSM(reg, resolve), adminKey: adminKey,
-		notify: make(chan bool, 16), observed: make(chan raft.Observation, 16), shutdown: make(chan struct{}), ready: make(chan struct{})}
+		notify: make(chan bool, 16), observed: make(chan raft.Observation, 16), shutdown: make(chan struct{})}
 	pt := &http.Transport{IdleConnTimeout: 90 * time.Second}
+	n.peerScheme = "http"
 	if opts.PeerHTTPTLS != nil {
 		pt.DialTLSContext = tlsutil.DialTLSContext(*opts.PeerHTTPTLS)
+		n.peerScheme = "https"
 	}
 	n.peerHTTP = &http.Client{Timeout: 5 * time.Second, Transport: pt}
 	if err := n.claimDataDir(); err != nil {
@@ -289,7 +292,6 @@ func (n *Node) Run(ctx context.Context, l Leader) error {
 		}
 		n.mu.Lock()
 		n.leadCtx = nil
-		n.ready = make(chan struct{})
 		n.mu.Unlock()
 		end()
 		end = nil
@@ -324,7 +326,6 @@ func (n *Node) Run(ctx context.Context, l Leader) error {
 			end = func() { cancel(); <-done }
 			n.mu.Lock()
 			n.leadCtx = lctx
-			close(n.ready)
 			n.mu.Unlock()
 			n.log.Info("This control plane is the leader", "node_id", n.id, "term", term)
 		}
@@ -339,20 +340,16 @@ func (n *Node) Leading() (context.Context, bool) {
 	return n.leadCtx, n.leadCtx != nil
 }
 
-// awaitLeader waits, within ctx and at most d, until Ready: right after a
-// start or an election Raft may have no leader yet, or this node is still
-// in Prepare, and a call would find no one to answer it.
-func (n *Node) awaitLeader(ctx context.Context, d time.Duration) {
-	ctx, cancel := context.WithTimeout(ctx, d)
+// awaitLeader waits, within ctx and at most Options.LeaderWait, until
+// Ready: right after a start or an election Raft may have no leader yet, or
+// this node is still in Prepare, and a call would find no one to answer it.
+func (n *Node) awaitLeader(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, n.opts.LeaderWait)
 	defer cancel()
 	tick := time.NewTicker(20 * time.Millisecond) // leader changes and announcements land in the log, which signals nothing
 	defer tick.Stop()
 	for !n.Ready() {
-		n.mu.Lock()
-		ready := n.ready
-		n.mu.Unlock()
 		select {
-		case <-ready:
 		case <-tick.C:
 		case <-ctx.Done():
 			return
@@ -434,9 +431,7 @@ func (n *Node) logLeaders() {
 			return
 		case o := <-n.observed:
 			lo, _ := o.Data.(raft.LeaderObservation)
-			n.mu.Lock()
-			n.changes++
-			n.mu.Unlock()
+			n.changes.Add(1)
 			if lo.LeaderID == "" {
 				n.log.Warn("Raft: no leader", "node_id", n.id, "term", n.raft.CurrentTerm())
 				continue

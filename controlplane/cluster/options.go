@@ -43,6 +43,9 @@ type Options struct {
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
+	// LeaderWait bounds how long a call waits for a leader to be known (an
+	// election on loopback takes 0.7-2 s) before it is refused NO_LEADER.
+	LeaderWait time.Duration
 	// TLS secures the Raft transport and proves a joining node's identity
 	// (nil: plaintext).
 	TLS *TLS
@@ -62,7 +65,8 @@ type Options struct {
 // nothing.
 func DefaultOptions() Options {
 	const timeout = 500 * time.Millisecond
-	return Options{RaftAddr: "127.0.0.1:30003", HeartbeatTimeout: timeout, ElectionTimeout: timeout, LeaderLeaseTimeout: timeout}
+	return Options{RaftAddr: "127.0.0.1:30003", HeartbeatTimeout: timeout, ElectionTimeout: timeout, LeaderLeaseTimeout: timeout,
+		LeaderWait: 2 * time.Second}
 }
 
 // AddFlags registers the flags on fs.
