@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/smg-project/smg/controlplane/registry"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -178,29 +179,16 @@ func applyUpdate(t *registry.Txn, c *Change) error {
 		return errBadRequest("update", "an external worker takes no api_key (its key is provider.api_key_ref), node, load_monitor_interval_secs or max_running_requests; replace its spec with PUT /workers/{worker_id}")
 	}
 	n := w.Clone()
-	spec := proto.CloneOf(w.Spec)
-	if u.Priority != nil {
-		spec.Priority = u.Priority
-	}
-	if u.Cost != nil {
-		spec.Cost = u.Cost
-	}
-	if u.Labels != nil {
-		spec.Labels = u.Labels
-	}
-	if u.ApiKey != nil {
-		spec.ApiKey = u.GetApiKey()
-	}
-	if u.LoadMonitorIntervalSecs != nil {
-		spec.LoadMonitorIntervalSecs = u.LoadMonitorIntervalSecs
-	}
-	if u.MaxRunningRequests != nil {
-		spec.MaxRunningRequests = u.MaxRunningRequests
-	}
-	if u.Node != nil {
-		spec.Node = u.GetNode()
-	}
-	n.Spec = spec
+	n.Spec = proto.CloneOf(w.Spec)
+	// Each field the update sets replaces the spec's field of the same name,
+	// but the overload block: PATCH keeps it.
+	spec := n.Spec.ProtoReflect()
+	u.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Name() != "overload" {
+			spec.Set(spec.Descriptor().Fields().ByName(fd.Name()), v)
+		}
+		return true
+	})
 	n.Evidence.NoReport = true // the spec: PATCH replaces the worker, which clears its overload veto
 	t.Insert(n)
 	return nil

@@ -156,30 +156,21 @@ func (s *Service) start(ctx context.Context, id, kind string, spec *smgv1.Worker
 	if kind == "create" {
 		id = WorkerID(spec.GetUrl())
 	}
-	job, err := s.startJob(ctx, id, kind, spec)
-	if err != nil {
-		return nil, "", err
-	}
-	s.startRegistration(job)
-	return spec, id, nil
-}
-
-// startJob commits the start of a registration job and returns it.
-func (s *Service) startJob(ctx context.Context, id, kind string, spec *smgv1.WorkerSpec) (*registry.Job, error) {
 	b, err := proto.Marshal(spec)
 	if err != nil {
-		return nil, errBadRequest("spec", "spec: %v", err)
+		return nil, "", errBadRequest("spec", "spec: %v", err)
 	}
 	c := &Change{Op: OpSubmit, WorkerID: id, Token: rand.Text(), Kind: kind, Spec: b, At: s.opts.Now()}
 	if _, err := s.opts.Commit(ctx, c); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	job := s.reg.Snapshot().Job(id)
 	if job == nil || job.Token != c.Token {
 		// Applied, then superseded already: run nothing, the later change wins.
-		return nil, errInProgress(id)
+		return nil, "", errInProgress(id)
 	}
-	return job, nil
+	s.startRegistration(job)
+	return spec, id, nil
 }
 
 func (s *Service) ReplaceWorker(ctx context.Context, req *smgv1.ReplaceWorkerRequest) (*smgv1.ReplaceWorkerResponse, error) {
