@@ -184,10 +184,9 @@ type ControlPlane struct {
 	Watch    *watch.Server
 	Windows  *windows.Allocator
 	Agents   *agentsvc.Server
-	// Cluster is the Raft node (nil: in memory, always leading); Forward
-	// hands a follower's calls to the leader.
+	// Cluster is the Raft node (nil: in memory, always leading); it hands a
+	// follower's calls to the leader.
 	Cluster *cluster.Node
-	Forward *cluster.Forwarder
 	metrics *prometheus.Registry
 	// Discovery reconciles discovered pods (this control plane's informers
 	// and agents') with the registry.
@@ -235,6 +234,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 	}
 	var commit func(context.Context, *admin.Change) (*registry.Worker, error)
 	if opts.Cluster.Enabled() {
+		opts.Cluster.Route = func(m string) cluster.Route { return rpcs[m].route }
 		node, err := cluster.Open(opts.Cluster, cp.Registry, resolver(opts.Thresholds), opts.AdminAPIKey, log)
 		if err != nil {
 			return nil, err
@@ -328,9 +328,6 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 			cp.Monitor.PollNow(ids...)
 		},
 	}, log)
-	if cp.Cluster != nil {
-		cp.Forward = cluster.NewForwarder(cp.Cluster, func(m string) cluster.Route { return rpcs[m].route })
-	}
 	if cp.rest, err = admin.RESTHandlerWith(cp.Admin, inproc.New(&smgv1.WorkerService_ServiceDesc, cp.Admin, cp.unary)); err != nil {
 		return nil, err
 	}
@@ -433,7 +430,7 @@ func (cp *ControlPlane) AdminRoutes(mux *http.ServeMux) {
 		mux.Handle(p, cp.rest)
 	}
 	if cp.Cluster != nil {
-		cp.Cluster.Routes(mux)
+		cp.Cluster.Routes(mux, cp.Admin.RequireKey)
 	}
 }
 
@@ -533,7 +530,6 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	cp.Admin.Close()
 	cp.grpcPool.Close()
 	if cp.Cluster != nil {
-		cp.Forward.Close()
 		err = errors.Join(err, cp.Cluster.Close())
 	}
 	return err

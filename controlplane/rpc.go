@@ -84,14 +84,14 @@ func (cp *ControlPlane) tap(ctx context.Context, info *tap.Info) (context.Contex
 	return ctx, cp.Admin.Authorize(metadata.NewIncomingContext(ctx, info.Header), info.FullMethodName)
 }
 
-// unary authorizes a call, then, replicated, routes it (cluster.Forwarder);
+// unary authorizes a call, then, replicated, routes it (cluster.Node.Unary);
 // the REST gateway calls through it too.
 func (cp *ControlPlane) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if err := cp.authorize(ctx, info.FullMethod); err != nil {
 		return nil, err
 	}
-	if cp.Forward != nil {
-		return cp.Forward.Unary(ctx, req, info, handler)
+	if cp.Cluster != nil {
+		return cp.Cluster.Unary(ctx, req, info, handler)
 	}
 	return handler(ctx, req)
 }
@@ -101,8 +101,8 @@ func (cp *ControlPlane) stream(srv any, ss grpc.ServerStream, info *grpc.StreamS
 	if err := cp.authorize(ss.Context(), info.FullMethod); err != nil {
 		return err
 	}
-	if cp.Forward != nil {
-		return cp.Forward.Stream(srv, ss, info, handler)
+	if cp.Cluster != nil {
+		return cp.Cluster.Stream(srv, ss, info, handler)
 	}
 	return handler(srv, ss)
 }

@@ -39,9 +39,10 @@ func (s *Service) Authorize(ctx context.Context, method string) error {
 	return nil
 }
 
-// requireKey guards the REST routes: the key is checked before the body is
-// read, so an unauthenticated caller gets 401 whatever it sent.
-func (s *Service) requireKey(next http.Handler) http.Handler {
+// RequireKey guards REST routes (the admin API's and the cluster's): the key
+// is checked before the body is read, so an unauthenticated caller gets 401
+// whatever it sent.
+func (s *Service) RequireKey(next http.Handler) http.Handler {
 	open := make(map[Route]bool, len(public))
 	for _, r := range public {
 		open[r] = true

@@ -53,14 +53,14 @@ func RESTHandlerWith(svc *Service, conn grpc.ClientConnInterface) (http.Handler,
 	if err := smgv1.RegisterWorkerServiceHandlerClient(context.Background(), mux, smgv1.NewWorkerServiceClient(conn)); err != nil {
 		return nil, err
 	}
-	return svc.requireKey(requireObject(mux)), nil
+	return svc.RequireKey(requireObject(mux)), nil
 }
 
 // requireObject refuses, before the gateway decodes it, a body that is not
 // a JSON object (null, an array, a string, nothing) or is too large: 400 or
 // 413, never a half-read spec. Only the routes that take r's method with a
 // body read one (a wrong method gets its 405 from the gateway, body or not).
-// It runs after requireKey, so only an authorised caller gets here.
+// It runs after RequireKey, so only an authorised caller gets here.
 func requireObject(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if m := r.Method; (m == http.MethodPost || m == http.MethodPut || m == http.MethodPatch) && strings.Contains(allowedMethods(r.URL.Path), m) {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"strings"
-	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -48,50 +47,27 @@ const (
 	RouteLeader                  // a stream the leader alone serves: a follower answers with the leader's address
 )
 
-// Forwarder hands a follower's admin calls to the leader (gRPC and REST
-// alike, since the REST gateway calls through the same interceptors), so
-// no client ever has to find the leader.
-type Forwarder struct {
-	node    *Node
-	routeOf func(method string) Route
-
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
-}
-
-// NewForwarder serves each method (a full method name) by its route.
-func NewForwarder(node *Node, route func(method string) Route) *Forwarder {
-	return &Forwarder{node: node, routeOf: route, conns: map[string]*grpc.ClientConn{}}
-}
-
-// Close closes the connections to leaders.
-func (f *Forwarder) Close() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, c := range f.conns {
-		_ = c.Close()
-	}
-	f.conns = map[string]*grpc.ClientConn{}
-}
-
-func (f *Forwarder) conn(addr string) (*grpc.ClientConn, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if c := f.conns[addr]; c != nil {
+// conn is the channel to a leader's gRPC port, for the calls handed to it.
+func (n *Node) conn(addr string) (*grpc.ClientConn, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if c := n.conns[addr]; c != nil {
 		return c, nil
 	}
-	creds := cmp.Or(f.node.opts.PeerCreds, insecure.NewCredentials())
+	creds := cmp.Or(n.opts.PeerCreds, insecure.NewCredentials())
 	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds), backoff.DialOption(backoff.DefaultPolicy()))
 	if err == nil {
-		f.conns[addr] = c
+		n.conns[addr] = c
 	}
 	return c, err
 }
 
 // Unary serves RouteLocal calls here and hands a follower's RouteRead and
-// RouteWrite calls to the leader; a method without a route is refused.
-func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, local grpc.UnaryHandler) (any, error) {
-	method, r := info.FullMethod, f.routeOf(info.FullMethod)
+// RouteWrite calls to the leader (gRPC and REST alike, since the REST
+// gateway calls through the same interceptors), so no client ever has to
+// find the leader; a method without a route is refused.
+func (n *Node) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, local grpc.UnaryHandler) (any, error) {
+	method, r := info.FullMethod, n.opts.Route(info.FullMethod)
 	switch r {
 	case RouteLocal:
 		return local(ctx, req)
@@ -107,7 +83,7 @@ func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 	}
 	forwarded := first(md, mdForwarded) != ""
 	if !write && first(md, MDRead) == "local" {
-		if _, ok := f.node.Leading(); ok {
+		if _, ok := n.Leading(); ok {
 			return local(ctx, req)
 		}
 		return stale()
@@ -116,12 +92,12 @@ func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 	// refuse a write or answer a read from a copy that may not have caught
 	// up (after a full restart a follower's holds only its last snapshot
 	// until a leader tells it what is committed).
-	f.node.awaitLeader(ctx)
-	if _, ok := f.node.Leading(); ok {
+	n.awaitLeader(ctx)
+	if _, ok := n.Leading(); ok {
 		return local(ctx, req)
 	}
-	lm, ok := f.node.LeaderMember()
-	if !ok || lm.ID == f.node.ID() || forwarded {
+	lm, ok := n.LeaderMember()
+	if !ok || lm.ID == n.id || forwarded {
 		// No leader, a leader still taking up its duties, or a follower
 		// that took us for the leader: never hand a call on twice.
 		if write {
@@ -136,11 +112,11 @@ func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 	if err != nil {
 		return nil, err
 	}
-	cc, err := f.conn(lm.GRPC)
+	cc, err := n.conn(lm.GRPC)
 	if err != nil {
 		return nil, err
 	}
-	out := metadata.Pairs(mdForwarded, f.node.ID())
+	out := metadata.Pairs(mdForwarded, n.id)
 	if v := md.Get("authorization"); len(v) > 0 {
 		out.Set("authorization", v...)
 	}
@@ -193,15 +169,14 @@ func first(md metadata.MD, k string) string {
 // Stream serves RouteLocal streams here and RouteLeader streams on the
 // leader only; a leader that loses its term ends them with the leader's
 // address, so routers and agents move to the new leader.
-func (f *Forwarder) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	switch f.routeOf(info.FullMethod) {
+func (n *Node) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	switch n.opts.Route(info.FullMethod) {
 	case RouteLocal:
 		return handler(srv, ss)
 	case RouteLeader:
 	default:
 		return unrouted(info.FullMethod)
 	}
-	n := f.node
 	lctx, ok := n.Leading()
 	if !ok {
 		return n.notLeader()

@@ -18,7 +18,6 @@ import (
 
 	"github.com/smg-project/smg/controlplane/admin"
 	"github.com/smg-project/smg/internal/backoff"
-	"github.com/smg-project/smg/internal/bearer"
 )
 
 // JoinRequest asks the leader to add a node (or to record its addresses).
@@ -51,17 +50,11 @@ type View struct {
 }
 
 // Routes mounts GET /cluster, POST /cluster/join and DELETE
-// /cluster/members/{id} on mux, each behind the admin key.
-func (n *Node) Routes(mux *http.ServeMux) {
+// /cluster/members/{id} on mux, each behind guard (the admin key's check).
+func (n *Node) Routes(mux *http.ServeMux, guard func(http.Handler) http.Handler) {
 	for route, h := range map[string]http.HandlerFunc{"GET /cluster": n.serveView, "POST /cluster/join": n.serveJoin,
 		"DELETE /cluster/members/{id}": n.serveRemove} {
-		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) {
-			if _, ok := bearer.Match(r.Header.Values("Authorization"), n.adminKey); n.adminKey != "" && !ok {
-				admin.WriteJSONError(w, http.StatusUnauthorized, "authentication_error", admin.CodeUnauthorized, "missing or invalid admin API key", nil)
-				return
-			}
-			h(w, r)
-		})
+		mux.Handle(route, guard(h))
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
+	"google.golang.org/grpc"
 
 	"github.com/smg-project/smg/controlplane/admin"
 	"github.com/smg-project/smg/controlplane/registry"
@@ -50,8 +51,9 @@ type Node struct {
 	notify     chan bool
 	observed   chan raft.Observation
 	adminKey   string
-	peerHTTP   *http.Client // to the other members' HTTP ports
-	peerScheme string       // how they are reached: http or https
+	peerHTTP   *http.Client                // to the other members' HTTP ports
+	peerScheme string                      // how they are reached: http or https
+	conns      map[string]*grpc.ClientConn // to the leaders' gRPC ports (calls handed on), under mu
 
 	mu        sync.Mutex
 	self      Member
@@ -79,7 +81,7 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 		return nil, err
 	}
 	n := &Node{opts: opts, id: opts.nodeID(), log: log, fsm: newFSM(reg, resolve), adminKey: adminKey,
-		notify: make(chan bool, 16), observed: make(chan raft.Observation, 16), shutdown: make(chan struct{})}
+		notify: make(chan bool, 16), observed: make(chan raft.Observation, 16), shutdown: make(chan struct{}), conns: map[string]*grpc.ClientConn{}}
 	pt := &http.Transport{IdleConnTimeout: 90 * time.Second}
 	n.peerScheme = "http"
 	if opts.PeerHTTPTLS != nil {
@@ -449,6 +451,11 @@ func (n *Node) Close() (err error) {
 		err = n.raft.Shutdown().Error()
 		_ = n.trans.Close()
 		n.peerHTTP.CloseIdleConnections()
+		n.mu.Lock()
+		for _, c := range n.conns {
+			_ = c.Close()
+		}
+		n.mu.Unlock()
 		err = errors.Join(err, n.store.Close())
 	})
 	return err

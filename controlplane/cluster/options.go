@@ -49,6 +49,9 @@ type Options struct {
 	// TLS secures the Raft transport and proves a joining node's identity
 	// (nil: plaintext).
 	TLS *TLS
+	// Route says how this replica serves each gRPC method (a full method
+	// name): Unary and Stream route by it.
+	Route func(method string) Route
 	// PeerCreds dial the leader's gRPC port to forward admin calls (the
 	// control plane's own TLS, when it serves TLS); nil: plaintext.
 	PeerCreds credentials.TransportCredentials

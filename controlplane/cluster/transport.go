@@ -59,19 +59,6 @@ func checkPeer(c *x509.Certificate, want string) error {
 	return nil
 }
 
-// serverConfig is the accepting side: a client certificate the bundle in
-// use verifies, passing check.
-func (t *TLS) serverConfig(check func(*x509.Certificate) error) *tls.Config {
-	cfg := tlsutil.ServerConfig(t.Cert, t.CA)
-	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-		if len(cs.PeerCertificates) == 0 {
-			return errors.New("tls: the Raft peer presented no certificate")
-		}
-		return check(cs.PeerCertificates[0])
-	}
-	return cfg
-}
-
 // clientConfig dials address as node want ("": any control plane).
 func (t *TLS) clientConfig(address, want string) *tls.Config {
 	name := t.ServerName
@@ -109,7 +96,7 @@ func newStreamLayer(ln net.Listener, advertise addr, t *TLS, handshake time.Dura
 	s := &streamLayer{ln: ln, advertise: advertise, tls: t, log: log, closed: make(chan struct{}), handshakeTimeout: handshake}
 	if t != nil {
 		s.conns, s.acceptErr = make(chan net.Conn), make(chan error)
-		go s.serve(t.serverConfig(s.checkMember))
+		go s.serve()
 	}
 	return s
 }
@@ -142,8 +129,16 @@ func (s *streamLayer) checkMember(c *x509.Certificate) error {
 }
 
 // serve accepts TCP connections and hands each to Accept once its TLS
-// handshake succeeded; a refused one is logged and counted.
-func (s *streamLayer) serve(cfg *tls.Config) {
+// handshake succeeded (a client certificate the bundle in use verifies,
+// passing checkMember); a refused one is logged and counted.
+func (s *streamLayer) serve() {
+	cfg := tlsutil.ServerConfig(s.tls.Cert, s.tls.CA)
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("tls: the Raft peer presented no certificate")
+		}
+		return s.checkMember(cs.PeerCertificates[0])
+	}
 	sem := make(chan struct{}, maxHandshakes)
 	for {
 		c, err := s.ln.Accept()
