@@ -97,10 +97,7 @@ func allowedMethods(path string) string {
 
 // setStatus applies the status a method asked for (202 for changes).
 func setStatus(ctx context.Context, w http.ResponseWriter, _ proto.Message) error {
-	md, ok := runtime.ServerMetadataFromContext(ctx)
-	if !ok {
-		return nil
-	}
+	md, _ := runtime.ServerMetadataFromContext(ctx) // none: no header, no status
 	if v := md.HeaderMD.Get("x-http-code"); len(v) > 0 {
 		code, err := strconv.Atoi(v[0])
 		if err != nil {

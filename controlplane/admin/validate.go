@@ -175,15 +175,7 @@ func normalizeProvider(spec *smgv1.WorkerSpec, o workerurl.Options, plainLoopbac
 
 func loopbackURL(u string) bool {
 	pu, err := url.Parse(u)
-	if err != nil {
-		return false
-	}
-	host := pu.Hostname()
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return err == nil && (pu.Hostname() == "localhost" || net.ParseIP(pu.Hostname()).IsLoopback()) // a nil IP is no loopback
 }
 
 // validateProvider checks the fields of an external worker that have no

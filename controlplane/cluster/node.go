@@ -46,7 +46,6 @@ type Node struct {
 	store *raftboltdb.BoltStore
 	trans *raft.NetworkTransport
 	layer *streamLayer
-	obs   *raft.Observer
 
 	notify     chan bool
 	observed   chan raft.Observation
@@ -171,11 +170,10 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 		}
 	}
 	n.warnPlaintext(peers)
-	n.obs = raft.NewObserver(n.observed, false, func(o *raft.Observation) bool {
+	r.RegisterObserver(raft.NewObserver(n.observed, false, func(o *raft.Observation) bool {
 		_, ok := o.Data.(raft.LeaderObservation)
 		return ok
-	})
-	r.RegisterObserver(n.obs)
+	}))
 	go n.logLeaders()
 	return n, nil
 }
@@ -447,7 +445,6 @@ func (n *Node) logLeaders() {
 func (n *Node) Close() (err error) {
 	n.closeOnce.Do(func() {
 		close(n.shutdown)
-		n.raft.DeregisterObserver(n.obs)
 		err = n.raft.Shutdown().Error()
 		_ = n.trans.Close()
 		n.peerHTTP.CloseIdleConnections()
@@ -479,16 +476,10 @@ func (n *Node) Handover() {
 	if m, err := n.configuration(); err != nil || len(m) < 2 {
 		return
 	}
-	done := make(chan error, 1)
-	go func() { done <- n.raft.LeadershipTransfer().Error() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			n.log.Warn("Leadership transfer before stopping failed; the others elect a leader after their timeout", "error", err)
-		} else {
-			n.log.Info("Leadership handed over before stopping")
-		}
-	case <-time.After(2 * time.Second):
-		n.log.Warn("Leadership transfer before stopping timed out")
+	// Raft gives the transfer up within twice its election timeout.
+	if err := n.raft.LeadershipTransfer().Error(); err != nil {
+		n.log.Warn("Leadership transfer before stopping failed; the others elect a leader after their timeout", "error", err)
+	} else {
+		n.log.Info("Leadership handed over before stopping")
 	}
 }
