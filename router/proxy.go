@@ -101,6 +101,14 @@ func (r *Router) readRequest(w http.ResponseWriter, req *http.Request, f *reques
 	return body, 0
 }
 
+// servedRequest is a request's parsed fields, its routing state and its
+// context, which the calls serveProxy makes keep pointers to.
+type servedRequest struct {
+	f  requestFields
+	q  request
+	rc reqCtx
+}
+
 // serveProxy admits, parses, selects, dispatches (with retries) and streams
 // the answer back. It returns the status sent, for metrics.
 func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
@@ -118,11 +126,12 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 	// Under the scheduler with fleet capacity the door admits by model, so
 	// the body is read first; otherwise a refusal at the door reads none.
 	var body []byte
-	var f requestFields
+	sr := new(servedRequest) // what outlives this frame: one allocation
+	f, q := &sr.f, &sr.q
 	byModel := r.sched != nil && r.schedFromFleet
 	if byModel {
 		var status int
-		if body, status = r.readRequest(w, req, &f); body == nil {
+		if body, status = r.readRequest(w, req, f); body == nil {
 			return status
 		}
 	}
@@ -137,7 +146,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		var borrow func(admission.Class, string) bool
 		if byModel && r.gating() && len(r.handoff.peers) > 0 {
 			borrow = func(class admission.Class, tenant string) bool {
-				need, tokens := r.roomClaim(&f)
+				need, tokens := r.roomClaim(f)
 				lent = r.handoff.borrowFor(req.Context(), f.Model, need, tokens, tenant, class)
 				return lent != nil
 			}
@@ -151,12 +160,13 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 	}
 	if !byModel {
 		var status int
-		if body, status = r.readRequest(w, req, &f); body == nil {
+		if body, status = r.readRequest(w, req, f); body == nil {
 			return status
 		}
 	}
 
-	rc := r.newReqCtx(req.Context())
+	rc := &sr.rc
+	r.initReqCtx(rc, req.Context())
 	defer rc.end()
 	roomWait := time.Duration(r.opts.WorkerAdmissionWaitSecs * float64(time.Second))
 	if ticket != nil {
@@ -167,7 +177,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		// pool waits by its class's rules.
 		roomWait = r.sched.Config().Classes[ticket.Class()].QueueTimeout
 	}
-	q := request{model: f.Model, prompt: f.prompt(), class: ticket.Class()}
+	*q = request{model: f.Model, prompt: f.prompt(), class: ticket.Class()}
 	if vv := req.Header[r.keyField]; len(vv) > 0 {
 		q.key = vv[0]
 	}
@@ -195,7 +205,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 				if ticket != nil && !ticket.Start() {
 					return writePreempted(w) // PD requests are not preempted once routed
 				}
-				return r.servePD(rc.get(), w, req, v, pp, body, &f, &q)
+				return r.servePD(rc.get(), w, req, v, pp, body, f, q)
 			}
 		}
 		p := v.all
@@ -208,13 +218,13 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		}
 		q.now = r.now()
 		if r.gating() {
-			q.need, _ = batchSize(&f)
+			q.need, _ = batchSize(f)
 			if r.tooWideEverywhere(v, p, q.need) {
 				return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
 			}
 		}
 		if r.opts.WorkerTokenBudget {
-			output := expectedOutput(&f, int64(r.opts.WorkerTokenBudgetOutputTokens))
+			output := expectedOutput(f, int64(r.opts.WorkerTokenBudgetOutputTokens))
 			q.tokens = requestTokens(promptTokens, output, q.need)
 			if budget, ok := r.tooManyTokensEverywhere(v, p, q.tokens); ok {
 				return r.refuseContextLength(w, f.Model, promptTokens, output, q.tokens, budget)
@@ -222,9 +232,9 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		}
 		wait, objWait := roomWait, false // objWait: the objective ends the wait
 		if q.ttftBy != 0 {
-			verdict, bound, retry := r.objectiveGate(v, p, &q)
+			verdict, bound, retry := r.objectiveGate(v, p, q)
 			if verdict == admission.ObjectiveRefuse {
-				return r.refuseObjective(w, &q, f.Model, retry)
+				return r.refuseObjective(w, q, f.Model, retry)
 			}
 			// The operator's wait bounds the objective's too: with 0 a
 			// request no worker with room meets now is refused at once.
@@ -243,18 +253,18 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		}
 		spilled := false
 		if borrowed == nil {
-			i, out = r.sel.choose(v, p, &q, r.opts.WorkerOverloadShed)
+			i, out = r.sel.choose(v, p, q, r.opts.WorkerOverloadShed)
 			if r.spill != nil {
-				i, out, spilled = r.spillOver(v, p, i, out, &q, body, promptTokens)
+				i, out, spilled = r.spillOver(v, p, i, out, q, body, promptTokens)
 			}
 		}
 		if out == full && q.need == 0 && !spilled { // no window to wait in: only an objective leaves none that meets it
-			_, _, retry := r.objectiveGate(v, p, &q)
-			return r.refuseObjective(w, &q, f.Model, retry)
+			_, _, retry := r.objectiveGate(v, p, q)
+			return r.refuseObjective(w, q, f.Model, retry)
 		}
 		if q.need > 0 && !spilled && borrowed == nil {
 			waitFrom := r.clock()
-			g, res := r.acquireRoomAfter(rc.get(), v, p, i, out, f.Model, false, &q, wait)
+			g, res := r.acquireRoomAfter(rc.get(), v, p, i, out, f.Model, false, q, wait)
 			if res != admission.RoomAtOnce {
 				r.wm.wait.Observe(r.clock().Sub(waitFrom).Seconds())
 			}
@@ -267,11 +277,11 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			case admission.RoomShed, admission.RoomQueueFull:
 				if objWait {
 					q.now = r.now()
-					_, _, retry := r.objectiveGate(v, p, &q)
-					return r.refuseObjective(w, &q, f.Model, retry)
+					_, _, retry := r.objectiveGate(v, p, q)
+					return r.refuseObjective(w, q, f.Model, retry)
 				}
-				if g, borrowed = r.borrowRoom(rc.get(), f.Model, &q); borrowed == nil {
-					r.noteBudgetShed(f.Model, &q)
+				if g, borrowed = r.borrowRoom(rc.get(), f.Model, q); borrowed == nil {
+					r.noteBudgetShed(f.Model, q)
 					return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
 				}
 			case admission.RoomTooWide:

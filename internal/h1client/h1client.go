@@ -103,8 +103,7 @@ func WriteRequest(bw *bufio.Writer, req *http.Request, body []byte) error {
 		}
 		if n > 0 || method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch {
 			bw.WriteString("Content-Length: ")
-			var num [20]byte
-			bw.Write(strconv.AppendInt(num[:0], n, 10))
+			bw.Write(strconv.AppendInt(bw.AvailableBuffer(), n, 10))
 			bw.WriteString("\r\n")
 		}
 		bw.WriteString("\r\n")
@@ -252,7 +251,17 @@ func (p *Parser) addField(start, end int) error {
 // the status and every header value cut from it.
 func (p *Parser) build(statusEnd int, req *http.Request) (*http.Response, error) {
 	s := string(p.head)
-	resp := &http.Response{Proto: "HTTP/1.0", ProtoMajor: 1, ProtoMinor: p.minor, StatusCode: p.code, Status: s[9:statusEnd], Request: req}
+	// The answer and its header values are one allocation when the fields
+	// are few, as an engine's are.
+	var vals []string
+	var resp *http.Response
+	if len(p.fields) <= len(respWithValues{}.vals) {
+		rv := &respWithValues{}
+		resp, vals = &rv.resp, rv.vals[:len(p.fields)]
+	} else {
+		resp, vals = &http.Response{}, make([]string, len(p.fields))
+	}
+	*resp = http.Response{Proto: "HTTP/1.0", ProtoMajor: 1, ProtoMinor: p.minor, StatusCode: p.code, Status: s[9:statusEnd], Request: req}
 	if p.minor == 1 {
 		resp.Proto = "HTTP/1.1"
 	}
@@ -260,7 +269,6 @@ func (p *Parser) build(statusEnd int, req *http.Request) (*http.Response, error)
 		resp.Status = resp.Status[:3]
 	}
 	resp.Header = make(http.Header, len(p.fields))
-	vals := make([]string, len(p.fields))
 	for i, f := range p.fields {
 		key, ok := h1wire.CommonKey(p.head[f.name:f.nameEnd])
 		if !ok {
@@ -274,6 +282,12 @@ func (p *Parser) build(statusEnd int, req *http.Request) (*http.Response, error)
 		}
 	}
 	return resp, nil
+}
+
+// respWithValues holds an answer and the values of its header fields.
+type respWithValues struct {
+	resp http.Response
+	vals [8]string
 }
 
 // parseStatusLine reads "HTTP/1.x SSS[ reason]".
