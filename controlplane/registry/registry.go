@@ -1,6 +1,6 @@
 // Package registry is the control plane's state store: workers, their resolved
-// thresholds, latest load report and verdicts (in a copy-on-write tree, with
-// URLs and registration jobs in go-memdb). Every write transaction commits
+// thresholds, latest load report and verdicts, with their URLs and
+// registration jobs, in copy-on-write tables (tree.go). Every write transaction commits
 // its changes under one new revision, kept in a bounded history so that
 // watchers can ask for the changes since a revision they hold.
 //
@@ -11,11 +11,10 @@ package registry
 
 import (
 	"maps"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	memdb "github.com/hashicorp/go-memdb"
 
 	"github.com/smg-project/smg/controlplane/judge"
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
@@ -238,35 +237,12 @@ type Job struct {
 	Token string
 }
 
-const (
-	tableURLs = "urls"
-	tableJobs = "jobs"
-)
-
-// The workers live in a tree of their own (tree.go), which a load report
-// (the hot path) writes; go-memdb keeps the URL lookup, written only when a
-// worker's URL appears, changes or goes, and the registration jobs.
-func schema() *memdb.DBSchema {
-	return &memdb.DBSchema{Tables: map[string]*memdb.TableSchema{
-		tableURLs: {
-			Name: tableURLs,
-			Indexes: map[string]*memdb.IndexSchema{
-				"id": {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "URL"}},
-			},
-		},
-		tableJobs: {
-			Name: tableJobs,
-			Indexes: map[string]*memdb.IndexSchema{
-				"id": {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "WorkerID"}},
-			},
-		},
-	}}
-}
-
-// urlEntry maps a worker URL to its worker.
-type urlEntry struct {
-	URL      string
-	WorkerID string
+// tables are the registry's state as one commit leaves it: a transaction
+// writes its own copy, a snapshot reads a committed one.
+type tables struct {
+	workers *tree[*Worker] // by id; a load report (the hot path) writes it
+	urls    *tree[*urlEntry]
+	jobs    *tree[*Job] // by worker id
 }
 
 // Change is one committed change to a worker.
@@ -320,16 +296,8 @@ func (h *ring) since(rev uint64, seen map[string]int) ([]Change, bool) {
 	if rev < h.evicted {
 		return nil, false
 	}
-	// Revisions ascend: find the first change after rev by binary search.
-	lo, hi := 0, h.n
-	for lo < hi {
-		mid := (lo + hi) / 2
-		if h.at(mid).Revision <= rev {
-			lo = mid + 1
-		} else {
-			hi = mid
-		}
-	}
+	// Revisions ascend: the first change after rev.
+	lo := sort.Search(h.n, func(i int) bool { return h.at(i).Revision > rev })
 	if lo == h.n {
 		return nil, true
 	}
@@ -360,17 +328,14 @@ const DefaultHistory = 4096
 
 // Registry is the state store.
 type Registry struct {
-	db *memdb.MemDB
-
 	latest *latest // every worker's current record, for Get (latest.go)
 
-	// mu serializes writers and guards tree, mem and gen. Readers never
+	// mu serializes writers and guards cur and gen. Readers never
 	// take it: a flush may hold it for milliseconds, and a thousand watch
 	// streams reading behind it convoyed the whole control plane (make
 	// bench-scale).
 	mu    sync.Mutex
-	tree  *tree
-	mem   *memdb.Txn
+	cur   tables
 	gen   uint64
 	view  atomic.Pointer[Snapshot] // the latest commit's, published before anyone is woken
 	epoch atomic.Pointer[string]
@@ -398,18 +363,14 @@ type Registry struct {
 // New returns an empty registry under the given epoch (chosen at start, so that
 // watchers can tell a restart from a resume).
 func New(epoch string, historyCap int) *Registry {
-	db, err := memdb.NewMemDB(schema())
-	if err != nil {
-		panic(err) // the schema is static: an error is a programming bug
-	}
 	if historyCap <= 0 {
 		historyCap = DefaultHistory
 	}
-	r := &Registry{db: db, latest: newLatest(), history: newRing(historyCap), routing: newRing(historyCap),
+	r := &Registry{latest: newLatest(), history: newRing(historyCap), routing: newRing(historyCap),
 		notify: newSignal(), members: newSignal(), routed: newSignal(), seen: map[string]int{},
-		tree: &tree{}, mem: db.Txn(false)}
+		cur: tables{&tree[*Worker]{}, &tree[*urlEntry]{}, &tree[*Job]{}}}
 	r.epoch.Store(&epoch)
-	r.view.Store(&Snapshot{txn: r.mem, workers: r.tree})
+	r.view.Store(&Snapshot{tables: r.cur})
 	return r
 }
 
@@ -458,12 +419,8 @@ func (s *signal) fire() {
 }
 
 // Txn is a write transaction. Insert and Delete record the workers changed.
-// A memdb error inside a transaction is an index error on the static schema,
-// a programming bug: the registry panics rather than hand it to callers.
 type Txn struct {
-	db      *memdb.MemDB
-	txn     *memdb.Txn // the URL and job tables' write transaction, begun by mem
-	tree    *tree      // the workers as this transaction leaves them, written in place once copied by gen
+	tables  // as this transaction leaves them, written in place once copied by gen
 	gen     uint64
 	changed *byID[Change] // one per worker id, latest wins
 	rev     uint64        // the revision this transaction commits as
@@ -494,26 +451,6 @@ func (t *Txn) Get(id string) *Worker {
 	return w
 }
 
-// mem returns the memdb write transaction, begun on first use: most
-// transactions (a flush, a record) write no URL or job.
-func (t *Txn) mem() *memdb.Txn {
-	if t.txn == nil {
-		t.txn = t.db.Txn(true)
-	}
-	return t.txn
-}
-
-// GetByURL returns a worker by URL, or nil.
-func (t *Txn) GetByURL(url string) *Worker {
-	if e := urlOf(t.mem(), url); e != nil {
-		return t.Get(e.WorkerID)
-	}
-	return nil
-}
-
-// Workers returns every worker.
-func (t *Txn) Workers() []*Worker { return t.tree.list() }
-
 // Insert stores w (a fresh or cloned record, never a stored one) after
 // deciding its verdicts from its evidence (decide). A change to the
 // evidence alone keeps the record's revision and wakes nobody.
@@ -524,7 +461,7 @@ func (t *Txn) Insert(w *Worker) {
 		if old != nil {
 			t.deleteURL(old)
 		}
-		must(t.mem().Insert(tableURLs, &urlEntry{URL: w.Spec.GetUrl(), WorkerID: w.ID}))
+		t.urls = t.urls.put(&urlEntry{w.Spec.GetUrl(), w.ID}, t.gen)
 	}
 	if old == nil || old.Registered != w.Registered || old.Health != w.Health {
 		t.membership = true
@@ -535,8 +472,7 @@ func (t *Txn) Insert(w *Worker) {
 	} else {
 		w.Revision = old.Revision
 	}
-	t.tree = t.tree.writable(t.gen)
-	t.tree.put(w, t.gen)
+	t.workers = t.workers.put(w, t.gen)
 	t.last = w
 	t.wrote(w.ID, w)
 	if visible {
@@ -550,8 +486,9 @@ func (t *Txn) Delete(id string) {
 		t.deleteURL(old)
 	}
 	t.last = nil
-	t.tree = t.tree.writable(t.gen)
-	t.membership = t.tree.del(id, t.gen) || t.membership
+	var had bool
+	t.workers, had = t.workers.del(id, t.gen)
+	t.membership = had || t.membership
 	t.wrote(id, nil)
 	t.mark(id, true, false)
 }
@@ -567,40 +504,16 @@ func (t *Txn) wrote(id string, w *Worker) {
 
 // deleteURL drops w's URL entry if it still points at w.
 func (t *Txn) deleteURL(w *Worker) {
-	if e := urlOf(t.mem(), w.Spec.GetUrl()); e != nil && e.WorkerID == w.ID {
-		must(t.mem().Delete(tableURLs, e))
-	}
-}
-
-// urlOf returns url's entry, or nil.
-func urlOf(txn *memdb.Txn, url string) *urlEntry {
-	o, err := txn.First(tableURLs, "id", url)
-	must(err)
-	e, _ := o.(*urlEntry)
-	return e
-}
-
-// must panics on a memdb error (see Txn).
-func must(err error) {
-	if err != nil {
-		panic("registry: " + err.Error())
+	if e := t.urls.get(w.Spec.GetUrl()); e != nil && e.id == w.ID {
+		t.urls, _ = t.urls.del(e.url, t.gen)
 	}
 }
 
 // PutJob stores a registration job (jobs are not part of the watched state).
-func (t *Txn) PutJob(j *Job) { must(t.mem().Insert(tableJobs, j)) }
+func (t *Txn) PutJob(j *Job) { t.jobs = t.jobs.put(j, t.gen) }
 
 // DeleteJob removes a worker's job.
-func (t *Txn) DeleteJob(id string) {
-	_, err := t.mem().DeleteAll(tableJobs, "id", id)
-	must(err)
-}
-
-// Job returns a worker's job, or nil.
-func (t *Txn) Job(id string) *Job { return getJob(t.mem(), id) }
-
-// Jobs returns every retained job.
-func (t *Txn) Jobs() []*Job { return listJobs(t.mem()) }
+func (t *Txn) DeleteJob(id string) { t.jobs, _ = t.jobs.del(id, t.gen) }
 
 // mark records a changed worker.
 func (t *Txn) mark(id string, deleted, loadOnly bool) {
@@ -619,21 +532,14 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gen++
-	t := &Txn{db: r.db, tree: r.tree, gen: r.gen, rev: r.revision + 1, committed: r.latest,
+	t := &Txn{tables: r.cur, gen: r.gen, rev: r.revision + 1, committed: r.latest,
 		changed: &r.changes, written: &r.writes}
 	defer r.changes.reset() // after the history took copies
 	defer r.writes.reset()  // after latest took the records
 	if err := fn(t); err != nil {
-		if t.txn != nil {
-			t.txn.Abort()
-		}
 		return r.revision, err
 	}
-	if t.txn != nil {
-		t.txn.Commit()
-		r.mem = r.db.Txn(false)
-	}
-	r.tree = t.tree
+	r.cur = t.tables
 	if t.written.len() > 0 {
 		r.latest.set(t.written.ids, t.written.vals)
 	}
@@ -646,7 +552,7 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	if t.changed.len() > 0 {
 		r.revision = t.rev
 	}
-	r.view.Store(&Snapshot{Revision: r.revision, txn: r.mem, workers: r.tree})
+	r.view.Store(&Snapshot{Revision: r.revision, tables: r.cur})
 	if t.changed.len() == 0 {
 		return r.revision, nil
 	}
@@ -671,8 +577,7 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 // Snapshot is a consistent read view at one revision.
 type Snapshot struct {
 	Revision uint64
-	txn      *memdb.Txn // URLs and jobs
-	workers  *tree
+	tables
 }
 
 // Get returns the current record of a worker, or nil, without a snapshot:
@@ -686,35 +591,28 @@ func (r *Registry) Handle(id string) *Handle { return r.latest.maps.Load().find(
 // A read view is shared by every reader of its revision (it is read-only).
 func (r *Registry) Snapshot() *Snapshot { return r.view.Load() }
 
+// The reads below are a snapshot's and a transaction's (which has a Get of
+// its own, and reads its own writes).
+
 // Get returns a worker by id, or nil.
-func (s *Snapshot) Get(id string) *Worker { return s.workers.get(id) }
+func (tb *tables) Get(id string) *Worker { return tb.workers.get(id) }
 
 // GetByURL returns a worker by URL, or nil.
-func (s *Snapshot) GetByURL(url string) *Worker {
-	if e := urlOf(s.txn, url); e != nil {
-		return s.workers.get(e.WorkerID)
+func (tb *tables) GetByURL(url string) *Worker {
+	if e := tb.urls.get(url); e != nil {
+		return tb.workers.get(e.id)
 	}
 	return nil
 }
 
 // Workers returns every worker, ordered by id.
-func (s *Snapshot) Workers() []*Worker { return s.workers.list() }
+func (tb *tables) Workers() []*Worker { return tb.workers.list() }
 
 // Job returns a worker's registration job, or nil.
-func (s *Snapshot) Job(id string) *Job { return getJob(s.txn, id) }
+func (tb *tables) Job(id string) *Job { return tb.jobs.get(id) }
 
-// Jobs returns every retained job.
-func (s *Snapshot) Jobs() []*Job { return listJobs(s.txn) }
-
-func listJobs(txn *memdb.Txn) []*Job {
-	it, err := txn.Get(tableJobs, "id")
-	must(err)
-	var out []*Job
-	for o := it.Next(); o != nil; o = it.Next() {
-		out = append(out, o.(*Job))
-	}
-	return out
-}
+// Jobs returns every retained job, ordered by worker id.
+func (tb *tables) Jobs() []*Job { return tb.jobs.list() }
 
 // ChangesSince returns the ids changed after rev (each once, latest state
 // wins), or ok=false when rev is older than the retained history.
@@ -740,11 +638,4 @@ func (r *Registry) since(h *ring, rev uint64) ([]Change, uint64, bool) {
 	}
 	changes, ok := h.since(rev, r.seen)
 	return changes, r.revision, ok
-}
-
-func getJob(txn *memdb.Txn, id string) *Job {
-	o, err := txn.First(tableJobs, "id", id)
-	must(err)
-	j, _ := o.(*Job)
-	return j
 }

@@ -410,7 +410,7 @@ func TestRoutingChangedIgnoresLoads(t *testing.T) {
 	}
 }
 
-// Get reads a map kept beside the memdb tables: after any mix of inserts,
+// Get reads a map kept beside the tables: after any mix of inserts,
 // deletes and aborted transactions it returns exactly what a snapshot holds.
 func TestGetIsTheCommittedRecord(t *testing.T) {
 	r := registry.New("e", 0)

@@ -13,14 +13,14 @@ import (
 
 // checkTree asserts t's shape: leaves ordered and bounded, none empty, n
 // their total, and the workers it holds exactly want (id -> record).
-func checkTree(t *testing.T, tr *tree, want map[string]*Worker, what string) {
+func checkTree(t *testing.T, tr *tree[*Worker], want map[string]*Worker, what string) {
 	t.Helper()
 	n, prev := 0, ""
 	for li, l := range tr.leaves {
-		if len(l.ws) == 0 || len(l.ws) > maxLeaf {
-			t.Fatalf("%s: leaf %d holds %d workers, want 1 to %d", what, li, len(l.ws), maxLeaf)
+		if len(l.vs) == 0 || len(l.vs) > maxLeaf {
+			t.Fatalf("%s: leaf %d holds %d workers, want 1 to %d", what, li, len(l.vs), maxLeaf)
 		}
-		for _, w := range l.ws {
+		for _, w := range l.vs {
 			if n > 0 && w.ID <= prev {
 				t.Fatalf("%s: %q after %q: out of order", what, w.ID, prev)
 			}
@@ -91,7 +91,7 @@ func TestTreeFollowsTransactionsAndSnapshotsStay(t *testing.T) {
 					next[id] = w
 				}
 			}
-			checkTree(t, tx.tree, next, fmt.Sprintf("round %d, inside", round))
+			checkTree(t, tx.workers, next, fmt.Sprintf("round %d, inside", round))
 			for id := range touched {
 				touched[id] = next[id] == nil
 				if got := tx.Get(id); got != next[id] {
@@ -228,5 +228,44 @@ func TestGetWhileCommitting(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Fatalf("Get costs %v allocations, want 0", n)
+	}
+}
+
+// Jobs live in a table of their own, copied on write as the workers are:
+// a snapshot keeps the jobs it held, an aborted transaction writes none,
+// and a transaction reads its own writes.
+func TestJobsFollowTransactionsAndSnapshotsStay(t *testing.T) {
+	r := New("e", 0)
+	put := func(ids ...string) {
+		r.Update(func(tx *Txn) error {
+			for _, id := range ids {
+				tx.PutJob(&Job{WorkerID: id})
+			}
+			return nil
+		})
+	}
+	put("b", "a", "c")
+	before := r.Snapshot()
+	r.Update(func(tx *Txn) error {
+		tx.DeleteJob("a")
+		tx.PutJob(&Job{WorkerID: "d"})
+		if tx.Job("a") != nil || tx.Job("d") == nil {
+			t.Fatal("a transaction does not read its own job writes")
+		}
+		return errors.New("abort")
+	})
+	if got := r.Snapshot().Jobs(); len(got) != 3 || r.Snapshot().Job("d") != nil {
+		t.Fatalf("after an aborted transaction: %d jobs", len(got))
+	}
+	r.Update(func(tx *Txn) error { tx.DeleteJob("a"); tx.DeleteJob("none"); return nil })
+	var ids []string
+	for _, j := range before.Jobs() {
+		ids = append(ids, j.WorkerID)
+	}
+	if !slices.Equal(ids, []string{"a", "b", "c"}) || before.Job("a") == nil {
+		t.Fatalf("an older snapshot's jobs = %v, want a, b, c (ordered by worker id)", ids)
+	}
+	if got := r.Snapshot().Jobs(); len(got) != 2 || r.Snapshot().Job("a") != nil {
+		t.Fatalf("after deleting a: %d jobs", len(got))
 	}
 }
