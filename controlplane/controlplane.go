@@ -391,8 +391,7 @@ func resolver(g judge.GatewayThresholds) admin.ThresholdResolver {
 		}
 		blk := &judge.Block{TokenUsage: b.TokenUsage}
 		if b.WaitingRequests != nil {
-			w := int64(b.GetWaitingRequests())
-			blk.WaitingRequests = &w
+			blk.WaitingRequests = new(int64(b.GetWaitingRequests()))
 		}
 		if err := blk.Validate(); err != nil {
 			return judge.Thresholds{}, err
@@ -497,8 +496,7 @@ func PDSpecs(prefill, decode []string) ([]*smgv1.WorkerSpec, error) {
 			if len(specs) == 0 || specs[len(specs)-1].BootstrapPort != nil {
 				return nil, fmt.Errorf("--prefill: bootstrap port %s must follow a prefill URL", v)
 			}
-			p := int32(port)
-			specs[len(specs)-1].BootstrapPort = &p
+			specs[len(specs)-1].BootstrapPort = new(int32(port))
 			continue
 		}
 		specs = append(specs, &smgv1.WorkerSpec{Url: v, WorkerType: "prefill"})

@@ -135,16 +135,12 @@ func (cp *ControlPlane) reportReadiness(ctx context.Context) {
 	}
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
-	last := healthpb.HealthCheckResponse_NOT_SERVING
 	for {
 		st := healthpb.HealthCheckResponse_NOT_SERVING
 		if cp.Ready() {
 			st = healthpb.HealthCheckResponse_SERVING
 		}
-		if st != last {
-			cp.grpcHealth.SetServingStatus("", st)
-			last = st
-		}
+		cp.grpcHealth.SetServingStatus("", st) // its watchers hear of changes only
 		select {
 		case <-ctx.Done():
 			return

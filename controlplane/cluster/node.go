@@ -107,7 +107,7 @@ func Open(opts Options, reg *registry.Registry, resolve admin.ThresholdResolver,
 		_ = store.Close()
 		return nil, err
 	}
-	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: logWriter{log}, DisableTime: true})
+	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: slog.NewLogLogger(log.Handler(), slog.LevelWarn).Writer(), DisableTime: true})
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, 2, hlog)
 	if err != nil {
 		return fail(fmt.Errorf("--data-dir %s: snapshots: %v", dir, err))
@@ -456,14 +456,6 @@ func (n *Node) Close() (err error) {
 		err = errors.Join(err, n.store.Close())
 	})
 	return err
-}
-
-// logWriter sends Raft's own log lines to the control plane's logger.
-type logWriter struct{ log *slog.Logger }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	w.log.Warn(strings.TrimSpace(string(p)))
-	return len(p), nil
 }
 
 // Handover hands leadership to another voter before this node stops (a
