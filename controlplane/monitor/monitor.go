@@ -182,8 +182,7 @@ func (m *Monitor) pollDue(ctx context.Context, s *schedule, reconcile bool) time
 	for sl := s.PopDue(now); sl != nil; sl = s.PopDue(now) {
 		w := snap.Get(sl.ID)
 		if w == nil || !polled(w) || groupOf(w) != sl.State.key {
-			s.Drop(sl.ID) // the reconcile this change brings re-adds it if it comes back
-			continue
+			continue // left unscheduled: the reconcile this change brings forgets it or starts it afresh
 		}
 		s.At(sl, sl.State.phase.Next(now))
 		if !m.pushed(sl.ID, sl.State.interval, now) {
@@ -207,7 +206,7 @@ func (m *Monitor) reconcile(s *schedule, workers []*registry.Worker, now time.Ti
 			continue
 		}
 		k := groupOf(w)
-		if sl := s.Keep(w.ID); sl == nil || sl.State.key != k || sl.State.interval != groups[k] {
+		if sl := s.Keep(w.ID); sl == nil || sl.Next().IsZero() || sl.State.key != k || sl.State.interval != groups[k] {
 			st, at := slot{key: k, interval: groups[k], phase: spread.PhaseAt(now, groups[k])}, now
 			if !m.opts.Burst.Take(now) {
 				st.phase = spread.PhaseOf(m.seed, w.ID, groups[k])

@@ -164,9 +164,6 @@ func (s *Schedule[S]) Sweep() {
 	s.gen++
 }
 
-// Drop forgets id's slot.
-func (s *Schedule[S]) Drop(id string) { delete(s.slots, id) }
-
 // At schedules sl's next contact at t, in place of any other.
 func (s *Schedule[S]) At(sl *Slot[S], t time.Time) {
 	sl.next = t

@@ -679,14 +679,13 @@ func (s *Server) receive(stream grpc.BidiStreamingServer[smgv1.WatchRequest, smg
 			return
 		}
 		now := s.opts.Now()
+		rec.lastSeen.Store(now.UnixNano())
 		switch m := req.Msg.(type) {
 		case *smgv1.WatchRequest_Ack:
-			rec.lastSeen.Store(now.UnixNano())
 			if rev := m.Ack.GetRevision(); rev != 0 {
 				rec.applied.Store(rev)
 			}
 		case *smgv1.WatchRequest_Report:
-			rec.lastSeen.Store(now.UnixNano())
 			if s.opts.Sink != nil {
 				s.opts.Sink.RouterObservations(rec.id, m.Report, now)
 				if seq := m.Report.GetSeq(); seq != 0 {

@@ -245,11 +245,8 @@ func (wr *writer) check() {
 	sh.s.metrics.stalls.Inc()
 	sh.s.log.Info("watch: a send to a router stalled; its stream leaves the shared writer for a while",
 		"router", stuck.rec.id, "stall", stall)
+	sh.drop(stuck)
 	sh.mu.Lock()
-	if i := slices.Index(sh.members, stuck); i >= 0 {
-		sh.members = slices.Delete(sh.members, i, i+1)
-		sh.s.metrics.shared.Dec()
-	}
 	if sh.w == wr {
 		sh.start()
 	}
