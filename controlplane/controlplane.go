@@ -270,7 +270,7 @@ func New(opts Options, log *slog.Logger, reg *prometheus.Registry) (*ControlPlan
 		hopts.Seed = rand.Text()
 	}
 	hopts.GRPC = cp.grpcPool
-	cp.Health = health.New(cp.Registry, hopts, client, cp.Evidence, log)
+	cp.Health = health.New(cp.Registry, hopts, client, cp.Evidence.Contact, log)
 	budget, err := readbudget.New(int64(opts.EngineReadBudgetMiB)<<20, reg, log)
 	if err != nil {
 		return nil, err

@@ -49,7 +49,7 @@ func TestStoredVerdictIsTheJudgesOfTheStoredEvidence(t *testing.T) {
 	in := evidence.New(reg, evidence.Options{Rules: judge.LivenessConfig{StallSecs: 0, WedgeSecs: 1, StaleSecs: 1}, Now: now, Coalesce: true},
 		log, prometheus.NewRegistry())
 	tr := in
-	hc := health.New(reg, health.Options{FailureThreshold: 1, SuccessThreshold: 1, IntervalSecs: 1, TimeoutSecs: 1, Endpoint: "/health", Now: now}, nil, in, log)
+	hc := health.New(reg, health.Options{FailureThreshold: 1, SuccessThreshold: 1, IntervalSecs: 1, TimeoutSecs: 1, Endpoint: "/health", Now: now}, nil, in.Contact, log)
 
 	var violations atomic.Int64
 	var firstViolation atomic.Value

@@ -78,18 +78,13 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// ContactSink hears of every passing probe (contact, for liveness).
-type ContactSink interface {
-	Contact(workerID string, now time.Time)
-}
-
 // Checker probes workers.
 type Checker struct {
 	reg     *registry.Registry
 	opts    Options
 	client  *http.Client
 	log     *slog.Logger
-	sink    ContactSink
+	contact func(workerID string, now time.Time)
 	seed    string
 	maxWait time.Duration // Run looks again at least this often
 	wake    chan struct{} // a probe's outcome scheduled one before wakeAt
@@ -107,8 +102,9 @@ type probeState struct {
 	phased bool // came in a batch beyond the burst budget: probed at its phase, not one cadence after its last probe
 }
 
-// New returns a checker; sink (nil: none) hears of every passing probe.
-func New(reg *registry.Registry, opts Options, client *http.Client, sink ContactSink, log *slog.Logger) *Checker {
+// New returns a checker; contact (nil: none) hears of every passing probe
+// (for liveness).
+func New(reg *registry.Registry, opts Options, client *http.Client, contact func(workerID string, now time.Time), log *slog.Logger) *Checker {
 	if opts.StartupInterval <= 0 {
 		opts.StartupInterval = time.Second
 	}
@@ -118,7 +114,7 @@ func New(reg *registry.Registry, opts Options, client *http.Client, sink Contact
 	if opts.Burst == nil {
 		opts.Burst = spread.NewBurst(spread.DefaultBurstSize, spread.DefaultBurstPer)
 	}
-	c := &Checker{reg: reg, opts: opts, client: client, log: log, sink: sink, seed: opts.Seed + "\x00health", wake: make(chan struct{}, 1)}
+	c := &Checker{reg: reg, opts: opts, client: client, log: log, contact: contact, seed: opts.Seed + "\x00health", wake: make(chan struct{}, 1)}
 	c.maxWait = max(min(c.cadence(false), c.cadence(true))/4, spread.Resolution)
 	return c
 }
@@ -260,8 +256,8 @@ func (c *Checker) record(sl *spread.Slot[probeState], ok bool, why string) {
 // vetoes there too, by the registry's rule). It returns the worker's health
 // after, or "" when the worker was removed or now has another URL.
 func (c *Checker) Observe(id, url string, ok bool, why string, now time.Time) registry.Health {
-	if ok && c.sink != nil {
-		c.sink.Contact(id, now)
+	if ok && c.contact != nil {
+		c.contact(id, now)
 	}
 	var from, to registry.Health
 	var failures int

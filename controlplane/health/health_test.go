@@ -72,7 +72,7 @@ func setup(t *testing.T, url, apiKey string, h registry.Health) (*Checker, *regi
 	s := &sink{}
 	opts := DefaultOptions()
 	opts.Now = clk.Now
-	return New(reg, opts, http.DefaultClient, s, slog.New(slog.DiscardHandler)), reg, clk, s
+	return New(reg, opts, http.DefaultClient, s.Contact, slog.New(slog.DiscardHandler)), reg, clk, s
 }
 
 // round runs one probe round and waits for its probes. It reconciles every
