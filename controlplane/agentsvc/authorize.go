@@ -94,12 +94,12 @@ func (s *Server) refused(st *agentStream, url string, err error) error {
 	if s.opts.Refused != nil {
 		s.opts.Refused(st.node, url, err)
 	}
-	st.refusedMu.Lock()
+	st.mu.Lock()
 	first := !st.refused[url] && len(st.refused) < maxKnown
 	if first {
 		st.refused[url] = true
 	}
-	st.refusedMu.Unlock()
+	st.mu.Unlock()
 	if first {
 		s.log.Warn("Agent refused: its message is about an engine it may not speak for; ignored",
 			"node", st.node, "peer", st.peer, "url", workerurl.Redact(url), "reason", err.Error())

@@ -9,15 +9,15 @@ import (
 	"github.com/smg-project/smg/internal/tlsutil"
 )
 
-// CertAuth puts a verified client certificate on top of another
-// Authenticator (tokens): when the stream's certificate names a node, that
+// CertAuth puts a verified client certificate (mutual TLS) on top of the
+// tokens: when the stream's certificate names a node, that
 // node is the stream's identity, and a token bound to another node is
 // refused. A certificate for another role (a router's) or naming no smg
 // identity is refused; one naming any node ("smg:agent:*") or no certificate
 // at all leaves the identity to the tokens.
-type CertAuth struct{ Next Authenticator }
+type CertAuth struct{ Next TokenAuth }
 
-// Authenticate implements Authenticator.
+// Authenticate turns the stream's certificate and token into its identity.
 func (a CertAuth) Authenticate(ctx context.Context) (Identity, error) {
 	id, err := a.Next.Authenticate(ctx)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,12 +31,6 @@ type Identity struct {
 	Hosts []string
 }
 
-// Authenticator turns a stream's credentials into its identity (TokenAuth,
-// CertAuth).
-type Authenticator interface {
-	Authenticate(ctx context.Context) (Identity, error)
-}
-
 // TokenAuth accepts per-node tokens (--agent-token-file) and, if set, one
 // shared token (--agent-token) that names no node. With neither, every
 // stream is accepted and names no node.
@@ -44,7 +39,7 @@ type TokenAuth struct {
 	Nodes  map[string]Identity // token → identity
 }
 
-// Authenticate implements Authenticator.
+// Authenticate turns the stream's token into its identity.
 func (a TokenAuth) Authenticate(ctx context.Context) (Identity, error) {
 	if a.Shared == "" && len(a.Nodes) == 0 {
 		return Identity{}, nil
@@ -194,12 +189,7 @@ func (hs *hostSet) allowedIP(ip net.IP) bool {
 	if hs.allowed[ip.String()] || (hs.loopback && ip.IsLoopback()) {
 		return true
 	}
-	a, ok := netip.AddrFromSlice(ip)
+	a, _ := netip.AddrFromSlice(ip) // invalid: in no prefix
 	a = a.Unmap()
-	for _, p := range hs.prefixes {
-		if ok && p.Contains(a) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(hs.prefixes, func(p netip.Prefix) bool { return p.Contains(a) })
 }

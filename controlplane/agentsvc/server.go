@@ -3,12 +3,11 @@
 // failures, the engine's own silence) and receive the engines assigned to
 // their node.
 //
-// Pushed records feed the same evidence inbox as the built-in poller (the
-// overload check runs once per record), their liveness side as pushed
-// evidence, so agent-covered workers are judged by silence (the spec's "When
-// a Worker Goes Silent Entirely"). The stream itself is one of the covered engines'
-// channels: when it breaks, every engine it covered records a connection
-// failure.
+// Pushed records feed the evidence inbox as the poller's reads do, their
+// liveness side as pushed evidence, so agent-covered workers are judged by
+// silence (the spec's "When a Worker Goes Silent Entirely"). The stream is
+// one of the covered engines' channels: when it breaks, each records a
+// connection failure.
 //
 // It owns the agents' streams (identity, assignment, wire decoding); it
 // hands what it decodes to the evidence inbox and writes to the registry
@@ -42,9 +41,10 @@ import (
 
 // Options configure a Server.
 type Options struct {
-	// Auth turns a stream's credentials into its identity (nil: every stream
-	// is accepted); an identity naming a node binds the stream to it.
-	Auth Authenticator
+	// Auth turns a stream's tokens into its identity (zero: every stream is
+	// accepted), under its client certificate's (CertAuth); an identity
+	// naming a node binds the stream to it.
+	Auth TokenAuth
 	// Registration says what an agent may register (hello.register).
 	Registration RegistrationPolicy
 	// Remove deletes a worker (admin.Service.Remove): workers an agent
@@ -113,12 +113,6 @@ func New(reg *registry.Registry, ev *evidence.Inbox,
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.Auth == nil {
-		opts.Auth = TokenAuth{}
-	}
-	// A verified client certificate (mutual TLS) binds the stream to the node
-	// it names, on top of whatever the tokens say.
-	opts.Auth = CertAuth{Next: opts.Auth}
 	if opts.AfterFunc == nil {
 		opts.AfterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 	}
@@ -127,8 +121,7 @@ func New(reg *registry.Registry, ev *evidence.Inbox,
 }
 
 // Close tells every stream, and any that opens later, goodbye (agents
-// reconnect at once) and ends them. It does not wait: grpc.Server.GracefulStop
-// waits for the handlers.
+// reconnect at once); grpc.Server.GracefulStop waits for the handlers.
 func (s *Server) Close() {
 	s.closeOnce.Do(func() { close(s.closing) })
 	s.mu.Lock()
@@ -145,20 +138,17 @@ type agentStream struct {
 	peer string
 	own  []string // engines named in the hello
 
-	// read is how far the control plane has read the stream (the sweep
-	// tells the agent's silence from our own lag with it); heard is the
-	// message being applied.
+	// read is how far the control plane has read the stream (the agent's
+	// silence or our lag); heard is the message being applied.
 	read  *evidence.Stream
 	heard judge.Heard
 
 	hosts *hostSet // where this node's engines may be
 	pods  podsSlot // discovered pods waiting for authorize
 
-	refusedMu sync.Mutex
-	refused   map[string]bool // engine URLs whose refusal was logged
-
 	mu      sync.Mutex
 	covered map[string]bool // engine URLs assigned to or reported by this stream
+	refused map[string]bool // engine URLs whose refusal was logged
 
 	assigned []string // the latest assignment sent (guarded by the Server's mu)
 
@@ -185,12 +175,10 @@ type knownWorker struct {
 
 // engineState is what a stream keeps of one engine.
 type engineState struct {
-	reported bool // covered already: a record takes no lock to cover it
-	// last is the latest record, so that a contact or a heartbeat
-	// ("nothing changed since my last record") re-applies it.
-	last    lastRecord
-	hasLast bool
-	slot    *evidence.Slot // its worker's, kept while the inbox keeps it
+	reported bool       // covered already: a record takes no lock to cover it
+	last     lastRecord // the latest record, re-applied by a contact ("nothing changed")
+	hasLast  bool
+	slot     *evidence.Slot // its worker's, kept while the inbox keeps it
 }
 
 // maxKnown bounds a stream's known URLs: an agent may spell URLs any
@@ -233,7 +221,7 @@ func (st *agentStream) coverReported(e *engineState, url string) {
 // Report serves one agent's stream.
 func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smgv1.ReportResponse]) error {
 	ctx := stream.Context()
-	id, err := s.opts.Auth.Authenticate(ctx)
+	id, err := CertAuth{Next: s.opts.Auth}.Authenticate(ctx)
 	if err != nil {
 		s.log.Warn("Agent refused", "peer", peerOf(ctx), "err", err)
 		return err
@@ -283,9 +271,8 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 	return err
 }
 
-// serve sends the node's assignment, and again whenever the registry changes
-// it, until the agent closes its side, the stream breaks or Close says goodbye.
-// It returns nil for a clean end and the error of a broken stream.
+// serve sends the node's assignment, and again whenever it changes, until
+// the stream ends; it returns nil for a clean end, else the stream's error.
 func (s *Server) serve(ctx context.Context, stream grpc.ServerStream, st *agentStream, recvErr <-chan error) error {
 	a := &assignment{node: st.node, own: st.own, byID: map[string]string{}}
 	var sent []string

@@ -14,11 +14,9 @@ import (
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
 
-// rawRequest receives a ReportRequest's wire bytes: protobuf-go calls the
-// Unmarshal method of a message that has one (the legacy
-// proto.Unmarshaler), so the stream decodes its records itself
-// (recordsDecoder) into memory it reuses. The codec frees its buffer when
-// Unmarshal returns: the bytes are copied into buf.
+// rawRequest receives a ReportRequest's wire bytes (protobuf-go calls the
+// legacy Unmarshal method of a message that has one), for recordsDecoder;
+// they are copied, as the codec frees its buffer when Unmarshal returns.
 type rawRequest struct{ buf []byte }
 
 func (r *rawRequest) Reset()         { r.buf = r.buf[:0] }
@@ -31,8 +29,7 @@ func (r *rawRequest) Unmarshal(b []byte) error {
 }
 
 // maxKeptBuffer bounds the receive buffer a stream keeps between messages:
-// one large message (up to gRPC's 4 MiB limit) must not pin its size for
-// the life of the stream.
+// one large message must not pin its size for the life of the stream.
 const maxKeptBuffer = 256 << 10
 
 func (r *rawRequest) release() {
@@ -68,26 +65,17 @@ func (r *wireRecord) setProto(p *smgv1.LoadRecord) {
 	r.stepWire, r.prefill = p.GetStepWire(), p.GetPrefillTokensInHand()
 }
 
-// own returns a LoadRecord of r's content that the caller may keep.
+// own returns a LoadRecord of r's content that the caller may keep (a nil
+// message clones to nil).
 func (r *wireRecord) own() *smgv1.LoadRecord {
-	p := &smgv1.LoadRecord{WorkerUrl: string(r.url), StepWire: r.stepWire, PrefillTokensInHand: r.prefill}
-	if r.load != nil {
-		p.Load = proto.CloneOf(r.load)
-	}
-	if r.silence != nil {
-		p.EngineSilence = proto.CloneOf(r.silence)
-	}
-	if r.observedAt != nil {
-		p.ObservedAt = proto.CloneOf(r.observedAt)
-	}
-	return p
+	return &smgv1.LoadRecord{WorkerUrl: string(r.url), StepWire: r.stepWire, PrefillTokensInHand: r.prefill,
+		Load: proto.CloneOf(r.load), EngineSilence: proto.CloneOf(r.silence), ObservedAt: proto.CloneOf(r.observedAt)}
 }
 
-// recordsDecoder decodes a ReportRequest that carries load records (a
-// LoadRecords, or one LoadRecord) into records it reuses, with no
-// allocation per record. It accepts what proto.Unmarshal accepts and yields
-// what it yields, unknown fields left out (FuzzDecodeRecords,
-// TestDecodeRecordsReadsEveryField).
+// recordsDecoder decodes a ReportRequest of load records into records it
+// reuses, with no allocation per record. It accepts what proto.Unmarshal
+// accepts and yields what it yields, unknown fields left out
+// (FuzzDecodeRecords, TestDecodeRecordsReadsEveryField).
 type recordsDecoder struct {
 	recs   []*wireRecord
 	source string // the latest load source, reused while it repeats
@@ -102,11 +90,9 @@ var errWire = errors.New("agentsvc: malformed record")
 const maxKeptRecords = 4096
 
 // decode returns the records of b when b is a ReportRequest whose every
-// field is a LoadRecords (merged, as proto.Unmarshal merges them: their
-// records in order) or whose one field is a LoadRecord, with or without its
-// sent_at (zero when unset); ok is false for any other message (a hello, an
-// event, a heartbeat, pods, a mix), and for a malformed one (proto.Unmarshal
-// says why).
+// field is a LoadRecords (merged, their records in order) or whose one
+// field is a LoadRecord, and its sent_at (zero when unset); ok is false for
+// any other message, and for a malformed one (proto.Unmarshal says why).
 func (d *recordsDecoder) decode(b []byte) (recs []*wireRecord, sentAt time.Time, ok bool) {
 	if len(d.recs) > maxKeptRecords {
 		d.recs = nil
