@@ -13,10 +13,8 @@ import (
 
 // cell is one worker's inbox: the evidence that reached the control plane
 // and is not stored yet. Its lock is a leaf: its methods take no other
-// lock, call no callback and never reach the registry, so the one lock
-// order (a registry transaction, then a cell) holds by construction. One
-// lock per worker, not one for all: 100 agent streams behind one lock
-// would convoy behind any holder delayed by a GC assist or preemption.
+// lock, call no callback and never reach the registry. One lock per worker:
+// agent streams behind one lock would convoy behind any delayed holder.
 type cell struct {
 	lock     sync.Mutex
 	load     *smgv1.EngineLoad // the latest report; nil: none
@@ -130,9 +128,8 @@ func (c *cell) stands(w *registry.Worker, r *judge.Rules) bool {
 }
 
 // takeOnto moves what the cell holds onto c, a clone of w (the stored
-// record), and empties it; it reports whether c moved and whether the cell
-// wants a spare. Only a registry transaction calls it: evidence is stored
-// in the order the transactions commit, so in the order it came.
+// record), and empties it, reporting whether c moved and whether the cell
+// wants a spare. Only a registry transaction calls it (the lock order).
 func (cl *cell) takeOnto(w, c *registry.Worker, r *judge.Rules) (moved, wantsSpare bool) {
 	cl.lock.Lock()
 	defer cl.lock.Unlock()

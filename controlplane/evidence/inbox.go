@@ -222,8 +222,7 @@ func (in *Inbox) pend(id string, w *registry.Worker, c *Slot, load *smgv1.Engine
 const chunkSize = 1024
 
 // Flush stores everything pending, in transactions of chunkSize workers in
-// id order, each worker cloned and inserted once; the registry decides
-// each verdict again from what it stores.
+// id order, each worker cloned and inserted once.
 func (in *Inbox) Flush() {
 	in.fmu.Lock()
 	defer in.fmu.Unlock()

@@ -24,9 +24,8 @@ func applyPushed(ev *registry.Evidence, r timedRecord, rules *judge.Rules) {
 
 // Sweep stores everything pending (Flush), re-judges every Ready worker at
 // now with how far its agent's stream is read, and clears the metrics of
-// vetoed workers that left Ready or were removed. The fleet is judged on
-// the latest commit, outside the write lock (it would hold up every flip);
-// the workers whose verdict moves are judged again in one transaction.
+// vetoed workers gone from Ready. The fleet is judged outside the write lock
+// (it would hold up every flip), those that move again in one transaction.
 func (in *Inbox) Sweep(now time.Time) {
 	in.Flush()
 	reads := in.readStates(now)

@@ -8,16 +8,14 @@ import (
 )
 
 // Report takes one load report for a worker, and ownership of load. A nil
-// or empty report is "no report": the veto clears (fail open), the last
-// load stays visible. The signals are computed from the ranks
-// (loadpb.Signals), whatever aggregates the sender filled in.
+// or empty report is "no report": the veto clears (fail open). The signals
+// are the ranks' (loadpb.Signals), whatever aggregates the sender set.
 func (in *Inbox) Report(workerID string, load *smgv1.EngineLoad) error {
 	return in.report(workerID, load, false)
 }
 
-// ReportCopy is Report of a copy of load, which stays the caller's (an agent
-// stream decodes into memory it reuses). The copy goes into the worker's
-// pending load or spare: no allocation per report.
+// ReportCopy is Report of a copy of load, which stays the caller's, made
+// in the worker's pending load or spare: no allocation per report.
 func (in *Inbox) ReportCopy(workerID string, load *smgv1.EngineLoad) error {
 	return in.report(workerID, load, true)
 }
@@ -122,9 +120,8 @@ func newLoad() *smgv1.EngineLoad {
 	return &blk.load
 }
 
-// CopyLoad copies every field of src into dst, reusing dst's ranks and
-// timestamp (dst must be the caller's alone), or into a new load when dst
-// is nil, and returns it. Unknown fields are not copied.
+// CopyLoad copies every known field of src into dst (the caller's alone;
+// nil: a new load), reusing its ranks and timestamp, and returns it.
 func CopyLoad(dst, src *smgv1.EngineLoad) *smgv1.EngineLoad {
 	if dst == nil {
 		dst = newLoad()

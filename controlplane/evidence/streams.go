@@ -9,10 +9,9 @@ import (
 	"github.com/smg-project/smg/controlplane/registry"
 )
 
-// Stream is how far the control plane has read one agent stream (open one
-// with Inbox.OpenStream): its receive loop calls Read for every message and
-// Applied when done with it; a sweep tells from it "the agent went silent"
-// from "this process has not read what the agent sent" (judge.StreamRead).
+// Stream is how far the control plane has read one agent stream: its
+// receive loop calls Read for every message and Applied when done, so a
+// sweep tells the agent's silence from its own lag (judge.StreamRead).
 type Stream struct {
 	id     uint64
 	stalls *atomic.Int64 // the inbox's: process stall time so far, ns
@@ -84,9 +83,8 @@ func (in *Inbox) CloseStream(s *Stream) {
 	delete(in.streams.open, s.id)
 }
 
-// readStates returns every open stream's read state, for one sweep at now,
-// counting the time since the previous sweep beyond its interval as a stall
-// when it came stallAfter late or more.
+// readStates returns every open stream's read state for one sweep at now,
+// counting as a stall the previous sweep's lateness when stallAfter or more.
 func (in *Inbox) readStates(now time.Time) map[uint64]*judge.StreamRead {
 	ss := &in.streams
 	ss.mu.Lock()
