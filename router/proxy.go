@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/smg-project/smg/internal/enginegrpc"
+	"github.com/smg-project/smg/internal/h1client"
 	"github.com/smg-project/smg/internal/identity"
 	"github.com/smg-project/smg/internal/netfail"
 	"github.com/smg-project/smg/router/admission"
@@ -686,11 +687,24 @@ var hopHeaders = map[string]bool{
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
+// skipForwarded names the client's header fields not forwarded to an
+// engine: hop-by-hop ones, the framing and the loop mark the router sets.
+func skipForwarded(k string) bool {
+	return hopHeaders[k] || k == "Content-Length" || k == "Host" || k == hopHeader
+}
+
+// skipForwardedKeyed is skipForwarded for a worker registered with an
+// api_key, which gets it as the bearer token instead of the client's.
+func skipForwardedKeyed(k string) bool { return skipForwarded(k) || k == "Authorization" }
+
+// forwardPlain forwards the client's header to a worker without an api_key.
+var forwardPlain = h1client.Forward{Skip: skipForwarded, Add: []string{hopHeader, hopValue[0]}}
+
 // copyRequestHeaders forwards the client's headers; a worker registered with
 // an api_key gets it as the bearer token instead of the client's.
 func copyRequestHeaders(dst, src http.Header, apiKey string) {
 	for k, vv := range src {
-		if hopHeaders[k] || k == "Content-Length" || k == "Host" {
+		if skipForwarded(k) {
 			continue
 		}
 		dst[k] = vv

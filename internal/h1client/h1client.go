@@ -44,6 +44,19 @@ var (
 // nil, stands for req.Body's bytes already in memory), chunked when it does
 // not. Header names and values are checked as net/http checks them.
 func WriteRequest(bw *bufio.Writer, req *http.Request, body []byte) error {
+	return WriteForwarded(bw, req, body, nil)
+}
+
+// Forward shapes the header fields WriteForwarded writes from req.Header:
+// a proxy forwards its client's header without copying it.
+type Forward struct {
+	Skip func(name string) bool // req.Header's fields left out, by canonical name
+	Add  []string               // name, value pairs written after req.Header's
+}
+
+// WriteForwarded is WriteRequest with req.Header's fields shaped by fwd
+// (nil: as they are).
+func WriteForwarded(bw *bufio.Writer, req *http.Request, body []byte, fwd *Forward) error {
 	host := req.Host
 	if host == "" {
 		host = req.URL.Host
@@ -66,20 +79,28 @@ func WriteRequest(bw *bufio.Writer, req *http.Request, body []byte) error {
 		switch k {
 		case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
 			continue // framing is this writer's
-		case "User-Agent":
+		}
+		if fwd != nil && fwd.Skip != nil && fwd.Skip(k) {
+			continue
+		}
+		if k == "User-Agent" {
 			ua = true
 		}
 		if !httpguts.ValidHeaderFieldName(k) {
 			return fmt.Errorf("%w: header field name %q", errInvalidRequest, k)
 		}
 		for _, v := range vv {
-			if !httpguts.ValidHeaderFieldValue(v) {
-				return fmt.Errorf("%w: header field value for %q", errInvalidRequest, k)
+			if err := writeField(bw, k, v); err != nil {
+				return err
 			}
-			bw.WriteString(k)
-			bw.WriteString(": ")
-			bw.WriteString(h1wire.TrimOWSString(v))
-			bw.WriteString("\r\n")
+		}
+	}
+	if fwd != nil {
+		for i := 0; i+1 < len(fwd.Add); i += 2 {
+			if err := writeField(bw, fwd.Add[i], fwd.Add[i+1]); err != nil {
+				return err
+			}
+			ua = ua || fwd.Add[i] == "User-Agent"
 		}
 	}
 	if !ua {
@@ -282,6 +303,21 @@ func (p *Parser) build(statusEnd int, req *http.Request) (*http.Response, error)
 		}
 	}
 	return resp, nil
+}
+
+// writeField writes one header field, checked as net/http checks it.
+func writeField(bw *bufio.Writer, k, v string) error {
+	if !httpguts.ValidHeaderFieldName(k) {
+		return fmt.Errorf("%w: header field name %q", errInvalidRequest, k)
+	}
+	if !httpguts.ValidHeaderFieldValue(v) {
+		return fmt.Errorf("%w: header field value for %q", errInvalidRequest, k)
+	}
+	bw.WriteString(k)
+	bw.WriteString(": ")
+	bw.WriteString(h1wire.TrimOWSString(v))
+	bw.WriteString("\r\n")
+	return nil
 }
 
 // respWithValues holds an answer and the values of its header fields.
