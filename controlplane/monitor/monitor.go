@@ -294,8 +294,8 @@ func (m *Monitor) PollOnce(ctx context.Context, workerID string, r LoadReader) {
 	if err != nil {
 		if engine.IsTransportFailure(err) || enginegrpc.IsConnectionFailure(err) {
 			m.ingest.PollTransportFailure(workerID, err, now)
-		} else if engineAnswered(err) {
-			m.ingest.Contact(workerID, now)
+		} else if errors.Is(err, engine.ErrNoReport) || errors.As(err, new(*engine.StatusError)) || enginegrpc.Answered(err) {
+			m.ingest.Contact(workerID, now) // an answer without a usable report is still contact
 		}
 		m.log.Debug("Load poll produced no report", "worker_id", workerID, "error", err)
 		m.ingested(workerID, m.ingest.NoReport(workerID))
@@ -315,13 +315,6 @@ func (m *Monitor) ingested(workerID string, err error) {
 	default:
 		m.log.Error("Load poll outcome not stored", "worker_id", workerID, "error", err)
 	}
-}
-
-// engineAnswered tells an answer without a usable report (which is still
-// contact) from a timeout or a transport failure.
-func engineAnswered(err error) bool {
-	var se *engine.StatusError
-	return errors.Is(err, engine.ErrNoReport) || errors.As(err, &se) || enginegrpc.Answered(err)
 }
 
 // pruneReaders forgets readers of removed workers.

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	smgv1 "github.com/smg-project/smg/gen/smg/v1"
 )
@@ -33,7 +34,9 @@ const maxCount = 1 << 32
 type Table struct {
 	mu      sync.Mutex
 	routers map[string][]*smgv1.TenantUsage
-	version uint64 // changes whenever a report changes what some router would be told
+	// Read without the lock by every watch stream's pass.
+	version atomic.Uint64 // changes whenever a report changes what some router would be told
+	active  atomic.Bool   // some router reported a tenant
 }
 
 // New returns an empty table.
@@ -48,29 +51,22 @@ func (t *Table) Report(routerID string, us []*smgv1.TenantUsage) {
 	switch {
 	case len(clean) == 0 && had:
 		delete(t.routers, routerID)
-		t.version++
+		t.version.Add(1)
 	case len(clean) > 0 && !same(old, clean):
 		t.routers[routerID] = clean
-		t.version++
+		t.version.Add(1)
 	}
+	t.active.Store(len(t.routers) > 0)
 }
 
 // Gone drops routerID's tenants: its stream ended.
 func (t *Table) Gone(routerID string) { t.Report(routerID, nil) }
 
 // Version changes with every change of the table.
-func (t *Table) Version() uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.version
-}
+func (t *Table) Version() uint64 { return t.version.Load() }
 
 // Active reports whether any router reported a tenant.
-func (t *Table) Active() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.routers) > 0
-}
+func (t *Table) Active() bool { return t.active.Load() }
 
 // Others is what every router but routerID reported, summed per tenant
 // (sorted by tenant; a tenant's weight is the largest reported).
