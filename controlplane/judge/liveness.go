@@ -237,17 +237,13 @@ func (c Cause) String() string {
 			c.Silence.String() + " (bound " + c.Bound.String() + ")"
 	case CauseEngineSilence:
 		return "engine reports no output for " + c.Silence.String() + " while holding streaming requests (bound " + c.Bound.String() + ")" + c.unread()
-	case CauseContact:
-		return "contact"
-	case CauseProgress:
-		return "progress"
-	case CausePileEmpty:
-		return "nothing left in flight"
-	case CauseEngineResumed:
-		return "engine producing again"
 	}
-	return ""
+	return readmissions[c.Kind]
 }
+
+// readmissions are the re-admission causes' log text (no figures behind them).
+var readmissions = map[CauseKind]string{CauseContact: "contact", CauseProgress: "progress",
+	CausePileEmpty: "nothing left in flight", CauseEngineResumed: "engine producing again"}
 
 func (c Cause) unread() string {
 	if c.Unread <= 0 {
@@ -325,9 +321,6 @@ func stampOf(t time.Time) stamp {
 	return stamp(uint64(max(t.Sub(epoch), math.MinInt64+1)) ^ 1<<63)
 }
 
-func (s stamp) IsZero() bool              { return s == 0 }
-func (s stamp) After(o stamp) bool        { return s > o }
-func (s stamp) Before(o stamp) bool       { return s < o }
 func (s stamp) Add(d time.Duration) stamp { return stampOf(s.time().Add(d)) }
 func (s stamp) time() time.Time           { return epoch.Add(time.Duration(uint64(s) ^ 1<<63)) }
 
@@ -416,7 +409,7 @@ func (l *Liveness) Record(at time.Time, rec Record, r *Rules) Change {
 // LastProgress is progress and contact.
 func (l *Liveness) Routers(at time.Time, o RouterObservation, r *Rules) Change {
 	now := stampOf(at)
-	if p := stampOf(o.LastProgress); p.After(l.lastProgress) {
+	if p := stampOf(o.LastProgress); p > l.lastProgress {
 		p = min(p, now)
 		l.lastProgress = p
 		l.contact(p)
@@ -491,7 +484,7 @@ func span(d time.Duration) time.Duration {
 // contact notes contact at t; it answers a connection failure not after t.
 func (l *Liveness) contact(t stamp) {
 	l.lastContact = max(l.lastContact, t)
-	if !l.failedAt.IsZero() && !t.Before(l.failedAt) {
+	if l.failedAt != 0 && t >= l.failedAt {
 		l.failedAt = 0
 	}
 }
@@ -546,20 +539,20 @@ func (l *Liveness) dueWithoutCredit(now stamp, r *Rules) bool {
 // silence since the latest agent evidence does not count the credit.
 func (l *Liveness) unreachable(now stamp, credit time.Duration, r *Rules) (Cause, bool) {
 	silence := now.Sub(l.lastContact)
-	if !l.failedAt.IsZero() {
+	if l.failedAt != 0 {
 		// Once set, only contact at or after the failure lifts it: a token
 		// reported late, from before the failure, does not.
 		if l.verdict == Unreachable && l.cause.Kind == CauseTransport {
 			return l.cause, true
 		}
-		if l.lastContact.IsZero() || silence >= r.Stall {
-			return Cause{Kind: CauseTransport, Silence: silence, Bound: r.Stall, Never: l.lastContact.IsZero()}, true
+		if l.lastContact == 0 || silence >= r.Stall {
+			return Cause{Kind: CauseTransport, Silence: silence, Bound: r.Stall, Never: l.lastContact == 0}, true
 		}
 	}
 	if !l.pushed || r.Stale <= 0 {
 		return Cause{}, false
 	}
-	if l.verdict == Unreachable && l.cause.Kind == CauseStale && !l.lastContact.After(l.staleContact) {
+	if l.verdict == Unreachable && l.cause.Kind == CauseStale && l.lastContact <= l.staleContact {
 		return l.cause, true // held until contact: a credit that grows lifts no veto
 	}
 	heard := l.lastContact
@@ -601,7 +594,7 @@ func (l *Liveness) wedged(now stamp, credit time.Duration, r *Rules) (Cause, boo
 // the pile and not refuted by progress since, says it runs no request: the
 // prefill stretch of the wedge bound then does not apply.
 func (l *Liveness) notPrefilling() bool {
-	if l.recordAt.IsZero() || l.recordAt.Before(l.pileSince) || l.lastProgress.After(l.recordAt) {
+	if l.recordAt == 0 || l.recordAt < l.pileSince || l.lastProgress > l.recordAt {
 		return false
 	}
 	return l.engineIdle
@@ -610,7 +603,7 @@ func (l *Liveness) notPrefilling() bool {
 // stillWedged holds a wedge veto while its evidence stands and returns the
 // re-admission cause when it does not.
 func (l *Liveness) stillWedged(now stamp, r *Rules) (Cause, bool) {
-	if l.lastProgress.After(l.progressAtVeto) {
+	if l.lastProgress > l.progressAtVeto {
 		return Cause{Kind: CauseProgress}, false
 	}
 	if l.streams > 0 { // a silent pile of our own
@@ -629,7 +622,7 @@ func (l *Liveness) stillWedged(now stamp, r *Rules) (Cause, bool) {
 // last record (refuted by progress seen since). A record read on an agent
 // stream earns credit: one saying the engine stepped again may be unread.
 func (l *Liveness) engineSilence(now stamp, credit time.Duration, r *Rules) (Cause, bool) {
-	if l.engineSilent.IsZero() || l.lastProgress.After(l.recordAt) {
+	if l.engineSilent == 0 || l.lastProgress > l.recordAt {
 		return Cause{}, false
 	}
 	bound := r.Wedge
