@@ -231,7 +231,14 @@ func (a *Allocator) Step() error {
 	}
 	wrote := false
 	rev, err := a.reg.Update(func(t *registry.Txn) error {
-		wrote = a.commit(t, updates)
+		for id, u := range updates {
+			if cur := t.Get(id); cur != nil && cur.Registered == *u.from {
+				c := cur.Clone()
+				c.Shares = u.shares
+				t.Insert(c)
+				wrote = true
+			}
+		}
 		return nil
 	})
 	if err != nil || !wrote {
@@ -415,22 +422,6 @@ func spillShares(w *registry.Worker, ids []string, warm bool) map[string]int64 {
 		}
 	}
 	return shares
-}
-
-// commit writes the planned records in t and reports whether it wrote any.
-func (a *Allocator) commit(t *registry.Txn, updates map[string]update) bool {
-	wrote := false
-	for id, u := range updates {
-		cur := t.Get(id)
-		if cur == nil || cur.Registered != *u.from {
-			continue
-		}
-		c := cur.Clone()
-		c.Shares = u.shares
-		t.Insert(c)
-		wrote = true
-	}
-	return wrote
 }
 
 // windowOf returns the rooms to split for w and, for an admission window,
