@@ -49,9 +49,6 @@ func (b *byID[T]) add(id string, v T) {
 	}
 }
 
-// len is the number of entries.
-func (b *byID[T]) len() int { return len(b.ids) }
-
 // reset empties b for the next transaction, dropping what it refers to.
 func (b *byID[T]) reset() {
 	if cap(b.ids) > keepAt {

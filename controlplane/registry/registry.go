@@ -466,10 +466,9 @@ func (t *Txn) Insert(w *Worker) {
 	if old == nil || old.Registered != w.Registered || old.Health != w.Health {
 		t.membership = true
 	}
-	visible := old == nil || !sameVisible(old, w)
-	if visible {
-		w.Revision = t.rev
-	} else {
+	visible := old == nil || !sameVisible(old, w) // whatever the revisions
+	w.Revision = t.rev
+	if !visible {
 		w.Revision = old.Revision
 	}
 	t.workers = t.workers.put(w, t.gen)
@@ -484,11 +483,10 @@ func (t *Txn) Insert(w *Worker) {
 func (t *Txn) Delete(id string) {
 	if old := t.Get(id); old != nil {
 		t.deleteURL(old)
+		t.membership = true
 	}
 	t.last = nil
-	var had bool
-	t.workers, had = t.workers.del(id, t.gen)
-	t.membership = had || t.membership
+	t.workers = t.workers.del(id, t.gen)
 	t.wrote(id, nil)
 	t.mark(id, true, false)
 }
@@ -505,7 +503,7 @@ func (t *Txn) wrote(id string, w *Worker) {
 // deleteURL drops w's URL entry if it still points at w.
 func (t *Txn) deleteURL(w *Worker) {
 	if e := t.urls.get(w.Spec.GetUrl()); e != nil && e.id == w.ID {
-		t.urls, _ = t.urls.del(e.url, t.gen)
+		t.urls = t.urls.del(e.url, t.gen)
 	}
 }
 
@@ -513,7 +511,7 @@ func (t *Txn) deleteURL(w *Worker) {
 func (t *Txn) PutJob(j *Job) { t.jobs = t.jobs.put(j, t.gen) }
 
 // DeleteJob removes a worker's job.
-func (t *Txn) DeleteJob(id string) { t.jobs, _ = t.jobs.del(id, t.gen) }
+func (t *Txn) DeleteJob(id string) { t.jobs = t.jobs.del(id, t.gen) }
 
 // mark records a changed worker.
 func (t *Txn) mark(id string, deleted, loadOnly bool) {
@@ -540,20 +538,18 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 		return r.revision, err
 	}
 	r.cur = t.tables
-	if t.written.len() > 0 {
-		r.latest.set(t.written.ids, t.written.vals)
-	}
+	r.latest.set(t.written.ids, t.written.vals)
 	// Publish, then wake: a reader takes its wake-up channel before its
 	// view, so it either sees this commit or holds a channel closed below.
 	// With no change routers see, the records may still have changed
 	// (evidence): readers get them under the same revision.
 	r.pub.Lock()
 	defer r.pub.Unlock()
-	if t.changed.len() > 0 {
+	if len(t.changed.ids) > 0 {
 		r.revision = t.rev
 	}
 	r.view.Store(&Snapshot{Revision: r.revision, tables: r.cur})
-	if t.changed.len() == 0 {
+	if len(t.changed.ids) == 0 {
 		return r.revision, nil
 	}
 	routed := false

@@ -117,12 +117,12 @@ func (t *tree[T]) put(v T, gen uint64) *tree[T] {
 	return t
 }
 
-// del removes the record with key from t as put writes it, returning the
-// tree and whether there was one (t itself when there was not).
-func (t *tree[T]) del(key string, gen uint64) (*tree[T], bool) {
+// del removes the record with key from t as put writes it and returns the
+// tree written (t itself when there was none).
+func (t *tree[T]) del(key string, gen uint64) *tree[T] {
 	li, i, found := t.find(key)
 	if !found {
-		return t, false
+		return t
 	}
 	t = t.writable(gen) // the same leaves, in the same places
 	l := t.leafAt(li, gen)
@@ -131,5 +131,5 @@ func (t *tree[T]) del(key string, gen uint64) (*tree[T], bool) {
 	if len(l.vs) == 0 {
 		t.leaves = slices.Delete(t.leaves, li, li+1)
 	}
-	return t, true
+	return t
 }
