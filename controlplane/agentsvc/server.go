@@ -258,9 +258,8 @@ func (s *Server) Report(stream grpc.BidiStreamingServer[smgv1.ReportRequest, smg
 	go s.receive(stream, st, recvErr)
 
 	err = s.serve(ctx, stream, st, recvErr)
-	broke := err != nil
-	s.endStream(st, broke)
-	if broke {
+	s.endStream(st, err != nil)
+	if err != nil {
 		s.log.Warn("Agent stream broke: its engines record a connection failure", "node", st.node, "peer", st.peer, "error", err)
 	} else {
 		s.log.Info("Agent disconnected", "node", st.node, "peer", st.peer)

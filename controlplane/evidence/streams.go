@@ -41,14 +41,6 @@ func (s *Stream) Applied() {
 	s.mu.Unlock()
 }
 
-func (s *Stream) state() *judge.StreamRead {
-	stalls := s.stalls.Load()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return &judge.StreamRead{Stream: s.id, ReadAt: s.readAt, SentAt: s.sentAt, Busy: s.busy,
-		Stalled: time.Duration(stalls - s.stallAtRead)}
-}
-
 // streams are the open agent streams, and how long the process has stood
 // still: a sweep much later than its interval (the process was paused or
 // starved of CPU) counts the excess, so a stream is not taken as read up to
@@ -95,9 +87,13 @@ func (in *Inbox) readStates(now time.Time) map[uint64]*judge.StreamRead {
 	if now.After(ss.lastSweep) {
 		ss.lastSweep = now
 	}
+	stalls := ss.stalls.Load()
 	out := make(map[uint64]*judge.StreamRead, len(ss.open))
 	for id, s := range ss.open {
-		out[id] = s.state() // a stream's lock is taken after the set's, never before
+		s.mu.Lock() // a stream's lock is taken after the set's, never before
+		out[id] = &judge.StreamRead{Stream: s.id, ReadAt: s.readAt, SentAt: s.sentAt, Busy: s.busy,
+			Stalled: time.Duration(stalls - s.stallAtRead)}
+		s.mu.Unlock()
 	}
 	return out
 }
