@@ -441,3 +441,49 @@ func TestSchedulerWarnsReservationsOverShares(t *testing.T) {
 		t.Fatalf("reservations that fit warned: %s", out)
 	}
 }
+
+// least_load with --least-load-prefill-first: the prompt tokens waiting for
+// prefill on a worker rank before its load, the other routers' (as the
+// control plane sent them) and this router's own in flight alike; without
+// the flag the load alone decides.
+func TestLeastLoadPrefillFirst(t *testing.T) {
+	ahead := func(n int64) func(*Worker) { return func(w *Worker) { w.PromptTokensAhead = n } }
+	a, b := newEngine(t, "a", nil), newEngine(t, "b", nil)
+	plain := newHarness(t, func(o *Options) { o.Policy = PolicyLeastLoad })
+	plain.apply(a.worker(running(1), ahead(1500)), b.worker(running(5)))
+	if got := plain.post(testModel, "", "x").servedBy(); got != "a" {
+		t.Fatalf("without the flag: went to %s, want a (running 1 against 5)", got)
+	}
+
+	h := newHarness(t, func(o *Options) { o.Policy = PolicyLeastLoad; o.LeastLoadPrefillFirst = true })
+	h.apply(a.worker(running(1), ahead(1500)), b.worker(running(5)))
+	for i := range 3 {
+		if got := h.post(testModel, "", "x").servedBy(); got != "b" {
+			t.Fatalf("request %d went to %s, want b: 1500 prompt tokens wait for prefill on a, none on b", i, got)
+		}
+	}
+
+	// This router's own prompt in flight on c (no first byte yet) ranks it
+	// behind d, though d runs more.
+	release := make(chan struct{})
+	started := make(chan struct{})
+	c := newEngine(t, "c", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		close(started)
+		<-release
+		fmt.Fprint(w, `{"worker":"c"}`)
+	})
+	d := newEngine(t, "d", nil)
+	h2 := newHarness(t, func(o *Options) { o.Policy = PolicyLeastLoad; o.LeastLoadPrefillFirst = true })
+	h2.apply(c.worker(running(1)), d.worker(running(2)))
+	done := make(chan string)
+	go func() { done <- h2.post(testModel, "", strings.Repeat("a long prompt ", 100)).servedBy() }()
+	<-started
+	if got := h2.post(testModel, "", "x").servedBy(); got != "d" {
+		t.Fatalf("with a prompt of this router in flight on c: went to %s, want d", got)
+	}
+	close(release)
+	if got := <-done; got != "c" {
+		t.Fatalf("the first request went to %s, want c (running 1 against 2)", got)
+	}
+}

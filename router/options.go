@@ -117,6 +117,9 @@ type Options struct {
 	// LeastLoadWaitingCap: inside least_load, skip a worker whose reported
 	// waiting plus this router's dispatches since that report reaches it (0: off).
 	LeastLoadWaitingCap int64
+	// LeastLoadPrefillFirst: least_load ranks workers by the prompt tokens
+	// waiting for prefill on them first, by load on a tie.
+	LeastLoadPrefillFirst bool
 	// RetryAfterMode: RetryAfterInterval (the spec's --load-monitor-interval)
 	// or RetryAfterEstimated (when a retry would be admitted, from the
 	// observed completion rate and the queue ahead, within [1, interval]).
@@ -253,6 +256,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"tenants labelled by name in scheduler metrics; later ones are labelled \"other\"")
 	define(fs, (*int64Value)(&o.LeastLoadWaitingCap), "least-load-waiting-cap",
 		"least_load: skip a worker whose reported waiting requests plus this router's dispatches since that report reach this cap (0: off)")
+	boolean(&o.LeastLoadPrefillFirst, "least-load-prefill-first",
+		"least_load: rank workers first by the prompt tokens waiting for prefill on them (this router's in flight, plus the other routers' as the control plane last sent them), then by load")
 	float(&o.TTFTObjectiveSecs, "ttft-objective-secs",
 		"time to first token objective in `seconds` (fractions allowed, e.g. 0.5) of every priority class without ttft_objective_secs in the scheduler YAML: a request goes only to a worker predicted to meet it, waits (at most --worker-admission-wait-secs) only while one would once it has a room and a room is expected in time, else is refused at once with 503 ttft_objective_unreachable (0: off)")
 	str(&o.RetryAfterMode, "retry-after-mode",

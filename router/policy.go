@@ -33,6 +33,7 @@ type selector struct {
 	hotTokenUsage   float64
 	prefixLoadLimit float64
 	waitingCap      int64          // least_load: skip a worker at this waiting (0: off)
+	prefillFirst    bool           // least_load: rank by prompt tokens ahead, then load
 	affinity        *affinityTable // cache_aware: prompt prefix blocks -> worker
 	sticky          *affinityTable // manual: routing key -> worker
 }
@@ -139,7 +140,10 @@ func (s *selector) powerOfTwo(v *view, p *pool, q *request) int32 {
 // the first worker. With --least-load-waiting-cap, a worker whose reported
 // waiting plus this router's dispatches since that report reaches the cap is
 // skipped; when every eligible worker is capped, the least loaded of them is
-// taken (the cap steers, it never refuses).
+// taken (the cap steers, it never refuses). With --least-load-prefill-first
+// the prompt tokens ahead rank first: a prompt sent where other prefills are
+// under way shares the engine's prefill steps with them, and the count of
+// requests, most of them decoding, does not tell where they are.
 func (s *selector) leastLoad(v *view, p *pool, q *request) int32 {
 	start := rand.IntN(len(p.idx))
 	best, bestLoad := s.leastLoadIn(v, p.idx[start:], q, -1, 0, s.waitingCap)
@@ -160,12 +164,20 @@ func (s *selector) leastLoadIn(v *view, idx []int32, q *request, best int32, bes
 		if waitingCap > 0 && h.waiting+h.st.dispatched.Load() >= waitingCap {
 			continue
 		}
-		if l := h.load(); best < 0 || l < bestLoad {
+		l := h.load()
+		if s.prefillFirst {
+			l = min(max(workAhead(h), 0), 1<<40)<<rankLoadBits + min(max(l, 0), 1<<rankLoadBits-1)
+		}
+		if best < 0 || l < bestLoad {
 			best, bestLoad = i, l
 		}
 	}
 	return best, bestLoad
 }
+
+// rankLoadBits is the low bits of --least-load-prefill-first's rank that
+// hold the load, the tie-break under the prompt tokens ahead.
+const rankLoadBits = 16
 
 // prefixHashBytes is how much of the prompt prefix_hash keys on.
 const prefixHashBytes = 1024

@@ -179,6 +179,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		hotTokenUsage:   opts.BalanceTokenUsageThreshold,
 		prefixLoadLimit: opts.PrefixHashLoadFactor,
 		waitingCap:      opts.LeastLoadWaitingCap,
+		prefillFirst:    opts.LeastLoadPrefillFirst,
 	}
 	switch opts.Policy {
 	case PolicyCacheAware:
