@@ -55,12 +55,10 @@ func newFSM(reg *registry.Registry, resolve admin.ThresholdResolver) *fsm {
 	return &fsm{reg: reg, resolve: resolve, members: map[string]Member{}}
 }
 
-// Apply applies one committed entry. An entry this version cannot read is a
-// refusal, never a panic: it changes nothing.
+// Apply applies one committed command (raft hands it no other entry). An
+// entry this version cannot read is a refusal, never a panic: it changes
+// nothing.
 func (f *fsm) Apply(l *raft.Log) any {
-	if l.Type != raft.LogCommand {
-		return result{}
-	}
 	var e entry
 	if err := json.Unmarshal(l.Data, &e); err != nil {
 		return result{err: fmt.Errorf("log entry %d: %w", l.Index, err)}

@@ -135,25 +135,23 @@ func (o Options) Validate() error {
 func ParsePeers(list []string) (map[string]string, error) {
 	peers := map[string]string{}
 	addrs := map[string]string{}
-	var entries []string
-	for _, p := range list {
-		entries = append(entries, strings.Split(p, ",")...)
-	}
-	for _, p := range entries {
-		id, addr, ok := strings.Cut(p, "=")
-		if !ok || id == "" {
-			return nil, fmt.Errorf("--raft-peers %q: want ID=HOST:PORT", p)
+	for _, item := range list {
+		for p := range strings.SplitSeq(item, ",") {
+			id, addr, ok := strings.Cut(p, "=")
+			if !ok || id == "" {
+				return nil, fmt.Errorf("--raft-peers %q: want ID=HOST:PORT", p)
+			}
+			if host, _, err := net.SplitHostPort(addr); err != nil || host == "" {
+				return nil, fmt.Errorf("--raft-peers %q: address must be HOST:PORT", p)
+			}
+			if _, dup := peers[id]; dup {
+				return nil, fmt.Errorf("--raft-peers names node %s twice", id)
+			}
+			if other, dup := addrs[addr]; dup {
+				return nil, fmt.Errorf("--raft-peers gives nodes %s and %s the same address %s", other, id, addr)
+			}
+			peers[id], addrs[addr] = addr, id
 		}
-		if host, _, err := net.SplitHostPort(addr); err != nil || host == "" {
-			return nil, fmt.Errorf("--raft-peers %q: address must be HOST:PORT", p)
-		}
-		if _, dup := peers[id]; dup {
-			return nil, fmt.Errorf("--raft-peers names node %s twice", id)
-		}
-		if other, dup := addrs[addr]; dup {
-			return nil, fmt.Errorf("--raft-peers gives nodes %s and %s the same address %s", other, id, addr)
-		}
-		peers[id], addrs[addr] = addr, id
 	}
 	return peers, nil
 }

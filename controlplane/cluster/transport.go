@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -61,11 +62,8 @@ func checkPeer(c *x509.Certificate, want string) error {
 
 // clientConfig dials address as node want ("": any control plane).
 func (t *TLS) clientConfig(address, want string) *tls.Config {
-	name := t.ServerName
-	if name == "" {
-		name, _, _ = net.SplitHostPort(address)
-	}
-	return tlsutil.ClientConfig(tlsutil.ClientOptions{Roots: t.CA, ServerName: name, Cert: t.Cert,
+	host, _, _ := net.SplitHostPort(address)
+	return tlsutil.ClientConfig(tlsutil.ClientOptions{Roots: t.CA, ServerName: cmp.Or(t.ServerName, host), Cert: t.Cert,
 		Check: func(c *x509.Certificate) error { return checkPeer(c, want) }})
 }
 
