@@ -68,7 +68,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 // good), on the leader; a follower hands the request to the leader.
 func (n *Node) serveRemove(w http.ResponseWriter, r *http.Request) {
 	if n.raft.State() != raft.Leader {
-		n.toLeader(w, r, nil)
+		n.toLeader(w, r)
 		return
 	}
 	id := r.PathValue("id")
@@ -89,16 +89,13 @@ func (n *Node) serveRemove(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]string{"status": "ok", "message": "member " + id + " removed"})
 }
 
-// toLeader hands a request to the leader's HTTP port (body already read
-// into body, or still in r), or answers 503 without one.
-func (n *Node) toLeader(w http.ResponseWriter, r *http.Request, body []byte) {
+// toLeader hands a request to the leader's HTTP port, or answers 503
+// without one.
+func (n *Node) toLeader(w http.ResponseWriter, r *http.Request) {
 	lm, ok := n.LeaderMember()
 	if !ok || lm.ID == n.id || r.Header.Get(forwardedHeader) != "" {
 		noLeader(w, noLeaderMsg)
 		return
-	}
-	if body != nil {
-		r.Body = io.NopCloser(bytes.NewReader(body))
 	}
 	r.Header.Set(forwardedHeader, n.id)
 	target := &url.URL{Scheme: n.peerScheme, Host: lm.HTTP}
@@ -143,7 +140,8 @@ func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if n.raft.State() != raft.Leader {
-		n.toLeader(w, r, body)
+		r.Body = io.NopCloser(bytes.NewReader(body)) // read already
+		n.toLeader(w, r)
 		return
 	}
 	code, msg := n.join(req)
