@@ -9,6 +9,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -469,19 +470,16 @@ func (cp *ControlPlane) SubmitStatic() error {
 }
 
 func (cp *ControlPlane) submitStatic() error {
-	var errs []error
+	pd, err := PDSpecs(cp.opts.PrefillURLs, cp.opts.DecodeURLs)
+	errs := []error{err}
+	var specs []*smgv1.WorkerSpec
 	for _, u := range cp.opts.WorkerURLs {
-		if _, err := cp.Admin.Submit(&smgv1.WorkerSpec{Url: u}); err != nil {
-			errs = append(errs, fmt.Errorf("--worker-urls %s: %s", workerurl.Redact(u), status.Convert(err).Message()))
-		}
+		specs = append(specs, &smgv1.WorkerSpec{Url: u})
 	}
-	specs, err := PDSpecs(cp.opts.PrefillURLs, cp.opts.DecodeURLs)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, spec := range specs {
+	for _, spec := range append(specs, pd...) {
 		if _, err := cp.Admin.Submit(spec); err != nil {
-			errs = append(errs, fmt.Errorf("--%s %s: %s", spec.GetWorkerType(), workerurl.Redact(spec.GetUrl()), status.Convert(err).Message()))
+			flag := cmp.Or(spec.GetWorkerType(), "worker-urls") // --prefill, --decode
+			errs = append(errs, fmt.Errorf("--%s %s: %s", flag, workerurl.Redact(spec.GetUrl()), status.Convert(err).Message()))
 		}
 	}
 	return errors.Join(errs...)

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"cmp"
 	"math"
 	"net"
 	"net/http"
@@ -156,12 +157,8 @@ func normalizeProvider(spec *smgv1.WorkerSpec, o workerurl.Options, plainLoopbac
 	default:
 		return errBadRequest("url", "url %s: a provider is reached over https:// only: its API key must not cross the network in clear", u)
 	}
-	if spec.GetModelId() == "" {
-		spec.ModelId = p.GetModel()
-	}
-	if p.GetModel() == "" {
-		p.Model = spec.GetModelId()
-	}
+	spec.ModelId = cmp.Or(spec.GetModelId(), p.GetModel())
+	p.Model = cmp.Or(p.GetModel(), spec.GetModelId())
 	if spec.GetModelId() == "" {
 		return errBadRequest("model_id", "an external worker needs model_id (the local model name) or provider.model")
 	}
