@@ -354,8 +354,8 @@ type Registry struct {
 	notify, members, routed signal
 	seen                    map[string]int // ring.since's index, reused
 
-	// changes and writes are the bookkeeping of the running transaction
-	// (under mu), reset after each.
+	// changes (one per worker id, latest wins) and writes (nil: deleted)
+	// are the running transaction's bookkeeping (under mu), reset after each.
 	changes byID[Change]
 	writes  byID[*Worker]
 }
@@ -420,30 +420,28 @@ func (s *signal) fire() {
 
 // Txn is a write transaction. Insert and Delete record the workers changed.
 type Txn struct {
-	tables  // as this transaction leaves them, written in place once copied by gen
-	gen     uint64
-	changed *byID[Change] // one per worker id, latest wins
-	rev     uint64        // the revision this transaction commits as
+	tables           // as this transaction leaves them, written in place once copied by gen
+	r      *Registry // its latest records and this transaction's bookkeeping (changes, writes)
+	gen    uint64
+	rev    uint64 // the revision this transaction commits as
 	// last is the stored record Get or Insert saw last, so that the usual
 	// Get, Clone, Insert sequence looks the worker up once.
 	last       *Worker
 	membership bool // a worker came, went, or its spec, model or health changed
-	// Get reads committed (the registry's latest records) under written
-	// (this transaction's, nil: deleted): cheaper than a search of the tree.
-	committed *latest
-	written   *byID[*Worker]
 }
 
-// Get returns a worker by id, or nil.
+// Get returns a worker by id, or nil: this transaction's write (nil:
+// deleted), else the latest committed record, both cheaper than a search
+// of the tree.
 func (t *Txn) Get(id string) *Worker {
 	if t.last != nil && t.last.ID == id {
 		return t.last
 	}
 	var w *Worker
-	if i, mine := t.written.find(id); mine {
-		w = t.written.vals[i]
+	if i, mine := t.r.writes.find(id); mine {
+		w = t.r.writes.vals[i]
 	} else {
-		w = t.committed.get(id)
+		w = t.r.latest.get(id)
 	}
 	if w != nil {
 		t.last = w
@@ -493,11 +491,11 @@ func (t *Txn) Delete(id string) {
 
 // wrote records that id's record is now w (nil: deleted).
 func (t *Txn) wrote(id string, w *Worker) {
-	if i, ok := t.written.find(id); ok {
-		t.written.vals[i] = w
+	if i, ok := t.r.writes.find(id); ok {
+		t.r.writes.vals[i] = w
 		return
 	}
-	t.written.add(id, w)
+	t.r.writes.add(id, w)
 }
 
 // deleteURL drops w's URL entry if it still points at w.
@@ -515,13 +513,13 @@ func (t *Txn) DeleteJob(id string) { t.jobs = t.jobs.del(id, t.gen) }
 
 // mark records a changed worker.
 func (t *Txn) mark(id string, deleted, loadOnly bool) {
-	if i, found := t.changed.find(id); found {
-		c := &t.changed.vals[i]
+	if i, found := t.r.changes.find(id); found {
+		c := &t.r.changes.vals[i]
 		c.Deleted = deleted
 		c.LoadOnly = c.LoadOnly && loadOnly
 		return
 	}
-	t.changed.add(id, Change{Revision: t.rev, WorkerID: id, Deleted: deleted, LoadOnly: loadOnly})
+	t.r.changes.add(id, Change{Revision: t.rev, WorkerID: id, Deleted: deleted, LoadOnly: loadOnly})
 }
 
 // Update runs fn in a write transaction. When fn returns nil and changed any
@@ -530,30 +528,29 @@ func (r *Registry) Update(fn func(*Txn) error) (uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gen++
-	t := &Txn{tables: r.cur, gen: r.gen, rev: r.revision + 1, committed: r.latest,
-		changed: &r.changes, written: &r.writes}
+	t := &Txn{tables: r.cur, r: r, gen: r.gen, rev: r.revision + 1}
 	defer r.changes.reset() // after the history took copies
 	defer r.writes.reset()  // after latest took the records
 	if err := fn(t); err != nil {
 		return r.revision, err
 	}
 	r.cur = t.tables
-	r.latest.set(t.written.ids, t.written.vals)
+	r.latest.set(r.writes.ids, r.writes.vals)
 	// Publish, then wake: a reader takes its wake-up channel before its
 	// view, so it either sees this commit or holds a channel closed below.
 	// With no change routers see, the records may still have changed
 	// (evidence): readers get them under the same revision.
 	r.pub.Lock()
 	defer r.pub.Unlock()
-	if len(t.changed.ids) > 0 {
+	if len(r.changes.ids) > 0 {
 		r.revision = t.rev
 	}
 	r.view.Store(&Snapshot{Revision: r.revision, tables: r.cur})
-	if len(t.changed.ids) == 0 {
+	if len(r.changes.ids) == 0 {
 		return r.revision, nil
 	}
 	routed := false
-	for _, c := range t.changed.vals {
+	for _, c := range r.changes.vals {
 		r.history.add(c)
 		if !c.LoadOnly {
 			r.routing.add(c)
