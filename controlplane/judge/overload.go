@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // The gateway overload flags, as the spec names them, and their defaults.
@@ -129,23 +130,14 @@ func (r OverloadReason) String() string {
 		return "no thresholds"
 	}
 	tripped := r.WaitingTripped || r.TokenUsageTripped
-	var b []byte
+	var parts []string
 	if r.WaitingThreshold > 0 && (!tripped || r.WaitingTripped) {
-		b = append(b, "waiting_requests "...)
-		b = strconv.AppendInt(b, r.Waiting, 10)
-		b = append(b, compare(r.WaitingTripped)...)
-		b = strconv.AppendInt(b, r.WaitingThreshold, 10)
+		parts = append(parts, "waiting_requests "+itoa(r.Waiting)+compare(r.WaitingTripped)+itoa(r.WaitingThreshold))
 	}
 	if r.TokenUsageThreshold > 0 && (!tripped || r.TokenUsageTripped) {
-		if len(b) > 0 {
-			b = append(b, ", "...)
-		}
-		b = append(b, "token_usage "...)
-		b = strconv.AppendFloat(b, r.TokenUsage, 'g', -1, 64)
-		b = append(b, compare(r.TokenUsageTripped)...)
-		b = strconv.AppendFloat(b, r.TokenUsageThreshold, 'g', -1, 64)
+		parts = append(parts, "token_usage "+formatFloat(r.TokenUsage)+compare(r.TokenUsageTripped)+formatFloat(r.TokenUsageThreshold))
 	}
-	return string(b)
+	return strings.Join(parts, ", ")
 }
 
 func compare(tripped bool) string {
