@@ -619,7 +619,10 @@ type ProxyRatio struct {
 // busy fraction whatever ran on it.
 type ProxyUse struct {
 	ProxyCores, RestCores float64
-	CPUBusy               []float64
+	// ProxyPerRequest and RestPerRequest are the CPU µs a request takes on
+	// each side: which CPU a quiet box would fill first.
+	ProxyPerRequest, RestPerRequest float64
+	CPUBusy                         []float64
 }
 
 // Ratios pairs each smg run with the nginx run of the same pair, mode and
@@ -675,13 +678,14 @@ func (rep *ProxyReport) ratio(mode, placement string) (ProxyRatio, bool) {
 	r.CPURatioMin, r.CPURatioMax = slices.Min(cpuR), slices.Max(cpuR)
 	r.RPSRatioMin, r.RPSRatioMax = slices.Min(rpsR), slices.Max(rpsR)
 	for _, proxy := range []string{"nginx", "smg"} {
-		var pc, rc []float64
+		var pc, rc, pr, rr []float64
 		var busy [][]float64
 		for _, run := range paired {
 			if run.Proxy != proxy {
 				continue
 			}
 			pc, rc = append(pc, run.ProxyCores()), append(rc, run.RestCores())
+			pr, rr = append(pr, run.CPUPerRequest()), append(rr, run.RestCPUSeconds*1e6/float64(max(run.Requests, 1)))
 			for i, b := range run.CPUBusy {
 				for len(busy) <= i {
 					busy = append(busy, nil)
@@ -689,7 +693,7 @@ func (rep *ProxyReport) ratio(mode, placement string) (ProxyRatio, bool) {
 				busy[i] = append(busy[i], b)
 			}
 		}
-		u := ProxyUse{ProxyCores: median(pc), RestCores: median(rc)}
+		u := ProxyUse{ProxyCores: median(pc), RestCores: median(rc), ProxyPerRequest: median(pr), RestPerRequest: median(rr)}
 		for _, b := range busy {
 			u.CPUBusy = append(u.CPUBusy, median(b))
 		}
@@ -733,11 +737,13 @@ func WriteProxyTable(w *bytes.Buffer, rep *ProxyReport) {
 	if len(cpus) < 2 {
 		return
 	}
-	fmt.Fprintf(w, "\nWhat bounds req/s: each proxy's CPU time and the engines' and wrk's over the run's length (cores), "+
+	fmt.Fprintf(w, "\nWhat bounds req/s: each proxy's CPU time and the engines' and wrk's, over the run's length (cores) and per request (µs), "+
 		"and each CPU's busy fraction whatever ran on it (/proc/stat, other jobs included); medians over the pairs. "+
-		"In %s, CPU %d runs wrk and the engines and CPU %d the proxy.\n\n", PlacementOwnCPU, cpus[0], cpus[1])
-	fmt.Fprintf(w, "| load | placement | proxy | req/s | proxy (cores) | engines + wrk (cores) | CPU %d busy | CPU %d busy | bound by |\n", cpus[0], cpus[1])
-	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|\n")
+		"In %s, CPU %d runs wrk and the engines and CPU %d the proxy: the CPU its own processes fill bounds req/s; "+
+		"where other jobs fill both, the side that needs more µs per request is the one a quiet box fills first (by demand).\n\n",
+		PlacementOwnCPU, cpus[0], cpus[1])
+	fmt.Fprintf(w, "| load | placement | proxy | req/s | proxy (cores) | engines + wrk (cores) | proxy µs/request | engines + wrk µs/request | CPU %d busy | CPU %d busy | bound by |\n", cpus[0], cpus[1])
+	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		for _, proxy := range []string{"nginx", "smg"} {
 			u := r.Use[proxy]
@@ -745,8 +751,9 @@ func WriteProxyTable(w *bytes.Buffer, rep *ProxyReport) {
 			if proxy == "smg" {
 				rps = r.SMGRPS
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %.0f | %.2f | %.2f | %.0f%% | %.0f%% | %s |\n", modeLabel(r.Mode), r.Placement, proxy, rps,
-				u.ProxyCores, u.RestCores, 100*busyOf(u, cpus[0]), 100*busyOf(u, cpus[1]), boundBy(r.Placement, u, busyOf(u, cpus[0]), busyOf(u, cpus[1])))
+			fmt.Fprintf(w, "| %s | %s | %s | %.0f | %.2f | %.2f | %.1f | %.1f | %.0f%% | %.0f%% | %s |\n", modeLabel(r.Mode), r.Placement, proxy, rps,
+				u.ProxyCores, u.RestCores, u.ProxyPerRequest, u.RestPerRequest, 100*busyOf(u, cpus[0]), 100*busyOf(u, cpus[1]),
+				boundBy(r.Placement, u, busyOf(u, cpus[0]), busyOf(u, cpus[1])))
 		}
 	}
 }
@@ -769,8 +776,9 @@ func busyOf(u ProxyUse, cpu int) float64 {
 const fullCPU = 0.9
 
 // boundBy names what bounds a closed loop's req/s in a placement: the CPU
-// its own processes fill, else a CPU other jobs fill with them. In the
-// shared placement everything takes from the same cores.
+// its own processes fill; where other jobs fill a CPU too, the side that
+// needs more CPU per request (a quiet box fills it first). In the shared
+// placement everything takes from the same cores.
 func boundBy(placement string, u ProxyUse, restBusy, proxyBusy float64) string {
 	switch {
 	case placement != PlacementOwnCPU:
@@ -779,14 +787,12 @@ func boundBy(placement string, u ProxyUse, restBusy, proxyBusy float64) string {
 		return "the proxy's CPU"
 	case u.RestCores >= fullCPU:
 		return "the engines' CPU"
-	case restBusy >= fullCPU && proxyBusy >= fullCPU:
-		return "both CPUs, with other jobs"
-	case restBusy >= fullCPU:
-		return "the engines' CPU, with other jobs"
-	case proxyBusy >= fullCPU:
-		return "the proxy's CPU, with other jobs"
+	case restBusy < fullCPU && proxyBusy < fullCPU:
+		return "neither CPU full"
+	case u.RestPerRequest >= u.ProxyPerRequest:
+		return "the engines' CPU, by demand (other jobs on the CPUs)"
 	}
-	return "neither CPU full"
+	return "the proxy's CPU, by demand (other jobs on the CPUs)"
 }
 
 // PublishProxy writes the table and the profiles into docs/benchmarks.md.

@@ -106,9 +106,10 @@ func TestBoundBy(t *testing.T) {
 		{PlacementShared, ProxyUse{ProxyCores: 1.2, RestCores: 0.8}, 1, 1, "the shared cores"},
 		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.97, RestCores: 0.95}, 1, 1, "the proxy's CPU"},
 		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.6, RestCores: 0.96}, 1, 0.6, "the engines' CPU"},
-		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.6, RestCores: 0.7}, 0.95, 0.6, "the engines' CPU, with other jobs"},
-		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.6, RestCores: 0.7}, 0.7, 0.95, "the proxy's CPU, with other jobs"},
-		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.2, RestCores: 0.4}, 1, 1, "both CPUs, with other jobs"},
+		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.2, RestCores: 0.4, ProxyPerRequest: 40, RestPerRequest: 100}, 1, 1,
+			"the engines' CPU, by demand (other jobs on the CPUs)"},
+		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.4, RestCores: 0.4, ProxyPerRequest: 100, RestPerRequest: 90}, 0.95, 0.6,
+			"the proxy's CPU, by demand (other jobs on the CPUs)"},
 		{PlacementOwnCPU, ProxyUse{ProxyCores: 0.6, RestCores: 0.7}, 0.7, 0.6, "neither CPU full"},
 	} {
 		if got := boundBy(c.placement, c.u, c.restBusy, c.proxyBusy); got != c.want {

@@ -38,7 +38,7 @@ func main() {
 		"run one smg agent covering every engine, polling each this often (0: the control plane polls over HTTP)")
 	only := fs.String("configs", "", "overload, objectives, tenants: comma-separated configurations to run (empty: all; with --suite overload, only the overload scenario runs, in the order named; name@secs: that configuration with --worker-admission-wait-secs secs)")
 	loads := fs.String("loads", "", "overload, objectives: comma-separated multiples of capacity (empty: 0.5,1,1.5,2; objectives 1,2,4)")
-	replot := fs.Bool("republish", false, "overload, objectives: rewrite the docs tables and plots from the last full run's overload.json (objectives.json) in --raw, without running")
+	replot := fs.Bool("republish", false, "overload, objectives, proxy: rewrite the docs tables and plots from the last full run's overload.json (objectives.json, proxy.json) in --raw, without running")
 	tuned := fs.Int("tuned-waiting", 0, "overload: waiting-requests ceiling of shed-tuned (0: the benchmark's choice)")
 	windowWait := fs.String("window-wait", "", "overload: --worker-admission-wait-secs of every window configuration instead of the benchmark's")
 	capacity := fs.Float64("capacity", 0, "overload: fleet capacity in req/s instead of calibrating (output tokens/s follow from the mean length)")
@@ -79,6 +79,8 @@ func main() {
 	switch {
 	case *replot && *which == "objectives":
 		err = republishObjectives(s)
+	case *replot && *which == "proxy":
+		err = republishProxy(s)
 	case *replot:
 		err = republish(s)
 	case *which == "overload":
@@ -150,13 +152,18 @@ func runObjectives(ctx context.Context, s *suite.Suite) error {
 	return s.PublishObjectives(rep)
 }
 
-func republishObjectives(s *suite.Suite) error {
-	b, err := os.ReadFile(filepath.Join(s.RawDir, "objectives.json"))
+// readRaw reads a full run's results from --raw's name.
+func readRaw(s *suite.Suite, name string, v any) error {
+	b, err := os.ReadFile(filepath.Join(s.RawDir, name))
 	if err != nil {
 		return err
 	}
+	return json.Unmarshal(b, v)
+}
+
+func republishObjectives(s *suite.Suite) error {
 	var rep suite.ObjectiveReport
-	if err := json.Unmarshal(b, &rep); err != nil {
+	if err := readRaw(s, "objectives.json", &rep); err != nil {
 		return err
 	}
 	if err := plotObjectives(&rep, filepath.Join(s.DocsDir, "img")); err != nil {
@@ -189,12 +196,8 @@ func publishOverload(s *suite.Suite, rep *suite.OverloadReport) error {
 }
 
 func republish(s *suite.Suite) error {
-	b, err := os.ReadFile(filepath.Join(s.RawDir, "overload.json"))
-	if err != nil {
-		return err
-	}
 	var rep suite.OverloadReport
-	if err := json.Unmarshal(b, &rep); err != nil {
+	if err := readRaw(s, "overload.json", &rep); err != nil {
 		return err
 	}
 	return publishOverload(s, &rep)
@@ -215,6 +218,14 @@ func runProxy(ctx context.Context, s *suite.Suite, o suite.ProxyOptions) error {
 		return nil
 	}
 	return s.PublishProxy(rep)
+}
+
+func republishProxy(s *suite.Suite) error {
+	var rep suite.ProxyReport
+	if err := readRaw(s, "proxy.json", &rep); err != nil {
+		return err
+	}
+	return s.PublishProxy(&rep)
 }
 
 func runFaults(ctx context.Context, s *suite.Suite) error {
