@@ -25,7 +25,7 @@ import (
 )
 
 // BenchmarkReport measures one report's ingestion as an agent pushes it:
-// protobuf decode of the EngineLoad, the overload verdict and the memdb
+// protobuf decode of the EngineLoad, the overload verdict and the registry
 // commit, over a registry of 1,000 workers. reports/s = 1e9 / ns_per_op.
 func BenchmarkReport(b *testing.B) {
 	reg, ids, wires := benchFleet(b)
