@@ -3,6 +3,7 @@ package cluster
 import (
 	"cmp"
 	"context"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -81,8 +82,8 @@ func (n *Node) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, l
 		_ = grpc.SetHeader(ctx, metadata.Pairs(MDStale, "true"))
 		return local(ctx, req)
 	}
-	forwarded := first(md, mdForwarded) != ""
-	if !write && first(md, MDRead) == "local" {
+	forwarded := len(md.Get(mdForwarded)) > 0
+	if !write && slices.Contains(md.Get(MDRead), "local") {
 		if _, ok := n.Leading(); ok {
 			return local(ctx, req)
 		}
@@ -157,13 +158,6 @@ func newResponse(method string) (proto.Message, error) {
 		}
 	}
 	return nil, status.Errorf(codes.Internal, "no response type for %s", method)
-}
-
-func first(md metadata.MD, k string) string {
-	if v := md.Get(k); len(v) > 0 {
-		return v[0]
-	}
-	return ""
 }
 
 // Stream serves RouteLocal streams here and RouteLeader streams on the
