@@ -265,19 +265,15 @@ func RestoreDurable(reg *registry.Registry, resolve ThresholdResolver, d *Durabl
 				t.Delete(w.ID)
 			}
 		}
-		jobs := map[string]bool{}
+		for _, j := range t.Jobs() { // jobs hold no soft state: d's replace them all
+			t.DeleteJob(j.WorkerID)
+		}
 		for _, dj := range d.Jobs {
 			spec := &smgv1.WorkerSpec{}
 			if err := proto.Unmarshal(dj.Spec, spec); err != nil {
 				return fmt.Errorf("job %s: spec: %w", dj.WorkerID, err)
 			}
-			jobs[dj.WorkerID] = true
 			t.PutJob(&registry.Job{WorkerID: dj.WorkerID, URL: spec.GetUrl(), Kind: dj.Kind, State: dj.State, Message: dj.Message, UpdatedAt: dj.UpdatedAt, Spec: spec, Token: dj.Token})
-		}
-		for _, j := range t.Jobs() {
-			if !jobs[j.WorkerID] {
-				t.DeleteJob(j.WorkerID)
-			}
 		}
 		return nil
 	})
