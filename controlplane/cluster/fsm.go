@@ -113,10 +113,8 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("snapshot: %w", err)
 	}
 	f.mu.Lock()
-	f.members = s.Members
-	if f.members == nil {
-		f.members = map[string]Member{}
-	}
+	f.members = map[string]Member{}
+	maps.Copy(f.members, s.Members)
 	f.mu.Unlock()
 	return nil
 }

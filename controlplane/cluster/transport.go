@@ -116,11 +116,8 @@ func (s *streamLayer) checkMember(c *x509.Certificate) error {
 		return err
 	}
 	members := s.memberList()
-	if len(members) == 0 {
-		return nil
-	}
 	id, _ := tlsutil.IdentityOf(c)
-	if _, ok := members[id.Name]; !ok && id.Name != tlsutil.AnyName {
+	if _, ok := members[id.Name]; len(members) > 0 && !ok && id.Name != tlsutil.AnyName {
 		return fmt.Errorf("control plane %q is not a member of this cluster (members: %s)", id.Name, formatPeers(members))
 	}
 	return nil
