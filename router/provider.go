@@ -17,7 +17,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/smg-project/smg/internal/h1client"
 	"github.com/smg-project/smg/internal/secretref"
 )
 
@@ -179,18 +178,13 @@ func (r *Router) upstreamRequest(in *http.Request, wk *Worker, st *workerState, 
 	}
 	// Built as the client's upstream writes it: the context goes to the
 	// round trip, the body is read again by a retry on a fresh connection.
-	// The request, its URL and its body are one allocation; the client's
-	// header is forwarded as it is written, not copied.
+	// The request, its URL and its body are one allocation.
 	o := &outRequest{u: u}
 	o.body.b = body
 	o.body.rewind()
-	o.body.fwd = &forwardPlain
-	if wk.APIKey != "" {
-		o.fwd = h1client.Forward{Skip: skipForwardedKeyed, Add: []string{hopHeader, hopValue[0], "Authorization", "Bearer " + wk.APIKey}}
-		o.body.fwd = &o.fwd
-	}
-	o.req = http.Request{Method: http.MethodPost, URL: &o.u, Host: u.Host, Header: in.Header,
+	o.req = http.Request{Method: http.MethodPost, URL: &o.u, Host: u.Host, Header: make(http.Header, len(in.Header)+2),
 		Body: &o.body, ContentLength: int64(len(body))}
+	copyRequestHeaders(o.req.Header, in.Header, wk.APIKey)
 	return &o.req, nil
 }
 
@@ -199,7 +193,6 @@ type outRequest struct {
 	req  http.Request
 	u    url.URL
 	body rewindBody
-	fwd  h1client.Forward // a worker with an api_key's
 }
 
 // roundTripTo sends one attempt to wk. A provider's answer must start

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/smg-project/smg/internal/enginegrpc"
-	"github.com/smg-project/smg/internal/h1client"
 	"github.com/smg-project/smg/internal/identity"
 	"github.com/smg-project/smg/internal/netfail"
 	"github.com/smg-project/smg/router/admission"
@@ -102,14 +101,6 @@ func (r *Router) readRequest(w http.ResponseWriter, req *http.Request, f *reques
 	return body, 0
 }
 
-// servedRequest is a request's parsed fields, its routing state and its
-// context, which the calls serveProxy makes keep pointers to.
-type servedRequest struct {
-	f  requestFields
-	q  request
-	rc reqCtx
-}
-
 // serveProxy admits, parses, selects, dispatches (with retries) and streams
 // the answer back. It returns the status sent, for metrics.
 func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
@@ -127,12 +118,11 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 	// Under the scheduler with fleet capacity the door admits by model, so
 	// the body is read first; otherwise a refusal at the door reads none.
 	var body []byte
-	sr := new(servedRequest) // what outlives this frame: one allocation
-	f, q := &sr.f, &sr.q
+	var f requestFields
 	byModel := r.sched != nil && r.schedFromFleet
 	if byModel {
 		var status int
-		if body, status = r.readRequest(w, req, f); body == nil {
+		if body, status = r.readRequest(w, req, &f); body == nil {
 			return status
 		}
 	}
@@ -147,7 +137,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		var borrow func(admission.Class, string) bool
 		if byModel && r.gating() && len(r.handoff.peers) > 0 {
 			borrow = func(class admission.Class, tenant string) bool {
-				need, tokens := r.roomClaim(f)
+				need, tokens := r.roomClaim(&f)
 				lent = r.handoff.borrowFor(req.Context(), f.Model, need, tokens, tenant, class)
 				return lent != nil
 			}
@@ -161,13 +151,12 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 	}
 	if !byModel {
 		var status int
-		if body, status = r.readRequest(w, req, f); body == nil {
+		if body, status = r.readRequest(w, req, &f); body == nil {
 			return status
 		}
 	}
 
-	rc := &sr.rc
-	r.initReqCtx(rc, req.Context())
+	rc := r.newReqCtx(req.Context())
 	defer rc.end()
 	roomWait := time.Duration(r.opts.WorkerAdmissionWaitSecs * float64(time.Second))
 	if ticket != nil {
@@ -178,7 +167,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		// pool waits by its class's rules.
 		roomWait = r.sched.Config().Classes[ticket.Class()].QueueTimeout
 	}
-	*q = request{model: f.Model, prompt: f.prompt(), class: ticket.Class()}
+	q := request{model: f.Model, prompt: f.prompt(), class: ticket.Class()}
 	if vv := req.Header[r.keyField]; len(vv) > 0 {
 		q.key = vv[0]
 	}
@@ -206,7 +195,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 				if ticket != nil && !ticket.Start() {
 					return writePreempted(w) // PD requests are not preempted once routed
 				}
-				return r.servePD(rc.get(), w, req, v, pp, body, f, q)
+				return r.servePD(rc.get(), w, req, v, pp, body, &f, &q)
 			}
 		}
 		p := v.all
@@ -219,13 +208,13 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		}
 		q.now = r.now()
 		if r.gating() {
-			q.need, _ = batchSize(f)
+			q.need, _ = batchSize(&f)
 			if r.tooWideEverywhere(v, p, q.need) {
 				return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
 			}
 		}
 		if r.opts.WorkerTokenBudget {
-			output := expectedOutput(f, int64(r.opts.WorkerTokenBudgetOutputTokens))
+			output := expectedOutput(&f, int64(r.opts.WorkerTokenBudgetOutputTokens))
 			q.tokens = requestTokens(promptTokens, output, q.need)
 			if budget, ok := r.tooManyTokensEverywhere(v, p, q.tokens); ok {
 				return r.refuseContextLength(w, f.Model, promptTokens, output, q.tokens, budget)
@@ -233,9 +222,9 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		}
 		wait, objWait := roomWait, false // objWait: the objective ends the wait
 		if q.ttftBy != 0 {
-			verdict, bound, retry := r.objectiveGate(v, p, q)
+			verdict, bound, retry := r.objectiveGate(v, p, &q)
 			if verdict == admission.ObjectiveRefuse {
-				return r.refuseObjective(w, q, f.Model, retry)
+				return r.refuseObjective(w, &q, f.Model, retry)
 			}
 			// The operator's wait bounds the objective's too: with 0 a
 			// request no worker with room meets now is refused at once.
@@ -254,18 +243,18 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		}
 		spilled := false
 		if borrowed == nil {
-			i, out = r.sel.choose(v, p, q, r.opts.WorkerOverloadShed)
+			i, out = r.sel.choose(v, p, &q, r.opts.WorkerOverloadShed)
 			if r.spill != nil {
-				i, out, spilled = r.spillOver(v, p, i, out, q, body, promptTokens)
+				i, out, spilled = r.spillOver(v, p, i, out, &q, body, promptTokens)
 			}
 		}
 		if out == full && q.need == 0 && !spilled { // no window to wait in: only an objective leaves none that meets it
-			_, _, retry := r.objectiveGate(v, p, q)
-			return r.refuseObjective(w, q, f.Model, retry)
+			_, _, retry := r.objectiveGate(v, p, &q)
+			return r.refuseObjective(w, &q, f.Model, retry)
 		}
 		if q.need > 0 && !spilled && borrowed == nil {
 			waitFrom := r.clock()
-			g, res := r.acquireRoomAfter(rc.get(), v, p, i, out, f.Model, false, q, wait)
+			g, res := r.acquireRoomAfter(rc.get(), v, p, i, out, f.Model, false, &q, wait)
 			if res != admission.RoomAtOnce {
 				r.wm.wait.Observe(r.clock().Sub(waitFrom).Seconds())
 			}
@@ -278,11 +267,11 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 			case admission.RoomShed, admission.RoomQueueFull:
 				if objWait {
 					q.now = r.now()
-					_, _, retry := r.objectiveGate(v, p, q)
-					return r.refuseObjective(w, q, f.Model, retry)
+					_, _, retry := r.objectiveGate(v, p, &q)
+					return r.refuseObjective(w, &q, f.Model, retry)
 				}
-				if g, borrowed = r.borrowRoom(rc.get(), f.Model, q); borrowed == nil {
-					r.noteBudgetShed(f.Model, q)
+				if g, borrowed = r.borrowRoom(rc.get(), f.Model, &q); borrowed == nil {
+					r.noteBudgetShed(f.Model, &q)
 					return r.writeWindowShed(w, f.Model, StageAdmissionWindow, r.wm.sheds)
 				}
 			case admission.RoomTooWide:
@@ -687,24 +676,11 @@ var hopHeaders = map[string]bool{
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
-// skipForwarded names the client's header fields not forwarded to an
-// engine: hop-by-hop ones, the framing and the loop mark the router sets.
-func skipForwarded(k string) bool {
-	return hopHeaders[k] || k == "Content-Length" || k == "Host" || k == hopHeader
-}
-
-// skipForwardedKeyed is skipForwarded for a worker registered with an
-// api_key, which gets it as the bearer token instead of the client's.
-func skipForwardedKeyed(k string) bool { return skipForwarded(k) || k == "Authorization" }
-
-// forwardPlain forwards the client's header to a worker without an api_key.
-var forwardPlain = h1client.Forward{Skip: skipForwarded, Add: []string{hopHeader, hopValue[0]}}
-
 // copyRequestHeaders forwards the client's headers; a worker registered with
 // an api_key gets it as the bearer token instead of the client's.
 func copyRequestHeaders(dst, src http.Header, apiKey string) {
 	for k, vv := range src {
-		if skipForwarded(k) {
+		if hopHeaders[k] || k == "Content-Length" || k == "Host" {
 			continue
 		}
 		dst[k] = vv

@@ -696,8 +696,8 @@ type reqCtx struct {
 	cancel   context.CancelFunc
 }
 
-func (r *Router) initReqCtx(c *reqCtx, parent context.Context) {
-	*c = reqCtx{r: r, parent: parent, deadline: time.Now().Add(time.Duration(r.opts.RequestTimeoutSecs) * time.Second)}
+func (r *Router) newReqCtx(parent context.Context) *reqCtx {
+	return &reqCtx{r: r, parent: parent, deadline: time.Now().Add(time.Duration(r.opts.RequestTimeoutSecs) * time.Second)}
 }
 
 // get is the request's context, made at the first call.

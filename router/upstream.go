@@ -129,8 +129,7 @@ func (u *upstream) RoundTrip(ctx context.Context, req *http.Request, deadline ti
 // upstream writes its bytes as they are.
 type rewindBody struct {
 	bytes.Reader
-	b   []byte
-	fwd *h1client.Forward // the request forwards its client's header so (nil: its Header as it is)
+	b []byte
 }
 
 func newRewindBody(b []byte) *rewindBody {
@@ -159,14 +158,13 @@ func (u *upstream) send(ctx context.Context, pc *upConn, req *http.Request, dead
 	}
 	fail := func(err error) (*http.Response, error) { b.unhook(); return nil, err }
 	var inMemory []byte
-	var fwd *h1client.Forward
 	if rb, ok := req.Body.(*rewindBody); ok {
-		inMemory, fwd = rb.b, rb.fwd
+		inMemory = rb.b
 		if inMemory == nil {
 			inMemory = []byte{}
 		}
 	}
-	if err := h1client.WriteForwarded(pc.bw, req, inMemory, fwd); err != nil {
+	if err := h1client.WriteRequest(pc.bw, req, inMemory); err != nil {
 		return fail(nothingRead(err))
 	}
 	pc.sw.Hold()

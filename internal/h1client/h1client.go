@@ -44,19 +44,6 @@ var (
 // nil, stands for req.Body's bytes already in memory), chunked when it does
 // not. Header names and values are checked as net/http checks them.
 func WriteRequest(bw *bufio.Writer, req *http.Request, body []byte) error {
-	return WriteForwarded(bw, req, body, nil)
-}
-
-// Forward shapes the header fields WriteForwarded writes from req.Header:
-// a proxy forwards its client's header without copying it.
-type Forward struct {
-	Skip func(name string) bool // req.Header's fields left out, by canonical name
-	Add  []string               // name, value pairs written after req.Header's
-}
-
-// WriteForwarded is WriteRequest with req.Header's fields shaped by fwd
-// (nil: as they are).
-func WriteForwarded(bw *bufio.Writer, req *http.Request, body []byte, fwd *Forward) error {
 	host := req.Host
 	if host == "" {
 		host = req.URL.Host
@@ -79,28 +66,20 @@ func WriteForwarded(bw *bufio.Writer, req *http.Request, body []byte, fwd *Forwa
 		switch k {
 		case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
 			continue // framing is this writer's
-		}
-		if fwd != nil && fwd.Skip != nil && fwd.Skip(k) {
-			continue
-		}
-		if k == "User-Agent" {
+		case "User-Agent":
 			ua = true
 		}
 		if !httpguts.ValidHeaderFieldName(k) {
 			return fmt.Errorf("%w: header field name %q", errInvalidRequest, k)
 		}
 		for _, v := range vv {
-			if err := writeField(bw, k, v); err != nil {
-				return err
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return fmt.Errorf("%w: header field value for %q", errInvalidRequest, k)
 			}
-		}
-	}
-	if fwd != nil {
-		for i := 0; i+1 < len(fwd.Add); i += 2 {
-			if err := writeField(bw, fwd.Add[i], fwd.Add[i+1]); err != nil {
-				return err
-			}
-			ua = ua || fwd.Add[i] == "User-Agent"
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			bw.WriteString(h1wire.TrimOWSString(v))
+			bw.WriteString("\r\n")
 		}
 	}
 	if !ua {
@@ -124,7 +103,8 @@ func WriteForwarded(bw *bufio.Writer, req *http.Request, body []byte, fwd *Forwa
 		}
 		if n > 0 || method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch {
 			bw.WriteString("Content-Length: ")
-			bw.Write(strconv.AppendInt(bw.AvailableBuffer(), n, 10))
+			var num [20]byte
+			bw.Write(strconv.AppendInt(num[:0], n, 10))
 			bw.WriteString("\r\n")
 		}
 		bw.WriteString("\r\n")
@@ -272,17 +252,7 @@ func (p *Parser) addField(start, end int) error {
 // the status and every header value cut from it.
 func (p *Parser) build(statusEnd int, req *http.Request) (*http.Response, error) {
 	s := string(p.head)
-	// The answer and its header values are one allocation when the fields
-	// are few, as an engine's are.
-	var vals []string
-	var resp *http.Response
-	if len(p.fields) <= len(respWithValues{}.vals) {
-		rv := &respWithValues{}
-		resp, vals = &rv.resp, rv.vals[:len(p.fields)]
-	} else {
-		resp, vals = &http.Response{}, make([]string, len(p.fields))
-	}
-	*resp = http.Response{Proto: "HTTP/1.0", ProtoMajor: 1, ProtoMinor: p.minor, StatusCode: p.code, Status: s[9:statusEnd], Request: req}
+	resp := &http.Response{Proto: "HTTP/1.0", ProtoMajor: 1, ProtoMinor: p.minor, StatusCode: p.code, Status: s[9:statusEnd], Request: req}
 	if p.minor == 1 {
 		resp.Proto = "HTTP/1.1"
 	}
@@ -290,6 +260,7 @@ func (p *Parser) build(statusEnd int, req *http.Request) (*http.Response, error)
 		resp.Status = resp.Status[:3]
 	}
 	resp.Header = make(http.Header, len(p.fields))
+	vals := make([]string, len(p.fields))
 	for i, f := range p.fields {
 		key, ok := h1wire.CommonKey(p.head[f.name:f.nameEnd])
 		if !ok {
@@ -303,27 +274,6 @@ func (p *Parser) build(statusEnd int, req *http.Request) (*http.Response, error)
 		}
 	}
 	return resp, nil
-}
-
-// writeField writes one header field, checked as net/http checks it.
-func writeField(bw *bufio.Writer, k, v string) error {
-	if !httpguts.ValidHeaderFieldName(k) {
-		return fmt.Errorf("%w: header field name %q", errInvalidRequest, k)
-	}
-	if !httpguts.ValidHeaderFieldValue(v) {
-		return fmt.Errorf("%w: header field value for %q", errInvalidRequest, k)
-	}
-	bw.WriteString(k)
-	bw.WriteString(": ")
-	bw.WriteString(h1wire.TrimOWSString(v))
-	bw.WriteString("\r\n")
-	return nil
-}
-
-// respWithValues holds an answer and the values of its header fields.
-type respWithValues struct {
-	resp http.Response
-	vals [8]string
 }
 
 // parseStatusLine reads "HTTP/1.x SSS[ reason]".
