@@ -279,3 +279,26 @@ func TestBorrowPanicLeavesSchedulerWhole(t *testing.T) {
 		}
 	})
 }
+
+// A lent room's holding time is the borrower's to count: a loan the
+// borrower closes at once (it took another peer's first) is no answer
+// here. Otherwise that instant would be this router's mean holding time,
+// and a flood's first holding time (its newcomer headroom) would end after
+// it: here the flood stays held to half of 8 for its first second.
+func TestSpareLoanIsNoHoldingTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newTest(t, newcomerCfg(), 8)
+		lent, r := s.Lend(Default, "auth:steady", "")
+		if r != Admitted {
+			t.Fatalf("lend: result %d, want admitted", r)
+		}
+		time.Sleep(5 * time.Millisecond)
+		lent.Release() // the borrower took another peer's room
+		time.Sleep(time.Second)
+		flood, refused := arriveEvery(t, s, "auth:flood", 20, 10*time.Millisecond)
+		if len(flood) != 4 || refused != 16 {
+			t.Fatalf("young flood after a spare loan: %d admitted, %d refused, want 4 and 16", len(flood), refused)
+		}
+		releaseAll(flood)
+	})
+}

@@ -22,6 +22,7 @@ type Ticket struct {
 	admitted time.Time     // when it took its slot
 	elem     *list.Element // in s.running[class] while it holds the slot; guarded by s.mu
 	borrowed bool          // a peer router's room: holds no slot here
+	lent     bool          // this router's room lent to a peer (Lend)
 	// state decides, with one compare-and-swap, "first byte sent" against
 	// "chosen as victim".
 	state     atomic.Int32
@@ -122,10 +123,16 @@ func (t *Ticket) Release() {
 	s.dropLocked(t)
 	s.completions.Add(1)
 	now := s.cfg.Now()
-	s.demand[t.class].held(now.Sub(t.admitted))
-	s.answers.held(now.Sub(t.admitted))
-	if t.tenant != nil {
-		t.tenant.use.held(now.Sub(t.admitted))
+	// A lent room's holding time is the borrower's to count (its borrowed
+	// ticket does): a loan the borrower closed at once, having taken
+	// another peer's, held it for an instant and would drag every holding
+	// time here down.
+	if !t.lent {
+		s.demand[t.class].held(now.Sub(t.admitted))
+		s.answers.held(now.Sub(t.admitted))
+		if t.tenant != nil {
+			t.tenant.use.held(now.Sub(t.admitted))
+		}
 	}
 	s.refreshReservedLocked(now)
 	s.dispatchLocked()

@@ -183,6 +183,7 @@ func (s *Scheduler) Lend(c Class, tenant, pool string) (*Ticket, Result) {
 		return nil, QueueFull
 	}
 	t := s.admitLocked(c, ts, p)
+	t.lent = true
 	t.state.Store(ticketStarted)
 	s.publishLocked()
 	return t, Admitted
