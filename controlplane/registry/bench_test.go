@@ -10,15 +10,7 @@ import (
 // BenchmarkFlushTxn is one transaction storing 1,000 of 10,000 workers'
 // new loads, as a flush does.
 func BenchmarkFlushTxn(b *testing.B) {
-	r := New("e", 0)
-	ids := make([]string, 10000)
-	r.Update(func(tx *Txn) error {
-		for i := range ids {
-			ids[i] = fmt.Sprintf("worker-%05d", i)
-			tx.Insert(&Worker{Registered: Registered{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}}})
-		}
-		return nil
-	})
+	r, ids := registryOf(10000)
 	b.ReportAllocs()
 	round := 0
 	for b.Loop() {
@@ -36,15 +28,7 @@ func BenchmarkFlushTxn(b *testing.B) {
 
 // BenchmarkSnapshotGet is a search of the workers' tree at 10,000 workers.
 func BenchmarkSnapshotGet(b *testing.B) {
-	r := New("e", 0)
-	ids := make([]string, 10000)
-	r.Update(func(tx *Txn) error {
-		for i := range ids {
-			ids[i] = fmt.Sprintf("worker-%05d", i)
-			tx.Insert(&Worker{Registered: Registered{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}}})
-		}
-		return nil
-	})
+	r, ids := registryOf(10000)
 	s := r.Snapshot()
 	i := 0
 	for b.Loop() {
@@ -53,4 +37,18 @@ func BenchmarkSnapshotGet(b *testing.B) {
 			b.Fatal("missing")
 		}
 	}
+}
+
+// registryOf is a registry of n workers and their ids.
+func registryOf(n int) (*Registry, []string) {
+	r := New("e", 0)
+	ids := make([]string, n)
+	r.Update(func(tx *Txn) error {
+		for i := range ids {
+			ids[i] = fmt.Sprintf("worker-%05d", i)
+			tx.Insert(&Worker{Registered: Registered{ID: ids[i], Spec: &smgv1.WorkerSpec{Url: "http://" + ids[i]}}})
+		}
+		return nil
+	})
+	return r, ids
 }
