@@ -257,15 +257,27 @@ func (s *Scheduler) youngOverLocked(ts *tenantState, ds []TenantDemand, others m
 		}
 	}
 	part := waterLevel(float64(capacity), all) * ts.weight / float64(capacity)
-	// Whether it wants more than that on average: fleet-wide once relayed.
+	// Whether it wants more than that on average: fleet-wide once relayed,
+	// by more than the noise of its count (headroomSD standard deviations
+	// of a Poisson count). A mean from a stream's first second is that
+	// noisy, and each router counts the first holding time from the
+	// stream's first arrival there: a steady tenant near its share would be
+	// held to it on a router it reached late, in bursts its mean does not
+	// show. A flood's mean is past its share by many times the margin.
 	wants := ts.use.streamMean(now, prior) > part*float64(s.capacity)
 	if _, ok := others[ts.name]; ok {
 		for _, d := range ds {
 			if d.Tenant == ts.name {
-				wants = d.Mean > part*float64(capacity)
+				wants = d.Mean-headroomSD*math.Sqrt(d.Mean) > part*float64(capacity)
 			}
 		}
 	}
+	// Or its arrivals here came faster than its part of this router keeps
+	// busy, beyond the noise of their count: the relay lags a flood's
+	// onset (one taken at its first arrival on the other routers counts it
+	// as wanting nothing there), and until the next one the flood would
+	// take every slot here.
+	wants = wants || ts.use.onsetMean(now, prior) > part*float64(s.capacity)
 	// Held to it fleet-wide and, as the relay lags, on this router.
 	return wants && (float64(mine) >= max(1, math.Ceil(part*float64(capacity)-1e-9)) ||
 		float64(ts.inflight) >= max(1, math.Ceil(part*float64(s.capacity)-1e-9)))

@@ -112,3 +112,45 @@ func TestNewcomerHeadroomFleetWide(t *testing.T) {
 		releaseAll(flood)
 	})
 }
+
+// A stream the other routers have relayed for a while, wanting about its
+// newcomer share of the fleet (a third of 32 beside a flood and a tenant not
+// seen yet), reaches this router late: its first holding time here has just
+// begun, and its fleet-wide mean from a few arrivals (11.3 slots) is past
+// that share by less than the noise of its count. It is never held back by
+// the newcomer share: a burst of it takes what the flood leaves.
+func TestNewcomerShareBeyondNoise(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newTest(t, newcomerCfg(), 11)
+		s.SetFleetCapacity(32)
+		s.SetFleetTenants([]TenantDemand{
+			{Tenant: "auth:flood", Weight: 1, InFlight: 18, Demand: 86, Mean: 84},
+			{Tenant: "auth:steady", Weight: 1, InFlight: 10, Demand: 11, Mean: 10},
+		})
+		steady, refused := arriveEvery(t, s, "auth:steady", 4, 100*time.Millisecond)
+		if len(steady) != 4 || refused != 0 {
+			t.Fatalf("steady tenant near its newcomer share, young here: %d admitted, %d refused, want 4 and 0", len(steady), refused)
+		}
+		releaseAll(steady)
+	})
+}
+
+// The relay lags a flood's onset: one taken at its first arrivals on the
+// other routers carries a mean of nothing or next to nothing. Here the
+// flood is still held to its part of this router's capacity (half of 12)
+// once its arrivals here show its rate, instead of taking every slot until
+// the next relay says so fleet-wide.
+func TestNewcomerHeadroomRelayLagsOnset(t *testing.T) {
+	for _, mean := range []float64{0, 2.5} {
+		synctest.Test(t, func(t *testing.T) {
+			s := newTest(t, newcomerCfg(), 12)
+			s.SetFleetCapacity(32)
+			s.SetFleetTenants([]TenantDemand{{Tenant: "auth:flood", Weight: 1, InFlight: 2, Demand: 2, Mean: mean}})
+			flood, refused := arriveEvery(t, s, "auth:flood", 12, 25*time.Millisecond)
+			if len(flood) != 6 || refused != 6 {
+				t.Fatalf("young flood relayed with a mean of %.1f: %d admitted here, %d refused, want 6 (half of 12) and 6", mean, len(flood), refused)
+			}
+			releaseAll(flood)
+		})
+	}
+}

@@ -110,6 +110,31 @@ func (d *classDemand) streamMean(now time.Time, prior float64) float64 {
 	return later / (tau * span) * hold
 }
 
+// onsetMean is the slots a stream's arrivals since its first (that one
+// left out) would keep busy at the rate they came in at, over the time
+// since (not over at least one holding time, as streamMean), less
+// headroomSD standard deviations of their Poisson count; prior as in
+// streamMean. A flood shows its rate within a few arrivals; a steady
+// stream's few arrivals, however close together, show nothing sure (0).
+func (d *classDemand) onsetMean(now time.Time, prior float64) float64 {
+	d.decay(now)
+	hold := d.hold
+	if !d.ended {
+		hold = prior
+	}
+	tau := demandTau.Seconds()
+	elapsed := now.Sub(d.first).Seconds()
+	later := d.arrivals - math.Exp(-elapsed/tau)
+	if hold <= 0 || elapsed <= 0 || later <= 0 {
+		return 0
+	}
+	sure := later - headroomSD*math.Sqrt(later)
+	if sure <= 0 {
+		return 0
+	}
+	return sure / (tau * (1 - math.Exp(-elapsed/tau))) * hold
+}
+
 // streamSlots is streamMean plus sd standard deviations of a Poisson
 // arrival count, in whole slots (0 once the stream has gone quiet).
 func (d *classDemand) streamSlots(now time.Time, sd, prior float64) int64 {
