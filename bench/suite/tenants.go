@@ -229,7 +229,8 @@ func writeTenantTarget(w io.Writer, runs []TenantRun) {
 			refused, sent = refused+st.Shed, sent+st.Requests
 		}
 	}
-	if len(aloneP99) == 0 || len(floodP99) == 0 {
+	a, f := bench.PercentilesOf(alone), bench.PercentilesOf(flood)
+	if a.N == 0 || f.N == 0 {
 		return
 	}
 	var ratios []float64
@@ -238,18 +239,10 @@ func writeTenantTarget(w io.Writer, runs []TenantRun) {
 			ratios = append(ratios, floodP99[i]/aloneP99[i])
 		}
 	}
-	perRound := ""
+	fmt.Fprintf(w, "\nTarget: the steady tenant's p99 TTFT beside the flood within 1.2× of its value alone: %s against %s over all %d rounds' answers (%d and %d), %.2f×: %s. ",
+		msStr(f.P99), msStr(a.P99), len(floodP99), f.N, a.N, f.P99/a.P99, metStr(f.P99 <= 1.2*a.P99))
 	if len(ratios) > 0 {
-		perRound = fmt.Sprintf(" Per round: %.2f-%.2f× (median %.2f×).", slices.Min(ratios), slices.Max(ratios), median(ratios))
-	}
-	a, f := bench.PercentilesOf(alone), bench.PercentilesOf(flood)
-	if a.N == 0 || f.N == 0 { // a report written before the answers were kept
-		am, fm := median(aloneP99), median(floodP99)
-		fmt.Fprintf(w, "\nTarget: the steady tenant's p99 TTFT beside the flood within 1.2× of its value alone: %s against %s (medians over the rounds), %.2f×: %s.%s ",
-			msStr(fm), msStr(am), fm/am, metStr(fm <= 1.2*am), perRound)
-	} else {
-		fmt.Fprintf(w, "\nTarget: the steady tenant's p99 TTFT beside the flood within 1.2× of its value alone: %s against %s over all %d rounds' answers (%d and %d), %.2f×: %s.%s ",
-			msStr(f.P99), msStr(a.P99), len(floodP99), f.N, a.N, f.P99/a.P99, metStr(f.P99 <= 1.2*a.P99), perRound)
+		fmt.Fprintf(w, "Per round: %.2f-%.2f× (median %.2f×). ", slices.Min(ratios), slices.Max(ratios), median(ratios))
 	}
 	fmt.Fprintf(w, "Beside the flood with fair shares the steady tenant was refused %d times in %d requests.\n", refused, sent)
 }
