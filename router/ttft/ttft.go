@@ -10,14 +10,14 @@
 // time is what a first token waits beyond its prefill (the step under way,
 // the decodes of the requests beside it). When the samples' work is too
 // alike to tell the two apart, the rate goes through the origin and the
-// fixed time is one measured decode step.
+// fixed time is one and a half measured decode steps (see fallbackFixed).
 //
 // The rate is measured on requests, not read from the engine's prompt-token
 // counter: that counter moves with demand (an idle engine reads 0 tokens/s),
 // so it bounds the capacity from below and says nothing of it while the
 // engine is lightly loaded. A first token answered after prefilling W tokens
 // (its own plus those ahead of it when it was dispatched) in a time T is one
-// sample of the rate, W / (T - one step). The rate is the median of the
+// sample of the rate, W / (T - 1.5 steps). The rate is the median of the
 // latest samples: the work ahead comes partly from the control plane, a
 // fraction of a second behind, so a sample may count work already done (too
 // fast) or miss work just dispatched by another router (too slow); the
@@ -102,7 +102,8 @@ func Predict(ahead, own int64, rate float64, step time.Duration) time.Duration {
 
 // RateSample is the prefill rate one first token shows: work tokens (the
 // request's own plus those ahead of it at dispatch) prefilled in ttft, less
-// one decode step (its first token's), counting at least half of ttft as
+// step, the time beyond prefill (the estimator passes fallbackFixed of its
+// decode step), counting at least half of ttft as
 // prefill so a step estimate larger than ttft cannot make the rate infinite.
 func RateSample(work int64, ttft, step time.Duration) float64 {
 	if work <= 0 || ttft <= 0 {
@@ -196,7 +197,7 @@ func (e *Estimator) ObserveFirstToken(work int64, ttft time.Duration) {
 	if work <= 0 || ttft <= 0 {
 		return
 	}
-	rate := RateSample(work, ttft, e.published.Load().step)
+	rate := RateSample(work, ttft, fallbackFixed(e.published.Load().step))
 	if !(rate > 0) || math.IsInf(rate, 1) {
 		return
 	}
@@ -217,6 +218,13 @@ func (e *Estimator) ObserveFirstToken(work int64, ttft time.Duration) {
 	e.refit(t)
 	e.publish()
 }
+
+// fallbackFixed is the fixed time when no line is fitted, from the decode
+// step: a request arrives on average half-way through the step under way,
+// then waits for the step that sends its first token. One step alone missed
+// the half and under-predicted short prompts by about a third (measured on
+// the sim engines, where fitted lines put the fixed time at 1.3 steps).
+func fallbackFixed(step time.Duration) time.Duration { return step * 3 / 2 }
 
 // RefitEvery is how often at most the samples are fitted again.
 const RefitEvery = 20 * time.Millisecond
@@ -296,7 +304,7 @@ const fitMin = 8
 // and so over-predicts long prompts and under-predicts short ones. Medians
 // ignore the samples whose work ahead was stale. ok is false when the
 // samples' work is too alike to show a slope (uniform prompts: the rate
-// through the origin and one decode step serve then) or the slope is not
+// through the origin and fallbackFixed serve then) or the slope is not
 // positive.
 func (e *Estimator) fit() (slope, fixed float64, ok bool) {
 	n := len(e.samples)
@@ -503,5 +511,5 @@ func (e *Estimator) Predict(ahead, own int64) (time.Duration, Status) {
 	if est := e.published.Load(); est.fitted {
 		return Predict(ahead, own, rate, est.fixed), OK
 	}
-	return Predict(ahead, own, rate, e.Step()), OK
+	return Predict(ahead, own, rate, fallbackFixed(e.Step())), OK
 }

@@ -64,15 +64,15 @@ func TestEstimatorLearnsTheRateAndStep(t *testing.T) {
 		}
 		time.Sleep(10 * TimeConstant)
 		e.ObserveStep(10 * time.Millisecond)
-		// Work 2000 in 110 ms with a 10 ms step: 20000 tokens/s.
-		e.ObserveFirstToken(2000, 110*time.Millisecond)
+		// Work 2000 in 115 ms with a 10 ms step (15 ms fixed): 20000 tokens/s.
+		e.ObserveFirstToken(2000, 115*time.Millisecond)
 		rate, s := e.Rate()
 		if s != OK || math.Abs(rate-20000) > 1 {
 			t.Fatalf("rate = %v %v, want 20000 ok", rate, s)
 		}
-		// 3000 ahead + 1000 own at 20000/s + one 10 ms step.
-		if d, s := e.Predict(3000, 1000); s != OK || (d-210*time.Millisecond).Abs() > 10*time.Microsecond {
-			t.Fatalf("predict = %v %v, want 210ms ok", d, s)
+		// 3000 ahead + 1000 own at 20000/s + one and a half 10 ms steps.
+		if d, s := e.Predict(3000, 1000); s != OK || (d-215*time.Millisecond).Abs() > 10*time.Microsecond {
+			t.Fatalf("predict = %v %v, want 215ms ok", d, s)
 		}
 	})
 }
@@ -181,17 +181,18 @@ func TestEstimatorFitsAFixedTimeBesideTheRate(t *testing.T) {
 }
 
 // Prompts all of one length show no slope: the rate through the origin and
-// one decode step serve, as before any fit.
+// one and a half decode steps (half the step under way on average, then the
+// first token's) serve, as before any fit.
 func TestEstimatorWithoutSpreadFallsBackToTheStep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := New(time.Now)
 		e.ObserveStep(10 * time.Millisecond)
 		for range 2 * fitMin {
 			time.Sleep(100 * time.Millisecond)
-			e.ObserveFirstToken(1000, 60*time.Millisecond) // 1000 in 50 ms + one step
+			e.ObserveFirstToken(1000, 65*time.Millisecond) // 1000 in 50 ms + 1.5 steps
 		}
-		if d, s := e.Predict(1000, 1000); s != OK || (d-110*time.Millisecond).Abs() > time.Millisecond {
-			t.Fatalf("predict = %v %v, want 110ms ok", d, s)
+		if d, s := e.Predict(1000, 1000); s != OK || (d-115*time.Millisecond).Abs() > time.Millisecond {
+			t.Fatalf("predict = %v %v, want 115ms ok", d, s)
 		}
 	})
 }
