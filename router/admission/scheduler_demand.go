@@ -92,22 +92,31 @@ func (d *classDemand) mean(now, since time.Time) float64 {
 // And until one of its answers has ended, it assumes prior as the holding
 // time (0: no demand until then).
 func (d *classDemand) streamMean(now time.Time, prior float64) float64 {
-	d.decay(now)
-	hold := d.hold
-	if !d.ended {
-		hold = prior
-	}
-	if hold <= 0 || d.arrivals <= 0 {
+	later, elapsed, hold := d.stream(now, prior)
+	if later == 0 {
 		return 0
 	}
 	tau := demandTau.Seconds()
-	elapsed := max(now.Sub(d.first).Seconds(), 0)
-	later := d.arrivals - math.Exp(-elapsed/tau)
-	if later <= 0 {
-		return 0
-	}
 	span := 1 - math.Exp(-max(elapsed, hold)/tau)
 	return later / (tau * span) * hold
+}
+
+// stream is what streamMean and onsetMean measure a stream's rate from:
+// its arrivals since its first (that one left out; 0 when there are none,
+// or no holding time to weigh them by), the seconds since that first, and
+// the holding time (prior until one of its answers has ended).
+func (d *classDemand) stream(now time.Time, prior float64) (later, elapsed, hold float64) {
+	d.decay(now)
+	hold = d.hold
+	if !d.ended {
+		hold = prior
+	}
+	elapsed = max(now.Sub(d.first).Seconds(), 0)
+	later = d.arrivals - math.Exp(-elapsed/demandTau.Seconds())
+	if hold <= 0 || later <= 0 {
+		later = 0
+	}
+	return later, elapsed, hold
 }
 
 // onsetMean is the slots a stream's arrivals since its first (that one
@@ -117,21 +126,15 @@ func (d *classDemand) streamMean(now time.Time, prior float64) float64 {
 // streamMean. A flood shows its rate within a few arrivals; a steady
 // stream's few arrivals, however close together, show nothing sure (0).
 func (d *classDemand) onsetMean(now time.Time, prior float64) float64 {
-	d.decay(now)
-	hold := d.hold
-	if !d.ended {
-		hold = prior
-	}
-	tau := demandTau.Seconds()
-	elapsed := now.Sub(d.first).Seconds()
-	later := d.arrivals - math.Exp(-elapsed/tau)
-	if hold <= 0 || elapsed <= 0 || later <= 0 {
+	later, elapsed, hold := d.stream(now, prior)
+	if later == 0 || elapsed <= 0 {
 		return 0
 	}
 	sure := later - headroomSD*math.Sqrt(later)
 	if sure <= 0 {
 		return 0
 	}
+	tau := demandTau.Seconds()
 	return sure / (tau * (1 - math.Exp(-elapsed/tau))) * hold
 }
 
