@@ -95,8 +95,11 @@ type ObjectiveRun struct {
 	Admitted int `json:"admitted"`
 	Met      int `json:"met"`
 	Refused  int `json:"refused"`
-	// RefusalSecs are the client-measured times to a refusal.
-	RefusalSecs bench.Percentiles `json:"refusal_seconds"`
+	// RefusalSecs are the client-measured times to a refusal, and
+	// RefusalTimes each of them, pooled over the loads for the target: one
+	// run's p99 of a few dozen refusals is its slowest one.
+	RefusalSecs  bench.Percentiles `json:"refusal_seconds"`
+	RefusalTimes []float64         `json:"refusal_times,omitempty"`
 	// Prediction is the routers' smg_ttft_prediction_ratio over the run.
 	Prediction RatioStats `json:"prediction"`
 	// Engines' own high-water marks over the run.
@@ -130,6 +133,25 @@ func (r *ObjectiveReport) Run(config string, load float64) (ObjectiveRun, bool) 
 		}
 	}
 	return ObjectiveRun{}, false
+}
+
+// refusalP99 is the p99 of config's refusals over every load, or, for a
+// report without each refusal's time, the slowest of its runs' p99s.
+func (r *ObjectiveReport) refusalP99(config string) float64 {
+	var pooled []float64
+	var slowest float64
+	complete := true
+	for _, run := range r.Runs {
+		if run.Config == config {
+			pooled = append(pooled, run.RefusalTimes...)
+			slowest = max(slowest, run.RefusalSecs.P99)
+			complete = complete && len(run.RefusalTimes) == run.Refused
+		}
+	}
+	if !complete {
+		return slowest
+	}
+	return bench.PercentilesOf(pooled).P99
 }
 
 // Objectives offers 1×, 2× and 4× of the heterogeneous fleet's measured
@@ -214,7 +236,6 @@ func (s *Suite) objectiveRun(ctx context.Context, gc GatewayConfig, load float64
 	run := ObjectiveRun{Config: gc.Name, Load: load, Rate: rate, Summary: res.Summary, Prediction: after.since(before)}
 	marks := e.fleet.simStats(ctx, false)
 	run.PeakRunning, run.PeakWaiting = marks.PeakRunning, marks.PeakWaiting
-	var refusals []float64
 	for _, r := range res.Records {
 		switch {
 		case r.Completed || r.Status == http.StatusOK || r.Error == "timeout":
@@ -224,10 +245,10 @@ func (s *Suite) objectiveRun(ctx context.Context, gc GatewayConfig, load float64
 			}
 		case r.Status == http.StatusServiceUnavailable || r.Status == http.StatusTooManyRequests || r.Status == http.StatusBadGateway:
 			run.Refused++
-			refusals = append(refusals, r.E2E)
+			run.RefusalTimes = append(run.RefusalTimes, r.E2E)
 		}
 	}
-	run.RefusalSecs = bench.PercentilesOf(refusals)
+	run.RefusalSecs = bench.PercentilesOf(run.RefusalTimes)
 	res.Scenario = label
 	return run, s.writeJSON(fmt.Sprintf("objective-%s-%.0fx.json", gc.Name, load), res)
 }
@@ -377,7 +398,7 @@ func WriteObjectiveTable(w io.Writer, rep *ObjectiveReport) {
 // configuration with every admission rule on (het-full), else the
 // objective alone (het-objective), against windows alone and nginx.
 func objectiveTargets(w io.Writer, rep *ObjectiveReport) {
-	fmt.Fprintf(w, "| config | attainment at 2× (≥ 97%%) | at 4× (≥ 97%%) | goodput at 2× / windows alone (≥ 1.2) | / nginx (≥ 2) | refusal p99 at 4× (< 10 ms) | prediction p90 at 1× (0.7-1.4) |\n")
+	fmt.Fprintf(w, "| config | attainment at 2× (≥ 97%%) | at 4× (≥ 97%%) | goodput at 2× / windows alone (≥ 1.2) | / nginx (≥ 2) | refusal p99, every load's pooled (< 10 ms) | prediction p90 at 1× (0.7-1.4) |\n")
 	fmt.Fprintf(w, "|---|---|---|---|---|---|---|\n")
 	for _, n := range []string{"1r", "3r"} {
 		cfg := "het-full-" + n
@@ -386,6 +407,7 @@ func objectiveTargets(w io.Writer, rep *ObjectiveReport) {
 		}
 		o2, ok2 := rep.Run(cfg, 2)
 		o4, ok4 := rep.Run(cfg, 4)
+		refusalP99 := rep.refusalP99(cfg)
 		o1, ok1 := rep.Run(cfg, 1)
 		w2, okw := rep.Run("het-window-"+n, 2)
 		ng, okn := rep.Run("het-nginx", 2)
@@ -396,7 +418,7 @@ func objectiveTargets(w io.Writer, rep *ObjectiveReport) {
 			100*o2.Attainment(), metStr(o2.Attainment() >= 0.97), 100*o4.Attainment(), metStr(o4.Attainment() >= 0.97),
 			o2.Summary.Goodput/w2.Summary.Goodput, metStr(o2.Summary.Goodput >= 1.2*w2.Summary.Goodput),
 			o2.Summary.Goodput/ng.Summary.Goodput, metStr(o2.Summary.Goodput >= 2*ng.Summary.Goodput),
-			o4.RefusalSecs.P99*1000, metStr(o4.RefusalSecs.P99 < 0.010),
+			refusalP99*1000, metStr(refusalP99 < 0.010),
 			o1.Prediction.P90, metStr(o1.Prediction.P90 >= 0.7 && o1.Prediction.P90 <= 1.4))
 	}
 }
