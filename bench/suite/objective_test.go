@@ -7,7 +7,7 @@ import (
 )
 
 // The refusal target pools every load's refusals: one slow refusal among a
-// run's 50 is that run's p99, and among all 250 the 1% it is.
+// run's 50 is that run's p99, and among all three runs' 150 the 1% it is.
 func TestRefusalTargetPoolsTheLoads(t *testing.T) {
 	run := func(config string, load float64, slow bool) ObjectiveRun {
 		times := make([]float64, 50)
