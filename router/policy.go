@@ -20,6 +20,7 @@ type request struct {
 	ttftBy int64           // monotonic nanoseconds by which its TTFT objective wants a first token (0: none)
 	own    int64           // its estimated prompt tokens (for TTFT predictions)
 	proto  protocol        // the protocol a PD leg must speak (protoAny: either)
+	pack   bool            // placed in the fleet's fixed order (Ticket.Packed), not by the policy
 }
 
 // selector runs the configured policy over a pool. Every method reads only
@@ -58,6 +59,9 @@ func (s *selector) pick(v *view, p *pool, q *request) int32 {
 	if len(p.idx) == 0 {
 		return -1
 	}
+	if q.pack && !s.keyed() {
+		return s.packed(v, p, q)
+	}
 	switch s.policy {
 	case PolicyRoundRobin:
 		return s.roundRobin(v, p, q)
@@ -76,6 +80,28 @@ func (s *selector) pick(v *view, p *pool, q *request) int32 {
 	default:
 		return s.cacheAware(v, p, q)
 	}
+}
+
+// keyed reports whether the policy places by a key (sticky routing or a
+// prompt hash): packing would move a key off its worker.
+func (s *selector) keyed() bool {
+	return s.policy == PolicyManual || s.policy == PolicyConsistentHashing || s.policy == PolicyPrefixHash
+}
+
+// packed returns the eligible worker first in the fleet's fixed order (the
+// rank hashed from each worker's ID, the same on every router): a tenant
+// over its weighted share fills its engines one after the other, and the
+// engines it leaves keep the other tenants' headroom, out of reach of its
+// full batches and prefills.
+func (s *selector) packed(v *view, p *pool, q *request) int32 {
+	best, bestRank := int32(-1), uint32(0)
+	for _, i := range p.idx {
+		h := v.hot.at(i)
+		if s.eligibleHot(h, q) && (best < 0 || h.rank < bestRank) {
+			best, bestRank = i, h.rank
+		}
+	}
+	return best
 }
 
 func (s *selector) roundRobin(v *view, p *pool, q *request) int32 {

@@ -167,7 +167,7 @@ func (r *Router) serveProxy(w http.ResponseWriter, req *http.Request) int {
 		// pool waits by its class's rules.
 		roomWait = r.sched.Config().Classes[ticket.Class()].QueueTimeout
 	}
-	q := request{model: f.Model, prompt: f.prompt(), class: ticket.Class()}
+	q := request{model: f.Model, prompt: f.prompt(), class: ticket.Class(), pack: ticket.Packed()}
 	if vv := req.Header[r.keyField]; len(vv) > 0 {
 		q.key = vv[0]
 	}

@@ -448,7 +448,7 @@ func (r *Router) install(s *Snapshot, workers []Worker, failOpen bool) {
 		seen[w.ID] = true
 		st, ok := r.states[w.ID]
 		if !ok {
-			st = &workerState{id: w.ID, slot: r.allocSlot(), loadRevision: w.LoadRevision, ttft: ttft.New(r.clock)}
+			st = &workerState{id: w.ID, rank: packRank(w.ID), slot: r.allocSlot(), loadRevision: w.LoadRevision, ttft: ttft.New(r.clock)}
 			r.states[w.ID] = st
 		}
 		r.noteLoad(st, w)

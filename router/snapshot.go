@@ -166,6 +166,7 @@ type hotWorker struct {
 	ahead       int64  // PromptTokensAhead (TTFT objectives)
 	aheadReport uint64 // AheadReport
 	proto       protocol
+	rank        uint32 // place in the fleet's fixed order for packed requests (packRank)
 }
 
 // pool is the set of candidates a request for one model draws from.
@@ -247,7 +248,19 @@ func buildView(s *Snapshot, workers []Worker, states []*workerState, prev *view,
 func hotOf(w *Worker, st *workerState) hotWorker {
 	return hotWorker{aheadReport: w.AheadReport, st: st, reported: w.Waiting + w.Running, waiting: w.Waiting, eligible: w.Healthy && w.Veto == VetoNone,
 		healthy: w.Healthy, veto: w.Veto, over: w.Overloaded || w.Veto == VetoOverload, ahead: w.PromptTokensAhead,
-		proto: protocolOf(w.URL)}
+		proto: protocolOf(w.URL), rank: st.rank}
+}
+
+// packRank is a worker's place in the order packed requests fill workers:
+// FNV-1a of its ID, so every router, and every view after a change of
+// membership, orders the same workers the same way.
+func packRank(id string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(id); i++ {
+		h ^= uint32(id[i])
+		h *= 16777619
+	}
+	return h
 }
 
 // sameIndexes reports whether w may replace old in place: every index of a

@@ -17,6 +17,7 @@ import (
 type workerState struct {
 	id   string
 	slot uint32 // small stable number used by the affinity tables
+	rank uint32 // place in the fleet's fixed order for packed requests (packRank of id)
 
 	// loadRevision is the report the dispatch count is relative to; written
 	// only under Router.applyMu.

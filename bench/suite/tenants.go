@@ -27,7 +27,9 @@ const (
 
 // fairYAML: two tenants of equal weight; a tenant over its fair share is
 // refused (429), and in its first holding time past the share a tenant not
-// seen yet would leave it (newcomer_headroom); a request under it waits at
+// seen yet would leave it (newcomer_headroom); one wanting more than its
+// weighted share fills the engines in the fleet's fixed order, leaving the
+// others' headroom on the rest (pack_over_share); a request under it waits at
 // most 100 ms for a slot in the router. The higher classes reserve nothing: SMG's default reservations
 // (system 32, interactive 128) exceed a router's share of this fleet, and
 // scaled down to fit it they would hold back nearly every slot from the
@@ -37,7 +39,7 @@ classes:
   system: {reserved: 0}
   interactive: {reserved: 0}
   default: {queue_size: 256, queue_timeout_secs: 0.1}
-fair_share: {enabled: true, newcomer_headroom: true}
+fair_share: {enabled: true, newcomer_headroom: true, pack_over_share: true}
 api_keys:
   sk-bench-steady: steady
   sk-bench-flood: flood
@@ -47,7 +49,7 @@ tenant_policies:
 `
 
 // fairNoShareYAML is the same without fair shares: what they buy.
-var fairNoShareYAML = strings.Replace(fairYAML, "fair_share: {enabled: true, newcomer_headroom: true}", "", 1)
+var fairNoShareYAML = strings.Replace(fairYAML, "fair_share: {enabled: true, newcomer_headroom: true, pack_over_share: true}", "", 1)
 
 // TenantConfigs are the scenario's configurations, each with 3 routers.
 func TenantConfigs() []GatewayConfig {

@@ -16,7 +16,7 @@ func FuzzParseSchedulerConfig(f *testing.F) {
 	for _, s := range []string{
 		"",
 		"classes:\n  interactive:\n    reserved: 4\n    reserve_demand: true\n    queue_timeout_secs: 2.5\n  bulk:\n    can_preempt: false\n    queue_size: 8\n",
-		"tenant_policies:\n  \"auth:batch\":\n    max_class: bulk\n    weight: 3\napi_keys:\n  sk-batch: batch\nfair_share:\n  enabled: true\n  default_weight: 0.5\n  refuse_over_share: false\n  newcomer_headroom: true\n",
+		"tenant_policies:\n  \"auth:batch\":\n    max_class: bulk\n    weight: 3\napi_keys:\n  sk-batch: batch\nfair_share:\n  enabled: true\n  default_weight: 0.5\n  refuse_over_share: false\n  newcomer_headroom: true\n  pack_over_share: true\n",
 		"trust_tenant_header: true\ntenant_header_name: x-t\n",
 		"classes:\n  system:\n    reserved: 9223372036854775807\n  interactive:\n    reserved: 9223372036854775807\n",
 		"classes:\n  default:\n    queue_timeout_secs: .nan\n    starvation_threshold_secs: 1e308\n    ttft_objective_secs: -1\n",

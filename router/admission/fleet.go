@@ -196,6 +196,42 @@ func (s *Scheduler) overShareLocked(ts *tenantState, now time.Time) bool {
 	return claims > 0 && s.total+1+claims > s.capacity
 }
 
+// packedLocked reports whether ts, taking a slot now, is placed in the
+// fleet's fixed order (pack_over_share): it wants more than its weighted
+// share on average (fleet-wide with the relay) while another tenant is
+// active. A tenant under its weighted share on average is never packed, even
+// while a burst takes it past that share: its requests keep the policy's
+// choice. Packing the tenants that want more than their share on as few
+// engines as they fill leaves the engines with the others' headroom lightly
+// loaded, with none of the heavy tenants' prefills.
+func (s *Scheduler) packedLocked(ts *tenantState, now time.Time) bool {
+	if !s.cfg.PackOverShare || ts == nil {
+		return false
+	}
+	d, _, weighted, ok := s.besideOthersLocked(ts, now)
+	return ok && d.Mean >= weighted
+}
+
+// besideOthersLocked returns ts's demand (fleet-wide with the relay), the
+// slots it holds fleet-wide and its weighted share of the capacity, with
+// ok only while another tenant is active and a capacity is known.
+func (s *Scheduler) besideOthersLocked(ts *tenantState, now time.Time) (me TenantDemand, mine int64, weighted float64, ok bool) {
+	others, capacity := s.fleetLocked(now)
+	if capacity == Unlimited || capacity <= 0 {
+		return me, 0, 0, false
+	}
+	ds, mine, active := s.demandsLocked(ts, others, now)
+	if !active {
+		return me, 0, 0, false
+	}
+	for _, d := range ds {
+		if d.Tenant == ts.name {
+			return d, mine, float64(capacity) * d.Weight / weightSum(ds), true
+		}
+	}
+	return me, 0, 0, false
+}
+
 // headroomLocked is the free slots this router keeps for the tenants
 // active on it, other than ts, under their weighted share on average
 // (fleet-wide with the relay): each may burst at once. What it leaves unused

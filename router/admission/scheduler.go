@@ -22,6 +22,7 @@ type Ticket struct {
 	admitted time.Time     // when it took its slot
 	elem     *list.Element // in s.running[class] while it holds the slot; guarded by s.mu
 	borrowed bool          // a peer router's room: holds no slot here
+	packed   bool          // its tenant wanted more than its weighted share (pack_over_share)
 	lent     bool          // this router's room lent to a peer (Lend)
 	// state decides, with one compare-and-swap, "first byte sent" against
 	// "chosen as victim".
@@ -81,6 +82,12 @@ func (s *Scheduler) charge(ts *tenantState, cost float64) {
 // Fair reports whether the ticket's tenant has a virtual token counter to
 // charge (fair shares on).
 func (t *Ticket) Fair() bool { return t != nil && t.tenant != nil }
+
+// Packed reports whether the request goes to workers in the fleet's fixed
+// order rather than by the policy: with pack_over_share, its tenant wanted
+// more than its weighted share on average, beside another active tenant,
+// when it took its slot.
+func (t *Ticket) Packed() bool { return t != nil && t.packed }
 
 // Preempted is closed when the request is chosen as a victim.
 func (t *Ticket) Preempted() <-chan struct{} { return t.preempted }
@@ -486,7 +493,11 @@ func (s *Scheduler) dequeueLocked(w *waiter) {
 }
 
 func (s *Scheduler) admitLocked(c Class, ts *tenantState, p *poolSlots) *Ticket {
-	t := &Ticket{s: s, class: c, tenant: ts, pool: p, admitted: s.cfg.Now(), preempted: make(chan struct{})}
+	now := s.cfg.Now()
+	t := &Ticket{s: s, class: c, tenant: ts, pool: p, admitted: now, preempted: make(chan struct{}), packed: s.packedLocked(ts, now)}
+	if t.packed && s.m != nil {
+		s.m.CountPacked(ts.name)
+	}
 	t.elem = s.running[c].PushBack(t)
 	p.inflight++
 	s.inflight[c]++

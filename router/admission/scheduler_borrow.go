@@ -34,25 +34,15 @@ func (s *Scheduler) mayBorrowLocked(ts *tenantState, now time.Time) bool {
 	if ts == nil || s.cfg.FairShareWait {
 		return false
 	}
-	others, capacity := s.fleetLocked(now)
-	if capacity == Unlimited || capacity <= 0 {
+	d, mine, weighted, ok := s.besideOthersLocked(ts, now)
+	if !ok {
 		return false
 	}
-	ds, mine, active := s.demandsLocked(ts, others, now)
-	if !active {
-		return false
+	if float64(mine) < weighted {
+		return true
 	}
-	for _, d := range ds {
-		if d.Tenant == ts.name {
-			weighted := float64(capacity) * d.Weight / weightSum(ds)
-			if float64(mine) < weighted {
-				return true
-			}
-			// Under it on average: a burst borrows up to its burst.
-			return d.Mean < weighted && float64(mine) < math.Ceil(d.Mean+headroomSD*math.Sqrt(d.Mean))
-		}
-	}
-	return false
+	// Under it on average: a burst borrows up to its burst.
+	return d.Mean < weighted && float64(mine) < math.Ceil(d.Mean+headroomSD*math.Sqrt(d.Mean))
 }
 
 // askOnArrival asks borrow for a peer's room with no lock held (arrive

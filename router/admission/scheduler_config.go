@@ -57,6 +57,12 @@ type SchedulerConfig struct {
 	// to the share it would have beside one more tenant of the default
 	// weight, alone or not (fleet.go youngOverLocked).
 	NewcomerHeadroom bool
+	// PackOverShare places a tenant that wants more than its weighted share
+	// on average, while another tenant is active, on workers in a fixed
+	// fleet-wide order instead of by the policy (Ticket.Packed): it fills as
+	// few engines as its share needs and leaves the others' headroom on the
+	// rest.
+	PackOverShare bool
 	// TenantWeight is a tenant's weight in fair shares (tenant_policies'
 	// weight); DefaultWeight the weight of every other tenant.
 	TenantWeight  map[string]float64
@@ -116,6 +122,7 @@ type fileConfig struct {
 		DefaultWeight    *float64 `yaml:"default_weight"`
 		RefuseOverShare  *bool    `yaml:"refuse_over_share"`
 		NewcomerHeadroom *bool    `yaml:"newcomer_headroom"`
+		PackOverShare    *bool    `yaml:"pack_over_share"`
 	} `yaml:"fair_share"`
 	APIKeys           map[string]string `yaml:"api_keys"`
 	TrustTenantHeader *bool             `yaml:"trust_tenant_header"`
@@ -196,6 +203,9 @@ func ParseSchedulerConfig(data []byte, base SchedulerConfig) (SchedulerConfig, e
 		}
 		if fs.NewcomerHeadroom != nil {
 			c.NewcomerHeadroom = *fs.NewcomerHeadroom
+		}
+		if fs.PackOverShare != nil {
+			c.PackOverShare = *fs.PackOverShare
 		}
 		if fs.DefaultWeight != nil {
 			if w := *fs.DefaultWeight; validWeight(w) {

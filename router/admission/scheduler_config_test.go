@@ -123,8 +123,12 @@ api_keys:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !c.FairShare || c.FairShareWait || c.NewcomerHeadroom {
-		t.Fatalf("fair_share.enabled: FairShare %v, wait %v, newcomer headroom %v (off unless asked)", c.FairShare, c.FairShareWait, c.NewcomerHeadroom)
+	if !c.FairShare || c.FairShareWait || c.NewcomerHeadroom || c.PackOverShare {
+		t.Fatalf("fair_share.enabled: FairShare %v, wait %v, newcomer headroom %v, packing %v (off unless asked)", c.FairShare, c.FairShareWait, c.NewcomerHeadroom, c.PackOverShare)
+	}
+	packed, err := ParseSchedulerConfig([]byte("fair_share: {enabled: true, pack_over_share: true}\n"), DefaultSchedulerConfig())
+	if err != nil || !packed.PackOverShare {
+		t.Fatalf("fair_share.pack_over_share: true: PackOverShare %v, err %v", packed.PackOverShare, err)
 	}
 	for tenant, want := range map[string]float64{"auth:gold": 4, "auth:zero": 2, "auth:neg": 2, "ip:10.0.0.1": 2} {
 		if w := c.Weight(tenant); w != want {

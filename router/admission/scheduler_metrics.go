@@ -32,6 +32,7 @@ type SchedulerMetrics struct {
 	pressure     *prometheus.GaugeVec
 	overShare    *prometheus.CounterVec
 	tokens       *prometheus.CounterVec
+	packed       *prometheus.CounterVec
 	waitByClass  [NumClasses]prometheus.Observer
 	admitByClass [NumClasses]map[string]prometheus.Counter
 
@@ -82,9 +83,12 @@ func NewSchedulerMetrics(reg prometheus.Registerer) (*SchedulerMetrics, error) {
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "smg_scheduler_tenant_tokens_total", Help: "Tokens served per tenant as its virtual token counter counts them (prompt tokens x1, output tokens x2, before its weight; fair_share).",
 		}, []string{"tenant"}),
+		packed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "smg_scheduler_fair_share_packed_total", Help: "Requests admitted while their tenant wanted more than its weighted share beside another active tenant, placed on workers in the fleet's fixed order (fair_share.pack_over_share).",
+		}, []string{"tenant"}),
 	}
 	for _, c := range []prometheus.Collector{m.admit, m.wait, m.preemption, m.clamp, m.unknown, m.starvation,
-		m.inflight, m.depth, m.sizeLimit, m.utilization, m.pressure, m.overShare, m.tokens} {
+		m.inflight, m.depth, m.sizeLimit, m.utilization, m.pressure, m.overShare, m.tokens, m.packed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -112,6 +116,12 @@ func (m *SchedulerMetrics) CountUnknown(tenant string) {
 // CountOverShare counts a refusal of a tenant over its fair share.
 func (m *SchedulerMetrics) CountOverShare(tenant string) {
 	m.overShare.WithLabelValues(m.tenants.label(tenant)).Inc()
+}
+
+// CountPacked counts a request of a tenant over its weighted share placed
+// in the fleet's fixed order.
+func (m *SchedulerMetrics) CountPacked(tenant string) {
+	m.packed.WithLabelValues(m.tenants.label(tenant)).Inc()
 }
 
 // CountClamp counts a class lowered by the tenant's ceiling.
