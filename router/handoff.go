@@ -119,21 +119,29 @@ const askWait = 250 * time.Millisecond
 
 // borrow asks every peer at once for need rooms in model's pool and keeps
 // the first loan granted (the others are given back at once); nil when none
-// lends. The loan lives at most as long as ctx.
-func (h *handoff) borrow(ctx context.Context, model string, need, tokens int64) *loan {
-	return h.borrowFor(ctx, model, need, tokens, "", admission.Default)
+// lends. The loan lives at most as long as ctx. A packed request (its tenant
+// over its weighted share) asks the lender to place it packed too.
+func (h *handoff) borrow(ctx context.Context, model string, need, tokens int64, pack bool) *loan {
+	return h.borrowAs(ctx, model, need, tokens, "", admission.Default, pack)
 }
 
 // borrowFor is borrow for a request of tenant in class that the scheduler's
 // door admits on a peer's room (pooled headroom): the lender's scheduler
 // admits it by its fair-share rules. An empty tenant asks for a room alone.
 func (h *handoff) borrowFor(ctx context.Context, model string, need, tokens int64, tenant string, class admission.Class) *loan {
+	return h.borrowAs(ctx, model, need, tokens, tenant, class, false)
+}
+
+func (h *handoff) borrowAs(ctx context.Context, model string, need, tokens int64, tenant string, class admission.Class, pack bool) *loan {
 	if len(h.peers) == 0 {
 		return nil
 	}
 	vals := url.Values{"model": {model}, "need": {strconv.FormatInt(need, 10)}}
 	if tokens > 0 {
 		vals.Set("tokens", strconv.FormatInt(tokens, 10))
+	}
+	if pack {
+		vals.Set("pack", "1")
 	}
 	if tenant != "" {
 		vals.Set("tenant", tenant)
@@ -248,6 +256,15 @@ func (r *Router) serveLend(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
+	pack := false // the borrower's request is packed (pack_over_share)
+	switch q.Get("pack") {
+	case "":
+	case "1":
+		pack = true
+	default:
+		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "pack must be 1 or absent", 0)
+		return
+	}
 	tenant := q.Get("tenant")
 	class := admission.Default
 	if tenant != "" {
@@ -276,8 +293,9 @@ func (r *Router) serveLend(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 		defer r.sched.Release(t)
+		pack = pack || t.Packed()
 	}
-	g, ok := r.tryRoom(model, false, &request{model: model, need: need, tokens: tokens})
+	g, ok := r.tryRoom(model, false, &request{model: model, need: need, tokens: tokens, pack: pack})
 	if !ok || g.i < 0 || g.out != chosen {
 		if ok && g.i >= 0 {
 			r.releaseRoom(g.v.states[g.i], need, tokens) // a fallback, not a room
@@ -306,7 +324,7 @@ func (r *Router) serveLend(w http.ResponseWriter, req *http.Request) {
 // borrowRoom asks the peers for a room for q in model's pool after this
 // router found none: the grant names the lent worker in the newest view.
 func (r *Router) borrowRoom(ctx context.Context, model string, q *request) (roomGrant, *loan) {
-	return r.loanGrant(model, r.handoff.borrow(ctx, model, q.need, q.tokens))
+	return r.loanGrant(model, r.handoff.borrow(ctx, model, q.need, q.tokens, q.pack))
 }
 
 // loanGrant is the grant of loan l (nil: none) in model's pool of the newest

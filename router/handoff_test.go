@@ -183,14 +183,14 @@ func TestBorrowWaitsForASilentPeerAskWaitAtMost(t *testing.T) {
 		defer cancel()
 
 		start := time.Now()
-		if l := newH(silent).borrow(ctx, "m", 1, 0); l != nil {
+		if l := newH(silent).borrow(ctx, "m", 1, 0, false); l != nil {
 			t.Fatalf("a silent peer lent %+v", l)
 		}
 		if d := time.Since(start); d != askWait {
 			t.Fatalf("waited %s for a silent peer, want askWait %s", d, askWait)
 		}
 		start = time.Now()
-		l := newH(silent, lender).borrow(ctx, "m", 1, 0)
+		l := newH(silent, lender).borrow(ctx, "m", 1, 0, false)
 		if l == nil || l.worker != "w1" {
 			t.Fatalf("loan %+v, want w1's from the lender", l)
 		}

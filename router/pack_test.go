@@ -129,3 +129,65 @@ func TestPackedKeepsKeyedPlacement(t *testing.T) {
 		t.Fatalf("smg_scheduler_fair_share_packed_total{tenant=auth:flood} = %v, want 16 (packed, placed by the key)", got)
 	}
 }
+
+// A packed request that borrows a peer's room asks the lender to place it
+// packed too (pack=1): the lender lends a room on the worker first in the
+// fleet's order that has one, not the one its policy would pick; without
+// the parameter its policy (round robin) decides. Any other value is 400.
+func TestPackedLoanPlacedInFleetOrder(t *testing.T) {
+	names := []string{"a", "b", "c", "d"}
+	slices.SortFunc(names, func(x, y string) int { return int(int64(packRank(x)) - int64(packRank(y))) })
+	lender := newHarness(t, func(o *Options) {
+		windowsOn(PolicyRoundRobin)(o)
+		o.WorkerAdmissionWaitSecs = 0
+		o.PeerRouters = "http://127.0.0.1:1" // the test asks from loopback: a peer's address
+	})
+	var ws []Worker
+	for _, n := range names {
+		ws = append(ws, newEngine(t, n, nil).worker(rooms(4), func(w *Worker) { w.WindowShare = 2 }))
+	}
+	lender.apply(ws...)
+	lend := func(query string) (int, string, func()) {
+		req, err := http.NewRequest(http.MethodPost, lender.srv.URL+LendPath+"?model="+testModel+"&need=1"+query, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, resp.Header.Get(LentWorkerHeader), func() { _ = resp.Body.Close() }
+	}
+	var held []func()
+	defer func() {
+		for _, f := range held {
+			f()
+		}
+	}()
+	// Held loans: the first in the order has a share of 2, then the second.
+	for i, want := range []string{names[0], names[0], names[1]} {
+		status, got, done := lend("&pack=1")
+		held = append(held, done)
+		if status != http.StatusOK || got != want {
+			t.Fatalf("packed loan %d: %d on %q, want 200 on %s", i, status, got, want)
+		}
+	}
+	lentOn := map[string]bool{}
+	for range 4 {
+		status, got, done := lend("")
+		done()
+		if status != http.StatusOK {
+			t.Fatalf("a loan without pack: %d", status)
+		}
+		lentOn[got] = true
+	}
+	if len(lentOn) < 2 {
+		t.Fatalf("loans without pack all on %v: round robin should spread them", lentOn)
+	}
+	if status, got, done := lend("&pack=yes"); status != http.StatusBadRequest || got != "" {
+		done()
+		t.Fatalf("pack=yes: %d on %q, want 400 and no worker", status, got)
+	} else {
+		done()
+	}
+}
